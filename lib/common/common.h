@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal helpers shared by every component: errors, logging, time. */
+#ifndef GF_COMMON_H
+#define GF_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpufailover.h"
+
+#define GF_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Record a detail message for the calling thread and return @err, so error
+ * paths read `return gf_err(GF_ERR_TIMEOUT, "acquire %s", id);`. */
+int gf_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same, appending ": strerror(errnum)". */
+int gf_err_errno(int err, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Map an errno value to the closest GF_ERR_* code. */
+int gf_errno_to_err(int errnum);
+/* Clear the calling thread's detail message. */
+void gf_err_clear(void);
+
+void gf_log(int level, const char *component, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool gf_log_enabled(int level);
+
+/* CLOCK_MONOTONIC in microseconds. */
+int64_t gf_now_us(void);
+/* CLOCK_REALTIME in microseconds. */
+int64_t gf_wall_us(void);
+/* Deadline helpers: timeout_ms < 0 means "no deadline" (returns INT64_MAX). */
+int64_t gf_deadline_from_ms(int64_t timeout_ms);
+/* Milliseconds left until @deadline_us for poll(): -1 for none, 0 if passed. */
+int gf_poll_timeout_ms(int64_t deadline_us);
+
+/* Fill @buf with @len bytes from getrandom(2). */
+int gf_random_bytes(void *buf, size_t len);
+/* Lower-case hex of @len bytes into @out (2*len+1 bytes). */
+void gf_hex(const uint8_t *in, size_t len, char *out);
+
+/* Close @fd if >= 0, preserving errno. */
+void gf_close(int fd);
+void gf_close_fds(int *fds, size_t n);
+
+#endif

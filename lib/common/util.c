@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+GF_EXPORT const char *gf_version(void)
+{
+	return "0.1.0";
+}
+
+GF_EXPORT int gf_version_number(void)
+{
+	return GF_VERSION_NUMBER;
+}
+
+int64_t gf_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t gf_wall_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t gf_deadline_from_ms(int64_t timeout_ms)
+{
+	if (timeout_ms < 0 || timeout_ms > INT64_MAX / 2000)
+		return INT64_MAX;
+	return gf_now_us() + timeout_ms * 1000;
+}
+
+int gf_poll_timeout_ms(int64_t deadline_us)
+{
+	if (deadline_us == INT64_MAX)
+		return -1;
+	int64_t left = deadline_us - gf_now_us();
+	if (left <= 0)
+		return 0;
+	/* Round up so a poll never wakes just before the deadline and spins. */
+	int64_t ms = (left + 999) / 1000;
+	return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+int gf_random_bytes(void *buf, size_t len)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = getrandom(p, len, 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return gf_err_errno(GF_ERR_IO, errno, "getrandom");
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+void gf_hex(const uint8_t *in, size_t len, char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+	for (size_t i = 0; i < len; i++) {
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * len] = '\0';
+}
+
+void gf_close(int fd)
+{
+	if (fd >= 0) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+	}
+}
+
+void gf_close_fds(int *fds, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		gf_close(fds[i]);
+		fds[i] = -1;
+	}
+}
+
+GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms)
+{
+	static const struct {
+		const char *unit;
+		uint64_t num, den; /* value_ms = n * num / den */
+	} units[] = {
+		{ "us", 1, 1000 }, { "ms", 1, 1 }, { "s", 1000, 1 },
+		{ "m", 60000, 1 }, { "h", 3600000, 1 },
+	};
+	uint64_t total_us = 0;
+	const char *p = text;
+
+	if (!text || !out_ms)
+		return gf_err(GF_ERR_INVALID_ARG, "duration: NULL argument");
+	if (!*p)
+		return gf_err(GF_ERR_INVALID_ARG, "duration: empty string");
+	while (*p) {
+		uint64_t n = 0;
+		const char *start = p;
+		while (*p >= '0' && *p <= '9') {
+			if (n > (UINT64_MAX - 9) / 10)
+				return gf_err(GF_ERR_INVALID_ARG, "duration '%s': too large", text);
+			n = n * 10 + (uint64_t)(*p - '0');
+			p++;
+		}
+		if (p == start)
+			return gf_err(GF_ERR_INVALID_ARG,
+				      "duration '%s': expected a number such as 250ms, 10s or 2m", text);
+		const char *u = p;
+		while ((*p >= 'a' && *p <= 'z'))
+			p++;
+		size_t ulen = (size_t)(p - u);
+		uint64_t us;
+		if (ulen == 0) {
+			if (start != text || *p)
+				return gf_err(GF_ERR_INVALID_ARG, "duration '%s': missing unit", text);
+			us = n; /* bare number: milliseconds */
+			if (us > UINT64_MAX / 1000)
+				return gf_err(GF_ERR_INVALID_ARG, "duration '%s': too large", text);
+			us *= 1000;
+		} else {
+			size_t k;
+			for (k = 0; k < GF_ARRAY_SIZE(units); k++)
+				if (strlen(units[k].unit) == ulen && !strncmp(units[k].unit, u, ulen))
+					break;
+			if (k == GF_ARRAY_SIZE(units))
+				return gf_err(GF_ERR_INVALID_ARG,
+					      "duration '%s': unknown unit '%.*s' (use us, ms, s, m, h)", text,
+					      (int)ulen, u);
+			uint64_t mult_us = units[k].num * 1000 / units[k].den;
+			if (mult_us && n > UINT64_MAX / mult_us)
+				return gf_err(GF_ERR_INVALID_ARG, "duration '%s': too large", text);
+			us = n * mult_us;
+		}
+		if (total_us > UINT64_MAX - us)
+			return gf_err(GF_ERR_INVALID_ARG, "duration '%s': too large", text);
+		total_us += us;
+	}
+	*out_ms = total_us / 1000;
+	return 0;
+}

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "wire.h"
+
+static const char *component_name(gf_Component c)
+{
+	switch (c) {
+	case gf_Component_COMPONENT_LOCK:
+		return "lock server";
+	case gf_Component_COMPONENT_GMS:
+		return "GPU memory service";
+	default:
+		return "unknown component";
+	}
+}
+
+int gf_auth_mac(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
+		size_t challenge_len, uint8_t mac[32])
+{
+	unsigned int len = 32;
+	if (!HMAC(EVP_sha256(), secret, (int)secret_len, challenge, challenge_len, mac, &len) || len != 32)
+		return gf_err(GF_ERR_IO, "HMAC-SHA256 failed");
+	return 0;
+}
+
+bool gf_auth_verify(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
+		    size_t challenge_len, const uint8_t *mac, size_t mac_len)
+{
+	uint8_t want[32];
+	if (mac_len != 32 || gf_auth_mac(secret, secret_len, challenge, challenge_len, want) < 0)
+		return false;
+	return CRYPTO_memcmp(want, mac, 32) == 0;
+}
+
+int gf_handshake_check_hello(const gf_Msg *m, gf_Component component)
+{
+	if (m->which_body != gf_Msg_hello_tag)
+		return gf_err(GF_ERR_PROTOCOL, "handshake: expected hello, got %s", gf_msg_name(m));
+	if (m->body.hello.version != GF_PROTOCOL_VERSION)
+		return gf_err(GF_ERR_VERSION,
+			      "handshake: peer speaks protocol version %u, this server speaks %u",
+			      m->body.hello.version, GF_PROTOCOL_VERSION);
+	if (m->body.hello.component != component)
+		return gf_err(GF_ERR_PROTOCOL, "handshake: peer wants the %s, this is the %s",
+			      component_name(m->body.hello.component), component_name(component));
+	return 0;
+}
+
+int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component component,
+			const char *peer_id, const uint8_t *secret, size_t secret_len,
+			int64_t deadline_us, gf_Welcome *welcome_out)
+{
+	gf_Msg *m = gf_msg_new();
+	int rc;
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "handshake: out of memory");
+	m->which_body = gf_Msg_hello_tag;
+	m->body.hello.version = GF_PROTOCOL_VERSION;
+	m->body.hello.component = component;
+	m->body.hello.pid = (uint32_t)getpid();
+	snprintf(m->body.hello.peer_id, sizeof(m->body.hello.peer_id), "%s", peer_id ? peer_id : "");
+	rc = gf_msg_send(fd, m, NULL, 0, deadline_us);
+	if (rc < 0)
+		goto out;
+	rc = gf_msg_recv(r, fd, m, NULL, NULL, deadline_us);
+	if (rc < 0)
+		goto out;
+	if ((rc = gf_msg_error_code(m)) < 0)
+		goto out;
+	if (m->which_body != gf_Msg_welcome_tag) {
+		rc = gf_err(GF_ERR_PROTOCOL, "handshake: expected welcome, got %s", gf_msg_name(m));
+		goto out;
+	}
+	if (m->body.welcome.version != GF_PROTOCOL_VERSION) {
+		rc = gf_err(GF_ERR_VERSION, "handshake: server speaks protocol version %u, we speak %u",
+			    m->body.welcome.version, GF_PROTOCOL_VERSION);
+		goto out;
+	}
+	if (m->body.welcome.component != component) {
+		rc = gf_err(GF_ERR_PROTOCOL, "handshake: expected the %s, reached the %s",
+			    component_name(component), component_name(m->body.welcome.component));
+		goto out;
+	}
+	gf_Welcome welcome = m->body.welcome;
+	if (welcome.challenge.size > 0) {
+		if (!secret || secret_len == 0) {
+			rc = gf_err(GF_ERR_PERMISSION, "handshake: the server requires a shared secret");
+			goto out;
+		}
+		memset(m, 0, sizeof(*m));
+		m->which_body = gf_Msg_auth_tag;
+		rc = gf_auth_mac(secret, secret_len, welcome.challenge.bytes, welcome.challenge.size,
+				 m->body.auth.mac.bytes);
+		if (rc < 0)
+			goto out;
+		m->body.auth.mac.size = 32;
+		rc = gf_msg_send(fd, m, NULL, 0, deadline_us);
+		if (rc < 0)
+			goto out;
+		rc = gf_msg_recv(r, fd, m, NULL, NULL, deadline_us);
+		if (rc < 0)
+			goto out;
+		if ((rc = gf_msg_error_code(m)) < 0)
+			goto out;
+		if (m->which_body != gf_Msg_auth_ok_tag) {
+			rc = gf_err(GF_ERR_PROTOCOL, "handshake: expected auth_ok, got %s", gf_msg_name(m));
+			goto out;
+		}
+	}
+	if (welcome_out)
+		*welcome_out = welcome;
+	rc = 0;
+out:
+	gf_msg_free(m);
+	return rc;
+}

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Small helpers shared by the C test programs (not a test framework: the
+ * tests use cmocka). */
+#ifndef GF_TESTUTIL_H
+#define GF_TESTUTIL_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Number of open fds of this process, to check that nothing leaks. */
+static inline int tu_count_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the DIR's own fd */
+}
+
+/* A fresh private directory under $TMPDIR for sockets and state files. */
+static inline char *tu_tmpdir(void)
+{
+	const char *base = getenv("TMPDIR");
+	char tmpl[256];
+	snprintf(tmpl, sizeof(tmpl), "%s/gf-test-XXXXXX", base && *base ? base : "/tmp");
+	char *d = mkdtemp(tmpl);
+	return d ? strdup(d) : NULL;
+}
+
+#endif

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* URIs, durations, error names: pure parsing, no sockets. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "../common/testutil.h"
+#include "gf-config.h"
+#include "wire.h"
+
+static void test_uri_ok(void **state)
+{
+	struct gf_uri u;
+	assert_int_equal(gf_uri_parse("unix:///run/gf/lock.sock", &u), 0);
+	assert_int_equal(u.kind, GF_URI_UNIX);
+	assert_string_equal(u.path, "/run/gf/lock.sock");
+	assert_int_equal(gf_uri_parse("tcp://lockd.ns.svc:7070", &u), 0);
+	assert_int_equal(u.kind, GF_URI_TCP);
+	assert_string_equal(u.host, "lockd.ns.svc");
+	assert_int_equal(u.port, 7070);
+	assert_int_equal(gf_uri_parse("tcp://[::1]:65535", &u), 0);
+	assert_string_equal(u.host, "::1");
+	assert_int_equal(u.port, 65535);
+	char buf[128];
+	gf_uri_format(&u, buf, sizeof(buf));
+	assert_string_equal(buf, "tcp://[::1]:65535");
+}
+
+static void test_uri_bad(void **state)
+{
+	static const char *bad[] = { "", "lock.sock", "unix://relative", "unix://", "unix:///",
+				     "http://x:1", "tcp://host", "tcp://:80", "tcp://h:0", "tcp://h:65536",
+				     "tcp://h:8o", "tcp://::1:80", "tcp://[::1", "tcp://[::1]80", "tcp://h:",
+				     "tcp://a/b:1" };
+	struct gf_uri u;
+	memset(&u, 0x5a, sizeof(u));
+	struct gf_uri before = u;
+	for (size_t i = 0; i < GF_ARRAY_SIZE(bad); i++) {
+		assert_int_equal(gf_uri_parse(bad[i], &u), GF_ERR_INVALID_ARG);
+		assert_true(strlen(gf_error_detail()) > 0);
+		assert_memory_equal(&u, &before, sizeof(u)); /* untouched on failure */
+	}
+	char longp[200] = "unix:///";
+	memset(longp + 8, 'a', 150);
+	assert_int_equal(gf_uri_parse(longp, &u), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_uri_parse(NULL, &u), GF_ERR_INVALID_ARG);
+}
+
+static void test_uri_listen_connect(void **state)
+{
+	char *dir = tu_tmpdir();
+	char text[300];
+	struct gf_uri u;
+	int l, c, l2;
+	snprintf(text, sizeof(text), "unix://%s/s.sock", dir);
+	assert_int_equal(gf_uri_parse(text, &u), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_now_us() + 100000, &c), GF_ERR_UNREACHABLE);
+	assert_int_equal(gf_uri_listen(&u, 8, &l), 0);
+	/* A live server's socket is never stolen. */
+	assert_int_equal(gf_uri_listen(&u, 8, &l2), GF_ERR_BUSY);
+	assert_int_equal(gf_uri_connect(&u, gf_now_us() + 100000, &c), 0);
+	close(c);
+	close(l);
+	/* A stale socket file (server gone) is replaced. */
+	assert_int_equal(gf_uri_listen(&u, 8, &l), 0);
+	close(l);
+	unlink(u.path);
+	rmdir(dir);
+	free(dir);
+
+	assert_int_equal(gf_uri_parse("tcp://127.0.0.1:1", &u), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_now_us() + 500000, &c), GF_ERR_UNREACHABLE);
+}
+
+static void test_duration(void **state)
+{
+	uint64_t ms = 7;
+	assert_int_equal(gf_parse_duration_ms("250ms", &ms), 0);
+	assert_int_equal(ms, 250);
+	assert_int_equal(gf_parse_duration_ms("10s", &ms), 0);
+	assert_int_equal(ms, 10000);
+	assert_int_equal(gf_parse_duration_ms("2m", &ms), 0);
+	assert_int_equal(ms, 120000);
+	assert_int_equal(gf_parse_duration_ms("1h", &ms), 0);
+	assert_int_equal(ms, 3600000);
+	assert_int_equal(gf_parse_duration_ms("1m30s", &ms), 0);
+	assert_int_equal(ms, 90000);
+	assert_int_equal(gf_parse_duration_ms("1500us", &ms), 0);
+	assert_int_equal(ms, 1);
+	assert_int_equal(gf_parse_duration_ms("42", &ms), 0);
+	assert_int_equal(ms, 42);
+	static const char *bad[] = { "", "s", "-1s", "10x", "1.5s", "10 s", "99999999999999999999s",
+				     "18446744073709551615h", "5s10" };
+	for (size_t i = 0; i < GF_ARRAY_SIZE(bad); i++) {
+		ms = 7;
+		assert_int_equal(gf_parse_duration_ms(bad[i], &ms), GF_ERR_INVALID_ARG);
+		assert_int_equal(ms, 7);
+	}
+}
+
+static void test_errors(void **state)
+{
+	for (int e = 0; e >= GF_ERR_BUSY; e--) {
+		assert_non_null(gf_error_name(e));
+		assert_string_not_equal(gf_strerror(e), "unknown error");
+	}
+	assert_null(gf_error_name(-1000));
+	assert_string_equal(gf_strerror(-1000), "unknown error");
+	assert_string_equal(gf_error_name(GF_ERR_STALE_LAYOUT), "GF_ERR_STALE_LAYOUT");
+	assert_int_equal(gf_version_number(), GF_VERSION_NUMBER);
+	assert_string_equal(gf_version(), GF_VERSION_STRING);
+}
+
+static int logged;
+static void count_log(int level, const char *c, const char *msg, void *ud)
+{
+	(void)level;
+	(void)c;
+	(void)msg;
+	(void)ud;
+	logged++;
+}
+
+static void test_log_hook(void **state)
+{
+	gf_set_log_fn(count_log, NULL);
+	gf_set_log_level(GF_LOG_WARN);
+	gf_log(GF_LOG_DEBUG, "test", "dropped");
+	gf_log(GF_LOG_ERR, "test", "kept %d", 1);
+	assert_int_equal(logged, 1);
+	gf_set_log_fn(NULL, NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_uri_ok),       cmocka_unit_test(test_uri_bad),
+		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration),
+		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
