@@ -132,4 +132,9 @@ GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms);
 }
 #endif
 
+/* Component headers (each includes this one first). */
+#include "gpufailover/mem.h"
+#include "gpufailover/lock.h"
+#include "gpufailover/gms.h"
+
 #endif

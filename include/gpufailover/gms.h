@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file gpufailover/gms.h
+ * @brief GPU Memory Service client: the connection is the RW/RO lock.
+ *
+ * One GMS serves one device, owns the allocations and never maps them. A
+ * writer (RW) allocates, maps read-write, writes, puts metadata and commits;
+ * readers (RO) import every allocation and map it read-only. unmap()
+ * (sleep) and remap() (wake) keep the virtual addresses stable.
+ */
+#ifndef GPUFAILOVER_GMS_H
+#define GPUFAILOVER_GMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../gpufailover.h"
+#include "mem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @defgroup gms GMS client
+ *  @{ */
+
+/** Connect modes. */
+enum gf_gms_mode {
+	GF_GMS_RW = 1,       /**< exclusive writer; drops an old committed layout */
+	GF_GMS_RO = 2,       /**< shared reader; needs a committed layout and no waiting writer */
+	GF_GMS_RW_OR_RO = 3, /**< RO if committed, else RW if free, else wait */
+};
+
+typedef struct gf_gms gf_gms;
+
+/** One allocation as the client sees it. */
+struct gf_gms_alloc_info {
+	uint64_t id;
+	uint64_t size;   /**< granularity-rounded */
+	uint64_t addr;   /**< where it is (or will be again after remap) mapped; 0 if never mapped */
+	char tag[64];
+};
+
+/** One metadata entry. @c value points into the client; valid until the next call on it. */
+struct gf_gms_meta {
+	const char *key;
+	uint64_t alloc_id;
+	uint64_t offset;
+	uint64_t addr;   /**< allocation address + offset */
+	const void *value;
+	size_t value_len;
+};
+
+/** Called once when the GMS connection is lost while connected (@p err GF_ERR_GMS_LOST). */
+typedef void (*gf_gms_lost_fn)(gf_gms *gms, int err, const char *detail, void *userdata);
+
+/**
+ * Connect to the GMS at @p uri in @p mode, waiting in the server up to
+ * @p timeout_ms (< 0: forever; the wake path must pass a finite timeout).
+ * @p mem is borrowed and must outlive the client. Errors: GF_ERR_TIMEOUT,
+ * GF_ERR_UNREACHABLE, GF_ERR_PROTOCOL, GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
+/** Unmap, release, give back the address range, close. NULL is a no-op. */
+GF_EXPORT void gf_gms_free(gf_gms *gms);
+/** Mode granted: GF_GMS_RW or GF_GMS_RO; 0 while disconnected (asleep). */
+GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
+
+/* ---- writer ---- */
+/** Allocate @p size bytes in the GMS, import and map it read-write. Fills @p id. */
+GF_EXPORT int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id);
+/** Put a metadata entry (key unique; up to 256 bytes of key, 1024 of value). */
+GF_EXPORT int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset,
+			      const void *value, size_t value_len);
+/** Validate, hash the layout and commit; the connection becomes a reader and mappings read-only. */
+GF_EXPORT int gf_gms_commit(gf_gms *gms, uint64_t *generation);
+
+/* ---- reader ---- */
+/** Fetch all allocations and metadata in one round trip, import and map read-only. */
+GF_EXPORT int gf_gms_map_all(gf_gms *gms);
+
+/* ---- both ---- */
+GF_EXPORT size_t gf_gms_alloc_count(const gf_gms *gms);
+GF_EXPORT int gf_gms_alloc_at(const gf_gms *gms, size_t index, struct gf_gms_alloc_info *out);
+GF_EXPORT size_t gf_gms_meta_count(const gf_gms *gms);
+GF_EXPORT int gf_gms_meta_at(const gf_gms *gms, size_t index, struct gf_gms_meta *out);
+GF_EXPORT int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_meta *out);
+/** Layout hash (16 bytes) and generation of the committed layout this client maps. */
+GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation);
+
+/* ---- sleep / wake ---- */
+/** Sleep: synchronize, unmap all, release imports, keep the address range, close the connection. */
+GF_EXPORT int gf_gms_unmap(gf_gms *gms);
+/**
+ * Wake: connect RO within @p timeout_ms (finite), check the layout hash,
+ * re-import and map at the same addresses; all-or-nothing.
+ * Errors: GF_ERR_TIMEOUT (e.g. a fresh GMS with no commit),
+ * GF_ERR_STALE_LAYOUT (another layout was committed), GF_ERR_UNREACHABLE.
+ */
+GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
+
+/* ---- loss detection ---- */
+GF_EXPORT void gf_gms_set_lost_fn(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
+GF_EXPORT int gf_gms_get_fd(const gf_gms *gms);
+/** Notice a hangup; returns GF_ERR_GMS_LOST (after the hook) once lost, else 0. */
+GF_EXPORT int gf_gms_process(gf_gms *gms);
+/** Built-in watcher thread calling the hook within milliseconds of a loss. */
+GF_EXPORT int gf_gms_start_watch(gf_gms *gms);
+GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
+
+/** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
+GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
+
+/** @} */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file gpufailover/mem.h
+ * @brief Memory backends: shareable physical allocations, fd export/import,
+ *        address reservations and read-only / read-write mappings.
+ *
+ * Two implementations behind one API, chosen at run time:
+ * - `GF_MEM_CUDA`: CUDA VMM (cuMemCreate with POSIX-fd handles, cuMemMap,
+ *   cuMemSetAccess) through a dlopen()ed libcuda.so.1;
+ * - `GF_MEM_HOST`: memfd + mmap, a real backend for CPU engines and tests.
+ *
+ * Lifetime rule (the driver's, on both backends): physical memory lives until
+ * the last handle (creator's or importer's) and the last mapping are gone.
+ * Every allocation has an explicit state; calls in the wrong state return
+ * GF_ERR_STATE instead of crashing (no double release, no use after release).
+ *
+ * Thread rules: a gf_mem and the objects made from it may be used from any
+ * thread, but not concurrently on the same object.
+ */
+#ifndef GPUFAILOVER_MEM_H
+#define GPUFAILOVER_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../gpufailover.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @defgroup mem Memory backends
+ *  @{ */
+
+/** Backend choice. */
+enum gf_mem_kind {
+	GF_MEM_AUTO = 0, /**< cuda when a usable driver and device exist, else host (logged) */
+	GF_MEM_CUDA = 1,
+	GF_MEM_HOST = 2,
+};
+
+/** Mapping protection. */
+enum gf_mem_access {
+	GF_MEM_READ = 1,       /**< read-only: writes fault */
+	GF_MEM_READWRITE = 3,
+};
+
+/** States of one allocation handle. */
+enum gf_mem_alloc_state {
+	GF_MEM_ALLOC_CREATED = 1,  /**< made here by gf_mem_create() */
+	GF_MEM_ALLOC_IMPORTED = 2, /**< made from an fd by gf_mem_import() */
+	GF_MEM_ALLOC_MAPPED = 3,   /**< mapped at least once */
+	GF_MEM_ALLOC_UNMAPPED = 4, /**< was mapped, now mapped nowhere */
+	GF_MEM_ALLOC_RELEASED = 5, /**< handle dropped; only gf_mem_alloc_free() is valid */
+};
+
+typedef struct gf_mem gf_mem;             /**< a backend bound to one device */
+typedef struct gf_mem_alloc gf_mem_alloc; /**< one physical allocation handle */
+typedef struct gf_mem_va gf_mem_va;       /**< one reserved virtual address range */
+
+/** One entry of gf_mem_map_many(). */
+struct gf_mem_mapping {
+	size_t offset;        /**< where in the reservation the allocation starts */
+	gf_mem_alloc *alloc;  /**< mapped whole */
+};
+
+/**
+ * Open backend @p kind on device @p device (index as the driver counts them;
+ * the host backend has exactly one device, 0). With GF_MEM_AUTO the choice
+ * is logged at info level and gf_mem_kind() tells it.
+ * Errors: GF_ERR_NOT_SUPPORTED with a detail naming what is missing (no
+ * driver, driver too old, no VMM or POSIX-fd handle support),
+ * GF_ERR_NOT_FOUND (no such device), GF_ERR_DRIVER, GF_ERR_NOMEM.
+ * The caller frees *out with gf_mem_free().
+ */
+GF_EXPORT int gf_mem_open(gf_mem **out, int kind, int device);
+/** Close a backend. All allocations and reservations made from it must be freed first. NULL is a no-op. */
+GF_EXPORT void gf_mem_free(gf_mem *m);
+/** GF_MEM_CUDA or GF_MEM_HOST. */
+GF_EXPORT int gf_mem_kind(const gf_mem *m);
+/** "cuda" or "host". Static string. */
+GF_EXPORT const char *gf_mem_kind_name(int kind);
+/** Device index this backend is bound to. */
+GF_EXPORT int gf_mem_device(const gf_mem *m);
+/** Number of devices backend @p kind sees (host: 1). */
+GF_EXPORT int gf_mem_device_count(int kind, int *out);
+/** Device UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (host: "HOST-..." of the machine id), into @p buf of @p len bytes (>= 48). */
+GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len);
+/**
+ * Translate a device UUID (with or without "GPU-" prefix, or a unique prefix
+ * of it, as CUDA_VISIBLE_DEVICES accepts) to a device index of @p kind.
+ * GF_ERR_NOT_FOUND when none matches, GF_ERR_INVALID_ARG when ambiguous.
+ */
+GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index);
+/** Allocation granularity: minimum and recommended (both powers of two). */
+GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended);
+/** Free and total device memory in bytes (host: MemAvailable / MemTotal). */
+GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
+/** Wait until all work queued on the device is done (cuCtxSynchronize; host: no-op). */
+GF_EXPORT int gf_mem_synchronize(gf_mem *m);
+
+/**
+ * Create a shareable allocation of at least @p size bytes (rounded up to the
+ * minimum granularity; gf_mem_alloc_size() tells the real size).
+ * Errors: GF_ERR_OUT_OF_MEMORY, GF_ERR_INVALID_ARG (size 0), GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out);
+/** Export a new fd for the allocation (O_CLOEXEC); the caller owns and closes it. */
+GF_EXPORT int gf_mem_export(gf_mem_alloc *a, int *out_fd);
+/**
+ * Import an allocation from @p fd, which describes @p size bytes. The fd
+ * stays owned by the caller (close it when done; the import holds its own
+ * reference). Errors: GF_ERR_INVALID_ARG (not an allocation fd or size
+ * mismatch), GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
+/** Size in bytes (granularity-rounded). */
+GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a);
+/** One of enum gf_mem_alloc_state. */
+GF_EXPORT int gf_mem_alloc_state(const gf_mem_alloc *a);
+/**
+ * Drop this handle's reference to the physical memory. GF_ERR_BUSY while it
+ * is still mapped somewhere, GF_ERR_STATE when already released.
+ */
+GF_EXPORT int gf_mem_release(gf_mem_alloc *a);
+/** Release if needed and free the object. Fails (GF_ERR_BUSY) and frees nothing while mapped. NULL is a no-op returning 0. */
+GF_EXPORT int gf_mem_alloc_free(gf_mem_alloc *a);
+
+/**
+ * Reserve @p size bytes of address space (rounded to the granularity),
+ * aligned to @p align (0: granularity). Nothing is accessible until mapped.
+ */
+GF_EXPORT int gf_mem_reserve(gf_mem *m, size_t size, size_t align, gf_mem_va **out);
+/** Start address of the reservation (a device pointer on cuda, a host pointer on host). */
+GF_EXPORT uint64_t gf_mem_va_addr(const gf_mem_va *va);
+/** Size of the reservation in bytes. */
+GF_EXPORT size_t gf_mem_va_size(const gf_mem_va *va);
+/**
+ * Map allocations into the reservation with protection @p access,
+ * all-or-nothing: if any mapping fails, those already made by this call are
+ * undone and the error is returned. Access is set once per contiguous span.
+ * Errors: GF_ERR_INVALID_ARG (out of range, unaligned, overlapping an existing
+ * mapping), GF_ERR_STATE (allocation released), GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, size_t n, int access);
+/** gf_mem_map_many() with one entry. */
+GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access);
+/** Unmap everything mapped in the reservation; the address range stays reserved. */
+GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
+/** Unmap everything and give the address range back. NULL is a no-op. */
+GF_EXPORT void gf_mem_va_free(gf_mem_va *va);
+
+/** @} */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

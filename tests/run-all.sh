@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds libgpufailover and runs every test suite: unit, fuzz corpora,
+# integration, python (and gpu, reported as skipped without a GPU), then the
+# unit suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Exits non-zero on any failure.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$here"
+venv="${GF_VENV:-$here/.venv}"
+export PATH="$venv/bin:$PATH"
+build="${GF_BUILD:-$here/build}"
+asan="${GF_BUILD_ASAN:-$here/build-asan}"
+
+configure() {
+  local dir="$1"; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+}
+
+status=0
+configure "$build" -Dtests=enabled
+meson compile -C "$build"
+meson test -C "$build" --print-errorlogs --num-processes 2 || status=1
+
+configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false
+meson compile -C "$asan"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1
+
+# One plain closing line for humans and CI: counts over both builds.
+python3 - "$build/meson-logs/testlog.json" "$asan/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)
+        res = r.get("result")
+        if res in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif res == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
+PY
+exit $status

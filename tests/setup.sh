@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything libgpufailover needs to build and test on Debian 12
+# (this image or a plain one run as root). Safe to run again.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config meson ninja-build clang
+  nanopb libnanopb-dev protobuf-compiler python3-protobuf   # wire schema (nanopb)
+  libcmocka-dev                                             # C test framework
+  libjansson-dev                                            # JSON: lock state file, status
+  libxxhash-dev                                             # GMS layout hash
+  libmicrohttpd-dev                                         # engine probe server
+  libssl-dev                                                # HMAC-SHA256 for the TCP secret
+  libsystemd-dev                                            # sd_notify readiness
+  python3 python3-dev python3-venv                          # bindings and their tests
+  valgrind procps util-linux
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python tools live in a virtual environment (Debian's pip refuses system installs).
+here="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${GF_VENV:-$here/.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  'pytest>=7' 'numpy>=1.24' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' 'build'
+echo "setup: ok (python tools in $venv)" >&2
