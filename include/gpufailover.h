@@ -111,7 +111,8 @@ GF_EXPORT void gf_set_log_fn(gf_log_fn fn, void *userdata);
 GF_EXPORT void gf_set_log_level(int level);
 /**
  * A ready-made hook writing structured lines to stderr:
- * `ts=2026-11-21T10:00:00.123Z level=info component=lock msg="..."`.
+ * `ts=2026-11-21T10:00:00.123Z mono_us=123456789 level=info component=lock msg="..."`
+ * (mono_us is CLOCK_MONOTONIC in microseconds, comparable across processes).
  * @p userdata may be a program name (const char *) added as `prog=`, or NULL.
  */
 GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, void *userdata);

@@ -12,6 +12,7 @@ packages=(
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness
+  libcurl4-openssl-dev                                      # HTTP client of the failover demo
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
 )

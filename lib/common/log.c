@@ -68,12 +68,15 @@ GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, 
 	gmtime_r(&ts.tv_sec, &tm);
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
 	/* One fprintf per line keeps lines from concurrent threads whole. */
+	/* mono_us (CLOCK_MONOTONIC, shared by all processes of the machine) lets
+	 * a reader order and time events across processes to the microsecond. */
+	long long mono = (long long)gf_now_us();
 	if (userdata)
-		fprintf(stderr, "ts=%s.%03ldZ prog=%s level=%s component=%s %s\n", when,
-			ts.tv_nsec / 1000000, (const char *)userdata, level_name(level), component, msg);
+		fprintf(stderr, "ts=%s.%03ldZ mono_us=%lld prog=%s level=%s component=%s %s\n", when,
+			ts.tv_nsec / 1000000, mono, (const char *)userdata, level_name(level), component, msg);
 	else
-		fprintf(stderr, "ts=%s.%03ldZ level=%s component=%s %s\n", when, ts.tv_nsec / 1000000,
-			level_name(level), component, msg);
+		fprintf(stderr, "ts=%s.%03ldZ mono_us=%lld level=%s component=%s %s\n", when,
+			ts.tv_nsec / 1000000, mono, level_name(level), component, msg);
 }
 
 bool gf_log_enabled(int level)
