@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks the Kubernetes example manifests for the properties the failover
+design depends on: every referenced volume, port, claim and socket path
+exists and agrees, and the timeouts are consistent."""
+import os
+import re
+import pathlib
+
+import pytest
+import yaml
+
+K8S_DIR = pathlib.Path(os.environ.get("GF_SOURCE_ROOT", pathlib.Path(__file__).parents[2])) / "examples" / "k8s"
+
+
+def load_docs():
+    docs = []
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def duration_s(text):
+    m = re.fullmatch(r"(\d+)(ms|s|m)", text)
+    assert m, f"bad duration {text!r}"
+    n, unit = int(m.group(1)), m.group(2)
+    return n / 1000 if unit == "ms" else n * 60 if unit == "m" else n
+
+
+def flag(container, name):
+    for a in container.get("args", []) + container.get("command", []):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+@pytest.fixture(scope="module")
+def docs():
+    d = load_docs()
+    assert d, f"no manifests in {K8S_DIR}"
+    return d
+
+
+@pytest.fixture(scope="module")
+def pod(docs):
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    assert len(pods) == 1
+    return pods[0]["spec"]
+
+
+def all_containers(pod):
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+def test_shared_process_namespace(pod):
+    # The lock server must see engine pids to wait for their exit.
+    assert pod["shareProcessNamespace"] is True
+
+
+def test_sidecars_are_native_and_gated_by_gfctl(pod):
+    names = {c["name"]: c for c in pod["initContainers"]}
+    assert {"gf-lockd", "gf-gmsd"} <= set(names)
+    for c in names.values():
+        assert c["restartPolicy"] == "Always"
+        cmd = c["startupProbe"]["exec"]["command"]
+        assert cmd[0] == "gfctl"
+
+
+def test_volumes_exist_and_sockets_live_on_memory_emptydir(pod):
+    vols = {v["name"]: v for v in pod["volumes"]}
+    for c in all_containers(pod):
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in vols, f"{c['name']} mounts unknown volume {m['name']}"
+    run = vols["gf-run"]
+    assert run["emptyDir"]["medium"] == "Memory"
+    # Every unix socket and the state file a container names must be on a mount of gf-run.
+    for c in all_containers(pod):
+        mounts = [m["mountPath"] for m in c.get("volumeMounts", []) if m["name"] == "gf-run"]
+        text = " ".join(c.get("args", []) + c.get("command", []))
+        probe = c.get("startupProbe", {}).get("exec", {}).get("command", [])
+        text += " " + " ".join(probe)
+        for path in re.findall(r"unix://(/[^\s\"',]+)", text) + re.findall(r"--state-file=(\S+)", text):
+            assert any(path.startswith(mp.rstrip("/") + "/") for mp in mounts), f"{c['name']}: {path} not on gf-run"
+
+
+def test_engines_agree_with_sidecars_on_socket_paths(pod):
+    lockd = next(c for c in pod["initContainers"] if c["name"] == "gf-lockd")
+    listen = flag(lockd, "listen")
+    engines = [c for c in pod["containers"]]
+    assert len(engines) == 2
+    for e in engines:
+        assert flag(e, "lock") == listen
+        assert flag(e, "gms").startswith("unix:///run/gf/gms")
+
+
+def test_engines_are_symmetric(pod):
+    a, b = pod["containers"]
+    assert a["image"] == b["image"]
+    strip = lambda c: sorted(re.sub(r"(engine-|http-|probe-)[ab]|80\d\d|follower|loader", "X", x) for x in c["args"])
+    assert strip(a) == strip(b)
+    assert {flag(a, "role"), flag(b, "role")} == {"loader", "follower"}
+
+
+def test_probes_use_declared_ports_and_the_state_table_paths(pod):
+    for c in pod["containers"]:
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports[next(n for n in ports if n.startswith("probe"))] == int(flag(c, "probe-port"))
+        assert ports[next(n for n in ports if n.startswith("http"))] == int(flag(c, "port"))
+        for probe, path in (("startupProbe", "/startup"), ("livenessProbe", "/live"), ("readinessProbe", "/ready")):
+            get = c[probe]["httpGet"]
+            assert get["path"] == path
+            assert get["port"] in ports
+        # Startup covers model loading (Decision 2: ~2 h budget).
+        s = c["startupProbe"]
+        assert s["periodSeconds"] * s["failureThreshold"] >= 3600
+
+
+def test_gpu_shared_through_one_claim(docs, pod):
+    templates = {d["metadata"]["name"] for d in docs if d["kind"] == "ResourceClaimTemplate"}
+    claims = {c["name"]: c["resourceClaimTemplateName"] for c in pod["resourceClaims"]}
+    assert len(claims) == 1
+    assert set(claims.values()) <= templates
+    users = [c["name"] for c in all_containers(pod) if c.get("resources", {}).get("claims")]
+    for c in all_containers(pod):
+        for claim in c.get("resources", {}).get("claims", []):
+            assert claim["name"] in claims
+    assert {"gf-gmsd", "engine-a", "engine-b"} <= set(users)
+
+
+def test_timeouts_are_consistent(pod):
+    lockd = next(c for c in pod["initContainers"] if c["name"] == "gf-lockd")
+    window = duration_s(flag(lockd, "reconnect-window"))
+    exit_wait = duration_s(flag(lockd, "exit-wait-timeout"))
+    grace = pod["terminationGracePeriodSeconds"]
+    # A pod being deleted must have time for the holder to exit and the lock to pass.
+    assert grace > exit_wait
+    for c in pod["containers"]:
+        waking = duration_s(flag(c, "waking-timeout"))
+        live = c["livenessProbe"]
+        # A hung wake is caught by /live after the waking timeout, not by the startup probe.
+        assert waking > live["periodSeconds"] * live["failureThreshold"]
+    assert window > 0
