@@ -701,6 +701,7 @@ typedef struct {
 } MappingObject;
 
 static PyTypeObject MappingType;
+static void engine_forget_view(PyObject *engine, GMSObject *view);
 
 static int gms_ready(GMSObject *self)
 {
@@ -790,11 +791,8 @@ static void GMS_dealloc(GMSObject *self)
 	Py_BEGIN_ALLOW_THREADS
 	gf_gms_free(g);
 	Py_END_ALLOW_THREADS
-	if (self->borrowed && self->owner_ref) {
-		EngineObject *eng = (EngineObject *)self->owner_ref;
-		if (eng->views[self->device] == self)
-			eng->views[self->device] = NULL;
-	}
+	if (self->borrowed && self->owner_ref)
+		engine_forget_view(self->owner_ref, self);
 	Py_XDECREF(self->owner_ref);
 	Py_XDECREF(self->on_lost);
 	Py_TYPE(self)->tp_free((PyObject *)self);
@@ -1477,6 +1475,13 @@ typedef struct {
 } EngineObject;
 
 static PyTypeObject EngineType;
+
+static void engine_forget_view(PyObject *engine, GMSObject *view)
+{
+	EngineObject *e = (EngineObject *)engine;
+	if (e->views[view->device] == view)
+		e->views[view->device] = NULL;
+}
 
 static int engine_ready(EngineObject *self)
 {
