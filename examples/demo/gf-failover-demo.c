@@ -240,6 +240,9 @@ static void *client_main(void *p)
 		char path[64];
 		struct buf b;
 		snprintf(path, sizeof(path), "/infer?seed=%d", seed);
+		pthread_mutex_lock(&c->mu);
+		bool sent_after_kill = c->kill_at_us != 0;
+		pthread_mutex_unlock(&c->mu);
 		long code = http_get(h, c->eng[target].port, path, &b, 300);
 		json_t *j = NULL;
 		const char *sum = NULL, *who = NULL;
@@ -252,13 +255,15 @@ static void *client_main(void *p)
 			epoch = j ? json_integer_value(json_object_get(j, "epoch")) : 0;
 		}
 		pthread_mutex_lock(&c->mu);
+		/* A request counts as "after" only if it was sent after the kill: one
+		 * in flight across the kill may still be answered by the primary. */
 		if (!sum) {
 			/* No answer: a real client would be routed elsewhere by the
 			 * service; here it tries the other engine next. */
 			if (c->kill_at_us)
 				c->failed_after_kill++;
 			target = 1 - target;
-		} else if (!c->kill_at_us) {
+		} else if (!sent_after_kill) {
 			if (!c->reference[seed][0])
 				snprintf(c->reference[seed], sizeof(c->reference[seed]), "%s", sum);
 			else if (strcmp(c->reference[seed], sum))
@@ -540,15 +545,16 @@ int main(int argc, char **argv)
 		cl.eng[i].probe_port = pick_port();
 	}
 	char *eargv[64], store[8192];
+	/* The primary starts first so that it, not the shadow, takes the lock;
+	 * engines started together work as well, but either may win. */
 	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].port, cl.eng[0].probe_port);
 	struct child *ea = spawn("engine-a", eargv);
 	CHECK(ea, "could not start engine-a");
+	CHECK(wait_state(h, cl.eng[0].probe_port, "active", 30000), "engine-a did not become Active (see %s)", ea->log);
+	say("  engine-a                 Active (loaded the weights, holds the lock)\n");
 	engine_argv(&o, eargv, store, sizeof(store), "engine-b", "follower", cl.eng[1].port, cl.eng[1].probe_port);
 	struct child *eb = spawn("engine-b", eargv);
 	CHECK(eb, "could not start engine-b");
-
-	CHECK(wait_state(h, cl.eng[0].probe_port, "active", 30000), "engine-a did not become Active (see %s)", ea->log);
-	say("  engine-a                 Active (loaded the weights, holds the lock)\n");
 	CHECK(wait_state(h, cl.eng[1].probe_port, "standby", 30000), "engine-b did not reach Standby (see %s)", eb->log);
 	say("  engine-b                 Standby (imported the same weights, slept, waits on the lock)\n");
 
