@@ -10,9 +10,16 @@ connection is the lock.
 >>> grant = lock.acquire()          # blocks; Ctrl-C works
 >>> grant.epoch                     # fencing epoch, strictly increasing
 
+An engine drives the whole shadow loop with gf.Engine:
+
+>>> eng = gf.Engine("unix:///run/gf/lock.sock", "engine-b", ["unix:///run/gf/gms0.sock"],
+...                 role="follower", probe_port=8081)
+>>> eng.init_weights(); eng.sleep(); eng.acquire(); eng.wake_up(); eng.serve(start_http)
+
 Everything here is a thin layer over the C library (no ctypes, no cffi).
 """
 from ._gpufailover import (
+    Engine,
     GMSClient,
     GMSLostError,
     GpuFailoverError,
@@ -39,6 +46,7 @@ from ._gpufailover import (
 )
 
 __all__ = [
+    "Engine",
     "GMSClient",
     "GMSLostError",
     "GpuFailoverError",
