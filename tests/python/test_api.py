@@ -29,7 +29,10 @@ def test_acquire_epoch_and_fifo(cluster):
     assert ei.value.name == "GF_ERR_TIMEOUT"
     status = gf.lock_status(cluster.lock_uri)
     assert status["holder"] == "engine-a"
-    a.close()
+    # A clean release hands over at once (a mere close waits for the
+    # holder's process to exit, and this process lives on).
+    a.release()
+    assert not a.held
     g2 = b.acquire(timeout=5)
     assert g2.epoch > grant.epoch
     b.close()
@@ -76,7 +79,7 @@ except KeyboardInterrupt:
 """)
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=child_env())
     assert p.stdout.readline().strip() == "waiting"
-    wait_for(lambda: any(w["engine_id"] == "ctrl-c-waiter" for w in gf.lock_status(cluster.lock_uri)["waiters"]),
+    wait_for(lambda: any(w["id"] == "ctrl-c-waiter" for w in gf.lock_status(cluster.lock_uri)["waiters"]),
              what="the waiter to queue")
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
@@ -86,7 +89,7 @@ except KeyboardInterrupt:
     assert time.monotonic() - t0 < 5
     # Nothing half-held: the waiter left the queue.
     wait_for(lambda: not gf.lock_status(cluster.lock_uri)["waiters"], what="the waiter to leave")
-    holder.close()
+    holder.release()
 
 
 def test_gms_write_commit_read_zero_copy(cluster):
