@@ -47,8 +47,8 @@ int gf_msg_decode(const uint8_t *buf, size_t len, gf_Msg *m)
 
 int gf_msg_send(int fd, const gf_Msg *m, const int *fds, size_t nfds, int64_t deadline_us)
 {
-	uint8_t *buf;
-	size_t len;
+	uint8_t *buf = NULL;
+	size_t len = 0;
 	int rc = gf_msg_encode(m, &buf, &len);
 	if (rc < 0)
 		return rc;
