@@ -27,7 +27,7 @@ def clean(comment):
 def declarations(src):
     """(comment, declaration) for every GF_EXPORT function, in order."""
     out = []
-    pattern = re.compile(r"(/\*\*(?:(?!\*/).)*\*/)\s*(GF_EXPORT[^;{]*;)|(GF_EXPORT[^;{]*;)", re.S)
+    pattern = re.compile(r"(/\*\*(?:(?!\*/).)*\*/)\s*^(GF_EXPORT[^;{]*;)|^(GF_EXPORT[^;{]*;)", re.S | re.M)
     for m in pattern.finditer(src):
         comment, decl = (m.group(1), m.group(2)) if m.group(2) else ("", m.group(3))
         decl = " ".join(decl.replace("GF_EXPORT ", "").split())

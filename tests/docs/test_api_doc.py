@@ -19,7 +19,7 @@ def test_every_exported_function_is_documented():
     missing = []
     for h in [ROOT / "include" / "gpufailover.h"] + sorted((ROOT / "include" / "gpufailover").glob("*.h")):
         src = h.read_text()
-        for m in re.finditer(r"GF_EXPORT[^;{]*?(\w+)\s*\(", src):
+        for m in re.finditer(r"^GF_EXPORT[^;{]*?(\w+)\s*\(", src, re.M):
             before = src[:m.start()].rstrip()
             if not before.endswith("*/"):
                 missing.append(f"{h.name}: {m.group(1)}")
