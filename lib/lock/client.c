@@ -15,7 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
@@ -233,6 +236,17 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	int fd, rc = gf_uri_connect(&l->uri, deadline, &fd);
 	if (rc < 0)
 		return rc;
+	if (is_tcp(l)) {
+		/* Dead hosts and half-open connections; a stopped peer still
+		 * answers keepalives, so the heartbeats and T_fence decide. */
+		int one = 1, idle = 1, intvl = 1, cnt = 3;
+		unsigned int uto = (unsigned int)l->fence_ms;
+		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+		setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
+	}
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, 0);
 	rd.max_body = GF_LOCK_MAX_FRAME;

@@ -610,6 +610,7 @@ def test_randomized_history(tmp, procs):
                 new()
             d.start()
     poll_lines(0.5)
+    print(f"history: {len(grants)} grants, {restarts} server restarts, {n[0]} contenders")
     assert len(grants) >= 5, f"only {len(grants)} grants"
     epochs = [e for e, _ in grants]
     assert epochs == sorted(set(epochs))

@@ -355,6 +355,35 @@ static void test_reconnect_window_reclaim(void **s)
 	srv_stop(&sv);
 }
 
+static void test_holder_takeover_stale_connection(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	struct raw a, a2, w;
+	raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	gf_LockGranted g = a.m.body.lock_granted;
+	raw_open(&w, sv.uri, "w");
+	raw_acquire(&w, "w", -1, NULL, 0);
+	/* The holder comes back on a new connection while the old one is
+	 * still open (half-open TCP): the token moves the grant, same epoch. */
+	raw_open(&a2, sv.uri, "a");
+	raw_acquire(&a2, "a", -1, g.session_token.bytes, g.epoch);
+	assert_int_equal(raw_next(&a2, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(a2.m.body.lock_granted.epoch, g.epoch);
+	assert_true(a2.m.body.lock_granted.reclaimed);
+	assert_int_equal(gf_msg_recv(&a.rd, a.fd, &a.m, NULL, NULL, gf_deadline_from_ms(2000)), GF_ERR_CLOSED);
+	assert_int_equal(raw_next(&w, 200), 0); /* the waiter was not granted */
+	raw_close(&a2);
+	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(w.m.body.lock_granted.epoch, g.epoch + 1);
+	raw_close(&a);
+	raw_close(&w);
+	srv_stop(&sv);
+}
+
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
@@ -459,6 +488,7 @@ int main(void)
 		cmocka_unit_test(test_waiter_timeout_and_client),
 		cmocka_unit_test(test_interrupt),
 		cmocka_unit_test(test_reconnect_window_reclaim),
+		cmocka_unit_test(test_holder_takeover_stale_connection),
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
