@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,25 @@ static void srv_start(struct srv *s, const char *state_text, int64_t window_ms)
 		fputs(state_text, f);
 		fclose(f);
 	}
+	assert_int_equal(gf_lockd_new(&s->d), 0);
+	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
+	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
+	assert_int_equal(gf_lockd_start(s->d), 0);
+	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
+}
+
+/* Stop and free the server but keep its state file (a crash-like restart). */
+static void srv_halt(struct srv *s)
+{
+	gf_lockd_stop(s->d);
+	pthread_join(s->t, NULL);
+	gf_lockd_free(s->d);
+}
+
+static void srv_restart(struct srv *s, int64_t window_ms)
+{
 	assert_int_equal(gf_lockd_new(&s->d), 0);
 	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
 	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
@@ -384,6 +404,67 @@ static void test_holder_takeover_stale_connection(void **s)
 	srv_stop(&sv);
 }
 
+struct lost_rec {
+	atomic_int calls;
+	int err;
+	char detail[512];
+};
+
+static void on_lost(gf_lock *l, int err, const char *detail, void *ud)
+{
+	struct lost_rec *r = ud;
+	(void)l;
+	r->err = err;
+	snprintf(r->detail, sizeof(r->detail), "%s", detail);
+	atomic_fetch_add(&r->calls, 1);
+}
+
+static void test_watcher_reclaims_then_reports_loss(void **s)
+{
+	(void)s;
+	struct srv sv;
+	struct lost_rec lr = { 0 };
+	struct gf_lock_grant g;
+	gf_lock *a;
+	srv_start(&sv, NULL, 1000);
+	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
+	assert_int_equal(gf_lock_set_reconnect_timeout(a, 1500), 0);
+	gf_lock_set_lost_fn(a, on_lost, &lr);
+	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_start_watch(a), 0);
+	/* Server restart: the watcher reconnects with its token, keeps the epoch. */
+	srv_halt(&sv);
+	srv_restart(&sv, 1000);
+	int64_t end = gf_now_us() + 3000000;
+	char *json = NULL;
+	while (gf_now_us() < end) {
+		free(json);
+		json = NULL;
+		if (gf_lock_status_json(sv.uri, NULL, 0, 1000, &json) == 0 && strstr(json, "\"holder\":\"a\""))
+			break;
+		usleep(20000);
+	}
+	assert_non_null(json);
+	assert_non_null(strstr(json, "\"holder\":\"a\""));
+	free(json);
+	assert_true(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_epoch(a), g.epoch);
+	assert_int_equal(atomic_load(&lr.calls), 0);
+	/* Server gone for longer than the reconnect time: LOCK_LOST through the hook, once. */
+	srv_halt(&sv);
+	end = gf_now_us() + 5000000;
+	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	assert_int_equal(atomic_load(&lr.calls), 1);
+	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
+	assert_non_null(strstr(lr.detail, "reconnect"));
+	assert_false(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_process(a), GF_ERR_LOCK_LOST);
+	gf_lock_free(a);
+	srv_restart(&sv, 0);
+	srv_stop(&sv);
+}
+
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
@@ -489,6 +570,7 @@ int main(void)
 		cmocka_unit_test(test_interrupt),
 		cmocka_unit_test(test_reconnect_window_reclaim),
 		cmocka_unit_test(test_holder_takeover_stale_connection),
+		cmocka_unit_test(test_watcher_reclaims_then_reports_loss),
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
