@@ -472,7 +472,9 @@ def test_tcp_stopped_holder_loses_lock(tmp, procs):
     t0 = time.monotonic()
     eb = b.wait_granted(5)
     assert eb == ea + 1
-    assert time.monotonic() - t0 >= 0.55  # T_detect, not earlier
+    # T_detect (600ms) counts from the last heartbeat heard, up to one
+    # heartbeat interval (100ms) before the stop.
+    assert time.monotonic() - t0 >= 0.45
     a.signal(signal.SIGCONT)
     assert a.proc.wait(5) == EXIT_LOST
 
@@ -526,7 +528,7 @@ def test_tcp_partitioned_holder_fences_itself_before_regrant(tmp, procs):
     assert eb == ea + 1
     # Lease order: A reported LOCK_LOST (T_fence) before B was granted (T_detect).
     assert a_lost < b.granted_at
-    assert a_lost - t0 >= 0.25
+    assert a_lost - t0 >= 0.15  # T_fence (300ms) since the last heartbeat heard
     assert "T_fence" in a.proc.stderr.read().decode()
 
 
