@@ -248,15 +248,17 @@ def test_forked_child_holding_socket_does_not_keep_lock(tmp, procs):
 
 def test_release_waits_for_process_exit(tmp, procs):
     d = start_lockd(procs, tmp)
-    h = subprocess.Popen([HELPER, d.uri, "a", "linger", "700"], stdout=subprocess.PIPE, text=True)
+    h = subprocess.Popen([HELPER, d.uri, "a", "linger", "800"], stdout=subprocess.PIPE, text=True)
     assert h.stdout.readline().startswith("granted")
     b = spawn(procs, d.uri, "b")
     wait_waiters(d.uri, 1)
-    # The helper closes its socket right away but lives 700ms more.
-    h.wait(5)
-    exited = time.monotonic()
+    # The helper closed its socket right away but lives 800ms more.
+    st = status(d.uri)
+    assert st["holder"] is None and st["exit_wait"]
+    assert b.wait_granted(0.3) is None
     assert b.wait_granted(5)
-    assert b.granted_at >= exited - 0.05
+    assert not alive(h.pid)  # a zombie by now: it had exited before the grant
+    h.wait()
     assert "waiting for its process to exit" in d.logtext()
 
 
@@ -265,11 +267,12 @@ def test_exit_wait_timeout(tmp, procs):
     h = subprocess.Popen([HELPER, d.uri, "a", "linger", "5000"], stdout=subprocess.PIPE, text=True)
     try:
         assert h.stdout.readline().startswith("granted")
-        b = spawn(procs, d.uri, "b")
         t0 = time.monotonic()
+        b = spawn(procs, d.uri, "b")
         assert b.wait_granted(4)
-        assert h.poll() is None  # granted by the timeout, not by the exit
-        assert time.monotonic() - t0 >= 0.25
+        assert h.poll() is None and alive(h.pid)  # granted by the timeout, not by the exit
+        assert time.monotonic() - t0 >= 0.2
+        assert "exit-wait timeout" in d.logtext()
     finally:
         h.kill()
         h.wait()
