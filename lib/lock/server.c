@@ -116,6 +116,10 @@ struct gf_lockd {
 	struct gf_lock_state prev;
 	/* a failed state-file write holds grants until this time */
 	int64_t store_retry_at;
+	/* d->rec says "released" but is not on disk yet: try_grant() either
+	 * writes the next grant over it or writes it. A crash in between leaves
+	 * the old holder on record, which only costs a reconnect window. */
+	bool release_unsaved;
 
 	gf_Msg *msg; /* scratch message: gf_Msg is large */
 };
@@ -503,7 +507,7 @@ static void finish_release(gf_lockd *d, const char *why)
 	uint32_t pid = d->rec.pid;
 	d->rec.has_holder = false;
 	d->rec.pid = 0;
-	store(d);
+	d->release_unsaved = true;
 	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\"", d->rec.holder,
 	       (unsigned long long)d->rec.epoch, pid, why);
 }
@@ -703,6 +707,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		d->rec = old;
 		return GF_ERR_IO;
 	}
+	d->release_unsaved = false;
 	d->epoch = d->rec.epoch;
 	d->granted_at_wall = d->rec.granted_at_us;
 	waiter_unlink(d, c);
@@ -745,6 +750,8 @@ static void try_grant(gf_lockd *d)
 		if (grant(d, c, false) < 0)
 			return;
 	}
+	if (d->release_unsaved && !d->holder && store(d) == 0)
+		d->release_unsaved = false;
 }
 
 static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
@@ -953,7 +960,7 @@ static void run_timers(gf_lockd *d)
 		gf_log(GF_LOG_WARN, "lock", "msg=\"reconnect window expired: previous holder presumed dead\" holder=%s epoch=%llu token=%s",
 		       d->prev.holder, (unsigned long long)d->prev.epoch, tok_short(d->prev.token, t));
 		d->rec.has_holder = false;
-		store(d);
+		d->release_unsaved = true;
 	}
 	if (d->exit_pidfd >= 0 && now >= d->exit_deadline) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"released holder's process still alive after the exit-wait timeout; granting anyway\" id=%s pid=%u",

@@ -272,6 +272,14 @@ static void test_fifo_and_epochs(void **s)
 	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
 	assert_int_equal(c.m.body.lock_granted.epoch, e + 2);
 	raw_close(&c);
+	/* Released with nobody waiting: the state file says free, epoch kept. */
+	struct gf_lock_state st = { .has_holder = true };
+	for (int i = 0; i < 200 && st.has_holder; i++) {
+		usleep(10000);
+		assert_int_equal(gf_lock_state_load(sv.state, &st), 0);
+	}
+	assert_false(st.has_holder);
+	assert_int_equal(st.epoch, e + 2);
 	srv_stop(&sv);
 }
 
