@@ -42,8 +42,10 @@ struct gf_lock_grant {
  * regained within the reconnect time, or the grant refused on reconnect).
  * @p err is GF_ERR_LOCK_LOST; gf_error_detail() is not valid here, @p detail is.
  * Runs on the thread that noticed: the watcher thread, or the caller of
- * gf_lock_process(). The library itself never terminates the process; the
- * engine layer's default hook does (see gpufailover/engine.h).
+ * gf_lock_process(). It must not call gf_lock_free(), gf_lock_release() or
+ * gf_lock_stop_watch() on @p lock (the watcher would join itself). The
+ * library itself never terminates the process; the engine layer's default
+ * hook does (see gpufailover/engine.h).
  */
 typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void *userdata);
 
@@ -74,16 +76,24 @@ GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *user
  * (already held), GF_ERR_PROTOCOL.
  */
 GF_EXPORT int gf_lock_acquire(gf_lock *lock, int64_t timeout_ms, struct gf_lock_grant *grant);
-/** Explicitly release for a clean shutdown (closes the connection). */
+/**
+ * Explicitly release for a clean shutdown: tells the server (which then
+ * grants the next waiter without waiting for this process to exit), closes
+ * the connection and stops the watcher. GF_ERR_STATE when nothing was held.
+ */
 GF_EXPORT int gf_lock_release(gf_lock *lock);
-/** Make a blocking gf_lock_acquire() on another thread return GF_ERR_INTERRUPTED. Async-signal-safe. */
+/**
+ * Make a blocking gf_lock_acquire() on another thread return
+ * GF_ERR_INTERRUPTED (an eventfd write). Async-signal-safe. An interrupt
+ * sent while no acquire is blocked makes the next acquire return at once.
+ */
 GF_EXPORT void gf_lock_interrupt(gf_lock *lock);
 /** 1 while held, 0 otherwise. */
 GF_EXPORT int gf_lock_is_held(const gf_lock *lock);
 /** Epoch of the current grant (0 when never granted). */
 GF_EXPORT uint64_t gf_lock_epoch(const gf_lock *lock);
 
-/** Event-loop integration (sd-bus style): the fd to watch, -1 when not connected. */
+/** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);
 /** poll() events to wait for on gf_lock_get_fd(). */
 GF_EXPORT int gf_lock_get_events(const gf_lock *lock);
@@ -91,11 +101,13 @@ GF_EXPORT int gf_lock_get_events(const gf_lock *lock);
 GF_EXPORT int gf_lock_get_timeout_ms(const gf_lock *lock);
 /**
  * Handle what happened on the connection: hangup (start reconnecting),
- * heartbeats, reconnect attempts. Never blocks for long. Returns 0, or
- * GF_ERR_LOCK_LOST once the lock is lost (after calling the hook).
+ * heartbeats, reconnect attempts. Never blocks for long (one reconnect
+ * attempt waits at most 1 s). Returns 0, or GF_ERR_LOCK_LOST once the lock
+ * is lost (after calling the hook once). Thread-safe against the query
+ * functions; do not run it while the watcher thread runs.
  */
 GF_EXPORT int gf_lock_process(gf_lock *lock);
-/** Start a built-in watcher thread that runs the process loop while held. */
+/** Start a built-in watcher thread that runs the process loop while held (GF_ERR_STATE if not held). */
 GF_EXPORT int gf_lock_start_watch(gf_lock *lock);
 /** Stop the watcher thread (joins it). */
 GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
