@@ -566,18 +566,23 @@ def test_randomized_history(tmp, procs):
             if c.pid not in registered and c.proc.poll() is None:
                 sel.register(c.proc.stdout, selectors.EVENT_READ, c)
                 registered.add(c.pid)
+        ready = []
         for key, _ in sel.select(timeout):
             c = key.data
             line = c.proc.stdout.readline().decode()
             sel.unregister(c.proc.stdout)
-            if not line:
-                continue
-            epoch = int(line.split("epoch=")[1])
+            if line:
+                ready.append((int(line.split("epoch=")[1]), c))
+        # Lines that became readable together are ordered by their epochs;
+        # one may be from a contender killed right after its grant.
+        for epoch, c in sorted(ready, key=lambda x: x[0]):
             # Invariant checks at the moment the grant is seen.
             if grants:
                 assert epoch > grants[-1][0], (epoch, grants[-1])
                 prev = grants[-1][1]
                 assert not alive(prev.pid), f"{c.id} granted while {prev.id} (pid {prev.pid}) still alive"
+                # Holders here end only by being killed: no overlap.
+                assert prev.id in deaths, f"{c.id} granted but {prev.id} was never killed"
             grants.append((epoch, c))
             holder = c
 
@@ -596,6 +601,7 @@ def test_randomized_history(tmp, procs):
                 v = rnd.choice(waiting)
                 v.kill()
                 v.proc.wait()
+                deaths[v.id] = time.monotonic()
                 live.remove(v)
                 new()
         elif action < 0.65 and live:
@@ -611,6 +617,7 @@ def test_randomized_history(tmp, procs):
             if rnd.random() < 0.3 and holder and holder.proc.poll() is None:
                 holder.kill()  # both crash
                 holder.proc.wait()
+                deaths[holder.id] = time.monotonic()
                 live.remove(holder)
                 new()
             d.start()
