@@ -51,8 +51,10 @@ typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void
 
 /**
  * New client for the lock server at @p uri ("unix:///path" or
- * "tcp://host:port") acting as @p engine_id. Does not connect yet.
- * Caller frees with gf_lock_free().
+ * "tcp://host:port") acting as @p engine_id (1..127 bytes of printable
+ * ASCII without spaces, quotes, backslash or '='; it appears in logs and
+ * status). Does not connect yet. Caller frees with gf_lock_free().
+ * Errors: GF_ERR_INVALID_ARG (bad URI or id), GF_ERR_NOMEM, GF_ERR_IO.
  */
 GF_EXPORT int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id);
 /** Close the connection (releasing a held lock) and free. Stops the watcher. NULL is a no-op. */

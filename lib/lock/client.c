@@ -105,6 +105,11 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	size_t idl = strlen(engine_id);
 	if (idl == 0 || idl >= GF_LOCK_ID_MAX)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: engine id must be 1..%d bytes", GF_LOCK_ID_MAX - 1);
+	for (const unsigned char *p = (const unsigned char *)engine_id; *p; p++)
+		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f)
+			return gf_err(GF_ERR_INVALID_ARG,
+				      "lock: engine id '%s' must be printable ASCII without spaces, quotes, '\\' or '='",
+				      engine_id);
 	gf_lock *l = calloc(1, sizeof(*l));
 	if (!l)
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");

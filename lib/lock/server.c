@@ -754,6 +754,15 @@ static void try_grant(gf_lockd *d)
 		d->release_unsaved = false;
 }
 
+/* Engine ids end up in key=value log lines and JSON: keep them printable and unquoted. */
+static bool id_ok(const char *id)
+{
+	for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f)
+			return false;
+	return *id != '\0';
+}
+
 static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 {
 	if (c->role != R_NONE) {
@@ -761,8 +770,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 								     : "this connection is already waiting", false);
 		return;
 	}
-	if (!a->engine_id[0]) {
-		reply_error(d, c, GF_ERR_INVALID_ARG, "acquire: empty engine id", false);
+	if (!id_ok(a->engine_id)) {
+		reply_error(d, c, GF_ERR_INVALID_ARG,
+			    "acquire: engine id must be non-empty printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
 	snprintf(c->id, sizeof(c->id), "%s", a->engine_id);
@@ -829,7 +839,7 @@ static int handle_msg(gf_lockd *d, struct conn *c, gf_Msg *m)
 			snprintf(det, sizeof(det), "%s", gf_error_detail());
 			return reply_error(d, c, hrc, det, true);
 		}
-		snprintf(c->id, sizeof(c->id), "%s", m->body.hello.peer_id[0] ? m->body.hello.peer_id : "?");
+		snprintf(c->id, sizeof(c->id), "%s", id_ok(m->body.hello.peer_id) ? m->body.hello.peer_id : "?");
 		if (!c->tcp && !uid_allowed(d, c->uid)) {
 			char det[128];
 			snprintf(det, sizeof(det), "uid %u is not allowed to use this lock server", c->uid);

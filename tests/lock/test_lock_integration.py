@@ -193,6 +193,10 @@ def test_cli_basics(tmp, procs):
     assert r.returncode == 7 and r.stdout.startswith("granted id=c epoch=")
     text = gfctl("lock", "status", "--lock", d.uri)
     assert text.returncode == 0 and "holder" in text.stdout
+    # A second server on the same state file refuses to start.
+    other = subprocess.run([LOCKD, "--listen", "unix://" + os.path.join(tmp, "other.sock"),
+                            "--state-file", d.state], capture_output=True, text=True, timeout=10)
+    assert other.returncode == 1 and "in use" in other.stderr
 
 
 def test_holder_sigkill_fifo(tmp, procs):

@@ -267,6 +267,15 @@ static void test_fifo_and_epochs(void **s)
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
+	/* Ids that would break log lines are refused. */
+	struct raw bad;
+	raw_open(&bad, sv.uri, "bad");
+	raw_acquire(&bad, "a b", -1, NULL, 0);
+	assert_int_equal(raw_next(&bad, 2000), gf_Msg_error_tag);
+	assert_int_equal(bad.m.body.error.code, GF_ERR_INVALID_ARG);
+	raw_acquire(&bad, "x\"y", -1, NULL, 0);
+	assert_int_equal(raw_next(&bad, 2000), gf_Msg_error_tag);
+	raw_close(&bad);
 	assert_int_equal(raw_next(&c, 100), 0);
 	raw_close(&b);
 	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
