@@ -221,6 +221,22 @@ def test_holder_sigkill_fifo(tmp, procs):
     assert "granted" in d.logtext() and "epoch=" in d.logtext()
 
 
+def test_unix_stopped_holder_keeps_lock(tmp, procs):
+    """Documented non-guarantee: on a unix socket a hung-but-alive holder
+    keeps the lock; its liveness probe has to kill it."""
+    d = start_lockd(procs, tmp)
+    a = spawn(procs, d.uri, "a")
+    ea = a.wait_granted()
+    b = spawn(procs, d.uri, "b")
+    wait_waiters(d.uri, 1)
+    a.signal(signal.SIGSTOP)
+    assert b.wait_granted(1.0) is None
+    assert status(d.uri)["holder"] == "a"
+    a.signal(signal.SIGCONT)
+    a.kill()
+    assert b.wait_granted() == ea + 1
+
+
 def test_forked_command_does_not_keep_lock(tmp, procs):
     d = start_lockd(procs, tmp)
     a = spawn(procs, d.uri, "a", cmd=["sleep", "60"])
