@@ -183,6 +183,9 @@ static void test_race_one_loads(void **state)
 	char *j = status(uri);
 	assert_non_null(strstr(j, "\"allocation_count\":4")); /* no second copy */
 	assert_non_null(strstr(j, "\"generation\":1"));
+	char want[64];
+	snprintf(want, sizeof(want), "\"backend\":\"%s\"", backend);
+	assert_non_null(strstr(j, want)); /* the server really runs the backend under test */
 	free(j);
 	assert_int_equal(reap(&a, 5000), 0);
 	assert_int_equal(reap(&b, 5000), 0);
