@@ -48,6 +48,7 @@ struct client {
 	int64_t deadline_us;    /* wait deadline (INT64_MAX: none); the handshake deadline in C_HELLO */
 	uint64_t order;         /* FIFO position among waiters */
 	uint32_t uid, pid;
+	bool refused;           /* uid not allowed: answered with PERMISSION at its hello */
 	char peer[128];
 	/* a pending allocation (C_ALLOC_WAIT) */
 	uint64_t alloc_size;
@@ -663,6 +664,14 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 
 static void handle_hello(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
+	if (c->refused) {
+		/* Answered at the hello rather than at accept, so the client reads a clear error, not a reset. */
+		gf_log(GF_LOG_WARN, "gms", "refused peer uid=%u pid=%u: not in the allowed uids", c->uid, c->pid);
+		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "uid %u is not allowed by this GPU memory service",
+			    c->uid);
+		client_close(d, c, "uid not allowed");
+		return;
+	}
 	int rc = gf_handshake_check_hello(m, gf_Component_COMPONENT_GMS);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
@@ -797,16 +806,7 @@ static void accept_all(gf_gmsd *d)
 		}
 		struct ucred cr = {0};
 		socklen_t cl = sizeof(cr);
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || !uid_allowed(d, cr.uid)) {
-			gf_log(GF_LOG_WARN, "gms", "refused peer uid=%u pid=%u: not in the allowed uids",
-			       (unsigned)cr.uid, (unsigned)cr.pid);
-			gf_Msg *e = d->out;
-			memset(e, 0, sizeof(*e));
-			gf_msg_set_error(e, GF_ERR_PERMISSION, "uid not allowed by this GPU memory service");
-			gf_msg_send(fd, e, NULL, 0, gf_now_us() + 100000);
-			close(fd);
-			continue;
-		}
+		bool refused = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || !uid_allowed(d, cr.uid);
 		struct client *c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(fd);
@@ -814,6 +814,7 @@ static void accept_all(gf_gmsd *d)
 		}
 		c->fd = fd;
 		c->uid = (uint32_t)cr.uid;
+		c->refused = refused;
 		c->pid = (uint32_t)cr.pid;
 		snprintf(c->peer, sizeof(c->peer), "pid%u", c->pid);
 		c->deadline_us = gf_now_us() + GMSD_HELLO_TIMEOUT_US;

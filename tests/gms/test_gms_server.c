@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,7 +161,10 @@ static void test_load_commit_read(void **state)
 	j = status();
 	assert_non_null(strstr(j, "\"state\":\"COMMITTED\""));
 	free(j);
-	/* nothing leaked: only the (in-process) server still holds its 3 allocations */
+	/* nothing leaked: only the (in-process) server still holds its 3 allocations, once it has
+	 * also seen the status connection close */
+	for (int i = 0; i < 200 && tu_count_fds() != fds0 + 3; i++)
+		usleep(5000);
 	assert_int_equal(tu_count_fds(), fds0 + 3);
 }
 
@@ -632,6 +636,47 @@ static void test_lost(void **state)
 	OK(gt_start(&srv, dir, "gms", 0));
 }
 
+/* Peers whose uid is not allowed are refused with PERMISSION; --allow-uid admits them. */
+static int ping_as(const char *uri, uid_t uid)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setgid(uid) < 0 || setuid(uid) < 0)
+			_exit(100);
+		int rc = gf_gms_ping(uri, 1000, NULL);
+		_exit(rc == 0 ? 0 : rc == GF_ERR_PERMISSION ? 1 : 2);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_allowed_uids(void **state)
+{
+	(void)state;
+	if (getuid() != 0)
+		skip(); /* needs to become another uid */
+	const uid_t nobody = 65534;
+	chmod(dir, 0755);
+	chmod(srv.uri + strlen("unix://"), 0777);
+	assert_int_equal(ping_as(srv.uri, nobody), 1);
+	struct gt_server s2;
+	gf_gmsd *d;
+	OK(gf_gmsd_new(&d));
+	snprintf(s2.uri, sizeof(s2.uri), "unix://%s/allow.sock", dir);
+	OK(gf_gmsd_set_listen(d, s2.uri));
+	OK(gf_gmsd_set_backend(d, GF_MEM_HOST));
+	OK(gf_gmsd_allow_uid(d, nobody));
+	OK(gf_gmsd_start(d));
+	assert_int_equal(gf_gmsd_allow_uid(d, 5), GF_ERR_STATE); /* settings are fixed once started */
+	s2.d = d;
+	assert_int_equal(pthread_create(&s2.th, NULL, gt_run, &s2), 0);
+	chmod(s2.uri + strlen("unix://"), 0777);
+	assert_int_equal(ping_as(s2.uri, nobody), 0);
+	gt_stop(&s2);
+	chmod(dir, 0700);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -644,6 +689,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_oom_retry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unmap_remap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
