@@ -489,7 +489,8 @@ int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 	gms->generation = gms->msg->body.gms_committed.generation;
 	gms->have_layout = true;
 	gms->granted = GF_GMS_RO;
-	qsort(gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
+	if (gms->nmeta)
+		qsort(gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
 	gms->meta_sorted = true;
 	/* Same reservation, same offsets, same physical memory: only the protection changes. */
 	if (gms->nallocs) {
@@ -741,7 +742,7 @@ int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_meta *out)
 	const struct cmeta *m = NULL;
 	if (gms->meta_sorted) {
 		struct cmeta probe = {.key = (char *)key};
-		m = bsearch(&probe, gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
+		m = gms->nmeta ? bsearch(&probe, gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp) : NULL;
 	} else {
 		for (size_t i = 0; i < gms->nmeta && !m; i++)
 			if (!strcmp(gms->meta[i].key, key))

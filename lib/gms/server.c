@@ -525,7 +525,8 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		return;
 	}
 	/* Canonical order (by key) so the hash does not depend on the order of puts. */
-	qsort(d->meta, d->nmeta, sizeof(*d->meta), meta_cmp);
+	if (d->nmeta)
+		qsort(d->meta, d->nmeta, sizeof(*d->meta), meta_cmp);
 	index_rebuild(d, d->index_cap ? d->index_cap : 512);
 	for (size_t i = 0; i < d->nallocs; i++)
 		sizes[i] = d->allocs[i].size;

@@ -114,7 +114,7 @@ int main(int argc, char **argv)
 		}
 		say("loaded allocs=%zu", allocs);
 		if (pause && !wait_line())
-			return 0;
+			goto done;
 		uint64_t gen;
 		if ((rc = gf_gms_commit(g, &gen)) < 0)
 			return die("commit", rc);
@@ -140,7 +140,7 @@ int main(int argc, char **argv)
 			return die("unmap", rc);
 		say("asleep");
 		if (!wait_line())
-			return 0;
+			goto done;
 		int64_t t0 = 0;
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -162,6 +162,7 @@ int main(int argc, char **argv)
 		while (wait_line())
 			;
 	}
+done:
 	gf_gms_free(g);
 	gf_mem_free(mem);
 	return 0;

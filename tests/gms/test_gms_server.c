@@ -46,6 +46,8 @@ static int teardown(void **state)
 	gt_stop(&srv);
 	gf_mem_free(mem);
 	mem = NULL;
+	free(dir);
+	dir = NULL;
 	return 0;
 }
 
