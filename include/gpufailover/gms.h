@@ -56,36 +56,73 @@ typedef void (*gf_gms_lost_fn)(gf_gms *gms, int err, const char *detail, void *u
 
 /**
  * Connect to the GMS at @p uri in @p mode, waiting in the server up to
- * @p timeout_ms (< 0: forever; the wake path must pass a finite timeout).
- * @p mem is borrowed and must outlive the client. Errors: GF_ERR_TIMEOUT,
- * GF_ERR_UNREACHABLE, GF_ERR_PROTOCOL, GF_ERR_INVALID_ARG.
+ * @p timeout_ms (< 0: forever; 0: only if grantable now; the wake path must
+ * pass a finite timeout). @p mem is borrowed and must outlive the client;
+ * it must be the same backend and device as the server's (checked:
+ * GF_ERR_INVALID_ARG). When granted RW, the client reserves one address
+ * range of the device's total memory for the allocations to come; a reader
+ * reserves the layout's size at gf_gms_map_all(). Blocks. Free with
+ * gf_gms_free(). Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE,
+ * GF_ERR_PROTOCOL, GF_ERR_PERMISSION, GF_ERR_INVALID_ARG.
  */
 GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
-/** Unmap, release, give back the address range, close. NULL is a no-op. */
+/** Stop the watcher, unmap, release the imports, give back the address range, close (releasing the lock). NULL is a no-op. */
 GF_EXPORT void gf_gms_free(gf_gms *gms);
-/** Mode granted: GF_GMS_RW or GF_GMS_RO; 0 while disconnected (asleep). */
+/** Mode granted: GF_GMS_RW, or GF_GMS_RO (also after commit); 0 while disconnected (asleep). */
 GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
 
 /* ---- writer ---- */
-/** Allocate @p size bytes in the GMS, import and map it read-write. Fills @p id. */
+/**
+ * Allocate @p size bytes in the GMS (the server creates it, retrying for its
+ * --oom-retry time on OUT_OF_MEMORY), import it and map it read-write at the
+ * next granularity-aligned offset of the reservation. Fills @p id (may be
+ * NULL). Needs RW. Blocks for one round trip. Errors: GF_ERR_STATE (not
+ * RW), GF_ERR_OUT_OF_MEMORY, GF_ERR_GMS_LOST, GF_ERR_INVALID_ARG (size 0,
+ * tag over 63 bytes).
+ */
 GF_EXPORT int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id);
-/** Put a metadata entry (key unique; up to 256 bytes of key, 1024 of value). */
+/**
+ * Put a metadata entry (key unique, 1..255 bytes; value up to 1024 bytes,
+ * copied). Needs RW. One round trip. Errors: GF_ERR_STATE,
+ * GF_ERR_NOT_FOUND (unknown allocation id), GF_ERR_INVALID_ARG (offset
+ * outside the allocation, duplicate key, sizes), GF_ERR_GMS_LOST.
+ */
 GF_EXPORT int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset,
 			      const void *value, size_t value_len);
-/** Validate, hash the layout and commit; the connection becomes a reader and mappings read-only. */
+/**
+ * Synchronize the device, then validate, hash the layout and commit in the
+ * server; the connection becomes a reader (no reconnect) and the mappings
+ * are re-made read-only in place (same addresses). @p generation may be
+ * NULL. Errors: GF_ERR_STATE (not RW), GF_ERR_INVALID_ARG, GF_ERR_GMS_LOST.
+ */
 GF_EXPORT int gf_gms_commit(gf_gms *gms, uint64_t *generation);
 
 /* ---- reader ---- */
-/** Fetch all allocations and metadata in one round trip, import and map read-only. */
+/**
+ * Fetch all allocations (with their fds, in batches) and metadata in one
+ * round trip, import and map read-only at granularity-aligned offsets of one
+ * reservation; all-or-nothing. Needs RO; a no-op for a writer that
+ * committed. Errors: GF_ERR_STATE, GF_ERR_PROTOCOL, GF_ERR_GMS_LOST,
+ * GF_ERR_DRIVER.
+ */
 GF_EXPORT int gf_gms_map_all(gf_gms *gms);
 
 /* ---- both ---- */
+/** Number of allocations known to this client (kept while asleep). */
 GF_EXPORT size_t gf_gms_alloc_count(const gf_gms *gms);
+/** Allocation @p index in allocation order. GF_ERR_INVALID_ARG when out of range. */
 GF_EXPORT int gf_gms_alloc_at(const gf_gms *gms, size_t index, struct gf_gms_alloc_info *out);
+/** Number of metadata entries known to this client. */
 GF_EXPORT size_t gf_gms_meta_count(const gf_gms *gms);
+/**
+ * Entry @p index: in put order for a writer before commit, sorted by key
+ * after commit and for readers. Strings point into the client (valid until
+ * the next call on it).
+ */
 GF_EXPORT int gf_gms_meta_at(const gf_gms *gms, size_t index, struct gf_gms_meta *out);
+/** Look up @p key (binary search once committed). GF_ERR_NOT_FOUND when absent. */
 GF_EXPORT int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_meta *out);
-/** Layout hash (16 bytes) and generation of the committed layout this client maps. */
+/** Layout hash (16 bytes) and generation of the committed layout this client maps. GF_ERR_STATE before one is known. */
 GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation);
 
 /* ---- sleep / wake ---- */
@@ -100,12 +137,23 @@ GF_EXPORT int gf_gms_unmap(gf_gms *gms);
 GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
 
 /* ---- loss detection ---- */
+/**
+ * Install the hook called once per connection when the GMS is lost. With no
+ * hook the client only reports (a warning log and GF_ERR_GMS_LOST from later
+ * calls); the engine layer installs a terminating default. The hook runs on
+ * the watcher thread or inside the call that noticed the loss.
+ */
 GF_EXPORT void gf_gms_set_lost_fn(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
+/** Socket to poll for readability/hangup, then call gf_gms_process(). GF_ERR_STATE while asleep. */
 GF_EXPORT int gf_gms_get_fd(const gf_gms *gms);
 /** Notice a hangup; returns GF_ERR_GMS_LOST (after the hook) once lost, else 0. */
 GF_EXPORT int gf_gms_process(gf_gms *gms);
-/** Built-in watcher thread calling the hook within milliseconds of a loss. */
+/**
+ * Built-in watcher thread calling the hook within milliseconds of a loss.
+ * Stopped by gf_gms_unmap() and started again by gf_gms_remap().
+ */
 GF_EXPORT int gf_gms_start_watch(gf_gms *gms);
+/** Stop and join the watcher thread (no-op when not running). */
 GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
 
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
