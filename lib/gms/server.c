@@ -6,6 +6,7 @@
  * waiter in FIFO order.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,9 @@ struct client {
 	char alloc_tag[64];
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
+	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
+	bool listing, list_fds, list_meta;
+	size_t list_next, list_chunks;
 	struct client *next;
 };
 
@@ -564,28 +568,35 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	reevaluate(d);
 }
 
-static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
+/* Ask epoll for writability only while a list reply is being streamed. */
+static void want_out(gf_gmsd *d, struct client *c, bool on)
 {
-	bool with_fds = m->body.gms_list.with_fds;
-	bool with_meta = !m->body.gms_list.without_metadata;
-	if (c->phase != C_READER && c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
-		return;
-	}
-	size_t nm = with_meta ? d->nmeta : 0;
-	size_t chunks_a = (d->nallocs + GMSD_CHUNK_ALLOCS - 1) / GMSD_CHUNK_ALLOCS;
-	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
-	size_t chunks = chunks_a > chunks_m ? chunks_a : chunks_m;
-	if (chunks == 0)
-		chunks = 1;
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = c};
+	epoll_ctl(d->ep, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/*
+ * Stream the chunks of a list reply: one round trip for the client, but the
+ * loop sends a chunk only while the socket has room (a unix socket reports
+ * POLLOUT with at least 3/4 of its buffer free, more than one chunk), so a
+ * reader that stops reading costs its own connection, not the loop.
+ */
+static void list_pump(gf_gmsd *d, struct client *c)
+{
 	int fds[GMSD_CHUNK_ALLOCS];
-	for (size_t k = 0; k < chunks; k++) {
-		size_t a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
+	size_t nm = c->list_meta ? d->nmeta : 0;
+	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
+		struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+		if (budget == 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
+			want_out(d, c, true);
+			return;
+		}
+		size_t k = c->list_next, a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
 		memset(d->out, 0, sizeof(*d->out));
-		d->out->seq = m->seq;
+		d->out->seq = c->seq;
 		d->out->which_body = gf_Msg_gms_list_chunk_tag;
 		gf_GmsListChunk *ch = &d->out->body.gms_list_chunk;
-		ch->last = k + 1 == chunks;
+		ch->last = k + 1 == c->list_chunks;
 		ch->generation = d->generation;
 		memcpy(ch->layout_hash.bytes, d->hash, 16);
 		ch->layout_hash.size = 16;
@@ -598,7 +609,7 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 			o->size = d->allocs[i].size;
 			o->requested = d->allocs[i].requested;
 			snprintf(o->tag, sizeof(o->tag), "%s", d->allocs[i].tag);
-			if (with_fds && (rc = gf_mem_export(d->allocs[i].a, &fds[nfds])) == 0)
+			if (c->list_fds && (rc = gf_mem_export(d->allocs[i].a, &fds[nfds])) == 0)
 				nfds++;
 			if (rc < 0)
 				break;
@@ -614,7 +625,7 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		if (rc < 0) {
 			gf_close_fds(fds, nfds);
 			/* The reply is already under way: the client cannot resynchronise. */
-			reply_error(d, c, m->seq, rc, "list: export failed: %s", gf_error_detail());
+			reply_error(d, c, c->seq, rc, "list: export failed: %s", gf_error_detail());
 			client_close(d, c, "export failed during list");
 			return;
 		}
@@ -624,7 +635,30 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 			client_close(d, c, "send failed");
 			return;
 		}
+		c->list_next++;
 	}
+	c->listing = false;
+	want_out(d, c, false);
+}
+
+static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	if (c->phase != C_READER && c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
+		return;
+	}
+	c->list_fds = m->body.gms_list.with_fds;
+	c->list_meta = !m->body.gms_list.without_metadata;
+	size_t nm = c->list_meta ? d->nmeta : 0;
+	size_t chunks_a = (d->nallocs + GMSD_CHUNK_ALLOCS - 1) / GMSD_CHUNK_ALLOCS;
+	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
+	c->list_chunks = chunks_a > chunks_m ? chunks_a : chunks_m;
+	if (c->list_chunks == 0)
+		c->list_chunks = 1;
+	c->list_next = 0;
+	c->seq = m->seq;
+	c->listing = true;
+	list_pump(d, c);
 }
 
 static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -699,7 +733,7 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		handle_hello(d, c, m);
 		return c->phase != C_HELLO;
 	}
-	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT) {
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
 		client_close(d, c, "request while waiting");
@@ -1064,7 +1098,9 @@ static int process_once(gf_gmsd *d, int timeout_ms)
 			struct client *c = p;
 			if (c->fd < 0)
 				continue;
-			if (evs[i].events & EPOLLIN)
+			if ((evs[i].events & EPOLLOUT) && c->listing)
+				list_pump(d, c);
+			if (c->fd >= 0 && (evs[i].events & EPOLLIN))
 				client_readable(d, c);
 			if (c->fd >= 0 && (evs[i].events & (EPOLLHUP | EPOLLERR)))
 				client_close(d, c, "hangup");

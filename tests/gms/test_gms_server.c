@@ -480,6 +480,61 @@ static void test_bad_input(void **state)
 	gf_gms_free(g);
 }
 
+/* A reader that asks for a big list and stops reading costs its connection, not the loop. */
+static void test_stalled_reader(void **state)
+{
+	(void)state;
+	gf_gms *w;
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_allocate(w, MiB, "a", NULL));
+	char value[1000];
+	memset(value, 'x', sizeof(value));
+	for (int k = 0; k < 3000; k++) { /* ~3 MB of list reply, far more than a socket buffer */
+		char key[32];
+		snprintf(key, sizeof(key), "k%05d", k);
+		OK(gf_gms_put_meta(w, key, 1, 0, value, sizeof(value)));
+	}
+	OK(gf_gms_commit(w, NULL));
+	struct raw r;
+	raw_open(&r, true);
+	memset(r.m, 0, sizeof(*r.m));
+	r.m->which_body = gf_Msg_gms_connect_tag;
+	r.m->body.gms_connect.mode = gf_GmsMode_GMS_MODE_RO;
+	r.m->body.gms_connect.timeout_ms = 1000;
+	assert_int_equal(raw_call(&r), 0);
+	memset(r.m, 0, sizeof(*r.m));
+	r.m->which_body = gf_Msg_gms_list_tag;
+	OK(gf_msg_send(r.fd, r.m, NULL, 0, gf_deadline_from_ms(1000)));
+	usleep(50000);
+	/* everyone else is served at once while that reply sits unread */
+	for (int i = 0; i < 5; i++) {
+		int64_t rtt;
+		OK(gf_gms_ping(srv.uri, 1000, &rtt));
+		assert_true(rtt < 500000);
+	}
+	gf_gms *rd;
+	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_map_all(rd));
+	assert_int_equal(gf_gms_meta_count(rd), 3000);
+	gf_gms_free(rd);
+	/* the stalled one can still read its whole reply later */
+	int chunks = 0;
+	for (;;) {
+		int *fds = NULL;
+		size_t n = 0;
+		OK(gf_msg_recv(&r.rd, r.fd, r.m, &fds, &n, gf_deadline_from_ms(2000)));
+		gf_close_fds(fds, n);
+		free(fds);
+		assert_int_equal(r.m->which_body, gf_Msg_gms_list_chunk_tag);
+		chunks++;
+		if (r.m->body.gms_list_chunk.last)
+			break;
+	}
+	assert_int_equal(chunks, (3000 + 31) / 32);
+	raw_close(&r);
+	gf_gms_free(w);
+}
+
 /* ---- OOM retry (RLIMIT_FSIZE makes the host backend's ftruncate fail with EFBIG) ---- */
 
 static void *raise_limit(void *arg)
@@ -688,6 +743,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_writer_priority, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_abort_promotes_waiter, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stalled_reader, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oom_retry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unmap_remap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
