@@ -358,6 +358,61 @@ static void test_partial_commit_processes(void **state)
 	kill9(&g1);
 }
 
+/* The example entrypoint runs one gf-gmsd per device and exits when any of them dies. */
+static pid_t first_child(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+	for (int i = 0; i < 500; i++) {
+		FILE *f = fopen(path, "re");
+		long c = 0;
+		if (f) {
+			if (fscanf(f, "%ld", &c) != 1)
+				c = 0;
+			fclose(f);
+		}
+		if (c > 0)
+			return (pid_t)c;
+		usleep(10000);
+	}
+	fail_msg("no child of %d", (int)pid);
+	return 0;
+}
+
+static void test_entrypoint(void **state)
+{
+	(void)state;
+	const char *script = getenv("GF_GMSD_ENTRYPOINT");
+	if (!script)
+		skip();
+	const char *env[] = {"GF_GMSD", gmsd_bin, "GF_GMS_SOCKET_DIR", dir, "GF_GMS_BACKEND", backend, NULL};
+	/* one device: its gf-gmsd is killed -> the entrypoint exits non-zero */
+	struct proc e;
+	char *argv[] = {"/bin/bash", (char *)script, "0", NULL};
+	spawn(&e, argv, true, env);
+	char uri[300];
+	sock_uri(uri, sizeof(uri), "gms-0");
+	expect(&e, "msg=\"ready\"", 10000);
+	assert_int_equal(gf_gms_ping(uri, 1000, NULL), 0);
+	pid_t g = first_child(e.pid);
+	kill(g, SIGKILL);
+	int st = reap(&e, 5000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	/* SIGTERM stops all cleanly with status 0 */
+	spawn(&e, argv, true, env);
+	expect(&e, "msg=\"ready\"", 10000);
+	kill(e.pid, SIGTERM);
+	st = reap(&e, 5000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_int_not_equal(gf_gms_ping(uri, 200, NULL), 0);
+	/* a device that cannot start takes the others down */
+	char *argv2[] = {"/bin/bash", (char *)script, "0", "7", NULL};
+	spawn(&e, argv2, true, env);
+	st = reap(&e, 10000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	assert_int_not_equal(gf_gms_ping(uri, 200, NULL), 0);
+}
+
 static void test_gmsd_cli(void **state)
 {
 	(void)state;
@@ -396,6 +451,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gms_crash_during_sleep),
 		cmocka_unit_test(test_partial_commit_processes),
 		cmocka_unit_test(test_gmsd_cli),
+		cmocka_unit_test(test_entrypoint),
 	};
 	/* With another backend (cuda over the test driver), one representative scenario. */
 	if (strcmp(backend, "host")) {
