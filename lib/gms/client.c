@@ -72,6 +72,7 @@ struct gf_gms {
 	bool have_layout;
 	uint8_t hash[16];
 	uint64_t generation;
+	int64_t oom_retry_ms;       /* the server's allocation retry bound */
 	uint8_t connected_hash[16]; /* hash the server announced on connect */
 	bool connected_has_hash;
 
@@ -219,6 +220,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 			if (g->connected_has_hash)
 				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
 			g->generation = c->generation;
+			g->oom_retry_ms = c->oom_retry_ms > 0 ? c->oom_retry_ms : 0;
 		}
 	}
 	if (rc < 0) {
@@ -337,8 +339,8 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 	snprintf(gms->msg->body.gms_allocate.tag, sizeof(gms->msg->body.gms_allocate.tag), "%s", tag ? tag : "");
 	int *fds = NULL;
 	size_t nfds = 0;
-	/* No client deadline: the server bounds the OOM retry itself, and a hangup ends the wait. */
-	rc = request(gms, &fds, &nfds, INT64_MAX);
+	/* The server bounds its OOM retry and announced the bound; a stopped server must not hang us. */
+	rc = request(gms, &fds, &nfds, gf_now_us() + gms->oom_retry_ms * 1000 + GMS_IO_TIMEOUT_US);
 	if (rc < 0)
 		return rc;
 	if (gms->msg->which_body != gf_Msg_gms_allocated_tag || nfds != 1 ||

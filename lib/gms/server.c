@@ -245,6 +245,7 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 	g->device = (uint32_t)d->device;
 	snprintf(g->device_uuid, sizeof(g->device_uuid), "%s", d->uuid);
 	g->granularity = d->granularity;
+	g->oom_retry_ms = d->oom_retry_ms;
 }
 
 /* ---------------------------------------------------------------- waiting */
