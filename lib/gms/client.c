@@ -108,7 +108,8 @@ static void report_lost(gf_gms *g, const char *detail)
 
 static int io_failed(gf_gms *g, int rc)
 {
-	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO) {
+	/* A reply that never came while we hold a lock leaves the stream unusable: that GMS is lost too. */
+	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO || (rc == GF_ERR_TIMEOUT && g->granted)) {
 		char d[300];
 		snprintf(d, sizeof(d), "%s", gf_error_detail());
 		report_lost(g, d);
