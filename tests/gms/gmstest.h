@@ -1,17 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* In-process GMS servers for tests: a gf_gmsd running in its own thread. */
+/* GMS servers for tests: a gf_gmsd running in a thread of the test, or a real gf-gmsd process. */
 #ifndef GF_GMSTEST_H
 #define GF_GMSTEST_H
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gpufailover.h"
 
 struct gt_server {
-	gf_gmsd *d;
+	gf_gmsd *d;     /* in-process */
 	pthread_t th;
+	pid_t pid;      /* a gf-gmsd process */
 	char uri[300];
 };
 
@@ -25,6 +30,7 @@ static void *gt_run(void *arg)
 static inline int gt_start(struct gt_server *s, const char *dir, const char *name, int64_t oom_retry_ms)
 {
 	snprintf(s->uri, sizeof(s->uri), "unix://%s/%s.sock", dir, name);
+	s->pid = 0;
 	int rc = gf_gmsd_new(&s->d);
 	if (rc == 0)
 		rc = gf_gmsd_set_listen(s->d, s->uri);
@@ -43,9 +49,39 @@ static inline int gt_start(struct gt_server *s, const char *dir, const char *nam
 	return rc;
 }
 
-/* Stop: every connection closes, as if the process died. */
+/* Start the gf-gmsd program @bin (host backend) and wait until it answers a ping. */
+static inline int gt_start_proc(struct gt_server *s, const char *dir, const char *name, const char *bin)
+{
+	snprintf(s->uri, sizeof(s->uri), "unix://%s/%s.sock", dir, name);
+	s->d = NULL;
+	s->pid = fork();
+	if (s->pid < 0)
+		return GF_ERR_IO;
+	if (s->pid == 0) {
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+		dup2(null, 2);
+		execl(bin, bin, "--listen", s->uri, "--backend", "host", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 5000; i++) {
+		if (gf_gms_ping(s->uri, 100, NULL) == 0)
+			return 0;
+		usleep(1000);
+	}
+	kill(s->pid, SIGKILL);
+	waitpid(s->pid, NULL, 0);
+	s->pid = 0;
+	return GF_ERR_TIMEOUT;
+}
+
+/* Stop: every connection closes, as if the process died (a process is SIGKILLed). */
 static inline void gt_stop(struct gt_server *s)
 {
+	if (s->pid > 0) {
+		kill(s->pid, SIGKILL);
+		waitpid(s->pid, NULL, 0);
+		s->pid = 0;
+	}
 	if (!s->d)
 		return;
 	gf_gmsd_stop(s->d);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * TP = 2 (seed 000, Decision 5): two GMS (one per device), two engines with
- * two workers each, in-process threads with random sleeps. An engine's
+ * TP = 2 (seed 000, Decision 5): two GMS (one per device; real gf-gmsd
+ * processes when GF_GMSD is set, else in-process servers), two engines with
+ * two workers each as threads of this process, with random sleeps. An engine's
  * workers meet at a barrier after connecting (vLLM's executor waits for
  * every worker's init_device() before load_model()), which is what makes
  * symmetric RW_OR_RO deadlock-prone.
@@ -27,6 +28,12 @@
 #define MiB (1024u * 1024u)
 
 static char *dir;
+static const char *gmsd_bin; /* GF_GMSD: real gf-gmsd processes; unset: in-process servers */
+
+static int srv_start(struct gt_server *s, const char *name)
+{
+	return gmsd_bin ? gt_start_proc(s, dir, name, gmsd_bin) : gt_start(s, dir, name, 0);
+}
 
 /* A barrier with a deadline: the executor's wait for all workers. */
 struct tbarrier {
@@ -154,7 +161,7 @@ static void test_roles_no_deadlock(void **state)
 		char name[32];
 		for (int d = 0; d < 2; d++) {
 			snprintf(name, sizeof(name), "r%d-d%d", it, d);
-			assert_int_equal(gt_start(&s[d], dir, name, 0), 0);
+			assert_int_equal(srv_start(&s[d], name), 0);
 		}
 		struct tbarrier ba, bb;
 		tb_init(&ba, 2);
@@ -204,7 +211,7 @@ static void test_symmetric_deadlock_ends_by_timeout(void **state)
 		char name[32];
 		for (int d = 0; d < 2; d++) {
 			snprintf(name, sizeof(name), "sym%d-d%d", roles, d);
-			assert_int_equal(gt_start(&s[d], dir, name, 0), 0);
+			assert_int_equal(srv_start(&s[d], name), 0);
 		}
 		struct tbarrier ba, bb;
 		tb_init(&ba, 2);
@@ -251,8 +258,8 @@ static void test_partial_commit(void **state)
 	struct gt_server s[2];
 	gf_mem *mem;
 	assert_int_equal(gf_mem_open(&mem, GF_MEM_HOST, 0), 0);
-	assert_int_equal(gt_start(&s[0], dir, "pc-d0", 0), 0);
-	assert_int_equal(gt_start(&s[1], dir, "pc-d1", 0), 0);
+	assert_int_equal(srv_start(&s[0], "pc-d0"), 0);
+	assert_int_equal(srv_start(&s[1], "pc-d1"), 0);
 	gf_gms *a0, *a1;
 	const char *uris[2] = {s[0].uri, s[1].uri};
 	gf_mem *mems[2] = {mem, mem};
@@ -324,6 +331,7 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	dir = tu_tmpdir();
+	gmsd_bin = getenv("GF_GMSD");
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roles_no_deadlock),
 		cmocka_unit_test(test_symmetric_deadlock_ends_by_timeout),
