@@ -382,6 +382,9 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 
 static const struct calloc_entry *find_alloc(const gf_gms *g, uint64_t id)
 {
+	/* The server numbers allocations 1..n in order: try the direct slot first. */
+	if (id >= 1 && id <= g->nallocs && g->allocs[id - 1].id == id)
+		return &g->allocs[id - 1];
 	for (size_t i = 0; i < g->nallocs; i++)
 		if (g->allocs[i].id == id)
 			return &g->allocs[i];
