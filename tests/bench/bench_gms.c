@@ -166,6 +166,8 @@ int main(void)
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		bad |= run_case(dir, mem, cases[i][0], cases[i][1]);
 	gf_mem_free(mem);
+	gt_rmtree(dir);
+	free(dir);
 	if (bad)
 		fprintf(stderr, "bench_gms: round trips grew with N or M\n");
 	return bad;

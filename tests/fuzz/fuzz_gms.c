@@ -21,14 +21,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static gf_gmsd *srv;
 static struct gf_uri uri;
+static char tmpl[] = "/tmp/gf-fuzz-gms-XXXXXX";
+
+static void stop_at_exit(void)
+{
+	gf_gmsd_free(srv); /* removes the socket */
+	rmdir(tmpl);
+}
 
 static void start_once(void)
 {
 	if (srv)
 		return;
-	char tmpl[] = "/tmp/gf-fuzz-gms-XXXXXX", text[128];
+	char text[128];
 	if (!mkdtemp(tmpl))
 		abort();
+	atexit(stop_at_exit);
 	snprintf(text, sizeof(text), "unix://%s/gms.sock", tmpl);
 	if (gf_gmsd_new(&srv) < 0 || gf_gmsd_set_listen(srv, text) < 0 || gf_gmsd_set_backend(srv, GF_MEM_HOST) < 0 ||
 	    gf_gmsd_start(srv) < 0 || gf_uri_parse(text, &uri) < 0)

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,6 +89,17 @@ static inline void gt_stop(struct gt_server *s)
 	pthread_join(s->th, NULL);
 	gf_gmsd_free(s->d);
 	s->d = NULL;
+}
+
+/* Remove a test's private directory (sockets of SIGKILLed servers stay behind otherwise). */
+static inline void gt_rmtree(const char *dir)
+{
+	char cmd[512];
+	if (!dir || strncmp(dir, "/", 1) || strstr(dir, "gf-test-") == NULL)
+		return; /* only what tu_tmpdir() made */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
 }
 
 #endif

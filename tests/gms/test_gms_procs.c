@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "gpufailover.h"
+#include "gmstest.h"
 #include "testutil.h"
 
 static char *dir;
@@ -454,9 +455,14 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_entrypoint),
 	};
 	/* With another backend (cuda over the test driver), one representative scenario. */
+	int rc;
 	if (strcmp(backend, "host")) {
 		const struct CMUnitTest one[] = {cmocka_unit_test(test_race_one_loads)};
-		return cmocka_run_group_tests(one, NULL, NULL);
+		rc = cmocka_run_group_tests(one, NULL, NULL);
+	} else {
+		rc = cmocka_run_group_tests(all, NULL, NULL);
 	}
-	return cmocka_run_group_tests(all, NULL, NULL);
+	gt_rmtree(dir);
+	free(dir);
+	return rc;
 }

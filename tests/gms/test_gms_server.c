@@ -46,6 +46,7 @@ static int teardown(void **state)
 	gt_stop(&srv);
 	gf_mem_free(mem);
 	mem = NULL;
+	gt_rmtree(dir);
 	free(dir);
 	dir = NULL;
 	return 0;
