@@ -141,7 +141,8 @@ GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
  * Install the hook called once per connection when the GMS is lost. With no
  * hook the client only reports (a warning log and GF_ERR_GMS_LOST from later
  * calls); the engine layer installs a terminating default. The hook runs on
- * the watcher thread or inside the call that noticed the loss.
+ * the watcher thread or inside the call that noticed the loss; it must not
+ * free the client (gf_gms_free() joins the watcher thread).
  */
 GF_EXPORT void gf_gms_set_lost_fn(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
 /** Socket to poll for readability/hangup, then call gf_gms_process(). GF_ERR_STATE while asleep. */
