@@ -358,8 +358,8 @@ GF_EXPORT int gf_mem_reserve(gf_mem *m, size_t size, size_t align, gf_mem_va **o
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: %s", size == 0 ? "size is 0" : "NULL argument");
 	if (align && !is_pow2(align))
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: alignment %zu is not a power of two", align);
-	if (size > SIZE_MAX / 2)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: size %zu too large", size);
+	if (size > SIZE_MAX / 4 || align > SIZE_MAX / 4)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: size %zu or alignment %zu too large", size, align);
 	if (align < m->gran_min)
 		align = m->gran_min;
 	size = round_up(size, m->gran_min);
