@@ -607,8 +607,14 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l)
 				return rc;
 			}
 		}
-		if (ch->last)
+		if (ch->last) {
+			if (l->n != ch->total_allocations) {
+				listed_free(l);
+				return gf_err(GF_ERR_PROTOCOL, "list: %zu allocations received, %u announced", l->n,
+					      (unsigned)ch->total_allocations);
+			}
 			return 0;
+		}
 	}
 }
 
