@@ -56,36 +56,73 @@ typedef void (*gf_gms_lost_fn)(gf_gms *gms, int err, const char *detail, void *u
 
 /**
  * Connect to the GMS at @p uri in @p mode, waiting in the server up to
- * @p timeout_ms (< 0: forever; the wake path must pass a finite timeout).
- * @p mem is borrowed and must outlive the client. Errors: GF_ERR_TIMEOUT,
- * GF_ERR_UNREACHABLE, GF_ERR_PROTOCOL, GF_ERR_INVALID_ARG.
+ * @p timeout_ms (< 0: forever; 0: only if grantable now; the wake path must
+ * pass a finite timeout). @p mem is borrowed and must outlive the client;
+ * it must be the same backend and device as the server's (checked:
+ * GF_ERR_INVALID_ARG). When granted RW, the client reserves one address
+ * range of the device's total memory for the allocations to come; a reader
+ * reserves the layout's size at gf_gms_map_all(). Blocks. Free with
+ * gf_gms_free(). Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE,
+ * GF_ERR_PROTOCOL, GF_ERR_PERMISSION, GF_ERR_INVALID_ARG.
  */
 GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
-/** Unmap, release, give back the address range, close. NULL is a no-op. */
+/** Stop the watcher, unmap, release the imports, give back the address range, close (releasing the lock). NULL is a no-op. */
 GF_EXPORT void gf_gms_free(gf_gms *gms);
-/** Mode granted: GF_GMS_RW or GF_GMS_RO; 0 while disconnected (asleep). */
+/** Mode granted: GF_GMS_RW, or GF_GMS_RO (also after commit); 0 while disconnected (asleep). */
 GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
 
 /* ---- writer ---- */
-/** Allocate @p size bytes in the GMS, import and map it read-write. Fills @p id. */
+/**
+ * Allocate @p size bytes in the GMS (the server creates it, retrying for its
+ * --oom-retry time on OUT_OF_MEMORY), import it and map it read-write at the
+ * next granularity-aligned offset of the reservation. Fills @p id (may be
+ * NULL). Needs RW. Blocks for one round trip. Errors: GF_ERR_STATE (not
+ * RW), GF_ERR_OUT_OF_MEMORY, GF_ERR_GMS_LOST, GF_ERR_INVALID_ARG (size 0,
+ * tag over 63 bytes).
+ */
 GF_EXPORT int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id);
-/** Put a metadata entry (key unique; up to 256 bytes of key, 1024 of value). */
+/**
+ * Put a metadata entry (key unique, 1..255 bytes; value up to 1024 bytes,
+ * copied). Needs RW. One round trip. Errors: GF_ERR_STATE,
+ * GF_ERR_NOT_FOUND (unknown allocation id), GF_ERR_INVALID_ARG (offset
+ * outside the allocation, duplicate key, sizes), GF_ERR_GMS_LOST.
+ */
 GF_EXPORT int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset,
 			      const void *value, size_t value_len);
-/** Validate, hash the layout and commit; the connection becomes a reader and mappings read-only. */
+/**
+ * Synchronize the device, then validate, hash the layout and commit in the
+ * server; the connection becomes a reader (no reconnect) and the mappings
+ * are re-made read-only in place (same addresses). @p generation may be
+ * NULL. Errors: GF_ERR_STATE (not RW), GF_ERR_INVALID_ARG, GF_ERR_GMS_LOST.
+ */
 GF_EXPORT int gf_gms_commit(gf_gms *gms, uint64_t *generation);
 
 /* ---- reader ---- */
-/** Fetch all allocations and metadata in one round trip, import and map read-only. */
+/**
+ * Fetch all allocations (with their fds, in batches) and metadata in one
+ * round trip, import and map read-only at granularity-aligned offsets of one
+ * reservation; all-or-nothing. Needs RO; a no-op for a writer that
+ * committed. Errors: GF_ERR_STATE, GF_ERR_PROTOCOL, GF_ERR_GMS_LOST,
+ * GF_ERR_DRIVER.
+ */
 GF_EXPORT int gf_gms_map_all(gf_gms *gms);
 
 /* ---- both ---- */
+/** Number of allocations known to this client (kept while asleep). */
 GF_EXPORT size_t gf_gms_alloc_count(const gf_gms *gms);
+/** Allocation @p index in allocation order. GF_ERR_INVALID_ARG when out of range. */
 GF_EXPORT int gf_gms_alloc_at(const gf_gms *gms, size_t index, struct gf_gms_alloc_info *out);
+/** Number of metadata entries known to this client. */
 GF_EXPORT size_t gf_gms_meta_count(const gf_gms *gms);
+/**
+ * Entry @p index: in put order for a writer before commit, sorted by key
+ * after commit and for readers. Strings point into the client (valid until
+ * the next call on it).
+ */
 GF_EXPORT int gf_gms_meta_at(const gf_gms *gms, size_t index, struct gf_gms_meta *out);
+/** Look up @p key (binary search once committed). GF_ERR_NOT_FOUND when absent. */
 GF_EXPORT int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_meta *out);
-/** Layout hash (16 bytes) and generation of the committed layout this client maps. */
+/** Layout hash (16 bytes) and generation of the committed layout this client maps. GF_ERR_STATE before one is known. */
 GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation);
 
 /* ---- sleep / wake ---- */
@@ -100,16 +137,103 @@ GF_EXPORT int gf_gms_unmap(gf_gms *gms);
 GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
 
 /* ---- loss detection ---- */
+/**
+ * Install the hook called once per connection when the GMS is lost. With no
+ * hook the client only reports (a warning log and GF_ERR_GMS_LOST from later
+ * calls); the engine layer installs a terminating default. The hook runs on
+ * the watcher thread or inside the call that noticed the loss; it must not
+ * free the client (gf_gms_free() joins the watcher thread).
+ */
 GF_EXPORT void gf_gms_set_lost_fn(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
+/** Socket to poll for readability/hangup, then call gf_gms_process(). GF_ERR_STATE while asleep. */
 GF_EXPORT int gf_gms_get_fd(const gf_gms *gms);
 /** Notice a hangup; returns GF_ERR_GMS_LOST (after the hook) once lost, else 0. */
 GF_EXPORT int gf_gms_process(gf_gms *gms);
-/** Built-in watcher thread calling the hook within milliseconds of a loss. */
+/**
+ * Built-in watcher thread calling the hook within milliseconds of a loss.
+ * Stopped by gf_gms_unmap() and started again by gf_gms_remap().
+ */
 GF_EXPORT int gf_gms_start_watch(gf_gms *gms);
+/** Stop and join the watcher thread (no-op when not running). */
 GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
 
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
+
+/** Roles for tensor-parallel engines (seed 000, Decision 5). */
+enum gf_gms_role {
+	GF_GMS_ROLE_LOADER = 1,   /**< RW_OR_RO on every device: loads where nothing is committed */
+	GF_GMS_ROLE_FOLLOWER = 2, /**< RO only: never holds a writer lock, so TP > 1 cannot deadlock */
+};
+
+/**
+ * Connect one client per device: @p n URIs and @p n backends (borrowed), in
+ * @p role's mode, with one overall deadline of @p timeout_ms (< 0: none).
+ * Connects in array order; on any failure the ones already made are freed
+ * and the error is returned (nothing written to @p out_array). On success
+ * @p out_array[i] is the client for @p uris[i]; free each with gf_gms_free().
+ * Blocks. Errors: as gf_gms_connect(), GF_ERR_INVALID_ARG for a bad role.
+ */
+GF_EXPORT int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris,
+				   gf_mem *const *mems, int role, int64_t timeout_ms);
+
+/**
+ * Round trip to the GMS at @p uri (handshake + status) within @p timeout_ms.
+ * @p rtt_us (may be NULL) receives the time taken. Errors: GF_ERR_UNREACHABLE,
+ * GF_ERR_TIMEOUT, GF_ERR_PROTOCOL, GF_ERR_PERMISSION.
+ */
+GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
+
+/**
+ * Wait until the GMS at @p uri holds a committed layout (state COMMITTED or
+ * RO), polling its status every 50 ms and retrying while it is unreachable
+ * (for startup probes). Takes no lock. @p generation (may be NULL) receives
+ * the committed generation. Errors: GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
+ * GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
+
+/** @} */
+
+/** @defgroup gmsd GMS server core
+ *  One instance serves one device: it creates allocations, exports them as
+ *  fds, keeps the metadata table and runs the RW/RO lock FSM. Event-driven
+ *  (epoll, non-blocking, one thread); embed it with gf_gmsd_get_fd() +
+ *  gf_gmsd_process() or run it with gf_gmsd_run(). Setters are valid only
+ *  before gf_gmsd_start() (GF_ERR_STATE after).
+ *  @{ */
+typedef struct gf_gmsd gf_gmsd;
+
+/** New server with defaults: device 0, backend auto, no OOM retry, allowed uids: the server's own and root. */
+GF_EXPORT int gf_gmsd_new(gf_gmsd **out);
+/** Listen URI (unix:// only: fds cannot cross hosts). Required. */
+GF_EXPORT int gf_gmsd_set_listen(gf_gmsd *d, const char *uri);
+/** Device index for the backend. */
+GF_EXPORT int gf_gmsd_set_device(gf_gmsd *d, int index);
+/** Backend kind (enum gf_mem_kind). */
+GF_EXPORT int gf_gmsd_set_backend(gf_gmsd *d, int kind);
+/**
+ * Keep retrying an allocation that failed with GF_ERR_OUT_OF_MEMORY every
+ * 50 ms for up to @p ms milliseconds while the writer stays connected
+ * (0: fail at once). The event loop keeps serving meanwhile.
+ */
+GF_EXPORT int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms);
+/** Also accept peers with uid @p uid (checked with SO_PEERCRED on connect). */
+GF_EXPORT int gf_gmsd_allow_uid(gf_gmsd *d, uint32_t uid);
+/** Open the backend and listen. The socket accepts connections when this returns 0. */
+GF_EXPORT int gf_gmsd_start(gf_gmsd *d);
+/** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
+GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
+/** Pollable fd (epoll): readable when gf_gmsd_process() has work. */
+GF_EXPORT int gf_gmsd_get_fd(const gf_gmsd *d);
+/** Handle everything ready without blocking. Returns 0, or an error for a failure of the server itself. */
+GF_EXPORT int gf_gmsd_process(gf_gmsd *d);
+/** Serve until gf_gmsd_stop(). Blocks. */
+GF_EXPORT int gf_gmsd_run(gf_gmsd *d);
+/** Make gf_gmsd_run() return soon. Thread-safe and async-signal-safe. */
+GF_EXPORT void gf_gmsd_stop(gf_gmsd *d);
+/** Close every connection and drop every allocation (importers keep theirs alive). NULL is a no-op. */
+GF_EXPORT void gf_gmsd_free(gf_gmsd *d);
 
 /** @} */
 

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Writes the seed corpus of the 'gms' fuzz target: client sessions as raw
+ * frame bytes. usage: gen-gms-seeds DIR (tests/fuzz/corpus/gms).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "wire.h"
+
+static int sv[2];
+
+static void put(gf_Msg *m)
+{
+	if (gf_msg_send(sv[0], m, NULL, 0, INT64_MAX) < 0)
+		exit(1);
+	memset(m, 0, sizeof(*m));
+}
+
+static void hello(gf_Msg *m)
+{
+	m->which_body = gf_Msg_hello_tag;
+	m->body.hello.version = GF_PROTOCOL_VERSION;
+	m->body.hello.component = gf_Component_COMPONENT_GMS;
+	snprintf(m->body.hello.peer_id, sizeof(m->body.hello.peer_id), "seed");
+	put(m);
+}
+
+static void gms_connect(gf_Msg *m, int mode)
+{
+	m->which_body = gf_Msg_gms_connect_tag;
+	m->body.gms_connect.mode = mode;
+	m->body.gms_connect.timeout_ms = 0;
+	put(m);
+}
+
+static void flush_to(const char *dir, const char *name)
+{
+	char path[4096], buf[65536];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		exit(1);
+	for (;;) {
+		ssize_t n = recv(sv[1], buf, sizeof(buf), MSG_DONTWAIT);
+		if (n <= 0)
+			break;
+		fwrite(buf, 1, (size_t)n, f);
+	}
+	fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2 || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		return 2;
+	gf_Msg *m = gf_msg_new();
+	/* a writer session: allocate, metadata, commit, list, status */
+	hello(m);
+	gms_connect(m, gf_GmsMode_GMS_MODE_RW_OR_RO);
+	for (int i = 0; i < 2; i++) {
+		m->which_body = gf_Msg_gms_allocate_tag;
+		m->body.gms_allocate.size = 4096 << i;
+		snprintf(m->body.gms_allocate.tag, sizeof(m->body.gms_allocate.tag), "w%d", i);
+		put(m);
+	}
+	m->which_body = gf_Msg_gms_meta_put_tag;
+	snprintf(m->body.gms_meta_put.key, sizeof(m->body.gms_meta_put.key), "layer.0");
+	m->body.gms_meta_put.allocation_id = 2;
+	m->body.gms_meta_put.offset = 16;
+	m->body.gms_meta_put.value.size = 3;
+	memcpy(m->body.gms_meta_put.value.bytes, "abc", 3);
+	put(m);
+	m->which_body = gf_Msg_gms_commit_tag;
+	put(m);
+	m->which_body = gf_Msg_gms_list_tag;
+	m->body.gms_list.with_fds = true;
+	put(m);
+	m->which_body = gf_Msg_gms_status_request_tag;
+	put(m);
+	flush_to(argv[1], "writer-session");
+	/* a reader session */
+	hello(m);
+	gms_connect(m, gf_GmsMode_GMS_MODE_RO);
+	m->which_body = gf_Msg_gms_list_tag;
+	m->body.gms_list.without_metadata = true;
+	put(m);
+	flush_to(argv[1], "reader-session");
+	/* wrong-mode calls and a status */
+	hello(m);
+	m->which_body = gf_Msg_gms_allocate_tag;
+	m->body.gms_allocate.size = 1;
+	put(m);
+	m->which_body = gf_Msg_gms_status_request_tag;
+	put(m);
+	flush_to(argv[1], "wrong-mode");
+	gf_msg_free(m);
+	return 0;
+}
