@@ -584,9 +584,17 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 {
 	if (!e)
 		return;
-	atomic_store(&e->interrupted, true);
+	/* Exactly one acquire sees the interrupt: the lock client's own
+	 * (sticky) interrupt once it exists, else a flag that acquire() checks
+	 * after creating the client; a race between the two hands the flag over. */
 	gf_lock *lock = atomic_load(&e->lock);
-	if (lock)
+	if (lock) {
+		e->ops.lock_interrupt(lock);
+		return;
+	}
+	atomic_store(&e->interrupted, true);
+	lock = atomic_load(&e->lock);
+	if (lock && atomic_exchange(&e->interrupted, false))
 		e->ops.lock_interrupt(lock);
 }
 
@@ -617,7 +625,6 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	e->acquire_start_us = t0;
 	pthread_mutex_unlock(&e->mu);
 	rc = e->ops.lock_acquire(lock, timeout_ms, &grant);
-	atomic_store(&e->interrupted, false);
 	if (rc)
 		return rc;
 	int64_t t1 = e->ops.now_us();
