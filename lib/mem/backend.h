@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The internal memory backend interface. lib/mem/mem.c implements the public
+ * API (state machine, range bookkeeping, all-or-nothing mapping) once, over
+ * this vtable; host.c and cuda.c only translate each step into the system
+ * calls or the driver calls that do it.
+ *
+ * Handles are opaque 64-bit values: a memfd on host, a
+ * CUmemGenericAllocationHandle on cuda. Addresses are 64-bit: host pointers
+ * on host, CUdeviceptr on cuda.
+ */
+#ifndef GF_MEM_BACKEND_H
+#define GF_MEM_BACKEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "gf-config.h"
+#include "gpufailover/mem.h"
+
+struct gf_mem_backend {
+	const char *name; /* "cuda" / "host" */
+	int kind;         /* GF_MEM_CUDA / GF_MEM_HOST */
+
+	/* Device-level queries, usable without an open gf_mem. */
+	int (*device_count)(int *out);
+	/* 16 raw UUID bytes of device @index. */
+	int (*device_uuid)(int index, uint8_t uuid[16]);
+	/* Prefix of the printed UUID: "GPU-" or "HOST-". */
+	const char *uuid_prefix;
+
+	/* Bind to @device; fills m->priv. Errors say what is missing. */
+	int (*open)(gf_mem *m, int device);
+	void (*close)(gf_mem *m);
+	int (*granularity)(gf_mem *m, size_t *minimum, size_t *recommended);
+	int (*info)(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
+	int (*synchronize)(gf_mem *m);
+
+	/* Physical allocations. @size is already rounded to the granularity. */
+	int (*create)(gf_mem *m, size_t size, uint64_t *handle);
+	int (*export_fd)(gf_mem *m, uint64_t handle, int *out_fd);
+	/* @size rounded; the caller's fd stays the caller's. */
+	int (*import_fd)(gf_mem *m, int fd, size_t size, uint64_t *handle);
+	int (*release)(gf_mem *m, uint64_t handle);
+
+	/* Address space. @size and @align are multiples of the granularity. */
+	int (*reserve)(gf_mem *m, size_t size, size_t align, uint64_t *addr);
+	int (*free_va)(gf_mem *m, uint64_t addr, size_t size);
+	/* Map @handle whole at @addr. A backend whose protection is part of the
+	 * mapping (host) applies @access here; one with a separate access step
+	 * (cuda) ignores it and does that step in set_access. */
+	int (*map)(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access);
+	/* Optional (NULL on host): set @access once on a contiguous mapped span. */
+	int (*set_access)(gf_mem *m, uint64_t addr, size_t size, int access);
+	/* Unmap one mapping made by map(); the address range stays reserved. */
+	int (*unmap)(gf_mem *m, uint64_t addr, size_t size);
+};
+
+struct gf_mem {
+	const struct gf_mem_backend *be;
+	int device;
+	size_t gran_min, gran_rec;
+	/* One for the caller plus one per live allocation and reservation, so a
+	 * gf_mem_free() before them cannot pull the backend from under them. */
+	atomic_int refs;
+	void *priv;
+};
+
+extern const struct gf_mem_backend gf_mem_host_backend;
+#if GF_HAVE_CUDA
+extern const struct gf_mem_backend gf_mem_cuda_backend;
+#endif
+
+/* The backend of @kind (GF_MEM_CUDA / GF_MEM_HOST) or NULL with a detail
+ * (cuda when built without cuda.h). */
+const struct gf_mem_backend *gf_mem_backend_get(int kind);
+
+/* Format 16 UUID bytes as PREFIX8-4-4-4-12 lower-case hex. */
+void gf_mem_format_uuid(const char *prefix, const uint8_t uuid[16], char *buf, size_t len);
+
+#endif

@@ -1,0 +1,472 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cuda backend: CUDA VMM through a dlopen()ed libcuda.so.1.
+ *
+ * The driver is never linked: the library must load and run its host backend
+ * on machines without a GPU, and say precisely why cuda is unusable. Only
+ * cuGetProcAddress is looked up with dlsym; every other entry point comes
+ * from it, each at a pinned ABI version (GF_CUDA_ABI) so a newer driver
+ * cannot hand back a variant with another signature (CUDA 13 changed
+ * cuCtxGetDevice and cuCtxSynchronize, for instance).
+ *
+ * GF_LIBCUDA overrides the library path (tests point it at tests/fakecuda).
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+/* The ABI this file is written against: every entry point is requested as
+ * CUDA 12.0 defined it. */
+#define GF_CUDA_ABI 12000
+/* cuGetProcAddress appeared in 11.3, cuDeviceGetUuid_v2 in 11.4. */
+#define GF_CUDA_MIN_DRIVER 11040
+
+typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+struct cu_api {
+	CUresult (*Init)(unsigned int);
+	CUresult (*DriverGetVersion)(int *);
+	CUresult (*DeviceGet)(CUdevice *, int);
+	CUresult (*DeviceGetCount)(int *);
+	CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+	CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
+	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*CtxGetDevice)(CUdevice *);
+	CUresult (*CtxPushCurrent)(CUcontext);
+	CUresult (*CtxPopCurrent)(CUcontext *);
+	CUresult (*CtxSynchronize)(void);
+	CUresult (*MemGetInfo)(size_t *, size_t *);
+	CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+	CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+	CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+	CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+					       unsigned long long);
+	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+	CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+	CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+	CUresult (*MemUnmap)(CUdeviceptr, size_t);
+	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*GetErrorName)(CUresult, const char **);
+	CUresult (*GetErrorString)(CUresult, const char **);
+};
+
+/* The driver is loaded once per process and kept: libcuda cannot be
+ * unloaded safely once initialized. A failed load is not remembered, so a
+ * later call retries (e.g. after the driver was installed). */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool loaded;
+static struct cu_api cu;
+
+static int cu_err(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int cu_err(CUresult r, const char *fmt, ...)
+{
+	char what[256];
+	const char *name = NULL, *text = NULL;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (!cu.GetErrorName || cu.GetErrorName(r, &name) != CUDA_SUCCESS || !name)
+		name = "unknown CUDA error";
+	if (!cu.GetErrorString || cu.GetErrorString(r, &text) != CUDA_SUCCESS || !text)
+		text = "";
+	return gf_err(r == CUDA_ERROR_OUT_OF_MEMORY ? GF_ERR_OUT_OF_MEMORY : GF_ERR_DRIVER, "%s: %s (%d)%s%s", what,
+		      name, (int)r, *text ? ": " : "", text);
+}
+
+static int load_driver_locked(void)
+{
+	const char *path = getenv("GF_LIBCUDA");
+	if (!path || !*path)
+		path = "libcuda.so.1";
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: no CUDA driver: dlopen(%s): %s", path, dlerror());
+
+	get_proc_v2_fn gp2 = (get_proc_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
+	get_proc_v1_fn gp1 = gp2 ? NULL : (get_proc_v1_fn)dlsym(lib, "cuGetProcAddress");
+	if (!gp2 && !gp1) {
+		dlclose(lib);
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "cuda backend: CUDA driver %s too old: it has no cuGetProcAddress (needs driver >= %d.%d)", path,
+			      GF_CUDA_MIN_DRIVER / 1000, GF_CUDA_MIN_DRIVER % 1000 / 10);
+	}
+	struct cu_api api = { 0 };
+	struct {
+		const char *name;
+		void **slot;
+	} table[] = {
+#define E(n) { "cu" #n, (void **)&api.n }
+		E(Init), E(DriverGetVersion), E(DeviceGet), E(DeviceGetCount), E(DeviceGetAttribute),
+		E(DeviceGetUuid), E(DevicePrimaryCtxRetain), E(DevicePrimaryCtxRelease), E(CtxGetCurrent),
+		E(CtxGetDevice), E(CtxPushCurrent), E(CtxPopCurrent), E(CtxSynchronize), E(MemGetInfo),
+		E(MemGetAllocationGranularity), E(MemCreate), E(MemRelease), E(MemExportToShareableHandle),
+		E(MemImportFromShareableHandle), E(MemAddressReserve), E(MemAddressFree), E(MemMap), E(MemUnmap),
+		E(MemSetAccess), E(GetErrorName), E(GetErrorString),
+#undef E
+	};
+	/* Version first, so an old driver is named as such rather than by the
+	 * first entry point it lacks. */
+	for (size_t i = 0; i < GF_ARRAY_SIZE(table); i++) {
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+		CUresult r = gp2 ? gp2(table[i].name, table[i].slot, GF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &st)
+				 : gp1(table[i].name, table[i].slot, GF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT);
+		if (r != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS || !*table[i].slot) {
+			int version = 0;
+			if (api.DriverGetVersion && api.DriverGetVersion(&version) == CUDA_SUCCESS &&
+			    version < GF_CUDA_MIN_DRIVER) {
+				dlclose(lib);
+				return gf_err(GF_ERR_NOT_SUPPORTED,
+					      "cuda backend: CUDA driver too old: version %d.%d, needs >= %d.%d", version / 1000,
+					      version % 1000 / 10, GF_CUDA_MIN_DRIVER / 1000, GF_CUDA_MIN_DRIVER % 1000 / 10);
+			}
+			dlclose(lib);
+			return gf_err(GF_ERR_NOT_SUPPORTED,
+				      "cuda backend: CUDA driver %s lacks entry point %s (cuGetProcAddress: %d, status %d)", path,
+				      table[i].name, (int)r, (int)st);
+		}
+	}
+	CUresult r = api.Init(0);
+	if (r != CUDA_SUCCESS) {
+		const char *name = NULL;
+		if (api.GetErrorName(r, &name) != CUDA_SUCCESS || !name)
+			name = "unknown CUDA error";
+		dlclose(lib);
+		if (r == CUDA_ERROR_NO_DEVICE)
+			return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: cuInit: no CUDA device (%s)", name);
+		return gf_err(r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH ||
+				      r == CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE ? GF_ERR_NOT_SUPPORTED
+												   : GF_ERR_DRIVER,
+			      "cuda backend: cuInit failed: %s (%d)", name, (int)r);
+	}
+	cu = api;
+	loaded = true;
+	gf_log(GF_LOG_DEBUG, "mem", "backend=cuda driver=%s msg=\"CUDA driver loaded\"", path);
+	return 0;
+}
+
+/* Load the driver and check its version (on every call: cheap, and it
+ * keeps the answer true if the loaded driver's reported version changes,
+ * which the test driver can do). */
+static int load_driver(void)
+{
+	pthread_mutex_lock(&load_lock);
+	int rc = loaded ? 0 : load_driver_locked();
+	pthread_mutex_unlock(&load_lock);
+	if (rc < 0)
+		return rc;
+	int version = 0;
+	CUresult r = cu.DriverGetVersion(&version);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuda backend: cuDriverGetVersion");
+	if (version < GF_CUDA_MIN_DRIVER)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: CUDA driver too old: version %d.%d, needs >= %d.%d",
+			      version / 1000, version % 1000 / 10, GF_CUDA_MIN_DRIVER / 1000, GF_CUDA_MIN_DRIVER % 1000 / 10);
+	return 0;
+}
+
+struct cu_dev {
+	CUdevice dev;
+	CUcontext primary;
+};
+
+/*
+ * Make a context of our device current for one call: the caller's (e.g.
+ * PyTorch's) when it already made one current on this device, else the
+ * primary context pushed for the call's duration.
+ */
+static int ctx_enter(gf_mem *m, bool *pushed)
+{
+	struct cu_dev *d = m->priv;
+	CUcontext cur = NULL;
+	CUdevice cd;
+	*pushed = false;
+	if (cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur && cu.CtxGetDevice(&cd) == CUDA_SUCCESS && cd == d->dev)
+		return 0;
+	CUresult r = cu.CtxPushCurrent(d->primary);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuCtxPushCurrent(primary context of device %d)", m->device);
+	*pushed = true;
+	return 0;
+}
+
+static void ctx_leave(bool pushed)
+{
+	CUcontext c;
+	if (pushed)
+		cu.CtxPopCurrent(&c);
+}
+
+/* Evaluate @expr (a CUresult) inside our context; on failure record the
+ * printf-style description that follows and yield the GF_ERR_* code. */
+#define CU_CALL(m, expr, ...)                                            \
+	({                                                               \
+		bool pushed_;                                            \
+		int rc_ = ctx_enter((m), &pushed_);                      \
+		if (rc_ == 0) {                                          \
+			CUresult r_ = (expr);                            \
+			ctx_leave(pushed_);                              \
+			if (r_ != CUDA_SUCCESS)                          \
+				rc_ = cu_err(r_, __VA_ARGS__);           \
+		}                                                        \
+		rc_;                                                     \
+	})
+
+static int cuda_device_count(int *out)
+{
+	int rc = load_driver();
+	if (rc < 0)
+		return rc;
+	int n = 0;
+	CUresult r = cu.DeviceGetCount(&n);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGetCount");
+	*out = n;
+	return 0;
+}
+
+static int get_device(int index, CUdevice *dev)
+{
+	int n, rc = cuda_device_count(&n);
+	if (rc < 0)
+		return rc;
+	if (index >= n)
+		return gf_err(GF_ERR_NOT_FOUND, "cuda backend: no device %d (the driver sees %d)", index, n);
+	CUresult r = cu.DeviceGet(dev, index);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGet(%d)", index);
+	return 0;
+}
+
+static int cuda_device_uuid(int index, uint8_t uuid[16])
+{
+	CUdevice dev;
+	CUuuid u;
+	int rc = get_device(index, &dev);
+	if (rc < 0)
+		return rc;
+	CUresult r = cu.DeviceGetUuid(&u, dev);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGetUuid(%d)", index);
+	memcpy(uuid, u.bytes, 16);
+	return 0;
+}
+
+static void alloc_prop(const struct cu_dev *d, CUmemAllocationProp *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p->location.id = d->dev;
+	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+static int cuda_open(gf_mem *m, int device)
+{
+	CUdevice dev;
+	int rc = get_device(device, &dev);
+	if (rc < 0)
+		return rc;
+	int vmm = 0, posix = 0;
+	CUresult r = cu.DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, %d)", device);
+	if (!vmm)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: device %d has no virtual memory management support", device);
+	r = cu.DeviceGetAttribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, %d)", device);
+	if (!posix)
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "cuda backend: device %d cannot export memory as POSIX file descriptors", device);
+	struct cu_dev *d = calloc(1, sizeof(*d));
+	if (!d)
+		return gf_err(GF_ERR_NOMEM, "cuda backend");
+	d->dev = dev;
+	r = cu.DevicePrimaryCtxRetain(&d->primary, dev);
+	if (r != CUDA_SUCCESS) {
+		free(d);
+		return cu_err(r, "cuDevicePrimaryCtxRetain(%d)", device);
+	}
+	m->priv = d;
+	return 0;
+}
+
+static void cuda_close(gf_mem *m)
+{
+	struct cu_dev *d = m->priv;
+	if (!d)
+		return;
+	cu.DevicePrimaryCtxRelease(d->dev);
+	free(d);
+	m->priv = NULL;
+}
+
+static int cuda_granularity(gf_mem *m, size_t *minimum, size_t *recommended)
+{
+	CUmemAllocationProp p;
+	alloc_prop(m->priv, &p);
+	int rc;
+	rc = CU_CALL(m, cu.MemGetAllocationGranularity(minimum, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity(MINIMUM) on device %d", m->device);
+	if (rc < 0)
+		return rc;
+	rc = CU_CALL(m, cu.MemGetAllocationGranularity(recommended, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity(RECOMMENDED) on device %d", m->device);
+	return rc;
+}
+
+static int cuda_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	size_t f = 0, t = 0;
+	int rc;
+	rc = CU_CALL(m, cu.MemGetInfo(&f, &t), "cuMemGetInfo on device %d", m->device);
+	if (rc == 0) {
+		*free_bytes = f;
+		*total_bytes = t;
+	}
+	return rc;
+}
+
+static int cuda_synchronize(gf_mem *m)
+{
+	int rc;
+	rc = CU_CALL(m, cu.CtxSynchronize(), "cuCtxSynchronize on device %d", m->device);
+	return rc;
+}
+
+static int cuda_create(gf_mem *m, size_t size, uint64_t *handle)
+{
+	CUmemAllocationProp p;
+	CUmemGenericAllocationHandle h = 0;
+	int rc;
+	alloc_prop(m->priv, &p);
+	rc = CU_CALL(m, cu.MemCreate(&h, size, &p, 0), "cuMemCreate(%zu bytes, POSIX fd handle) on device %d", size, m->device);
+	if (rc == 0)
+		*handle = h;
+	return rc;
+}
+
+static int cuda_export(gf_mem *m, uint64_t handle, int *out_fd)
+{
+	int fd = -1, rc;
+	rc = CU_CALL(m, cu.MemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle on device %d", m->device);
+	if (rc < 0)
+		return rc;
+	/* The driver does not promise O_CLOEXEC; the library's rule is that
+	 * every fd it hands out has it. */
+	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		int e = errno;
+		close(fd);
+		return gf_err_errno(GF_ERR_IO, e, "export: set FD_CLOEXEC");
+	}
+	*out_fd = fd;
+	return 0;
+}
+
+static int cuda_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
+{
+	(void)size; /* the driver keeps the size with the allocation */
+	CUmemGenericAllocationHandle h = 0;
+	bool pushed;
+	int rc = ctx_enter(m, &pushed);
+	if (rc < 0)
+		return rc;
+	CUresult r = cu.MemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	ctx_leave(pushed);
+	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
+		cu_err(r, "cuMemImportFromShareableHandle(fd %d): not an allocation fd", fd);
+		return GF_ERR_INVALID_ARG;
+	}
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuMemImportFromShareableHandle(fd %d) on device %d", fd, m->device);
+	*handle = h;
+	return 0;
+}
+
+static int cuda_release(gf_mem *m, uint64_t handle)
+{
+	int rc;
+	rc = CU_CALL(m, cu.MemRelease(handle), "cuMemRelease on device %d", m->device);
+	return rc;
+}
+
+static int cuda_reserve(gf_mem *m, size_t size, size_t align, uint64_t *addr)
+{
+	CUdeviceptr p = 0;
+	int rc;
+	rc = CU_CALL(m, cu.MemAddressReserve(&p, size, align, 0, 0), "cuMemAddressReserve(%zu bytes, align %zu)", size, align);
+	if (rc == 0)
+		*addr = p;
+	return rc;
+}
+
+static int cuda_free_va(gf_mem *m, uint64_t addr, size_t size)
+{
+	int rc;
+	rc = CU_CALL(m, cu.MemAddressFree(addr, size), "cuMemAddressFree(0x%llx, %zu)", (unsigned long long)addr, size);
+	return rc;
+}
+
+static int cuda_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access)
+{
+	(void)access; /* set per span by cuda_set_access */
+	int rc;
+	rc = CU_CALL(m, cu.MemMap(addr, size, 0, handle, 0), "cuMemMap(0x%llx, %zu)", (unsigned long long)addr, size);
+	return rc;
+}
+
+static int cuda_set_access(gf_mem *m, uint64_t addr, size_t size, int access)
+{
+	struct cu_dev *d = m->priv;
+	CUmemAccessDesc desc;
+	memset(&desc, 0, sizeof(desc));
+	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	desc.location.id = d->dev;
+	desc.flags = access == GF_MEM_READWRITE ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+	int rc;
+	rc = CU_CALL(m, cu.MemSetAccess(addr, size, &desc, 1), "cuMemSetAccess(0x%llx, %zu, %s)", (unsigned long long)addr, size,
+		access == GF_MEM_READWRITE ? "PROT_READWRITE" : "PROT_READ");
+	return rc;
+}
+
+static int cuda_unmap(gf_mem *m, uint64_t addr, size_t size)
+{
+	int rc;
+	rc = CU_CALL(m, cu.MemUnmap(addr, size), "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, size);
+	return rc;
+}
+
+const struct gf_mem_backend gf_mem_cuda_backend = {
+	.name = "cuda",
+	.kind = GF_MEM_CUDA,
+	.device_count = cuda_device_count,
+	.device_uuid = cuda_device_uuid,
+	.uuid_prefix = "GPU-",
+	.open = cuda_open,
+	.close = cuda_close,
+	.granularity = cuda_granularity,
+	.info = cuda_info,
+	.synchronize = cuda_synchronize,
+	.create = cuda_create,
+	.export_fd = cuda_export,
+	.import_fd = cuda_import,
+	.release = cuda_release,
+	.reserve = cuda_reserve,
+	.free_va = cuda_free_va,
+	.map = cuda_map,
+	.set_access = cuda_set_access,
+	.unmap = cuda_unmap,
+};

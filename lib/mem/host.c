@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host backend: memfd + mmap. A real backend for CPU engines and tests,
+ * with the same lifetime rule as the driver for free: the kernel keeps a
+ * memfd's pages until its last fd and its last mapping are gone, in every
+ * process (seed 000, Decision 7).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+/* Recommended granularity: a transparent huge page, as the driver's 2 MiB. */
+#define HOST_GRAN_RECOMMENDED (2u * 1024 * 1024)
+
+static int host_device_count(int *out)
+{
+	*out = 1;
+	return 0;
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* 32 hex digits (dashes skipped) from the first line of @path. */
+static bool read_id_file(const char *path, uint8_t out[16])
+{
+	char line[128];
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return false;
+	bool ok = fgets(line, sizeof(line), f) != NULL;
+	fclose(f);
+	if (!ok)
+		return false;
+	int n = 0;
+	for (const char *p = line; *p && *p != '\n' && n < 32; p++) {
+		if (*p == '-')
+			continue;
+		int v = hexval(*p);
+		if (v < 0)
+			return false;
+		if (n % 2 == 0)
+			out[n / 2] = (uint8_t)(v << 4);
+		else
+			out[n / 2] |= (uint8_t)v;
+		n++;
+	}
+	return n == 32;
+}
+
+/* The machine's identity: machine-id (stable across boots), else boot_id. */
+static int host_device_uuid(int index, uint8_t uuid[16])
+{
+	if (index != 0)
+		return gf_err(GF_ERR_NOT_FOUND, "host backend has one device (0), not %d", index);
+	if (read_id_file("/etc/machine-id", uuid) || read_id_file("/var/lib/dbus/machine-id", uuid) ||
+	    read_id_file("/proc/sys/kernel/random/boot_id", uuid))
+		return 0;
+	return gf_err(GF_ERR_IO, "host uuid: none of /etc/machine-id, /var/lib/dbus/machine-id, "
+				 "/proc/sys/kernel/random/boot_id is readable");
+}
+
+static int host_open(gf_mem *m, int device)
+{
+	if (device != 0)
+		return gf_err(GF_ERR_NOT_FOUND, "host backend has one device (0), not %d", device);
+	m->priv = NULL;
+	return 0;
+}
+
+static void host_close(gf_mem *m)
+{
+	(void)m;
+}
+
+static int host_granularity(gf_mem *m, size_t *minimum, size_t *recommended)
+{
+	(void)m;
+	long page = sysconf(_SC_PAGESIZE);
+	*minimum = page > 0 ? (size_t)page : 4096;
+	*recommended = HOST_GRAN_RECOMMENDED > *minimum ? HOST_GRAN_RECOMMENDED : *minimum;
+	return 0;
+}
+
+static int host_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	(void)m;
+	char line[256];
+	uint64_t avail = 0, total = 0;
+	bool have_avail = false, have_total = false;
+	FILE *f = fopen("/proc/meminfo", "re");
+	if (!f)
+		return gf_err_errno(GF_ERR_IO, errno, "open /proc/meminfo");
+	while (fgets(line, sizeof(line), f)) {
+		uint64_t kb;
+		if (sscanf(line, "MemTotal: %" SCNu64 " kB", &kb) == 1) {
+			total = kb * 1024;
+			have_total = true;
+		} else if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1) {
+			avail = kb * 1024;
+			have_avail = true;
+		}
+	}
+	fclose(f);
+	if (!have_total || !have_avail)
+		return gf_err(GF_ERR_IO, "/proc/meminfo lacks MemTotal or MemAvailable");
+	*free_bytes = avail;
+	*total_bytes = total;
+	return 0;
+}
+
+static int host_synchronize(gf_mem *m)
+{
+	(void)m;
+	return 0;
+}
+
+static int host_create(gf_mem *m, size_t size, uint64_t *handle)
+{
+	(void)m;
+	int fd = memfd_create("gf-mem", MFD_CLOEXEC);
+	if (fd < 0)
+		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno, "memfd_create");
+	if (ftruncate(fd, (off_t)size) < 0) {
+		int e = errno;
+		close(fd);
+		return gf_err_errno(e == ENOMEM || e == ENOSPC || e == EFBIG ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, e,
+				    "ftruncate memfd to %zu bytes", size);
+	}
+	*handle = (uint64_t)fd;
+	return 0;
+}
+
+static int host_export(gf_mem *m, uint64_t handle, int *out_fd)
+{
+	(void)m;
+	int fd = fcntl((int)handle, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "export: dup memfd");
+	*out_fd = fd;
+	return 0;
+}
+
+static int host_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
+{
+	(void)m;
+	struct stat st;
+	char path[64], target[64];
+	if (fstat(fd, &st) < 0)
+		return gf_err_errno(GF_ERR_INVALID_ARG, errno, "import: fd %d", fd);
+	/* Only shmem files carry seals: this refuses sockets, pipes and files
+	 * on disk, whose mappings would not behave like device memory. */
+	if (!S_ISREG(st.st_mode) || fcntl(fd, F_GET_SEALS) < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "import: fd %d is not a memfd allocation", fd);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, target, sizeof(target) - 1);
+	if (n > 0) {
+		target[n] = '\0';
+		if (strncmp(target, "/memfd:", 7) != 0)
+			return gf_err(GF_ERR_INVALID_ARG, "import: fd %d is %s, not a memfd allocation", fd, target);
+	}
+	if ((uint64_t)st.st_size != (uint64_t)size)
+		return gf_err(GF_ERR_INVALID_ARG, "import: fd %d holds %jd bytes, expected %zu", fd, (intmax_t)st.st_size,
+			      size);
+	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (own < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "import: dup fd %d", fd);
+	*handle = (uint64_t)own;
+	return 0;
+}
+
+static int host_release(gf_mem *m, uint64_t handle)
+{
+	(void)m;
+	/* close() always releases the descriptor on Linux, even on EINTR. */
+	close((int)handle);
+	return 0;
+}
+
+static int host_reserve(gf_mem *m, size_t size, size_t align, uint64_t *addr)
+{
+	(void)m;
+	size_t total = size + align;
+	uint8_t *p = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno,
+				    "reserve %zu bytes of address space", size);
+	uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+	size_t head = start - (uintptr_t)p, tail = total - head - size;
+	if (head)
+		munmap(p, head);
+	if (tail)
+		munmap((uint8_t *)start + size, tail);
+	*addr = start;
+	return 0;
+}
+
+static int host_free_va(gf_mem *m, uint64_t addr, size_t size)
+{
+	(void)m;
+	if (munmap((void *)(uintptr_t)addr, size) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "munmap reservation");
+	return 0;
+}
+
+/* Put the PROT_NONE placeholder back over [addr, addr+size). */
+static int host_unmap(gf_mem *m, uint64_t addr, size_t size)
+{
+	(void)m;
+	void *p = mmap((void *)(uintptr_t)addr, size, PROT_NONE,
+		       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return gf_err_errno(GF_ERR_IO, errno, "unmap: restore reservation");
+	return 0;
+}
+
+static int host_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access)
+{
+	int prot = access == GF_MEM_READWRITE ? PROT_READ | PROT_WRITE : PROT_READ;
+	void *p = mmap((void *)(uintptr_t)addr, size, prot, MAP_FIXED | MAP_SHARED, (int)handle, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+		/* A failed MAP_FIXED may have dropped the placeholder: keep the
+		 * reservation whole so nobody else gets these addresses. */
+		host_unmap(m, addr, size);
+		return gf_err_errno(e == ENOMEM ? GF_ERR_OUT_OF_MEMORY : e == EACCES ? GF_ERR_PERMISSION : GF_ERR_IO, e,
+				    "map %zu bytes %s", size, access == GF_MEM_READWRITE ? "read-write" : "read-only");
+	}
+	return 0;
+}
+
+const struct gf_mem_backend gf_mem_host_backend = {
+	.name = "host",
+	.kind = GF_MEM_HOST,
+	.device_count = host_device_count,
+	.device_uuid = host_device_uuid,
+	.uuid_prefix = "HOST-",
+	.open = host_open,
+	.close = host_close,
+	.granularity = host_granularity,
+	.info = host_info,
+	.synchronize = host_synchronize,
+	.create = host_create,
+	.export_fd = host_export,
+	.import_fd = host_import,
+	.release = host_release,
+	.reserve = host_reserve,
+	.free_va = host_free_va,
+	.map = host_map,
+	.set_access = NULL,
+	.unmap = host_unmap,
+};

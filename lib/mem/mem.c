@@ -1,0 +1,544 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The public memory API over the backend vtable: backend choice, the
+ * per-allocation state machine (LESSONS.md item 3: no double release, no use
+ * after release) and all-or-nothing mapping of many allocations (item 4).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+struct gf_mem_alloc {
+	gf_mem *m;
+	uint64_t handle;
+	size_t size;
+	int origin;          /* GF_MEM_ALLOC_CREATED or GF_MEM_ALLOC_IMPORTED */
+	bool released;
+	bool was_mapped;
+	unsigned map_count;  /* live mappings of this handle, in any reservation */
+};
+
+struct va_map {
+	size_t offset, size;
+	gf_mem_alloc *alloc;
+};
+
+struct gf_mem_va {
+	gf_mem *m;
+	uint64_t addr;
+	size_t size;
+	struct va_map *maps; /* sorted by offset, never overlapping */
+	size_t nmaps, cap;
+};
+
+static size_t round_up(size_t v, size_t to)
+{
+	return (v + to - 1) / to * to;
+}
+
+static bool is_pow2(size_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+const struct gf_mem_backend *gf_mem_backend_get(int kind)
+{
+	switch (kind) {
+	case GF_MEM_HOST:
+		return &gf_mem_host_backend;
+	case GF_MEM_CUDA:
+#if GF_HAVE_CUDA
+		return &gf_mem_cuda_backend;
+#else
+		gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: library built without cuda.h (no CUDA toolkit at build time)");
+		return NULL;
+#endif
+	default:
+		gf_err(GF_ERR_INVALID_ARG, "unknown memory backend kind %d", kind);
+		return NULL;
+	}
+}
+
+void gf_mem_format_uuid(const char *prefix, const uint8_t u[16], char *buf, size_t len)
+{
+	snprintf(buf, len,
+		 "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 prefix, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+		 u[11], u[12], u[13], u[14], u[15]);
+}
+
+static void mem_unref(gf_mem *m)
+{
+	if (atomic_fetch_sub(&m->refs, 1) == 1) {
+		m->be->close(m);
+		free(m);
+	}
+}
+
+static int open_kind(const struct gf_mem_backend *be, int device, gf_mem **out)
+{
+	gf_mem *m = calloc(1, sizeof(*m));
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "gf_mem_open");
+	m->be = be;
+	m->device = device;
+	atomic_init(&m->refs, 1);
+	int rc = be->open(m, device);
+	if (rc < 0) {
+		free(m);
+		return rc;
+	}
+	rc = be->granularity(m, &m->gran_min, &m->gran_rec);
+	if (rc == 0 && (!is_pow2(m->gran_min) || !is_pow2(m->gran_rec)))
+		rc = gf_err(GF_ERR_DRIVER, "%s backend reported granularity %zu/%zu, not powers of two",
+			    be->name, m->gran_min, m->gran_rec);
+	if (rc < 0) {
+		be->close(m);
+		free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_open(gf_mem **out, int kind, int device)
+{
+	if (!out || device < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_open: %s", !out ? "out is NULL" : "negative device");
+	if (kind != GF_MEM_AUTO) {
+		const struct gf_mem_backend *be = gf_mem_backend_get(kind);
+		if (!be)
+			return kind == GF_MEM_CUDA ? GF_ERR_NOT_SUPPORTED : GF_ERR_INVALID_ARG;
+		return open_kind(be, device, out);
+	}
+	const struct gf_mem_backend *cuda = gf_mem_backend_get(GF_MEM_CUDA);
+	int rc = cuda ? open_kind(cuda, device, out) : GF_ERR_NOT_SUPPORTED;
+	if (rc == 0) {
+		gf_log(GF_LOG_INFO, "mem", "backend=cuda device=%d msg=\"auto: using the cuda backend\"", device);
+		return 0;
+	}
+	char why[512];
+	snprintf(why, sizeof(why), "%s", gf_error_detail());
+	rc = open_kind(&gf_mem_host_backend, device, out);
+	if (rc < 0)
+		return rc;
+	gf_log(GF_LOG_INFO, "mem", "backend=host device=%d reason=\"%s\" msg=\"auto: cuda backend not usable, using host\"",
+	       device, why);
+	return 0;
+}
+
+GF_EXPORT void gf_mem_free(gf_mem *m)
+{
+	if (m)
+		mem_unref(m);
+}
+
+GF_EXPORT int gf_mem_kind(const gf_mem *m)
+{
+	return m ? m->be->kind : GF_ERR_INVALID_ARG;
+}
+
+GF_EXPORT const char *gf_mem_kind_name(int kind)
+{
+	switch (kind) {
+	case GF_MEM_AUTO:
+		return "auto";
+	case GF_MEM_CUDA:
+		return "cuda";
+	case GF_MEM_HOST:
+		return "host";
+	default:
+		return "unknown";
+	}
+}
+
+GF_EXPORT int gf_mem_device(const gf_mem *m)
+{
+	return m ? m->device : GF_ERR_INVALID_ARG;
+}
+
+GF_EXPORT int gf_mem_device_count(int kind, int *out)
+{
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_device_count: out is NULL");
+	const struct gf_mem_backend *be = gf_mem_backend_get(kind);
+	if (!be)
+		return kind == GF_MEM_CUDA ? GF_ERR_NOT_SUPPORTED : GF_ERR_INVALID_ARG;
+	return be->device_count(out);
+}
+
+GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len)
+{
+	uint8_t u[16];
+	if (!m || !buf || len < 48)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_device_uuid: need a backend and a buffer of >= 48 bytes");
+	int rc = m->be->device_uuid(m->device, u);
+	if (rc < 0)
+		return rc;
+	gf_mem_format_uuid(m->be->uuid_prefix, u, buf, len);
+	return 0;
+}
+
+GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index)
+{
+	if (!uuid || !*uuid || !out_index)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_uuid_to_index: empty uuid or NULL out");
+	const struct gf_mem_backend *be = gf_mem_backend_get(kind);
+	if (!be)
+		return kind == GF_MEM_CUDA ? GF_ERR_NOT_SUPPORTED : GF_ERR_INVALID_ARG;
+	int n, rc = be->device_count(&n);
+	if (rc < 0)
+		return rc;
+	size_t plen = strlen(be->uuid_prefix);
+	int found = -1, matches = 0;
+	for (int i = 0; i < n; i++) {
+		uint8_t u[16];
+		char s[64];
+		rc = be->device_uuid(i, u);
+		if (rc < 0)
+			return rc;
+		gf_mem_format_uuid(be->uuid_prefix, u, s, sizeof(s));
+		/* As CUDA_VISIBLE_DEVICES: "GPU-" full or unique prefix, also
+		 * without the "GPU-" part. */
+		if (strncasecmp(s, uuid, strlen(uuid)) == 0 ||
+		    strncasecmp(s + plen, uuid, strlen(uuid)) == 0) {
+			found = i;
+			matches++;
+		}
+	}
+	if (matches == 0)
+		return gf_err(GF_ERR_NOT_FOUND, "no %s device has uuid %s", be->name, uuid);
+	if (matches > 1)
+		return gf_err(GF_ERR_INVALID_ARG, "uuid prefix %s matches %d %s devices", uuid, matches, be->name);
+	*out_index = found;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended)
+{
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_granularity: NULL backend");
+	if (minimum)
+		*minimum = m->gran_min;
+	if (recommended)
+		*recommended = m->gran_rec;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	uint64_t f, t;
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_info: NULL backend");
+	int rc = m->be->info(m, &f, &t);
+	if (rc < 0)
+		return rc;
+	if (free_bytes)
+		*free_bytes = f;
+	if (total_bytes)
+		*total_bytes = t;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_synchronize(gf_mem *m)
+{
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_synchronize: NULL backend");
+	return m->be->synchronize(m);
+}
+
+static int new_alloc(gf_mem *m, uint64_t handle, size_t size, int origin, gf_mem_alloc **out)
+{
+	gf_mem_alloc *a = calloc(1, sizeof(*a));
+	if (!a) {
+		m->be->release(m, handle);
+		return gf_err(GF_ERR_NOMEM, "gf_mem_alloc");
+	}
+	a->m = m;
+	a->handle = handle;
+	a->size = size;
+	a->origin = origin;
+	atomic_fetch_add(&m->refs, 1);
+	*out = a;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out)
+{
+	if (!m || !out || size == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_create: %s", size == 0 ? "size is 0" : "NULL argument");
+	if (size > SIZE_MAX - m->gran_min)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_create: size %zu too large", size);
+	size = round_up(size, m->gran_min);
+	uint64_t h;
+	int rc = m->be->create(m, size, &h);
+	if (rc < 0)
+		return rc;
+	return new_alloc(m, h, size, GF_MEM_ALLOC_CREATED, out);
+}
+
+GF_EXPORT int gf_mem_export(gf_mem_alloc *a, int *out_fd)
+{
+	if (!a || !out_fd)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_export: NULL argument");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_export: allocation already released");
+	return a->m->be->export_fd(a->m, a->handle, out_fd);
+}
+
+GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
+{
+	if (!m || !out || fd < 0 || size == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_import: %s",
+			      fd < 0 ? "negative fd" : size == 0 ? "size is 0" : "NULL argument");
+	if (size > SIZE_MAX - m->gran_min)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_import: size %zu too large", size);
+	size = round_up(size, m->gran_min);
+	uint64_t h;
+	int rc = m->be->import_fd(m, fd, size, &h);
+	if (rc < 0)
+		return rc;
+	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
+}
+
+GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a)
+{
+	return a ? a->size : 0;
+}
+
+GF_EXPORT int gf_mem_alloc_state(const gf_mem_alloc *a)
+{
+	if (!a)
+		return GF_ERR_INVALID_ARG;
+	if (a->released)
+		return GF_MEM_ALLOC_RELEASED;
+	if (a->map_count)
+		return GF_MEM_ALLOC_MAPPED;
+	if (a->was_mapped)
+		return GF_MEM_ALLOC_UNMAPPED;
+	return a->origin;
+}
+
+GF_EXPORT int gf_mem_release(gf_mem_alloc *a)
+{
+	if (!a)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_release: NULL allocation");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_release: allocation already released");
+	if (a->map_count)
+		return gf_err(GF_ERR_BUSY, "gf_mem_release: allocation still mapped %u time(s)", a->map_count);
+	int rc = a->m->be->release(a->m, a->handle);
+	if (rc < 0)
+		return rc;
+	a->released = true;
+	return 0;
+}
+
+GF_EXPORT int gf_mem_alloc_free(gf_mem_alloc *a)
+{
+	if (!a)
+		return 0;
+	if (a->map_count)
+		return gf_err(GF_ERR_BUSY, "gf_mem_alloc_free: allocation still mapped %u time(s)", a->map_count);
+	if (!a->released) {
+		int rc = gf_mem_release(a);
+		if (rc < 0)
+			return rc;
+	}
+	mem_unref(a->m);
+	free(a);
+	return 0;
+}
+
+GF_EXPORT int gf_mem_reserve(gf_mem *m, size_t size, size_t align, gf_mem_va **out)
+{
+	if (!m || !out || size == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: %s", size == 0 ? "size is 0" : "NULL argument");
+	if (align && !is_pow2(align))
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: alignment %zu is not a power of two", align);
+	if (size > SIZE_MAX / 2)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: size %zu too large", size);
+	if (align < m->gran_min)
+		align = m->gran_min;
+	size = round_up(size, m->gran_min);
+	gf_mem_va *va = calloc(1, sizeof(*va));
+	if (!va)
+		return gf_err(GF_ERR_NOMEM, "gf_mem_reserve");
+	int rc = m->be->reserve(m, size, align, &va->addr);
+	if (rc < 0) {
+		free(va);
+		return rc;
+	}
+	va->m = m;
+	va->size = size;
+	atomic_fetch_add(&m->refs, 1);
+	*out = va;
+	return 0;
+}
+
+GF_EXPORT uint64_t gf_mem_va_addr(const gf_mem_va *va)
+{
+	return va ? va->addr : 0;
+}
+
+GF_EXPORT size_t gf_mem_va_size(const gf_mem_va *va)
+{
+	return va ? va->size : 0;
+}
+
+static int cmp_map(const void *x, const void *y)
+{
+	const struct va_map *a = x, *b = y;
+	return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Does [off, off+size) overlap an existing mapping of @va? */
+static bool overlaps_existing(const gf_mem_va *va, size_t off, size_t size)
+{
+	for (size_t i = 0; i < va->nmaps; i++)
+		if (off < va->maps[i].offset + va->maps[i].size && va->maps[i].offset < off + size)
+			return true;
+	return false;
+}
+
+static void unmap_one(gf_mem_va *va, const struct va_map *vm)
+{
+	int rc = va->m->be->unmap(va->m, va->addr + vm->offset, vm->size);
+	if (rc < 0)
+		gf_log(GF_LOG_WARN, "mem", "backend=%s offset=%zu size=%zu msg=\"unmap failed: %s\"", va->m->be->name,
+		       vm->offset, vm->size, gf_error_detail());
+	vm->alloc->map_count--;
+}
+
+GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, size_t n, int access)
+{
+	if (!va || (n && !maps))
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: NULL argument");
+	if (access != GF_MEM_READ && access != GF_MEM_READWRITE)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: access %d is neither GF_MEM_READ nor GF_MEM_READWRITE", access);
+	if (n == 0)
+		return 0;
+	gf_mem *m = va->m;
+	if (n > SIZE_MAX / sizeof(struct va_map) - va->nmaps)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: too many mappings");
+	struct va_map *todo = malloc(n * sizeof(*todo));
+	if (!todo)
+		return gf_err(GF_ERR_NOMEM, "gf_mem_map_many");
+	int rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		gf_mem_alloc *a = maps[i].alloc;
+		size_t off = maps[i].offset;
+		if (!a)
+			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu has no allocation", i);
+		else if (a->released)
+			rc = gf_err(GF_ERR_STATE, "gf_mem_map_many: entry %zu: allocation already released", i);
+		else if (a->m->be != m->be || a->m->device != m->device)
+			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu belongs to another backend or device", i);
+		else if (off % m->gran_min)
+			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu: offset %zu not aligned to %zu", i, off,
+				    m->gran_min);
+		else if (off > va->size || a->size > va->size - off)
+			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu: [%zu, +%zu) outside the %zu-byte reservation",
+				    i, off, a->size, va->size);
+		else if (overlaps_existing(va, off, a->size))
+			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu: offset %zu overlaps an existing mapping", i, off);
+		todo[i] = (struct va_map){ off, a ? a->size : 0, a };
+	}
+	if (rc == 0) {
+		qsort(todo, n, sizeof(*todo), cmp_map);
+		for (size_t i = 1; i < n && rc == 0; i++)
+			if (todo[i].offset < todo[i - 1].offset + todo[i - 1].size)
+				rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entries at offsets %zu and %zu overlap",
+					    todo[i - 1].offset, todo[i].offset);
+	}
+	if (rc == 0 && va->nmaps + n > va->cap) {
+		size_t cap = va->cap ? va->cap : 8;
+		while (cap < va->nmaps + n)
+			cap *= 2;
+		struct va_map *nm = realloc(va->maps, cap * sizeof(*nm));
+		if (!nm)
+			rc = gf_err(GF_ERR_NOMEM, "gf_mem_map_many");
+		else {
+			va->maps = nm;
+			va->cap = cap;
+		}
+	}
+	if (rc < 0) {
+		free(todo);
+		return rc;
+	}
+
+	size_t done = 0;
+	for (; done < n; done++) {
+		rc = m->be->map(m, va->addr + todo[done].offset, todo[done].size, todo[done].alloc->handle, access);
+		if (rc < 0)
+			break;
+		todo[done].alloc->map_count++;
+	}
+	/* Access once per contiguous span (the driver's cost is per call). */
+	if (rc == 0 && m->be->set_access) {
+		for (size_t s = 0; s < n && rc == 0;) {
+			size_t e = s + 1;
+			while (e < n && todo[e].offset == todo[e - 1].offset + todo[e - 1].size)
+				e++;
+			size_t len = todo[e - 1].offset + todo[e - 1].size - todo[s].offset;
+			rc = m->be->set_access(m, va->addr + todo[s].offset, len, access);
+			s = e;
+		}
+	}
+	if (rc < 0) {
+		/* All-or-nothing: undo what this call mapped, keep the error. */
+		char why[512];
+		snprintf(why, sizeof(why), "%s", gf_error_detail());
+		for (size_t i = 0; i < done; i++)
+			unmap_one(va, &todo[i]);
+		free(todo);
+		return gf_err(rc, "%s", why);
+	}
+	for (size_t i = 0; i < n; i++)
+		todo[i].alloc->was_mapped = true;
+	memcpy(va->maps + va->nmaps, todo, n * sizeof(*todo));
+	va->nmaps += n;
+	qsort(va->maps, va->nmaps, sizeof(*va->maps), cmp_map);
+	free(todo);
+	return 0;
+}
+
+GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access)
+{
+	struct gf_mem_mapping one = { offset, a };
+	return gf_mem_map_many(va, &one, 1, access);
+}
+
+GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
+{
+	if (!va)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_unmap_all: NULL reservation");
+	int rc = 0;
+	for (size_t i = 0; i < va->nmaps; i++) {
+		int r = va->m->be->unmap(va->m, va->addr + va->maps[i].offset, va->maps[i].size);
+		if (r < 0 && rc == 0)
+			rc = r;
+		/* The bookkeeping follows the caller's intent: a failed unmap
+		 * is reported, and the allocation is not kept pinned by it. */
+		va->maps[i].alloc->map_count--;
+	}
+	va->nmaps = 0;
+	return rc;
+}
+
+GF_EXPORT void gf_mem_va_free(gf_mem_va *va)
+{
+	if (!va)
+		return;
+	gf_mem_unmap_all(va);
+	gf_mem *m = va->m;
+	if (m->be->free_va(m, va->addr, va->size) < 0)
+		gf_log(GF_LOG_WARN, "mem", "backend=%s msg=\"freeing address range failed: %s\"", m->be->name,
+		       gf_error_detail());
+	free(va->maps);
+	free(va);
+	mem_unref(m);
+}

@@ -1,0 +1,823 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A test-only CUDA driver (built as libcuda.so.1, never installed) that
+ * implements exactly the driver entry points lib/mem/cuda.c uses, so CI
+ * exercises the cuda backend without a GPU.
+ *
+ * Memory: each allocation is a file in $FAKECUDA_STATE_DIR (a tmpfs
+ * directory; default /dev/shm/fakecuda-<uid>) that is never touched by
+ * name after creation, so it behaves as a memfd: export hands out a dup of
+ * its fd, import keeps a dup, and the kernel keeps the pages until the last
+ * fd and the last mapping in every process are gone. The file name is what
+ * makes accounting true across processes: the creator takes a shared flock
+ * on the open file, which every dup, every fd passed over SCM_RIGHTS and
+ * every mapping shares; cuMemGetInfo counts the files whose lock is still
+ * held anywhere (a free one is dead and is removed). This is the driver's
+ * Decision 7 behaviour, observable: creator releases while an importer
+ * holds → still used; importer releases → freed.
+ *
+ * "Device addresses" are host addresses in PROT_NONE reservations, so tests
+ * read and write them through the pointer; cuMemSetAccess is mprotect.
+ *
+ * Fault knobs (read on every call, so a test may change them with setenv):
+ *   FAKECUDA_DEVICES=N           number of devices (default 1, max 16)
+ *   FAKECUDA_TOTAL_MEM=bytes     per-device memory (default 16 GiB)
+ *   FAKECUDA_OOM_AFTER_BYTES=N   cuMemCreate fails OUT_OF_MEMORY past N used bytes
+ *   FAKECUDA_NO_POSIX_FD=1       devices lack POSIX-fd handle support
+ *   FAKECUDA_DRIVER_VERSION=N    what cuDriverGetVersion reports (default 13000)
+ *   FAKECUDA_FAIL=name:nth[:code][,...]  the nth call (from 1, counted from when
+ *                                the value was set) of entry point `name` returns
+ *                                `code` (default CUDA_ERROR_UNKNOWN)
+ */
+#include <cuda.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#undef cuGetProcAddress
+
+#define FK_EXPORT __attribute__((visibility("default")))
+#define FK_MAX_DEV 16
+#define FK_GRAN (2u * 1024 * 1024)
+
+struct CUctx_st {
+	int dev;
+	int refs;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static bool initialized;
+static struct CUctx_st primary[FK_MAX_DEV];
+static _Thread_local CUcontext ctx_stack[64];
+static _Thread_local int ctx_depth;
+
+struct fk_alloc {
+	CUmemGenericAllocationHandle h;
+	int fd;
+	size_t size;
+	int dev;
+};
+struct fk_range {
+	uintptr_t p;
+	size_t size;
+};
+static struct fk_alloc *allocs;
+static size_t nallocs, cap_allocs;
+static CUmemGenericAllocationHandle next_handle = 0x1000;
+static struct fk_range *resv, *maps;
+static size_t nresv, cap_resv, nmaps, cap_maps;
+static unsigned long long file_seq;
+
+/* ---- knobs ---- */
+
+static long long env_ll(const char *name, long long dflt)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return dflt;
+	char *end;
+	long long x = strtoll(v, &end, 0);
+	return *end ? dflt : x;
+}
+
+static int ndevices(void)
+{
+	long long n = env_ll("FAKECUDA_DEVICES", 1);
+	return n < 0 ? 0 : n > FK_MAX_DEV ? FK_MAX_DEV : (int)n;
+}
+
+struct fault {
+	char name[64];
+	long nth, count;
+	int code;
+};
+static char fault_spec[512];
+static struct fault faults[16];
+static size_t nfaults;
+
+/* Should this call of @name fail, and with which code? (0: no) */
+static CUresult fault(const char *name)
+{
+	const char *spec = getenv("FAKECUDA_FAIL");
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	if (!spec)
+		spec = "";
+	if (strcmp(spec, fault_spec) != 0) {
+		snprintf(fault_spec, sizeof(fault_spec), "%s", spec);
+		nfaults = 0;
+		char buf[512];
+		snprintf(buf, sizeof(buf), "%s", spec);
+		for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && nfaults < 16;
+		     tok = strtok_r(NULL, ",", &save)) {
+			struct fault *f = &faults[nfaults];
+			char *c1 = strchr(tok, ':');
+			if (!c1)
+				continue;
+			*c1 = '\0';
+			snprintf(f->name, sizeof(f->name), "%s", tok);
+			char *c2 = strchr(c1 + 1, ':');
+			f->nth = strtol(c1 + 1, NULL, 0);
+			f->code = c2 ? (int)strtol(c2 + 1, NULL, 0) : CUDA_ERROR_UNKNOWN;
+			f->count = 0;
+			nfaults++;
+		}
+	}
+	for (size_t i = 0; i < nfaults; i++)
+		if (strcmp(faults[i].name, name) == 0 && ++faults[i].count == faults[i].nth)
+			r = (CUresult)faults[i].code;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+#define ENTRY(name)                                  \
+	do {                                         \
+		CUresult f_ = fault(name);           \
+		if (f_ != CUDA_SUCCESS)              \
+			return f_;                   \
+		if (!initialized)                    \
+			return CUDA_ERROR_NOT_INITIALIZED; \
+	} while (0)
+
+/* ---- cross-process accounting ---- */
+
+static const char *state_dir(void)
+{
+	static char dflt[128];
+	const char *d = getenv("FAKECUDA_STATE_DIR");
+	if (d && *d)
+		return d;
+	snprintf(dflt, sizeof(dflt), "/dev/shm/fakecuda-%u", (unsigned)getuid());
+	mkdir(dflt, 0700);
+	return dflt;
+}
+
+/* Bytes held on @dev by live allocations of every process. */
+static unsigned long long used_bytes(int dev)
+{
+	char prefix[32], path[4096];
+	unsigned long long used = 0;
+	const char *dir = state_dir();
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	if (!d)
+		return 0;
+	snprintf(prefix, sizeof(prefix), "alloc-d%d-", dev);
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+			unlink(path); /* nobody holds it: freed */
+		} else {
+			struct stat st;
+			if (fstat(fd, &st) == 0)
+				used += (unsigned long long)st.st_size;
+		}
+		close(fd);
+	}
+	closedir(d);
+	return used;
+}
+
+static unsigned long long total_bytes(void)
+{
+	return (unsigned long long)env_ll("FAKECUDA_TOTAL_MEM", 16LL << 30);
+}
+
+/* ---- entry points ---- */
+
+static CUresult fk_cuInit(unsigned int flags)
+{
+	CUresult f = fault("cuInit");
+	if (f != CUDA_SUCCESS)
+		return f;
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ndevices() == 0)
+		return CUDA_ERROR_NO_DEVICE;
+	initialized = true;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDriverGetVersion(int *v)
+{
+	CUresult f = fault("cuDriverGetVersion");
+	if (f != CUDA_SUCCESS)
+		return f;
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = (int)env_ll("FAKECUDA_DRIVER_VERSION", 13000);
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceGetCount(int *n)
+{
+	ENTRY("cuDeviceGetCount");
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*n = ndevices();
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceGet(CUdevice *dev, int ordinal)
+{
+	ENTRY("cuDeviceGet");
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal < 0 || ordinal >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevice dev)
+{
+	ENTRY("cuDeviceGetAttribute");
+	if (!pi)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	switch (attr) {
+	case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+		*pi = 1;
+		break;
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+		*pi = env_ll("FAKECUDA_NO_POSIX_FD", 0) ? 0 : 1;
+		break;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* GPU-fa4ec0da-0000-4000-8000-0000000000NN: all devices share the first
+ * group, so short prefixes are ambiguous as on a real multi-GPU node. */
+static CUresult fk_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	static const unsigned char base[16] = { 0xfa, 0x4e, 0xc0, 0xda, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0 };
+	ENTRY("cuDeviceGetUuid");
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	memcpy(uuid->bytes, base, 16);
+	uuid->bytes[15] = (char)dev;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	ENTRY("cuDevicePrimaryCtxRetain");
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
+	primary[dev].dev = dev;
+	primary[dev].refs++;
+	pthread_mutex_unlock(&lock);
+	*pctx = &primary[dev];
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	ENTRY("cuDevicePrimaryCtxRelease");
+	if (dev < 0 || dev >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	if (primary[dev].refs <= 0)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		primary[dev].refs--;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static bool ctx_valid(CUcontext c)
+{
+	return c >= primary && c < primary + FK_MAX_DEV && c->refs > 0;
+}
+
+static CUresult fk_cuCtxGetCurrent(CUcontext *pctx)
+{
+	ENTRY("cuCtxGetCurrent");
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuCtxPushCurrent(CUcontext ctx)
+{
+	ENTRY("cuCtxPushCurrent");
+	if (!ctx_valid(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_depth == (int)(sizeof(ctx_stack) / sizeof(ctx_stack[0])))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuCtxPopCurrent(CUcontext *pctx)
+{
+	ENTRY("cuCtxPopCurrent");
+	if (!ctx_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	CUcontext c = ctx_stack[--ctx_depth];
+	if (pctx)
+		*pctx = c;
+	return CUDA_SUCCESS;
+}
+
+static CUcontext current(void)
+{
+	return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+}
+
+static CUresult fk_cuCtxGetDevice(CUdevice *dev)
+{
+	ENTRY("cuCtxGetDevice");
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*dev = current()->dev;
+	return CUDA_SUCCESS;
+}
+
+/* CUDA 13's variant, returned for cudaVersion >= 13000. */
+static CUresult fk_cuCtxGetDevice_v13000(CUdevice *dev, CUcontext ctx)
+{
+	ENTRY("cuCtxGetDevice");
+	if (!dev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx)
+		ctx = current();
+	if (!ctx_valid(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*dev = ctx->dev;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuCtxSynchronize(void)
+{
+	ENTRY("cuCtxSynchronize");
+	return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult fk_cuCtxSynchronize_v13000(CUcontext ctx)
+{
+	ENTRY("cuCtxSynchronize");
+	return ctx_valid(ctx ? ctx : current()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult fk_cuMemGetInfo(size_t *free_b, size_t *total_b)
+{
+	ENTRY("cuMemGetInfo");
+	if (!free_b || !total_b)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	unsigned long long used = used_bytes(current()->dev), tot = total_bytes();
+	*total_b = (size_t)tot;
+	*free_b = (size_t)(used >= tot ? 0 : tot - used);
+	return CUDA_SUCCESS;
+}
+
+static bool prop_ok(const CUmemAllocationProp *p)
+{
+	return p && p->type == CU_MEM_ALLOCATION_TYPE_PINNED && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       p->location.id >= 0 && p->location.id < ndevices();
+}
+
+static CUresult fk_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+						 CUmemAllocationGranularity_flags option)
+{
+	ENTRY("cuMemGetAllocationGranularity");
+	if (!g || !prop_ok(prop) ||
+	    (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+		return CUDA_ERROR_INVALID_VALUE;
+	*g = FK_GRAN;
+	return CUDA_SUCCESS;
+}
+
+static struct fk_alloc *find_alloc(CUmemGenericAllocationHandle h)
+{
+	for (size_t i = 0; i < nallocs; i++)
+		if (allocs[i].h == h)
+			return &allocs[i];
+	return NULL;
+}
+
+static bool grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+	if (n < *cap)
+		return true;
+	size_t c = *cap ? *cap * 2 : 16;
+	void *p = realloc(*arr, c * elem);
+	if (!p)
+		return false;
+	*arr = p;
+	*cap = c;
+	return true;
+}
+
+static CUresult add_alloc(int fd, size_t size, int dev, CUmemGenericAllocationHandle *out)
+{
+	if (!grow((void **)&allocs, &cap_allocs, nallocs, sizeof(*allocs)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	allocs[nallocs] = (struct fk_alloc){ next_handle++, fd, size, dev };
+	*out = allocs[nallocs++].h;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+			       unsigned long long flags)
+{
+	ENTRY("cuMemCreate");
+	if (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % FK_GRAN)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && env_ll("FAKECUDA_NO_POSIX_FD", 0))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	int dev = prop->location.id;
+	unsigned long long used = used_bytes(dev);
+	long long oom_after = env_ll("FAKECUDA_OOM_AFTER_BYTES", -1);
+	if (used + size > total_bytes() || (oom_after >= 0 && used + size > (unsigned long long)oom_after))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+
+	char tmp[4096], final[4096];
+	const char *dir = state_dir();
+	pthread_mutex_lock(&lock);
+	unsigned long long seq = ++file_seq;
+	pthread_mutex_unlock(&lock);
+	snprintf(tmp, sizeof(tmp), "%s/new-%d-%llu", dir, (int)getpid(), seq);
+	snprintf(final, sizeof(final), "%s/alloc-d%d-%d-%llu", dir, dev, (int)getpid(), seq);
+	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	/* Locked before it gets the name the accounting scans. */
+	if (ftruncate(fd, (off_t)size) < 0 || flock(fd, LOCK_SH) < 0 || rename(tmp, final) < 0) {
+		int e = errno;
+		unlink(tmp);
+		close(fd);
+		return e == ENOSPC || e == ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+	}
+	pthread_mutex_lock(&lock);
+	CUresult r = add_alloc(fd, size, dev, handle);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS)
+		close(fd);
+	return r;
+}
+
+static CUresult fk_cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	ENTRY("cuMemRelease");
+	pthread_mutex_lock(&lock);
+	struct fk_alloc *a = find_alloc(h);
+	if (!a) {
+		pthread_mutex_unlock(&lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	/* Mappings keep the open file (and its lock) alive by themselves. */
+	close(a->fd);
+	*a = allocs[--nallocs];
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+						CUmemAllocationHandleType type, unsigned long long flags)
+{
+	ENTRY("cuMemExportToShareableHandle");
+	if (!out || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&lock);
+	struct fk_alloc *a = find_alloc(h);
+	int fd = a ? fcntl(a->fd, F_DUPFD, 0) : -1;
+	pthread_mutex_unlock(&lock);
+	if (!a)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (fd < 0)
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	*(int *)out = fd;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
+						  CUmemAllocationHandleType type)
+{
+	ENTRY("cuMemImportFromShareableHandle");
+	if (!h)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	int fd = (int)(intptr_t)os_handle, dev;
+	char link[64], target[4096], real_dir[4096];
+	struct stat st;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || n <= 0 || !realpath(state_dir(), real_dir))
+		return CUDA_ERROR_INVALID_VALUE;
+	target[n] = '\0';
+	size_t dl = strlen(real_dir);
+	if (strncmp(target, real_dir, dl) != 0 || sscanf(target + dl, "/alloc-d%d-", &dev) != 1 || dev < 0 ||
+	    dev >= ndevices())
+		return CUDA_ERROR_INVALID_VALUE;
+	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (own < 0)
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	pthread_mutex_lock(&lock);
+	CUresult r = add_alloc(own, (size_t)st.st_size, dev, h);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS)
+		close(own);
+	return r;
+}
+
+static CUresult fk_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+				       unsigned long long flags)
+{
+	ENTRY("cuMemAddressReserve");
+	if (!ptr || size == 0 || size % FK_GRAN || (align & (align - 1)) || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (align < FK_GRAN)
+		align = FK_GRAN;
+	(void)addr; /* a hint only, as in the driver */
+	size_t total = size + align;
+	uint8_t *p = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+	if (start > (uintptr_t)p)
+		munmap(p, start - (uintptr_t)p);
+	if ((uintptr_t)p + total > start + size)
+		munmap((void *)(start + size), (uintptr_t)p + total - start - size);
+	pthread_mutex_lock(&lock);
+	bool ok = grow((void **)&resv, &cap_resv, nresv, sizeof(*resv));
+	if (ok)
+		resv[nresv++] = (struct fk_range){ start, size };
+	pthread_mutex_unlock(&lock);
+	if (!ok) {
+		munmap((void *)start, size);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*ptr = start;
+	return CUDA_SUCCESS;
+}
+
+static bool overlaps_mapping(uintptr_t p, size_t size)
+{
+	for (size_t i = 0; i < nmaps; i++)
+		if (p < maps[i].p + maps[i].size && maps[i].p < p + size)
+			return true;
+	return false;
+}
+
+static CUresult fk_cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	ENTRY("cuMemAddressFree");
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < nresv; i++)
+		if (resv[i].p == ptr && resv[i].size == size) {
+			if (overlaps_mapping(ptr, size))
+				break; /* still mapped: the caller must unmap first */
+			munmap((void *)(uintptr_t)ptr, size);
+			resv[i] = resv[--nresv];
+			r = CUDA_SUCCESS;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static bool in_reservation(uintptr_t p, size_t size)
+{
+	for (size_t i = 0; i < nresv; i++)
+		if (p >= resv[i].p && p + size <= resv[i].p + resv[i].size)
+			return true;
+	return false;
+}
+
+static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+			    unsigned long long flags)
+{
+	ENTRY("cuMemMap");
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	struct fk_alloc *a = find_alloc(h);
+	if (!a || flags != 0 || size == 0 || ptr % FK_GRAN || size % FK_GRAN || offset % FK_GRAN ||
+	    offset + size > a->size || !in_reservation(ptr, size))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (overlaps_mapping(ptr, size))
+		r = CUDA_ERROR_ALREADY_MAPPED;
+	else if (!grow((void **)&maps, &cap_maps, nmaps, sizeof(*maps)))
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	/* Mapped but inaccessible until cuMemSetAccess, as on a device. */
+	else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset) ==
+		 MAP_FAILED)
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	else
+		maps[nmaps++] = (struct fk_range){ ptr, size };
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+/* Is [p, p+size) covered exactly by whole mappings, without gaps? */
+static bool covered_by_mappings(uintptr_t p, size_t size)
+{
+	uintptr_t at = p;
+	while (at < p + size) {
+		size_t i;
+		for (i = 0; i < nmaps; i++)
+			if (maps[i].p == at)
+				break;
+		if (i == nmaps || maps[i].p + maps[i].size > p + size)
+			return false;
+		at += maps[i].size;
+	}
+	return at == p + size;
+}
+
+static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	ENTRY("cuMemUnmap");
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	if (size == 0 || !covered_by_mappings(ptr, size))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		      -1, 0) == MAP_FAILED)
+		r = CUDA_ERROR_OPERATING_SYSTEM;
+	else
+		for (size_t i = 0; i < nmaps;)
+			if (maps[i].p >= ptr && maps[i].p < ptr + size)
+				maps[i] = maps[--nmaps];
+			else
+				i++;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	ENTRY("cuMemSetAccess");
+	if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id < 0 ||
+	    desc->location.id >= ndevices())
+		return CUDA_ERROR_INVALID_VALUE;
+	int prot;
+	switch (desc->flags) {
+	case CU_MEM_ACCESS_FLAGS_PROT_NONE:
+		prot = PROT_NONE;
+		break;
+	case CU_MEM_ACCESS_FLAGS_PROT_READ:
+		prot = PROT_READ;
+		break;
+	case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+		prot = PROT_READ | PROT_WRITE;
+		break;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	if (size == 0 || !covered_by_mappings(ptr, size))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
+		r = CUDA_ERROR_OPERATING_SYSTEM;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static const struct {
+	CUresult code;
+	const char *name, *text;
+} errors[] = {
+	{ CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
+	{ CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
+	{ CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
+	{ CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
+	{ CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected" },
+	{ CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
+	{ CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context" },
+	{ CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped" },
+	{ CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
+	{ CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
+	{ CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS" },
+	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+	{ CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
+};
+
+static CUresult fk_cuGetErrorName(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].code == e) {
+			*s = errors[i].name;
+			return CUDA_SUCCESS;
+		}
+	*s = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fk_cuGetErrorString(CUresult e, const char **s)
+{
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].code == e) {
+			*s = errors[i].text;
+			return CUDA_SUCCESS;
+		}
+	*s = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* name, the cudaVersion from which this variant is returned, function */
+static const struct {
+	const char *name;
+	int since;
+	void *fn;
+} procs[] = {
+#define P(n) { #n, 0, (void *)fk_##n }
+	P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetAttribute),
+	P(cuDeviceGetUuid), P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease), P(cuCtxGetCurrent),
+	P(cuCtxPushCurrent), P(cuCtxPopCurrent), P(cuMemGetInfo), P(cuMemGetAllocationGranularity), P(cuMemCreate),
+	P(cuMemRelease), P(cuMemExportToShareableHandle), P(cuMemImportFromShareableHandle), P(cuMemAddressReserve),
+	P(cuMemAddressFree), P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuGetErrorName), P(cuGetErrorString),
+	P(cuCtxGetDevice), P(cuCtxSynchronize),
+#undef P
+	{ "cuCtxGetDevice", 13000, (void *)fk_cuCtxGetDevice_v13000 },
+	{ "cuCtxSynchronize", 13000, (void *)fk_cuCtxSynchronize_v13000 },
+};
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, CUdriverProcAddressQueryResult *status)
+{
+	if (!symbol || !pfn)
+		return CUDA_ERROR_INVALID_VALUE;
+	int best = -1;
+	bool seen = false;
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
+		if (strcmp(procs[i].name, symbol) == 0) {
+			seen = true;
+			if (procs[i].since <= version && (best < 0 || procs[i].since > procs[best].since))
+				best = (int)i;
+		}
+	*pfn = best >= 0 ? procs[best].fn : NULL;
+	if (status)
+		*status = best >= 0 ? CU_GET_PROC_ADDRESS_SUCCESS
+			  : seen    ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+				    : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return best >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+FK_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+				       CUdriverProcAddressQueryResult *status)
+{
+	(void)flags;
+	CUresult f = fault("cuGetProcAddress");
+	if (f != CUDA_SUCCESS)
+		return f;
+	return get_proc(symbol, pfn, version, status);
+}
+
+/* The CUDA 11.3 signature, still exported by drivers for old callers. */
+FK_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+FK_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+	(void)flags;
+	CUresult f = fault("cuGetProcAddress");
+	if (f != CUDA_SUCCESS)
+		return f;
+	return get_proc(symbol, pfn, version, NULL);
+}
+
+FK_EXPORT CUresult cuInit(unsigned int flags)
+{
+	return fk_cuInit(flags);
+}
+
+FK_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+	return fk_cuDriverGetVersion(v);
+}
