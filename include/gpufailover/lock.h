@@ -111,7 +111,66 @@ GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_le
 
 /** @} */
 
-/* The server API (gf_lockd_*) is declared below by the lock component. */
+/** @defgroup lockd Lock server
+ *  The server core, embeddable in any process: configure with the setters,
+ *  gf_lockd_start(), then either gf_lockd_run() or drive it from your own
+ *  loop with gf_lockd_get_fd() / gf_lockd_get_timeout_ms() / gf_lockd_process().
+ *  One thread drives a server; only gf_lockd_stop() may be called from
+ *  another thread (or a signal handler).
+ *  @{ */
+
+typedef struct gf_lockd gf_lockd;
+
+/** New unconfigured server. Free with gf_lockd_free(). Errors: GF_ERR_NOMEM, GF_ERR_IO. */
+GF_EXPORT int gf_lockd_new(gf_lockd **out);
+/** Close every connection and listener (unix socket files are removed) and free. NULL is a no-op. */
+GF_EXPORT void gf_lockd_free(gf_lockd *d);
+/** Listen on @p uri ("unix:///path" or "tcp://host:port"); repeatable; before start. */
+GF_EXPORT int gf_lockd_add_listen(gf_lockd *d, const char *uri);
+/** Persist grants to @p path (JSON, written atomically before every grant); before start. */
+GF_EXPORT int gf_lockd_set_state_file(gf_lockd *d, const char *path);
+/** After a restart with a holder on record, only that holder may re-acquire for @p ms (default 10000). */
+GF_EXPORT int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms);
+/**
+ * How long to wait for a released unix holder's process to exit before
+ * granting the next waiter anyway (default 10000). 0 disables the wait: the
+ * socket close alone releases (what a server without pidfds falls back to).
+ */
+GF_EXPORT int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms);
+/** Allow unix peers with uid @p uid (repeatable). With an empty list every uid may connect. */
+GF_EXPORT int gf_lockd_add_allow_uid(gf_lockd *d, uint32_t uid);
+/** Shared secret (copied). Mandatory when a TCP listener is configured; unix peers are not asked for it. */
+GF_EXPORT int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len);
+/**
+ * TCP lease: heartbeat interval and T_detect (re-grant after this long
+ * without hearing the holder). Clients are told T_fence = T_detect / 2, so
+ * the margin is T_detect / 2. GF_ERR_INVALID_ARG unless
+ * detect_ms >= 3 * heartbeat_ms (defaults 1000 / 6000).
+ */
+GF_EXPORT int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms);
+/** A connection that has not finished its handshake after @p ms is dropped (default 3000). */
+GF_EXPORT int gf_lockd_set_handshake_timeout(gf_lockd *d, int64_t ms);
+/**
+ * Read the state file, open the listeners. After this returns the sockets
+ * accept connections. Errors: GF_ERR_INVALID_ARG (no listener, TCP without
+ * secret), GF_ERR_BUSY (another server uses the state file or socket),
+ * GF_ERR_IO, GF_ERR_PERMISSION.
+ */
+GF_EXPORT int gf_lockd_start(gf_lockd *d);
+/** An fd that becomes readable when gf_lockd_process() has work (an epoll fd). */
+GF_EXPORT int gf_lockd_get_fd(const gf_lockd *d);
+/** Milliseconds until gf_lockd_process() must run even without events (-1: none). */
+GF_EXPORT int gf_lockd_get_timeout_ms(const gf_lockd *d);
+/** Handle every pending event and timer without blocking. Returns 0, or 1 once stopped. */
+GF_EXPORT int gf_lockd_process(gf_lockd *d);
+/** Loop gf_lockd_process() until gf_lockd_stop(). Returns 0 or a negative error. */
+GF_EXPORT int gf_lockd_run(gf_lockd *d);
+/** Make gf_lockd_run() return. Thread-safe and async-signal-safe. */
+GF_EXPORT void gf_lockd_stop(gf_lockd *d);
+/** Status as JSON (same shape as gf_lock_status_json()); *json is malloc'd. */
+GF_EXPORT int gf_lockd_status_json(gf_lockd *d, char **json);
+
+/** @} */
 
 #ifdef __cplusplus
 }

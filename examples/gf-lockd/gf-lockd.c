@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gf-lockd: the lock server sidecar, a thin main() around gf_lockd_*. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "gf-config.h"
+#include "gpufailover.h"
+#if GF_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+static void usage(FILE *f)
+{
+	fputs("usage: gf-lockd --listen URI [options]\n"
+	      "\n"
+	      "The lock server: the connection is the lock; grants carry fencing epochs.\n"
+	      "\n"
+	      "  --listen URI               unix:///path/lock.sock or tcp://host:port (repeatable)\n"
+	      "  --state-file PATH          persist grants here (put it on tmpfs); strongly advised\n"
+	      "  --reconnect-window DUR     after a restart, keep the lock for the holder on record (default 10s)\n"
+	      "  --exit-wait-timeout DUR    wait this long for a released holder's process to exit (default 10s)\n"
+	      "  --allow-uid UID            allow unix peers with this uid (repeatable; default: any uid)\n"
+	      "  --secret-file PATH         shared secret (mandatory with tcp://; trailing newline ignored)\n"
+	      "  --heartbeat DUR            TCP heartbeat interval (default 1s)\n"
+	      "  --detect-timeout DUR       TCP T_detect: re-grant after this silence (default 6s, >= 3 heartbeats)\n"
+	      "  --handshake-timeout DUR    drop peers that do not finish the handshake (default 3s)\n"
+	      "  --help, --version\n"
+	      "\n"
+	      "Durations: 250ms, 10s, 2m. Logs: key=value lines on stderr.\n",
+	      f);
+}
+
+static int read_secret(const char *path, char **out, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	char *buf = malloc(4097);
+	ssize_t n = buf ? read(fd, buf, 4096) : -1;
+	close(fd);
+	if (n <= 0) {
+		free(buf);
+		errno = n == 0 ? EINVAL : errno;
+		return -1;
+	}
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n == 0) {
+		free(buf);
+		errno = EINVAL;
+		return -1;
+	}
+	*out = buf;
+	*len = (size_t)n;
+	return 0;
+}
+
+static int duration(const char *opt, const char *text, int64_t *out)
+{
+	uint64_t ms;
+	if (gf_parse_duration_ms(text, &ms) < 0) {
+		fprintf(stderr, "gf-lockd: %s: %s\n", opt, gf_error_detail());
+		return -1;
+	}
+	*out = (int64_t)ms;
+	return 0;
+}
+
+static void die_cfg(const char *what)
+{
+	fprintf(stderr, "gf-lockd: %s: %s\n", what, gf_error_detail());
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_LISTEN = 1, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP, O_VERSION };
+	static const struct option opts[] = {
+		{ "listen", required_argument, NULL, O_LISTEN },
+		{ "state-file", required_argument, NULL, O_STATE },
+		{ "reconnect-window", required_argument, NULL, O_WINDOW },
+		{ "exit-wait-timeout", required_argument, NULL, O_EXITWAIT },
+		{ "allow-uid", required_argument, NULL, O_UID },
+		{ "secret-file", required_argument, NULL, O_SECRET },
+		{ "heartbeat", required_argument, NULL, O_HB },
+		{ "detect-timeout", required_argument, NULL, O_DETECT },
+		{ "handshake-timeout", required_argument, NULL, O_HS },
+		{ "help", no_argument, NULL, O_HELP },
+		{ "version", no_argument, NULL, O_VERSION },
+		{ 0 },
+	};
+	gf_set_log_fn(gf_log_stderr, (void *)"gf-lockd");
+	gf_lockd *d;
+	if (gf_lockd_new(&d) < 0)
+		die_cfg("init");
+	int64_t hb = 1000, detect = 6000, v;
+	int nlisten = 0, opt;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case O_LISTEN:
+			if (gf_lockd_add_listen(d, optarg) < 0)
+				die_cfg("--listen");
+			nlisten++;
+			break;
+		case O_STATE:
+			if (gf_lockd_set_state_file(d, optarg) < 0)
+				die_cfg("--state-file");
+			break;
+		case O_WINDOW:
+			if (duration("--reconnect-window", optarg, &v) < 0 || gf_lockd_set_reconnect_window(d, v) < 0)
+				die_cfg("--reconnect-window");
+			break;
+		case O_EXITWAIT:
+			if (duration("--exit-wait-timeout", optarg, &v) < 0 || gf_lockd_set_exit_wait_timeout(d, v) < 0)
+				die_cfg("--exit-wait-timeout");
+			break;
+		case O_UID: {
+			char *end;
+			errno = 0;
+			unsigned long u = strtoul(optarg, &end, 10);
+			if (errno || *end || !*optarg || u > 0xffffffffUL) {
+				fprintf(stderr, "gf-lockd: --allow-uid: '%s' is not a uid\n", optarg);
+				return 2;
+			}
+			gf_lockd_add_allow_uid(d, (uint32_t)u);
+			break;
+		}
+		case O_SECRET: {
+			char *s;
+			size_t len;
+			if (read_secret(optarg, &s, &len) < 0) {
+				fprintf(stderr, "gf-lockd: --secret-file %s: %s\n", optarg,
+					errno == EINVAL ? "empty secret" : strerror(errno));
+				return 2;
+			}
+			gf_lockd_set_secret(d, s, len);
+			memset(s, 0, len);
+			free(s);
+			break;
+		}
+		case O_HB:
+			if (duration("--heartbeat", optarg, &hb) < 0)
+				return 2;
+			break;
+		case O_DETECT:
+			if (duration("--detect-timeout", optarg, &detect) < 0)
+				return 2;
+			break;
+		case O_HS:
+			if (duration("--handshake-timeout", optarg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
+				die_cfg("--handshake-timeout");
+			break;
+		case O_HELP:
+			usage(stdout);
+			return 0;
+		case O_VERSION:
+			printf("gf-lockd (libgpufailover) %s\n", gf_version());
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "gf-lockd: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (nlisten == 0) {
+		fprintf(stderr, "gf-lockd: --listen URI is required\n");
+		usage(stderr);
+		return 2;
+	}
+	if (gf_lockd_set_lease(d, hb, detect) < 0)
+		die_cfg("--heartbeat/--detect-timeout");
+
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0) {
+		perror("gf-lockd: signalfd");
+		return 1;
+	}
+	if (gf_lockd_start(d) < 0) {
+		fprintf(stderr, "gf-lockd: %s\n", gf_error_detail());
+		gf_lockd_free(d);
+		return 1;
+	}
+	char line[256];
+	snprintf(line, sizeof(line), "msg=\"ready\" pid=%d listeners=%d", (int)getpid(), nlisten);
+	gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
+#if GF_HAVE_SYSTEMD
+	sd_notify(0, "READY=1");
+#endif
+	int rc = 0;
+	for (;;) {
+		struct pollfd p[2] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN }, { .fd = sfd, .events = POLLIN } };
+		int n = poll(p, 2, gf_lockd_get_timeout_ms(d));
+		if (n < 0 && errno != EINTR) {
+			perror("gf-lockd: poll");
+			rc = 1;
+			break;
+		}
+		if (n > 0 && (p[1].revents & POLLIN)) {
+			struct signalfd_siginfo si;
+			if (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				char sline[128];
+				snprintf(sline, sizeof(sline), "msg=\"stopping\" signal=%s", sigabbrev_np((int)si.ssi_signo));
+				gf_log_stderr(GF_LOG_INFO, "gf-lockd", sline, (void *)"gf-lockd");
+				break;
+			}
+		}
+		if (gf_lockd_process(d) < 0) {
+			fprintf(stderr, "gf-lockd: %s\n", gf_error_detail());
+			rc = 1;
+			break;
+		}
+	}
+#if GF_HAVE_SYSTEMD
+	sd_notify(0, "STOPPING=1");
+#endif
+	gf_lockd_free(d);
+	close(sfd);
+	return rc;
+}

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internals of the lock component shared by server, client, tests and fuzzers. */
+#ifndef GF_LOCKINT_H
+#define GF_LOCKINT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "gpufailover.pb.h"
+
+#define GF_LOCK_TOKEN_LEN 32
+#define GF_LOCK_ID_MAX 128 /* engine id buffer, including the NUL */
+/* Lock messages are tiny: anything larger is refused before allocating. */
+#define GF_LOCK_MAX_FRAME 1024
+
+/* What the state file records (seed 000, Decision 8). */
+struct gf_lock_state {
+	bool has_holder;
+	char holder[GF_LOCK_ID_MAX];
+	uint64_t epoch;            /* last epoch granted (0: none yet) */
+	uint8_t token[GF_LOCK_TOKEN_LEN];
+	int64_t granted_at_us;     /* wall clock */
+	uint32_t pid;
+};
+
+/*
+ * Parse a state file's bytes. Returns 0, or GF_ERR_PROTOCOL with a detail
+ * naming what is wrong (not JSON, truncated, wrong type, missing field,
+ * bad token). @out is written only on success.
+ */
+int gf_lock_state_parse(const char *buf, size_t len, struct gf_lock_state *out);
+/* Serialize to a malloc'd NUL-terminated JSON text. */
+int gf_lock_state_format(const struct gf_lock_state *st, char **out);
+/*
+ * Read @path. GF_ERR_NOT_FOUND when missing, GF_ERR_PROTOCOL when corrupt,
+ * GF_ERR_IO on read errors.
+ */
+int gf_lock_state_load(const char *path, struct gf_lock_state *out);
+/* Write atomically: temp file, fsync, rename, fsync of the directory. */
+int gf_lock_state_store(const char *path, const struct gf_lock_state *st);
+
+/* A LockStatus message as a JSON object (malloc'd text). */
+int gf_lock_status_to_json(const gf_LockStatus *s, char **json);
+
+#endif

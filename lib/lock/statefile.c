@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The lock server's state file: parse, format, atomic store; and status JSON. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "lockint.h"
+
+/* A state file is a few hundred bytes; anything much larger is not ours. */
+#define STATE_MAX_SIZE (64 * 1024)
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int gf_lock_state_parse(const char *buf, size_t len, struct gf_lock_state *out)
+{
+	struct gf_lock_state st;
+	json_error_t jerr;
+	int rc;
+	memset(&st, 0, sizeof(st));
+	if (!buf || len == 0)
+		return gf_err(GF_ERR_PROTOCOL, "state file is empty (truncated?)");
+	if (len > STATE_MAX_SIZE)
+		return gf_err(GF_ERR_PROTOCOL, "state file is %zu bytes, more than a state file can be", len);
+	json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return gf_err(GF_ERR_PROTOCOL, "state file is not valid JSON (line %d: %s)", jerr.line, jerr.text);
+	if (!json_is_object(root)) {
+		rc = gf_err(GF_ERR_PROTOCOL, "state file: top level is not an object");
+		goto out;
+	}
+	json_t *v = json_object_get(root, "version");
+	if (v && (!json_is_integer(v) || json_integer_value(v) != 1)) {
+		rc = gf_err(GF_ERR_PROTOCOL, "state file: unsupported version");
+		goto out;
+	}
+	v = json_object_get(root, "epoch");
+	if (!json_is_integer(v) || json_integer_value(v) < 0) {
+		rc = gf_err(GF_ERR_PROTOCOL, "state file: 'epoch' missing or not a non-negative integer");
+		goto out;
+	}
+	st.epoch = (uint64_t)json_integer_value(v);
+	v = json_object_get(root, "holder");
+	if (!v) {
+		rc = gf_err(GF_ERR_PROTOCOL, "state file: 'holder' missing");
+		goto out;
+	}
+	if (json_is_string(v)) {
+		size_t hl = json_string_length(v);
+		const char *h = json_string_value(v);
+		if (hl == 0 || hl >= sizeof(st.holder) || strlen(h) != hl) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: 'holder' empty, too long or with NUL bytes");
+			goto out;
+		}
+		memcpy(st.holder, h, hl + 1);
+		st.has_holder = true;
+		if (st.epoch == 0) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: a holder with epoch 0");
+			goto out;
+		}
+	} else if (!json_is_null(v)) {
+		rc = gf_err(GF_ERR_PROTOCOL, "state file: 'holder' is neither a string nor null");
+		goto out;
+	}
+	v = json_object_get(root, "session_token");
+	if (st.has_holder || (v && !json_is_null(v))) {
+		if (!json_is_string(v) || json_string_length(v) != 2 * GF_LOCK_TOKEN_LEN) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: 'session_token' is not %d hex digits",
+				    2 * GF_LOCK_TOKEN_LEN);
+			goto out;
+		}
+		const char *t = json_string_value(v);
+		for (int i = 0; i < GF_LOCK_TOKEN_LEN; i++) {
+			int hi = hexval(t[2 * i]), lo = hexval(t[2 * i + 1]);
+			if (hi < 0 || lo < 0) {
+				rc = gf_err(GF_ERR_PROTOCOL, "state file: 'session_token' is not hex");
+				goto out;
+			}
+			st.token[i] = (uint8_t)(hi << 4 | lo);
+		}
+	}
+	v = json_object_get(root, "granted_at_us");
+	if (v) {
+		if (!json_is_integer(v)) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: 'granted_at_us' is not an integer");
+			goto out;
+		}
+		st.granted_at_us = json_integer_value(v);
+	}
+	v = json_object_get(root, "pid");
+	if (v && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: 'pid' is not a pid");
+			goto out;
+		}
+		st.pid = (uint32_t)json_integer_value(v);
+	}
+	*out = st;
+	rc = 0;
+out:
+	json_decref(root);
+	return rc;
+}
+
+static void format_time(int64_t wall_us, char *buf, size_t len)
+{
+	time_t t = (time_t)(wall_us / 1000000);
+	struct tm tm;
+	gmtime_r(&t, &tm);
+	char base[32];
+	strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%06lldZ", base, (long long)(wall_us % 1000000));
+}
+
+int gf_lock_state_format(const struct gf_lock_state *st, char **out)
+{
+	char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
+	json_t *root = json_object();
+	if (!root)
+		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	json_object_set_new(root, "version", json_integer(1));
+	json_object_set_new(root, "holder", st->has_holder ? json_string(st->holder) : json_null());
+	json_object_set_new(root, "epoch", json_integer((json_int_t)st->epoch));
+	if (st->has_holder) {
+		gf_hex(st->token, GF_LOCK_TOKEN_LEN, tok);
+		format_time(st->granted_at_us, when, sizeof(when));
+		json_object_set_new(root, "session_token", json_string(tok));
+		json_object_set_new(root, "granted_at", json_string(when));
+		json_object_set_new(root, "granted_at_us", json_integer(st->granted_at_us));
+		json_object_set_new(root, "pid", json_integer(st->pid));
+	} else {
+		json_object_set_new(root, "session_token", json_null());
+	}
+	char *text = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	if (!text)
+		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	*out = text;
+	return 0;
+}
+
+int gf_lock_state_load(const char *path, struct gf_lock_state *out)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gf_err_errno(errno == ENOENT ? GF_ERR_NOT_FOUND : GF_ERR_IO, errno, "open %s", path);
+	char *buf = malloc(STATE_MAX_SIZE + 1);
+	size_t got = 0;
+	int rc = 0;
+	if (!buf) {
+		gf_close(fd);
+		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf + got, STATE_MAX_SIZE + 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = gf_err_errno(GF_ERR_IO, errno, "read %s", path);
+			break;
+		}
+		if (n == 0 || (got += (size_t)n) > STATE_MAX_SIZE)
+			break;
+	}
+	gf_close(fd);
+	if (rc == 0)
+		rc = gf_lock_state_parse(buf, got, out);
+	free(buf);
+	return rc;
+}
+
+static int write_all(int fd, const char *p, size_t len)
+{
+	while (len) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int gf_lock_state_store(const char *path, const struct gf_lock_state *st)
+{
+	char *text, tmp[4096], dir[4096];
+	int rc = gf_lock_state_format(st, &text);
+	if (rc < 0)
+		return rc;
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {
+		free(text);
+		return gf_err(GF_ERR_INVALID_ARG, "state file path too long");
+	}
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		free(text);
+		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmp);
+	}
+	size_t len = strlen(text);
+	text[len] = '\n';
+	if (write_all(fd, text, len + 1) < 0 || fsync(fd) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: write %s", tmp);
+		free(text);
+		gf_close(fd);
+		unlink(tmp);
+		return rc;
+	}
+	free(text);
+	gf_close(fd);
+	if (rename(tmp, path) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: rename %s to %s", tmp, path);
+		unlink(tmp);
+		return rc;
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: open directory of %s", path);
+	/* The rename is durable only once the directory is. */
+	if (fsync(dfd) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: fsync directory of %s", path);
+		gf_close(dfd);
+		return rc;
+	}
+	gf_close(dfd);
+	return 0;
+}
+
+int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
+{
+	json_t *root = json_object(), *w = json_array();
+	if (!root || !w) {
+		json_decref(root);
+		json_decref(w);
+		return gf_err(GF_ERR_NOMEM, "status: out of memory");
+	}
+	json_object_set_new(root, "holder", s->holder[0] ? json_string(s->holder) : json_null());
+	json_object_set_new(root, "epoch", json_integer((json_int_t)s->epoch));
+	json_object_set_new(root, "granted_at_us", json_integer(s->granted_at_us));
+	json_object_set_new(root, "holder_pid", json_integer(s->holder_pid));
+	for (pb_size_t i = 0; i < s->waiters_count; i++) {
+		json_t *o = json_object();
+		json_object_set_new(o, "id", json_string(s->waiters[i].engine_id));
+		json_object_set_new(o, "since_us", json_integer(s->waiters[i].since_us));
+		json_object_set_new(o, "pid", json_integer(s->waiters[i].pid));
+		json_array_append_new(w, o);
+	}
+	json_object_set_new(root, "waiters", w);
+	json_object_set_new(root, "waiter_count", json_integer(s->waiter_count));
+	json_object_set_new(root, "reconnect_window", json_boolean(s->reconnect_window));
+	json_object_set_new(root, "reconnect_window_left_ms", json_integer(s->reconnect_window_left_ms));
+	json_object_set_new(root, "previous_holder",
+			    s->previous_holder[0] ? json_string(s->previous_holder) : json_null());
+	json_object_set_new(root, "exit_wait", json_boolean(s->exit_wait));
+	json_object_set_new(root, "uptime_ms", json_integer(s->uptime_ms));
+	char *text = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	if (!text)
+		return gf_err(GF_ERR_NOMEM, "status: out of memory");
+	*json = text;
+	return 0;
+}

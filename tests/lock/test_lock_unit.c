@@ -1,0 +1,468 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests of the lock component: state-file parsing, and the server
+ * core's queue/epoch/reconnect-window logic driven in-process (exit wait
+ * off, since every peer here is this very process). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpufailover/lock.h"
+#include "lockint.h"
+#include "testutil.h"
+#include "wire.h"
+
+static const char *GOOD =
+	"{\"version\":1,\"holder\":\"engine-a\",\"epoch\":42,"
+	"\"session_token\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\","
+	"\"granted_at\":\"2026-01-01T00:00:00.000000Z\",\"granted_at_us\":1767225600000000,\"pid\":1234}";
+
+static void test_state_good(void **s)
+{
+	(void)s;
+	struct gf_lock_state st;
+	assert_int_equal(gf_lock_state_parse(GOOD, strlen(GOOD), &st), 0);
+	assert_true(st.has_holder);
+	assert_string_equal(st.holder, "engine-a");
+	assert_int_equal(st.epoch, 42);
+	assert_int_equal(st.pid, 1234);
+	assert_int_equal(st.token[1], 0x11);
+	assert_int_equal(st.token[31], 0xff);
+	const char *free_st = "{\"holder\":null,\"epoch\":7,\"session_token\":null}";
+	assert_int_equal(gf_lock_state_parse(free_st, strlen(free_st), &st), 0);
+	assert_false(st.has_holder);
+	assert_int_equal(st.epoch, 7);
+}
+
+static void test_state_bad(void **s)
+{
+	(void)s;
+	static const char *bad[] = {
+		"",
+		"not json",
+		"[]",
+		"{}",
+		"{\"holder\":null}",
+		"{\"holder\":null,\"epoch\":\"7\"}",
+		"{\"holder\":null,\"epoch\":-1}",
+		"{\"holder\":null,\"epoch\":1.5}",
+		"{\"holder\":5,\"epoch\":7}",
+		"{\"holder\":\"\",\"epoch\":7,\"session_token\":\"00\"}",
+		"{\"holder\":\"a\",\"epoch\":7}",
+		"{\"holder\":\"a\",\"epoch\":0,\"session_token\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
+		"{\"holder\":\"a\",\"epoch\":7,\"session_token\":\"zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
+		"{\"holder\":\"a\",\"epoch\":7,\"session_token\":\"0011\"}",
+		"{\"holder\":\"a\",\"epoch\":7,\"session_token\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\",\"pid\":\"x\"}",
+		"{\"holder\":\"a\",\"epoch\":7,\"session_token\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\",\"granted_at_us\":[]}",
+		"{\"version\":2,\"holder\":null,\"epoch\":7}",
+		"{\"holder\":null,\"epoch\":7,\"epoch\":8}",
+	};
+	for (size_t i = 0; i < GF_ARRAY_SIZE(bad); i++) {
+		struct gf_lock_state st;
+		memset(&st, 0x5a, sizeof(st));
+		int rc = gf_lock_state_parse(bad[i], strlen(bad[i]), &st);
+		if (rc != GF_ERR_PROTOCOL)
+			fail_msg("case %zu '%s' gave %d", i, bad[i], rc);
+		assert_true(strlen(gf_error_detail()) > 0);
+		assert_int_equal(((unsigned char *)&st)[0], 0x5a); /* untouched on failure */
+	}
+}
+
+static void test_state_truncated(void **s)
+{
+	(void)s;
+	/* Every proper prefix of a good file (a torn write) is rejected. */
+	size_t n = strlen(GOOD);
+	for (size_t len = 0; len < n; len++) {
+		struct gf_lock_state st;
+		assert_int_not_equal(gf_lock_state_parse(GOOD, len, &st), 0);
+	}
+}
+
+static void test_state_store_load(void **s)
+{
+	(void)s;
+	char *dir = tu_tmpdir(), path[512];
+	snprintf(path, sizeof(path), "%s/state.json", dir);
+	struct gf_lock_state st, back;
+	assert_int_equal(gf_lock_state_load(path, &back), GF_ERR_NOT_FOUND);
+	memset(&st, 0, sizeof(st));
+	st.has_holder = true;
+	strcpy(st.holder, "e\"1\\");
+	st.epoch = UINT64_C(1) << 52;
+	for (int i = 0; i < 32; i++)
+		st.token[i] = (uint8_t)(i * 7);
+	st.granted_at_us = 123456789;
+	st.pid = 77;
+	assert_int_equal(gf_lock_state_store(path, &st), 0);
+	assert_int_equal(gf_lock_state_load(path, &back), 0);
+	assert_string_equal(back.holder, st.holder);
+	assert_int_equal(back.epoch, st.epoch);
+	assert_memory_equal(back.token, st.token, 32);
+	assert_int_equal(back.pid, 77);
+	/* A truncated file on disk is reported as corrupt, not as missing. */
+	assert_int_equal(truncate(path, 20), 0);
+	assert_int_equal(gf_lock_state_load(path, &back), GF_ERR_PROTOCOL);
+	unlink(path);
+	rmdir(dir);
+	free(dir);
+}
+
+/* ---- the server core, in-process ---- */
+
+struct srv {
+	gf_lockd *d;
+	pthread_t t;
+	char dir[256], uri[300], state[300];
+};
+
+static void *srv_main(void *arg)
+{
+	gf_lockd_run(arg);
+	return NULL;
+}
+
+static void srv_start(struct srv *s, const char *state_text, int64_t window_ms)
+{
+	char *dir = tu_tmpdir();
+	snprintf(s->dir, sizeof(s->dir), "%s", dir);
+	free(dir);
+	snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
+	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
+	if (state_text) {
+		FILE *f = fopen(s->state, "w");
+		fputs(state_text, f);
+		fclose(f);
+	}
+	assert_int_equal(gf_lockd_new(&s->d), 0);
+	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
+	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
+	assert_int_equal(gf_lockd_start(s->d), 0);
+	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
+}
+
+static void srv_stop(struct srv *s)
+{
+	gf_lockd_stop(s->d);
+	pthread_join(s->t, NULL);
+	gf_lockd_free(s->d);
+	char p[400];
+	snprintf(p, sizeof(p), "%s.lock", s->state);
+	unlink(p);
+	unlink(s->state);
+	rmdir(s->dir);
+}
+
+struct raw {
+	int fd;
+	struct gf_frame_reader rd;
+	gf_Msg m;
+};
+
+static void raw_open(struct raw *r, const char *uri, const char *id)
+{
+	struct gf_uri u;
+	assert_int_equal(gf_uri_parse(uri, &u), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(2000), &r->fd), 0);
+	gf_frame_reader_init(&r->rd, 0);
+	assert_int_equal(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_LOCK, id, NULL, 0,
+					     gf_deadline_from_ms(2000), NULL), 0);
+}
+
+static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const uint8_t *token, uint64_t epoch)
+{
+	memset(&r->m, 0, sizeof(r->m));
+	r->m.which_body = gf_Msg_lock_acquire_tag;
+	strcpy(r->m.body.lock_acquire.engine_id, id);
+	r->m.body.lock_acquire.timeout_ms = timeout_ms;
+	if (token) {
+		memcpy(r->m.body.lock_acquire.session_token.bytes, token, 32);
+		r->m.body.lock_acquire.session_token.size = 32;
+		r->m.body.lock_acquire.epoch = epoch;
+	}
+	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+}
+
+/* Next message within @ms: its tag, or 0 on timeout. */
+static int raw_next(struct raw *r, int ms)
+{
+	int rc = gf_msg_recv(&r->rd, r->fd, &r->m, NULL, NULL, gf_deadline_from_ms(ms));
+	if (rc == GF_ERR_TIMEOUT)
+		return 0;
+	assert_int_equal(rc, 0);
+	return (int)r->m.which_body;
+}
+
+static void raw_close(struct raw *r)
+{
+	gf_close(r->fd);
+	gf_frame_reader_clear(&r->rd);
+}
+
+static void test_fifo_and_epochs(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	int64_t before = gf_wall_us();
+	struct raw a, b, c;
+	raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	uint64_t e = a.m.body.lock_granted.epoch;
+	/* No state file: the epoch floor comes from the wall clock. */
+	assert_true(e > (uint64_t)(before - 5000000));
+	raw_open(&b, sv.uri, "b");
+	raw_acquire(&b, "b", -1, NULL, 0);
+	raw_open(&c, sv.uri, "c");
+	raw_acquire(&c, "c", -1, NULL, 0);
+	assert_int_equal(raw_next(&b, 100), 0);
+	assert_int_equal(raw_next(&c, 100), 0);
+	char *json;
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_non_null(strstr(json, "\"holder\":\"a\""));
+	assert_non_null(strstr(json, "\"waiter_count\":2"));
+	assert_true(strstr(json, "\"id\":\"b\"") < strstr(json, "\"id\":\"c\""));
+	free(json);
+	/* A second acquire on a waiting connection is a state error. */
+	raw_acquire(&b, "b", -1, NULL, 0);
+	assert_int_equal(raw_next(&b, 2000), gf_Msg_error_tag);
+	assert_int_equal(b.m.body.error.code, GF_ERR_STATE);
+	raw_close(&a);
+	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
+	assert_int_equal(raw_next(&c, 100), 0);
+	raw_close(&b);
+	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(c.m.body.lock_granted.epoch, e + 2);
+	raw_close(&c);
+	srv_stop(&sv);
+}
+
+static void test_waiter_timeout_and_client(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	gf_lock *a, *b;
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
+	assert_int_equal(gf_lock_new(&b, sv.uri, "b"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_true(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_epoch(a), g.epoch);
+	assert_int_equal(gf_lock_acquire(a, 100, &g), GF_ERR_STATE);
+	assert_int_equal(gf_lock_acquire(b, 150, &g), GF_ERR_TIMEOUT);
+	assert_false(gf_lock_is_held(b));
+	uint64_t e = gf_lock_epoch(a);
+	assert_int_equal(gf_lock_release(a), 0);
+	assert_false(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_acquire(b, 2000, &g), 0);
+	assert_int_equal(g.epoch, e + 1);
+	assert_int_equal(gf_lock_start_watch(b), 0);
+	gf_lock_stop_watch(b);
+	gf_lock_free(a);
+	gf_lock_free(b);
+	srv_stop(&sv);
+}
+
+struct intr_arg {
+	gf_lock *l;
+	int rc;
+};
+
+static void *acq_thread(void *p)
+{
+	struct intr_arg *a = p;
+	struct gf_lock_grant g;
+	a->rc = gf_lock_acquire(a->l, -1, &g);
+	return NULL;
+}
+
+static void test_interrupt(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	gf_lock *a, *b;
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
+	assert_int_equal(gf_lock_new(&b, sv.uri, "b"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	struct intr_arg ia = { .l = b, .rc = 1 };
+	pthread_t t;
+	pthread_create(&t, NULL, acq_thread, &ia);
+	usleep(100000);
+	gf_lock_interrupt(b);
+	pthread_join(t, NULL);
+	assert_int_equal(ia.rc, GF_ERR_INTERRUPTED);
+	/* The abandoned waiter left the queue. */
+	char *json;
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_non_null(strstr(json, "\"waiter_count\":0"));
+	free(json);
+	gf_lock_free(a);
+	gf_lock_free(b);
+	srv_stop(&sv);
+}
+
+static void test_reconnect_window_reclaim(void **s)
+{
+	(void)s;
+	struct srv sv;
+	uint8_t tok[32], bad[32];
+	/* GOOD's token bytes are 00 11 22 ... ff 00 11 ... */
+	for (int i = 0; i < 32; i++) {
+		tok[i] = (uint8_t)((i % 16) * 0x11);
+		bad[i] = (uint8_t)~tok[i];
+	}
+	srv_start(&sv, GOOD, 10000);
+	struct raw w, x;
+	raw_open(&w, sv.uri, "w");
+	raw_acquire(&w, "w", -1, NULL, 0);
+	/* The same engine id without the token is an ordinary waiter. */
+	raw_open(&x, sv.uri, "engine-a");
+	raw_acquire(&x, "engine-a", -1, bad, 42);
+	assert_int_equal(raw_next(&x, 2000), gf_Msg_error_tag);
+	assert_int_equal(x.m.body.error.code, GF_ERR_LOCK_LOST);
+	raw_acquire(&x, "engine-a", -1, tok, 41); /* right token, wrong epoch */
+	assert_int_equal(raw_next(&x, 2000), gf_Msg_error_tag);
+	raw_acquire(&x, "engine-a", -1, tok, 42);
+	assert_int_equal(raw_next(&x, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(x.m.body.lock_granted.epoch, 42);
+	assert_true(x.m.body.lock_granted.reclaimed);
+	assert_int_equal(raw_next(&w, 200), 0);
+	raw_close(&x);
+	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(w.m.body.lock_granted.epoch, 43);
+	raw_close(&w);
+	srv_stop(&sv);
+}
+
+static void test_reconnect_window_expires(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, GOOD, 300);
+	int64_t t0 = gf_now_us();
+	struct raw w;
+	raw_open(&w, sv.uri, "w");
+	raw_acquire(&w, "w", -1, NULL, 0);
+	char *json;
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_non_null(strstr(json, "\"reconnect_window\":true"));
+	assert_non_null(strstr(json, "\"previous_holder\":\"engine-a\""));
+	free(json);
+	assert_int_equal(raw_next(&w, 5000), gf_Msg_lock_granted_tag);
+	assert_true(gf_now_us() - t0 >= 290000);
+	assert_int_equal(w.m.body.lock_granted.epoch, 43);
+	raw_close(&w);
+	srv_stop(&sv);
+}
+
+static void test_corrupt_state_floor(void **s)
+{
+	(void)s;
+	struct srv sv;
+	int64_t before = gf_wall_us();
+	srv_start(&sv, "{\"holder\":\"a\",\"epo", 10000);
+	struct raw w;
+	raw_open(&w, sv.uri, "w");
+	raw_acquire(&w, "w", -1, NULL, 0);
+	/* No window (nothing trustworthy on record), an epoch above the clock. */
+	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_true(w.m.body.lock_granted.epoch > (uint64_t)before);
+	/* The grant was persisted before it was sent. */
+	struct gf_lock_state st;
+	assert_int_equal(gf_lock_state_load(sv.state, &st), 0);
+	assert_true(st.has_holder);
+	assert_int_equal(st.epoch, w.m.body.lock_granted.epoch);
+	assert_memory_equal(st.token, w.m.body.lock_granted.session_token.bytes, 32);
+	raw_close(&w);
+	srv_stop(&sv);
+}
+
+static void test_config_validation(void **s)
+{
+	(void)s;
+	gf_lockd *d;
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_start(d), GF_ERR_INVALID_ARG); /* no listener */
+	assert_int_equal(gf_lockd_set_lease(d, 100, 200), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lockd_set_lease(d, 100, 300), 0);
+	assert_int_equal(gf_lockd_add_listen(d, "tcp://127.0.0.1:1"), 0);
+	assert_int_equal(gf_lockd_start(d), GF_ERR_INVALID_ARG); /* TCP without secret */
+	assert_int_equal(gf_lockd_add_listen(d, "http://x"), GF_ERR_INVALID_ARG);
+	gf_lockd_free(d);
+	gf_lockd_free(NULL);
+	gf_lock *l;
+	assert_int_equal(gf_lock_new(&l, "unix:///nonexistent/x.sock", ""), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lock_new(&l, "unix:///nonexistent/x.sock", "a"), 0);
+	assert_int_equal(gf_lock_set_lease(l, 300, 300), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lock_set_reconnect_timeout(l, 200), 0);
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_acquire(l, -1, &g), GF_ERR_UNREACHABLE);
+	gf_lock_free(l);
+	gf_lock_free(NULL);
+}
+
+static void test_fork_child_does_not_hold(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	gf_lock *a;
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	int fd = gf_lock_get_fd(a);
+	assert_true(fd >= 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* The child's copy of the socket is closed and it holds nothing. */
+		int ok = gf_lock_get_fd(a) == -1 && !gf_lock_is_held(a) && fcntl(fd, F_GETFD) == -1 && errno == EBADF;
+		_exit(ok ? 0 : 1);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_true(gf_lock_is_held(a));
+	gf_lock_free(a);
+	srv_stop(&sv);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_state_good),
+		cmocka_unit_test(test_state_bad),
+		cmocka_unit_test(test_state_truncated),
+		cmocka_unit_test(test_state_store_load),
+		cmocka_unit_test(test_fifo_and_epochs),
+		cmocka_unit_test(test_waiter_timeout_and_client),
+		cmocka_unit_test(test_interrupt),
+		cmocka_unit_test(test_reconnect_window_reclaim),
+		cmocka_unit_test(test_reconnect_window_expires),
+		cmocka_unit_test(test_corrupt_state_floor),
+		cmocka_unit_test(test_config_validation),
+		cmocka_unit_test(test_fork_child_does_not_hold),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
