@@ -1,13 +1,150 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* gfctl gms status | ping | wait-committed: GMS status and probes. */
+#include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "gfctl.h"
+#include "gpufailover.h"
 
-/* Replaced by the gms component's commands. */
+static void gms_usage(FILE *f)
+{
+	fputs("usage: gfctl gms status --gms URI [--json] [--timeout DURATION]\n"
+	      "       gfctl gms ping --gms URI [--timeout DURATION]\n"
+	      "       gfctl gms wait-committed --gms URI [--timeout DURATION]\n",
+	      f);
+}
+
+static int err_exit(const char *what, int rc)
+{
+	fprintf(stderr, "gfctl gms %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
+	return gfctl_exit_code(rc);
+}
+
+/* Human form of the status JSON: the library already did the parsing. */
+static void print_human(const char *json)
+{
+	/* One key per line is what operators grep; keep the JSON's field names. */
+	const char *p = json;
+	int depth = 0;
+	bool in_str = false;
+	for (; *p; p++) {
+		char ch = *p;
+		if (ch == '"' && (p == json || p[-1] != '\\'))
+			in_str = !in_str;
+		if (!in_str && (ch == '{' || ch == '[')) {
+			depth++;
+			if (depth > 1)
+				putchar(ch);
+			continue;
+		}
+		if (!in_str && (ch == '}' || ch == ']')) {
+			depth--;
+			if (depth >= 1)
+				putchar(ch);
+			continue;
+		}
+		if (!in_str && ch == ',' && depth == 1) {
+			putchar('\n');
+			continue;
+		}
+		if (!in_str && ch == ',' && depth > 1) {
+			fputs(",\n  ", stdout);
+			continue;
+		}
+		if (ch == '"')
+			continue;
+		if (!in_str && ch == ':' && depth == 1) {
+			fputs(": ", stdout);
+			continue;
+		}
+		putchar(ch);
+	}
+	putchar('\n');
+}
+
 int gfctl_gms(int argc, char **argv)
 {
-	(void)argc;
-	(void)argv;
-	fprintf(stderr, "gfctl: 'gms' commands are not part of this build yet\n");
-	return GFCTL_EXIT_FAILURE;
+	static const struct option opts[] = {
+		{"gms", required_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
+		{"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	if (argc < 2) {
+		gms_usage(stderr);
+		return GFCTL_EXIT_USAGE;
+	}
+	const char *cmd = argv[1];
+	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+		gms_usage(stdout);
+		return GFCTL_OK;
+	}
+	const char *uri = NULL;
+	bool json = false, have_timeout = false;
+	uint64_t timeout_ms = 5000;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'g':
+			uri = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 't':
+			if (gf_parse_duration_ms(optarg, &timeout_ms) < 0) {
+				fprintf(stderr, "gfctl gms: --timeout: %s\n", gf_error_detail());
+				return GFCTL_EXIT_USAGE;
+			}
+			have_timeout = true;
+			break;
+		case 'h':
+			gms_usage(stdout);
+			return GFCTL_OK;
+		default:
+			gms_usage(stderr);
+			return GFCTL_EXIT_USAGE;
+		}
+	}
+	if (optind < argc - 1) {
+		fprintf(stderr, "gfctl gms: unexpected argument '%s'\n", argv[optind + 1]);
+		return GFCTL_EXIT_USAGE;
+	}
+	if (!uri) {
+		fprintf(stderr, "gfctl gms %s: --gms URI is required\n", cmd);
+		return GFCTL_EXIT_USAGE;
+	}
+	int rc;
+	if (!strcmp(cmd, "status")) {
+		char *text;
+		if ((rc = gf_gms_status_json(uri, (int64_t)timeout_ms, &text)) < 0)
+			return err_exit("status", rc);
+		if (json)
+			puts(text);
+		else
+			print_human(text);
+		free(text);
+		return GFCTL_OK;
+	}
+	if (!strcmp(cmd, "ping")) {
+		int64_t rtt;
+		if ((rc = gf_gms_ping(uri, (int64_t)timeout_ms, &rtt)) < 0)
+			return err_exit("ping", rc);
+		printf("ok rtt_us=%lld\n", (long long)rtt);
+		return GFCTL_OK;
+	}
+	if (!strcmp(cmd, "wait-committed")) {
+		uint64_t gen;
+		/* Without --timeout a startup probe waits as long as it is allowed to run. */
+		if ((rc = gf_gms_wait_committed(uri, have_timeout ? (int64_t)timeout_ms : -1, &gen)) < 0)
+			return err_exit("wait-committed", rc);
+		printf("committed generation=%llu\n", (unsigned long long)gen);
+		return GFCTL_OK;
+	}
+	fprintf(stderr, "gfctl gms: unknown command '%s'\n", cmd);
+	gms_usage(stderr);
+	return GFCTL_EXIT_USAGE;
 }

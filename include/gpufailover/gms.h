@@ -111,6 +111,81 @@ GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
 
+/** Roles for tensor-parallel engines (seed 000, Decision 5). */
+enum gf_gms_role {
+	GF_GMS_ROLE_LOADER = 1,   /**< RW_OR_RO on every device: loads where nothing is committed */
+	GF_GMS_ROLE_FOLLOWER = 2, /**< RO only: never holds a writer lock, so TP > 1 cannot deadlock */
+};
+
+/**
+ * Connect one client per device: @p n URIs and @p n backends (borrowed), in
+ * @p role's mode, with one overall deadline of @p timeout_ms (< 0: none).
+ * Connects in array order; on any failure the ones already made are freed
+ * and the error is returned (nothing written to @p out_array). On success
+ * @p out_array[i] is the client for @p uris[i]; free each with gf_gms_free().
+ * Blocks. Errors: as gf_gms_connect(), GF_ERR_INVALID_ARG for a bad role.
+ */
+GF_EXPORT int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris,
+				   gf_mem *const *mems, int role, int64_t timeout_ms);
+
+/**
+ * Round trip to the GMS at @p uri (handshake + status) within @p timeout_ms.
+ * @p rtt_us (may be NULL) receives the time taken. Errors: GF_ERR_UNREACHABLE,
+ * GF_ERR_TIMEOUT, GF_ERR_PROTOCOL, GF_ERR_PERMISSION.
+ */
+GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
+
+/**
+ * Wait until the GMS at @p uri holds a committed layout (state COMMITTED or
+ * RO), polling its status every 50 ms and retrying while it is unreachable
+ * (for startup probes). Takes no lock. @p generation (may be NULL) receives
+ * the committed generation. Errors: GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
+ * GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
+
+/** @} */
+
+/** @defgroup gmsd GMS server core
+ *  One instance serves one device: it creates allocations, exports them as
+ *  fds, keeps the metadata table and runs the RW/RO lock FSM. Event-driven
+ *  (epoll, non-blocking, one thread); embed it with gf_gmsd_get_fd() +
+ *  gf_gmsd_process() or run it with gf_gmsd_run(). Setters are valid only
+ *  before gf_gmsd_start() (GF_ERR_STATE after).
+ *  @{ */
+typedef struct gf_gmsd gf_gmsd;
+
+/** New server with defaults: device 0, backend auto, no OOM retry, allowed uids: the server's own and root. */
+GF_EXPORT int gf_gmsd_new(gf_gmsd **out);
+/** Listen URI (unix:// only: fds cannot cross hosts). Required. */
+GF_EXPORT int gf_gmsd_set_listen(gf_gmsd *d, const char *uri);
+/** Device index for the backend. */
+GF_EXPORT int gf_gmsd_set_device(gf_gmsd *d, int index);
+/** Backend kind (enum gf_mem_kind). */
+GF_EXPORT int gf_gmsd_set_backend(gf_gmsd *d, int kind);
+/**
+ * Keep retrying an allocation that failed with GF_ERR_OUT_OF_MEMORY every
+ * 50 ms for up to @p ms milliseconds while the writer stays connected
+ * (0: fail at once). The event loop keeps serving meanwhile.
+ */
+GF_EXPORT int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms);
+/** Also accept peers with uid @p uid (checked with SO_PEERCRED on connect). */
+GF_EXPORT int gf_gmsd_allow_uid(gf_gmsd *d, uint32_t uid);
+/** Open the backend and listen. The socket accepts connections when this returns 0. */
+GF_EXPORT int gf_gmsd_start(gf_gmsd *d);
+/** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
+GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
+/** Pollable fd (epoll): readable when gf_gmsd_process() has work. */
+GF_EXPORT int gf_gmsd_get_fd(const gf_gmsd *d);
+/** Handle everything ready without blocking. Returns 0, or an error for a failure of the server itself. */
+GF_EXPORT int gf_gmsd_process(gf_gmsd *d);
+/** Serve until gf_gmsd_stop(). Blocks. */
+GF_EXPORT int gf_gmsd_run(gf_gmsd *d);
+/** Make gf_gmsd_run() return soon. Thread-safe and async-signal-safe. */
+GF_EXPORT void gf_gmsd_stop(gf_gmsd *d);
+/** Close every connection and drop every allocation (importers keep theirs alive). NULL is a no-op. */
+GF_EXPORT void gf_gmsd_free(gf_gmsd *d);
+
 /** @} */
 
 #ifdef __cplusplus

@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gf-gmsd: the GPU memory service sidecar, one process per device. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include <poll.h>
+
+#include "gf-config.h"
+#include "gpufailover.h"
+#if GF_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+static void usage(FILE *f)
+{
+	fputs("usage: gf-gmsd --listen unix:///PATH [options]\n"
+	      "\n"
+	      "GPU memory service for one device: owns the weight allocations, lends them\n"
+	      "to engines by file descriptor and runs the RW/RO lock.\n"
+	      "\n"
+	      "  --listen URI          unix:///path/to/gms.sock (required)\n"
+	      "  --device INDEX|UUID   device index, or UUID (GPU-... or a unique prefix); default 0\n"
+	      "  --backend KIND        auto | cuda | host (default auto)\n"
+	      "  --oom-retry DURATION  retry allocations failing with out-of-memory for this long\n"
+	      "                        while the writer stays connected (e.g. 10s; default 0)\n"
+	      "  --allow-uid UID       also accept peers with this uid (repeatable; the server's\n"
+	      "                        own uid and root are always accepted)\n"
+	      "  --help, --version\n"
+	      "\n"
+	      "Logs key=value lines on stderr; prints msg=\"ready\" (and sd_notify READY=1)\n"
+	      "once the socket accepts connections; SIGTERM/SIGINT stop it cleanly.\n",
+	      f);
+}
+
+static const char *prog = "gf-gmsd";
+
+static int fail(int rc, const char *what)
+{
+	fprintf(stderr, "gf-gmsd: %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"listen", required_argument, NULL, 'l'},  {"device", required_argument, NULL, 'd'},
+		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
+		{"allow-uid", required_argument, NULL, 'u'}, {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+	};
+	const char *listen_uri = NULL, *device = "0";
+	int kind = GF_MEM_AUTO;
+	uint64_t oom_ms = 0;
+	uint32_t uids[64];
+	size_t nuids = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			listen_uri = optarg;
+			break;
+		case 'd':
+			device = optarg;
+			break;
+		case 'b':
+			if (!strcmp(optarg, "auto"))
+				kind = GF_MEM_AUTO;
+			else if (!strcmp(optarg, "cuda"))
+				kind = GF_MEM_CUDA;
+			else if (!strcmp(optarg, "host"))
+				kind = GF_MEM_HOST;
+			else {
+				fprintf(stderr, "gf-gmsd: --backend must be auto, cuda or host, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'o':
+			if (gf_parse_duration_ms(optarg, &oom_ms) < 0) {
+				fprintf(stderr, "gf-gmsd: --oom-retry: %s\n", gf_error_detail());
+				return 2;
+			}
+			break;
+		case 'u': {
+			char *end;
+			errno = 0;
+			unsigned long v = strtoul(optarg, &end, 10);
+			if (errno || !*optarg || *end || v > UINT32_MAX || nuids == 64) {
+				fprintf(stderr, "gf-gmsd: --allow-uid: bad uid '%s'\n", optarg);
+				return 2;
+			}
+			uids[nuids++] = (uint32_t)v;
+			break;
+		}
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("gf-gmsd (libgpufailover) %s\n", gf_version());
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "gf-gmsd: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (!listen_uri) {
+		fprintf(stderr, "gf-gmsd: --listen is required\n");
+		usage(stderr);
+		return 2;
+	}
+	gf_set_log_fn(gf_log_stderr, (void *)prog);
+
+	int index;
+	char *end;
+	long v = strtol(device, &end, 10);
+	if (*device && !*end && v >= 0 && v < 4096) {
+		index = (int)v;
+	} else {
+		int rc, k = kind == GF_MEM_AUTO ? GF_MEM_CUDA : kind;
+		if ((rc = gf_mem_uuid_to_index(k, device, &index)) < 0)
+			return fail(rc, "--device");
+	}
+
+	/* Signals arrive through a signalfd, so the loop never runs code in a handler. */
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0) {
+		fprintf(stderr, "gf-gmsd: signalfd: %s\n", strerror(errno));
+		return 1;
+	}
+
+	gf_gmsd *d;
+	int rc = gf_gmsd_new(&d);
+	if (rc < 0)
+		return fail(rc, "init");
+	if ((rc = gf_gmsd_set_listen(d, listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
+	    (rc = gf_gmsd_set_backend(d, kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)oom_ms)) < 0) {
+		gf_gmsd_free(d);
+		return fail(rc, "configuration");
+	}
+	for (size_t i = 0; i < nuids; i++)
+		if ((rc = gf_gmsd_allow_uid(d, uids[i])) < 0) {
+			gf_gmsd_free(d);
+			return fail(rc, "--allow-uid");
+		}
+	if ((rc = gf_gmsd_start(d)) < 0) {
+		gf_gmsd_free(d);
+		return fail(rc, "start");
+	}
+	char uuid[64] = "";
+	gf_mem_device_uuid(gf_gmsd_mem(d), uuid, sizeof(uuid));
+	char line[512];
+	snprintf(line, sizeof(line), "msg=\"ready\" listen=%s backend=%s device=%d uuid=%s pid=%d", listen_uri,
+		 gf_mem_kind_name(gf_mem_kind(gf_gmsd_mem(d))), index, uuid, (int)getpid());
+	gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
+#if GF_HAVE_SYSTEMD
+	sd_notify(0, "READY=1");
+#endif
+	struct pollfd p[2] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+	for (;;) {
+		if (poll(p, 2, -1) < 0 && errno != EINTR) {
+			rc = GF_ERR_IO;
+			break;
+		}
+		if (p[1].revents & POLLIN) {
+			struct signalfd_siginfo si;
+			if (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				snprintf(line, sizeof(line), "msg=\"stopping\" signal=%s", strsignal((int)si.ssi_signo));
+				gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
+			}
+			rc = 0;
+			break;
+		}
+		if ((rc = gf_gmsd_process(d)) < 0)
+			break;
+	}
+#if GF_HAVE_SYSTEMD
+	sd_notify(0, "STOPPING=1");
+#endif
+	gf_gmsd_free(d);
+	close(sfd);
+	if (rc < 0)
+		return fail(rc, "serve");
+	return 0;
+}

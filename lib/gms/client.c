@@ -1,0 +1,1088 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * GMS client. The connection is the lock: connect() waits in the server for
+ * the requested mode. One address reservation holds every allocation at a
+ * granularity-aligned offset in allocation order, so addresses survive
+ * unmap()/remap():
+ * - a writer reserves, when granted RW, the device's total memory (rounded
+ *   to the granularity), since it cannot know the final size up front and
+ *   address space is cheap; an allocation that would not fit fails with
+ *   GF_ERR_OUT_OF_MEMORY before anything is asked of the server;
+ * - a reader reserves the sum of the (aligned) allocation sizes at its
+ *   first map_all().
+ * After commit the writer's mappings are re-made read-only in place (unmap
+ * then map again at the same offsets of the same reservation, same physical
+ * memory), so addresses do not change.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "gms_internal.h"
+#include "wire.h"
+
+#define GMS_REPLY_GRACE_US 2000000 /* the server answers TIMEOUT itself; this only guards against a stuck server */
+#define GMS_IO_TIMEOUT_US 30000000 /* ordinary requests */
+
+struct calloc_entry {
+	uint64_t id, size, offset;
+	char tag[64];
+	gf_mem_alloc *a; /* NULL while asleep */
+};
+
+struct cmeta {
+	char *key;
+	uint64_t alloc_id, offset;
+	uint8_t *value;
+	size_t value_len;
+};
+
+struct gf_gms {
+	char uri_text[256];
+	struct gf_uri uri;
+	gf_mem *mem;
+	int fd;
+	struct gf_frame_reader rd;
+	uint32_t seq;
+	gf_Msg *msg;
+	int granted;
+	atomic_bool lost;
+	atomic_bool lost_reported;
+	gf_gms_lost_fn lost_fn;
+	void *lost_ud;
+
+	gf_mem_va *va;
+	size_t gran;
+	uint64_t va_used;
+
+	struct calloc_entry *allocs;
+	size_t nallocs, allocs_cap;
+	struct cmeta *meta;
+	size_t nmeta, meta_cap;
+	bool meta_sorted;
+
+	bool have_layout;
+	uint8_t hash[16];
+	uint64_t generation;
+	uint8_t connected_hash[16]; /* hash the server announced on connect */
+	bool connected_has_hash;
+
+	pthread_t watch;
+	bool watching, watch_wanted;
+	int stop_fd;
+
+	uint64_t round_trips;
+};
+
+static uint64_t round_up(uint64_t v, uint64_t g)
+{
+	return (v + g - 1) / g * g;
+}
+
+uint64_t gf_gms_round_trips(const gf_gms *gms)
+{
+	return gms ? gms->round_trips : 0;
+}
+
+/* ---------------------------------------------------------------- loss */
+
+static void report_lost(gf_gms *g, const char *detail)
+{
+	atomic_store(&g->lost, true);
+	bool expected = false;
+	if (!atomic_compare_exchange_strong(&g->lost_reported, &expected, true))
+		return;
+	gf_log(GF_LOG_WARN, "gms", "GPU memory service %s lost: %s", g->uri_text, detail);
+	if (g->lost_fn)
+		g->lost_fn(g, GF_ERR_GMS_LOST, detail, g->lost_ud);
+}
+
+static int io_failed(gf_gms *g, int rc)
+{
+	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO) {
+		char d[300];
+		snprintf(d, sizeof(d), "%s", gf_error_detail());
+		report_lost(g, d);
+		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s went away: %s", g->uri_text, d);
+	}
+	return rc;
+}
+
+static int check_usable(const gf_gms *g)
+{
+	if (!g)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (atomic_load(&g->lost))
+		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", g->uri_text);
+	if (g->fd < 0)
+		return gf_err(GF_ERR_STATE, "not connected (asleep): call gf_gms_remap() first");
+	return 0;
+}
+
+/* One request/reply. @g->msg holds the request and receives the reply. */
+static int request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline)
+{
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	rc = gf_msg_recv(&g->rd, g->fd, g->msg, fds, nfds, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	g->round_trips++;
+	if ((rc = gf_msg_error_code(g->msg)) < 0) {
+		if (fds && *nfds)
+			gf_close_fds(*fds, *nfds);
+		if (fds) {
+			free(*fds);
+			*fds = NULL;
+			*nfds = 0;
+		}
+		return rc;
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------- connection */
+
+static void close_conn(gf_gms *g)
+{
+	gf_close(g->fd);
+	g->fd = -1;
+	gf_frame_reader_clear(&g->rd);
+	g->granted = 0;
+}
+
+static int open_session(const char *uri_text, const struct gf_uri *u, int64_t deadline, int *out_fd,
+			struct gf_frame_reader *rd, size_t max_fds)
+{
+	int fd, rc;
+	char peer[64];
+	if ((rc = gf_uri_connect(u, deadline, &fd)) < 0)
+		return rc;
+	gf_frame_reader_init(rd, max_fds);
+	snprintf(peer, sizeof(peer), "gms-client-%d", (int)getpid());
+	rc = gf_handshake_client(fd, rd, gf_Component_COMPONENT_GMS, peer, NULL, 0, deadline, NULL);
+	if (rc < 0) {
+		gf_frame_reader_clear(rd);
+		gf_close(fd);
+		if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO)
+			return gf_err(GF_ERR_UNREACHABLE, "%s: handshake failed: %s", uri_text, gf_error_detail());
+		return rc;
+	}
+	*out_fd = fd;
+	return 0;
+}
+
+/* Connect and take the lock in @mode; fills granted, connected_hash. */
+static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
+{
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
+	int rc = open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
+	if (rc < 0)
+		return rc;
+	memset(g->msg, 0, sizeof(*g->msg));
+	g->msg->which_body = gf_Msg_gms_connect_tag;
+	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
+	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
+	rc = request(g, NULL, NULL, reply_deadline);
+	if (rc == 0 && g->msg->which_body != gf_Msg_gms_connected_tag)
+		rc = gf_err(GF_ERR_PROTOCOL, "connect: expected gms_connected, got %s", gf_msg_name(g->msg));
+	if (rc == 0) {
+		const gf_GmsConnected *c = &g->msg->body.gms_connected;
+		if (c->granted != gf_GmsMode_GMS_MODE_RW && c->granted != gf_GmsMode_GMS_MODE_RO)
+			rc = gf_err(GF_ERR_PROTOCOL, "connect: server granted mode %d", (int)c->granted);
+		else if (c->granted == gf_GmsMode_GMS_MODE_RO && c->layout_hash.size != 16)
+			rc = gf_err(GF_ERR_PROTOCOL, "connect: RO grant without a layout hash");
+		if (rc == 0) {
+			g->granted = c->granted;
+			g->connected_has_hash = c->layout_hash.size == 16;
+			if (g->connected_has_hash)
+				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
+			g->generation = c->generation;
+		}
+	}
+	if (rc < 0) {
+		/* A lost server during connect is "unreachable", not a loss of a held lock. */
+		if (rc == GF_ERR_GMS_LOST) {
+			atomic_store(&g->lost, false);
+			atomic_store(&g->lost_reported, false);
+			rc = gf_err(GF_ERR_UNREACHABLE, "%s", gf_error_detail());
+		}
+		close_conn(g);
+	}
+	return rc;
+}
+
+int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
+{
+	if (!out || !uri || !mem)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
+	if (mode != GF_GMS_RW && mode != GF_GMS_RO && mode != GF_GMS_RW_OR_RO)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: unknown mode %d", mode);
+	gf_gms *g = calloc(1, sizeof(*g));
+	if (!g || !(g->msg = gf_msg_new())) {
+		free(g);
+		return gf_err(GF_ERR_NOMEM, "gf_gms_connect: out of memory");
+	}
+	g->fd = -1;
+	g->stop_fd = -1;
+	g->mem = mem;
+	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
+	size_t rec;
+	int rc = gf_uri_parse(uri, &g->uri);
+	if (rc == 0 && g->uri.kind != GF_URI_UNIX)
+		rc = gf_err(GF_ERR_INVALID_ARG, "GMS URIs are unix:// (fds cannot cross hosts): %s", uri);
+	if (rc == 0)
+		rc = gf_mem_granularity(mem, &g->gran, &rec);
+	if (rc == 0)
+		rc = do_connect(g, mode, timeout_ms);
+	if (rc == 0 && g->granted == GF_GMS_RW) {
+		uint64_t freeb, total;
+		rc = gf_mem_info(mem, &freeb, &total);
+		if (rc == 0)
+			rc = gf_mem_reserve(mem, round_up(total ? total : g->gran, g->gran), 0, &g->va);
+	}
+	if (rc < 0) {
+		gf_gms_free(g);
+		return rc;
+	}
+	*out = g;
+	return 0;
+}
+
+int gf_gms_granted_mode(const gf_gms *gms)
+{
+	return gms && gms->fd >= 0 ? gms->granted : 0;
+}
+
+static void release_imports(gf_gms *g)
+{
+	if (g->va)
+		gf_mem_unmap_all(g->va);
+	for (size_t i = 0; i < g->nallocs; i++) {
+		gf_mem_alloc_free(g->allocs[i].a);
+		g->allocs[i].a = NULL;
+	}
+}
+
+void gf_gms_free(gf_gms *gms)
+{
+	if (!gms)
+		return;
+	gf_gms_stop_watch(gms);
+	release_imports(gms);
+	gf_mem_va_free(gms->va);
+	if (gms->fd >= 0)
+		close_conn(gms);
+	for (size_t i = 0; i < gms->nmeta; i++) {
+		free(gms->meta[i].key);
+		free(gms->meta[i].value);
+	}
+	free(gms->meta);
+	free(gms->allocs);
+	gf_close(gms->stop_fd);
+	gf_msg_free(gms->msg);
+	free(gms);
+}
+
+/* ---------------------------------------------------------------- writer */
+
+int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
+{
+	int rc = check_usable(gms);
+	if (rc < 0)
+		return rc;
+	if (gms->granted != GF_GMS_RW)
+		return gf_err(GF_ERR_STATE, "allocate needs the RW lock (granted %s)",
+			      gms->granted == GF_GMS_RO ? "RO" : "nothing");
+	if (size == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "allocate: size 0");
+	if (tag && strlen(tag) >= 64)
+		return gf_err(GF_ERR_INVALID_ARG, "allocate: tag longer than 63 bytes");
+	uint64_t offset = round_up(gms->va_used, gms->gran);
+	if (offset + round_up(size, gms->gran) > gf_mem_va_size(gms->va))
+		return gf_err(GF_ERR_OUT_OF_MEMORY, "allocate %llu bytes: address reservation of %zu bytes exhausted",
+			      (unsigned long long)size, gf_mem_va_size(gms->va));
+	if (gms->nallocs == gms->allocs_cap) {
+		size_t cap = gms->allocs_cap ? gms->allocs_cap * 2 : 64;
+		struct calloc_entry *n = realloc(gms->allocs, cap * sizeof(*n));
+		if (!n)
+			return gf_err(GF_ERR_NOMEM, "allocate: out of memory");
+		gms->allocs = n;
+		gms->allocs_cap = cap;
+	}
+	memset(gms->msg, 0, sizeof(*gms->msg));
+	gms->msg->which_body = gf_Msg_gms_allocate_tag;
+	gms->msg->body.gms_allocate.size = size;
+	snprintf(gms->msg->body.gms_allocate.tag, sizeof(gms->msg->body.gms_allocate.tag), "%s", tag ? tag : "");
+	int *fds = NULL;
+	size_t nfds = 0;
+	/* No client deadline: the server bounds the OOM retry itself, and a hangup ends the wait. */
+	rc = request(gms, &fds, &nfds, INT64_MAX);
+	if (rc < 0)
+		return rc;
+	if (gms->msg->which_body != gf_Msg_gms_allocated_tag || nfds != 1 ||
+	    !gms->msg->body.gms_allocated.has_allocation) {
+		gf_close_fds(fds, nfds);
+		free(fds);
+		return gf_err(GF_ERR_PROTOCOL, "allocate: expected gms_allocated with one fd, got %s with %zu",
+			      gf_msg_name(gms->msg), nfds);
+	}
+	const gf_GmsAllocation *a = &gms->msg->body.gms_allocated.allocation;
+	gf_mem_alloc *imp = NULL;
+	rc = gf_mem_import(gms->mem, fds[0], a->size, &imp);
+	gf_close(fds[0]);
+	free(fds);
+	if (rc < 0)
+		return rc;
+	if (offset + a->size > gf_mem_va_size(gms->va)) {
+		gf_mem_alloc_free(imp);
+		return gf_err(GF_ERR_OUT_OF_MEMORY, "allocate: rounded size %llu exceeds the reservation",
+			      (unsigned long long)a->size);
+	}
+	rc = gf_mem_map(gms->va, offset, imp, GF_MEM_READWRITE);
+	if (rc < 0) {
+		gf_mem_alloc_free(imp);
+		return rc;
+	}
+	struct calloc_entry *e = &gms->allocs[gms->nallocs++];
+	e->id = a->id;
+	e->size = a->size;
+	e->offset = offset;
+	e->a = imp;
+	snprintf(e->tag, sizeof(e->tag), "%s", a->tag);
+	gms->va_used = offset + a->size;
+	if (id)
+		*id = a->id;
+	return 0;
+}
+
+static const struct calloc_entry *find_alloc(const gf_gms *g, uint64_t id)
+{
+	for (size_t i = 0; i < g->nallocs; i++)
+		if (g->allocs[i].id == id)
+			return &g->allocs[i];
+	return NULL;
+}
+
+static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t offset, const void *value,
+		       size_t value_len)
+{
+	if (g->nmeta == g->meta_cap) {
+		size_t cap = g->meta_cap ? g->meta_cap * 2 : 256;
+		struct cmeta *n = realloc(g->meta, cap * sizeof(*n));
+		if (!n)
+			return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
+		g->meta = n;
+		g->meta_cap = cap;
+	}
+	struct cmeta *e = &g->meta[g->nmeta];
+	e->key = strdup(key);
+	e->value = malloc(value_len ? value_len : 1);
+	if (!e->key || !e->value) {
+		free(e->key);
+		free(e->value);
+		return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
+	}
+	if (value_len)
+		memcpy(e->value, value, value_len);
+	e->value_len = value_len;
+	e->alloc_id = alloc_id;
+	e->offset = offset;
+	g->nmeta++;
+	return 0;
+}
+
+int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset, const void *value,
+		    size_t value_len)
+{
+	int rc = check_usable(gms);
+	if (rc < 0)
+		return rc;
+	if (gms->granted != GF_GMS_RW)
+		return gf_err(GF_ERR_STATE, "put metadata needs the RW lock");
+	if (!key || !*key || strlen(key) > 255)
+		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..255 bytes");
+	if (value_len > 1024 || (value_len && !value))
+		return gf_err(GF_ERR_INVALID_ARG, "metadata value must be 0..1024 bytes");
+	memset(gms->msg, 0, sizeof(*gms->msg));
+	gms->msg->which_body = gf_Msg_gms_meta_put_tag;
+	gf_GmsMetaPut *p = &gms->msg->body.gms_meta_put;
+	snprintf(p->key, sizeof(p->key), "%s", key);
+	p->allocation_id = alloc_id;
+	p->offset = offset;
+	if (value_len)
+		memcpy(p->value.bytes, value, value_len);
+	p->value.size = (pb_size_t)value_len;
+	rc = request(gms, NULL, NULL, gf_now_us() + GMS_IO_TIMEOUT_US);
+	if (rc < 0)
+		return rc;
+	if (gms->msg->which_body != gf_Msg_ok_tag)
+		return gf_err(GF_ERR_PROTOCOL, "put metadata: expected ok, got %s", gf_msg_name(gms->msg));
+	gms->meta_sorted = false;
+	return meta_append(gms, key, alloc_id, offset, value, value_len);
+}
+
+static int cmeta_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct cmeta *)a)->key, ((const struct cmeta *)b)->key);
+}
+
+static struct gf_mem_mapping *mapping_list(gf_gms *g)
+{
+	struct gf_mem_mapping *maps = calloc(g->nallocs ? g->nallocs : 1, sizeof(*maps));
+	if (!maps)
+		return NULL;
+	for (size_t i = 0; i < g->nallocs; i++) {
+		maps[i].offset = g->allocs[i].offset;
+		maps[i].alloc = g->allocs[i].a;
+	}
+	return maps;
+}
+
+int gf_gms_commit(gf_gms *gms, uint64_t *generation)
+{
+	int rc = check_usable(gms);
+	if (rc < 0)
+		return rc;
+	if (gms->granted != GF_GMS_RW)
+		return gf_err(GF_ERR_STATE, "commit needs the RW lock");
+	struct gf_mem_mapping *maps = mapping_list(gms);
+	if (!maps)
+		return gf_err(GF_ERR_NOMEM, "commit: out of memory");
+	/* Writes still queued on the device must land before readers can see the layout. */
+	if ((rc = gf_mem_synchronize(gms->mem)) < 0) {
+		free(maps);
+		return rc;
+	}
+	memset(gms->msg, 0, sizeof(*gms->msg));
+	gms->msg->which_body = gf_Msg_gms_commit_tag;
+	rc = request(gms, NULL, NULL, gf_now_us() + GMS_IO_TIMEOUT_US);
+	if (rc == 0 && (gms->msg->which_body != gf_Msg_gms_committed_tag ||
+			gms->msg->body.gms_committed.layout_hash.size != 16))
+		rc = gf_err(GF_ERR_PROTOCOL, "commit: expected gms_committed, got %s", gf_msg_name(gms->msg));
+	if (rc < 0) {
+		free(maps);
+		return rc;
+	}
+	memcpy(gms->hash, gms->msg->body.gms_committed.layout_hash.bytes, 16);
+	gms->generation = gms->msg->body.gms_committed.generation;
+	gms->have_layout = true;
+	gms->granted = GF_GMS_RO;
+	qsort(gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
+	gms->meta_sorted = true;
+	/* Same reservation, same offsets, same physical memory: only the protection changes. */
+	if (gms->nallocs) {
+		rc = gf_mem_unmap_all(gms->va);
+		if (rc == 0)
+			rc = gf_mem_map_many(gms->va, maps, gms->nallocs, GF_MEM_READ);
+	}
+	free(maps);
+	if (rc < 0)
+		return rc;
+	if (generation)
+		*generation = gms->generation;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- reader */
+
+struct listed {
+	struct calloc_entry *allocs;
+	size_t n, cap;
+	int *fds;
+	size_t nfds;
+	uint8_t hash[16];
+	uint64_t generation;
+};
+
+static void listed_free(struct listed *l)
+{
+	gf_close_fds(l->fds, l->nfds);
+	free(l->fds);
+	free(l->allocs);
+	memset(l, 0, sizeof(*l));
+}
+
+/* One bulk list: send GmsList, receive every chunk back to back. Metadata go to @g unless @with_meta is false. */
+static int list_all(gf_gms *g, bool with_meta, struct listed *l)
+{
+	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
+	memset(l, 0, sizeof(*l));
+	memset(g->msg, 0, sizeof(*g->msg));
+	g->msg->which_body = gf_Msg_gms_list_tag;
+	g->msg->body.gms_list.with_fds = true;
+	g->msg->body.gms_list.without_metadata = !with_meta;
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	g->round_trips++;
+	for (bool first = true;; first = false) {
+		int *fds = NULL;
+		size_t nfds = 0;
+		rc = gf_msg_recv(&g->rd, g->fd, g->msg, &fds, &nfds, deadline);
+		if (rc < 0) {
+			listed_free(l);
+			return io_failed(g, rc);
+		}
+		if ((rc = gf_msg_error_code(g->msg)) < 0 || g->msg->which_body != gf_Msg_gms_list_chunk_tag) {
+			gf_close_fds(fds, nfds);
+			free(fds);
+			listed_free(l);
+			return rc < 0 ? rc : gf_err(GF_ERR_PROTOCOL, "list: expected gms_list_chunk, got %s",
+						    gf_msg_name(g->msg));
+		}
+		const gf_GmsListChunk *ch = &g->msg->body.gms_list_chunk;
+		if (nfds != ch->allocations_count || ch->layout_hash.size != 16 ||
+		    (!first && memcmp(l->hash, ch->layout_hash.bytes, 16))) {
+			gf_close_fds(fds, nfds);
+			free(fds);
+			listed_free(l);
+			return gf_err(GF_ERR_PROTOCOL, "list: chunk with %u allocations carries %zu fds",
+				      (unsigned)ch->allocations_count, nfds);
+		}
+		memcpy(l->hash, ch->layout_hash.bytes, 16);
+		l->generation = ch->generation;
+		if (l->n + ch->allocations_count > l->cap) {
+			size_t cap = l->cap ? l->cap * 2 : 64;
+			while (cap < l->n + ch->allocations_count)
+				cap *= 2;
+			struct calloc_entry *na = realloc(l->allocs, cap * sizeof(*na));
+			int *nf = realloc(l->fds, cap * sizeof(*nf));
+			if (na)
+				l->allocs = na;
+			if (nf)
+				l->fds = nf;
+			if (!na || !nf) {
+				gf_close_fds(fds, nfds);
+				free(fds);
+				listed_free(l);
+				return gf_err(GF_ERR_NOMEM, "list: out of memory");
+			}
+			l->cap = cap;
+		}
+		for (size_t i = 0; i < ch->allocations_count; i++) {
+			struct calloc_entry *e = &l->allocs[l->n];
+			memset(e, 0, sizeof(*e));
+			e->id = ch->allocations[i].id;
+			e->size = ch->allocations[i].size;
+			snprintf(e->tag, sizeof(e->tag), "%s", ch->allocations[i].tag);
+			l->fds[l->n] = fds[i];
+			l->n++;
+			l->nfds++;
+		}
+		free(fds);
+		for (size_t i = 0; with_meta && i < ch->metadata_count; i++) {
+			const gf_GmsMetaEntry *e = &ch->metadata[i];
+			if ((rc = meta_append(g, e->key, e->allocation_id, e->offset, e->value.bytes, e->value.size)) < 0) {
+				listed_free(l);
+				return rc;
+			}
+		}
+		if (ch->last)
+			return 0;
+	}
+}
+
+/* Import every listed fd and map all at @offsets, read-only; all-or-nothing. */
+static int import_and_map(gf_gms *g, struct listed *l)
+{
+	int rc = 0;
+	for (size_t i = 0; i < l->n && rc == 0; i++)
+		rc = gf_mem_import(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+	gf_close_fds(l->fds, l->nfds);
+	l->nfds = 0;
+	struct gf_mem_mapping *maps = NULL;
+	if (rc == 0 && l->n) {
+		maps = calloc(l->n, sizeof(*maps));
+		if (!maps)
+			rc = gf_err(GF_ERR_NOMEM, "map: out of memory");
+		for (size_t i = 0; maps && i < l->n; i++) {
+			maps[i].offset = l->allocs[i].offset;
+			maps[i].alloc = l->allocs[i].a;
+		}
+		if (rc == 0)
+			rc = gf_mem_map_many(g->va, maps, l->n, GF_MEM_READ);
+	}
+	free(maps);
+	if (rc < 0)
+		for (size_t i = 0; i < l->n; i++) {
+			gf_mem_alloc_free(l->allocs[i].a);
+			l->allocs[i].a = NULL;
+		}
+	return rc;
+}
+
+int gf_gms_map_all(gf_gms *gms)
+{
+	int rc = check_usable(gms);
+	if (rc < 0)
+		return rc;
+	if (gms->granted != GF_GMS_RO)
+		return gf_err(GF_ERR_STATE, "map_all needs the RO lock (commit first when writing)");
+	if (gms->have_layout)
+		return 0; /* the writer that committed, or already mapped */
+	struct listed l;
+	size_t meta_before = gms->nmeta;
+	if ((rc = list_all(gms, true, &l)) < 0)
+		goto fail_meta;
+	if (memcmp(l.hash, gms->connected_hash, 16)) {
+		listed_free(&l);
+		rc = gf_err(GF_ERR_PROTOCOL, "list: layout hash differs from the one granted");
+		goto fail_meta;
+	}
+	uint64_t off = 0;
+	for (size_t i = 0; i < l.n; i++) {
+		l.allocs[i].offset = off;
+		off = round_up(off + l.allocs[i].size, gms->gran);
+	}
+	if (!gms->va && (rc = gf_mem_reserve(gms->mem, off ? off : gms->gran, 0, &gms->va)) < 0) {
+		listed_free(&l);
+		goto fail_meta;
+	}
+	if (off > gf_mem_va_size(gms->va)) {
+		listed_free(&l);
+		rc = gf_err(GF_ERR_STATE, "layout of %llu bytes exceeds the reservation", (unsigned long long)off);
+		goto fail_meta;
+	}
+	if ((rc = import_and_map(gms, &l)) < 0) {
+		listed_free(&l);
+		goto fail_meta;
+	}
+	free(gms->allocs);
+	gms->allocs = l.allocs;
+	gms->nallocs = l.n;
+	gms->allocs_cap = l.cap;
+	gms->va_used = off;
+	free(l.fds);
+	memcpy(gms->hash, l.hash, 16);
+	gms->generation = l.generation;
+	gms->have_layout = true;
+	gms->meta_sorted = true; /* the server lists metadata sorted by key */
+	return 0;
+fail_meta:
+	while (gms->nmeta > meta_before) {
+		gms->nmeta--;
+		free(gms->meta[gms->nmeta].key);
+		free(gms->meta[gms->nmeta].value);
+	}
+	return rc;
+}
+
+/* ---------------------------------------------------------------- queries */
+
+size_t gf_gms_alloc_count(const gf_gms *gms)
+{
+	return gms ? gms->nallocs : 0;
+}
+
+int gf_gms_alloc_at(const gf_gms *gms, size_t index, struct gf_gms_alloc_info *out)
+{
+	if (!gms || !out || index >= gms->nallocs)
+		return gf_err(GF_ERR_INVALID_ARG, "alloc_at: index %zu out of range", index);
+	const struct calloc_entry *e = &gms->allocs[index];
+	memset(out, 0, sizeof(*out));
+	out->id = e->id;
+	out->size = e->size;
+	out->addr = gms->va ? gf_mem_va_addr(gms->va) + e->offset : 0;
+	snprintf(out->tag, sizeof(out->tag), "%s", e->tag);
+	return 0;
+}
+
+size_t gf_gms_meta_count(const gf_gms *gms)
+{
+	return gms ? gms->nmeta : 0;
+}
+
+static void meta_fill(const gf_gms *g, const struct cmeta *m, struct gf_gms_meta *out)
+{
+	const struct calloc_entry *a = find_alloc(g, m->alloc_id);
+	out->key = m->key;
+	out->alloc_id = m->alloc_id;
+	out->offset = m->offset;
+	out->addr = a && g->va ? gf_mem_va_addr(g->va) + a->offset + m->offset : 0;
+	out->value = m->value;
+	out->value_len = m->value_len;
+}
+
+int gf_gms_meta_at(const gf_gms *gms, size_t index, struct gf_gms_meta *out)
+{
+	if (!gms || !out || index >= gms->nmeta)
+		return gf_err(GF_ERR_INVALID_ARG, "meta_at: index %zu out of range", index);
+	meta_fill(gms, &gms->meta[index], out);
+	return 0;
+}
+
+int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_meta *out)
+{
+	if (!gms || !key || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "meta_get: NULL argument");
+	const struct cmeta *m = NULL;
+	if (gms->meta_sorted) {
+		struct cmeta probe = {.key = (char *)key};
+		m = bsearch(&probe, gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
+	} else {
+		for (size_t i = 0; i < gms->nmeta && !m; i++)
+			if (!strcmp(gms->meta[i].key, key))
+				m = &gms->meta[i];
+	}
+	if (!m)
+		return gf_err(GF_ERR_NOT_FOUND, "no metadata key %s", key);
+	meta_fill(gms, m, out);
+	return 0;
+}
+
+int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
+{
+	if (!gms || !hash)
+		return gf_err(GF_ERR_INVALID_ARG, "layout: NULL argument");
+	if (!gms->have_layout)
+		return gf_err(GF_ERR_STATE, "no committed layout known to this client yet");
+	memcpy(hash, gms->hash, 16);
+	if (generation)
+		*generation = gms->generation;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- sleep / wake */
+
+int gf_gms_unmap(gf_gms *gms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (gms->fd < 0)
+		return gf_err(GF_ERR_STATE, "already unmapped");
+	bool watched = gms->watching;
+	gf_gms_stop_watch(gms);
+	gms->watch_wanted = watched;
+	/* Kernels still running on the weights must finish before the mappings go. */
+	int rc = gf_mem_synchronize(gms->mem);
+	release_imports(gms);
+	close_conn(gms);
+	if (!gms->have_layout) {
+		/* A writer that sleeps before commit aborted its layout: nothing to come back to. */
+		gms->nallocs = 0;
+		gms->va_used = 0;
+	}
+	return rc;
+}
+
+int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (timeout_ms < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
+	if (gms->fd >= 0)
+		return gf_err(GF_ERR_STATE, "remap: still connected (call gf_gms_unmap() first)");
+	if (!gms->have_layout || !gms->va)
+		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
+	atomic_store(&gms->lost, false);
+	atomic_store(&gms->lost_reported, false);
+	int rc = do_connect(gms, GF_GMS_RO, timeout_ms);
+	if (rc < 0)
+		return rc;
+	if (memcmp(gms->connected_hash, gms->hash, 16)) {
+		char want[33], got[33];
+		gf_hex(gms->hash, 16, want);
+		gf_hex(gms->connected_hash, 16, got);
+		close_conn(gms);
+		return gf_err(GF_ERR_STALE_LAYOUT, "%s holds layout %s, this engine mapped %s", gms->uri_text, got,
+			      want);
+	}
+	struct listed l;
+	if ((rc = list_all(gms, false, &l)) < 0) {
+		close_conn(gms);
+		return rc;
+	}
+	if (l.n != gms->nallocs || memcmp(l.hash, gms->hash, 16)) {
+		listed_free(&l);
+		close_conn(gms);
+		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+	}
+	for (size_t i = 0; i < l.n; i++) {
+		if (l.allocs[i].size != gms->allocs[i].size) {
+			listed_free(&l);
+			close_conn(gms);
+			return gf_err(GF_ERR_STALE_LAYOUT, "remap: allocation %zu changed size", i);
+		}
+		l.allocs[i].offset = gms->allocs[i].offset;
+	}
+	if ((rc = import_and_map(gms, &l)) < 0) {
+		listed_free(&l);
+		close_conn(gms);
+		return rc;
+	}
+	for (size_t i = 0; i < l.n; i++) {
+		gms->allocs[i].a = l.allocs[i].a;
+		gms->allocs[i].id = l.allocs[i].id; /* same structure, ids may be renumbered */
+	}
+	free(l.fds);
+	free(l.allocs);
+	gms->generation = l.generation;
+	if (gms->watch_wanted && (rc = gf_gms_start_watch(gms)) < 0)
+		gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
+	return 0;
+}
+
+/* ---------------------------------------------------------------- loss detection */
+
+void gf_gms_set_lost_fn(gf_gms *gms, gf_gms_lost_fn fn, void *userdata)
+{
+	if (!gms)
+		return;
+	gms->lost_fn = fn;
+	gms->lost_ud = userdata;
+}
+
+int gf_gms_get_fd(const gf_gms *gms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (gms->fd < 0)
+		return gf_err(GF_ERR_STATE, "not connected (asleep)");
+	return gms->fd;
+}
+
+/* The server never speaks unasked, so a hangup (or anything readable) while idle means it is gone. */
+static bool hung_up(short revents)
+{
+	return revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL);
+}
+
+int gf_gms_process(gf_gms *gms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (atomic_load(&gms->lost))
+		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", gms->uri_text);
+	if (gms->fd < 0)
+		return 0;
+	struct pollfd p = {.fd = gms->fd, .events = POLLRDHUP};
+	if (poll(&p, 1, 0) > 0 && hung_up(p.revents)) {
+		report_lost(gms, "connection hung up");
+		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s hung up", gms->uri_text);
+	}
+	return 0;
+}
+
+static void *watch_main(void *arg)
+{
+	gf_gms *g = arg;
+	for (;;) {
+		struct pollfd p[2] = {{.fd = g->fd, .events = POLLRDHUP}, {.fd = g->stop_fd, .events = POLLIN}};
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || (p[1].revents & POLLIN))
+			return NULL;
+		if (hung_up(p[0].revents)) {
+			report_lost(g, "connection hung up");
+			return NULL;
+		}
+	}
+}
+
+int gf_gms_start_watch(gf_gms *gms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	gms->watch_wanted = true;
+	if (gms->watching || gms->fd < 0)
+		return 0; /* asleep: started again by remap() */
+	if (gms->stop_fd < 0 && (gms->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "watch: eventfd");
+	int rc = pthread_create(&gms->watch, NULL, watch_main, gms);
+	if (rc)
+		return gf_err_errno(GF_ERR_IO, rc, "watch: pthread_create");
+	gms->watching = true;
+	return 0;
+}
+
+void gf_gms_stop_watch(gf_gms *gms)
+{
+	if (!gms)
+		return;
+	gms->watch_wanted = false;
+	if (!gms->watching)
+		return;
+	uint64_t one = 1;
+	ssize_t w = write(gms->stop_fd, &one, sizeof(one));
+	(void)w;
+	pthread_join(gms->watch, NULL);
+	uint64_t x;
+	while (read(gms->stop_fd, &x, sizeof(x)) > 0)
+		;
+	gms->watching = false;
+}
+
+/* ---------------------------------------------------------------- groups */
+
+int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris, gf_mem *const *mems, int role,
+			 int64_t timeout_ms)
+{
+	if (!out_array || !uris || !mems || n == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "connect_group: NULL or empty argument");
+	int mode;
+	if (role == GF_GMS_ROLE_LOADER)
+		mode = GF_GMS_RW_OR_RO;
+	else if (role == GF_GMS_ROLE_FOLLOWER)
+		mode = GF_GMS_RO;
+	else
+		return gf_err(GF_ERR_INVALID_ARG, "connect_group: unknown role %d", role);
+	gf_gms **tmp = calloc(n, sizeof(*tmp));
+	if (!tmp)
+		return gf_err(GF_ERR_NOMEM, "connect_group: out of memory");
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		int64_t left = -1;
+		if (deadline != INT64_MAX) {
+			left = (deadline - gf_now_us()) / 1000;
+			if (left < 0)
+				left = 0;
+		}
+		rc = gf_gms_connect(&tmp[i], uris[i], mems[i], mode, left);
+	}
+	if (rc < 0) {
+		for (size_t i = 0; i < n; i++)
+			gf_gms_free(tmp[i]);
+		free(tmp);
+		return rc;
+	}
+	memcpy(out_array, tmp, n * sizeof(*tmp));
+	free(tmp);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- status */
+
+static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
+{
+	struct gf_uri u;
+	struct gf_frame_reader rd;
+	int fd, rc;
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	if (!uri)
+		return gf_err(GF_ERR_INVALID_ARG, "status: URI is NULL");
+	if ((rc = gf_uri_parse(uri, &u)) < 0)
+		return rc;
+	if ((rc = open_session(uri, &u, deadline, &fd, &rd, 0)) < 0)
+		return rc;
+	memset(m, 0, sizeof(*m));
+	m->seq = 1;
+	m->which_body = gf_Msg_gms_status_request_tag;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	if (rc == 0)
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+	if (rc == 0 && (rc = gf_msg_error_code(m)) == 0 && m->which_body != gf_Msg_gms_status_tag)
+		rc = gf_err(GF_ERR_PROTOCOL, "status: expected gms_status, got %s", gf_msg_name(m));
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}
+
+static const char *state_name(int s)
+{
+	static const char *const names[] = {"EMPTY", "RW", "COMMITTED", "RO"};
+	return s >= 0 && s < 4 ? names[s] : "UNKNOWN";
+}
+
+int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
+{
+	if (!json)
+		return gf_err(GF_ERR_INVALID_ARG, "status_json: json is NULL");
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "status: out of memory");
+	int rc = fetch_status(uri, timeout_ms, m);
+	if (rc < 0) {
+		gf_msg_free(m);
+		return rc;
+	}
+	const gf_GmsStatus *s = &m->body.gms_status;
+	char hex[33] = "";
+	if (s->layout_hash.size == 16)
+		gf_hex(s->layout_hash.bytes, 16, hex);
+	json_t *o = json_pack("{s:s, s:I, s:s, s:i, s:i, s:b, s:i, s:I, s:i, s:s, s:i, s:s, s:I}", "state",
+			      state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
+			      "readers", (int)s->readers, "waiters", (int)s->waiters, "writer", (int)s->writer,
+			      "allocation_count", (int)s->allocation_count, "allocation_bytes",
+			      (json_int_t)s->allocation_bytes, "metadata_count", (int)s->metadata_count, "backend",
+			      s->backend, "device", (int)s->device, "device_uuid", s->device_uuid, "uptime_ms",
+			      (json_int_t)s->uptime_ms);
+	json_t *evs = json_array();
+	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)
+		json_array_append_new(evs, json_pack("{s:I, s:s}", "at_us", (json_int_t)s->events[i].at_us, "what",
+						     s->events[i].what));
+	char *text = NULL;
+	if (o && evs) {
+		json_object_set_new(o, "events", evs);
+		evs = NULL;
+		text = json_dumps(o, JSON_COMPACT);
+	}
+	json_decref(evs);
+	json_decref(o);
+	gf_msg_free(m);
+	if (!text)
+		return gf_err(GF_ERR_NOMEM, "status: JSON encoding failed");
+	*json = text;
+	return 0;
+}
+
+int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us)
+{
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "ping: out of memory");
+	int64_t t0 = gf_now_us();
+	int rc = fetch_status(uri, timeout_ms, m);
+	gf_msg_free(m);
+	if (rc == 0 && rtt_us)
+		*rtt_us = gf_now_us() - t0;
+	return rc;
+}
+
+int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation)
+{
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "wait_committed: out of memory");
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int rc;
+	for (;;) {
+		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
+		if (left == 0 || (left < 0 && deadline != INT64_MAX)) {
+			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
+			break;
+		}
+		rc = fetch_status(uri, left < 0 || left > 1000 ? 1000 : left, m);
+		if (rc == 0 && (m->body.gms_status.state == gf_GmsState_GMS_STATE_COMMITTED ||
+				m->body.gms_status.state == gf_GmsState_GMS_STATE_RO)) {
+			if (generation)
+				*generation = m->body.gms_status.generation;
+			break;
+		}
+		if (rc == GF_ERR_PERMISSION || rc == GF_ERR_PROTOCOL || rc == GF_ERR_VERSION ||
+		    rc == GF_ERR_INVALID_ARG)
+			break;
+		if (gf_now_us() + 50000 >= deadline) {
+			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
+			break;
+		}
+		usleep(50000);
+	}
+	gf_msg_free(m);
+	return rc;
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The GMS lock FSM as a pure module (no sockets, no memory): the server core
+ * feeds it events and asks it who may be granted. See docs/gms.md.
+ *
+ *   EMPTY --RW grant--> RW --commit--> RO(1) --last reader leaves--> COMMITTED
+ *   RW --writer leaves before commit--> EMPTY          (RW_ABORT)
+ *   COMMITTED --RO grant--> RO(n)
+ *   COMMITTED --RW grant (no readers)--> RW            (old layout dropped)
+ */
+#ifndef GF_GMS_FSM_H
+#define GF_GMS_FSM_H
+
+#include <stdbool.h>
+
+enum gms_state { GMS_EMPTY = 0, GMS_RW = 1, GMS_COMMITTED = 2, GMS_RO = 3 };
+enum gms_mode { GMS_MODE_RW = 1, GMS_MODE_RO = 2, GMS_MODE_RW_OR_RO = 3 };
+
+struct gms_fsm {
+	enum gms_state state;
+	unsigned readers;  /* connections holding RO */
+};
+
+/* What a request in @mode gets right now. */
+enum gms_decision {
+	GMS_WAIT = 0,         /* not grantable yet: keep waiting */
+	GMS_GRANT_RW = 1,     /* becomes the writer on a fresh (empty) layout */
+	GMS_GRANT_RW_DROP = 2,/* becomes the writer; the committed layout is dropped first */
+	GMS_GRANT_RO = 3,     /* becomes a reader of the committed layout */
+	GMS_INVALID = -1,     /* @mode is not a valid mode */
+};
+
+void gms_fsm_init(struct gms_fsm *f);
+/*
+ * Decide for one request. @other_rw_waiting: whether a request in mode RW
+ * other than this one is waiting (writer priority: readers do not jump it).
+ */
+enum gms_decision gms_fsm_decide(const struct gms_fsm *f, int mode, bool other_rw_waiting);
+/* Apply a grant returned by gms_fsm_decide(). */
+void gms_fsm_apply(struct gms_fsm *f, enum gms_decision d);
+/* The writer committed: RW -> RO with the writer as the only reader. Returns false in any other state. */
+bool gms_fsm_commit(struct gms_fsm *f);
+/* The writer left before committing: RW -> EMPTY (RW_ABORT). Returns false in any other state. */
+bool gms_fsm_writer_left(struct gms_fsm *f);
+/* A reader left: RO(n) -> RO(n-1), RO(1) -> COMMITTED. Returns false when no reader was counted. */
+bool gms_fsm_reader_left(struct gms_fsm *f);
+const char *gms_state_name(enum gms_state s);
+const char *gms_mode_name(int mode);
+
+#endif

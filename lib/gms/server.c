@@ -1,0 +1,1134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * GMS server core: one device, one epoll loop. Owns the allocations (never
+ * maps them), the metadata table and the lock FSM (fsm.c). Clients wait in
+ * the server with their own timeout; every state change re-evaluates every
+ * waiter in FIFO order.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "fsm.h"
+#include "layout.h"
+#include "wire.h"
+
+#define GMSD_EVENTS 32            /* the ring of recent events (GmsStatus.events max_count) */
+#define GMSD_SEND_TIMEOUT_US 2000000 /* a peer that does not read its replies for 2 s is dropped */
+#define GMSD_OOM_RETRY_US 50000
+#define GMSD_MAX_ALLOCS 65536
+#define GMSD_MAX_META 1000000
+#define GMSD_MAX_UIDS 64
+#define GMSD_CHUNK_ALLOCS 64      /* gf.GmsListChunk.allocations max_count */
+#define GMSD_CHUNK_META 32        /* gf.GmsListChunk.metadata max_count */
+
+enum cphase {
+	C_HELLO,      /* before the handshake */
+	C_IDLE,       /* handshake done, no lock */
+	C_WAIT,       /* GmsConnect waiting in the server */
+	C_WRITER,     /* holds RW */
+	C_ALLOC_WAIT, /* holds RW, an allocation is being retried after OUT_OF_MEMORY */
+	C_READER,     /* holds RO */
+};
+
+struct client {
+	int fd;
+	struct gf_frame_reader rd;
+	enum cphase phase;
+	int mode;               /* requested mode while waiting */
+	uint32_t seq;           /* seq of the request being waited on */
+	int64_t deadline_us;    /* wait deadline (INT64_MAX: none) */
+	uint64_t order;         /* FIFO position among waiters */
+	uint32_t uid, pid;
+	char peer[128];
+	/* a pending allocation (C_ALLOC_WAIT) */
+	uint64_t alloc_size;
+	char alloc_tag[64];
+	int64_t alloc_until_us, alloc_next_us;
+	unsigned alloc_tries;
+	struct client *next;
+};
+
+struct galloc {
+	uint64_t id;
+	gf_mem_alloc *a;
+	uint64_t size, requested;
+	char tag[64];
+};
+
+struct gmeta {
+	char *key;
+	uint64_t alloc_id;
+	uint64_t offset;
+	uint8_t *value;
+	size_t value_len;
+};
+
+struct gevent {
+	int64_t at_us;
+	char what[160];
+};
+
+struct gf_gmsd {
+	char listen_text[256];
+	struct gf_uri uri;
+	bool have_uri, started;
+	int device, kind;
+	int64_t oom_retry_ms;
+	uint32_t uids[GMSD_MAX_UIDS];
+	size_t nuids;
+
+	gf_mem *mem;
+	char uuid[64];
+	size_t granularity;
+	int ep, lfd, tfd, efd;
+	int64_t started_us;
+
+	struct client *clients;
+	uint64_t next_order;
+	struct gms_fsm fsm;
+
+	struct galloc *allocs;
+	size_t nallocs, allocs_cap;
+	uint64_t next_alloc_id;
+	uint64_t alloc_bytes;
+
+	struct gmeta *meta;
+	size_t nmeta, meta_cap;
+	uint32_t *index;        /* open addressing: meta position + 1, 0 empty */
+	size_t index_cap;
+
+	uint64_t generation;
+	uint8_t hash[16];
+
+	struct gevent events[GMSD_EVENTS];
+	size_t ev_next, ev_count;
+
+	gf_Msg *in, *out;
+};
+
+/* ---------------------------------------------------------------- events */
+
+static void event(gf_gmsd *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event(gf_gmsd *d, const char *fmt, ...)
+{
+	struct gevent *e = &d->events[d->ev_next];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e->what, sizeof(e->what), fmt, ap);
+	va_end(ap);
+	e->at_us = gf_wall_us();
+	d->ev_next = (d->ev_next + 1) % GMSD_EVENTS;
+	if (d->ev_count < GMSD_EVENTS)
+		d->ev_count++;
+	gf_log(GF_LOG_INFO, "gms", "%s", e->what);
+}
+
+/* ---------------------------------------------------------------- metadata table */
+
+static uint64_t key_hash(const char *k)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a: short keys, no need for more */
+	for (; *k; k++)
+		h = (h ^ (uint8_t)*k) * 1099511628211ull;
+	return h;
+}
+
+static int index_rebuild(gf_gmsd *d, size_t cap)
+{
+	uint32_t *idx = calloc(cap, sizeof(*idx));
+	if (!idx)
+		return gf_err(GF_ERR_NOMEM, "metadata index: out of memory");
+	for (size_t i = 0; i < d->nmeta; i++) {
+		size_t p = key_hash(d->meta[i].key) & (cap - 1);
+		while (idx[p])
+			p = (p + 1) & (cap - 1);
+		idx[p] = (uint32_t)(i + 1);
+	}
+	free(d->index);
+	d->index = idx;
+	d->index_cap = cap;
+	return 0;
+}
+
+static struct gmeta *meta_find(gf_gmsd *d, const char *key)
+{
+	if (!d->index_cap)
+		return NULL;
+	size_t p = key_hash(key) & (d->index_cap - 1);
+	while (d->index[p]) {
+		struct gmeta *m = &d->meta[d->index[p] - 1];
+		if (!strcmp(m->key, key))
+			return m;
+		p = (p + 1) & (d->index_cap - 1);
+	}
+	return NULL;
+}
+
+static struct galloc *alloc_find(gf_gmsd *d, uint64_t id)
+{
+	/* ids are 1..n in allocation order within one layout */
+	if (id == 0 || id > d->nallocs || d->allocs[id - 1].id != id)
+		return NULL;
+	return &d->allocs[id - 1];
+}
+
+static void drop_layout(gf_gmsd *d)
+{
+	for (size_t i = 0; i < d->nallocs; i++)
+		gf_mem_alloc_free(d->allocs[i].a); /* importers keep the memory alive (driver refcount) */
+	for (size_t i = 0; i < d->nmeta; i++) {
+		free(d->meta[i].key);
+		free(d->meta[i].value);
+	}
+	d->nallocs = 0;
+	d->nmeta = 0;
+	d->alloc_bytes = 0;
+	d->next_alloc_id = 1;
+	if (d->index)
+		memset(d->index, 0, d->index_cap * sizeof(*d->index));
+	memset(d->hash, 0, sizeof(d->hash));
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static void client_close(gf_gmsd *d, struct client *c, const char *why);
+
+static int send_msg(gf_gmsd *d, struct client *c, const int *fds, size_t nfds)
+{
+	int rc = gf_msg_send(c->fd, d->out, fds, nfds, gf_now_us() + GMSD_SEND_TIMEOUT_US);
+	if (rc < 0)
+		gf_log(GF_LOG_WARN, "gms", "send to peer=%s failed: %s", c->peer, gf_error_detail());
+	return rc;
+}
+
+static int reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+static int reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
+{
+	char detail[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = seq;
+	gf_msg_set_error(d->out, code, detail);
+	gf_log(GF_LOG_DEBUG, "gms", "error to peer=%s code=%s detail=\"%s\"", c->peer, gf_error_name(code),
+	       detail);
+	return send_msg(d, c, NULL, 0);
+}
+
+static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
+{
+	g->granted = (gf_GmsMode)granted;
+	g->state = (gf_GmsState)d->fsm.state;
+	g->generation = d->generation;
+	if (d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO) {
+		memcpy(g->layout_hash.bytes, d->hash, 16);
+		g->layout_hash.size = 16;
+	}
+	snprintf(g->backend, sizeof(g->backend), "%s", gf_mem_kind_name(gf_mem_kind(d->mem)));
+	g->device = (uint32_t)d->device;
+	snprintf(g->device_uuid, sizeof(g->device_uuid), "%s", d->uuid);
+	g->granularity = d->granularity;
+}
+
+/* ---------------------------------------------------------------- waiting */
+
+static bool other_rw_waiting(gf_gmsd *d, struct client *self)
+{
+	for (struct client *c = d->clients; c; c = c->next)
+		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW)
+			return true;
+	return false;
+}
+
+/* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
+static int try_grant(gf_gmsd *d, struct client *c)
+{
+	enum gms_decision dec = gms_fsm_decide(&d->fsm, c->mode, other_rw_waiting(d, c));
+	if (dec == GMS_WAIT || dec == GMS_INVALID)
+		return 0;
+	if (dec == GMS_GRANT_RW_DROP) {
+		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
+		      c->peer);
+		drop_layout(d);
+	}
+	gms_fsm_apply(&d->fsm, dec);
+	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
+	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
+	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u", c->peer, c->pid,
+	      gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers);
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = c->seq;
+	d->out->which_body = gf_Msg_gms_connected_tag;
+	fill_connected(d, &d->out->body.gms_connected, granted);
+	if (send_msg(d, c, NULL, 0) < 0) {
+		client_close(d, c, "send failed");
+		return -1;
+	}
+	return 1;
+}
+
+/* Every state change: walk the waiters in FIFO order and grant whoever can go now. */
+static void reevaluate(gf_gmsd *d)
+{
+	for (;;) {
+		struct client *best = NULL;
+		bool progressed = false;
+		/* Waiters in FIFO order: find the oldest not yet examined in this pass. */
+		uint64_t after = 0;
+		for (;;) {
+			best = NULL;
+			for (struct client *c = d->clients; c; c = c->next)
+				if (c->phase == C_WAIT && c->order > after && (!best || c->order < best->order))
+					best = c;
+			if (!best)
+				break;
+			after = best->order;
+			int r = try_grant(d, best);
+			if (r != 0) {
+				/* A grant or a drop changed the state (or the list): start a fresh pass. */
+				progressed = true;
+				break;
+			}
+		}
+		if (!progressed)
+			return;
+	}
+}
+
+/* ---------------------------------------------------------------- handlers */
+
+static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const gf_GmsConnect *r = &m->body.gms_connect;
+	if (c->phase != C_IDLE) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "already connected in this session");
+		return;
+	}
+	if ((int)r->mode != GMS_MODE_RW && (int)r->mode != GMS_MODE_RO && (int)r->mode != GMS_MODE_RW_OR_RO) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "unknown mode %d", (int)r->mode);
+		return;
+	}
+	c->mode = r->mode;
+	c->seq = m->seq;
+	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
+	c->order = ++d->next_order;
+	c->phase = C_WAIT;
+	int g = try_grant(d, c);
+	if (g != 0)
+		return;
+	if (r->timeout_ms == 0) {
+		c->phase = C_IDLE;
+		reply_error(d, c, m->seq, GF_ERR_TIMEOUT, "%s not grantable now (state %s)",
+			    gms_mode_name(c->mode), gms_state_name(d->fsm.state));
+		return;
+	}
+	gf_log(GF_LOG_DEBUG, "gms", "peer=%s waits mode=%s state=%s", c->peer, gms_mode_name(c->mode),
+	       gms_state_name(d->fsm.state));
+	/* A new RW waiter holds back RO requests (writer priority); nothing else to re-check. */
+}
+
+static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
+{
+	gf_mem_alloc *a;
+	int rc = gf_mem_create(d->mem, c->alloc_size, &a);
+	if (rc == GF_ERR_OUT_OF_MEMORY && gf_now_us() < c->alloc_until_us) {
+		if (c->alloc_tries++ == 0)
+			event(d, "event=oom_retry peer=%s size=%llu for_ms=%lld", c->peer,
+			      (unsigned long long)c->alloc_size, (long long)d->oom_retry_ms);
+		c->phase = C_ALLOC_WAIT;
+		c->seq = seq;
+		c->alloc_next_us = gf_now_us() + GMSD_OOM_RETRY_US;
+		return 0;
+	}
+	c->phase = C_WRITER;
+	if (rc < 0) {
+		if (rc == GF_ERR_OUT_OF_MEMORY)
+			event(d, "event=oom peer=%s size=%llu tries=%u", c->peer,
+			      (unsigned long long)c->alloc_size, c->alloc_tries + 1);
+		return reply_error(d, c, seq, rc, "allocate %llu bytes: %s",
+				   (unsigned long long)c->alloc_size, gf_error_detail());
+	}
+	int fd = -1;
+	if (d->nallocs == d->allocs_cap) {
+		size_t cap = d->allocs_cap ? d->allocs_cap * 2 : 64;
+		struct galloc *n = realloc(d->allocs, cap * sizeof(*n));
+		if (!n) {
+			gf_mem_alloc_free(a);
+			return reply_error(d, c, seq, GF_ERR_NOMEM, "allocation table: out of memory");
+		}
+		d->allocs = n;
+		d->allocs_cap = cap;
+	}
+	rc = gf_mem_export(a, &fd);
+	if (rc < 0) {
+		gf_mem_alloc_free(a);
+		return reply_error(d, c, seq, rc, "export: %s", gf_error_detail());
+	}
+	struct galloc *g = &d->allocs[d->nallocs++];
+	g->id = d->next_alloc_id++;
+	g->a = a;
+	g->size = gf_mem_alloc_size(a);
+	g->requested = c->alloc_size;
+	snprintf(g->tag, sizeof(g->tag), "%s", c->alloc_tag);
+	d->alloc_bytes += g->size;
+	if (c->alloc_tries)
+		event(d, "event=oom_recovered peer=%s size=%llu tries=%u", c->peer,
+		      (unsigned long long)c->alloc_size, c->alloc_tries + 1);
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = seq;
+	d->out->which_body = gf_Msg_gms_allocated_tag;
+	d->out->body.gms_allocated.has_allocation = true;
+	gf_GmsAllocation *o = &d->out->body.gms_allocated.allocation;
+	o->id = g->id;
+	o->size = g->size;
+	o->requested = g->requested;
+	snprintf(o->tag, sizeof(o->tag), "%s", g->tag);
+	rc = send_msg(d, c, &fd, 1);
+	gf_close(fd);
+	return rc;
+}
+
+static void handle_allocate(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const gf_GmsAllocate *r = &m->body.gms_allocate;
+	if (c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "allocate needs the RW lock");
+		return;
+	}
+	if (r->size == 0) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "allocate: size 0");
+		return;
+	}
+	if (d->nallocs >= GMSD_MAX_ALLOCS) {
+		reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "allocate: more than %d allocations", GMSD_MAX_ALLOCS);
+		return;
+	}
+	c->alloc_size = r->size;
+	snprintf(c->alloc_tag, sizeof(c->alloc_tag), "%s", r->tag);
+	c->alloc_tries = 0;
+	c->alloc_until_us = gf_now_us() + d->oom_retry_ms * 1000;
+	if (do_allocate(d, c, m->seq) < 0)
+		client_close(d, c, "send failed");
+}
+
+static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const gf_GmsMetaPut *r = &m->body.gms_meta_put;
+	if (c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "put metadata needs the RW lock");
+		return;
+	}
+	if (!r->key[0]) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata: empty key");
+		return;
+	}
+	struct galloc *a = alloc_find(d, r->allocation_id);
+	if (!a) {
+		reply_error(d, c, m->seq, GF_ERR_NOT_FOUND, "metadata %s: unknown allocation id %llu", r->key,
+			    (unsigned long long)r->allocation_id);
+		return;
+	}
+	if (r->offset >= a->size) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG,
+			    "metadata %s: offset %llu outside allocation %llu of %llu bytes", r->key,
+			    (unsigned long long)r->offset, (unsigned long long)a->id,
+			    (unsigned long long)a->size);
+		return;
+	}
+	if (meta_find(d, r->key)) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata key %s already exists", r->key);
+		return;
+	}
+	if (d->nmeta >= GMSD_MAX_META) {
+		reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "more than %d metadata entries", GMSD_MAX_META);
+		return;
+	}
+	if (d->nmeta == d->meta_cap) {
+		size_t cap = d->meta_cap ? d->meta_cap * 2 : 256;
+		struct gmeta *n = realloc(d->meta, cap * sizeof(*n));
+		if (!n) {
+			reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+			return;
+		}
+		d->meta = n;
+		d->meta_cap = cap;
+	}
+	/* Keep the index at most half full. */
+	if ((d->nmeta + 1) * 2 > d->index_cap &&
+	    index_rebuild(d, d->index_cap ? d->index_cap * 2 : 512) < 0) {
+		reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+		return;
+	}
+	struct gmeta *e = &d->meta[d->nmeta];
+	e->key = strdup(r->key);
+	e->value = malloc(r->value.size ? r->value.size : 1);
+	if (!e->key || !e->value) {
+		free(e->key);
+		free(e->value);
+		reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+		return;
+	}
+	memcpy(e->value, r->value.bytes, r->value.size);
+	e->value_len = r->value.size;
+	e->alloc_id = r->allocation_id;
+	e->offset = r->offset;
+	size_t p = key_hash(e->key) & (d->index_cap - 1);
+	while (d->index[p])
+		p = (p + 1) & (d->index_cap - 1);
+	d->index[p] = (uint32_t)(d->nmeta + 1);
+	d->nmeta++;
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_ok_tag;
+	if (send_msg(d, c, NULL, 0) < 0)
+		client_close(d, c, "send failed");
+}
+
+static int meta_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct gmeta *)a)->key, ((const struct gmeta *)b)->key);
+}
+
+static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	if (c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
+		return;
+	}
+	for (size_t i = 0; i < d->nmeta; i++) {
+		struct galloc *a = alloc_find(d, d->meta[i].alloc_id);
+		if (!a || d->meta[i].offset >= a->size) {
+			reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
+				    d->meta[i].key);
+			return;
+		}
+	}
+	uint64_t *sizes = malloc((d->nallocs ? d->nallocs : 1) * sizeof(*sizes));
+	struct gms_layout_meta *lm = malloc((d->nmeta ? d->nmeta : 1) * sizeof(*lm));
+	if (!sizes || !lm) {
+		free(sizes);
+		free(lm);
+		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		return;
+	}
+	/* Canonical order (by key) so the hash does not depend on the order of puts. */
+	qsort(d->meta, d->nmeta, sizeof(*d->meta), meta_cmp);
+	index_rebuild(d, d->index_cap ? d->index_cap : 512);
+	for (size_t i = 0; i < d->nallocs; i++)
+		sizes[i] = d->allocs[i].size;
+	for (size_t i = 0; i < d->nmeta; i++) {
+		lm[i].key = d->meta[i].key;
+		lm[i].alloc_index = d->meta[i].alloc_id - 1;
+		lm[i].offset = d->meta[i].offset;
+		lm[i].value = d->meta[i].value;
+		lm[i].value_len = d->meta[i].value_len;
+	}
+	int hrc = gms_layout_hash(sizes, d->nallocs, lm, d->nmeta, d->hash);
+	free(sizes);
+	free(lm);
+	if (hrc < 0) {
+		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		return;
+	}
+	d->generation++;
+	gms_fsm_commit(&d->fsm);
+	c->phase = C_READER;
+	char hex[33];
+	gf_hex(d->hash, 16, hex);
+	event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
+	      (unsigned long long)d->generation, hex, d->nallocs, (unsigned long long)d->alloc_bytes, d->nmeta);
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_gms_committed_tag;
+	d->out->body.gms_committed.generation = d->generation;
+	memcpy(d->out->body.gms_committed.layout_hash.bytes, d->hash, 16);
+	d->out->body.gms_committed.layout_hash.size = 16;
+	if (send_msg(d, c, NULL, 0) < 0) {
+		client_close(d, c, "send failed");
+		return;
+	}
+	reevaluate(d);
+}
+
+static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	bool with_fds = m->body.gms_list.with_fds;
+	bool with_meta = !m->body.gms_list.without_metadata;
+	if (c->phase != C_READER && c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
+		return;
+	}
+	size_t nm = with_meta ? d->nmeta : 0;
+	size_t chunks_a = (d->nallocs + GMSD_CHUNK_ALLOCS - 1) / GMSD_CHUNK_ALLOCS;
+	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
+	size_t chunks = chunks_a > chunks_m ? chunks_a : chunks_m;
+	if (chunks == 0)
+		chunks = 1;
+	int fds[GMSD_CHUNK_ALLOCS];
+	for (size_t k = 0; k < chunks; k++) {
+		size_t a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
+		memset(d->out, 0, sizeof(*d->out));
+		d->out->seq = m->seq;
+		d->out->which_body = gf_Msg_gms_list_chunk_tag;
+		gf_GmsListChunk *ch = &d->out->body.gms_list_chunk;
+		ch->last = k + 1 == chunks;
+		ch->generation = d->generation;
+		memcpy(ch->layout_hash.bytes, d->hash, 16);
+		ch->layout_hash.size = 16;
+		ch->total_allocations = (uint32_t)d->nallocs;
+		ch->total_metadata = (uint32_t)nm;
+		int rc = 0;
+		for (size_t i = a0; i < d->nallocs && i < a0 + GMSD_CHUNK_ALLOCS; i++) {
+			gf_GmsAllocation *o = &ch->allocations[ch->allocations_count++];
+			o->id = d->allocs[i].id;
+			o->size = d->allocs[i].size;
+			o->requested = d->allocs[i].requested;
+			snprintf(o->tag, sizeof(o->tag), "%s", d->allocs[i].tag);
+			if (with_fds && (rc = gf_mem_export(d->allocs[i].a, &fds[nfds])) == 0)
+				nfds++;
+			if (rc < 0)
+				break;
+		}
+		for (size_t i = m0; rc == 0 && i < nm && i < m0 + GMSD_CHUNK_META; i++) {
+			gf_GmsMetaEntry *e = &ch->metadata[ch->metadata_count++];
+			snprintf(e->key, sizeof(e->key), "%s", d->meta[i].key);
+			e->allocation_id = d->meta[i].alloc_id;
+			e->offset = d->meta[i].offset;
+			memcpy(e->value.bytes, d->meta[i].value, d->meta[i].value_len);
+			e->value.size = (pb_size_t)d->meta[i].value_len;
+		}
+		if (rc < 0) {
+			gf_close_fds(fds, nfds);
+			/* The reply is already under way: the client cannot resynchronise. */
+			reply_error(d, c, m->seq, rc, "list: export failed: %s", gf_error_detail());
+			client_close(d, c, "export failed during list");
+			return;
+		}
+		rc = send_msg(d, c, fds, nfds);
+		gf_close_fds(fds, nfds);
+		if (rc < 0) {
+			client_close(d, c, "send failed");
+			return;
+		}
+	}
+}
+
+static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_gms_status_tag;
+	gf_GmsStatus *s = &d->out->body.gms_status;
+	s->state = (gf_GmsState)d->fsm.state;
+	s->generation = d->generation;
+	if (d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO) {
+		memcpy(s->layout_hash.bytes, d->hash, 16);
+		s->layout_hash.size = 16;
+	}
+	s->readers = d->fsm.readers;
+	for (struct client *x = d->clients; x; x = x->next)
+		if (x->phase == C_WAIT)
+			s->waiters++;
+	s->allocation_count = (uint32_t)d->nallocs;
+	s->allocation_bytes = d->alloc_bytes;
+	s->writer = d->fsm.state == GMS_RW;
+	snprintf(s->backend, sizeof(s->backend), "%s", gf_mem_kind_name(gf_mem_kind(d->mem)));
+	s->device = (uint32_t)d->device;
+	snprintf(s->device_uuid, sizeof(s->device_uuid), "%s", d->uuid);
+	s->uptime_ms = (gf_now_us() - d->started_us) / 1000;
+	s->metadata_count = (uint32_t)d->nmeta;
+	/* oldest first */
+	size_t first = (d->ev_next + GMSD_EVENTS - d->ev_count) % GMSD_EVENTS;
+	for (size_t i = 0; i < d->ev_count; i++) {
+		const struct gevent *e = &d->events[(first + i) % GMSD_EVENTS];
+		s->events[s->events_count].at_us = e->at_us;
+		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
+		s->events_count++;
+	}
+	if (send_msg(d, c, NULL, 0) < 0)
+		client_close(d, c, "send failed");
+}
+
+static void handle_hello(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	int rc = gf_handshake_check_hello(m, gf_Component_COMPONENT_GMS);
+	if (rc < 0) {
+		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
+		client_close(d, c, "bad hello");
+		return;
+	}
+	snprintf(c->peer, sizeof(c->peer), "%s", m->body.hello.peer_id[0] ? m->body.hello.peer_id : "anonymous");
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_welcome_tag;
+	d->out->body.welcome.version = GF_PROTOCOL_VERSION;
+	d->out->body.welcome.component = gf_Component_COMPONENT_GMS;
+	snprintf(d->out->body.welcome.server_id, sizeof(d->out->body.welcome.server_id), "gms-%s-%d",
+		 gf_mem_kind_name(gf_mem_kind(d->mem)), d->device);
+	c->phase = C_IDLE;
+	if (send_msg(d, c, NULL, 0) < 0)
+		client_close(d, c, "send failed");
+}
+
+/* Returns false when the client was closed. */
+static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	if (c->phase == C_HELLO) {
+		handle_hello(d, c, m);
+		return c->phase != C_HELLO;
+	}
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT) {
+		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
+		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
+		client_close(d, c, "request while waiting");
+		return false;
+	}
+	switch (m->which_body) {
+	case gf_Msg_gms_connect_tag:
+		handle_connect(d, c, m);
+		break;
+	case gf_Msg_gms_allocate_tag:
+		handle_allocate(d, c, m);
+		break;
+	case gf_Msg_gms_meta_put_tag:
+		handle_meta_put(d, c, m);
+		break;
+	case gf_Msg_gms_commit_tag:
+		handle_commit(d, c, m);
+		break;
+	case gf_Msg_gms_list_tag:
+		handle_list(d, c, m);
+		break;
+	case gf_Msg_gms_status_request_tag:
+		handle_status(d, c, m);
+		break;
+	default:
+		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
+		client_close(d, c, "unexpected message");
+		return false;
+	}
+	return true;
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static void client_close(gf_gmsd *d, struct client *c, const char *why)
+{
+	if (c->fd < 0)
+		return;
+	bool changed = false;
+	switch (c->phase) {
+	case C_WRITER:
+	case C_ALLOC_WAIT:
+		gms_fsm_writer_left(&d->fsm);
+		event(d, "event=rw_abort peer=%s pid=%u allocations=%zu reason=\"%s\"", c->peer, c->pid,
+		      d->nallocs, why);
+		drop_layout(d);
+		changed = true;
+		break;
+	case C_READER:
+		gms_fsm_reader_left(&d->fsm);
+		event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s", c->peer, c->pid,
+		      d->fsm.readers, gms_state_name(d->fsm.state));
+		changed = true;
+		break;
+	case C_WAIT:
+		/* A leaving RW waiter may unblock readers (writer priority). */
+		changed = c->mode == GMS_MODE_RW;
+		break;
+	default:
+		break;
+	}
+	gf_log(GF_LOG_DEBUG, "gms", "close peer=%s reason=\"%s\"", c->peer, why);
+	epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
+	gf_close(c->fd);
+	c->fd = -1;
+	gf_frame_reader_clear(&c->rd);
+	c->phase = C_HELLO;
+	/* Unlinked and freed by sweep(); handlers may still hold the pointer. */
+	if (changed)
+		reevaluate(d);
+}
+
+static void sweep(gf_gmsd *d)
+{
+	struct client **pp = &d->clients;
+	while (*pp) {
+		struct client *c = *pp;
+		if (c->fd < 0) {
+			*pp = c->next;
+			free(c);
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+static bool uid_allowed(gf_gmsd *d, uint32_t uid)
+{
+	for (size_t i = 0; i < d->nuids; i++)
+		if (d->uids[i] == uid)
+			return true;
+	return false;
+}
+
+static void accept_all(gf_gmsd *d)
+{
+	for (;;) {
+		int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				gf_log(GF_LOG_WARN, "gms", "accept: %s", strerror(errno));
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		struct ucred cr = {0};
+		socklen_t cl = sizeof(cr);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || !uid_allowed(d, cr.uid)) {
+			gf_log(GF_LOG_WARN, "gms", "refused peer uid=%u pid=%u: not in the allowed uids",
+			       (unsigned)cr.uid, (unsigned)cr.pid);
+			gf_Msg *e = d->out;
+			memset(e, 0, sizeof(*e));
+			gf_msg_set_error(e, GF_ERR_PERMISSION, "uid not allowed by this GPU memory service");
+			gf_msg_send(fd, e, NULL, 0, gf_now_us() + 100000);
+			close(fd);
+			continue;
+		}
+		struct client *c = calloc(1, sizeof(*c));
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->fd = fd;
+		c->uid = (uint32_t)cr.uid;
+		c->pid = (uint32_t)cr.pid;
+		snprintf(c->peer, sizeof(c->peer), "pid%u", c->pid);
+		gf_frame_reader_init(&c->rd, 0); /* clients never send fds */
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+		if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			close(fd);
+			free(c);
+			continue;
+		}
+		c->next = d->clients;
+		d->clients = c;
+	}
+}
+
+static void client_readable(gf_gmsd *d, struct client *c)
+{
+	for (int n = 0; n < 64 && c->fd >= 0; n++) { /* bounded: one busy peer cannot starve the others */
+		int rc = gf_frame_reader_feed(&c->rd, c->fd);
+		if (rc == GF_ERR_AGAIN)
+			return;
+		if (rc == GF_ERR_CLOSED) {
+			client_close(d, c, "peer closed");
+			return;
+		}
+		if (rc < 0) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", gf_error_detail());
+			if (rc != GF_ERR_IO)
+				reply_error(d, c, 0, rc, "%s", why);
+			client_close(d, c, why);
+			return;
+		}
+		if (gf_msg_decode(c->rd.body, c->rd.msg_len, d->in) < 0) {
+			char why[256];
+			snprintf(why, sizeof(why), "%s", gf_error_detail());
+			reply_error(d, c, 0, GF_ERR_PROTOCOL, "%s", why);
+			client_close(d, c, why);
+			return;
+		}
+		if (!dispatch(d, c, d->in))
+			return;
+	}
+}
+
+/* ---------------------------------------------------------------- timers */
+
+static void on_timer(gf_gmsd *d)
+{
+	int64_t now = gf_now_us();
+	bool changed = false;
+	for (struct client *c = d->clients; c; c = c->next) {
+		if (c->fd < 0)
+			continue;
+		if (c->phase == C_WAIT && now >= c->deadline_us) {
+			c->phase = C_IDLE;
+			changed |= c->mode == GMS_MODE_RW;
+			event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
+			      gms_state_name(d->fsm.state));
+			if (reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
+					gms_mode_name(c->mode), gms_state_name(d->fsm.state)) < 0)
+				client_close(d, c, "send failed");
+		} else if (c->phase == C_ALLOC_WAIT && now >= c->alloc_next_us) {
+			if (do_allocate(d, c, c->seq) < 0)
+				client_close(d, c, "send failed");
+		}
+	}
+	if (changed)
+		reevaluate(d);
+}
+
+static void arm_timer(gf_gmsd *d)
+{
+	int64_t next = INT64_MAX;
+	for (struct client *c = d->clients; c; c = c->next) {
+		if (c->fd < 0)
+			continue;
+		if (c->phase == C_WAIT && c->deadline_us < next)
+			next = c->deadline_us;
+		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
+			next = c->alloc_next_us;
+	}
+	struct itimerspec its = {0};
+	if (next != INT64_MAX) {
+		if (next <= 0)
+			next = 1;
+		its.it_value.tv_sec = next / 1000000;
+		its.it_value.tv_nsec = (next % 1000000) * 1000;
+	}
+	timerfd_settime(d->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* ---------------------------------------------------------------- public */
+
+int gf_gmsd_new(gf_gmsd **out)
+{
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_new: out is NULL");
+	gf_gmsd *d = calloc(1, sizeof(*d));
+	if (!d)
+		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
+	d->ep = d->lfd = d->tfd = d->efd = -1;
+	d->kind = GF_MEM_AUTO;
+	d->uids[d->nuids++] = (uint32_t)getuid();
+	if (getuid() != 0)
+		d->uids[d->nuids++] = 0;
+	d->next_alloc_id = 1;
+	gms_fsm_init(&d->fsm);
+	*out = d;
+	return 0;
+}
+
+#define NOT_STARTED(d)                                                                 \
+	do {                                                                               \
+		if (!(d))                                                                      \
+			return gf_err(GF_ERR_INVALID_ARG, "gmsd is NULL");                         \
+		if ((d)->started)                                                              \
+			return gf_err(GF_ERR_STATE, "gmsd: settings are fixed once started");      \
+	} while (0)
+
+int gf_gmsd_set_listen(gf_gmsd *d, const char *uri)
+{
+	NOT_STARTED(d);
+	struct gf_uri u;
+	int rc = uri ? gf_uri_parse(uri, &u) : gf_err(GF_ERR_INVALID_ARG, "listen URI is NULL");
+	if (rc < 0)
+		return rc;
+	if (u.kind != GF_URI_UNIX)
+		return gf_err(GF_ERR_INVALID_ARG, "GMS listens on unix:// only (fds cannot cross hosts): %s", uri);
+	d->uri = u;
+	d->have_uri = true;
+	snprintf(d->listen_text, sizeof(d->listen_text), "%s", uri);
+	return 0;
+}
+
+int gf_gmsd_set_device(gf_gmsd *d, int index)
+{
+	NOT_STARTED(d);
+	if (index < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "device index %d", index);
+	d->device = index;
+	return 0;
+}
+
+int gf_gmsd_set_backend(gf_gmsd *d, int kind)
+{
+	NOT_STARTED(d);
+	if (kind != GF_MEM_AUTO && kind != GF_MEM_CUDA && kind != GF_MEM_HOST)
+		return gf_err(GF_ERR_INVALID_ARG, "backend kind %d", kind);
+	d->kind = kind;
+	return 0;
+}
+
+int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms)
+{
+	NOT_STARTED(d);
+	if (ms < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "oom retry %lld ms", (long long)ms);
+	d->oom_retry_ms = ms;
+	return 0;
+}
+
+int gf_gmsd_allow_uid(gf_gmsd *d, uint32_t uid)
+{
+	NOT_STARTED(d);
+	if (uid_allowed(d, uid))
+		return 0;
+	if (d->nuids >= GMSD_MAX_UIDS)
+		return gf_err(GF_ERR_TOO_BIG, "more than %d allowed uids", GMSD_MAX_UIDS);
+	d->uids[d->nuids++] = uid;
+	return 0;
+}
+
+int gf_gmsd_start(gf_gmsd *d)
+{
+	NOT_STARTED(d);
+	if (!d->have_uri)
+		return gf_err(GF_ERR_INVALID_ARG, "gmsd: no listen URI set");
+	int rc;
+	size_t rec;
+	if (!(d->in = gf_msg_new()) || !(d->out = gf_msg_new()))
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	if ((rc = gf_mem_open(&d->mem, d->kind, d->device)) < 0)
+		return rc;
+	if ((rc = gf_mem_granularity(d->mem, &d->granularity, &rec)) < 0)
+		return rc;
+	if (gf_mem_device_uuid(d->mem, d->uuid, sizeof(d->uuid)) < 0)
+		d->uuid[0] = 0;
+	d->ep = epoll_create1(EPOLL_CLOEXEC);
+	d->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+	d->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (d->ep < 0 || d->tfd < 0 || d->efd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "gmsd: epoll/timerfd/eventfd");
+	if ((rc = gf_uri_listen(&d->uri, 128, &d->lfd)) < 0)
+		return rc;
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &d->lfd};
+	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->lfd, &ev);
+	ev.data.ptr = &d->tfd;
+	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->tfd, &ev);
+	ev.data.ptr = &d->efd;
+	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->efd, &ev);
+	d->started = true;
+	d->started_us = gf_now_us();
+	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
+	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);
+	return 0;
+}
+
+gf_mem *gf_gmsd_mem(gf_gmsd *d)
+{
+	return d ? d->mem : NULL;
+}
+
+int gf_gmsd_get_fd(const gf_gmsd *d)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	return d->ep;
+}
+
+/* Returns 1 when a stop was requested. */
+static int process_once(gf_gmsd *d, int timeout_ms)
+{
+	struct epoll_event evs[64];
+	int stop = 0;
+	int n = epoll_wait(d->ep, evs, 64, timeout_ms);
+	if (n < 0)
+		return errno == EINTR ? 0 : gf_err_errno(GF_ERR_IO, errno, "epoll_wait");
+	for (int i = 0; i < n; i++) {
+		void *p = evs[i].data.ptr;
+		if (p == &d->lfd) {
+			accept_all(d);
+		} else if (p == &d->tfd) {
+			uint64_t x;
+			while (read(d->tfd, &x, sizeof(x)) > 0)
+				;
+			on_timer(d);
+		} else if (p == &d->efd) {
+			uint64_t x;
+			while (read(d->efd, &x, sizeof(x)) > 0)
+				;
+			stop = 1;
+		} else {
+			struct client *c = p;
+			if (c->fd < 0)
+				continue;
+			if (evs[i].events & EPOLLIN)
+				client_readable(d, c);
+			if (c->fd >= 0 && (evs[i].events & (EPOLLHUP | EPOLLERR)))
+				client_close(d, c, "hangup");
+			else if (c->fd >= 0 && (evs[i].events & EPOLLRDHUP) && !(evs[i].events & EPOLLIN))
+				client_close(d, c, "peer closed");
+		}
+	}
+	/* Deadlines may have passed while we worked. */
+	on_timer(d);
+	sweep(d);
+	arm_timer(d);
+	return stop;
+}
+
+int gf_gmsd_process(gf_gmsd *d)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	int rc = process_once(d, 0);
+	return rc < 0 ? rc : 0;
+}
+
+int gf_gmsd_run(gf_gmsd *d)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	for (;;) {
+		int rc = process_once(d, -1);
+		if (rc < 0)
+			return rc;
+		if (rc == 1)
+			return 0;
+	}
+}
+
+void gf_gmsd_stop(gf_gmsd *d)
+{
+	uint64_t one = 1;
+	if (d && d->efd >= 0) {
+		ssize_t w = write(d->efd, &one, sizeof(one));
+		(void)w;
+	}
+}
+
+void gf_gmsd_free(gf_gmsd *d)
+{
+	if (!d)
+		return;
+	struct client *c = d->clients;
+	while (c) {
+		struct client *n = c->next;
+		if (c->fd >= 0) {
+			gf_close(c->fd);
+			gf_frame_reader_clear(&c->rd);
+		}
+		free(c);
+		c = n;
+	}
+	drop_layout(d);
+	free(d->allocs);
+	free(d->meta);
+	free(d->index);
+	if (d->lfd >= 0 && d->uri.kind == GF_URI_UNIX)
+		unlink(d->uri.path);
+	gf_close(d->lfd);
+	gf_close(d->ep);
+	gf_close(d->tfd);
+	gf_close(d->efd);
+	gf_mem_free(d->mem);
+	gf_msg_free(d->in);
+	gf_msg_free(d->out);
+	free(d);
+}
