@@ -27,9 +27,12 @@
 #include <stdint.h>
 
 #include "../gpufailover.h"
-#include "gms.h"
-#include "lock.h"
-#include "mem.h"
+
+/* Forward declarations rather than includes: the umbrella header includes
+ * every component header, and gms.h may be the one being read right now
+ * (C11 allows the repeated typedefs). */
+typedef struct gf_gms gf_gms;
+typedef struct gf_mem gf_mem;
 
 #ifdef __cplusplus
 extern "C" {
