@@ -164,9 +164,11 @@ GF_EXPORT int gf_engine_set_loss_grace(gf_engine *engine, int64_t ms);
  * The default loss policy, and the one place the library ends a process:
  * logs at error level why (`event=engine_lost err=... detail=...`), sends
  * SIGTERM to its own process so the engine's normal shutdown path runs, and
- * if the process is still alive after the grace period calls _exit(70).
- * Blocks its (watcher) thread for the grace period. Engines that want
- * another policy install their own with gf_engine_set_loss_fn().
+ * if the process is still alive after the grace period calls _exit(70)
+ * (from a detached timer thread, so this call returns at once and the
+ * engine can shut down and gf_engine_free() normally meanwhile). Engines
+ * that want another policy install their own with gf_engine_set_loss_fn();
+ * theirs may call this one too.
  */
 GF_EXPORT void gf_engine_default_loss(gf_engine *engine, int err, const char *detail, void *userdata);
 

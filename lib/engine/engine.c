@@ -421,6 +421,24 @@ GF_EXPORT int gf_engine_set_loss_grace(gf_engine *e, int64_t ms)
 
 /* ---- loss policy ---- */
 
+static void sleep_ms_real(int64_t ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static void *loss_reaper(void *arg)
+{
+	int64_t grace_ms = (int64_t)(intptr_t)arg;
+	sleep_ms_real(grace_ms);
+	/* gf_log is not used here: the engine object may be gone by now. */
+	fprintf(stderr, "gf-engine: still alive %lld ms after the loss policy's SIGTERM; _exit(70)\n",
+		(long long)grace_ms);
+	_exit(70);
+	return NULL;
+}
+
 GF_EXPORT void gf_engine_default_loss(gf_engine *e, int err, const char *detail, void *userdata)
 {
 	int64_t grace_ms = 10000;
@@ -430,18 +448,24 @@ GF_EXPORT void gf_engine_default_loss(gf_engine *e, int err, const char *detail,
 		pthread_mutex_unlock(&e->mu);
 	}
 	gf_log(GF_LOG_ERR, "engine",
-	       "event=engine_lost id=%s err=%s detail=\"%s\" action=terminate msg=\"terminating the process so the "
-	       "platform restarts it as a standby (default loss policy)\"",
-	       e && e->id ? e->id : "", gf_error_name(err) ? gf_error_name(err) : "?", detail ? detail : "");
+	       "event=engine_lost id=%s err=%s detail=\"%s\" action=terminate grace_ms=%" PRId64
+	       " msg=\"terminating the process so the platform restarts it as a standby (default loss policy)\"",
+	       e && e->id ? e->id : "", gf_error_name(err) ? gf_error_name(err) : "?", detail ? detail : "",
+	       grace_ms);
+	/* The grace timer runs on its own detached thread so the watcher
+	 * thread that called us returns, and the engine's SIGTERM path can
+	 * stop and join it while shutting down cleanly. */
+	pthread_t t;
+	pthread_attr_t attr;
+	bool timer = false;
+	if (pthread_attr_init(&attr) == 0) {
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		timer = pthread_create(&t, &attr, loss_reaper, (void *)(intptr_t)grace_ms) == 0;
+		pthread_attr_destroy(&attr);
+	}
 	kill(getpid(), SIGTERM);
-	/* The engine's SIGTERM handler normally ends the process within the
-	 * grace period; if it is stuck (or SIGTERM is ignored), end it anyway. */
-	struct timespec ts = { .tv_sec = grace_ms / 1000, .tv_nsec = (grace_ms % 1000) * 1000000 };
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
-	gf_log(GF_LOG_ERR, "engine", "event=engine_lost_exit id=%s msg=\"still alive after %" PRId64
-	       " ms grace; _exit(70)\"", e && e->id ? e->id : "", grace_ms);
-	_exit(70);
+	if (!timer)
+		loss_reaper((void *)(intptr_t)grace_ms);
 }
 
 static void engine_lost(gf_engine *e, int err, const char *what, const char *detail)
