@@ -456,6 +456,13 @@ static void *signal_thread(void *arg)
 			continue;
 		logf_(GF_LOG_INFO, "event=signal sig=%s state=%s", sig == SIGTERM ? "TERM" : "INT",
 		      gf_engine_state_name(gf_engine_state(s->app->engine)));
+		if (gf_engine_state(s->app->engine) == GF_ENGINE_INIT) {
+			/* Init blocks in the GMS (a follower waits for the commit)
+			 * where no interrupt reaches; nothing is held yet that the
+			 * kernel does not release, so leave right away. */
+			logf_(GF_LOG_INFO, "event=exit status=0 msg=\"stopped during init\"");
+			_exit(0);
+		}
 		s->app->stopping = 1;
 		if (write(s->app->stop_pipe[1], "x", 1) < 0) {
 			/* The pipe is never full before the first stop; nothing to do. */

@@ -658,8 +658,8 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	e->m.remap_us = e->m.private_alloc_us = e->m.serve_us = e->m.wake_total_us = -1;
 	e->m.private_alloc_retries = 0;
 	pthread_mutex_unlock(&e->mu);
-	gf_log(GF_LOG_INFO, "engine", "event=lock_granted id=%s epoch=%" PRIu64 " wait_us=%" PRId64 "%s", e->id,
-	       grant.epoch, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
+	gf_log(GF_LOG_INFO, "engine", "event=lock_granted epoch=%" PRIu64 " id=%s wait_us=%" PRId64 "%s", grant.epoch,
+	       e->id, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
 	rc = transition(e, GF_ENGINE_STANDBY, GF_ENGINE_WAKING);
 	if (rc)
 		return rc; /* lost meanwhile (Dead) */
@@ -745,7 +745,7 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 		e->dev[i].mapped = true;
 	}
 	int64_t t1 = e->ops.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=weights_remapped devices=%d us=%" PRId64, e->ndev, t1 - t0);
+	gf_log(GF_LOG_INFO, "engine", "event=weights_remapped us=%" PRId64 " devices=%d", t1 - t0, e->ndev);
 	if (e->private_bytes > 0) {
 		for (int i = 0; i < e->ndev; i++) {
 			rc = alloc_private(e, i, deadline);
@@ -754,8 +754,8 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 		}
 	}
 	int64_t t2 = e->ops.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated devices=%d bytes=%" PRIu64 " us=%" PRId64, e->ndev,
-	       e->private_bytes, t2 - t1);
+	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t2 - t1,
+	       e->ndev, e->private_bytes);
 	/* From here a GMS that goes away is a loss (Decision 1). */
 	for (int i = 0; i < e->ndev; i++) {
 		struct engine_dev *d = &e->dev[i];
