@@ -91,6 +91,8 @@ static void usage(FILE *to)
 		"  --waking-timeout DUR   /live fails after this long in Waking (default 120s)\n"
 		"  --remap-timeout DUR    GMS remap timeout on wake (default 30s)\n"
 		"  --init-timeout DUR     how long to wait for each GMS at init (default: forever)\n"
+		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
+		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
 		"  --write-weights FILE   write the generated weights as safetensors and exit\n"
 		"  --help, --version\n"
@@ -481,6 +483,7 @@ int main(int argc, char **argv)
 		{ "probe-port", required_argument, NULL, 'P' }, { "probe-address", required_argument, NULL, 'A' },
 		{ "backend", required_argument, NULL, 'b' },   { "waking-timeout", required_argument, NULL, 'W' },
 		{ "remap-timeout", required_argument, NULL, 'R' }, { "init-timeout", required_argument, NULL, 'I' },
+		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -489,7 +492,7 @@ int main(int argc, char **argv)
 	const char *lock_uri = NULL, *write_path = NULL, *probe_addr = NULL;
 	const char *gms[16];
 	int ngms = 0, role = GF_ENGINE_LOADER, probe_port = 8081;
-	int64_t waking_ms = -1, remap_ms = -1, init_ms = -1;
+	int64_t waking_ms = -1, remap_ms = -1, init_ms = -1, reconnect_ms = -1;
 	uint64_t kv_bytes = 16ull << 20;
 	char idbuf[64];
 	long v;
@@ -566,6 +569,10 @@ int main(int argc, char **argv)
 			break;
 		case 'I':
 			if (parse_duration("--init-timeout", optarg, &init_ms))
+				return 2;
+			break;
+		case 'L':
+			if (parse_duration("--lock-reconnect-timeout", optarg, &reconnect_ms))
 				return 2;
 			break;
 		case 'k':
@@ -685,6 +692,8 @@ int main(int argc, char **argv)
 		rc = gf_engine_set_remap_timeout(e, remap_ms);
 	if (!rc)
 		rc = gf_engine_set_init_timeout(e, init_ms);
+	if (!rc)
+		rc = gf_engine_set_lock_reconnect_timeout(e, reconnect_ms);
 	if (!rc)
 		rc = gf_engine_set_private_bytes(e, kv_bytes);
 	if (!rc)

@@ -141,6 +141,8 @@ GF_EXPORT int gf_engine_set_backend(gf_engine *engine, int kind);
 GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
 /** Timeout of the GMS remap on wake (finite, > 0; seed 000 Decision 6). */
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
+/** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
+GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
 /** How long gf_engine_init_weights() waits for each GMS (follower: for the commit). < 0: forever. */
 GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */

@@ -62,6 +62,7 @@ struct gf_engine {
 	int64_t waking_timeout_ms;
 	int64_t remap_timeout_ms;
 	int64_t init_timeout_ms;
+	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
 	char probe_addr[64];
@@ -123,6 +124,7 @@ int gf_engine_new_with_ops(gf_engine **out, const struct gf_engine_ops *ops)
 	e->waking_timeout_ms = 120000;
 	e->remap_timeout_ms = 30000;
 	e->init_timeout_ms = -1;
+	e->lock_reconnect_ms = -1;
 	e->loss_grace_ms = 10000;
 	e->probe_port = -1;
 	snprintf(e->probe_addr, sizeof(e->probe_addr), "0.0.0.0");
@@ -347,6 +349,15 @@ GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *e, int64_t ms)
 	if (ms <= 0 || ms > INT64_MAX / 2000)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_remap_timeout: must be > 0 and finite");
 	e->remap_timeout_ms = ms;
+	return 0;
+}
+
+GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *e, int64_t ms)
+{
+	int rc = config_check(e, "gf_engine_set_lock_reconnect_timeout");
+	if (rc)
+		return rc;
+	e->lock_reconnect_ms = ms < 0 ? -1 : ms;
 	return 0;
 }
 
@@ -636,6 +647,13 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		rc = e->ops.lock_new(&lock, e->lock_uri, e->id);
 		if (rc)
 			return rc;
+		if (e->lock_reconnect_ms >= 0) {
+			rc = e->ops.lock_set_reconnect_timeout(lock, e->lock_reconnect_ms);
+			if (rc) {
+				e->ops.lock_free(lock);
+				return rc;
+			}
+		}
 		/* The hook is in place before the lock can be held. */
 		e->ops.lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
 		atomic_store(&e->lock, lock);

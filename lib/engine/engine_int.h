@@ -18,6 +18,7 @@ struct gf_engine_ops {
 	int (*lock_new)(gf_lock **out, const char *uri, const char *engine_id);
 	void (*lock_free)(gf_lock *lock);
 	int (*lock_acquire)(gf_lock *lock, int64_t timeout_ms, struct gf_lock_grant *grant);
+	int (*lock_set_reconnect_timeout)(gf_lock *lock, int64_t ms);
 	void (*lock_set_lost_fn)(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
 	int (*lock_start_watch)(gf_lock *lock);
 	void (*lock_stop_watch)(gf_lock *lock);

@@ -19,6 +19,7 @@ static const struct gf_engine_ops real_ops = {
 	.lock_new = gf_lock_new,
 	.lock_free = gf_lock_free,
 	.lock_acquire = gf_lock_acquire,
+	.lock_set_reconnect_timeout = gf_lock_set_reconnect_timeout,
 	.lock_set_lost_fn = gf_lock_set_lost_fn,
 	.lock_start_watch = gf_lock_start_watch,
 	.lock_stop_watch = gf_lock_stop_watch,

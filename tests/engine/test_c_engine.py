@@ -274,3 +274,39 @@ def test_bad_input(world):
                        (["--backend", "cuda"], 2), (["--help"], 0), (["--version"], 0)):
         p = world.start("args", [ENGINE, *argv])
         assert p.wait_exit() == code, (argv, p.text())
+
+
+def test_lock_loss_terminates_active_engine(world):
+    lockd = world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a", "--lock-reconnect-timeout", "500ms")
+    serving_port(a)
+    lockd.p.send_signal(signal.SIGKILL)
+    lockd.wait_exit()
+    # Not back within the reconnect time: the lock is lost for good.
+    assert a.wait_exit() == 70
+    log = a.text()
+    assert "event=engine_lost" in log
+    assert "err=GF_ERR_LOCK_LOST" in log
+
+
+def test_wake_against_fresh_gms_fails(world):
+    """Decision 6: a GMS that restarted while the standby slept has no commit;
+    the remap times out and the wake is fatal, not a hang."""
+    world.lockd()
+    gmsd = world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    b = world.engine("engine-b", "--role", "follower", "--remap-timeout", "500ms")
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGSTOP)  # A cannot notice the GMS going away
+    gmsd.p.send_signal(signal.SIGKILL)
+    gmsd.wait_exit()
+    world.gmsd()
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    assert b.wait_exit() == 1
+    log = b.text()
+    assert "event=wake_failed" in log
+    assert "GF_ERR_TIMEOUT" in log
+    assert "event=endpoint_listening" not in log

@@ -107,6 +107,12 @@ static int f_lock_acquire(gf_lock *l, int64_t t, struct gf_lock_grant *g)
 	g->epoch = fk.epoch;
 	return 0;
 }
+static int64_t reconnect_ms_seen = -2;
+static int f_lock_reconnect(gf_lock *l, int64_t ms)
+{
+	reconnect_ms_seen = ms;
+	return 0;
+}
 static void f_lock_set_lost(gf_lock *l, gf_lock_lost_fn fn, void *ud)
 {
 	l->lost = fn;
@@ -269,6 +275,7 @@ static const struct gf_engine_ops fake_ops = {
 	.lock_new = f_lock_new,
 	.lock_free = f_lock_free,
 	.lock_acquire = f_lock_acquire,
+	.lock_set_reconnect_timeout = f_lock_reconnect,
 	.lock_set_lost_fn = f_lock_set_lost,
 	.lock_start_watch = f_lock_watch,
 	.lock_stop_watch = f_lock_unwatch,
@@ -392,6 +399,7 @@ static void test_legal_path(void **state)
 	gf_engine *e = *state;
 	struct gf_engine_metrics m;
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 1500), 0);
 	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
 	assert_int_equal(loads, 2);
 	assert_int_equal(fk.mapped_gms, 2);
@@ -402,6 +410,7 @@ static void test_legal_path(void **state)
 	fk.acquire_advance_ms = 5000;
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
+	assert_int_equal(reconnect_ms_seen, 1500);
 	assert_true(fk.lock->watching);
 	assert_non_null(fk.lock->lost);
 	assert_int_equal(gf_engine_epoch(e), 7);
