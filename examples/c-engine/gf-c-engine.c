@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ struct app {
 	void *gen_buf;
 	struct model live; /* the tensors as mapped from the GMS */
 	struct MHD_Daemon *http;
+	atomic_int serving; /* read by the probe server's thread */
 	int stop_pipe[2];
 	volatile sig_atomic_t stopping;
 	volatile sig_atomic_t lost; /* the loss policy ran */
@@ -159,13 +161,13 @@ static uint64_t align_up(uint64_t v)
 	return (v + TENSOR_ALIGN - 1) & ~(TENSOR_ALIGN - 1);
 }
 
-static int meta_value(const struct model_tensor *t, size_t index, char **out)
+static int meta_value(const struct model_tensor *t, uint64_t offset, size_t index, char **out)
 {
 	json_t *shape = json_array();
 	for (unsigned d = 0; d < t->ndim; d++)
 		json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
-	json_t *v = json_pack("{s:s,s:o,s:I,s:I}", "dtype", t->dtype, "shape", shape, "index", (json_int_t)index,
-			      "nbytes", (json_int_t)t->nbytes);
+	json_t *v = json_pack("{s:s,s:o,s:I,s:I,s:I}", "dtype", t->dtype, "shape", shape, "offset",
+			      (json_int_t)offset, "index", (json_int_t)index, "nbytes", (json_int_t)t->nbytes);
 	*out = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(v);
 	return *out ? 0 : GF_ERR_NOMEM;
@@ -223,7 +225,7 @@ static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 			if (t->nbytes)
 				memcpy(base + off, t->data, t->nbytes);
 			char *val;
-			rc = meta_value(t, k, &val);
+			rc = meta_value(t, off, k, &val);
 			if (rc)
 				return rc;
 			rc = gf_gms_put_meta(gms, t->name, id, off, val, strlen(val));
@@ -418,6 +420,7 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
 		return GF_ERR_IO;
 	}
+	atomic_store(&a->serving, 1);
 	const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
 	logf_(GF_LOG_INFO, "event=endpoint_listening port=%d epoch=%" PRIu64, info ? info->port : a->port,
 	      gf_engine_epoch(e));
@@ -437,7 +440,7 @@ static int healthy(gf_engine *e, void *userdata)
 {
 	struct app *a = userdata;
 	(void)e;
-	return a->http != NULL;
+	return atomic_load(&a->serving);
 }
 
 /* ---- signals ---- */

@@ -77,7 +77,9 @@ typedef int (*gf_engine_health_fn)(gf_engine *engine, void *userdata);
  * Loss policy: called once when the lock is lost for good (after the lock
  * client's reconnect attempts, @p err GF_ERR_LOCK_LOST) or a GMS connection
  * is lost while connected (@p err GF_ERR_GMS_LOST). The engine is already
- * Dead when it runs. Runs on the watcher thread that noticed the loss.
+ * Dead when it runs. Runs on the watcher thread that noticed the loss, so it
+ * must return (gf_engine_free() joins that thread) and must not free the
+ * engine itself.
  */
 typedef void (*gf_engine_loss_fn)(gf_engine *engine, int err, const char *detail, void *userdata);
 

@@ -771,6 +771,13 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 				goto fail;
 		}
 	}
+	/* Mappings are complete on the device before anything is served from
+	 * them (LESSONS.md item 2). */
+	for (int i = 0; i < e->ndev; i++) {
+		rc = e->ops.mem_synchronize(e->dev[i].mem);
+		if (rc)
+			goto fail;
+	}
 	int64_t t2 = e->ops.now_us();
 	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t2 - t1,
 	       e->ndev, e->private_bytes);

@@ -34,6 +34,7 @@ struct gf_engine_ops {
 	uint64_t (*mem_va_addr)(const gf_mem_va *va);
 	int (*mem_map)(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access);
 	int (*mem_unmap_all)(gf_mem_va *va);
+	int (*mem_synchronize)(gf_mem *m);
 
 	int (*gms_connect)(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
 	void (*gms_free)(gf_gms *gms);

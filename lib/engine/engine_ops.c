@@ -34,6 +34,7 @@ static const struct gf_engine_ops real_ops = {
 	.mem_va_addr = gf_mem_va_addr,
 	.mem_map = gf_mem_map,
 	.mem_unmap_all = gf_mem_unmap_all,
+	.mem_synchronize = gf_mem_synchronize,
 	.gms_connect = gf_gms_connect,
 	.gms_free = gf_gms_free,
 	.gms_granted_mode = gf_gms_granted_mode,

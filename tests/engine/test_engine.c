@@ -203,6 +203,12 @@ static int f_mem_unmap_all(gf_mem_va *va)
 	va->mapped = false;
 	return 0;
 }
+static int syncs;
+static int f_mem_sync(gf_mem *m)
+{
+	syncs++;
+	return 0;
+}
 static int f_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t t)
 {
 	if (fk.connect_rc)
@@ -290,6 +296,7 @@ static const struct gf_engine_ops fake_ops = {
 	.mem_va_addr = f_mem_va_addr,
 	.mem_map = f_mem_map,
 	.mem_unmap_all = f_mem_unmap_all,
+	.mem_synchronize = f_mem_sync,
 	.gms_connect = f_gms_connect,
 	.gms_free = f_gms_free,
 	.gms_granted_mode = f_gms_mode,
@@ -414,7 +421,9 @@ static void test_legal_path(void **state)
 	assert_true(fk.lock->watching);
 	assert_non_null(fk.lock->lost);
 	assert_int_equal(gf_engine_epoch(e), 7);
+	syncs = 0;
 	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(syncs, 2); /* every device synchronised before serving */
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
 	assert_int_equal(fk.mapped_gms, 2);
 	assert_int_equal(fk.mapped_vas, 2);
