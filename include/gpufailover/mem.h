@@ -71,14 +71,16 @@ struct gf_mem_mapping {
  * Errors: GF_ERR_NOT_SUPPORTED with a detail naming what is missing (no
  * driver, driver too old, no VMM or POSIX-fd handle support),
  * GF_ERR_NOT_FOUND (no such device), GF_ERR_DRIVER, GF_ERR_NOMEM.
- * The caller frees *out with gf_mem_free().
+ * The cuda backend loads libcuda.so.1 at run time (never linked); the
+ * environment variable GF_LIBCUDA overrides that path.
+ * The caller frees *out with gf_mem_free(). Blocks only for driver calls.
  */
 GF_EXPORT int gf_mem_open(gf_mem **out, int kind, int device);
 /** Close a backend. All allocations and reservations made from it must be freed first. NULL is a no-op. */
 GF_EXPORT void gf_mem_free(gf_mem *m);
 /** GF_MEM_CUDA or GF_MEM_HOST. */
 GF_EXPORT int gf_mem_kind(const gf_mem *m);
-/** "cuda" or "host". Static string. */
+/** "cuda", "host" ("auto", "unknown" for other values). Static string. */
 GF_EXPORT const char *gf_mem_kind_name(int kind);
 /** Device index this backend is bound to. */
 GF_EXPORT int gf_mem_device(const gf_mem *m);
@@ -110,13 +112,14 @@ GF_EXPORT int gf_mem_export(gf_mem_alloc *a, int *out_fd);
 /**
  * Import an allocation from @p fd, which describes @p size bytes. The fd
  * stays owned by the caller (close it when done; the import holds its own
- * reference). Errors: GF_ERR_INVALID_ARG (not an allocation fd or size
- * mismatch), GF_ERR_DRIVER.
+ * reference). Errors: GF_ERR_INVALID_ARG (not an allocation fd, or on host
+ * a size mismatch; the driver does not tell an import's size, so on cuda
+ * @p size is trusted), GF_ERR_DRIVER.
  */
 GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
 /** Size in bytes (granularity-rounded). */
 GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a);
-/** One of enum gf_mem_alloc_state. */
+/** One of enum gf_mem_alloc_state (GF_ERR_INVALID_ARG for NULL). */
 GF_EXPORT int gf_mem_alloc_state(const gf_mem_alloc *a);
 /**
  * Drop this handle's reference to the physical memory. GF_ERR_BUSY while it
@@ -139,13 +142,20 @@ GF_EXPORT size_t gf_mem_va_size(const gf_mem_va *va);
  * Map allocations into the reservation with protection @p access,
  * all-or-nothing: if any mapping fails, those already made by this call are
  * undone and the error is returned. Access is set once per contiguous span.
+ * Entries may come in any order; each allocation is mapped whole.
  * Errors: GF_ERR_INVALID_ARG (out of range, unaligned, overlapping an existing
- * mapping), GF_ERR_STATE (allocation released), GF_ERR_DRIVER.
+ * mapping or another entry, allocation of another backend or device),
+ * GF_ERR_STATE (allocation released), GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER,
+ * GF_ERR_PERMISSION (host: read-write map of an fd opened read-only).
  */
 GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, size_t n, int access);
 /** gf_mem_map_many() with one entry. */
 GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access);
-/** Unmap everything mapped in the reservation; the address range stays reserved. */
+/**
+ * Unmap everything mapped in the reservation; the address range stays
+ * reserved, so a later map lands at the same addresses. On a backend error
+ * the first error is returned and the rest is still unmapped.
+ */
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
 /** Unmap everything and give the address range back. NULL is a no-op. */
 GF_EXPORT void gf_mem_va_free(gf_mem_va *va);

@@ -119,8 +119,8 @@ static int load_driver_locked(void)
 		E(MemSetAccess), E(GetErrorName), E(GetErrorString),
 #undef E
 	};
-	/* Version first, so an old driver is named as such rather than by the
-	 * first entry point it lacks. */
+	/* When an entry point is missing, an old driver is named as such rather
+	 * than by the first entry point it lacks. */
 	for (size_t i = 0; i < GF_ARRAY_SIZE(table); i++) {
 		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
 		CUresult r = gp2 ? gp2(table[i].name, table[i].slot, GF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &st)
@@ -145,7 +145,8 @@ static int load_driver_locked(void)
 		const char *name = NULL;
 		if (api.GetErrorName(r, &name) != CUDA_SUCCESS || !name)
 			name = "unknown CUDA error";
-		dlclose(lib);
+		/* No dlclose once cuInit ran: the driver may have started
+		 * threads; a later attempt's dlopen reuses this handle. */
 		if (r == CUDA_ERROR_NO_DEVICE)
 			return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: cuInit: no CUDA device (%s)", name);
 		return gf_err(r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH ||

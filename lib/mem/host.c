@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,24 +158,35 @@ static int host_export(gf_mem *m, uint64_t handle, int *out_fd)
 	return 0;
 }
 
+/* The device number of the kernel's internal shmem mount, where every memfd
+ * lives (tmpfs mounts such as /dev/shm have their own): one fstat then tells
+ * a memfd from any other file, without a path lookup. */
+static pthread_once_t memfd_dev_once = PTHREAD_ONCE_INIT;
+static dev_t memfd_dev;
+static bool memfd_dev_known;
+
+static void find_memfd_dev(void)
+{
+	struct stat st;
+	int fd = memfd_create("gf-probe", MFD_CLOEXEC);
+	if (fd >= 0 && fstat(fd, &st) == 0) {
+		memfd_dev = st.st_dev;
+		memfd_dev_known = true;
+	}
+	gf_close(fd);
+}
+
 static int host_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 {
 	(void)m;
 	struct stat st;
-	char path[64], target[64];
 	if (fstat(fd, &st) < 0)
 		return gf_err_errno(GF_ERR_INVALID_ARG, errno, "import: fd %d", fd);
-	/* Only shmem files carry seals: this refuses sockets, pipes and files
-	 * on disk, whose mappings would not behave like device memory. */
-	if (!S_ISREG(st.st_mode) || fcntl(fd, F_GET_SEALS) < 0)
+	pthread_once(&memfd_dev_once, find_memfd_dev);
+	if (!memfd_dev_known)
+		return gf_err(GF_ERR_IO, "import: cannot create a memfd to compare with");
+	if (!S_ISREG(st.st_mode) || st.st_dev != memfd_dev)
 		return gf_err(GF_ERR_INVALID_ARG, "import: fd %d is not a memfd allocation", fd);
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, target, sizeof(target) - 1);
-	if (n > 0) {
-		target[n] = '\0';
-		if (strncmp(target, "/memfd:", 7) != 0)
-			return gf_err(GF_ERR_INVALID_ARG, "import: fd %d is %s, not a memfd allocation", fd, target);
-	}
 	if ((uint64_t)st.st_size != (uint64_t)size)
 		return gf_err(GF_ERR_INVALID_ARG, "import: fd %d holds %jd bytes, expected %zu", fd, (intmax_t)st.st_size,
 			      size);
@@ -195,8 +207,8 @@ static int host_release(gf_mem *m, uint64_t handle)
 
 static int host_reserve(gf_mem *m, size_t size, size_t align, uint64_t *addr)
 {
-	(void)m;
-	size_t total = size + align;
+	/* mmap is page-aligned already; over-reserve only for larger alignment. */
+	size_t total = align > m->gran_min ? size + align : size;
 	uint8_t *p = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno,

@@ -181,6 +181,11 @@ static void test_states_single_process(void **state)
 	assert_int_equal(gf_mem_va_size(rw), 4 * g);
 	assert_int_equal(gf_mem_va_addr(rw) % g, 0);
 	assert_int_equal(gf_mem_reserve(m, 2 * g, 0, &ro), 0);
+	gf_mem_va *big = NULL;
+	assert_int_equal(gf_mem_reserve(m, g, 3 * g, &big), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_reserve(m, g, 8 * g, &big), 0);
+	assert_int_equal(gf_mem_va_addr(big) % (8 * g), 0);
+	gf_mem_va_free(big);
 
 	assert_int_equal(gf_mem_map(rw, g, a, GF_MEM_READWRITE), 0);
 	assert_int_equal(gf_mem_alloc_state(a), GF_MEM_ALLOC_MAPPED);
@@ -586,6 +591,13 @@ static void test_import_bad_fd(void **state)
 	unlink(file);
 	rmdir(dir);
 	free(dir);
+	/* A shared-memory file that is not an allocation (tmpfs, not memfd). */
+	int shm = open("/dev/shm", O_RDWR | O_TMPFILE | O_CLOEXEC, 0600);
+	if (shm >= 0) {
+		assert_int_equal(ftruncate(shm, (off_t)g), 0);
+		assert_int_equal(gf_mem_import(m, shm, g, &imp), GF_ERR_INVALID_ARG);
+		close(shm);
+	}
 	if (kind == GF_MEM_HOST) {
 		/* the driver cannot tell an import's size; the host backend can */
 		assert_int_equal(gf_mem_create(m, g, &a), 0);
