@@ -416,6 +416,12 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 				rc = gf_msg_error_code(m);
 				break;
 			}
+			/* Answer the server's heartbeats: a waiter does not know the
+			 * server's interval before its grant, this keeps pace with it. */
+			if (m->which_body == gf_Msg_heartbeat_tag && is_tcp(l)) {
+				send_heartbeat(l);
+				l->next_hb = gf_now_us() + l->hb_ms * 1000;
+			}
 		}
 		if (granted) {
 			if (grant)
@@ -486,6 +492,9 @@ static int reclaim_once(gf_lock *l)
 	}
 	rc = gf_msg_error_code(l->msg);
 	drop_conn(l);
+	/* A server that cannot persist yet is worth another try. */
+	if (rc == GF_ERR_IO)
+		return 0;
 	return rc < 0 ? rc : GF_ERR_PROTOCOL;
 }
 

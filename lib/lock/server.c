@@ -500,11 +500,12 @@ static bool pidfd_exited(int pidfd)
 
 static void finish_release(gf_lockd *d, const char *why)
 {
+	uint32_t pid = d->rec.pid;
 	d->rec.has_holder = false;
 	d->rec.pid = 0;
 	store(d);
-	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu reason=\"%s\"", d->rec.holder,
-	       (unsigned long long)d->rec.epoch, why);
+	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\"", d->rec.holder,
+	       (unsigned long long)d->rec.epoch, pid, why);
 }
 
 static void end_exit_wait(gf_lockd *d, const char *why)
@@ -693,9 +694,6 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	if (!reclaimed) {
 		d->rec.epoch = d->epoch + 1;
 		gf_random_bytes(d->rec.token, sizeof(d->rec.token));
-	} else {
-		d->rec.epoch = d->prev.epoch;
-		memcpy(d->rec.token, d->prev.token, sizeof(d->rec.token));
 	}
 	d->rec.has_holder = true;
 	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->id);
@@ -761,11 +759,28 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		return;
 	}
 	snprintf(c->id, sizeof(c->id), "%s", a->engine_id);
+	bool token_ok = a->session_token.size == GF_LOCK_TOKEN_LEN &&
+			!memcmp(a->session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN) && a->epoch == d->rec.epoch;
+	if (a->session_token.size > 0 && d->holder && d->holder != c && token_ok) {
+		/* The holder reconnected while its old connection still looks
+		 * alive here (a half-open TCP connection): the token proves it is
+		 * the same grant, so the new connection takes over, same epoch. */
+		struct conn *old = d->holder;
+		gf_log(GF_LOG_WARN, "lock", "msg=\"holder reconnected over a stale connection; moving the grant\" id=%s epoch=%llu",
+		       c->id, (unsigned long long)d->epoch);
+		if (old->pidfd >= 0)
+			epoll_ctl(d->epfd, EPOLL_CTL_DEL, old->pidfd, NULL);
+		old->role = R_NONE;
+		d->holder = NULL;
+		conn_close(d, old, "replaced by the holder's new connection");
+		if (grant(d, c, true) < 0)
+			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
+		return;
+	}
 	if (a->session_token.size > 0) {
 		/* A reclaim: only the holder on record, proving itself with its
 		 * token, during the reconnect window. Never queued. */
-		if (d->window && a->session_token.size == GF_LOCK_TOKEN_LEN &&
-		    !memcmp(a->session_token.bytes, d->prev.token, GF_LOCK_TOKEN_LEN) && a->epoch == d->prev.epoch) {
+		if (d->window && token_ok) {
 			d->window = false;
 			if (grant(d, c, true) < 0) {
 				d->window = true;
