@@ -124,8 +124,11 @@ int main(int argc, char **argv)
 	if (*device && !*end && v >= 0 && v < 4096) {
 		index = (int)v;
 	} else {
-		int rc, k = kind == GF_MEM_AUTO ? GF_MEM_CUDA : kind;
-		if ((rc = gf_mem_uuid_to_index(k, device, &index)) < 0)
+		int rc = kind == GF_MEM_AUTO ? GF_ERR_NOT_FOUND : gf_mem_uuid_to_index(kind, device, &index);
+		/* auto: a UUID names a GPU when one matches, else the host "device" */
+		if (kind == GF_MEM_AUTO && (rc = gf_mem_uuid_to_index(GF_MEM_CUDA, device, &index)) < 0)
+			rc = gf_mem_uuid_to_index(GF_MEM_HOST, device, &index);
+		if (rc < 0)
 			return fail(rc, "--device");
 	}
 

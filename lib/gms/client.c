@@ -203,6 +203,16 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 			rc = gf_err(GF_ERR_PROTOCOL, "connect: server granted mode %d", (int)c->granted);
 		else if (c->granted == gf_GmsMode_GMS_MODE_RO && c->layout_hash.size != 16)
 			rc = gf_err(GF_ERR_PROTOCOL, "connect: RO grant without a layout hash");
+		/* Importing another backend's or device's handles fails obscurely later; say it now. */
+		const char *mine = gf_mem_kind_name(gf_mem_kind(g->mem));
+		char uuid[64] = "";
+		if (rc == 0 && c->backend[0] && strcmp(c->backend, mine))
+			rc = gf_err(GF_ERR_INVALID_ARG, "%s serves the %s backend, this client opened %s", g->uri_text,
+				    c->backend, mine);
+		if (rc == 0 && c->device_uuid[0] && gf_mem_device_uuid(g->mem, uuid, sizeof(uuid)) == 0 &&
+		    strcmp(uuid, c->device_uuid))
+			rc = gf_err(GF_ERR_INVALID_ARG, "%s serves device %s, this client's backend is bound to %s",
+				    g->uri_text, c->device_uuid, uuid);
 		if (rc == 0) {
 			g->granted = c->granted;
 			g->connected_has_hash = c->layout_hash.size == 16;

@@ -23,6 +23,7 @@
 #define GMSD_EVENTS 32            /* the ring of recent events (GmsStatus.events max_count) */
 #define GMSD_SEND_TIMEOUT_US 2000000 /* a peer that does not read its replies for 2 s is dropped */
 #define GMSD_OOM_RETRY_US 50000
+#define GMSD_HELLO_TIMEOUT_US 10000000 /* a peer silent after connecting costs one slot for 10 s at most */
 #define GMSD_MAX_ALLOCS 65536
 #define GMSD_MAX_META 1000000
 #define GMSD_MAX_UIDS 64
@@ -44,7 +45,7 @@ struct client {
 	enum cphase phase;
 	int mode;               /* requested mode while waiting */
 	uint32_t seq;           /* seq of the request being waited on */
-	int64_t deadline_us;    /* wait deadline (INT64_MAX: none) */
+	int64_t deadline_us;    /* wait deadline (INT64_MAX: none); the handshake deadline in C_HELLO */
 	uint64_t order;         /* FIFO position among waiters */
 	uint32_t uid, pid;
 	char peer[128];
@@ -815,6 +816,7 @@ static void accept_all(gf_gmsd *d)
 		c->uid = (uint32_t)cr.uid;
 		c->pid = (uint32_t)cr.pid;
 		snprintf(c->peer, sizeof(c->peer), "pid%u", c->pid);
+		c->deadline_us = gf_now_us() + GMSD_HELLO_TIMEOUT_US;
 		gf_frame_reader_init(&c->rd, 0); /* clients never send fds */
 		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
 		if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
@@ -866,7 +868,9 @@ static void on_timer(gf_gmsd *d)
 	for (struct client *c = d->clients; c; c = c->next) {
 		if (c->fd < 0)
 			continue;
-		if (c->phase == C_WAIT && now >= c->deadline_us) {
+		if (c->phase == C_HELLO && now >= c->deadline_us) {
+			client_close(d, c, "no hello in time");
+		} else if (c->phase == C_WAIT && now >= c->deadline_us) {
 			c->phase = C_IDLE;
 			changed |= c->mode == GMS_MODE_RW;
 			event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
@@ -889,7 +893,7 @@ static void arm_timer(gf_gmsd *d)
 	for (struct client *c = d->clients; c; c = c->next) {
 		if (c->fd < 0)
 			continue;
-		if (c->phase == C_WAIT && c->deadline_us < next)
+		if ((c->phase == C_WAIT || c->phase == C_HELLO) && c->deadline_us < next)
 			next = c->deadline_us;
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
