@@ -213,7 +213,8 @@ GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
  * Wake: remap every GMS at the same addresses (remap timeout), then
  * allocate and map read-write the private memory of every device, retrying
  * on GF_ERR_OUT_OF_MEMORY until the waking timeout (the previous engine's
- * memory may still be draining), then watch the GMS connections.
+ * memory may still be draining), synchronize every device, then watch the
+ * GMS connections (a loss from then on goes to the loss policy).
  * All-or-nothing: on failure whatever was mapped is unmapped again, the
  * engine becomes Dead and the error is returned (a failed wake is fatal,
  * Decision 6; the caller exits). Needs Waking.
