@@ -767,6 +767,24 @@ static void test_run_shadow(void **state)
 	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_STATE);
 }
 
+/* run_shadow starts a configured probe server first, so Init is probed too;
+ * a failing step is returned and leaves the state where it failed. */
+static void test_run_shadow_probe_server_and_failure(void **state)
+{
+	gf_engine *e = *state;
+	assert_int_equal(gf_engine_set_probe_address(e, "127.0.0.1", 0), 0);
+	fk.connect_rc = GF_ERR_UNREACHABLE;
+	struct gf_engine_callbacks cb = { .load_weights = fake_load };
+	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_UNREACHABLE);
+	assert_true(gf_engine_probe_port(e) > 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_int_equal(gf_engine_probe(e, GF_PROBE_STARTUP), 503);
+	fk.connect_rc = 0;
+	fk.acquire_rc = GF_ERR_PERMISSION;
+	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_PERMISSION);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+}
+
 /* ---- loss ---- */
 
 static void test_lock_loss_calls_hook(void **state)
@@ -968,6 +986,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_run_shadow_probe_server_and_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_calls_hook, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gms_loss_calls_hook, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_while_waking, setup, teardown),
