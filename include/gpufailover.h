@@ -137,5 +137,6 @@ GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms);
 #include "gpufailover/mem.h"
 #include "gpufailover/lock.h"
 #include "gpufailover/gms.h"
+#include "gpufailover/engine.h"
 
 #endif

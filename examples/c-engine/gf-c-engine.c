@@ -1,0 +1,760 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gf-c-engine: a small but real inference engine in C on libgpufailover.
+ *
+ * Init: the loader reads a safetensors file (or generates deterministic
+ * weights) and places the tensors in GMS allocations; the follower imports
+ * the same weights zero-copy. Then the shadow loop runs: sleep (unmap),
+ * acquire the lock (blocks while another engine is active), wake (remap at
+ * the same addresses, allocate the KV memory), serve /infer over HTTP.
+ * Each step is logged as `event=...` lines with timestamps so a demo can
+ * build a failover timeline.
+ *
+ * The example computes on the CPU and reads the weights through host
+ * pointers, so it runs on the host memory backend.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <xxhash.h>
+
+#include "gf-config.h"
+#include "gpufailover.h"
+#include "model.h"
+#include "safetensors.h"
+
+#define PROG "gf-c-engine"
+/* Weights are packed into allocations of up to this size (fewer handles map
+ * faster than many; LESSONS.md, GPU driver facts). */
+#define CHUNK_LIMIT (256ull << 20)
+/* Tensor alignment inside an allocation. */
+#define TENSOR_ALIGN 256ull
+
+struct app {
+	gf_engine *engine;
+	const char *id;
+	const char *weights_path;
+	int port;
+	struct model src;  /* what the loader writes (file or generated) */
+	struct st_file file;
+	void *gen_buf;
+	struct model live; /* the tensors as mapped from the GMS */
+	struct MHD_Daemon *http;
+	atomic_int serving; /* read by the probe server's thread */
+	int stop_pipe[2];
+	volatile sig_atomic_t stopping;
+	volatile sig_atomic_t lost; /* the loss policy ran */
+};
+
+static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(int level, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	gf_log_stderr(level, "c-engine", msg, PROG);
+}
+
+static void usage(FILE *to)
+{
+	fprintf(to,
+		"Usage: " PROG " --lock URI --gms URI [--gms URI ...] [options]\n"
+		"       " PROG " --write-weights FILE\n"
+		"\n"
+		"A small inference engine in C that fails over through libgpufailover.\n"
+		"\n"
+		"  --lock URI             lock server (unix:///path or tcp://host:port)\n"
+		"  --gms URI              GMS of the next device (repeatable; device 0 first)\n"
+		"  --role loader|follower loader connects RW_OR_RO and loads the weights (default),\n"
+		"                         follower connects RO and imports the loader's weights\n"
+		"  --id ID                engine id for the lock (default c-engine-PID)\n"
+		"  --weights FILE         safetensors file to load (loader; default: generated\n"
+		"                         deterministic weights, 4 layers of F32 256x256 + biases)\n"
+		"  --port N               inference HTTP port, served once active (default 8080; 0: any)\n"
+		"  --probe-port N         probe server port: /live /ready /startup /state /metrics\n"
+		"                         (default 8081; 0: any; -1: off)\n"
+		"  --probe-address ADDR   probe server IPv4 address (default 0.0.0.0)\n"
+		"  --backend host|auto    memory backend (this engine computes on the CPU: host)\n"
+		"  --waking-timeout DUR   /live fails after this long in Waking (default 120s)\n"
+		"  --remap-timeout DUR    GMS remap timeout on wake (default 30s)\n"
+		"  --init-timeout DUR     how long to wait for each GMS at init (default: forever)\n"
+		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
+		"                         get the lock back before giving up (default 12s)\n"
+		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
+		"  --write-weights FILE   write the generated weights as safetensors and exit\n"
+		"  --help, --version\n"
+		"\n"
+		"Endpoint: GET or POST /infer?seed=N -> {\"result\": [8 values], \"checksum\": XXH64 hex,\n"
+		"          \"epoch\": lock epoch, \"engine\": id}\n"
+		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
+		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
+		"      70 when the lock or GMS was lost (default loss policy).\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!*s || *s == '-')
+		return -1;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	uint64_t mul = 1;
+	if (!strcmp(end, "") || !strcmp(end, "B"))
+		mul = 1;
+	else if (!strcmp(end, "K") || !strcmp(end, "k") || !strcmp(end, "KiB"))
+		mul = 1ull << 10;
+	else if (!strcmp(end, "M") || !strcmp(end, "MiB"))
+		mul = 1ull << 20;
+	else if (!strcmp(end, "G") || !strcmp(end, "GiB"))
+		mul = 1ull << 30;
+	else
+		return -1;
+	if (v > UINT64_MAX / mul)
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+static int parse_duration(const char *opt, const char *s, int64_t *out)
+{
+	uint64_t ms;
+	if (gf_parse_duration_ms(s, &ms) != 0 || ms > INT64_MAX / 2000) {
+		fprintf(stderr, PROG ": %s: %s\n", opt, gf_error_detail());
+		return -1;
+	}
+	*out = (int64_t)ms;
+	return 0;
+}
+
+/* ---- weights into the GMS ---- */
+
+static uint64_t align_up(uint64_t v)
+{
+	return (v + TENSOR_ALIGN - 1) & ~(TENSOR_ALIGN - 1);
+}
+
+static int meta_value(const struct model_tensor *t, uint64_t offset, size_t index, char **out)
+{
+	json_t *shape = json_array();
+	for (unsigned d = 0; d < t->ndim; d++)
+		json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
+	json_t *v = json_pack("{s:s,s:o,s:I,s:I,s:I}", "dtype", t->dtype, "shape", shape, "offset",
+			      (json_int_t)offset, "index", (json_int_t)index, "nbytes", (json_int_t)t->nbytes);
+	*out = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(v);
+	return *out ? 0 : GF_ERR_NOMEM;
+}
+
+static int find_alloc(gf_gms *gms, uint64_t id, struct gf_gms_alloc_info *info)
+{
+	for (size_t k = gf_gms_alloc_count(gms); k-- > 0;)
+		if (gf_gms_alloc_at(gms, k, info) == 0 && info->id == id)
+			return 0;
+	return GF_ERR_NOT_FOUND;
+}
+
+static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
+{
+	struct app *a = userdata;
+	const struct model *m = &a->src;
+	size_t i = 0, chunks = 0;
+	uint64_t total = 0;
+	int rc;
+	while (i < m->n) {
+		/* Plan one allocation: as many tensors in order as fit the limit. */
+		uint64_t size = 0, last_off = 0;
+		size_t j = i;
+		while (j < m->n) {
+			uint64_t off = align_up(size);
+			if (j > i && off + m->t[j].nbytes > CHUNK_LIMIT)
+				break;
+			last_off = off;
+			size = off + m->t[j].nbytes;
+			j++;
+		}
+		if (size <= last_off)
+			size = last_off + 1; /* a trailing empty tensor still needs its offset inside */
+		char tag[64];
+		snprintf(tag, sizeof(tag), "weights.%zu", chunks);
+		uint64_t id;
+		struct gf_gms_alloc_info info;
+		rc = gf_gms_allocate(gms, size, tag, &id);
+		if (rc)
+			return rc;
+		rc = find_alloc(gms, id, &info);
+		if (rc)
+			return rc;
+		uint8_t *base = (uint8_t *)(uintptr_t)info.addr;
+		uint64_t off = 0;
+		for (size_t k = i; k < j; k++) {
+			const struct model_tensor *t = &m->t[k];
+			off = align_up(off);
+			if (strlen(t->name) > 255) {
+				logf_(GF_LOG_ERR, "event=load_failed msg=\"tensor name longer than 255 bytes: %.64s...\"",
+				      t->name);
+				return GF_ERR_INVALID_ARG;
+			}
+			if (t->nbytes)
+				memcpy(base + off, t->data, t->nbytes);
+			char *val;
+			rc = meta_value(t, off, k, &val);
+			if (rc)
+				return rc;
+			rc = gf_gms_put_meta(gms, t->name, id, off, val, strlen(val));
+			free(val);
+			if (rc)
+				return rc;
+			off += t->nbytes;
+		}
+		total += size;
+		chunks++;
+		i = j;
+	}
+	uint64_t generation = 0;
+	rc = gf_gms_commit(gms, &generation);
+	if (rc)
+		return rc;
+	logf_(GF_LOG_INFO, "event=weights_loaded device=%d tensors=%zu allocations=%zu bytes=%" PRIu64
+	      " generation=%" PRIu64, device, m->n, chunks, total, generation);
+	(void)e;
+	return 0;
+}
+
+static int cmp_index(const void *x, const void *y)
+{
+	const size_t *a = x, *b = y;
+	return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* Build the tensor table from device 0's metadata: the same table on the
+ * loader and the follower, at addresses that stay valid across sleep/wake. */
+static int weights_ready(gf_engine *e, void *userdata)
+{
+	struct app *a = userdata;
+	gf_gms *gms = gf_engine_gms(e, 0);
+	size_t n = gf_gms_meta_count(gms);
+	size_t(*order)[2] = calloc(n ? n : 1, sizeof(*order));
+	struct model m = { 0 };
+	int rc = GF_ERR_NOMEM;
+	if (!order)
+		return rc;
+	m.t = calloc(n ? n : 1, sizeof(*m.t));
+	if (!m.t)
+		goto out;
+	for (size_t k = 0; k < n; k++) {
+		struct gf_gms_meta meta;
+		json_error_t je;
+		rc = gf_gms_meta_at(gms, k, &meta);
+		if (rc)
+			goto out;
+		json_t *v = json_loadb(meta.value, meta.value_len, 0, &je);
+		json_t *shape = json_object_get(v, "shape");
+		const char *dtype = json_string_value(json_object_get(v, "dtype"));
+		struct model_tensor *t = &m.t[m.n];
+		rc = GF_ERR_PROTOCOL;
+		if (!v || !dtype || !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS ||
+		    !json_is_integer(json_object_get(v, "index")) || !json_is_integer(json_object_get(v, "nbytes"))) {
+			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"not the example engine's tensor metadata\"",
+			      meta.key);
+			json_decref(v);
+			goto out;
+		}
+		t->name = strdup(meta.key);
+		snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
+		t->ndim = (unsigned)json_array_size(shape);
+		uint64_t count = st_dtype_size(dtype);
+		for (unsigned d = 0; d < t->ndim; d++) {
+			t->shape[d] = (uint64_t)json_integer_value(json_array_get(shape, d));
+			count *= t->shape[d];
+		}
+		t->nbytes = (uint64_t)json_integer_value(json_object_get(v, "nbytes"));
+		t->data = (const void *)(uintptr_t)meta.addr;
+		order[m.n][0] = (size_t)json_integer_value(json_object_get(v, "index"));
+		order[m.n][1] = m.n;
+		json_decref(v);
+		m.n++;
+		if (!t->name || count != t->nbytes) {
+			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"size does not match dtype and shape\"",
+			      meta.key);
+			goto out;
+		}
+	}
+	qsort(order, m.n, sizeof(*order), cmp_index);
+	a->live.t = calloc(m.n ? m.n : 1, sizeof(*a->live.t));
+	if (!a->live.t) {
+		rc = GF_ERR_NOMEM;
+		goto out;
+	}
+	for (size_t k = 0; k < m.n; k++) {
+		a->live.t[k] = m.t[order[k][1]];
+		m.t[order[k][1]].name = NULL;
+	}
+	a->live.n = m.n;
+	logf_(GF_LOG_INFO, "event=weights_ready tensors=%zu", a->live.n);
+	rc = 0;
+out:
+	model_clear(&m);
+	free(order);
+	return rc;
+}
+
+/* ---- inference endpoint ---- */
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *body)
+{
+	char *text = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(body);
+	if (!text)
+		return MHD_NO;
+	size_t len = strlen(text);
+	struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(text);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	enum MHD_Result ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result handle_http(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+				   const char *version, const char *upload_data, size_t *upload_data_size,
+				   void **req_cls)
+{
+	static int first_call_marker;
+	struct app *a = cls;
+	(void)version;
+	(void)upload_data;
+	if (!*req_cls) {
+		/* Headers only so far; answer once the (ignored) body is read. */
+		*req_cls = &first_call_marker;
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+	if (strcmp(url, "/infer") != 0)
+		return send_json(c, MHD_HTTP_NOT_FOUND, json_pack("{s:s}", "error", "not found; use /infer?seed=N"));
+	if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0)
+		return send_json(c, MHD_HTTP_METHOD_NOT_ALLOWED, json_pack("{s:s}", "error", "use GET or POST"));
+	uint64_t seed = 0;
+	const char *s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "seed");
+	if (s) {
+		char *end;
+		errno = 0;
+		unsigned long long v = strtoull(s, &end, 10);
+		if (!*s || *s == '-' || *end || errno)
+			return send_json(c, MHD_HTTP_BAD_REQUEST,
+					 json_pack("{s:s}", "error", "seed must be a non-negative integer"));
+		seed = v;
+	}
+	float *out;
+	size_t len;
+	if (model_infer(&a->live, seed, &out, &len))
+		return send_json(c, MHD_HTTP_INTERNAL_SERVER_ERROR, json_pack("{s:s}", "error", "out of memory"));
+	char hex[17];
+	snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)XXH64(out, len * sizeof(float), 0));
+	json_t *result = json_array();
+	for (size_t i = 0; i < len && i < 8; i++)
+		json_array_append_new(result, json_real(out[i]));
+	free(out);
+	return send_json(c, MHD_HTTP_OK,
+			 json_pack("{s:o,s:s,s:I,s:s,s:I,s:I}", "result", result, "checksum", hex, "epoch",
+				   (json_int_t)gf_engine_epoch(a->engine), "engine", a->id, "seed", (json_int_t)seed,
+				   "dim", (json_int_t)len));
+}
+
+/* Waits up to @ms for a stop request; 1 when stopping. */
+static int wait_stop(struct app *a, int ms)
+{
+	struct pollfd p = { .fd = a->stop_pipe[0], .events = POLLIN };
+	int r;
+	while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR)
+		;
+	return r > 0;
+}
+
+static int serve_endpoint(gf_engine *e, void *userdata)
+{
+	struct app *a = userdata;
+	const char *hang = getenv("GF_ENGINE_TEST_HANG_WAKE_MS");
+	long hang_ms;
+	if (hang && *hang && parse_int(hang, 0, 86400000, &hang_ms) == 0 && hang_ms > 0) {
+		logf_(GF_LOG_WARN, "event=test_hang_wake ms=%ld msg=\"GF_ENGINE_TEST_HANG_WAKE_MS set\"", hang_ms);
+		if (wait_stop(a, (int)hang_ms))
+			return GF_ERR_INTERRUPTED;
+	}
+	a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
+				   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+	if (!a->http) {
+		logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
+		return GF_ERR_IO;
+	}
+	atomic_store(&a->serving, 1);
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
+	logf_(GF_LOG_INFO, "event=endpoint_listening port=%d epoch=%" PRIu64, info ? info->port : a->port,
+	      gf_engine_epoch(e));
+	return 0;
+}
+
+/* The default loss policy, remembering that it ran so the exit status can
+ * say why the engine stopped. */
+static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
+{
+	struct app *a = userdata;
+	a->lost = 1;
+	gf_engine_default_loss(e, err, detail, NULL);
+}
+
+static int healthy(gf_engine *e, void *userdata)
+{
+	struct app *a = userdata;
+	(void)e;
+	return atomic_load(&a->serving);
+}
+
+/* ---- signals ---- */
+
+struct sigctx {
+	struct app *app;
+	sigset_t set;
+};
+
+static void *signal_thread(void *arg)
+{
+	struct sigctx *s = arg;
+	int sig;
+	for (;;) {
+		if (sigwait(&s->set, &sig) != 0)
+			continue;
+		if (sig == SIGPIPE)
+			continue;
+		logf_(GF_LOG_INFO, "event=signal sig=%s state=%s", sig == SIGTERM ? "TERM" : "INT",
+		      gf_engine_state_name(gf_engine_state(s->app->engine)));
+		if (gf_engine_state(s->app->engine) == GF_ENGINE_INIT) {
+			/* Init blocks in the GMS (a follower waits for the commit)
+			 * where no interrupt reaches; nothing is held yet that the
+			 * kernel does not release, so leave right away. */
+			logf_(GF_LOG_INFO, "event=exit status=0 msg=\"stopped during init\"");
+			_exit(0);
+		}
+		s->app->stopping = 1;
+		if (write(s->app->stop_pipe[1], "x", 1) < 0) {
+			/* The pipe is never full before the first stop; nothing to do. */
+		}
+		gf_engine_interrupt(s->app->engine);
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "lock", required_argument, NULL, 'l' },      { "gms", required_argument, NULL, 'g' },
+		{ "role", required_argument, NULL, 'r' },      { "id", required_argument, NULL, 'i' },
+		{ "weights", required_argument, NULL, 'w' },   { "port", required_argument, NULL, 'p' },
+		{ "probe-port", required_argument, NULL, 'P' }, { "probe-address", required_argument, NULL, 'A' },
+		{ "backend", required_argument, NULL, 'b' },   { "waking-timeout", required_argument, NULL, 'W' },
+		{ "remap-timeout", required_argument, NULL, 'R' }, { "init-timeout", required_argument, NULL, 'I' },
+		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
+		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct app a = { .port = 8080, .stop_pipe = { -1, -1 } };
+	const char *lock_uri = NULL, *write_path = NULL, *probe_addr = NULL;
+	const char *gms[16];
+	int ngms = 0, role = GF_ENGINE_LOADER, probe_port = 8081;
+	int64_t waking_ms = -1, remap_ms = -1, init_ms = -1, reconnect_ms = -1;
+	uint64_t kv_bytes = 16ull << 20;
+	char idbuf[64];
+	long v;
+	int c;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			lock_uri = optarg;
+			break;
+		case 'g':
+			if (ngms == 16) {
+				fprintf(stderr, PROG ": at most 16 --gms\n");
+				return 2;
+			}
+			gms[ngms++] = optarg;
+			break;
+		case 'r':
+			if (!strcmp(optarg, "loader"))
+				role = GF_ENGINE_LOADER;
+			else if (!strcmp(optarg, "follower"))
+				role = GF_ENGINE_FOLLOWER;
+			else {
+				fprintf(stderr, PROG ": --role must be loader or follower, not \"%s\"\n", optarg);
+				return 2;
+			}
+			break;
+		case 'i':
+			a.id = optarg;
+			break;
+		case 'w':
+			a.weights_path = optarg;
+			break;
+		case 'p':
+			if (parse_int(optarg, 0, 65535, &v)) {
+				fprintf(stderr, PROG ": --port must be 0..65535, not \"%s\"\n", optarg);
+				return 2;
+			}
+			a.port = (int)v;
+			break;
+		case 'P':
+			if (parse_int(optarg, -1, 65535, &v)) {
+				fprintf(stderr, PROG ": --probe-port must be -1..65535, not \"%s\"\n", optarg);
+				return 2;
+			}
+			probe_port = (int)v;
+			break;
+		case 'A':
+			probe_addr = optarg;
+			break;
+		case 'b':
+			if (!strcmp(optarg, "cuda")) {
+				fprintf(stderr, PROG ": --backend cuda: this example computes on the CPU and reads the "
+						"weights through host pointers; use --backend host\n");
+				return 2;
+			}
+			if (strcmp(optarg, "host") != 0 && strcmp(optarg, "auto") != 0) {
+				fprintf(stderr, PROG ": --backend must be host or auto, not \"%s\"\n", optarg);
+				return 2;
+			}
+			break;
+		case 'W':
+			if (parse_duration("--waking-timeout", optarg, &waking_ms) || waking_ms == 0) {
+				if (waking_ms == 0)
+					fprintf(stderr, PROG ": --waking-timeout must be > 0\n");
+				return 2;
+			}
+			break;
+		case 'R':
+			if (parse_duration("--remap-timeout", optarg, &remap_ms) || remap_ms == 0) {
+				if (remap_ms == 0)
+					fprintf(stderr, PROG ": --remap-timeout must be > 0\n");
+				return 2;
+			}
+			break;
+		case 'I':
+			if (parse_duration("--init-timeout", optarg, &init_ms))
+				return 2;
+			break;
+		case 'L':
+			if (parse_duration("--lock-reconnect-timeout", optarg, &reconnect_ms))
+				return 2;
+			break;
+		case 'k':
+			if (parse_bytes(optarg, &kv_bytes)) {
+				fprintf(stderr, PROG ": --kv-bytes: \"%s\" is not a size (e.g. 1048576, 64M, 2G)\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'o':
+			write_path = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf(PROG " %s (libgpufailover %s)\n", GF_VERSION_STRING, gf_version());
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, PROG ": unexpected argument \"%s\" (see --help)\n", argv[optind]);
+		return 2;
+	}
+	gf_set_log_fn(gf_log_stderr, (void *)PROG);
+
+	if (write_path) {
+		struct model m;
+		void *buf;
+		char err[512];
+		if (model_generate(&m, 4, 256, &buf)) {
+			fprintf(stderr, PROG ": out of memory\n");
+			return 1;
+		}
+		int rc = model_write(&m, write_path, err, sizeof(err));
+		model_clear(&m);
+		free(buf);
+		if (rc) {
+			fprintf(stderr, PROG ": %s\n", err);
+			return 1;
+		}
+		logf_(GF_LOG_INFO, "event=weights_written path=%s", write_path);
+		return 0;
+	}
+	if (!lock_uri || ngms == 0) {
+		fprintf(stderr, PROG ": --lock and at least one --gms are required (see --help)\n");
+		return 2;
+	}
+	if (role == GF_ENGINE_FOLLOWER && a.weights_path) {
+		fprintf(stderr, PROG ": --weights is for the loader; a follower imports the loader's weights\n");
+		return 2;
+	}
+	if (!a.id) {
+		snprintf(idbuf, sizeof(idbuf), "c-engine-%ld", (long)getpid());
+		a.id = idbuf;
+	}
+
+	/* The source weights first: a bad file is reported before connecting. */
+	if (role == GF_ENGINE_LOADER) {
+		char err[512];
+		if (a.weights_path) {
+			if (st_open(a.weights_path, &a.file, err, sizeof(err))) {
+				fprintf(stderr, PROG ": bad weights file: %s\n", err);
+				return 1;
+			}
+			if (model_from_safetensors(&a.src, &a.file)) {
+				fprintf(stderr, PROG ": out of memory\n");
+				return 1;
+			}
+		} else if (model_generate(&a.src, 4, 256, &a.gen_buf)) {
+			fprintf(stderr, PROG ": out of memory\n");
+			return 1;
+		}
+		logf_(GF_LOG_INFO, "event=weights_source tensors=%zu source=%s", a.src.n,
+		      a.weights_path ? a.weights_path : "generated");
+	}
+
+	/* Signals are taken by one thread; every thread made from here on
+	 * (probe server, watchers) inherits the blocked mask. */
+	struct sigctx sc = { .app = &a };
+	sigemptyset(&sc.set);
+	sigaddset(&sc.set, SIGTERM);
+	sigaddset(&sc.set, SIGINT);
+	sigaddset(&sc.set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+	if (pipe2(a.stop_pipe, O_CLOEXEC) < 0) {
+		perror(PROG ": pipe");
+		return 1;
+	}
+
+	int rc = gf_engine_new(&a.engine);
+	if (rc) {
+		fprintf(stderr, PROG ": %s\n", gf_error_detail());
+		return 1;
+	}
+	pthread_t sig_tid;
+	if (pthread_create(&sig_tid, NULL, signal_thread, &sc) != 0) {
+		fprintf(stderr, PROG ": cannot start the signal thread\n");
+		return 1;
+	}
+	pthread_detach(sig_tid);
+
+	gf_engine *e = a.engine;
+	rc = gf_engine_set_lock(e, lock_uri, a.id);
+	for (int i = 0; !rc && i < ngms; i++)
+		rc = gf_engine_add_gms(e, gms[i]);
+	if (!rc)
+		rc = gf_engine_set_role(e, role);
+	if (!rc)
+		rc = gf_engine_set_backend(e, GF_MEM_HOST);
+	if (!rc && waking_ms > 0)
+		rc = gf_engine_set_waking_timeout(e, waking_ms);
+	if (!rc && remap_ms > 0)
+		rc = gf_engine_set_remap_timeout(e, remap_ms);
+	if (!rc)
+		rc = gf_engine_set_init_timeout(e, init_ms);
+	if (!rc)
+		rc = gf_engine_set_lock_reconnect_timeout(e, reconnect_ms);
+	if (!rc)
+		rc = gf_engine_set_private_bytes(e, kv_bytes);
+	if (!rc)
+		rc = gf_engine_set_probe_address(e, probe_addr, probe_port);
+	if (!rc)
+		rc = gf_engine_set_health_fn(e, healthy, &a);
+	if (!rc)
+		rc = gf_engine_set_loss_fn(e, on_loss, &a);
+	if (rc) {
+		fprintf(stderr, PROG ": %s\n", gf_error_detail());
+		gf_engine_free(e);
+		return 2;
+	}
+	logf_(GF_LOG_INFO, "event=starting id=%s role=%s lock=%s devices=%d kv_bytes=%" PRIu64, a.id,
+	      role == GF_ENGINE_LOADER ? "loader" : "follower", lock_uri, ngms, kv_bytes);
+	if (probe_port >= 0) {
+		rc = gf_engine_start_probe_server(e);
+		if (rc) {
+			logf_(GF_LOG_ERR, "event=probe_failed detail=\"%s\"", gf_error_detail());
+			gf_engine_free(e);
+			return 1;
+		}
+		logf_(GF_LOG_INFO, "event=probe_listening port=%d", gf_engine_probe_port(e));
+	}
+	struct gf_engine_callbacks cb = {
+		.load_weights = load_weights,
+		.weights_ready = weights_ready,
+		.serve = serve_endpoint,
+		.userdata = &a,
+	};
+	rc = gf_engine_run_shadow(e, &cb);
+	int status = 0;
+	if (rc == 0) {
+		struct gf_engine_metrics m;
+		gf_engine_metrics(e, &m);
+		logf_(GF_LOG_INFO, "event=active epoch=%" PRIu64 " lock_wait_us=%" PRId64 " remap_us=%" PRId64
+		      " kv_us=%" PRId64 " serve_us=%" PRId64 " wake_total_us=%" PRId64, m.epoch, m.lock_wait_us,
+		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
+		while (!wait_stop(&a, -1))
+			;
+	} else if (a.stopping) {
+		logf_(GF_LOG_INFO, "event=stopped_before_active state=%s",
+		      gf_engine_state_name(gf_engine_state(e)));
+	} else {
+		logf_(GF_LOG_ERR, "event=failed state=%s err=%s detail=\"%s\"",
+		      gf_engine_state_name(gf_engine_state(e)), gf_error_name(rc) ? gf_error_name(rc) : "?",
+		      gf_error_detail());
+		status = 1;
+	}
+	if (a.lost)
+		status = 70; /* lost the lock or the GMS: the loss policy sent SIGTERM */
+	if (a.http)
+		MHD_stop_daemon(a.http);
+	gf_engine_free(e);
+	model_clear(&a.live);
+	model_clear(&a.src);
+	st_close(&a.file);
+	free(a.gen_buf);
+	logf_(GF_LOG_INFO, "event=exit status=%d", status);
+	return status;
+}

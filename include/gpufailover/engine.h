@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file gpufailover/engine.h
+ * @brief The engine side of failover: a one-way state machine, role-aware
+ *        probe decisions, failover metrics and one loss policy hook.
+ *
+ * States (docs/engine.md has the full text):
+ * ```
+ * Init -> Standby -> Waking -> Active -> Dead      (no way back)
+ * ```
+ * A shadow engine runs the linear loop
+ * `init_weights() -> sleep() -> acquire() [blocks] -> wake_up() -> serve()`,
+ * either as one call (gf_engine_run_shadow()) or step by step. A primary
+ * runs the very same sequence: its acquire() simply returns at once.
+ * The state becomes Active only after wake_up and serve both completed.
+ * Any other order is refused with GF_ERR_STATE and changes nothing.
+ *
+ * Thread rules: the step calls are made from one thread (the engine's main
+ * thread); gf_engine_state(), gf_engine_probe(), gf_engine_metrics(),
+ * gf_engine_interrupt() and gf_engine_mark_dead() may be called from any
+ * thread at any time (the probe server does so from its own thread).
+ */
+#ifndef GPUFAILOVER_ENGINE_H
+#define GPUFAILOVER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../gpufailover.h"
+
+/* Forward declarations rather than includes: the umbrella header includes
+ * every component header, and gms.h may be the one being read right now
+ * (C11 allows the repeated typedefs). */
+typedef struct gf_gms gf_gms;
+typedef struct gf_mem gf_mem;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @defgroup engine Engine state machine
+ *  @{ */
+
+/** Engine states, in the only order they can be visited. */
+enum gf_engine_state {
+	GF_ENGINE_INIT = 0,    /**< loading weights, capturing graphs */
+	GF_ENGINE_STANDBY = 1, /**< weights unmapped, waiting for the lock */
+	GF_ENGINE_WAKING = 2,  /**< lock granted: remapping, allocating private memory, serving */
+	GF_ENGINE_ACTIVE = 3,  /**< serving */
+	GF_ENGINE_DEAD = 4,    /**< failed or lost; final */
+};
+
+/** Probe kinds, as Kubernetes names them. */
+enum gf_probe {
+	GF_PROBE_LIVE = 1,
+	GF_PROBE_READY = 2,
+	GF_PROBE_STARTUP = 3,
+};
+
+/** Weight-loading roles (seed 000, Decision 5). */
+enum gf_engine_role {
+	GF_ENGINE_LOADER = 1,   /**< connects RW_OR_RO: loads where nothing is committed yet */
+	GF_ENGINE_FOLLOWER = 2, /**< connects RO only: waits for the loader's commit */
+};
+
+typedef struct gf_engine gf_engine;
+
+/**
+ * Engine-owned health check for the Active state (/live and /ready).
+ * Return 1 when healthy, 0 when not. Called from the probe server's thread
+ * (or whichever thread calls gf_engine_probe()); must be thread-safe, quick,
+ * and must not call step functions of the engine.
+ */
+typedef int (*gf_engine_health_fn)(gf_engine *engine, void *userdata);
+
+/**
+ * Loss policy: called once when the lock is lost for good (after the lock
+ * client's reconnect attempts, @p err GF_ERR_LOCK_LOST) or a GMS connection
+ * is lost while connected (@p err GF_ERR_GMS_LOST). The engine is already
+ * Dead when it runs. Runs on the watcher thread that noticed the loss, so it
+ * must return (gf_engine_free() joins that thread) and must not free the
+ * engine itself.
+ */
+typedef void (*gf_engine_loss_fn)(gf_engine *engine, int err, const char *detail, void *userdata);
+
+/**
+ * Weight loader, called by gf_engine_init_weights() for every device whose
+ * GMS granted this engine the writer role. It allocates, writes, puts
+ * metadata and must end with gf_gms_commit(). Return 0 or a GF_ERR_* code.
+ */
+typedef int (*gf_engine_load_fn)(gf_engine *engine, int device, gf_gms *gms, void *userdata);
+
+/** A step hook (serve_endpoint): return 0 or a negative GF_ERR_* code. */
+typedef int (*gf_engine_step_fn)(gf_engine *engine, void *userdata);
+
+/** Callbacks of gf_engine_run_shadow(). */
+struct gf_engine_callbacks {
+	gf_engine_load_fn load_weights;  /**< required for GF_ENGINE_LOADER */
+	gf_engine_step_fn weights_ready; /**< optional: after every device is mapped, still in Init */
+	gf_engine_step_fn serve;         /**< optional: serve_endpoint (start serving traffic) */
+	void *userdata;                  /**< passed to every callback */
+};
+
+/** Failover figures, filled by gf_engine_metrics(). Durations in microseconds; -1 when not measured yet. */
+struct gf_engine_metrics {
+	int state;                  /**< enum gf_engine_state */
+	int64_t time_in_state_us;   /**< since the last transition */
+	uint64_t transitions;       /**< state changes so far */
+	uint64_t failovers;         /**< Standby -> Active takeovers completed (0 or 1: a process is single-use) */
+	uint64_t epoch;             /**< fencing epoch of the lock grant, 0 before */
+	int64_t lock_wait_us;       /**< last acquire: call until grant */
+	int64_t remap_us;           /**< last wake: GMS remap of every device */
+	int64_t private_alloc_us;   /**< last wake: private (KV) memory, including OOM retries */
+	int64_t serve_us;           /**< last serve step */
+	int64_t wake_total_us;      /**< last grant until Active */
+	uint64_t private_alloc_retries; /**< OOM retries during the last wake */
+};
+
+/**
+ * New engine in state Init with defaults: role loader, backend GF_MEM_AUTO,
+ * waking timeout 120s, remap timeout 30s, init timeout none, no private
+ * memory, no probe server, loss policy gf_engine_default_loss().
+ * Caller frees with gf_engine_free().
+ */
+GF_EXPORT int gf_engine_new(gf_engine **out);
+/**
+ * Stop the probe server and watchers, unmap and release everything, close
+ * the lock connection (releasing the lock) and free. NULL is a no-op.
+ * Not while another thread is inside a step call.
+ */
+GF_EXPORT void gf_engine_free(gf_engine *engine);
+
+/* ---- configuration (only in Init, before gf_engine_init_weights()) ---- */
+/** Lock server URI and this engine's id (both copied). Required before acquire. */
+GF_EXPORT int gf_engine_set_lock(gf_engine *engine, const char *uri, const char *engine_id);
+/** Add the GMS of the next device (device index = number of GMS added before); copied. Up to 16. */
+GF_EXPORT int gf_engine_add_gms(gf_engine *engine, const char *uri);
+/** GF_ENGINE_LOADER or GF_ENGINE_FOLLOWER. */
+GF_EXPORT int gf_engine_set_role(gf_engine *engine, int role);
+/** Memory backend kind (enum gf_mem_kind). */
+GF_EXPORT int gf_engine_set_backend(gf_engine *engine, int kind);
+/** Waking timeout: /live turns 503 after this long in Waking; also bounds private-memory OOM retries. > 0. */
+GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
+/** Timeout of the GMS remap on wake (finite, > 0; seed 000 Decision 6). */
+GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
+/** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
+GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
+/** How long gf_engine_init_weights() waits for each GMS (follower: for the commit). < 0: forever. */
+GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
+/** Private (KV cache) bytes allocated on every device at wake; 0: none. */
+GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);
+/**
+ * Built-in probe server address: @p address is a numeric IPv4 address
+ * (NULL: 0.0.0.0), @p port 0 picks a free port, -1 disables (default).
+ */
+GF_EXPORT int gf_engine_set_probe_address(gf_engine *engine, const char *address, int port);
+/** Health callback for the Active state (NULL: Active is healthy). Any state. */
+GF_EXPORT int gf_engine_set_health_fn(gf_engine *engine, gf_engine_health_fn fn, void *userdata);
+/**
+ * Replace the loss policy (NULL restores gf_engine_default_loss()). Any state.
+ * This is the one hook both lock loss and GMS loss go through.
+ */
+GF_EXPORT int gf_engine_set_loss_fn(gf_engine *engine, gf_engine_loss_fn fn, void *userdata);
+/** Grace period of gf_engine_default_loss() between SIGTERM and _exit(70) (default 10s). */
+GF_EXPORT int gf_engine_set_loss_grace(gf_engine *engine, int64_t ms);
+
+/**
+ * The default loss policy, and the one place the library ends a process:
+ * logs at error level why (`event=engine_lost err=... detail=...`), sends
+ * SIGTERM to its own process so the engine's normal shutdown path runs, and
+ * if the process is still alive after the grace period calls _exit(70)
+ * (from a detached timer thread, so this call returns at once and the
+ * engine can shut down and gf_engine_free() normally meanwhile). Engines
+ * that want another policy install their own with gf_engine_set_loss_fn();
+ * theirs may call this one too.
+ */
+GF_EXPORT void gf_engine_default_loss(gf_engine *engine, int err, const char *detail, void *userdata);
+
+/* ---- probe server ---- */
+/**
+ * Start the built-in probe server (libmicrohttpd, its own thread) on the
+ * configured address: GET /live, /ready, /startup (status per the probe
+ * table, small text body), /state (JSON), /metrics (Prometheus text).
+ * No-op returning 0 when already running. Errors: GF_ERR_STATE (disabled,
+ * port -1), GF_ERR_IO (cannot listen; detail says why).
+ */
+GF_EXPORT int gf_engine_start_probe_server(gf_engine *engine);
+/** Port the probe server listens on, or -1 when not running. */
+GF_EXPORT int gf_engine_probe_port(const gf_engine *engine);
+
+/* ---- the steps ---- */
+/**
+ * Init: open the memory backend and connect to every GMS (loader:
+ * RW_OR_RO, follower: RO; waiting up to the init timeout). Where the writer
+ * role is granted @p load is called and must commit; elsewhere the committed
+ * weights are imported and mapped read-only. Stays in Init.
+ * Errors: GF_ERR_STATE (not Init, or already done), GF_ERR_INVALID_ARG (no
+ * GMS configured, loader without @p load), whatever the GMS client or @p load
+ * returned; on failure everything connected so far is closed again.
+ */
+GF_EXPORT int gf_engine_init_weights(gf_engine *engine, gf_engine_load_fn load, void *userdata);
+/** Sleep: unmap every GMS (addresses stay reserved) and enter Standby. Needs Init with weights. */
+GF_EXPORT int gf_engine_sleep(gf_engine *engine);
+/**
+ * Block until the lock is granted (@p timeout_ms < 0: forever) and enter
+ * Waking; installs the loss hook on the lock client and starts its watcher.
+ * Errors: GF_ERR_STATE (not Standby), GF_ERR_INVALID_ARG (no lock URI),
+ * GF_ERR_INTERRUPTED (gf_engine_interrupt(); stays Standby), the lock
+ * client's errors (stays Standby).
+ */
+GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
+/**
+ * Wake: remap every GMS at the same addresses (remap timeout), then
+ * allocate and map read-write the private memory of every device, retrying
+ * on GF_ERR_OUT_OF_MEMORY until the waking timeout (the previous engine's
+ * memory may still be draining), synchronize every device, then watch the
+ * GMS connections (a loss from then on goes to the loss policy).
+ * All-or-nothing: on failure whatever was mapped is unmapped again, the
+ * engine becomes Dead and the error is returned (a failed wake is fatal,
+ * Decision 6; the caller exits). Needs Waking.
+ */
+GF_EXPORT int gf_engine_wake_up(gf_engine *engine);
+/**
+ * serve_endpoint: call @p serve (may be NULL when the engine already serves)
+ * and enter Active. Needs Waking after a successful wake_up. If @p serve
+ * fails the engine becomes Dead and its error is returned.
+ */
+GF_EXPORT int gf_engine_serve(gf_engine *engine, gf_engine_step_fn serve, void *userdata);
+/** Enter Dead (from any state; no-op when already Dead). @p reason is logged. Any thread. */
+GF_EXPORT int gf_engine_mark_dead(gf_engine *engine, const char *reason);
+/**
+ * The whole loop in one call: start the probe server if configured, then
+ * init_weights -> weights_ready -> sleep -> acquire (blocks) -> wake_up ->
+ * serve. Returns 0 once Active (the engine keeps serving from its own
+ * threads) or the first step's error.
+ */
+GF_EXPORT int gf_engine_run_shadow(gf_engine *engine, const struct gf_engine_callbacks *callbacks);
+/** Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED. Async-signal-safe, any thread. */
+GF_EXPORT void gf_engine_interrupt(gf_engine *engine);
+
+/* ---- inspection (any thread) ---- */
+/** Current state (enum gf_engine_state). */
+GF_EXPORT int gf_engine_state(const gf_engine *engine);
+/** "init", "standby", "waking", "active", "dead" (static; "unknown" otherwise). */
+GF_EXPORT const char *gf_engine_state_name(int state);
+/** HTTP status (200 or 503) of @p probe in the current state, per the probe table. -1 on a bad argument. */
+GF_EXPORT int gf_engine_probe(gf_engine *engine, int probe);
+/** Snapshot of the failover metrics. */
+GF_EXPORT int gf_engine_metrics(const gf_engine *engine, struct gf_engine_metrics *out);
+/** The metrics as Prometheus text exposition. *text is malloc'd; free() it. */
+GF_EXPORT int gf_engine_metrics_text(const gf_engine *engine, char **text);
+/** The state as a JSON object (state, id, role, epoch, time in state, metrics). *json is malloc'd; free() it. */
+GF_EXPORT int gf_engine_state_json(const gf_engine *engine, char **json);
+/** Fencing epoch of the grant (0 before acquire). */
+GF_EXPORT uint64_t gf_engine_epoch(const gf_engine *engine);
+/** Engine id given to gf_engine_set_lock() ("" before). Owned by the engine. */
+GF_EXPORT const char *gf_engine_id(const gf_engine *engine);
+/** Number of devices (GMS added). */
+GF_EXPORT int gf_engine_device_count(const gf_engine *engine);
+/** GMS client of @p device (NULL before init_weights or on a bad index). Owned by the engine. */
+GF_EXPORT gf_gms *gf_engine_gms(gf_engine *engine, int device);
+/** Memory backend of @p device (NULL before init_weights). Owned by the engine. */
+GF_EXPORT gf_mem *gf_engine_mem(gf_engine *engine, int device);
+/** Address and size of the private (KV) memory of @p device once awake. GF_ERR_STATE before. */
+GF_EXPORT int gf_engine_private_memory(const gf_engine *engine, int device, uint64_t *addr, uint64_t *size);
+
+/** @} */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

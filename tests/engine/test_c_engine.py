@@ -1,0 +1,312 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gf-c-engine against the real gf-lockd and gf-gmsd (host backend).
+
+Real processes, real sockets, real HTTP: failover after SIGKILL of the
+primary, the default loss policy on GMS loss, a hung wake flipping /live,
+and the probe table as kubelet would see it. Binaries come from meson via
+GF_LOCKD, GF_GMSD and GF_C_ENGINE.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+LOCKD = os.environ.get("GF_LOCKD")
+GMSD = os.environ.get("GF_GMSD")
+ENGINE = os.environ.get("GF_C_ENGINE")
+
+pytestmark = pytest.mark.skipif(not (LOCKD and GMSD and ENGINE),
+                                reason="GF_LOCKD, GF_GMSD and GF_C_ENGINE must point at the binaries")
+
+HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+
+
+def wait_for(pred, what, timeout=HANG_GUARD):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Proc:
+    def __init__(self, name, argv, tmp, env=None):
+        self.name = name
+        self.log_path = os.path.join(tmp, name + ".log")
+        self.log = open(self.log_path, "wb")
+        full_env = dict(os.environ)
+        full_env.pop("GF_LOG", None)
+        if env:
+            full_env.update(env)
+        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def wait_log(self, pattern, timeout=HANG_GUARD):
+        rx = re.compile(pattern)
+
+        def find():
+            m = rx.search(self.text())
+            if m:
+                return m
+            if self.p.poll() is not None:
+                # One last read: the line may have been written just before exit.
+                m = rx.search(self.text())
+                if m:
+                    return m
+                raise AssertionError(f"{self.name} exited ({self.p.returncode}) before /{pattern}/:\n"
+                                     + self.text())
+            return None
+        return wait_for(find, f"{self.name}: /{pattern}/", timeout)
+
+    def wait_exit(self, timeout=HANG_GUARD):
+        return self.p.wait(timeout=timeout)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def world():
+    tmp = tempfile.mkdtemp(prefix="gf-engine-it-")
+    procs = []
+
+    class World:
+        dir = tmp
+        lock_uri = f"unix://{tmp}/lock.sock"
+        gms_uri = f"unix://{tmp}/gms0.sock"
+
+        def start(self, name, argv, env=None):
+            p = Proc(name, argv, tmp, env)
+            procs.append(p)
+            return p
+
+        def lockd(self):
+            p = self.start("lockd", [LOCKD, "--listen", self.lock_uri, "--state-file", f"{tmp}/lock.state"])
+            p.wait_log(r'msg="?ready')
+            return p
+
+        def gmsd(self):
+            p = self.start("gmsd", [GMSD, "--listen", self.gms_uri, "--backend", "host"])
+            p.wait_log(r'msg="?ready')
+            return p
+
+        def engine(self, name, *extra, env=None, wait_ports=True):
+            argv = [ENGINE, "--lock", self.lock_uri, "--gms", self.gms_uri, "--id", name,
+                    "--port", "0", "--probe-port", "0", "--probe-address", "127.0.0.1",
+                    "--kv-bytes", "4M", *extra]
+            p = self.start(name, argv, env)
+            if wait_ports:
+                p.probe_port = int(p.wait_log(r"event=probe_listening port=(\d+)").group(1))
+            return p
+
+    yield World()
+    for p in reversed(procs):
+        p.stop()
+
+
+def http(port, path, method="GET"):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def probes(p):
+    return tuple(http(p.probe_port, path)[0] for path in ("/startup", "/live", "/ready"))
+
+
+def state(p):
+    return json.loads(http(p.probe_port, "/state")[1])["state"]
+
+
+def serving_port(p):
+    return int(p.wait_log(r"event=endpoint_listening port=(\d+)").group(1))
+
+
+def metric(text, name):
+    m = re.search(r"^" + re.escape(name) + r" (-?\d+)$", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def test_failover_after_sigkill(world):
+    world.lockd()
+    world.gmsd()
+    weights = os.path.join(world.dir, "w.safetensors")
+    w = world.start("writer", [ENGINE, "--write-weights", weights])
+    assert w.wait_exit() == 0
+    a = world.engine("engine-a", "--role", "loader", "--weights", weights)
+    a_port = serving_port(a)
+    assert probes(a) == (200, 200, 200)
+    assert state(a) == "active"
+    b = world.engine("engine-b", "--role", "follower")
+    b.wait_log(r"event=lock_waiting")
+    assert state(b) == "standby"
+    assert probes(b) == (200, 200, 200)  # a healthy standby stays in service
+
+    before = {}
+    for seed in (0, 1, 12345):
+        st, body = http(a_port, f"/infer?seed={seed}", method="POST" if seed == 1 else "GET")
+        assert st == 200
+        before[seed] = json.loads(body)
+        assert before[seed]["engine"] == "engine-a"
+        assert len(before[seed]["result"]) == 8
+        assert re.fullmatch(r"[0-9a-f]{16}", before[seed]["checksum"])
+    assert before[0]["checksum"] != before[1]["checksum"]
+    epoch_a = before[0]["epoch"]
+    assert http(a_port, "/infer?seed=-3")[0] == 400
+
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    b_port = serving_port(b)
+    wait_for(lambda: state(b) == "active", "engine-b active")
+    assert probes(b) == (200, 200, 200)
+    for seed, old in before.items():
+        st, body = http(b_port, f"/infer?seed={seed}")
+        assert st == 200
+        new = json.loads(body)
+        assert new["engine"] == "engine-b"
+        assert new["result"] == old["result"]
+        assert new["checksum"] == old["checksum"]
+        assert new["epoch"] > epoch_a  # fencing: the new grant has a higher epoch
+
+    st, text = http(b.probe_port, "/metrics")
+    assert st == 200
+    assert metric(text, "gf_engine_failovers_total") == 1
+    assert metric(text, 'gf_engine_state{state="active"}') == 1
+    for phase in ("lock_wait", "remap", "private_alloc", "serve", "total"):
+        v = metric(text, f'gf_engine_last_failover_us{{phase="{phase}"}}')
+        assert v is not None and v >= 0, phase
+    log = b.text()
+    for event in ("event=lock_granted epoch=", "event=weights_remapped us=", "event=kv_allocated us=",
+                  "event=serving"):
+        assert event in log, event
+
+
+def test_gms_loss_terminates_active_engine(world):
+    world.lockd()
+    gmsd = world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    assert state(a) == "active"
+    gmsd.p.send_signal(signal.SIGKILL)
+    gmsd.wait_exit()
+    # Default loss policy: SIGTERM to itself, clean shutdown, exit status 70.
+    assert a.wait_exit() == 70
+    log = a.text()
+    assert "event=engine_lost" in log
+    assert "err=GF_ERR_GMS_LOST" in log
+
+
+def test_hung_wake_fails_live_after_waking_timeout(world):
+    world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a", "--waking-timeout", "1s",
+                     env={"GF_ENGINE_TEST_HANG_WAKE_MS": "60000"})
+    a.wait_log(r"event=test_hang_wake")
+    assert state(a) == "waking"
+    t0 = time.monotonic()
+    wait_for(lambda: http(a.probe_port, "/live")[0] == 503, "/live 503 after the waking timeout")
+    assert time.monotonic() - t0 < HANG_GUARD
+    # Only liveness fails: startup passed, readiness is not what kills the container.
+    assert probes(a) == (200, 503, 200)
+    assert state(a) == "waking"
+    a.p.send_signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_probes_in_init_and_clean_stop(world):
+    world.lockd()
+    world.gmsd()
+    # A follower with no loader waits in Init for a commit that never comes.
+    b = world.engine("engine-b", "--role", "follower")
+    time.sleep(0.2)
+    assert state(b) == "init"
+    assert probes(b) == (503, 503, 503)
+    assert http(b.probe_port, "/nope")[0] == 404
+    b.p.send_signal(signal.SIGTERM)
+    assert b.wait_exit() == 0
+
+
+def test_standby_stops_cleanly_on_sigterm(world):
+    world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    b = world.engine("engine-b", "--role", "follower")
+    b.wait_log(r"event=lock_waiting")
+    b.p.send_signal(signal.SIGTERM)
+    assert b.wait_exit() == 0
+    a.p.send_signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_bad_input(world):
+    bad = os.path.join(world.dir, "bad.safetensors")
+    with open(bad, "wb") as f:
+        f.write((1000).to_bytes(8, "little") + b'{"a": ')
+    p = world.start("bad", [ENGINE, "--lock", "unix:///nonexistent", "--gms", "unix:///nonexistent",
+                            "--weights", bad])
+    assert p.wait_exit() == 1
+    assert "truncated" in p.text()
+    for argv, code in (([], 2), (["--role", "leader"], 2), (["--port", "99999"], 2),
+                       (["--waking-timeout", "soon"], 2), (["--kv-bytes", "12Q"], 2),
+                       (["--backend", "cuda"], 2), (["--help"], 0), (["--version"], 0)):
+        p = world.start("args", [ENGINE, *argv])
+        assert p.wait_exit() == code, (argv, p.text())
+
+
+def test_lock_loss_terminates_active_engine(world):
+    lockd = world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a", "--lock-reconnect-timeout", "500ms")
+    serving_port(a)
+    lockd.p.send_signal(signal.SIGKILL)
+    lockd.wait_exit()
+    # Not back within the reconnect time: the lock is lost for good.
+    assert a.wait_exit() == 70
+    log = a.text()
+    assert "event=engine_lost" in log
+    assert "err=GF_ERR_LOCK_LOST" in log
+
+
+def test_wake_against_fresh_gms_fails(world):
+    """Decision 6: a GMS that restarted while the standby slept has no commit;
+    the remap times out and the wake is fatal, not a hang."""
+    world.lockd()
+    gmsd = world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    b = world.engine("engine-b", "--role", "follower", "--remap-timeout", "500ms")
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGSTOP)  # A cannot notice the GMS going away
+    gmsd.p.send_signal(signal.SIGKILL)
+    gmsd.wait_exit()
+    world.gmsd()
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    assert b.wait_exit() == 1
+    log = b.text()
+    assert "event=wake_failed" in log
+    assert "GF_ERR_TIMEOUT" in log
+    assert "event=endpoint_listening" not in log
