@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The failover demo in short mode, with both example engines: it must report
+a failover with identical answers, exit 0, and leave no process behind."""
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+BUILD = pathlib.Path(os.environ["GF_BUILD_ROOT"])
+SOURCE = pathlib.Path(os.environ["GF_SOURCE_ROOT"])
+
+
+def processes_mentioning(text):
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append((d.name, cmd))
+    return found
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_demo_short(engine):
+    env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"))
+    out = subprocess.run(
+        [BUILD / "examples" / "demo" / "gf-failover-demo", "--short", "--engine", engine,
+         "--lockd", BUILD / "examples" / "gf-lockd" / "gf-lockd",
+         "--gmsd", BUILD / "examples" / "gf-gmsd" / "gf-gmsd",
+         "--c-engine", BUILD / "examples" / "c-engine" / "gf-c-engine",
+         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py"],
+        capture_output=True, text=True, timeout=120, env=env)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RESULT: OK" in out.stdout
+    assert "all identical to before: yes" in out.stdout
+    m = re.search(r"run dir: (\S+)\)", out.stdout)
+    assert m
+    rundir = m.group(1)
+    assert not processes_mentioning(rundir), "the demo left processes behind"
+    assert not pathlib.Path(rundir).exists()
