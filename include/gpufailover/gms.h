@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../gpufailover.h"
 #include "mem.h"
@@ -235,6 +236,36 @@ GF_EXPORT void gf_gmsd_stop(gf_gmsd *d);
 /** Close every connection and drop every allocation (importers keep theirs alive). NULL is a no-op. */
 GF_EXPORT void gf_gmsd_free(gf_gmsd *d);
 
+/** @} */
+
+
+/** @defgroup torch PyTorch pluggable allocator
+ *  `torch.cuda.memory.CUDAPluggableAllocator(path, "gf_torch_malloc", "gf_torch_free")`
+ *  loads these by name from libgpufailover (or the Python extension, which
+ *  contains the library); used with `torch.cuda.MemPool` so that only
+ *  allocations inside the pool come here.
+ *  @{ */
+/**
+ * Route gf_torch_malloc() to the GMS writer @p writer (borrowed; must stay
+ * connected as writer until gf_torch_pool_end()). One pool per process.
+ * Errors: GF_ERR_STATE (not the writer), GF_ERR_BUSY (a pool is active).
+ */
+GF_EXPORT int gf_torch_pool_begin(gf_gms *writer);
+/** End the pool begun by gf_torch_pool_begin(). GF_ERR_STATE when none is active. */
+GF_EXPORT int gf_torch_pool_end(void);
+/**
+ * CUDAPluggableAllocator malloc: allocates @p size bytes as a new GMS
+ * allocation of the active pool's writer, mapped read-write, and returns its
+ * address; NULL (PyTorch reports out of memory) outside a pool or on failure.
+ * Thread-safe. @p stream is ignored: the memory is ready on return.
+ */
+GF_EXPORT void *gf_torch_malloc(ssize_t size, int device, void *stream);
+/**
+ * CUDAPluggableAllocator free: a no-op. GMS allocations live as long as the
+ * committed layout (weights are never freed piecemeal); they go when a new
+ * writer replaces the layout or the GMS exits.
+ */
+GF_EXPORT void gf_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /** @} */
 
 #ifdef __cplusplus

@@ -222,3 +222,35 @@ def test_unreachable_server():
     with pytest.raises(gf.UnreachableError) as ei:
         gf.lock_status("unix:///nonexistent/lock.sock", 0.2)
     assert isinstance(ei.value, ConnectionError)
+
+
+def test_torch_pluggable_allocator_entry_points(cluster):
+    """Calls gf_torch_malloc/free through the shared object by name, as
+    torch.cuda.memory.CUDAPluggableAllocator does."""
+    import ctypes
+
+    so = ctypes.CDLL(gf.torch_allocator_path())
+    so.gf_torch_malloc.restype = ctypes.c_void_p
+    so.gf_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    so.gf_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    assert so.gf_torch_malloc(4096, 0, None) is None  # outside a pool: refused
+    cluster.gmsd()
+    mem = gf.Memory("host")
+    w = gf.GMSClient(cluster.gms_uri(), mem, mode="rw", timeout=5)
+    with gf.torch_pool(w):
+        with pytest.raises(gf.StateError):
+            gf._gpufailover._torch_pool_begin(w)  # one pool at a time
+        ptr = so.gf_torch_malloc(3 * MiB, 0, None)
+    assert ptr
+    allocs = w.allocations
+    assert len(allocs) == 1 and allocs[0]["addr"] == ptr and allocs[0]["size"] >= 3 * MiB
+    ctypes.memmove(ptr, b"torch", 5)  # the pointer is mapped read-write
+    so.gf_torch_free(ptr, 3 * MiB, 0, None)
+    w.put_meta("t", allocs[0]["id"], 0, b"")
+    w.commit()
+    r = gf.GMSClient(cluster.gms_uri(), mem, mode="ro", timeout=5)
+    r.map_all()
+    assert bytes(memoryview(r.buffer("t", size=5))) == b"torch"
+    assert so.gf_torch_malloc(4096, 0, None) is None  # the pool ended
+    r.close()
+    w.close()

@@ -44,6 +44,42 @@ from ._gpufailover import (
     parse_duration,
     strerror,
 )
+from . import _gpufailover
+
+
+def torch_allocator_path():
+    """Path of the shared object exporting gf_torch_malloc / gf_torch_free."""
+    return _gpufailover.__file__
+
+
+def torch_allocator():
+    """A torch.cuda.memory.CUDAPluggableAllocator over GMS memory (needs PyTorch with CUDA).
+
+    Use it for a torch.cuda.MemPool and allocate inside ``torch_pool(writer)``::
+
+        pool = torch.cuda.MemPool(gf.torch_allocator().allocator())
+        with gf.torch_pool(writer), torch.cuda.use_mem_pool(pool):
+            model = load_model()          # weight tensors land in GMS allocations
+        writer.commit()
+    """
+    import torch
+
+    return torch.cuda.memory.CUDAPluggableAllocator(torch_allocator_path(), "gf_torch_malloc", "gf_torch_free")
+
+
+class torch_pool:
+    """Context manager: allocations through gf_torch_malloc go to ``writer``'s GMS."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def __enter__(self):
+        _gpufailover._torch_pool_begin(self.writer)
+        return self.writer
+
+    def __exit__(self, *exc):
+        _gpufailover._torch_pool_end()
+        return False
 
 __all__ = [
     "Engine",
@@ -70,4 +106,7 @@ __all__ = [
     "lock_status",
     "parse_duration",
     "strerror",
+    "torch_allocator",
+    "torch_allocator_path",
+    "torch_pool",
 ]

@@ -2069,6 +2069,28 @@ static PyTypeObject EngineType = {
 	.tp_getset = Engine_getset,
 };
 
+
+static PyObject *py_torch_pool_begin(PyObject *self, PyObject *arg)
+{
+	if (!PyObject_TypeCheck(arg, &GMSType))
+		return PyErr_Format(PyExc_TypeError, "torch pool needs a GMSClient, not %.100s", Py_TYPE(arg)->tp_name);
+	GMSObject *g = (GMSObject *)arg;
+	if (gms_ready(g) < 0)
+		return NULL;
+	int rc = gf_torch_pool_begin(g->gms);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *py_torch_pool_end(PyObject *self, PyObject *unused)
+{
+	int rc = gf_torch_pool_end();
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ */
 /* module                                                              */
 
@@ -2079,6 +2101,8 @@ static PyMethodDef module_methods[] = {
 	  "lock_status(uri, timeout=5.0, *, secret=None) -> dict" },
 	{ "gms_status", (PyCFunction)(void (*)(void))py_gms_status, METH_VARARGS | METH_KEYWORDS,
 	  "gms_status(uri, timeout=5.0) -> dict" },
+	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "route gf_torch_malloc to this GMS writer" },
+	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "end the torch pool" },
 	{ NULL },
 };
 
