@@ -48,6 +48,7 @@ struct options {
 	const char *weights;
 	const char *python_engine; /* path of examples/python-engine/engine.py */
 	const char *backend;
+	const char *json_path; /* timeline as JSON, for the benchmark report */
 	int devices;
 	bool short_mode;
 	bool keep;
@@ -341,6 +342,7 @@ static void usage(FILE *f)
 	fputs("usage: gf-failover-demo [--engine c|python] [--weights FILE.safetensors] [--devices N]\n"
 	      "                        [--backend auto|host|cuda] [--short] [--keep] [--bindir DIR]\n"
 	      "                        [--python-engine PATH] [--lockd PATH] [--gmsd PATH] [--c-engine PATH]\n"
+	      "                        [--json FILE]\n"
 	      "Starts gf-lockd, gf-gmsd per device, a primary and a shadow engine and a client;\n"
 	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n",
 	      f);
@@ -406,6 +408,7 @@ int main(int argc, char **argv)
 		{ "devices", required_argument, NULL, 'd' }, { "backend", required_argument, NULL, 'b' },
 		{ "short", no_argument, NULL, 's' },          { "keep", no_argument, NULL, 'k' },
 		{ "bindir", required_argument, NULL, 'B' },   { "python-engine", required_argument, NULL, 'P' },
+		{ "json", required_argument, NULL, 'J' },
 		{ "lockd", required_argument, NULL, 'L' },   { "gmsd", required_argument, NULL, 'G' },
 		{ "c-engine", required_argument, NULL, 'C' },
 		{ "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
@@ -437,6 +440,9 @@ int main(int argc, char **argv)
 			break;
 		case 'P':
 			o.python_engine = optarg;
+			break;
+		case 'J':
+			o.json_path = optarg;
 			break;
 		case 'L':
 			snprintf(o.lockd, sizeof(o.lockd), "%s", optarg);
@@ -612,6 +618,19 @@ int main(int argc, char **argv)
 	say("  requests failed during the gap: %ld\n", cl.failed_after_kill);
 	say("  responses after failover: %ld, all identical to before: %s\n", cl.ok_after,
 	    cl.mismatched ? "NO" : "yes");
+	if (o.json_path) {
+		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "engine", o.engine,
+				      "release_us", (json_int_t)(t_release ? t_release - kill_at : -1),
+				      "grant_us", (json_int_t)(t_grant ? t_grant - kill_at : -1),
+				      "remapped_us", (json_int_t)(t_remap ? t_remap - kill_at : -1),
+				      "kv_allocated_us", (json_int_t)(t_kv ? t_kv - kill_at : -1),
+				      "serving_us", (json_int_t)(t_serve ? t_serve - kill_at : -1),
+				      "first_response_us", (json_int_t)(cl.first_ok_after_us - kill_at),
+				      "failed_requests", (json_int_t)cl.failed_after_kill, "mismatched", (json_int_t)cl.mismatched);
+		if (!j || json_dump_file(j, o.json_path, JSON_COMPACT) != 0)
+			say("demo: could not write %s\n", o.json_path);
+		json_decref(j);
+	}
 	CHECK(!strcmp(cl.first_ok_engine, "engine-b"), "the answer after the kill came from '%s'", cl.first_ok_engine);
 	CHECK(cl.epoch_after > cl.epoch_before, "epoch did not increase (%llu -> %llu)",
 	      (unsigned long long)cl.epoch_before, (unsigned long long)cl.epoch_after);
