@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Runs every benchmark of the project and prints one table of medians, p99s
+and ratios against the baselines measured in the same run, plus a JSON file.
+Nothing here asserts a speed: timings on a shared 2-core machine are noisy,
+the ratios are what to read."""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def json_lines(cmd, timeout):
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--demo-runs", type=int, default=7)
+    ap.add_argument("--lock-trials", type=int, default=500)
+    ap.add_argument("--waiters", type=int, default=10000)
+    a = ap.parse_args()
+    b = pathlib.Path(a.build)
+    rows, raw = [], {}
+
+    def row(bench, case, median, p99, base_name, base_median, ratio, unit="us"):
+        rows.append({"benchmark": bench, "case": case, "median": median, "p99": p99, "baseline": base_name,
+                     "baseline_median": base_median, "ratio": ratio, "unit": unit})
+
+    print("running lock handoff (SIGKILL holder -> waiter granted) vs flock(2) ...", file=sys.stderr)
+    lock = json_lines([b / "tests/bench/bench-lock", a.lock_trials, a.waiters], 900)[-1]
+    raw["lock"] = lock
+    row("lock handoff", f"{lock['trials']} kills", lock["handoff_median_us"], lock["handoff_p99_us"], "flock(2)",
+        lock["flock_median_us"], lock["ratio_median"])
+    row("lock handoff p99", f"{lock['trials']} kills", lock["handoff_p99_us"], None, "flock(2) p99",
+        lock["flock_p99_us"], lock["ratio_p99"])
+    row("lock idle waiter memory", f"{lock['idle_waiters']} waiters", lock["rss_bytes_per_waiter"], None, "", None,
+        None, unit="bytes")
+
+    print("running host backend import+map vs raw syscalls ...", file=sys.stderr)
+    mem = json_lines([b / "tests/bench/bench-mem"], 900)
+    raw["mem"] = mem
+    for m in mem:
+        for r in m["results"]:
+            row("mem import+map", f"N={r['n']}", r["lib_median_us"], None, "dup+fstat+mmap", r["raw_median_us"],
+                r["ratio"])
+
+    print("running GMS remap vs raw fd receive+mmap ...", file=sys.stderr)
+    gms = json_lines([b / "tests/bench/bench-gms"], 900)
+    raw["gms"] = gms
+    for g in gms:
+        row("gms remap", f"N={g['allocations']} M={g['metadata']} ({g['remap_round_trips']} round trips)",
+            g["remap_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_vs_raw"])
+
+    print(f"running the failover demo {a.demo_runs} times ...", file=sys.stderr)
+    runs = []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(a.demo_runs):
+            path = pathlib.Path(d) / f"demo{i}.json"
+            out = subprocess.run([b / "examples/demo/gf-failover-demo", "--short", "--json", path,
+                                  "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd",
+                                  "--c-engine", b / "examples/c-engine/gf-c-engine"],
+                                 capture_output=True, text=True, timeout=120)
+            if out.returncode != 0 or not path.exists():
+                raise RuntimeError("demo failed:\n" + out.stdout[-3000:])
+            runs.append(json.loads(path.read_text()))
+    raw["demo"] = runs
+    for key, label in (("release_us", "lock released (holder exit seen)"), ("grant_us", "lock granted"),
+                       ("remapped_us", "weights remapped"), ("kv_allocated_us", "KV allocated"),
+                       ("serving_us", "serving"), ("first_response_us", "first response")):
+        vals = [r[key] for r in runs if r[key] >= 0]
+        if vals:
+            row("demo failover (from SIGKILL)", label, statistics.median(vals), pct(vals, 0.99), "", None, None)
+    lock_med = lock["handoff_median_us"]
+    first = statistics.median(r["first_response_us"] for r in runs)
+    row("demo failover vs lock handoff", "first response / handoff", first, None, "lock handoff", lock_med,
+        round(first / lock_med, 2) if lock_med else None)
+
+    def fmt(v, unit="us"):
+        if v is None:
+            return "-"
+        if unit == "bytes":
+            return f"{v:,.0f} B"
+        return f"{v:,.1f} us" if v < 10000 else f"{v / 1000:,.2f} ms"
+
+    print()
+    header = f"{'benchmark':<32} {'case':<36} {'median':>12} {'p99':>12} {'baseline':>16} {'base median':>12} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['benchmark']:<32} {r['case']:<36} {fmt(r['median'], r['unit']):>12} {fmt(r['p99'], r['unit']):>12} "
+              f"{r['baseline']:>16} {fmt(r['baseline_median']):>12} {('%.2fx' % r['ratio']) if r['ratio'] else '-':>7}")
+    pathlib.Path(a.out).write_text(json.dumps({"rows": rows, "raw": raw}, indent=1))
+    print(f"\nJSON: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
