@@ -87,9 +87,18 @@ def test_engines_agree_with_sidecars_on_socket_paths(pod):
     listen = flag(lockd, "listen")
     engines = [c for c in pod["containers"]]
     assert len(engines) == 2
+    gmsd = next(c for c in pod["initContainers"] if c["name"] == "gf-gmsd")
+    env = {e["name"]: e["value"] for e in gmsd.get("env", [])}
+    sock_dir = env["GF_GMS_SOCKET_DIR"]
+    mounts = [m["mountPath"] for m in gmsd["volumeMounts"] if m["name"] == "gf-run"]
+    assert sock_dir in mounts
+    # gmsd-entrypoint.sh serves device D at $GF_GMS_SOCKET_DIR/gms-D.sock
+    served = {f"unix://{sock_dir}/gms-{d}.sock" for d in gmsd["args"]}
+    probe = gmsd["startupProbe"]["exec"]["command"]
+    assert probe[probe.index("--gms") + 1] in served
     for e in engines:
         assert flag(e, "lock") == listen
-        assert flag(e, "gms").startswith("unix:///run/gf/gms")
+        assert flag(e, "gms") in served
 
 
 def test_engines_are_symmetric(pod):
