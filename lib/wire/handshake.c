@@ -53,6 +53,20 @@ int gf_handshake_check_hello(const gf_Msg *m, gf_Component component)
 	return 0;
 }
 
+/* Receive one message and insist on its kind; an Error reply becomes its code. */
+static int recv_expect(int fd, struct gf_frame_reader *r, gf_Msg *m, pb_size_t tag, const char *name,
+		       int64_t deadline_us)
+{
+	int rc = gf_msg_recv(r, fd, m, NULL, NULL, deadline_us);
+	if (rc < 0)
+		return rc;
+	if ((rc = gf_msg_error_code(m)) < 0)
+		return rc;
+	if (m->which_body != tag)
+		return gf_err(GF_ERR_PROTOCOL, "handshake: expected %s, got %s", name, gf_msg_name(m));
+	return 0;
+}
+
 int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component component,
 			const char *peer_id, const uint8_t *secret, size_t secret_len,
 			int64_t deadline_us, gf_Welcome *welcome_out)
@@ -69,15 +83,9 @@ int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component componen
 	rc = gf_msg_send(fd, m, NULL, 0, deadline_us);
 	if (rc < 0)
 		goto out;
-	rc = gf_msg_recv(r, fd, m, NULL, NULL, deadline_us);
+	rc = recv_expect(fd, r, m, gf_Msg_welcome_tag, "welcome", deadline_us);
 	if (rc < 0)
 		goto out;
-	if ((rc = gf_msg_error_code(m)) < 0)
-		goto out;
-	if (m->which_body != gf_Msg_welcome_tag) {
-		rc = gf_err(GF_ERR_PROTOCOL, "handshake: expected welcome, got %s", gf_msg_name(m));
-		goto out;
-	}
 	if (m->body.welcome.version != GF_PROTOCOL_VERSION) {
 		rc = gf_err(GF_ERR_VERSION, "handshake: server speaks protocol version %u, we speak %u",
 			    m->body.welcome.version, GF_PROTOCOL_VERSION);
@@ -104,15 +112,9 @@ int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component componen
 		rc = gf_msg_send(fd, m, NULL, 0, deadline_us);
 		if (rc < 0)
 			goto out;
-		rc = gf_msg_recv(r, fd, m, NULL, NULL, deadline_us);
+		rc = recv_expect(fd, r, m, gf_Msg_auth_ok_tag, "auth_ok", deadline_us);
 		if (rc < 0)
 			goto out;
-		if ((rc = gf_msg_error_code(m)) < 0)
-			goto out;
-		if (m->which_body != gf_Msg_auth_ok_tag) {
-			rc = gf_err(GF_ERR_PROTOCOL, "handshake: expected auth_ok, got %s", gf_msg_name(m));
-			goto out;
-		}
 	}
 	if (welcome_out)
 		*welcome_out = welcome;

@@ -208,6 +208,42 @@ static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 /* ------------------------------------------------------------------ */
+/* hooks: Python callables run from library threads                    */
+
+/* Call fn(code, detail) from whatever thread the library calls back on. */
+static void run_hook(PyObject *fn, int err, const char *detail)
+{
+	PyGILState_STATE g = PyGILState_Ensure();
+	if (fn && fn != Py_None) {
+		PyObject *r = PyObject_CallFunction(fn, "is", err, detail ? detail : "");
+		if (!r)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(r);
+	}
+	PyGILState_Release(g);
+}
+
+static PyObject *hook_get(PyObject *slot)
+{
+	PyObject *r = slot ? slot : Py_None;
+	Py_INCREF(r);
+	return r;
+}
+
+static int hook_set(PyObject **slot, PyObject *v, const char *what)
+{
+	if (!v)
+		v = Py_None;
+	if (v != Py_None && !PyCallable_Check(v)) {
+		PyErr_Format(PyExc_TypeError, "%s must be callable(code, detail) or None", what);
+		return -1;
+	}
+	Py_INCREF(v);
+	Py_XSETREF(*slot, v);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Memory                                                              */
 
 typedef struct {
@@ -371,15 +407,7 @@ typedef struct {
 
 static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
 {
-	LockObject *self = ud;
-	PyGILState_STATE g = PyGILState_Ensure();
-	if (self->on_lost && self->on_lost != Py_None) {
-		PyObject *r = PyObject_CallFunction(self->on_lost, "is", err, detail ? detail : "");
-		if (!r)
-			PyErr_WriteUnraisable(self->on_lost);
-		Py_XDECREF(r);
-	}
-	PyGILState_Release(g);
+	run_hook(((LockObject *)ud)->on_lost, err, detail);
 }
 
 static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
@@ -596,22 +624,12 @@ static PyObject *Lock_get_epoch(LockObject *self, void *c)
 
 static PyObject *Lock_get_on_lost(LockObject *self, void *c)
 {
-	PyObject *r = self->on_lost ? self->on_lost : Py_None;
-	Py_INCREF(r);
-	return r;
+	return hook_get(self->on_lost);
 }
 
 static int Lock_set_on_lost(LockObject *self, PyObject *v, void *c)
 {
-	if (!v)
-		v = Py_None;
-	if (v != Py_None && !PyCallable_Check(v)) {
-		PyErr_SetString(PyExc_TypeError, "on_lost must be callable(code, detail) or None");
-		return -1;
-	}
-	Py_INCREF(v);
-	Py_XSETREF(self->on_lost, v);
-	return 0;
+	return hook_set(&self->on_lost, v, "on_lost");
 }
 
 static PyObject *Lock_enter(PyObject *self, PyObject *unused)
@@ -736,15 +754,7 @@ static int mode_arg(PyObject *obj, int *mode)
 
 static void gms_lost_trampoline(gf_gms *g, int err, const char *detail, void *ud)
 {
-	GMSObject *self = ud;
-	PyGILState_STATE st = PyGILState_Ensure();
-	if (self->on_lost && self->on_lost != Py_None) {
-		PyObject *r = PyObject_CallFunction(self->on_lost, "is", err, detail ? detail : "");
-		if (!r)
-			PyErr_WriteUnraisable(self->on_lost);
-		Py_XDECREF(r);
-	}
-	PyGILState_Release(st);
+	run_hook(((GMSObject *)ud)->on_lost, err, detail);
 }
 
 static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
@@ -1037,22 +1047,12 @@ static PyObject *GMS_get_layout(GMSObject *self, void *c)
 
 static PyObject *GMS_get_on_lost(GMSObject *self, void *c)
 {
-	PyObject *r = self->on_lost ? self->on_lost : Py_None;
-	Py_INCREF(r);
-	return r;
+	return hook_get(self->on_lost);
 }
 
 static int GMS_set_on_lost(GMSObject *self, PyObject *v, void *c)
 {
-	if (!v)
-		v = Py_None;
-	if (v != Py_None && !PyCallable_Check(v)) {
-		PyErr_SetString(PyExc_TypeError, "on_lost must be callable(code, detail) or None");
-		return -1;
-	}
-	Py_INCREF(v);
-	Py_XSETREF(self->on_lost, v);
-	return 0;
+	return hook_set(&self->on_lost, v, "on_lost");
 }
 
 /* dtype names accepted by buffer(): numpy's spelling. */
@@ -1592,15 +1592,7 @@ static int health_trampoline(gf_engine *e, void *ud)
 
 static void loss_trampoline(gf_engine *e, int err, const char *detail, void *ud)
 {
-	EngineObject *self = ud;
-	PyGILState_STATE st = PyGILState_Ensure();
-	if (self->on_loss) {
-		PyObject *r = PyObject_CallFunction(self->on_loss, "is", err, detail ? detail : "");
-		if (!r)
-			PyErr_WriteUnraisable(self->on_loss);
-		Py_XDECREF(r);
-	}
-	PyGILState_Release(st);
+	run_hook(((EngineObject *)ud)->on_loss, err, detail);
 }
 
 /* After a step: re-raise an exception from a callback, else the library error. */
@@ -1954,9 +1946,7 @@ static PyObject *Engine_get_probe_port(EngineObject *self, void *c)
 
 static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
 {
-	PyObject *r = self->on_loss ? self->on_loss : Py_None;
-	Py_INCREF(r);
-	return r;
+	return hook_get(self->on_loss);
 }
 
 static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
@@ -1985,9 +1975,7 @@ static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
 
 static PyObject *Engine_get_health(EngineObject *self, void *c)
 {
-	PyObject *r = self->health ? self->health : Py_None;
-	Py_INCREF(r);
-	return r;
+	return hook_get(self->health);
 }
 
 static int Engine_set_health(EngineObject *self, PyObject *v, void *c)
