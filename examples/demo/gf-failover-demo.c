@@ -402,7 +402,9 @@ static int pick_port(void)
 
 int main(int argc, char **argv)
 {
-	struct options o = { .engine = "c", .backend = "auto", .devices = 1 };
+	/* The example engines compute on the CPU over host pointers, so the GMS
+	 * they share uses the host backend unless told otherwise. */
+	struct options o = { .engine = "c", .backend = "host", .devices = 1 };
 	static const struct option longopts[] = {
 		{ "engine", required_argument, NULL, 'e' }, { "weights", required_argument, NULL, 'w' },
 		{ "devices", required_argument, NULL, 'd' }, { "backend", required_argument, NULL, 'b' },
