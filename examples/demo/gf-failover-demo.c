@@ -471,6 +471,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (o.devices > 1 && !strcmp(o.backend, "host")) {
+		fprintf(stderr, "demo: the host backend has one device; --devices N > 1 needs --backend cuda and N GPUs\n");
+		return 2;
+	}
 	if (!o.bindir)
 		o.bindir = GF_BINDIR;
 	if (!o.lockd[0])
@@ -532,7 +536,7 @@ int main(int argc, char **argv)
 		snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms%d.sock", rundir, d);
 		snprintf(g1, sizeof(g1), "%s", o.gmsd);
 		snprintf(g2, sizeof(g2), "--listen=%s", gms_uri);
-		snprintf(g3, sizeof(g3), "--device=%d", o.devices > 1 && !strcmp(o.backend, "host") ? 0 : d);
+		snprintf(g3, sizeof(g3), "--device=%d", d);
 		snprintf(g4, sizeof(g4), "--backend=%s", o.backend);
 		snprintf(name, sizeof(name), "gf-gmsd-%d", d);
 		char *gargv[] = { g1, g2, g3, g4, NULL };
