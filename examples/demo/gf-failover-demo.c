@@ -382,7 +382,7 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	ARG("%d", probe_port);
 	ARG("--backend");
 	ARG("%s", o->backend);
-	if (o->weights) {
+	if (o->weights && !strcmp(role, "loader")) { /* a follower imports the loader's weights */
 		ARG("--weights");
 		ARG("%s", o->weights);
 	}
