@@ -26,15 +26,20 @@ def processes_mentioning(text):
     return found
 
 
-@pytest.mark.parametrize("engine", ["c", "python"])
-def test_demo_short(engine):
+@pytest.mark.parametrize("engine,weights", [("c", False), ("python", False), ("c", True)])
+def test_demo_short(engine, weights, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"))
+    extra = []
+    if weights:  # any safetensors file: here one written by the example engine
+        path = tmp_path / "model.safetensors"
+        subprocess.run([BUILD / "examples" / "c-engine" / "gf-c-engine", "--write-weights", path], check=True)
+        extra = ["--weights", str(path)]
     out = subprocess.run(
         [BUILD / "examples" / "demo" / "gf-failover-demo", "--short", "--engine", engine,
          "--lockd", BUILD / "examples" / "gf-lockd" / "gf-lockd",
          "--gmsd", BUILD / "examples" / "gf-gmsd" / "gf-gmsd",
          "--c-engine", BUILD / "examples" / "c-engine" / "gf-c-engine",
-         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py"],
+         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py", *extra],
         capture_output=True, text=True, timeout=120, env=env)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
