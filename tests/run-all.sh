@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds libgpufailover and runs every test suite: unit, fuzz corpora,
-# integration, python (and gpu, reported as skipped without a GPU), then the
-# unit suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# integration, python (and gpu, reported as skipped without a GPU); the unit
+# and fuzz suites again under valgrind, and in a second build under
+# AddressSanitizer + UndefinedBehaviorSanitizer (with LeakSanitizer).
 # Exits non-zero on any failure.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,6 +25,9 @@ status=0
 configure "$build" -Dtests=enabled
 meson compile -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=1
+# valgrind (memcheck) over the C unit tests and the fuzz corpora.
+meson test -C "$build" --setup valgrind --suite unit --suite fuzz --print-errorlogs --num-processes 2 \
+  --logbase testlog-valgrind || status=1
 
 configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C "$asan"
@@ -31,7 +35,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
   meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1
 
 # One plain closing line for humans and CI: counts over both builds.
-python3 - "$build/meson-logs/testlog.json" "$asan/meson-logs/testlog.json" <<'PY'
+python3 - "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-valgrind.json" \
+  "$asan/meson-logs/testlog.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0
 for path in sys.argv[1:]:

@@ -67,21 +67,26 @@ void gf_err_clear(void)
 
 int gf_err(int err, const char *fmt, ...)
 {
+	/* Format aside first: callers may pass gf_error_detail() itself as an
+	 * argument, to wrap the previous detail in a new one. */
+	char buf[sizeof(detail)];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(detail, sizeof(detail), fmt, ap);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
+	memcpy(detail, buf, sizeof(detail));
 	return err;
 }
 
 int gf_err_errno(int err, int errnum, const char *fmt, ...)
 {
-	char buf[sizeof(detail) - 64];
+	char buf[sizeof(detail) - 64], out[sizeof(detail)];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	snprintf(detail, sizeof(detail), "%s: %s", buf, strerror(errnum));
+	snprintf(out, sizeof(out), "%s: %s", buf, strerror(errnum));
+	memcpy(detail, out, sizeof(detail));
 	return err;
 }
 

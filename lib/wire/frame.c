@@ -310,6 +310,7 @@ static int send_frame(int fd, uint8_t flags, const void *body, size_t len, const
 		}
 		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)niov };
 		if (sent == 0 && nfds > 0) {
+			memset(&ctl, 0, sizeof(ctl)); /* CMSG padding goes to the kernel too */
 			mh.msg_control = ctl.buf;
 			mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
 			struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
