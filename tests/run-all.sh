@@ -27,7 +27,7 @@ meson compile -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=1
 # valgrind (memcheck) over the C unit tests and the fuzz corpora.
 meson test -C "$build" --setup valgrind --suite unit --suite fuzz --print-errorlogs --num-processes 2 \
-  --logbase testlog-valgrind || status=1
+  || status=1   # log: meson-logs/testlog-valgrind.*
 
 configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C "$asan"
