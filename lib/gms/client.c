@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 
+#include "backend.h"
 #include "gms_internal.h"
 #include "wire.h"
 
@@ -353,8 +354,7 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 	}
 	const gf_GmsAllocation *a = &gms->msg->body.gms_allocated.allocation;
 	gf_mem_alloc *imp = NULL;
-	rc = gf_mem_import(gms->mem, fds[0], a->size, &imp);
-	gf_close(fds[0]);
+	rc = gf_mem_import_adopt(gms->mem, fds[0], a->size, &imp); /* the received fd becomes the handle */
 	free(fds);
 	if (rc < 0)
 		return rc;
@@ -622,8 +622,11 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l)
 static int import_and_map(gf_gms *g, struct listed *l)
 {
 	int rc = 0;
-	for (size_t i = 0; i < l->n && rc == 0; i++)
-		rc = gf_mem_import(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+	/* Each received fd becomes its allocation's handle (no dup, no close); the rest are closed on failure. */
+	for (size_t i = 0; i < l->n && rc == 0; i++) {
+		rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+		l->fds[i] = -1;
+	}
 	gf_close_fds(l->fds, l->nfds);
 	l->nfds = 0;
 	struct gf_mem_mapping *maps = NULL;

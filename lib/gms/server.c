@@ -17,6 +17,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "fsm.h"
 #include "layout.h"
 #include "wire.h"
@@ -576,6 +577,13 @@ static void want_out(gf_gmsd *d, struct client *c, bool on)
 	epoll_ctl(d->ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
+static void close_owned(const int *fds, const bool *owned, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (owned[i])
+			gf_close(fds[i]);
+}
+
 /*
  * Stream the chunks of a list reply: one round trip for the client, but the
  * loop sends a chunk only while the socket has room (a unix socket reports
@@ -585,6 +593,7 @@ static void want_out(gf_gmsd *d, struct client *c, bool on)
 static void list_pump(gf_gmsd *d, struct client *c)
 {
 	int fds[GMSD_CHUNK_ALLOCS];
+	bool owned[GMSD_CHUNK_ALLOCS];
 	size_t nm = c->list_meta ? d->nmeta : 0;
 	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
 		struct pollfd p = {.fd = c->fd, .events = POLLOUT};
@@ -610,7 +619,8 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			o->size = d->allocs[i].size;
 			o->requested = d->allocs[i].requested;
 			snprintf(o->tag, sizeof(o->tag), "%s", d->allocs[i].tag);
-			if (c->list_fds && (rc = gf_mem_export(d->allocs[i].a, &fds[nfds])) == 0)
+			/* The allocation's own fd where the backend allows: sendmsg copies it, no dup and close. */
+			if (c->list_fds && (rc = gf_mem_export_borrowed(d->allocs[i].a, &fds[nfds], &owned[nfds])) == 0)
 				nfds++;
 			if (rc < 0)
 				break;
@@ -624,14 +634,14 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			e->value.size = (pb_size_t)d->meta[i].value_len;
 		}
 		if (rc < 0) {
-			gf_close_fds(fds, nfds);
+			close_owned(fds, owned, nfds);
 			/* The reply is already under way: the client cannot resynchronise. */
 			reply_error(d, c, c->seq, rc, "list: export failed: %s", gf_error_detail());
 			client_close(d, c, "export failed during list");
 			return;
 		}
 		rc = send_msg(d, c, fds, nfds);
-		gf_close_fds(fds, nfds);
+		close_owned(fds, owned, nfds);
 		if (rc < 0) {
 			client_close(d, c, "send failed");
 			return;

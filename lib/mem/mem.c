@@ -303,6 +303,47 @@ GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
 	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
 }
 
+int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
+{
+	if (!m || !out || fd < 0 || size == 0 || size > SIZE_MAX - m->gran_min) {
+		gf_close(fd);
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_import_adopt: %s",
+			      fd < 0 ? "negative fd" : size == 0 ? "size is 0" : !m || !out ? "NULL argument" : "size too large");
+	}
+	size = round_up(size, m->gran_min);
+	uint64_t h;
+	int rc;
+	if (m->be->import_adopt) {
+		rc = m->be->import_adopt(m, fd, size, &h);
+		if (rc < 0)
+			gf_close(fd);
+	} else {
+		rc = m->be->import_fd(m, fd, size, &h);
+		gf_close(fd);
+	}
+	if (rc < 0)
+		return rc;
+	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
+}
+
+int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned)
+{
+	if (!a || !fd || !owned)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_export_borrowed: NULL argument");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_export_borrowed: allocation already released");
+	if (a->m->be->export_borrow) {
+		int rc = a->m->be->export_borrow(a->m, a->handle, fd);
+		if (rc == 0)
+			*owned = false;
+		return rc;
+	}
+	int rc = a->m->be->export_fd(a->m, a->handle, fd);
+	if (rc == 0)
+		*owned = true;
+	return rc;
+}
+
 GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a)
 {
 	return a ? a->size : 0;
