@@ -42,7 +42,7 @@ struct calloc_entry {
 struct cmeta {
 	char *key;
 	uint64_t alloc_id, offset;
-	uint8_t *value;
+	uint8_t *value; /* inside the key's block */
 	size_t value_len;
 };
 
@@ -300,7 +300,6 @@ void gf_gms_free(gf_gms *gms)
 		close_conn(gms);
 	for (size_t i = 0; i < gms->nmeta; i++) {
 		free(gms->meta[i].key);
-		free(gms->meta[i].value);
 	}
 	free(gms->meta);
 	free(gms->allocs);
@@ -403,13 +402,13 @@ static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t o
 		g->meta_cap = cap;
 	}
 	struct cmeta *e = &g->meta[g->nmeta];
-	e->key = strdup(key);
-	e->value = malloc(value_len ? value_len : 1);
-	if (!e->key || !e->value) {
-		free(e->key);
-		free(e->value);
+	/* One block per entry: the key, its NUL, then the value (freed with the key). */
+	size_t klen = strlen(key);
+	e->key = malloc(klen + 1 + value_len);
+	if (!e->key)
 		return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
-	}
+	memcpy(e->key, key, klen + 1);
+	e->value = (uint8_t *)e->key + klen + 1;
 	if (value_len)
 		memcpy(e->value, value, value_len);
 	e->value_len = value_len;
@@ -701,7 +700,6 @@ fail_meta:
 	while (gms->nmeta > meta_before) {
 		gms->nmeta--;
 		free(gms->meta[gms->nmeta].key);
-		free(gms->meta[gms->nmeta].value);
 	}
 	return rc;
 }

@@ -63,6 +63,8 @@ struct gf_mem_backend {
 	int (*set_access)(gf_mem *m, uint64_t addr, size_t size, int access);
 	/* Unmap one mapping made by map(); the address range stays reserved. */
 	int (*unmap)(gf_mem *m, uint64_t addr, size_t size);
+	/* unmap() also takes a range covering several adjacent mappings (host). */
+	bool unmap_spans;
 };
 
 struct gf_mem {

@@ -307,4 +307,5 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.map = host_map,
 	.set_access = NULL,
 	.unmap = host_unmap,
+	.unmap_spans = true,
 };
