@@ -9,10 +9,13 @@
  * Prints one JSON line per case. Round trips must stay 2 (connect + one bulk
  * list) whatever N and M are; the program fails otherwise.
  *
- * Every figure is the median of the repetitions (9 by default) (min and max are printed
- * too): map_all with a fresh RO client each time, remap after unmap, the raw
- * work on a fresh receive each time. Optional arguments "N:M" select cases
- * and -r REPS changes the repetitions (e.g. for profiling one case).
+ * The raw sender thread queues every repetition's frames up front, so the
+ * raw figure holds no sender-side wait: a lower bound, not a twin.
+ *
+ * Every figure is the median of the repetitions (9 by default; min and max
+ * are printed too): map_all with a fresh RO client each time, remap after
+ * unmap, the raw work on a fresh receive each time. Optional arguments "N:M"
+ * select cases and -r REPS changes the repetitions (e.g. to profile one case).
  */
 #include <pthread.h>
 #include <stdio.h>
