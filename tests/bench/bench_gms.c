@@ -9,8 +9,9 @@
  * Prints one JSON line per case. Round trips must stay 2 (connect + one bulk
  * list) whatever N and M are; the program fails otherwise.
  *
- * The raw sender thread queues every repetition's frames up front, so the
- * raw figure holds no sender-side wait: a lower bound, not a twin.
+ * The raw sender thread sends every repetition's frames as fast as the socket
+ * takes them, ahead of the receiver, so the raw figure holds little
+ * sender-side work: a lower bound rather than a twin of remap.
  *
  * Every figure is the median of the repetitions (9 by default; min and max
  * are printed too): map_all with a fresh RO client each time, remap after
