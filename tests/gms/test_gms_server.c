@@ -721,10 +721,11 @@ static void test_remap_all_or_nothing(void **state)
 	assert_string_equal(p, "---p"); /* the first chunk's mapping is gone, the reservation stays */
 	perms_at(last.addr, p);
 	assert_string_equal(p, "---p");
-	/* the server drops its end of the failed connection on its own loop */
-	for (int i = 0; i < 200 && tu_count_fds() != base; i++)
+	/* The server drops its end of a closed connection on its own loop (base may still count the
+	 * unmap's): no more fds than before, or the first chunk's 64 imports leaked. */
+	for (int i = 0; i < 200 && tu_count_fds() > base; i++)
 		usleep(10000);
-	assert_int_equal(tu_count_fds(), base);
+	assert_true(tu_count_fds() <= base);
 
 	OK(gf_gms_remap(r, 1000));
 	OK(gf_gms_alloc_at(r, 0, &first));
