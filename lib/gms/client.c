@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 
+#include "backend.h"
 #include "gms_internal.h"
 #include "wire.h"
 
@@ -41,7 +42,7 @@ struct calloc_entry {
 struct cmeta {
 	char *key;
 	uint64_t alloc_id, offset;
-	uint8_t *value;
+	uint8_t *value; /* inside the key's block */
 	size_t value_len;
 };
 
@@ -299,7 +300,6 @@ void gf_gms_free(gf_gms *gms)
 		close_conn(gms);
 	for (size_t i = 0; i < gms->nmeta; i++) {
 		free(gms->meta[i].key);
-		free(gms->meta[i].value);
 	}
 	free(gms->meta);
 	free(gms->allocs);
@@ -353,8 +353,7 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 	}
 	const gf_GmsAllocation *a = &gms->msg->body.gms_allocated.allocation;
 	gf_mem_alloc *imp = NULL;
-	rc = gf_mem_import(gms->mem, fds[0], a->size, &imp);
-	gf_close(fds[0]);
+	rc = gf_mem_import_adopt(gms->mem, fds[0], a->size, &imp); /* the received fd becomes the handle */
 	free(fds);
 	if (rc < 0)
 		return rc;
@@ -403,13 +402,13 @@ static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t o
 		g->meta_cap = cap;
 	}
 	struct cmeta *e = &g->meta[g->nmeta];
-	e->key = strdup(key);
-	e->value = malloc(value_len ? value_len : 1);
-	if (!e->key || !e->value) {
-		free(e->key);
-		free(e->value);
+	/* One block per entry: the key, its NUL, then the value (freed with the key). */
+	size_t klen = strlen(key);
+	e->key = malloc(klen + 1 + value_len);
+	if (!e->key)
 		return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
-	}
+	memcpy(e->key, key, klen + 1);
+	e->value = (uint8_t *)e->key + klen + 1;
 	if (value_len)
 		memcpy(e->value, value, value_len);
 	e->value_len = value_len;
@@ -521,7 +520,11 @@ struct listed {
 	size_t nfds;
 	uint8_t hash[16];
 	uint64_t generation;
+	size_t total; /* allocations the server announced */
 };
+
+/* Called by list_all() after each chunk with the index of its first allocation. */
+typedef int (*chunk_fn)(gf_gms *g, struct listed *l, size_t first);
 
 static void listed_free(struct listed *l)
 {
@@ -531,8 +534,13 @@ static void listed_free(struct listed *l)
 	memset(l, 0, sizeof(*l));
 }
 
-/* One bulk list: send GmsList, receive every chunk back to back. Metadata go to @g unless @with_meta is false. */
-static int list_all(gf_gms *g, bool with_meta, struct listed *l)
+/*
+ * One bulk list: send GmsList, receive every chunk back to back. Metadata go
+ * to @g unless @with_meta is false. @on_chunk (optional) works on each chunk's
+ * allocations while the server prepares the next; when anything fails, the
+ * caller undoes what it did.
+ */
+static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk)
 {
 	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
 	memset(l, 0, sizeof(*l));
@@ -571,6 +579,8 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l)
 		}
 		memcpy(l->hash, ch->layout_hash.bytes, 16);
 		l->generation = ch->generation;
+		l->total = ch->total_allocations;
+		size_t chunk_first = l->n;
 		if (l->n + ch->allocations_count > l->cap) {
 			size_t cap = l->cap ? l->cap * 2 : 64;
 			while (cap < l->n + ch->allocations_count)
@@ -600,6 +610,10 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l)
 			l->nfds++;
 		}
 		free(fds);
+		if (on_chunk && (rc = on_chunk(g, l, chunk_first)) < 0) {
+			listed_free(l);
+			return rc;
+		}
 		for (size_t i = 0; with_meta && i < ch->metadata_count; i++) {
 			const gf_GmsMetaEntry *e = &ch->metadata[i];
 			if ((rc = meta_append(g, e->key, e->allocation_id, e->offset, e->value.bytes, e->value.size)) < 0) {
@@ -622,8 +636,11 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l)
 static int import_and_map(gf_gms *g, struct listed *l)
 {
 	int rc = 0;
-	for (size_t i = 0; i < l->n && rc == 0; i++)
-		rc = gf_mem_import(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+	/* Each received fd becomes its allocation's handle (no dup, no close); the rest are closed on failure. */
+	for (size_t i = 0; i < l->n && rc == 0; i++) {
+		rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+		l->fds[i] = -1;
+	}
 	gf_close_fds(l->fds, l->nfds);
 	l->nfds = 0;
 	struct gf_mem_mapping *maps = NULL;
@@ -658,7 +675,7 @@ int gf_gms_map_all(gf_gms *gms)
 		return 0; /* the writer that committed, or already mapped */
 	struct listed l;
 	size_t meta_before = gms->nmeta;
-	if ((rc = list_all(gms, true, &l)) < 0)
+	if ((rc = list_all(gms, true, &l, NULL)) < 0)
 		goto fail_meta;
 	if (memcmp(l.hash, gms->connected_hash, 16)) {
 		listed_free(&l);
@@ -698,7 +715,6 @@ fail_meta:
 	while (gms->nmeta > meta_before) {
 		gms->nmeta--;
 		free(gms->meta[gms->nmeta].key);
-		free(gms->meta[gms->nmeta].value);
 	}
 	return rc;
 }
@@ -801,6 +817,39 @@ int gf_gms_unmap(gf_gms *gms)
 	return rc;
 }
 
+/*
+ * remap: import and map each chunk's allocations at their old offsets as the
+ * chunk arrives, so the mmaps overlap the server's sending of the next one.
+ * The checks are those of a whole-list comparison, made early: same layout
+ * hash and count (first chunk), same size for every allocation.
+ */
+static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
+{
+	if (first == 0 && (l->total != g->nallocs || memcmp(l->hash, g->hash, 16)))
+		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+	if (l->n > g->nallocs)
+		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+	struct gf_mem_mapping maps[64];
+	size_t k = 0;
+	for (size_t i = first; i < l->n; i++) {
+		if (k == sizeof(maps) / sizeof(maps[0])) {
+			int rc = gf_mem_map_many(g->va, maps, k, GF_MEM_READ);
+			if (rc < 0)
+				return rc;
+			k = 0;
+		}
+		if (l->allocs[i].size != g->allocs[i].size)
+			return gf_err(GF_ERR_STALE_LAYOUT, "remap: allocation %zu changed size", i);
+		/* The received fd becomes the handle (no dup, no close). */
+		int rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &g->allocs[i].a);
+		l->fds[i] = -1;
+		if (rc < 0)
+			return rc;
+		maps[k++] = (struct gf_mem_mapping){g->allocs[i].offset, g->allocs[i].a};
+	}
+	return k ? gf_mem_map_many(g->va, maps, k, GF_MEM_READ) : 0;
+}
+
 int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 {
 	if (!gms)
@@ -825,32 +874,17 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 			      want);
 	}
 	struct listed l;
-	if ((rc = list_all(gms, false, &l)) < 0) {
+	rc = list_all(gms, false, &l, remap_chunk);
+	if (rc == 0 && l.n != gms->nallocs)
+		rc = gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+	if (rc < 0) {
+		listed_free(&l);      /* list_all() left it empty or whole */
+		release_imports(gms); /* all-or-nothing: what earlier chunks mapped goes */
 		close_conn(gms);
 		return rc;
 	}
-	if (l.n != gms->nallocs || memcmp(l.hash, gms->hash, 16)) {
-		listed_free(&l);
-		close_conn(gms);
-		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
-	}
-	for (size_t i = 0; i < l.n; i++) {
-		if (l.allocs[i].size != gms->allocs[i].size) {
-			listed_free(&l);
-			close_conn(gms);
-			return gf_err(GF_ERR_STALE_LAYOUT, "remap: allocation %zu changed size", i);
-		}
-		l.allocs[i].offset = gms->allocs[i].offset;
-	}
-	if ((rc = import_and_map(gms, &l)) < 0) {
-		listed_free(&l);
-		close_conn(gms);
-		return rc;
-	}
-	for (size_t i = 0; i < l.n; i++) {
-		gms->allocs[i].a = l.allocs[i].a;
+	for (size_t i = 0; i < l.n; i++)
 		gms->allocs[i].id = l.allocs[i].id; /* same structure, ids may be renumbered */
-	}
 	free(l.fds);
 	free(l.allocs);
 	gms->generation = l.generation;

@@ -17,8 +17,10 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "fsm.h"
 #include "layout.h"
+#include "listchunk.h"
 #include "wire.h"
 
 #define GMSD_EVENTS 32            /* the ring of recent events (GmsStatus.events max_count) */
@@ -118,6 +120,7 @@ struct gf_gmsd {
 	size_t ev_next, ev_count;
 
 	gf_Msg *in, *out;
+	uint8_t *lc_buf; /* one encoded list chunk (GF_FRAME_MAX_BODY bytes) */
 };
 
 /* ---------------------------------------------------------------- events */
@@ -576,6 +579,13 @@ static void want_out(gf_gmsd *d, struct client *c, bool on)
 	epoll_ctl(d->ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
+static void close_owned(const int *fds, const bool *owned, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (owned[i])
+			gf_close(fds[i]);
+}
+
 /*
  * Stream the chunks of a list reply: one round trip for the client, but the
  * loop sends a chunk only while the socket has room (a unix socket reports
@@ -585,6 +595,7 @@ static void want_out(gf_gmsd *d, struct client *c, bool on)
 static void list_pump(gf_gmsd *d, struct client *c)
 {
 	int fds[GMSD_CHUNK_ALLOCS];
+	bool owned[GMSD_CHUNK_ALLOCS];
 	size_t nm = c->list_meta ? d->nmeta : 0;
 	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
 		struct pollfd p = {.fd = c->fd, .events = POLLOUT};
@@ -593,46 +604,46 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			return;
 		}
 		size_t k = c->list_next, a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
-		memset(d->out, 0, sizeof(*d->out));
-		d->out->seq = c->seq;
-		d->out->which_body = gf_Msg_gms_list_chunk_tag;
-		gf_GmsListChunk *ch = &d->out->body.gms_list_chunk;
-		ch->last = k + 1 == c->list_chunks;
-		ch->generation = d->generation;
-		memcpy(ch->layout_hash.bytes, d->hash, 16);
-		ch->layout_hash.size = 16;
-		ch->total_allocations = (uint32_t)d->nallocs;
-		ch->total_metadata = (uint32_t)nm;
+		struct gf_lc_alloc la[GMSD_CHUNK_ALLOCS];
+		struct gf_lc_meta lm[GMSD_CHUNK_META];
+		struct gf_lc_chunk ch = {
+			.seq = c->seq,
+			.allocs = la,
+			.meta = lm,
+			.last = k + 1 == c->list_chunks,
+			.generation = d->generation,
+			.hash = d->hash,
+			.total_allocations = (uint32_t)d->nallocs,
+			.total_metadata = (uint32_t)nm,
+		};
 		int rc = 0;
 		for (size_t i = a0; i < d->nallocs && i < a0 + GMSD_CHUNK_ALLOCS; i++) {
-			gf_GmsAllocation *o = &ch->allocations[ch->allocations_count++];
-			o->id = d->allocs[i].id;
-			o->size = d->allocs[i].size;
-			o->requested = d->allocs[i].requested;
-			snprintf(o->tag, sizeof(o->tag), "%s", d->allocs[i].tag);
-			if (c->list_fds && (rc = gf_mem_export(d->allocs[i].a, &fds[nfds])) == 0)
+			const struct galloc *g = &d->allocs[i];
+			la[ch.nallocs++] = (struct gf_lc_alloc){g->id, g->size, g->requested, g->tag};
+			/* The allocation's own fd where the backend allows: sendmsg copies it, no dup and close. */
+			if (c->list_fds && (rc = gf_mem_export_borrowed(g->a, &fds[nfds], &owned[nfds])) == 0)
 				nfds++;
 			if (rc < 0)
 				break;
 		}
-		for (size_t i = m0; rc == 0 && i < nm && i < m0 + GMSD_CHUNK_META; i++) {
-			gf_GmsMetaEntry *e = &ch->metadata[ch->metadata_count++];
-			snprintf(e->key, sizeof(e->key), "%s", d->meta[i].key);
-			e->allocation_id = d->meta[i].alloc_id;
-			e->offset = d->meta[i].offset;
-			memcpy(e->value.bytes, d->meta[i].value, d->meta[i].value_len);
-			e->value.size = (pb_size_t)d->meta[i].value_len;
+		for (size_t i = m0; i < nm && i < m0 + GMSD_CHUNK_META; i++) {
+			const struct gmeta *e = &d->meta[i];
+			lm[ch.nmeta++] = (struct gf_lc_meta){e->key, e->alloc_id, e->offset, e->value, e->value_len};
 		}
+		size_t len = 0;
+		if (rc == 0)
+			rc = gf_lc_encode(&ch, d->lc_buf, GF_FRAME_MAX_BODY, &len);
 		if (rc < 0) {
-			gf_close_fds(fds, nfds);
+			close_owned(fds, owned, nfds);
 			/* The reply is already under way: the client cannot resynchronise. */
-			reply_error(d, c, c->seq, rc, "list: export failed: %s", gf_error_detail());
-			client_close(d, c, "export failed during list");
+			reply_error(d, c, c->seq, rc, "list: %s", gf_error_detail());
+			client_close(d, c, "list chunk failed");
 			return;
 		}
-		rc = send_msg(d, c, fds, nfds);
-		gf_close_fds(fds, nfds);
+		rc = gf_frame_send(c->fd, d->lc_buf, len, fds, nfds, gf_now_us() + GMSD_SEND_TIMEOUT_US);
+		close_owned(fds, owned, nfds);
 		if (rc < 0) {
+			gf_log(GF_LOG_WARN, "gms", "send to peer=%s failed: %s", c->peer, gf_error_detail());
 			client_close(d, c, "send failed");
 			return;
 		}
@@ -1033,7 +1044,7 @@ int gf_gmsd_start(gf_gmsd *d)
 		return gf_err(GF_ERR_INVALID_ARG, "gmsd: no listen URI set");
 	int rc;
 	size_t rec;
-	if (!(d->in = gf_msg_new()) || !(d->out = gf_msg_new()))
+	if (!(d->in = gf_msg_new()) || !(d->out = gf_msg_new()) || !(d->lc_buf = malloc(GF_FRAME_MAX_BODY)))
 		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
 	if ((rc = gf_mem_open(&d->mem, d->kind, d->device)) < 0)
 		return rc;
@@ -1173,5 +1184,6 @@ void gf_gmsd_free(gf_gmsd *d)
 	gf_mem_free(d->mem);
 	gf_msg_free(d->in);
 	gf_msg_free(d->out);
+	free(d->lc_buf);
 	free(d);
 }

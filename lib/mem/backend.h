@@ -44,6 +44,12 @@ struct gf_mem_backend {
 	int (*export_fd)(gf_mem *m, uint64_t handle, int *out_fd);
 	/* @size rounded; the caller's fd stays the caller's. */
 	int (*import_fd)(gf_mem *m, int fd, size_t size, uint64_t *handle);
+	/* Optional: as import_fd, but on success the handle takes @fd over (on
+	 * host it is @fd itself: no dup); on failure @fd stays the caller's. */
+	int (*import_adopt)(gf_mem *m, int fd, size_t size, uint64_t *handle);
+	/* Optional: an fd for @handle that stays the handle's (valid until it is
+	 * released, never closed by the caller); saves a dup per export. */
+	int (*export_borrow)(gf_mem *m, uint64_t handle, int *fd);
 	int (*release)(gf_mem *m, uint64_t handle);
 
 	/* Address space. @size and @align are multiples of the granularity. */
@@ -57,6 +63,8 @@ struct gf_mem_backend {
 	int (*set_access)(gf_mem *m, uint64_t addr, size_t size, int access);
 	/* Unmap one mapping made by map(); the address range stays reserved. */
 	int (*unmap)(gf_mem *m, uint64_t addr, size_t size);
+	/* unmap() also takes a range covering several adjacent mappings (host). */
+	bool unmap_spans;
 };
 
 struct gf_mem {
@@ -80,5 +88,17 @@ const struct gf_mem_backend *gf_mem_backend_get(int kind);
 
 /* Format 16 UUID bytes as PREFIX8-4-4-4-12 lower-case hex. */
 void gf_mem_format_uuid(const char *prefix, const uint8_t uuid[16], char *buf, size_t len);
+
+/* Bulk paths of in-library users (the GMS client and server), one system call
+ * fewer per allocation than the public pair. */
+
+/* gf_mem_import() that consumes @fd in every case: on success the allocation
+ * owns it (or what the driver made of it), on failure it is closed. */
+int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
+
+/* gf_mem_export() without a copy where the backend can: *@owned tells whether
+ * the caller must close *@fd (a new fd) or must not (the allocation's own,
+ * valid until @a is released). */
+int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned);
 
 #endif

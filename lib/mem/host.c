@@ -158,6 +158,14 @@ static int host_export(gf_mem *m, uint64_t handle, int *out_fd)
 	return 0;
 }
 
+/* The memfd itself: sendmsg copies it into the peer, the handle keeps it. */
+static int host_export_borrow(gf_mem *m, uint64_t handle, int *fd)
+{
+	(void)m;
+	*fd = (int)handle;
+	return 0;
+}
+
 /* The device number of the kernel's internal shmem mount, where every memfd
  * lives (tmpfs mounts such as /dev/shm have their own): one fstat then tells
  * a memfd from any other file, without a path lookup. */
@@ -176,9 +184,9 @@ static void find_memfd_dev(void)
 	gf_close(fd);
 }
 
-static int host_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
+/* Is @fd a memfd of exactly @size bytes? One fstat. */
+static int host_check_import(int fd, size_t size)
 {
-	(void)m;
 	struct stat st;
 	if (fstat(fd, &st) < 0)
 		return gf_err_errno(GF_ERR_INVALID_ARG, errno, "import: fd %d", fd);
@@ -190,10 +198,30 @@ static int host_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 	if ((uint64_t)st.st_size != (uint64_t)size)
 		return gf_err(GF_ERR_INVALID_ARG, "import: fd %d holds %jd bytes, expected %zu", fd, (intmax_t)st.st_size,
 			      size);
+	return 0;
+}
+
+static int host_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
+{
+	(void)m;
+	int rc = host_check_import(fd, size);
+	if (rc < 0)
+		return rc;
 	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (own < 0)
 		return gf_err_errno(GF_ERR_IO, errno, "import: dup fd %d", fd);
 	*handle = (uint64_t)own;
+	return 0;
+}
+
+/* The handle is the fd: taking it over saves the dup and the caller's close. */
+static int host_import_adopt(gf_mem *m, int fd, size_t size, uint64_t *handle)
+{
+	(void)m;
+	int rc = host_check_import(fd, size);
+	if (rc < 0)
+		return rc;
+	*handle = (uint64_t)fd;
 	return 0;
 }
 
@@ -271,10 +299,13 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.create = host_create,
 	.export_fd = host_export,
 	.import_fd = host_import,
+	.import_adopt = host_import_adopt,
+	.export_borrow = host_export_borrow,
 	.release = host_release,
 	.reserve = host_reserve,
 	.free_va = host_free_va,
 	.map = host_map,
 	.set_access = NULL,
 	.unmap = host_unmap,
+	.unmap_spans = true,
 };

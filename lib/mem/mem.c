@@ -303,6 +303,47 @@ GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
 	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
 }
 
+int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
+{
+	if (!m || !out || fd < 0 || size == 0 || size > SIZE_MAX - m->gran_min) {
+		gf_close(fd);
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_import_adopt: %s",
+			      fd < 0 ? "negative fd" : size == 0 ? "size is 0" : !m || !out ? "NULL argument" : "size too large");
+	}
+	size = round_up(size, m->gran_min);
+	uint64_t h;
+	int rc;
+	if (m->be->import_adopt) {
+		rc = m->be->import_adopt(m, fd, size, &h);
+		if (rc < 0)
+			gf_close(fd);
+	} else {
+		rc = m->be->import_fd(m, fd, size, &h);
+		gf_close(fd);
+	}
+	if (rc < 0)
+		return rc;
+	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
+}
+
+int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned)
+{
+	if (!a || !fd || !owned)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_export_borrowed: NULL argument");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_export_borrowed: allocation already released");
+	if (a->m->be->export_borrow) {
+		int rc = a->m->be->export_borrow(a->m, a->handle, fd);
+		if (rc == 0)
+			*owned = false;
+		return rc;
+	}
+	int rc = a->m->be->export_fd(a->m, a->handle, fd);
+	if (rc == 0)
+		*owned = true;
+	return rc;
+}
+
 GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a)
 {
 	return a ? a->size : 0;
@@ -394,13 +435,19 @@ static int cmp_map(const void *x, const void *y)
 	return a->offset < b->offset ? -1 : a->offset > b->offset;
 }
 
-/* Does [off, off+size) overlap an existing mapping of @va? */
+/* Does [off, off+size) overlap an existing mapping of @va? va->maps is sorted
+ * and disjoint: only the last mapping starting below off+size can. */
 static bool overlaps_existing(const gf_mem_va *va, size_t off, size_t size)
 {
-	for (size_t i = 0; i < va->nmaps; i++)
-		if (off < va->maps[i].offset + va->maps[i].size && va->maps[i].offset < off + size)
-			return true;
-	return false;
+	size_t lo = 0, hi = va->nmaps;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (va->maps[mid].offset < off + size)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo > 0 && off < va->maps[lo - 1].offset + va->maps[lo - 1].size;
 }
 
 static void unmap_one(gf_mem_va *va, const struct va_map *vm)
@@ -499,9 +546,12 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 	}
 	for (size_t i = 0; i < n; i++)
 		todo[i].alloc->was_mapped = true;
+	/* Mapping in address order (a writer allocating, a reader mapping all) keeps the table sorted. */
+	bool sorted = va->nmaps == 0 || va->maps[va->nmaps - 1].offset < todo[0].offset;
 	memcpy(va->maps + va->nmaps, todo, n * sizeof(*todo));
 	va->nmaps += n;
-	qsort(va->maps, va->nmaps, sizeof(*va->maps), cmp_map);
+	if (!sorted)
+		qsort(va->maps, va->nmaps, sizeof(*va->maps), cmp_map);
 	free(todo);
 	return 0;
 }
@@ -517,13 +567,21 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
 	if (!va)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_unmap_all: NULL reservation");
 	int rc = 0;
-	for (size_t i = 0; i < va->nmaps; i++) {
-		int r = va->m->be->unmap(va->m, va->addr + va->maps[i].offset, va->maps[i].size);
+	for (size_t s = 0; s < va->nmaps;) {
+		/* One call per contiguous span where the backend can (host: one mmap instead of one per allocation). */
+		size_t e = s + 1;
+		while (va->m->be->unmap_spans && e < va->nmaps &&
+		       va->maps[e].offset == va->maps[e - 1].offset + va->maps[e - 1].size)
+			e++;
+		size_t len = va->maps[e - 1].offset + va->maps[e - 1].size - va->maps[s].offset;
+		int r = va->m->be->unmap(va->m, va->addr + va->maps[s].offset, len);
 		if (r < 0 && rc == 0)
 			rc = r;
 		/* The bookkeeping follows the caller's intent: a failed unmap
 		 * is reported, and the allocation is not kept pinned by it. */
-		va->maps[i].alloc->map_count--;
+		for (size_t i = s; i < e; i++)
+			va->maps[i].alloc->map_count--;
+		s = e;
 	}
 	va->nmaps = 0;
 	return rc;

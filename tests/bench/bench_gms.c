@@ -8,6 +8,15 @@
  * 253 per frame) and mmapped read-only at fixed offsets of one reservation.
  * Prints one JSON line per case. Round trips must stay 2 (connect + one bulk
  * list) whatever N and M are; the program fails otherwise.
+ *
+ * The raw sender thread sends every repetition's frames as fast as the socket
+ * takes them, ahead of the receiver, so the raw figure holds little
+ * sender-side work: a lower bound rather than a twin of remap.
+ *
+ * Every figure is the median of the repetitions (9 by default; min and max
+ * are printed too): map_all with a fresh RO client each time, remap after
+ * unmap (unmap_us: the sleep itself), the raw work on a fresh receive each time. Optional arguments "N:M"
+ * select cases and -r REPS changes the repetitions (e.g. to profile one case).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +32,27 @@
 #include "testutil.h"
 #include "wire.h"
 
-#define REPS 5
+#define REPS_DEFAULT 9
+#define REPS_MAX 1000
+
+static int reps = REPS_DEFAULT;
+
+struct stat3 {
+	double med, min, max;
+};
+
+static int dcmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static struct stat3 summarize(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), dcmp);
+	struct stat3 s = {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v[0], v[n - 1]};
+	return s;
+}
 
 static int check(int rc, const char *what)
 {
@@ -44,13 +73,13 @@ static void *raw_send(void *arg)
 {
 	struct raw_sender *s = arg;
 	uint8_t body[1] = {0};
-	for (int r = 0; r < REPS; r++)
+	for (int r = 0; r < reps; r++)
 		check(gf_frame_send(s->sock, body, sizeof(body), s->fds, s->n, INT64_MAX), "raw send");
 	return NULL;
 }
 
 /* The physical baseline: receive N fds and mmap each read-only into one reservation. */
-static double raw_us(size_t n, size_t gran)
+static struct stat3 raw_us(size_t n, size_t gran)
 {
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
@@ -67,8 +96,8 @@ static double raw_us(size_t n, size_t gran)
 	uint8_t *base = mmap(NULL, n * gran, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, n);
-	double best = 1e30;
-	for (int r = 0; r < REPS; r++) {
+	double *t = calloc((size_t)reps, sizeof(*t));
+	for (int r = 0; r < reps; r++) {
 		int64_t t0 = gf_now_us();
 		check(gf_frame_recv(&rd, sv[1], INT64_MAX), "raw recv");
 		int *got;
@@ -79,12 +108,10 @@ static double raw_us(size_t n, size_t gran)
 				exit(1);
 			close(got[i]);
 		}
-		double dt = (double)(gf_now_us() - t0);
+		t[r] = (double)(gf_now_us() - t0);
 		free(got);
 		/* back to a bare reservation, as unmap() leaves it */
 		mmap(base, n * gran, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-		if (dt < best)
-			best = dt;
 	}
 	pthread_join(th, NULL);
 	gf_frame_reader_clear(&rd);
@@ -93,7 +120,9 @@ static double raw_us(size_t n, size_t gran)
 	free(fds);
 	close(sv[0]);
 	close(sv[1]);
-	return best;
+	struct stat3 st = summarize(t, reps);
+	free(t);
+	return st;
 }
 
 static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
@@ -119,41 +148,68 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	check(gf_gms_commit(w, NULL), "commit");
 	gf_gms_free(w); /* the layout stays COMMITTED */
 
+	double *tm = calloc((size_t)reps, sizeof(*tm)), *tr = calloc((size_t)reps, sizeof(*tr));
+	uint64_t map_all_rt = 0, remap_rt = 0;
 	gf_gms *r;
-	check(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 5000), "connect RO");
-	uint64_t rt0 = gf_gms_round_trips(r);
-	int64_t t0 = gf_now_us();
-	check(gf_gms_map_all(r), "map_all");
-	double map_all_us = (double)(gf_now_us() - t0);
-	uint64_t map_all_rt = gf_gms_round_trips(r) - rt0 + 1; /* + the connect */
-	double best = 1e30;
-	uint64_t remap_rt = 0;
-	for (int k = 0; k < REPS; k++) {
+	for (int k = 0; k < reps; k++) {
+		check(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 5000), "connect RO");
+		uint64_t rt0 = gf_gms_round_trips(r);
+		int64_t t0 = gf_now_us();
+		check(gf_gms_map_all(r), "map_all");
+		tm[k] = (double)(gf_now_us() - t0);
+		map_all_rt = gf_gms_round_trips(r) - rt0 + 1; /* + the connect */
+		if (k + 1 < reps)
+			gf_gms_free(r);
+	}
+	double *tu = calloc((size_t)reps, sizeof(*tu));
+	for (int k = 0; k < reps; k++) {
+		int64_t t0 = gf_now_us();
 		check(gf_gms_unmap(r), "unmap");
+		tu[k] = (double)(gf_now_us() - t0);
 		uint64_t before = gf_gms_round_trips(r);
 		t0 = gf_now_us();
 		check(gf_gms_remap(r, 5000), "remap");
-		double dt = (double)(gf_now_us() - t0);
+		tr[k] = (double)(gf_now_us() - t0);
 		remap_rt = gf_gms_round_trips(r) - before;
-		if (dt < best)
-			best = dt;
 	}
 	gf_gms_free(r);
 	gt_stop(&srv);
-	double raw = raw_us(n, gran);
+	struct stat3 raw = raw_us(n, gran), rm = summarize(tr, reps), ma = summarize(tm, reps), um = summarize(tu, reps);
+	free(tm);
+	free(tr);
+	free(tu);
 	size_t frames = (n + 63) / 64 > (m + 31) / 32 ? (n + 63) / 64 : (m + 31) / 32;
 	printf("{\"bench\":\"gms_remap\",\"allocations\":%zu,\"metadata\":%zu,\"granularity\":%zu,"
 	       "\"remap_round_trips\":%llu,\"map_all_round_trips\":%llu,\"map_all_reply_chunks\":%zu,"
-	       "\"remap_us\":%.1f,\"map_all_us\":%.1f,\"raw_fd_recv_mmap_us\":%.1f,\"remap_vs_raw\":%.2f}\n",
-	       n, m, gran, (unsigned long long)remap_rt, (unsigned long long)map_all_rt, frames ? frames : 1, best,
-	       map_all_us, raw, raw > 0 ? best / raw : 0.0);
+	       "\"remap_us\":%.1f,\"map_all_us\":%.1f,\"raw_fd_recv_mmap_us\":%.1f,\"remap_vs_raw\":%.2f,"
+	       "\"reps\":%d,\"remap_min_us\":%.1f,\"remap_max_us\":%.1f,\"map_all_min_us\":%.1f,"
+	       "\"map_all_max_us\":%.1f,\"raw_min_us\":%.1f,\"raw_max_us\":%.1f,\"unmap_us\":%.1f}\n",
+	       n, m, gran, (unsigned long long)remap_rt, (unsigned long long)map_all_rt, frames ? frames : 1, rm.med,
+	       ma.med, raw.med, raw.med > 0 ? rm.med / raw.med : 0.0, reps, rm.min, rm.max, ma.min, ma.max, raw.min,
+	       raw.max, um.med);
 	fflush(stdout);
 	/* connect + one bulk list, whatever N and M */
 	return remap_rt == 2 && map_all_rt == 2 ? 0 : 1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	size_t sel[16][2], nsel = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-r") && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+			if (reps < 1 || reps > REPS_MAX) {
+				fprintf(stderr, "bench_gms: -r takes 1..%d\n", REPS_MAX);
+				return 2;
+			}
+		} else if (nsel < 16 && sscanf(argv[i], "%zu:%zu", &sel[nsel][0], &sel[nsel][1]) == 2 &&
+			   sel[nsel][0] > 0) {
+			nsel++;
+		} else {
+			fprintf(stderr, "usage: bench-gms [-r REPS] [N:M ...]\n");
+			return 2;
+		}
+	}
 	struct rlimit rl;
 	getrlimit(RLIMIT_NOFILE, &rl);
 	rl.rlim_cur = rl.rlim_max; /* 1000 allocations: server, client and baseline each hold N fds */
@@ -163,8 +219,12 @@ int main(void)
 	check(gf_mem_open(&mem, GF_MEM_HOST, 0), "mem_open");
 	static const size_t cases[][2] = {{1, 0}, {10, 100}, {100, 1000}, {1000, 10000}};
 	int bad = 0;
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		bad |= run_case(dir, mem, cases[i][0], cases[i][1]);
+	if (nsel)
+		for (size_t i = 0; i < nsel; i++)
+			bad |= run_case(dir, mem, sel[i][0], sel[i][1]);
+	else
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+			bad |= run_case(dir, mem, cases[i][0], cases[i][1]);
 	gf_mem_free(mem);
 	gt_rmtree(dir);
 	free(dir);

@@ -8,6 +8,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -426,6 +429,72 @@ static void test_auth_mac(void **state)
 	assert_false(gf_auth_verify(secret, 6, chal, 32, mac, 31));
 }
 
+static bool all_zero(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
+/* Decoding into a reused gf_Msg leaves nothing of the previous message: not in the header, not in the body. */
+static void test_decode_reuse(void **state)
+{
+	(void)state;
+	gf_Msg *m = gf_msg_new(), *in = gf_msg_new();
+	assert_non_null(m);
+	assert_non_null(in);
+	uint8_t *buf;
+	size_t len;
+	in->seq = 9;
+	in->which_body = gf_Msg_gms_list_chunk_tag;
+	in->body.gms_list_chunk.metadata_count = 5;
+	for (int i = 0; i < 5; i++) {
+		snprintf(in->body.gms_list_chunk.metadata[i].key, 256, "key%d", i);
+		in->body.gms_list_chunk.metadata[i].value.size = 3;
+		memset(in->body.gms_list_chunk.metadata[i].value.bytes, 'x', 3);
+	}
+	assert_int_equal(gf_msg_encode(in, &buf, &len), 0);
+	assert_int_equal(gf_msg_decode(buf, len, m), 0);
+	free(buf);
+	assert_int_equal(m->seq, 9);
+	assert_int_equal(m->body.gms_list_chunk.metadata_count, 5);
+	assert_string_equal(m->body.gms_list_chunk.metadata[4].key, "key4");
+
+	/* The same body with fewer entries: the old ones are gone. */
+	in->seq = 0;
+	in->body.gms_list_chunk.metadata_count = 2;
+	assert_int_equal(gf_msg_encode(in, &buf, &len), 0);
+	assert_int_equal(gf_msg_decode(buf, len, m), 0);
+	free(buf);
+	assert_int_equal(m->seq, 0);
+	assert_int_equal(m->body.gms_list_chunk.metadata_count, 2);
+	assert_true(all_zero(&m->body.gms_list_chunk.metadata[2], 3 * sizeof(m->body.gms_list_chunk.metadata[0])));
+
+	/* A small body after a big one: the rest of the union reads as zero. */
+	memset(in, 0, sizeof(*in));
+	in->which_body = gf_Msg_ok_tag;
+	assert_int_equal(gf_msg_encode(in, &buf, &len), 0);
+	assert_int_equal(gf_msg_decode(buf, len, m), 0);
+	free(buf);
+	assert_int_equal(m->which_body, gf_Msg_ok_tag);
+	assert_true(all_zero(&m->body, sizeof(m->body)));
+
+	/* No body at all, and a failed decode, leave no body behind either. */
+	m->which_body = gf_Msg_gms_list_chunk_tag;
+	m->body.gms_list_chunk.metadata_count = 3;
+	assert_int_equal(gf_msg_decode((const uint8_t *)"", 0, m), 0);
+	assert_int_equal(m->which_body, 0);
+	assert_true(all_zero(&m->body, sizeof(m->body)));
+	m->body.gms_list_chunk.metadata_count = 3;
+	static const uint8_t bad[] = {0x08, 0xff};
+	assert_int_equal(gf_msg_decode(bad, sizeof(bad), m), GF_ERR_PROTOCOL);
+	assert_true(all_zero(&m->body, sizeof(m->body)));
+	gf_msg_free(m);
+	gf_msg_free(in);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +516,7 @@ int main(void)
 		cmocka_unit_test(test_error_message),
 		cmocka_unit_test(test_handshake),
 		cmocka_unit_test(test_auth_mac),
+		cmocka_unit_test(test_decode_reuse),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
