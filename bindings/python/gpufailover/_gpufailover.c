@@ -1635,12 +1635,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
-	const char *lock_uri, *id, *probe_addr = "127.0.0.1";
+	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None;
 	unsigned long long priv = 0;
 	int probe_port = -1, role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOKis", kwlist, &lock_uri, &id, &gms_list, &roleobj, &bobj,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOKiz", kwlist, &lock_uri, &id, &gms_list, &roleobj, &bobj,
 					 &wobj, &robj, &iobj, &priv, &probe_port, &probe_addr))
 		return -1;
 	if (self->engine) {
@@ -2048,7 +2048,7 @@ static PyTypeObject EngineType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=None, private_bytes=0, probe_port=None,\n"
-		  "       probe_address='127.0.0.1')\n\n"
+		  "       probe_address=None)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
