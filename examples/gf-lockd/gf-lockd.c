@@ -63,13 +63,12 @@ static int read_secret(const char *path, char **out, size_t *len)
 	return 0;
 }
 
-static int duration(const char *opt, const char *text, int64_t *out)
+/* Parse a duration flag; on failure the detail is left for die_cfg(). */
+static int duration(const char *text, int64_t *out)
 {
 	uint64_t ms;
-	if (gf_parse_duration_ms(text, &ms) < 0) {
-		fprintf(stderr, "gf-lockd: %s: %s\n", opt, gf_error_detail());
+	if (gf_parse_duration_ms(text, &ms) < 0)
 		return -1;
-	}
 	*out = (int64_t)ms;
 	return 0;
 }
@@ -115,11 +114,11 @@ int main(int argc, char **argv)
 				die_cfg("--state-file");
 			break;
 		case O_WINDOW:
-			if (duration("--reconnect-window", optarg, &v) < 0 || gf_lockd_set_reconnect_window(d, v) < 0)
+			if (duration(optarg, &v) < 0 || gf_lockd_set_reconnect_window(d, v) < 0)
 				die_cfg("--reconnect-window");
 			break;
 		case O_EXITWAIT:
-			if (duration("--exit-wait-timeout", optarg, &v) < 0 || gf_lockd_set_exit_wait_timeout(d, v) < 0)
+			if (duration(optarg, &v) < 0 || gf_lockd_set_exit_wait_timeout(d, v) < 0)
 				die_cfg("--exit-wait-timeout");
 			break;
 		case O_UID: {
@@ -147,15 +146,15 @@ int main(int argc, char **argv)
 			break;
 		}
 		case O_HB:
-			if (duration("--heartbeat", optarg, &hb) < 0)
-				return 2;
+			if (duration(optarg, &hb) < 0)
+				die_cfg("--heartbeat");
 			break;
 		case O_DETECT:
-			if (duration("--detect-timeout", optarg, &detect) < 0)
-				return 2;
+			if (duration(optarg, &detect) < 0)
+				die_cfg("--detect-timeout");
 			break;
 		case O_HS:
-			if (duration("--handshake-timeout", optarg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
+			if (duration(optarg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
 				die_cfg("--handshake-timeout");
 			break;
 		case O_HELP:
