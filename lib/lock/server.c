@@ -88,6 +88,13 @@ struct gf_lockd {
 	bool any_tcp;
 	char *state_path;
 	int state_lock_fd;
+	/* Kept open so a write does not resolve the path again (a grant's latency). */
+	int state_dirfd;
+	char *state_name, *state_tmpname;
+	/* The next grant's session token, drawn while idle, not between a
+	 * holder's exit and the next grant. */
+	uint8_t next_token[GF_LOCK_TOKEN_LEN];
+	bool next_token_ready;
 	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms, handshake_ms;
 	uint32_t allow_uid[MAX_ALLOW_UID];
 	int nallow;
@@ -141,6 +148,7 @@ int gf_lockd_new(gf_lockd **out)
 	d->epfd = epoll_create1(EPOLL_CLOEXEC);
 	d->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	d->state_lock_fd = -1;
+	d->state_dirfd = -1;
 	d->exit_pidfd = -1;
 	d->reconnect_window_ms = 10000;
 	d->exit_wait_ms = 10000;
@@ -184,6 +192,9 @@ void gf_lockd_free(gf_lockd *d)
 	}
 	gf_close(d->exit_pidfd);
 	gf_close(d->state_lock_fd);
+	gf_close(d->state_dirfd);
+	free(d->state_name);
+	free(d->state_tmpname);
 	gf_close(d->epfd);
 	gf_close(d->stopfd);
 	free(d->state_path);
@@ -313,7 +324,7 @@ static int store(gf_lockd *d)
 {
 	if (!d->state_path)
 		return 0;
-	int rc = gf_lock_state_store(d->state_path, &d->rec);
+	int rc = gf_lock_state_store_at(d->state_dirfd, d->state_name, d->state_tmpname, &d->rec);
 	if (rc < 0) {
 		gf_log(GF_LOG_ERR, "lock", "msg=\"cannot write the state file; holding grants\" path=%s error=\"%s\"",
 		       d->state_path, gf_error_detail());
@@ -344,6 +355,9 @@ static int load_state(gf_lockd *d)
 	if (flock(d->state_lock_fd, LOCK_EX | LOCK_NB) < 0)
 		return gf_err_errno(errno == EWOULDBLOCK ? GF_ERR_BUSY : GF_ERR_IO, errno,
 				    "lockd: state file %s is in use by another lock server", d->state_path);
+	int drc = gf_lock_state_open_dir(d->state_path, &d->state_dirfd, &d->state_name, &d->state_tmpname);
+	if (drc < 0)
+		return drc;
 	struct gf_lock_state st;
 	int rc = gf_lock_state_load(d->state_path, &st);
 	if (rc < 0) {
@@ -529,16 +543,19 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 {
 	d->holder = NULL;
 	c->role = R_NONE;
-	if (c->pidfd >= 0)
-		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
 	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited(c->pidfd)) {
 		d->exit_pidfd = c->pidfd;
 		c->pidfd = -1;
 		d->exit_pid = c->pid;
 		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->id);
 		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
+		/* The holder's pidfd is already in epoll: retarget it (one
+		 * syscall) instead of removing and adding it again. */
 		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &d->exit_ev };
-		if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->exit_pidfd, &e) < 0) {
+		int erc = epoll_ctl(d->epfd, EPOLL_CTL_MOD, d->exit_pidfd, &e);
+		if (erc < 0 && errno == ENOENT)
+			erc = epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->exit_pidfd, &e);
+		if (erc < 0) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's process; releasing on socket close\" error=\"%s\"",
 			       strerror(errno));
 			end_exit_wait(d, why);
@@ -548,6 +565,8 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 		       c->id, (unsigned long long)d->epoch, c->pid, why);
 		return;
 	}
+	if (c->pidfd >= 0)
+		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
 	finish_release(d, why);
 }
 
@@ -697,7 +716,11 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	struct gf_lock_state old = d->rec;
 	if (!reclaimed) {
 		d->rec.epoch = d->epoch + 1;
-		gf_random_bytes(d->rec.token, sizeof(d->rec.token));
+		if (d->next_token_ready)
+			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
+		else
+			gf_random_bytes(d->rec.token, sizeof(d->rec.token));
+		d->next_token_ready = false;
 	}
 	d->rec.has_holder = true;
 	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->id);
@@ -713,12 +736,6 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	waiter_unlink(d, c);
 	c->role = R_HOLDER;
 	d->holder = c;
-	if (c->pidfd >= 0) {
-		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
-		epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e);
-	}
-	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
-	       c->id, (unsigned long long)d->epoch, c->pid, c->tcp ? "tcp" : "unix");
 	gf_Msg *m = d->msg;
 	memset(m, 0, sizeof(*m));
 	m->seq = c->seq;
@@ -732,8 +749,20 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		m->body.lock_granted.heartbeat_ms = d->heartbeat_ms;
 		m->body.lock_granted.fence_ms = d->detect_ms / 2;
 	}
-	if (reply(d, c, m) < 0)
+	/* Logging and watching the new holder's process wait until the grant
+	 * is on its way: the pidfd is level-triggered, an exit in between is
+	 * still reported. */
+	int sent = reply(d, c, m);
+	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
+	       c->id, (unsigned long long)d->epoch, c->pid, c->tcp ? "tcp" : "unix");
+	if (sent < 0) {
 		conn_close(d, c, "grant could not be sent");
+		return 0;
+	}
+	if (c->pidfd >= 0) {
+		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
+		epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e);
+	}
 	return 0;
 }
 
@@ -1017,14 +1046,11 @@ static void free_dead(gf_lockd *d)
 	}
 }
 
-int gf_lockd_process(gf_lockd *d)
+/* One round: wait up to @timeout_ms for events (0: poll), handle them and the timers. */
+static int process_round(gf_lockd *d, int timeout_ms)
 {
-	if (!d)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
-	if (!d->started)
-		return gf_err(GF_ERR_STATE, "lockd: not started");
 	struct epoll_event evs[64];
-	int n = epoll_wait(d->epfd, evs, GF_ARRAY_SIZE(evs), 0);
+	int n = epoll_wait(d->epfd, evs, GF_ARRAY_SIZE(evs), timeout_ms);
 	if (n < 0 && errno != EINTR)
 		return gf_err_errno(GF_ERR_IO, errno, "lockd: epoll_wait");
 	for (int i = 0; i < n; i++) {
@@ -1064,19 +1090,30 @@ int gf_lockd_process(gf_lockd *d)
 	}
 	run_timers(d);
 	free_dead(d);
+	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
+		d->next_token_ready = true;
 	return atomic_load(&d->stopped) ? 1 : 0;
+}
+
+int gf_lockd_process(gf_lockd *d)
+{
+	if (!d)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	if (!d->started)
+		return gf_err(GF_ERR_STATE, "lockd: not started");
+	return process_round(d, 0);
 }
 
 int gf_lockd_run(gf_lockd *d)
 {
 	if (!d)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	if (!d->started)
+		return gf_err(GF_ERR_STATE, "lockd: not started");
+	/* epoll_wait blocks and collects in one syscall what poll + a
+	 * zero-timeout epoll_wait did in two. */
 	while (!atomic_load(&d->stopped)) {
-		struct pollfd p = { .fd = d->epfd, .events = POLLIN };
-		int n = poll(&p, 1, gf_lockd_get_timeout_ms(d));
-		if (n < 0 && errno != EINTR)
-			return gf_err_errno(GF_ERR_IO, errno, "lockd: poll");
-		int rc = gf_lockd_process(d);
+		int rc = process_round(d, gf_lockd_get_timeout_ms(d));
 		if (rc < 0)
 			return rc;
 	}

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,29 +129,86 @@ static void format_time(int64_t wall_us, char *buf, size_t len)
 	snprintf(buf, len, "%s.%06lldZ", base, (long long)(wall_us % 1000000));
 }
 
-int gf_lock_state_format(const struct gf_lock_state *st, char **out)
+/* Append @s as a JSON string; returns the new length or -1 when it does not fit. */
+static int put_json_string(char *buf, size_t cap, int pos, const char *s)
 {
-	char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
-	json_t *root = json_object();
-	if (!root)
-		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
-	json_object_set_new(root, "version", json_integer(1));
-	json_object_set_new(root, "holder", st->has_holder ? json_string(st->holder) : json_null());
-	json_object_set_new(root, "epoch", json_integer((json_int_t)st->epoch));
+	static const char hex[] = "0123456789abcdef";
+	if (pos < 0 || (size_t)pos + 1 >= cap)
+		return -1;
+	buf[pos++] = '"';
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		char esc[7];
+		size_t n = 0;
+		if (*p == '"' || *p == '\\') {
+			esc[n++] = '\\';
+			esc[n++] = (char)*p;
+		} else if (*p < 0x20) {
+			memcpy(esc, "\\u00", 4);
+			n = 4;
+			esc[n++] = hex[*p >> 4];
+			esc[n++] = hex[*p & 15];
+		} else {
+			esc[n++] = (char)*p; /* UTF-8 passes through: the parser validated it */
+		}
+		if ((size_t)pos + n + 1 >= cap)
+			return -1;
+		memcpy(buf + pos, esc, n);
+		pos += (int)n;
+	}
+	buf[pos++] = '"';
+	buf[pos] = '\0';
+	return pos;
+}
+
+static int put_fmt(char *buf, size_t cap, int pos, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int put_fmt(char *buf, size_t cap, int pos, const char *fmt, ...)
+{
+	if (pos < 0 || (size_t)pos >= cap)
+		return -1;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf + pos, cap - (size_t)pos, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)pos + (size_t)n >= cap)
+		return -1;
+	return pos + n;
+}
+
+/*
+ * Formatted by hand into the caller's buffer, not through jansson: the state
+ * file is written on every grant, between the holder's exit and the next
+ * holder's grant, and a JSON tree plus its allocations is measurable there.
+ * Same keys and order as before; gf_lock_state_parse() reads it back.
+ */
+int gf_lock_state_format_buf(const struct gf_lock_state *st, char *buf, size_t cap)
+{
+	int pos = put_fmt(buf, cap, 0, "{\"version\":1,\"holder\":");
 	if (st->has_holder) {
+		char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
 		gf_hex(st->token, GF_LOCK_TOKEN_LEN, tok);
 		format_time(st->granted_at_us, when, sizeof(when));
-		json_object_set_new(root, "session_token", json_string(tok));
-		json_object_set_new(root, "granted_at", json_string(when));
-		json_object_set_new(root, "granted_at_us", json_integer(st->granted_at_us));
-		json_object_set_new(root, "pid", json_integer(st->pid));
+		pos = put_json_string(buf, cap, pos, st->holder);
+		pos = put_fmt(buf, cap, pos,
+			      ",\"epoch\":%llu,\"session_token\":\"%s\",\"granted_at\":\"%s\",\"granted_at_us\":%lld,\"pid\":%u}",
+			      (unsigned long long)st->epoch, tok, when, (long long)st->granted_at_us, st->pid);
 	} else {
-		json_object_set_new(root, "session_token", json_null());
+		pos = put_fmt(buf, cap, pos, "null,\"epoch\":%llu,\"session_token\":null}", (unsigned long long)st->epoch);
 	}
-	char *text = json_dumps(root, JSON_COMPACT);
-	json_decref(root);
+	if (pos < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "state file: formatted state does not fit in %zu bytes", cap);
+	return pos;
+}
+
+int gf_lock_state_format(const struct gf_lock_state *st, char **out)
+{
+	char buf[GF_LOCK_STATE_TEXT_MAX];
+	int n = gf_lock_state_format_buf(st, buf, sizeof(buf));
+	if (n < 0)
+		return n;
+	char *text = malloc((size_t)n + 1);
 	if (!text)
 		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	memcpy(text, buf, (size_t)n + 1);
 	*out = text;
 	return 0;
 }
@@ -199,49 +257,74 @@ static int write_all(int fd, const char *p, size_t len)
 	return 0;
 }
 
+int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, const struct gf_lock_state *st)
+{
+	char text[GF_LOCK_STATE_TEXT_MAX + 1];
+	int len = gf_lock_state_format_buf(st, text, sizeof(text) - 1);
+	if (len < 0)
+		return len;
+	text[len++] = '\n';
+	int rc, fd = openat(dirfd, tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmpname);
+	/* fdatasync: the temp file is new, so its size (the only metadata
+	 * needed to read the data back) is flushed with the data. */
+	if (write_all(fd, text, (size_t)len) < 0 || fdatasync(fd) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: write %s", tmpname);
+		gf_close(fd);
+		unlinkat(dirfd, tmpname, 0);
+		return rc;
+	}
+	gf_close(fd);
+	if (renameat(dirfd, tmpname, dirfd, name) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: rename %s to %s", tmpname, name);
+		unlinkat(dirfd, tmpname, 0);
+		return rc;
+	}
+	/* The rename is durable only once the directory is. */
+	if (fsync(dirfd) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: fsync directory of %s", name);
+	return 0;
+}
+
+int gf_lock_state_open_dir(const char *path, int *dirfd, char **name, char **tmpname)
+{
+	char dir[4096], base[4096];
+	if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir))
+		return gf_err(GF_ERR_INVALID_ARG, "state file path too long");
+	snprintf(base, sizeof(base), "%s", path);
+	const char *b = basename(base);
+	char *n = strdup(b), *t = malloc(strlen(b) + 5);
+	if (!n || !t) {
+		free(n);
+		free(t);
+		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	}
+	sprintf(t, "%s.tmp", b);
+	int fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		free(n);
+		free(t);
+		return gf_err_errno(GF_ERR_IO, errno, "state file: open directory of %s", path);
+	}
+	*dirfd = fd;
+	*name = n;
+	*tmpname = t;
+	return 0;
+}
+
 int gf_lock_state_store(const char *path, const struct gf_lock_state *st)
 {
-	char *text, tmp[4096], dir[4096];
-	int rc = gf_lock_state_format(st, &text);
+	int dirfd;
+	char *name, *tmpname;
+	int rc = gf_lock_state_open_dir(path, &dirfd, &name, &tmpname);
 	if (rc < 0)
 		return rc;
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {
-		free(text);
-		return gf_err(GF_ERR_INVALID_ARG, "state file path too long");
-	}
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		free(text);
-		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmp);
-	}
-	size_t len = strlen(text);
-	text[len] = '\n';
-	if (write_all(fd, text, len + 1) < 0 || fsync(fd) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: write %s", tmp);
-		free(text);
-		gf_close(fd);
-		unlink(tmp);
-		return rc;
-	}
-	free(text);
-	gf_close(fd);
-	if (rename(tmp, path) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: rename %s to %s", tmp, path);
-		unlink(tmp);
-		return rc;
-	}
-	snprintf(dir, sizeof(dir), "%s", path);
-	int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "state file: open directory of %s", path);
-	/* The rename is durable only once the directory is. */
-	if (fsync(dfd) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: fsync directory of %s", path);
-		gf_close(dfd);
-		return rc;
-	}
-	gf_close(dfd);
-	return 0;
+	rc = gf_lock_state_store_at(dirfd, name, tmpname, st);
+	gf_close(dirfd);
+	free(name);
+	free(tmpname);
+	return rc;
 }
 
 int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
