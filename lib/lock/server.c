@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -516,6 +517,26 @@ static bool pidfd_exited(int pidfd)
 	return poll(&p, 1, 0) == 1;
 }
 
+/*
+ * A process that was killed closes its files before it is reaped: the
+ * socket's hangup often wakes us a few microseconds before its pidfd turns
+ * readable. Looking again for a short, bounded moment (yielding the CPU to
+ * the exiting process) saves a second epoll round and wake-up on most
+ * handoffs; a holder that is really still alive costs this once.
+ */
+#define EXIT_SPIN_US 200
+static bool pidfd_exited_soon(int pidfd)
+{
+	int64_t until = gf_now_us() + EXIT_SPIN_US;
+	for (;;) {
+		if (pidfd_exited(pidfd))
+			return true;
+		if (gf_now_us() >= until)
+			return false;
+		sched_yield();
+	}
+}
+
 static void finish_release(gf_lockd *d, const char *why)
 {
 	uint32_t pid = d->rec.pid;
@@ -543,7 +564,7 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 {
 	d->holder = NULL;
 	c->role = R_NONE;
-	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited(c->pidfd)) {
+	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(c->pidfd)) {
 		d->exit_pidfd = c->pidfd;
 		c->pidfd = -1;
 		d->exit_pid = c->pid;
