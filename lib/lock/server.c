@@ -594,27 +594,30 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 static void conn_close(gf_lockd *d, struct conn *c, const char *why)
 {
 	bool was_holder = c->role == R_HOLDER;
+	int fd = c->fd;
 	waiter_unlink(d, c);
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-	gf_close(c->fd);
 	c->fd = -1;
 	if (was_holder)
 		holder_gone(d, c, why, true);
-	gf_log(GF_LOG_DEBUG, "lock", "msg=\"connection closed\" id=%s pid=%u reason=\"%s\"", c->id, c->pid, why);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
 		d->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	gf_close(c->pidfd);
-	c->pidfd = -1;
-	gf_frame_reader_clear(&c->rd);
 	/* Events for @c may still be pending in this epoll batch. */
 	c->next = d->dead;
 	d->dead = c;
+	/* The next grant first: tearing down the old holder's socket is not
+	 * on the handoff's path. No epoll_wait runs in between. */
 	if (was_holder)
 		try_grant(d);
+	epoll_ctl(d->epfd, EPOLL_CTL_DEL, fd, NULL);
+	gf_close(fd);
+	gf_close(c->pidfd);
+	c->pidfd = -1;
+	gf_frame_reader_clear(&c->rd);
+	gf_log(GF_LOG_DEBUG, "lock", "msg=\"connection closed\" id=%s pid=%u reason=\"%s\"", c->id, c->pid, why);
 }
 
 static int open_pidfd(int fd, uint32_t pid)
@@ -632,18 +635,21 @@ static int open_pidfd(int fd, uint32_t pid)
 	return pfd; /* pidfds are always close-on-exec */
 }
 
-static void accept_one(gf_lockd *d, struct listener *l)
+/* Accept one connection; false when the backlog is empty (or accept fails), so the caller stops. */
+static bool accept_one(gf_lockd *d, struct listener *l)
 {
 	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0) {
-		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+		if (errno == EINTR || errno == ECONNABORTED)
+			return true;
+		if (errno != EAGAIN)
 			gf_log(GF_LOG_WARN, "lock", "msg=\"accept failed\" error=\"%s\"", strerror(errno));
-		return;
+		return false;
 	}
 	struct conn *c = calloc(1, sizeof(*c));
 	if (!c) {
 		gf_close(fd);
-		return;
+		return false;
 	}
 	c->ev.type = EV_CONN;
 	c->pid_ev.type = EV_CONN_PIDFD;
@@ -680,6 +686,7 @@ static void accept_one(gf_lockd *d, struct listener *l)
 	struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->ev };
 	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
 		conn_close(d, c, "epoll_ctl failed");
+	return true;
 }
 
 static bool uid_allowed(const gf_lockd *d, uint32_t uid)
@@ -1085,7 +1092,8 @@ static int process_round(gf_lockd *d, int timeout_ms)
 		}
 		case EV_LISTEN:
 			for (int k = 0; k < 64; k++)
-				accept_one(d, (struct listener *)e);
+				if (!accept_one(d, (struct listener *)e))
+					break;
 			break;
 		case EV_CONN: {
 			struct conn *c = (struct conn *)e;
