@@ -61,6 +61,7 @@ struct conn {
 	struct ev pid_ev;          /* the holder's pidfd in epoll */
 	int fd;
 	int pidfd;                 /* -1 when unknown (TCP, pid 0, no pidfd support) */
+	bool pid_watched;          /* pidfd is in epoll (as pid_ev) */
 	bool tcp;
 	enum conn_phase phase;
 	enum conn_role role;
@@ -570,12 +571,11 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 		d->exit_pid = c->pid;
 		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->id);
 		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
-		/* The holder's pidfd is already in epoll: retarget it (one
-		 * syscall) instead of removing and adding it again. */
+		/* The holder's pidfd is normally in epoll already: retarget it
+		 * (one syscall) instead of removing and adding it again. */
 		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &d->exit_ev };
-		int erc = epoll_ctl(d->epfd, EPOLL_CTL_MOD, d->exit_pidfd, &e);
-		if (erc < 0 && errno == ENOENT)
-			erc = epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->exit_pidfd, &e);
+		int erc = epoll_ctl(d->epfd, c->pid_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, d->exit_pidfd, &e);
+		c->pid_watched = false;
 		if (erc < 0) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's process; releasing on socket close\" error=\"%s\"",
 			       strerror(errno));
@@ -586,8 +586,11 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 		       c->id, (unsigned long long)d->epoch, c->pid, why);
 		return;
 	}
-	if (c->pidfd >= 0)
+	/* A closing connection's pidfd leaves epoll in conn_close(), after the next grant. */
+	if (c->pid_watched && c->fd >= 0) {
 		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+		c->pid_watched = false;
+	}
 	finish_release(d, why);
 }
 
@@ -614,6 +617,10 @@ static void conn_close(gf_lockd *d, struct conn *c, const char *why)
 		try_grant(d);
 	epoll_ctl(d->epfd, EPOLL_CTL_DEL, fd, NULL);
 	gf_close(fd);
+	/* Removed explicitly: a forked copy of the fd would keep it in epoll. */
+	if (c->pid_watched)
+		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+	c->pid_watched = false;
 	gf_close(c->pidfd);
 	c->pidfd = -1;
 	gf_frame_reader_clear(&c->rd);
@@ -789,7 +796,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	}
 	if (c->pidfd >= 0) {
 		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
-		epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e);
+		c->pid_watched = epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e) == 0;
 	}
 	return 0;
 }
@@ -842,8 +849,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		struct conn *old = d->holder;
 		gf_log(GF_LOG_WARN, "lock", "msg=\"holder reconnected over a stale connection; moving the grant\" id=%s epoch=%llu",
 		       c->id, (unsigned long long)d->epoch);
-		if (old->pidfd >= 0)
+		if (old->pid_watched)
 			epoll_ctl(d->epfd, EPOLL_CTL_DEL, old->pidfd, NULL);
+		old->pid_watched = false;
 		old->role = R_NONE;
 		d->holder = NULL;
 		conn_close(d, old, "replaced by the holder's new connection");
