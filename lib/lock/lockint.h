@@ -41,7 +41,7 @@ int gf_lock_state_format_buf(const struct gf_lock_state *st, char *buf, size_t c
  * GF_ERR_IO on read errors.
  */
 int gf_lock_state_load(const char *path, struct gf_lock_state *out);
-/* Write atomically: temp file, fsync, rename, fsync of the directory. */
+/* Write atomically: temp file, fdatasync (the temp file is new), rename, fsync of the directory. */
 int gf_lock_state_store(const char *path, const struct gf_lock_state *st);
 /*
  * Open the directory of @path (O_DIRECTORY, close-on-exec) and split off
