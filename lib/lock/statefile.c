@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,74 +128,30 @@ static void format_time(int64_t wall_us, char *buf, size_t len)
 	snprintf(buf, len, "%s.%06lldZ", base, (long long)(wall_us % 1000000));
 }
 
-/* Append @s as a JSON string; returns the new length or -1 when it does not fit. */
-static int put_json_string(char *buf, size_t cap, int pos, const char *s)
-{
-	static const char hex[] = "0123456789abcdef";
-	if (pos < 0 || (size_t)pos + 1 >= cap)
-		return -1;
-	buf[pos++] = '"';
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		char esc[7];
-		size_t n = 0;
-		if (*p == '"' || *p == '\\') {
-			esc[n++] = '\\';
-			esc[n++] = (char)*p;
-		} else if (*p < 0x20) {
-			memcpy(esc, "\\u00", 4);
-			n = 4;
-			esc[n++] = hex[*p >> 4];
-			esc[n++] = hex[*p & 15];
-		} else {
-			esc[n++] = (char)*p; /* UTF-8 passes through: the parser validated it */
-		}
-		if ((size_t)pos + n + 1 >= cap)
-			return -1;
-		memcpy(buf + pos, esc, n);
-		pos += (int)n;
-	}
-	buf[pos++] = '"';
-	buf[pos] = '\0';
-	return pos;
-}
-
-static int put_fmt(char *buf, size_t cap, int pos, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int put_fmt(char *buf, size_t cap, int pos, const char *fmt, ...)
-{
-	if (pos < 0 || (size_t)pos >= cap)
-		return -1;
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(buf + pos, cap - (size_t)pos, fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)pos + (size_t)n >= cap)
-		return -1;
-	return pos + n;
-}
-
-/*
- * Formatted by hand into the caller's buffer, not through jansson: the state
- * file is written on every grant, between the holder's exit and the next
- * holder's grant, and a JSON tree plus its allocations is measurable there.
- * Same keys and order as before; gf_lock_state_parse() reads it back.
- */
+/* Formatted with jansson straight into the caller's buffer (json_dumpb):
+ * the same keys and order as always, and gf_lock_state_parse() reads it back. */
 int gf_lock_state_format_buf(const struct gf_lock_state *st, char *buf, size_t cap)
 {
-	int pos = put_fmt(buf, cap, 0, "{\"version\":1,\"holder\":");
+	json_t *j;
 	if (st->has_holder) {
 		char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
 		gf_hex(st->token, GF_LOCK_TOKEN_LEN, tok);
 		format_time(st->granted_at_us, when, sizeof(when));
-		pos = put_json_string(buf, cap, pos, st->holder);
-		pos = put_fmt(buf, cap, pos,
-			      ",\"epoch\":%llu,\"session_token\":\"%s\",\"granted_at\":\"%s\",\"granted_at_us\":%lld,\"pid\":%u}",
-			      (unsigned long long)st->epoch, tok, when, (long long)st->granted_at_us, st->pid);
+		j = json_pack("{s:i,s:s,s:I,s:s,s:s,s:I,s:I}", "version", 1, "holder", st->holder, "epoch",
+			      (json_int_t)st->epoch, "session_token", tok, "granted_at", when, "granted_at_us",
+			      (json_int_t)st->granted_at_us, "pid", (json_int_t)st->pid);
 	} else {
-		pos = put_fmt(buf, cap, pos, "null,\"epoch\":%llu,\"session_token\":null}", (unsigned long long)st->epoch);
+		j = json_pack("{s:i,s:n,s:I,s:n}", "version", 1, "holder", "epoch", (json_int_t)st->epoch,
+			      "session_token");
 	}
-	if (pos < 0)
+	if (!j)
+		return gf_err(GF_ERR_NOMEM, "state file: cannot build the JSON document");
+	size_t n = json_dumpb(j, buf, cap, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(j);
+	if (n == 0 || n >= cap)
 		return gf_err(GF_ERR_INVALID_ARG, "state file: formatted state does not fit in %zu bytes", cap);
-	return pos;
+	buf[n] = '\0';
+	return (int)n;
 }
 
 int gf_lock_state_format(const struct gf_lock_state *st, char **out)
