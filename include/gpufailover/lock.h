@@ -177,7 +177,7 @@ GF_EXPORT int gf_lockd_get_fd(const gf_lockd *d);
 GF_EXPORT int gf_lockd_get_timeout_ms(const gf_lockd *d);
 /** Handle every pending event and timer without blocking. Returns 0, or 1 once stopped. */
 GF_EXPORT int gf_lockd_process(gf_lockd *d);
-/** Loop gf_lockd_process() until gf_lockd_stop(). Returns 0 or a negative error. */
+/** Run the event loop (what gf_lockd_process() does, blocking in epoll_wait between rounds) until gf_lockd_stop(). Returns 0 or a negative error. */
 GF_EXPORT int gf_lockd_run(gf_lockd *d);
 /** Make gf_lockd_run() return. Thread-safe and async-signal-safe. */
 GF_EXPORT void gf_lockd_stop(gf_lockd *d);

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,7 @@ struct conn {
 	struct ev pid_ev;          /* the holder's pidfd in epoll */
 	int fd;
 	int pidfd;                 /* -1 when unknown (TCP, pid 0, no pidfd support) */
+	bool pid_watched;          /* pidfd is in epoll (as pid_ev) */
 	bool tcp;
 	enum conn_phase phase;
 	enum conn_role role;
@@ -88,6 +90,13 @@ struct gf_lockd {
 	bool any_tcp;
 	char *state_path;
 	int state_lock_fd;
+	/* Kept open so a write does not resolve the path again (a grant's latency). */
+	int state_dirfd;
+	char *state_name, *state_tmpname;
+	/* The next grant's session token, drawn while idle, not between a
+	 * holder's exit and the next grant. */
+	uint8_t next_token[GF_LOCK_TOKEN_LEN];
+	bool next_token_ready;
 	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms, handshake_ms;
 	uint32_t allow_uid[MAX_ALLOW_UID];
 	int nallow;
@@ -121,6 +130,15 @@ struct gf_lockd {
 	 * the old holder on record, which only costs a reconnect window. */
 	bool release_unsaved;
 
+	/* the "released" log line, written after the next grant is sent */
+	struct release_log {
+		bool pending;
+		char id[GF_LOCK_ID_MAX];
+		uint64_t epoch;
+		uint32_t pid;
+		char why[200];
+	} release_log;
+
 	gf_Msg *msg; /* scratch message: gf_Msg is large */
 };
 
@@ -128,6 +146,7 @@ struct gf_lockd {
 
 static void conn_close(gf_lockd *d, struct conn *c, const char *why);
 static void try_grant(gf_lockd *d);
+static void flush_release_log(gf_lockd *d);
 static void free_dead(gf_lockd *d);
 
 int gf_lockd_new(gf_lockd **out)
@@ -141,6 +160,7 @@ int gf_lockd_new(gf_lockd **out)
 	d->epfd = epoll_create1(EPOLL_CLOEXEC);
 	d->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	d->state_lock_fd = -1;
+	d->state_dirfd = -1;
 	d->exit_pidfd = -1;
 	d->reconnect_window_ms = 10000;
 	d->exit_wait_ms = 10000;
@@ -184,6 +204,9 @@ void gf_lockd_free(gf_lockd *d)
 	}
 	gf_close(d->exit_pidfd);
 	gf_close(d->state_lock_fd);
+	gf_close(d->state_dirfd);
+	free(d->state_name);
+	free(d->state_tmpname);
 	gf_close(d->epfd);
 	gf_close(d->stopfd);
 	free(d->state_path);
@@ -313,8 +336,9 @@ static int store(gf_lockd *d)
 {
 	if (!d->state_path)
 		return 0;
-	int rc = gf_lock_state_store(d->state_path, &d->rec);
+	int rc = gf_lock_state_store_at(d->state_dirfd, d->state_name, d->state_tmpname, &d->rec);
 	if (rc < 0) {
+		flush_release_log(d);
 		gf_log(GF_LOG_ERR, "lock", "msg=\"cannot write the state file; holding grants\" path=%s error=\"%s\"",
 		       d->state_path, gf_error_detail());
 		d->store_retry_at = gf_now_us() + STORE_RETRY_US;
@@ -344,6 +368,9 @@ static int load_state(gf_lockd *d)
 	if (flock(d->state_lock_fd, LOCK_EX | LOCK_NB) < 0)
 		return gf_err_errno(errno == EWOULDBLOCK ? GF_ERR_BUSY : GF_ERR_IO, errno,
 				    "lockd: state file %s is in use by another lock server", d->state_path);
+	int drc = gf_lock_state_open_dir(d->state_path, &d->state_dirfd, &d->state_name, &d->state_tmpname);
+	if (drc < 0)
+		return drc;
 	struct gf_lock_state st;
 	int rc = gf_lock_state_load(d->state_path, &st);
 	if (rc < 0) {
@@ -502,14 +529,53 @@ static bool pidfd_exited(int pidfd)
 	return poll(&p, 1, 0) == 1;
 }
 
+/*
+ * A process that was killed closes its files before it is reaped: the
+ * socket's hangup often wakes us a few microseconds before its pidfd turns
+ * readable. Looking again for a short, bounded moment (yielding the CPU to
+ * the exiting process) saves a second epoll round and wake-up on most
+ * handoffs; a holder that is really still alive costs this once.
+ */
+#define EXIT_SPIN_US 200
+static bool pidfd_exited_soon(int pidfd)
+{
+	int64_t until = gf_now_us() + EXIT_SPIN_US;
+	for (;;) {
+		if (pidfd_exited(pidfd))
+			return true;
+		if (gf_now_us() >= until)
+			return false;
+		sched_yield();
+	}
+}
+
 static void finish_release(gf_lockd *d, const char *why)
 {
 	uint32_t pid = d->rec.pid;
 	d->rec.has_holder = false;
 	d->rec.pid = 0;
 	d->release_unsaved = true;
-	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\"", d->rec.holder,
-	       (unsigned long long)d->rec.epoch, pid, why);
+	/* Logged once the next grant is sent (or none can be): with a log
+	 * function installed (gf-lockd: stderr) the line is a write(2) that
+	 * need not delay the next holder. Same order, same content. */
+	if (gf_log_enabled(GF_LOG_INFO)) {
+		struct release_log *r = &d->release_log;
+		r->pending = true;
+		snprintf(r->id, sizeof(r->id), "%s", d->rec.holder);
+		r->epoch = d->rec.epoch;
+		r->pid = pid;
+		snprintf(r->why, sizeof(r->why), "%s", why);
+	}
+}
+
+static void flush_release_log(gf_lockd *d)
+{
+	struct release_log *r = &d->release_log;
+	if (!r->pending)
+		return;
+	r->pending = false;
+	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\"", r->id,
+	       (unsigned long long)r->epoch, r->pid, r->why);
 }
 
 static void end_exit_wait(gf_lockd *d, const char *why)
@@ -529,16 +595,18 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 {
 	d->holder = NULL;
 	c->role = R_NONE;
-	if (c->pidfd >= 0)
-		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
-	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited(c->pidfd)) {
+	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(c->pidfd)) {
 		d->exit_pidfd = c->pidfd;
 		c->pidfd = -1;
 		d->exit_pid = c->pid;
 		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->id);
 		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
+		/* The holder's pidfd is normally in epoll already: retarget it
+		 * (one syscall) instead of removing and adding it again. */
 		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &d->exit_ev };
-		if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->exit_pidfd, &e) < 0) {
+		int erc = epoll_ctl(d->epfd, c->pid_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, d->exit_pidfd, &e);
+		c->pid_watched = false;
+		if (erc < 0) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's process; releasing on socket close\" error=\"%s\"",
 			       strerror(errno));
 			end_exit_wait(d, why);
@@ -548,33 +616,45 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 		       c->id, (unsigned long long)d->epoch, c->pid, why);
 		return;
 	}
+	/* A closing connection's pidfd leaves epoll in conn_close(), after the next grant. */
+	if (c->pid_watched && c->fd >= 0) {
+		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+		c->pid_watched = false;
+	}
 	finish_release(d, why);
 }
 
 static void conn_close(gf_lockd *d, struct conn *c, const char *why)
 {
 	bool was_holder = c->role == R_HOLDER;
+	int fd = c->fd;
 	waiter_unlink(d, c);
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-	gf_close(c->fd);
 	c->fd = -1;
 	if (was_holder)
 		holder_gone(d, c, why, true);
-	gf_log(GF_LOG_DEBUG, "lock", "msg=\"connection closed\" id=%s pid=%u reason=\"%s\"", c->id, c->pid, why);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
 		d->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	gf_close(c->pidfd);
-	c->pidfd = -1;
-	gf_frame_reader_clear(&c->rd);
 	/* Events for @c may still be pending in this epoll batch. */
 	c->next = d->dead;
 	d->dead = c;
+	/* The next grant first: tearing down the old holder's socket is not
+	 * on the handoff's path. No epoll_wait runs in between. */
 	if (was_holder)
 		try_grant(d);
+	epoll_ctl(d->epfd, EPOLL_CTL_DEL, fd, NULL);
+	gf_close(fd);
+	/* Removed explicitly: a forked copy of the fd would keep it in epoll. */
+	if (c->pid_watched)
+		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+	c->pid_watched = false;
+	gf_close(c->pidfd);
+	c->pidfd = -1;
+	gf_frame_reader_clear(&c->rd);
+	gf_log(GF_LOG_DEBUG, "lock", "msg=\"connection closed\" id=%s pid=%u reason=\"%s\"", c->id, c->pid, why);
 }
 
 static int open_pidfd(int fd, uint32_t pid)
@@ -592,18 +672,21 @@ static int open_pidfd(int fd, uint32_t pid)
 	return pfd; /* pidfds are always close-on-exec */
 }
 
-static void accept_one(gf_lockd *d, struct listener *l)
+/* Accept one connection; false when the backlog is empty (or accept fails), so the caller stops. */
+static bool accept_one(gf_lockd *d, struct listener *l)
 {
 	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0) {
-		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+		if (errno == EINTR || errno == ECONNABORTED)
+			return true;
+		if (errno != EAGAIN)
 			gf_log(GF_LOG_WARN, "lock", "msg=\"accept failed\" error=\"%s\"", strerror(errno));
-		return;
+		return false;
 	}
 	struct conn *c = calloc(1, sizeof(*c));
 	if (!c) {
 		gf_close(fd);
-		return;
+		return false;
 	}
 	c->ev.type = EV_CONN;
 	c->pid_ev.type = EV_CONN_PIDFD;
@@ -640,6 +723,7 @@ static void accept_one(gf_lockd *d, struct listener *l)
 	struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->ev };
 	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
 		conn_close(d, c, "epoll_ctl failed");
+	return true;
 }
 
 static bool uid_allowed(const gf_lockd *d, uint32_t uid)
@@ -697,7 +781,11 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	struct gf_lock_state old = d->rec;
 	if (!reclaimed) {
 		d->rec.epoch = d->epoch + 1;
-		gf_random_bytes(d->rec.token, sizeof(d->rec.token));
+		if (d->next_token_ready)
+			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
+		else
+			gf_random_bytes(d->rec.token, sizeof(d->rec.token));
+		d->next_token_ready = false;
 	}
 	d->rec.has_holder = true;
 	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->id);
@@ -713,12 +801,6 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	waiter_unlink(d, c);
 	c->role = R_HOLDER;
 	d->holder = c;
-	if (c->pidfd >= 0) {
-		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
-		epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e);
-	}
-	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
-	       c->id, (unsigned long long)d->epoch, c->pid, c->tcp ? "tcp" : "unix");
 	gf_Msg *m = d->msg;
 	memset(m, 0, sizeof(*m));
 	m->seq = c->seq;
@@ -732,8 +814,21 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		m->body.lock_granted.heartbeat_ms = d->heartbeat_ms;
 		m->body.lock_granted.fence_ms = d->detect_ms / 2;
 	}
-	if (reply(d, c, m) < 0)
+	/* Logging and watching the new holder's process wait until the grant
+	 * is on its way: the pidfd is level-triggered, an exit in between is
+	 * still reported. */
+	int sent = reply(d, c, m);
+	flush_release_log(d);
+	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
+	       c->id, (unsigned long long)d->epoch, c->pid, c->tcp ? "tcp" : "unix");
+	if (sent < 0) {
 		conn_close(d, c, "grant could not be sent");
+		return 0;
+	}
+	if (c->pidfd >= 0) {
+		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
+		c->pid_watched = epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e) == 0;
+	}
 	return 0;
 }
 
@@ -748,8 +843,9 @@ static void try_grant(gf_lockd *d)
 			continue;
 		}
 		if (grant(d, c, false) < 0)
-			return;
+			return; /* store() wrote the pending release line */
 	}
+	flush_release_log(d);
 	if (d->release_unsaved && !d->holder && store(d) == 0)
 		d->release_unsaved = false;
 }
@@ -785,8 +881,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		struct conn *old = d->holder;
 		gf_log(GF_LOG_WARN, "lock", "msg=\"holder reconnected over a stale connection; moving the grant\" id=%s epoch=%llu",
 		       c->id, (unsigned long long)d->epoch);
-		if (old->pidfd >= 0)
+		if (old->pid_watched)
 			epoll_ctl(d->epfd, EPOLL_CTL_DEL, old->pidfd, NULL);
+		old->pid_watched = false;
 		old->role = R_NONE;
 		d->holder = NULL;
 		conn_close(d, old, "replaced by the holder's new connection");
@@ -1017,14 +1114,11 @@ static void free_dead(gf_lockd *d)
 	}
 }
 
-int gf_lockd_process(gf_lockd *d)
+/* One round: wait up to @timeout_ms for events (0: poll), handle them and the timers. */
+static int process_round(gf_lockd *d, int timeout_ms)
 {
-	if (!d)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
-	if (!d->started)
-		return gf_err(GF_ERR_STATE, "lockd: not started");
 	struct epoll_event evs[64];
-	int n = epoll_wait(d->epfd, evs, GF_ARRAY_SIZE(evs), 0);
+	int n = epoll_wait(d->epfd, evs, GF_ARRAY_SIZE(evs), timeout_ms);
 	if (n < 0 && errno != EINTR)
 		return gf_err_errno(GF_ERR_IO, errno, "lockd: epoll_wait");
 	for (int i = 0; i < n; i++) {
@@ -1038,7 +1132,8 @@ int gf_lockd_process(gf_lockd *d)
 		}
 		case EV_LISTEN:
 			for (int k = 0; k < 64; k++)
-				accept_one(d, (struct listener *)e);
+				if (!accept_one(d, (struct listener *)e))
+					break;
 			break;
 		case EV_CONN: {
 			struct conn *c = (struct conn *)e;
@@ -1063,20 +1158,32 @@ int gf_lockd_process(gf_lockd *d)
 		}
 	}
 	run_timers(d);
+	flush_release_log(d);
 	free_dead(d);
+	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
+		d->next_token_ready = true;
 	return atomic_load(&d->stopped) ? 1 : 0;
+}
+
+int gf_lockd_process(gf_lockd *d)
+{
+	if (!d)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	if (!d->started)
+		return gf_err(GF_ERR_STATE, "lockd: not started");
+	return process_round(d, 0);
 }
 
 int gf_lockd_run(gf_lockd *d)
 {
 	if (!d)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	if (!d->started)
+		return gf_err(GF_ERR_STATE, "lockd: not started");
+	/* epoll_wait blocks and collects in one syscall what poll + a
+	 * zero-timeout epoll_wait did in two. */
 	while (!atomic_load(&d->stopped)) {
-		struct pollfd p = { .fd = d->epfd, .events = POLLIN };
-		int n = poll(&p, 1, gf_lockd_get_timeout_ms(d));
-		if (n < 0 && errno != EINTR)
-			return gf_err_errno(GF_ERR_IO, errno, "lockd: poll");
-		int rc = gf_lockd_process(d);
+		int rc = process_round(d, gf_lockd_get_timeout_ms(d));
 		if (rc < 0)
 			return rc;
 	}

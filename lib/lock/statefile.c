@@ -128,29 +128,42 @@ static void format_time(int64_t wall_us, char *buf, size_t len)
 	snprintf(buf, len, "%s.%06lldZ", base, (long long)(wall_us % 1000000));
 }
 
-int gf_lock_state_format(const struct gf_lock_state *st, char **out)
+/* Formatted with jansson straight into the caller's buffer (json_dumpb):
+ * the same keys and order as always, and gf_lock_state_parse() reads it back. */
+int gf_lock_state_format_buf(const struct gf_lock_state *st, char *buf, size_t cap)
 {
-	char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
-	json_t *root = json_object();
-	if (!root)
-		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
-	json_object_set_new(root, "version", json_integer(1));
-	json_object_set_new(root, "holder", st->has_holder ? json_string(st->holder) : json_null());
-	json_object_set_new(root, "epoch", json_integer((json_int_t)st->epoch));
+	json_t *j;
 	if (st->has_holder) {
+		char tok[2 * GF_LOCK_TOKEN_LEN + 1], when[64];
 		gf_hex(st->token, GF_LOCK_TOKEN_LEN, tok);
 		format_time(st->granted_at_us, when, sizeof(when));
-		json_object_set_new(root, "session_token", json_string(tok));
-		json_object_set_new(root, "granted_at", json_string(when));
-		json_object_set_new(root, "granted_at_us", json_integer(st->granted_at_us));
-		json_object_set_new(root, "pid", json_integer(st->pid));
+		j = json_pack("{s:i,s:s,s:I,s:s,s:s,s:I,s:I}", "version", 1, "holder", st->holder, "epoch",
+			      (json_int_t)st->epoch, "session_token", tok, "granted_at", when, "granted_at_us",
+			      (json_int_t)st->granted_at_us, "pid", (json_int_t)st->pid);
 	} else {
-		json_object_set_new(root, "session_token", json_null());
+		j = json_pack("{s:i,s:n,s:I,s:n}", "version", 1, "holder", "epoch", (json_int_t)st->epoch,
+			      "session_token");
 	}
-	char *text = json_dumps(root, JSON_COMPACT);
-	json_decref(root);
+	if (!j)
+		return gf_err(GF_ERR_NOMEM, "state file: cannot build the JSON document");
+	size_t n = json_dumpb(j, buf, cap, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(j);
+	if (n == 0 || n >= cap)
+		return gf_err(GF_ERR_INVALID_ARG, "state file: formatted state does not fit in %zu bytes", cap);
+	buf[n] = '\0';
+	return (int)n;
+}
+
+int gf_lock_state_format(const struct gf_lock_state *st, char **out)
+{
+	char buf[GF_LOCK_STATE_TEXT_MAX];
+	int n = gf_lock_state_format_buf(st, buf, sizeof(buf));
+	if (n < 0)
+		return n;
+	char *text = malloc((size_t)n + 1);
 	if (!text)
 		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	memcpy(text, buf, (size_t)n + 1);
 	*out = text;
 	return 0;
 }
@@ -199,49 +212,74 @@ static int write_all(int fd, const char *p, size_t len)
 	return 0;
 }
 
+int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, const struct gf_lock_state *st)
+{
+	char text[GF_LOCK_STATE_TEXT_MAX + 1];
+	int len = gf_lock_state_format_buf(st, text, sizeof(text) - 1);
+	if (len < 0)
+		return len;
+	text[len++] = '\n';
+	int rc, fd = openat(dirfd, tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmpname);
+	/* fdatasync: the temp file is new, so its size (the only metadata
+	 * needed to read the data back) is flushed with the data. */
+	if (write_all(fd, text, (size_t)len) < 0 || fdatasync(fd) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: write %s", tmpname);
+		gf_close(fd);
+		unlinkat(dirfd, tmpname, 0);
+		return rc;
+	}
+	gf_close(fd);
+	if (renameat(dirfd, tmpname, dirfd, name) < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "state file: rename %s to %s", tmpname, name);
+		unlinkat(dirfd, tmpname, 0);
+		return rc;
+	}
+	/* The rename is durable only once the directory is. */
+	if (fsync(dirfd) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: fsync directory of %s", name);
+	return 0;
+}
+
+int gf_lock_state_open_dir(const char *path, int *dirfd, char **name, char **tmpname)
+{
+	char dir[4096], base[4096];
+	if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir))
+		return gf_err(GF_ERR_INVALID_ARG, "state file path too long");
+	snprintf(base, sizeof(base), "%s", path);
+	const char *b = basename(base);
+	char *n = strdup(b), *t = malloc(strlen(b) + 5);
+	if (!n || !t) {
+		free(n);
+		free(t);
+		return gf_err(GF_ERR_NOMEM, "state file: out of memory");
+	}
+	sprintf(t, "%s.tmp", b);
+	int fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		free(n);
+		free(t);
+		return gf_err_errno(GF_ERR_IO, errno, "state file: open directory of %s", path);
+	}
+	*dirfd = fd;
+	*name = n;
+	*tmpname = t;
+	return 0;
+}
+
 int gf_lock_state_store(const char *path, const struct gf_lock_state *st)
 {
-	char *text, tmp[4096], dir[4096];
-	int rc = gf_lock_state_format(st, &text);
+	int dirfd;
+	char *name, *tmpname;
+	int rc = gf_lock_state_open_dir(path, &dirfd, &name, &tmpname);
 	if (rc < 0)
 		return rc;
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {
-		free(text);
-		return gf_err(GF_ERR_INVALID_ARG, "state file path too long");
-	}
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		free(text);
-		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmp);
-	}
-	size_t len = strlen(text);
-	text[len] = '\n';
-	if (write_all(fd, text, len + 1) < 0 || fsync(fd) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: write %s", tmp);
-		free(text);
-		gf_close(fd);
-		unlink(tmp);
-		return rc;
-	}
-	free(text);
-	gf_close(fd);
-	if (rename(tmp, path) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: rename %s to %s", tmp, path);
-		unlink(tmp);
-		return rc;
-	}
-	snprintf(dir, sizeof(dir), "%s", path);
-	int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "state file: open directory of %s", path);
-	/* The rename is durable only once the directory is. */
-	if (fsync(dfd) < 0) {
-		rc = gf_err_errno(GF_ERR_IO, errno, "state file: fsync directory of %s", path);
-		gf_close(dfd);
-		return rc;
-	}
-	gf_close(dfd);
-	return 0;
+	rc = gf_lock_state_store_at(dirfd, name, tmpname, st);
+	gf_close(dirfd);
+	free(name);
+	free(tmpname);
+	return rc;
 }
 
 int gf_lock_status_to_json(const gf_LockStatus *s, char **json)

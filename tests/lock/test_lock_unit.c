@@ -123,6 +123,50 @@ static void test_state_store_load(void **s)
 	free(dir);
 }
 
+/* The hand-written formatter must escape whatever the parser accepts as a holder. */
+static void test_state_format_roundtrip(void **s)
+{
+	(void)s;
+	static const char *holders[] = { "plain", "q\"uo\\te", "ctl\x01\x1f\n\t", "utf8-\xc3\xa9\xe2\x82\xac", "/slash", NULL };
+	char longest[GF_LOCK_ID_MAX];
+	memset(longest, '"', sizeof(longest) - 1); /* every byte escaped */
+	longest[sizeof(longest) - 1] = '\0';
+	for (int i = 0; i <= (int)GF_ARRAY_SIZE(holders); i++) {
+		const char *h = i < (int)GF_ARRAY_SIZE(holders) ? holders[i] : longest;
+		struct gf_lock_state st, back;
+		memset(&st, 0, sizeof(st));
+		st.epoch = UINT64_MAX >> 1;
+		if (h) {
+			st.has_holder = true;
+			snprintf(st.holder, sizeof(st.holder), "%s", h);
+			for (int k = 0; k < 32; k++)
+				st.token[k] = (uint8_t)(255 - k);
+			st.granted_at_us = INT64_C(1700000000123456);
+			st.pid = UINT32_MAX;
+		}
+		char *text;
+		assert_int_equal(gf_lock_state_format(&st, &text), 0);
+		assert_int_equal(gf_lock_state_parse(text, strlen(text), &back), 0);
+		assert_int_equal(back.has_holder, st.has_holder);
+		assert_true(back.epoch == st.epoch);
+		if (h) {
+			assert_string_equal(back.holder, st.holder);
+			assert_memory_equal(back.token, st.token, 32);
+			assert_true(back.granted_at_us == st.granted_at_us);
+			assert_int_equal(back.pid, st.pid);
+			assert_non_null(strstr(text, "\"granted_at\":\"2023-11-14T22:13:20.123456Z\""));
+		} else {
+			assert_string_equal(text, "{\"version\":1,\"holder\":null,\"epoch\":9223372036854775807,\"session_token\":null}");
+		}
+		free(text);
+	}
+	/* A buffer too small is an error, not a truncated state file. */
+	struct gf_lock_state st;
+	memset(&st, 0, sizeof(st));
+	char small[16];
+	assert_true(gf_lock_state_format_buf(&st, small, sizeof(small)) < 0);
+}
+
 /* ---- the server core, in-process ---- */
 
 struct srv {
@@ -582,6 +626,7 @@ int main(void)
 		cmocka_unit_test(test_state_bad),
 		cmocka_unit_test(test_state_truncated),
 		cmocka_unit_test(test_state_store_load),
+		cmocka_unit_test(test_state_format_roundtrip),
 		cmocka_unit_test(test_fifo_and_epochs),
 		cmocka_unit_test(test_waiter_timeout_and_client),
 		cmocka_unit_test(test_interrupt),
