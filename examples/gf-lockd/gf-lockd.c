@@ -159,9 +159,11 @@ int main(int argc, char **argv)
 			break;
 		case O_HELP:
 			usage(stdout);
+			gf_lockd_free(d);
 			return 0;
 		case O_VERSION:
 			printf("gf-lockd (libgpufailover) %s\n", gf_version());
+			gf_lockd_free(d);
 			return 0;
 		default:
 			usage(stderr);
