@@ -165,7 +165,9 @@ static void test_eintr(void **state)
 	assert_memory_equal(r.body, "late", 4);
 	struct itimerval off = { 0 };
 	setitimer(ITIMER_REAL, &off, NULL);
-	sigaction(SIGALRM, &old, NULL);
+	/* The no-op handler stays: a SIGALRM still in flight (slow under
+	 * valgrind) must not kill the test program after the timer is off. */
+	(void)old;
 	waitpid(pid, NULL, 0);
 	gf_frame_reader_clear(&r);
 	close(sv[0]);
