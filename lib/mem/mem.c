@@ -470,8 +470,8 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 	gf_mem *m = va->m;
 	if (n > SIZE_MAX / sizeof(struct va_map) - va->nmaps)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: too many mappings");
-	struct va_map *todo = malloc(n * sizeof(*todo));
-	if (!todo)
+	struct va_map *plan = malloc(n * sizeof(*plan));
+	if (!plan)
 		return gf_err(GF_ERR_NOMEM, "gf_mem_map_many");
 	int rc = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -491,14 +491,14 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 				    i, off, a->size, va->size);
 		else if (overlaps_existing(va, off, a->size))
 			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu: offset %zu overlaps an existing mapping", i, off);
-		todo[i] = (struct va_map){ off, a ? a->size : 0, a };
+		plan[i] = (struct va_map){ off, a ? a->size : 0, a };
 	}
 	if (rc == 0) {
-		qsort(todo, n, sizeof(*todo), cmp_map);
+		qsort(plan, n, sizeof(*plan), cmp_map);
 		for (size_t i = 1; i < n && rc == 0; i++)
-			if (todo[i].offset < todo[i - 1].offset + todo[i - 1].size)
+			if (plan[i].offset < plan[i - 1].offset + plan[i - 1].size)
 				rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entries at offsets %zu and %zu overlap",
-					    todo[i - 1].offset, todo[i].offset);
+					    plan[i - 1].offset, plan[i].offset);
 	}
 	if (rc == 0 && va->nmaps + n > va->cap) {
 		size_t cap = va->cap ? va->cap : 8;
@@ -513,25 +513,25 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 		}
 	}
 	if (rc < 0) {
-		free(todo);
+		free(plan);
 		return rc;
 	}
 
 	size_t done = 0;
 	for (; done < n; done++) {
-		rc = m->be->map(m, va->addr + todo[done].offset, todo[done].size, todo[done].alloc->handle, access);
+		rc = m->be->map(m, va->addr + plan[done].offset, plan[done].size, plan[done].alloc->handle, access);
 		if (rc < 0)
 			break;
-		todo[done].alloc->map_count++;
+		plan[done].alloc->map_count++;
 	}
 	/* Access once per contiguous span (the driver's cost is per call). */
 	if (rc == 0 && m->be->set_access) {
 		for (size_t s = 0; s < n && rc == 0;) {
 			size_t e = s + 1;
-			while (e < n && todo[e].offset == todo[e - 1].offset + todo[e - 1].size)
+			while (e < n && plan[e].offset == plan[e - 1].offset + plan[e - 1].size)
 				e++;
-			size_t len = todo[e - 1].offset + todo[e - 1].size - todo[s].offset;
-			rc = m->be->set_access(m, va->addr + todo[s].offset, len, access);
+			size_t len = plan[e - 1].offset + plan[e - 1].size - plan[s].offset;
+			rc = m->be->set_access(m, va->addr + plan[s].offset, len, access);
 			s = e;
 		}
 	}
@@ -540,19 +540,19 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 		char why[512];
 		snprintf(why, sizeof(why), "%s", gf_error_detail());
 		for (size_t i = 0; i < done; i++)
-			unmap_one(va, &todo[i]);
-		free(todo);
+			unmap_one(va, &plan[i]);
+		free(plan);
 		return gf_err(rc, "%s", why);
 	}
 	for (size_t i = 0; i < n; i++)
-		todo[i].alloc->was_mapped = true;
+		plan[i].alloc->was_mapped = true;
 	/* Mapping in address order (a writer allocating, a reader mapping all) keeps the table sorted. */
-	bool sorted = va->nmaps == 0 || va->maps[va->nmaps - 1].offset < todo[0].offset;
-	memcpy(va->maps + va->nmaps, todo, n * sizeof(*todo));
+	bool sorted = va->nmaps == 0 || va->maps[va->nmaps - 1].offset < plan[0].offset;
+	memcpy(va->maps + va->nmaps, plan, n * sizeof(*plan));
 	va->nmaps += n;
 	if (!sorted)
 		qsort(va->maps, va->nmaps, sizeof(*va->maps), cmp_map);
-	free(todo);
+	free(plan);
 	return 0;
 }
 
