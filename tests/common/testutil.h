@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpufailover.h"
+
 /* Number of open fds of this process, to check that nothing leaks. */
 static inline int tu_count_fds(void)
 {
@@ -33,6 +35,22 @@ static inline char *tu_tmpdir(void)
 	snprintf(tmpl, sizeof(tmpl), "%s/gf-test-XXXXXX", base && *base ? base : "/tmp");
 	char *d = mkdtemp(tmpl);
 	return d ? strdup(d) : NULL;
+}
+
+/* Log lines of one component captured for assertions: install with
+ * gf_set_log_fn(tu_capture_log, "mem"), read and reset with tu_logged(). */
+static inline char *tu_logged(void)
+{
+	static char buf[4096];
+	return buf;
+}
+
+static inline void tu_capture_log(int level, const char *component, const char *msg, void *userdata)
+{
+	char *buf = tu_logged();
+	size_t used = strlen(buf);
+	if (level <= GF_LOG_INFO && (!userdata || strcmp(component, (const char *)userdata) == 0))
+		snprintf(buf + used, 4096 - used, "%s\n", msg);
 }
 
 #endif

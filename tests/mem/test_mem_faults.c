@@ -22,15 +22,6 @@
 
 #define GRAN (2u * 1024 * 1024)
 
-static char logged[4096];
-
-static void capture(int level, const char *component, const char *msg, void *userdata)
-{
-	(void)userdata;
-	if (level <= GF_LOG_INFO && strcmp(component, "mem") == 0)
-		snprintf(logged + strlen(logged), sizeof(logged) - strlen(logged), "%s\n", msg);
-}
-
 static int clear_knobs(void **state)
 {
 	(void)state;
@@ -184,13 +175,13 @@ static void test_no_posix_fd(void **state)
 	setenv("FAKECUDA_NO_POSIX_FD", "1", 1);
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), GF_ERR_NOT_SUPPORTED);
 	assert_non_null(strstr(gf_error_detail(), "POSIX file descriptors"));
-	logged[0] = '\0';
-	gf_set_log_fn(capture, NULL);
+	tu_logged()[0] = '\0';
+	gf_set_log_fn(tu_capture_log, (void *)"mem");
 	assert_int_equal(gf_mem_open(&m, GF_MEM_AUTO, 0), 0);
 	gf_set_log_fn(NULL, NULL);
 	assert_int_equal(gf_mem_kind(m), GF_MEM_HOST);
-	assert_non_null(strstr(logged, "backend=host"));
-	assert_non_null(strstr(logged, "POSIX file descriptors"));
+	assert_non_null(strstr(tu_logged(), "backend=host"));
+	assert_non_null(strstr(tu_logged(), "POSIX file descriptors"));
 	gf_mem_free(m);
 }
 
@@ -209,12 +200,12 @@ static void test_auto_picks_cuda(void **state)
 {
 	(void)state;
 	gf_mem *m = NULL;
-	logged[0] = '\0';
-	gf_set_log_fn(capture, NULL);
+	tu_logged()[0] = '\0';
+	gf_set_log_fn(tu_capture_log, (void *)"mem");
 	assert_int_equal(gf_mem_open(&m, GF_MEM_AUTO, 0), 0);
 	gf_set_log_fn(NULL, NULL);
 	assert_int_equal(gf_mem_kind(m), GF_MEM_CUDA);
-	assert_non_null(strstr(logged, "backend=cuda"));
+	assert_non_null(strstr(tu_logged(), "backend=cuda"));
 	gf_mem_free(m);
 }
 

@@ -13,16 +13,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
 #include "gpufailover.h"
-
-static char logged[4096];
-
-static void capture(int level, const char *component, const char *msg, void *userdata)
-{
-	(void)userdata;
-	if (level <= GF_LOG_INFO && strcmp(component, "mem") == 0)
-		snprintf(logged + strlen(logged), sizeof(logged) - strlen(logged), "%s\n", msg);
-}
 
 static void test_cuda_unavailable(void **state)
 {
@@ -42,13 +34,13 @@ static void test_auto_falls_back_to_host(void **state)
 {
 	(void)state;
 	gf_mem *m = NULL;
-	logged[0] = '\0';
-	gf_set_log_fn(capture, NULL);
+	tu_logged()[0] = '\0';
+	gf_set_log_fn(tu_capture_log, (void *)"mem");
 	assert_int_equal(gf_mem_open(&m, GF_MEM_AUTO, 0), 0);
 	gf_set_log_fn(NULL, NULL);
 	assert_int_equal(gf_mem_kind(m), GF_MEM_HOST);
-	assert_non_null(strstr(logged, "backend=host"));
-	assert_true(strstr(logged, "no CUDA driver") || strstr(logged, "built without cuda.h"));
+	assert_non_null(strstr(tu_logged(), "backend=host"));
+	assert_true(strstr(tu_logged(), "no CUDA driver") || strstr(tu_logged(), "built without cuda.h"));
 	gf_mem_free(m);
 }
 
