@@ -156,3 +156,14 @@ GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms)
 	*out_ms = total_us / 1000;
 	return 0;
 }
+
+bool gf_id_valid(const char *id)
+{
+	if (!id || !*id)
+		return false;
+	size_t n = 0;
+	for (const unsigned char *p = (const unsigned char *)id; *p; p++, n++)
+		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f || n + 1 >= GF_ID_MAX)
+			return false;
+	return true;
+}

@@ -69,6 +69,8 @@ void gf_frame_reader_clear(struct gf_frame_reader *r);
  * closed), GF_ERR_IO on socket errors.
  */
 int gf_frame_reader_feed(struct gf_frame_reader *r, int fd);
+/* True while a frame (or a message's continuation frames) is half read. */
+bool gf_frame_reader_partial(const struct gf_frame_reader *r);
 /* Move the ready message's fds to the caller (*fds malloc'd, may be NULL when n==0). */
 void gf_frame_reader_take_fds(struct gf_frame_reader *r, int **fds, size_t *nfds);
 
