@@ -800,11 +800,11 @@ static void test_allowed_uids(void **state)
 	gf_gmsd *d;
 	OK(gf_gmsd_new(&d));
 	snprintf(s2.uri, sizeof(s2.uri), "unix://%s/allow.sock", dir);
-	OK(gf_gmsd_set_listen(d, s2.uri));
+	OK(gf_gmsd_add_listen(d, s2.uri));
 	OK(gf_gmsd_set_backend(d, GF_MEM_HOST));
-	OK(gf_gmsd_allow_uid(d, nobody));
+	OK(gf_gmsd_add_allow_uid(d, nobody));
 	OK(gf_gmsd_start(d));
-	assert_int_equal(gf_gmsd_allow_uid(d, 5), GF_ERR_STATE); /* settings are fixed once started */
+	assert_int_equal(gf_gmsd_add_allow_uid(d, 5), GF_ERR_STATE); /* settings are fixed once started */
 	s2.d = d;
 	assert_int_equal(pthread_create(&s2.th, NULL, gt_run, &s2), 0);
 	chmod(s2.uri + strlen("unix://"), 0777);
