@@ -1079,6 +1079,11 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 			      (json_int_t)s->allocation_bytes, "metadata_count", (int)s->metadata_count, "backend",
 			      s->backend, "device", (int)s->device, "device_uuid", s->device_uuid, "uptime_ms",
 			      (json_int_t)s->uptime_ms);
+	if (o) {
+		json_object_set_new(o, "connections", json_integer(s->connections));
+		json_object_set_new(o, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
+		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));
+	}
 	json_t *evs = json_array();
 	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)
 		json_array_append_new(evs, json_pack("{s:I, s:s}", "at_us", (json_int_t)s->events[i].at_us, "what",
