@@ -39,7 +39,6 @@ struct conn {
 	struct gf_srv_watch pid_watch; /* the holder's pidfd in the loop */
 	bool pid_watched;
 	enum conn_role role;
-	char id[GF_LOCK_ID_MAX];
 	int64_t wait_deadline;      /* monotonic; INT64_MAX: forever */
 	int64_t since_wall;
 	int64_t next_hb;
@@ -537,7 +536,7 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 		d->exit_pidfd = p->pidfd;
 		p->pidfd = -1;
 		d->exit_pid = p->pid;
-		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->id);
+		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->peer->id);
 		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
 		/* The holder's pidfd is normally in the loop already: retarget it
 		 * (one syscall) instead of removing and adding it again. */
@@ -551,7 +550,7 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_
 			return;
 		}
 		gf_log(GF_LOG_INFO, "lock", "msg=\"holder disconnected; waiting for its process to exit\" id=%s epoch=%llu pid=%u reason=\"%s\"",
-		       c->id, (unsigned long long)d->epoch, p->pid, why);
+		       c->peer->id, (unsigned long long)d->epoch, p->pid, why);
 		return;
 	}
 	/* A closing connection's pidfd leaves the loop with its socket, after the next grant. */
@@ -579,14 +578,14 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	int64_t now = gf_now_us();
 	memset(s, 0, sizeof(*s));
 	if (d->holder) {
-		snprintf(s->holder, sizeof(s->holder), "%s", d->holder->id);
+		snprintf(s->holder, sizeof(s->holder), "%s", d->holder->peer->id);
 		s->holder_pid = d->holder->peer->pid;
 	}
 	s->epoch = d->epoch;
 	s->granted_at_us = d->holder ? d->granted_at_wall : 0;
 	for (struct conn *w = d->whead; w && s->waiters_count < GF_ARRAY_SIZE(s->waiters); w = w->wnext) {
 		gf_LockWaiter *o = &s->waiters[s->waiters_count++];
-		snprintf(o->engine_id, sizeof(o->engine_id), "%s", w->id);
+		snprintf(o->engine_id, sizeof(o->engine_id), "%s", w->peer->id);
 		o->since_us = w->since_wall;
 		o->pid = w->peer->pid;
 	}
@@ -639,7 +638,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		d->next_token_ready = false;
 	}
 	d->rec.has_holder = true;
-	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->id);
+	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->peer->id);
 	d->rec.pid = p->pid;
 	d->rec.granted_at_us = gf_wall_us();
 	if (store(d) < 0) {
@@ -671,7 +670,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	int sent = reply(d, c, m);
 	flush_release_log(d);
 	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
-	       c->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix");
+	       c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix");
 	if (sent == 0 && p->pidfd >= 0)
 		c->pid_watched = gf_srv_watch_add(d->srv, p->pidfd, &c->pid_watch) == 0;
 	return 0;
@@ -732,7 +731,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
-	snprintf(c->id, sizeof(c->id), "%s", a->engine_id);
+	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
 	switch (dec) {
 	case GF_LOCK_TAKEOVER: {
 		/* The holder reconnected while its old connection still looks
@@ -740,7 +739,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		 * the same grant, so the new connection takes over, same epoch. */
 		struct conn *old = d->holder;
 		gf_log(GF_LOG_WARN, "lock", "msg=\"holder reconnected over a stale connection; moving the grant\" id=%s epoch=%llu",
-		       c->id, (unsigned long long)d->epoch);
+		       c->peer->id, (unsigned long long)d->epoch);
 		if (old->pid_watched)
 			gf_srv_watch_del(d->srv, old->peer->pidfd);
 		old->pid_watched = false;
@@ -760,7 +759,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		return;
 	case GF_LOCK_REFUSE_MISMATCH:
 	case GF_LOCK_REFUSE_NO_WINDOW:
-		gf_log(GF_LOG_WARN, "lock", "msg=\"reclaim refused\" id=%s epoch=%llu window=%d", c->id,
+		gf_log(GF_LOG_WARN, "lock", "msg=\"reclaim refused\" id=%s epoch=%llu window=%d", c->peer->id,
 		       (unsigned long long)a->epoch, d->window);
 		reply_error(d, c, GF_ERR_LOCK_LOST, dec == GF_LOCK_REFUSE_MISMATCH
 							    ? "reclaim refused: session token or epoch does not match the holder on record"
@@ -781,7 +780,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		d->whead = c;
 	d->wtail = c;
 	d->nwaiters++;
-	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->id, c->peer->pid, d->nwaiters);
+	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->peer->id, c->peer->pid, d->nwaiters);
 }
 
 static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
@@ -790,7 +789,7 @@ static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
 	struct conn *c = (struct conn *)((char *)w - offsetof(struct conn, pid_watch));
 	if (c->peer->fd >= 0 && c == d->holder) {
 		gf_log(GF_LOG_INFO, "lock", "msg=\"holder's process exited while its socket is still open\" id=%s pid=%u",
-		       c->id, c->peer->pid);
+		       c->peer->id, c->peer->pid);
 		holder_gone(d, c, "holder process exited", false);
 		gf_srv_close(d->srv, c->peer, "holder process exited");
 	}
@@ -802,7 +801,6 @@ static void on_ready(void *ctx, struct gf_srv_peer *p)
 	struct conn *c = p->data;
 	c->peer = p;
 	c->pid_watch.fn = holder_pid_fired;
-	snprintf(c->id, sizeof(c->id), "%s", p->id);
 	c->next_hb = gf_now_us() + d->heartbeat_ms * 1000;
 	c->hb_credit = HB_BURST;
 	c->hb_credit_at = gf_now_us();
@@ -840,7 +838,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	}
 	case gf_Msg_lock_release_tag:
 		if (c->role == R_HOLDER) {
-			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->id,
+			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->peer->id,
 			       (unsigned long long)d->epoch, p->pid);
 			holder_gone(d, c, "explicit release", false);
 		} else {
@@ -861,7 +859,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: heartbeat flood\" id=%s pid=%u transport=%s",
-			       c->id, p->pid, p->tcp ? "tcp" : "unix");
+			       c->peer->id, p->pid, p->tcp ? "tcp" : "unix");
 			reply_error(d, c, GF_ERR_PROTOCOL,
 				    p->tcp ? "heartbeats faster than the lease needs" : "heartbeats are for TCP connections only",
 				    true);
@@ -917,7 +915,7 @@ static void on_timer(void *ctx, int64_t now)
 		if (p->tcp) {
 			if (now - p->last_heard >= d->detect_ms * 1000) {
 				gf_log(GF_LOG_WARN, "lock", "msg=\"peer silent for T_detect; dropping\" id=%s role=%s detect_ms=%lld",
-				       c->id, c->role == R_HOLDER ? "holder" : "other", (long long)d->detect_ms);
+				       c->peer->id, c->role == R_HOLDER ? "holder" : "other", (long long)d->detect_ms);
 				gf_srv_close(d->srv, p, "lease expired (T_detect)");
 				continue;
 			}

@@ -57,7 +57,7 @@
 
 struct gf_srv;
 
-/* One connection. Fields above `priv` are read-only for components, except data. */
+/* One connection. Fields above `priv` are read-only for components, except id and data. */
 struct gf_srv_peer {
 	int fd;             /* -1 once closed */
 	bool tcp;
@@ -66,7 +66,9 @@ struct gf_srv_peer {
 	/* The peer's process (unix peers, when the server wants pidfds); a
 	 * component may take it by setting it to -1. */
 	int pidfd;
-	char id[GF_ID_MAX]; /* peer id from its Hello, sanitised ("?" when unusable) */
+	/* Peer id from its Hello, sanitised ("?" when unusable); a component may
+	 * replace it with a better-known id that passes gf_id_valid(). */
+	char id[GF_ID_MAX];
 	int64_t last_heard; /* monotonic us of its last message */
 	/* The component's per-connection state (cfg.peer_data_size bytes, zeroed);
 	 * valid until the end of the round in which the peer closed. */
