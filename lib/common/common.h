@@ -46,6 +46,8 @@ void gf_hex(const uint8_t *in, size_t len, char *out);
  * log lines and JSON.
  */
 bool gf_id_valid(const char *id);
+/* 0 when gf_id_valid(@id), else GF_ERR_INVALID_ARG with a detail prefixed by @who (the id itself is not echoed: it may hold control bytes). */
+int gf_id_check(const char *id, const char *who);
 
 /* Close @fd if >= 0, preserving errno. */
 void gf_close(int fd);

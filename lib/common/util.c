@@ -167,3 +167,12 @@ bool gf_id_valid(const char *id)
 			return false;
 	return true;
 }
+
+int gf_id_check(const char *id, const char *who)
+{
+	if (gf_id_valid(id))
+		return 0;
+	return gf_err(GF_ERR_INVALID_ARG,
+		      "%s: engine id must be 1..%d bytes of printable ASCII without spaces, quotes, '\\' or '='", who,
+		      GF_ID_MAX - 1);
+}

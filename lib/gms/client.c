@@ -35,7 +35,7 @@
 
 struct calloc_entry {
 	uint64_t id, size, offset;
-	char tag[64];
+	char tag[GF_LIMIT_TAG];
 	gf_mem_alloc *a; /* NULL while asleep */
 };
 
@@ -320,8 +320,8 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 			      gms->granted == GF_GMS_RO ? "RO" : "nothing");
 	if (size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "allocate: size 0");
-	if (tag && strlen(tag) >= 64)
-		return gf_err(GF_ERR_INVALID_ARG, "allocate: tag longer than 63 bytes");
+	if (tag && strlen(tag) >= GF_LIMIT_TAG)
+		return gf_err(GF_ERR_INVALID_ARG, "allocate: tag longer than %d bytes", GF_LIMIT_TAG - 1);
 	uint64_t offset = round_up(gms->va_used, gms->gran);
 	if (offset + round_up(size, gms->gran) > gf_mem_va_size(gms->va))
 		return gf_err(GF_ERR_OUT_OF_MEMORY, "allocate %llu bytes: address reservation of %zu bytes exhausted",
@@ -426,10 +426,10 @@ int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t of
 		return rc;
 	if (gms->granted != GF_GMS_RW)
 		return gf_err(GF_ERR_STATE, "put metadata needs the RW lock");
-	if (!key || !*key || strlen(key) > 255)
-		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..255 bytes");
-	if (value_len > 1024 || (value_len && !value))
-		return gf_err(GF_ERR_INVALID_ARG, "metadata value must be 0..1024 bytes");
+	if (!key || !*key || strlen(key) >= GF_LIMIT_META_KEY)
+		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..%d bytes", GF_LIMIT_META_KEY - 1);
+	if (value_len > GF_LIMIT_META_VALUE || (value_len && !value))
+		return gf_err(GF_ERR_INVALID_ARG, "metadata value must be 0..%d bytes", GF_LIMIT_META_VALUE);
 	memset(gms->msg, 0, sizeof(*gms->msg));
 	gms->msg->which_body = gf_Msg_gms_meta_put_tag;
 	gf_GmsMetaPut *p = &gms->msg->body.gms_meta_put;

@@ -21,12 +21,12 @@
 #include "listchunk.h"
 #include "server.h"
 
-#define GMSD_EVENTS 32            /* the ring of recent events (GmsStatus.events max_count) */
+#define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
 #define GMSD_MAX_ALLOCS 65536
 #define GMSD_MAX_META 1000000
-#define GMSD_CHUNK_ALLOCS 64      /* gf.GmsListChunk.allocations max_count */
-#define GMSD_CHUNK_META 32        /* gf.GmsListChunk.metadata max_count */
+#define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
+#define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
 
 enum cphase {
 	C_IDLE = 0,   /* no lock (the core did the handshake) */
@@ -48,7 +48,7 @@ struct client {
 	uint32_t pid;
 	/* a pending allocation (C_ALLOC_WAIT) */
 	uint64_t alloc_size;
-	char alloc_tag[64];
+	char alloc_tag[GF_LIMIT_TAG];
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
@@ -60,7 +60,7 @@ struct galloc {
 	uint64_t id;
 	gf_mem_alloc *a;
 	uint64_t size, requested;
-	char tag[64];
+	char tag[GF_LIMIT_TAG];
 };
 
 struct gmeta {
@@ -73,7 +73,7 @@ struct gmeta {
 
 struct gevent {
 	int64_t at_us;
-	char what[160];
+	char what[GF_LIMIT_EVENT_TEXT];
 };
 
 struct gf_gmsd {
@@ -84,7 +84,7 @@ struct gf_gmsd {
 	int64_t oom_retry_ms;
 
 	gf_mem *mem;
-	char uuid[64];
+	char uuid[GF_LIMIT_UUID];
 	size_t granularity;
 	int64_t started_us;
 

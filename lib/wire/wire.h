@@ -21,6 +21,7 @@
 
 #include "common.h"
 #include "gpufailover.pb.h"
+#include "schema_limits.h"
 
 #define GF_PROTOCOL_VERSION 1
 #define GF_FRAME_MAGIC 0x4647u /* "GF" little endian */
