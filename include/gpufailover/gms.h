@@ -32,6 +32,19 @@ enum gf_gms_mode {
 	GF_GMS_RW_OR_RO = 3, /**< RO if committed, else RW if free, else wait */
 };
 
+/** States of a GMS's lock FSM (docs/gms.md); the one definition, the wire and the server use these values. */
+enum gf_gms_state {
+	GF_GMS_STATE_EMPTY = 0,     /**< nothing loaded, no writer */
+	GF_GMS_STATE_RW = 1,        /**< a writer is loading */
+	GF_GMS_STATE_COMMITTED = 2, /**< a layout is committed, nobody maps it */
+	GF_GMS_STATE_RO = 3,        /**< a committed layout with readers */
+};
+
+/** "EMPTY", "RW", "COMMITTED", "RO"; "?" for other values. Static string. */
+GF_EXPORT const char *gf_gms_state_name(int state);
+/** "RW", "RO", "RW_OR_RO"; "?" for other values. Static string. */
+GF_EXPORT const char *gf_gms_mode_name(int mode);
+
 typedef struct gf_gms gf_gms;
 
 /** One allocation as the client sees it. */

@@ -1050,12 +1050,6 @@ static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
 	return rc;
 }
 
-static const char *state_name(int s)
-{
-	static const char *const names[] = {"EMPTY", "RW", "COMMITTED", "RO"};
-	return s >= 0 && s < 4 ? names[s] : "UNKNOWN";
-}
-
 int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 {
 	if (!json)
@@ -1073,7 +1067,7 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 	if (s->layout_hash.size == 16)
 		gf_hex(s->layout_hash.bytes, 16, hex);
 	json_t *o = json_pack("{s:s, s:I, s:s, s:i, s:i, s:b, s:i, s:I, s:i, s:s, s:i, s:s, s:I}", "state",
-			      state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
+			      gf_gms_state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
 			      "readers", (int)s->readers, "waiters", (int)s->waiters, "writer", (int)s->writer,
 			      "allocation_count", (int)s->allocation_count, "allocation_bytes",
 			      (json_int_t)s->allocation_bytes, "metadata_count", (int)s->metadata_count, "backend",
