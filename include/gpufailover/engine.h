@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 
 /* Forward declarations rather than includes: the umbrella header includes
  * every component header, and gms.h may be the one being read right now

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 #include "mem.h"
 
 #ifdef __cplusplus

@@ -11,7 +11,7 @@
 
 GF_EXPORT const char *gf_version(void)
 {
-	return "0.1.0";
+	return GF_VERSION_TEXT;
 }
 
 GF_EXPORT int gf_version_number(void)
