@@ -26,7 +26,7 @@
 
 #include <jansson.h>
 
-#include "backend.h"
+#include "mem_int.h"
 #include "gms_internal.h"
 #include "wire.h"
 

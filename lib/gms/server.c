@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "mem_int.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
@@ -547,6 +547,16 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
+	/* The committed bytes are final: no holder of an fd, the writer
+	 * included, may change them under the readers (host: sealed; cuda
+	 * cannot enforce it, docs/gms.md). */
+	for (size_t i = 0; i < d->nallocs; i++) {
+		int src = gf_mem_seal(d->allocs[i].a);
+		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
+			reply_error(d, c, m->seq, src, "commit: %s", gf_error_detail());
+			return;
+		}
+	}
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
 	c->phase = C_READER;
@@ -605,8 +615,11 @@ static void list_pump(gf_gmsd *d, struct client *c)
 		for (size_t i = a0; i < d->nallocs && i < a0 + GMSD_CHUNK_ALLOCS; i++) {
 			const struct galloc *g = &d->allocs[i];
 			la[ch.nallocs++] = (struct gf_lc_alloc){g->id, g->size, g->requested, g->tag};
-			/* The allocation's own fd where the backend allows: sendmsg copies it, no dup and close. */
-			if (c->list_fds && (rc = gf_mem_export_borrowed(g->a, &fds[nfds], &owned[nfds])) == 0)
+			/* A reader gets a read-only file description; the writer the
+			 * allocation's own fd where the backend allows (sendmsg copies it). */
+			if (c->list_fds &&
+			    (rc = c->phase == C_READER ? gf_mem_export_readonly(g->a, &fds[nfds], &owned[nfds])
+						       : gf_mem_export_borrowed(g->a, &fds[nfds], &owned[nfds])) == 0)
 				nfds++;
 			if (rc < 0)
 				break;
