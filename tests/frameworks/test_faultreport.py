@@ -126,3 +126,18 @@ def test_bad_arguments_are_clear_errors(cluster):
     w.close()
     with pytest.raises(ValueError, match="closed"):
         gf.install_fault_reporter(w)
+
+
+def test_numpy_honours_the_read_only_flag(cluster):
+    import numpy as np
+    cluster.gmsd()
+    load_weights(cluster)
+    r = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="ro", timeout=10)
+    r.map_all()
+    for arr in (np.from_dlpack(r.buffer("lm_head.weight", dtype="float32", shape=[16, 16])),
+                np.asarray(r.buffer("lm_head.weight", dtype="float32", shape=[16, 16]))):
+        assert not arr.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0, 0] = 5
+        del arr
+    r.close()

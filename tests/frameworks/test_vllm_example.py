@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+"""examples/vllm without a GPU: the worker class imports against the installed
+vLLM and is a vLLM Worker; the supervisor holds the lock only while its vLLM
+child lives, and rejects bad arguments. (vLLM's serving path itself needs a
+GPU and is not run here.)"""
+import subprocess
+import sys
+
+from conftest import SOURCE, child_env, cluster, gf, wait_for  # noqa: F401
+
+EXAMPLE = SOURCE / "examples" / "vllm"
+SUPERVISOR = EXAMPLE / "gf_vllm_supervisor.py"
+
+
+def run(args, timeout=120, **kw):
+    return subprocess.run([sys.executable, SUPERVISOR, *map(str, args)], capture_output=True, text=True,
+                          env=child_env(), timeout=timeout, **kw)
+
+
+def test_worker_is_a_vllm_worker():
+    code = f"""
+import sys; sys.path.insert(0, {str(EXAMPLE)!r})
+import gf_worker
+from vllm.v1.worker.gpu_worker import Worker
+import gpufailover.vllm as gfv
+assert issubclass(gf_worker.GfWorker, Worker)
+assert gf_worker.GfWorker._maybe_get_memory_pool_context is not Worker._maybe_get_memory_pool_context
+print("ok", gfv.BACKEND_NAME)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "ok gpufailover" in out.stdout
+
+
+def test_supervisor_arguments():
+    out = run(["--lock", "unix:///nowhere", "--id", "a", "--port", "8000"])
+    assert out.returncode == 2 and "give the vLLM command after --" in out.stderr
+    out = run(["--lock", "unix:///nowhere", "--id", "a", "--port", "0", "--", "true"])
+    assert out.returncode == 2 and "--port must be 1..65535" in out.stderr
+    out = run(["--lock", "unix:///nowhere", "--id", "a", "--port", "8000", "--startup-timeout", "soon", "--", "true"])
+    assert out.returncode == 2 and "startup-timeout" in out.stderr
+
+
+def test_supervisor_leaves_when_vllm_dies_and_the_lock_stays_free(cluster, tmp_path):
+    cluster.lockd()
+    ready = tmp_path / "ready"
+    out = run(["--lock", cluster.lock_uri, "--id", "vllm-a", "--port", "1", "--ready-file", ready, "--",
+               sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert out.returncode == 3, out.stderr
+    assert "event=vllm_exited status=3" in out.stderr
+    assert "event=granted" not in out.stderr and not ready.exists()
+    assert gf.lock_status(cluster.lock_uri)["holder"] in (None, "", {})
