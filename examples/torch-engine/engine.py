@@ -188,7 +188,8 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--probe-port", type=int, default=8081)
     p.add_argument("--probe-address", default="0.0.0.0")
-    p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host")
+    p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host",
+                   help="GMS memory backend; this engine computes on the CPU, so only host works")
     p.add_argument("--waking-timeout", type=pyeng.parse_duration, default=120.0)
     p.add_argument("--remap-timeout", type=pyeng.parse_duration, default=30.0)
     p.add_argument("--init-timeout", type=pyeng.parse_duration, default=None)
@@ -206,9 +207,8 @@ def main(argv=None):
     if not (0 <= a.port <= 65535):
         p.error("--port must be 0..65535")
     if a.backend != "host":
-        # The forward pass runs on the CPU; a cuda GMS would need the model on
-        # the GPU (torch.from_dlpack gives cuda tensors there).
-        log("backend_note", backend=a.backend, msg='"the forward pass runs on the CPU: host backend only"')
+        # The forward pass runs on the CPU over host mappings.
+        p.error("the torch engine computes on the CPU: --backend host")
     try:
         tensors = pyeng.read_safetensors(a.weights) if a.weights else generate_weights()
     except (OSError, ValueError) as e:

@@ -130,6 +130,8 @@ def test_bad_arguments(tmp_path):
                               timeout=120)
     out = run("--lock", "unix:///nowhere")
     assert out.returncode == 2 and "exactly one --gms" in out.stderr
+    out = run("--lock", "unix:///nowhere", "--gms", "unix:///nowhere", "--backend", "cuda")
+    assert out.returncode == 2 and "--backend host" in out.stderr
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x01")
     out = run("--lock", "unix:///nowhere", "--gms", "unix:///nowhere", "--weights", bad)
