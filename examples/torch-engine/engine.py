@@ -29,8 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-import torch
 import xxhash
+
+try:
+    import torch
+except ImportError as e:
+    sys.exit(f"torch-engine needs PyTorch ({e}): bash tests/setup-frameworks.sh installs it")
 
 import gpufailover as gf
 

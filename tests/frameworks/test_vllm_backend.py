@@ -133,6 +133,20 @@ def test_suspend_unmaps_resume_remaps_at_the_same_addresses(cluster, backend):
     assert w.calls == ["release", "restore"]
 
 
+def test_state_is_resuming_while_a_resume_runs(cluster, backend):
+    cluster.gmsd()
+    w = Weights(cluster)
+    seen = []
+    gfv.attach(w.reader, remap_timeout=5, kv_release=lambda: seen.append(("release", backend.state())),
+               kv_restore=lambda: seen.append(("restore", backend.state(), maps_perms(w.addr()))))
+    assert backend.state() == "RUNNING"
+    backend.suspend()
+    backend.resume()
+    # Weights are mapped before the KV memory is made, inside RESUMING.
+    assert seen == [("release", "RUNNING"), ("restore", "RESUMING", "r--")]
+    assert backend.state() == "RUNNING"
+
+
 def test_resume_by_tag_and_discard(cluster, backend):
     cluster.gmsd()
     w = Weights(cluster)
