@@ -173,8 +173,9 @@ GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
  * usual signal (or a previous handler, e.g. Python's faulthandler, runs).
  * Faults elsewhere only pass through. The handler uses write(2) only.
  * Addresses stay valid across unmap()/remap(); call
- * gf_gms_fault_reporter_remove() before gf_gms_free(). Thread-safe; does not
- * block. Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_STATE (nothing mapped
+ * gf_gms_fault_reporter_remove() before gf_gms_free(). Install and remove
+ * may run on any threads, but not during another call on @p gms (its tables
+ * are read). Does not block. Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_STATE (nothing mapped
  * yet), GF_ERR_NOMEM, GF_ERR_IO (sigaction failed).
  */
 GF_EXPORT int gf_gms_fault_reporter_install(gf_gms *gms);
