@@ -6,6 +6,8 @@ GPU and is not run here.)"""
 import subprocess
 import sys
 
+import pytest
+
 from conftest import SOURCE, child_env, cluster, gf, wait_for  # noqa: F401
 
 EXAMPLE = SOURCE / "examples" / "vllm"
@@ -50,3 +52,48 @@ def test_supervisor_leaves_when_vllm_dies_and_the_lock_stays_free(cluster, tmp_p
     assert "event=vllm_exited status=3" in out.stderr
     assert "event=granted" not in out.stderr and not ready.exists()
     assert gf.lock_status(cluster.lock_uri)["holder"] in (None, "", {})
+
+
+def load_worker_module():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import gf_worker
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    return gf_worker
+
+
+def test_worker_publishes_each_parameter_and_refuses_another_model(cluster):
+    """The writer half of gf_worker (parameters already in GMS memory -> one
+    metadata entry each, then commit) and the reader's layout checks, on the
+    host backend; binding parameters by address needs a GPU."""
+    import json
+
+    import torch
+    gf_worker = load_worker_module()
+    cluster.gmsd()
+    w = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="rw", timeout=10)
+    a = w.allocate(1 << 20, "weights")
+    with torch.device("meta"):
+        model = torch.nn.Linear(8, 4)
+    views = {"weight": torch.from_dlpack(w.buffer(alloc_id=a, offset=0, dtype="float32", shape=[4, 8])),
+             "bias": torch.from_dlpack(w.buffer(alloc_id=a, offset=4096, dtype="float32", shape=[4]))}
+    model.load_state_dict(views, assign=True)
+    assert gf_worker.publish(w, model) >= 1
+    r = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="ro", timeout=10)
+    r.map_all()
+    meta = r.metadata
+    assert set(meta) == {"weight", "bias"}
+    assert meta["weight"]["offset"] == 0 and meta["bias"]["offset"] == 4096
+    assert json.loads(meta["weight"]["value"]) == {"dtype": "float32", "shape": [4, 8], "stride": [8, 1]}
+    with pytest.raises(gf.StaleLayoutError, match=r"parameter weight: .*\[5, 8\]"):
+        gf_worker.bind(r, torch.nn.Linear(8, 5))
+    with pytest.raises(gf.StaleLayoutError, match="no parameter 0.weight"):
+        gf_worker.bind(r, torch.nn.Sequential(torch.nn.Linear(8, 4)))
+    # A parameter outside the GMS cannot be published.
+    w2_uri = cluster.gms_uri(1)
+    cluster.gmsd(1)
+    w2 = gf.GMSClient(w2_uri, gf.Memory("host"), mode="rw", timeout=10)
+    w2.allocate(1 << 20, "weights")
+    with pytest.raises(RuntimeError, match="was not allocated in the GMS"):
+        gf_worker.publish(w2, torch.nn.Linear(2, 2))
