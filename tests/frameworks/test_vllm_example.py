@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """examples/vllm without a GPU: the worker class imports against the installed
-vLLM and is a vLLM Worker; the supervisor holds the lock only while its vLLM
-child lives, and rejects bad arguments. (vLLM's serving path itself needs a
-GPU and is not run here.)"""
+vLLM and is a vLLM Worker, its publish step and layout checks work on the host
+backend; the supervisor leaves without the lock when its vLLM child dies, and
+rejects bad arguments. (vLLM's serving path itself needs a GPU and is not run
+here.)"""
 import subprocess
 import sys
 
