@@ -21,6 +21,9 @@ configure() {
   fi
 }
 
+# torch and vllm for the framework tests and the demo test's --engine torch.
+bash "$here/tests/setup-frameworks.sh"
+
 status=0
 configure "$build" -Dtests=enabled
 meson compile -C "$build"

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The failover demo in short mode, with both example engines: it must report
+"""The failover demo in short mode, with the example engines (C, Python, PyTorch): it must report
 a failover with identical answers, exit 0, and leave no process behind."""
 import os
 import pathlib
@@ -26,7 +26,7 @@ def processes_mentioning(text):
     return found
 
 
-@pytest.mark.parametrize("engine,weights", [("c", False), ("python", False), ("c", True)])
+@pytest.mark.parametrize("engine,weights", [("c", False), ("python", False), ("c", True), ("torch", False)])
 def test_demo_short(engine, weights, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"))
     extra = []
@@ -39,7 +39,8 @@ def test_demo_short(engine, weights, tmp_path):
          "--lockd", BUILD / "examples" / "gf-lockd" / "gf-lockd",
          "--gmsd", BUILD / "examples" / "gf-gmsd" / "gf-gmsd",
          "--c-engine", BUILD / "examples" / "c-engine" / "gf-c-engine",
-         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py", *extra],
+         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py",
+         "--torch-engine", SOURCE / "examples" / "torch-engine" / "engine.py", *extra],
         capture_output=True, text=True, timeout=120, env=env)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr

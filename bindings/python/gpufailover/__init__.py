@@ -40,8 +40,10 @@ from ._gpufailover import (
     UnreachableError,
     __version__,
     gms_status,
+    install_fault_reporter,
     lock_status,
     parse_duration,
+    remove_fault_reporter,
     strerror,
 )
 from . import _gpufailover
@@ -103,8 +105,10 @@ __all__ = [
     "UnreachableError",
     "__version__",
     "gms_status",
+    "install_fault_reporter",
     "lock_status",
     "parse_duration",
+    "remove_fault_reporter",
     "strerror",
     "torch_allocator",
     "torch_allocator_path",

@@ -2079,6 +2079,33 @@ static PyObject *py_torch_pool_end(PyObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* Fault reporter: names the GMS allocation and key behind a SIGSEGV/SIGBUS. */
+static PyObject *py_install_fault_reporter(PyObject *self, PyObject *arg)
+{
+	if (!PyObject_TypeCheck(arg, &GMSType))
+		return PyErr_Format(PyExc_TypeError, "install_fault_reporter needs a GMSClient, not %.100s",
+				    Py_TYPE(arg)->tp_name);
+	GMSObject *g = (GMSObject *)arg;
+	if (gms_ready(g) < 0)
+		return NULL;
+	int rc = gf_gms_fault_reporter_install(g->gms);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *py_remove_fault_reporter(PyObject *self, PyObject *args)
+{
+	PyObject *arg = Py_None;
+	if (!PyArg_ParseTuple(args, "|O:remove_fault_reporter", &arg))
+		return NULL;
+	if (arg != Py_None && !PyObject_TypeCheck(arg, &GMSType))
+		return PyErr_Format(PyExc_TypeError, "remove_fault_reporter needs a GMSClient or None, not %.100s",
+				    Py_TYPE(arg)->tp_name);
+	gf_gms_fault_reporter_remove(arg == Py_None ? NULL : ((GMSObject *)arg)->gms);
+	Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ */
 /* module                                                              */
 
@@ -2091,6 +2118,11 @@ static PyMethodDef module_methods[] = {
 	  "gms_status(uri, timeout=5.0) -> dict" },
 	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "end the torch pool" },
+	{ "install_fault_reporter", py_install_fault_reporter, METH_O,
+	  "install_fault_reporter(gms)\n\nOn a SIGSEGV/SIGBUS inside gms's mappings, log the allocation and metadata\n"
+	  "key to stderr, then die with the usual signal. Call again after the first map to refresh." },
+	{ "remove_fault_reporter", py_remove_fault_reporter, METH_VARARGS,
+	  "remove_fault_reporter(gms=None)\n\nForget gms's mappings (None: all); the last removal restores the handlers." },
 	{ NULL },
 };
 
