@@ -138,5 +138,6 @@ GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms);
 #include "gpufailover/lock.h"
 #include "gpufailover/gms.h"
 #include "gpufailover/engine.h"
+#include "gpufailover/supervise.h"
 
 #endif
