@@ -253,3 +253,9 @@ def test_sigstopped_primary_is_forced_out(tmp, sups):
         for p in side:
             p.terminate()
             p.wait(timeout=10)
+
+
+def test_shipped_example_config_is_valid():
+    path = os.path.join(HERE, "..", "..", "examples", "gf-supervise", "supervise.json")
+    r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
