@@ -52,6 +52,9 @@ struct sv_engine {
 	int64_t next_probe_us;
 	int64_t last_revoked_epoch;
 	int64_t revocations;
+	/* After an exit: when to look whether the lock is still held under this
+	 * engine's id by something that is not the engine (0: no look pending). */
+	int64_t lock_check_at;
 };
 
 struct gf_supervisor {
@@ -537,13 +540,16 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 	return 0;
 }
 
-/* Revoke the lock only if this engine still holds it, naming the epoch, so a
- * revocation can never hit the standby that took over in the meantime. */
+/*
+ * Revoke the lock when it is held under this engine's id by a process that is
+ * not the engine's current one (a process that would not die, or a socket
+ * that outlived its process in another one). The request names the epoch, so
+ * it can never hit a holder granted in the meantime.
+ */
 static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 {
 	if (!sv->lock_uri || !e->lock_id) {
-		gf_log(GF_LOG_WARN, "supervise",
-		       "engine=%s pid=%d will not exit and no lock is configured to revoke", e->name, (int)e->pid);
+		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
 		return;
 	}
 	char *js = NULL;
@@ -554,30 +560,25 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 	}
 	json_t *root = json_loads(js, 0, NULL);
 	free(js);
-	json_t *holder = root ? json_object_get(root, "holder") : NULL;
-	const char *hid = NULL;
-	uint64_t epoch = 0;
-	if (json_is_object(holder)) {
-		hid = json_string_value(json_object_get(holder, "id"));
-		epoch = (uint64_t)json_integer_value(json_object_get(holder, "epoch"));
-	} else if (json_is_string(holder)) {
-		hid = json_string_value(holder);
-		epoch = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
-	}
-	if (!hid || strcmp(hid, e->lock_id) != 0) {
-		gf_log(GF_LOG_INFO, "supervise", "engine=%s does not hold the lock: nothing to revoke", e->name);
+	const char *hid = root ? json_string_value(json_object_get(root, "holder")) : NULL;
+	uint64_t epoch = root ? (uint64_t)json_integer_value(json_object_get(root, "epoch")) : 0;
+	pid_t hpid = root ? (pid_t)json_integer_value(json_object_get(root, "holder_pid")) : 0;
+	if (!hid || strcmp(hid, e->lock_id) != 0 || (e->pid > 0 && hpid == e->pid)) {
+		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
 		json_decref(root);
 		return;
 	}
 	r = gf_lock_revoke(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, epoch, 2000);
-	if (r < 0)
+	if (r < 0) {
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
 		       gf_error_detail());
-	else {
+	} else {
+		pthread_mutex_lock(&sv->mu);
 		e->last_revoked_epoch = (int64_t)epoch;
 		e->revocations++;
-		gf_log(GF_LOG_WARN, "supervise", "engine=%s pid=%d would not exit: lock epoch=%" PRIu64 " revoked",
-		       e->name, (int)e->pid, epoch);
+		pthread_mutex_unlock(&sv->mu);
+		gf_log(GF_LOG_WARN, "supervise", "engine=%s lock epoch=%" PRIu64 " held by pid=%d revoked", e->name, epoch,
+		       (int)hpid);
 	}
 	json_decref(root);
 }
@@ -606,13 +607,14 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 	if (act & GF_SV_ACT_KILL && e->pid > 0)
 		kill(-e->pid, SIGKILL);
 	if (act & GF_SV_ACT_REVOKE) {
-		do_revoke(sv, e);
-		/* Keep reaping it in the background; the policy has moved on. */
+		/* Keep reaping it in the background; the policy has moved on, and
+		 * the process is no longer "the engine" when the grant is judged. */
 		gf_close(e->lingering_fd);
 		e->lingering_pid = e->pid;
 		e->lingering_fd = e->pidfd;
 		e->pid = 0;
 		e->pidfd = -1;
+		do_revoke(sv, e);
 	}
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
@@ -712,6 +714,11 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	gf_close(e->pidfd);
 	e->pidfd = -1;
 	e->pid = 0;
+	/* Normally the lock server sees the exit and grants the next waiter; if
+	 * the grant outlives the process (its socket kept open elsewhere), the
+	 * forceful grace bounds the wait before the grant is revoked. */
+	if (e->lock_id && sv->lock_uri)
+		e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
 	feed(sv, e, GF_SV_EV_EXITED, NULL, status, sig, now);
 }
 
@@ -767,6 +774,12 @@ int gf_supervisor_run(gf_supervisor *sv)
 				feed(sv, e, GF_SV_EV_TICK, NULL, 0, 0, now);
 			if (e->pid > 0 && !e->inflight && gf_sv_wants_probes(&e->pol) && e->next_probe_us <= now)
 				probe_start(sv, e, now);
+			if (e->lock_check_at && e->lock_check_at <= now && !sv->stop_seen) {
+				e->lock_check_at = 0;
+				do_revoke(sv, e);
+			}
+			if (e->lock_check_at && e->lock_check_at < deadline)
+				deadline = e->lock_check_at;
 			int64_t d = gf_sv_next_deadline(&e->pol, &e->periods);
 			if (d < deadline)
 				deadline = d;

@@ -259,3 +259,61 @@ def test_shipped_example_config_is_valid():
     path = os.path.join(HERE, "..", "..", "examples", "gf-supervise", "supervise.json")
     r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
+
+
+GFCTL = os.environ.get("GF_GFCTL")
+
+
+@pytest.mark.skipif(not (LOCKD and GFCTL), reason="needs gf-lockd and gfctl")
+def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
+    """The engine is killed, but its grant lives on in another process (as a
+    process stuck in the driver keeps its socket): after the forceful grace
+    the supervisor revokes exactly that epoch, the standby is granted a
+    higher one, and the old holder learns it lost the lock."""
+    lock_uri = f"unix://{tmp}/lock.sock"
+    lockd = subprocess.Popen([LOCKD, "--listen", lock_uri], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    holder = standby = None
+    try:
+        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock"), "lock socket")
+        holder = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "primary"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = holder.stdout.readline()
+        assert first.startswith("granted id=primary epoch="), first
+        epoch1 = int(first.split("epoch=")[1])
+        standby = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "standby"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        engine = dict(fake("primary", "--live-fail"), lock_id="primary")
+        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
+                             "engines": [engine]})
+        sups.append(s)
+        # Killed for failing /live; the grant survives it until the revocation.
+        e = wait_for(lambda: (x := s.engine("primary")) and x["revoked_epoch"] == epoch1 and x,
+                     "revocation\n" + s.text())
+        assert e["state"] == "paused" and e["retries"] == 1
+        line = standby.stdout.readline()
+        assert line.startswith("granted id=standby epoch="), line
+        assert int(line.split("epoch=")[1]) > epoch1
+        # The revoked holder is told: it exits with "lock lost" (4).
+        assert holder.wait(timeout=HANG_GUARD) == 4
+        assert 'gf_supervisor_engine_revocations_total{engine="primary"} 1' in s.metrics()
+        r = subprocess.run([GFCTL, "lock", "status", "--lock", lock_uri, "--json"], capture_output=True,
+                           text=True, timeout=20)
+        assert json.loads(r.stdout)["holder"] == "standby"
+        assert f"revoked\" id=primary epoch={epoch1}" in lockd_text(lockd)
+    finally:
+        for p in (holder, standby):
+            if p and p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+        lockd.terminate()
+        lockd.wait(timeout=10)
+
+
+def lockd_text(p):
+    p.terminate()
+    try:
+        _, err = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    return err.decode(errors="replace")
