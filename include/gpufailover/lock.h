@@ -120,6 +120,19 @@ GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
  */
 GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len,
 				  int64_t timeout_ms, char **json);
+/**
+ * Admin request: revoke the grant of @p epoch (the current holder's), so the
+ * server drops that holder without waiting for its process to exit and grants
+ * the next waiter a higher epoch. The revoked holder's later requests are
+ * refused; its lost hook fires when it notices. Used by the supervisor for a
+ * holder that will not die (uninterruptible sleep). Allowed for the server's
+ * admin uids (root and the server's own uid by default) on unix sockets, and
+ * for authenticated peers over TCP. Blocks up to @p timeout_ms.
+ * Errors: GF_ERR_STATE (@p epoch is not the current grant: nothing revoked),
+ * GF_ERR_PERMISSION, GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+			     int64_t timeout_ms);
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 

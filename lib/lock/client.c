@@ -790,3 +790,37 @@ out:
 	gf_close(fd);
 	return rc;
 }
+
+int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	struct gf_frame_reader rd;
+	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
+	if (rc < 0)
+		return rc;
+	gf_Msg *m = gf_msg_new();
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	if (!m) {
+		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
+		goto out;
+	}
+	m->seq = 1;
+	m->which_body = gf_Msg_lock_revoke_tag;
+	m->body.lock_revoke.epoch = epoch;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	while (rc == 0) {
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
+			break;
+		if (m->which_body == gf_Msg_ok_tag)
+			break;
+		if (m->which_body != gf_Msg_heartbeat_tag)
+			rc = gf_err(GF_ERR_PROTOCOL, "revoke: unexpected reply %s", gf_msg_name(m));
+	}
+out:
+	gf_msg_free(m);
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}

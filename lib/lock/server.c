@@ -823,6 +823,48 @@ static bool heartbeat_ok(gf_lockd *d, struct conn *c)
 	return c->hb_credit-- > 0;
 }
 
+/*
+ * An admin drops the grant of @epoch: the holder will not die (uninterruptible
+ * sleep keeps its process and socket) or its socket outlived it. Naming the
+ * epoch makes a late or repeated request harmless: it revokes nothing once
+ * the next waiter holds the lock.
+ */
+static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	/* TCP peers proved the shared secret in the handshake; on unix sockets
+	 * only root and the server's own uid may revoke, not every allowed engine. */
+	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
+		return;
+	}
+	if (d->holder && d->epoch == epoch) {
+		struct conn *h = d->holder;
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked\" id=%s epoch=%llu pid=%u by=%s", h->peer->id,
+		       (unsigned long long)epoch, h->peer->pid, p->id);
+		/* No exit wait: the process is presumed unkillable, which is why
+		 * it is revoked. Closing its connection makes any later request
+		 * of it fail, and its reclaim is refused (new token, no window). */
+		holder_gone(d, h, "revoked", false);
+		gf_srv_close(d->srv, h->peer, "revoked");
+	} else if (!d->holder && d->exit_pidfd >= 0 && d->epoch == epoch) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
+		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
+		end_exit_wait(d, "revoked during the exit wait");
+	} else {
+		snprintf(det, sizeof(det), "revoke: epoch %llu is not the current grant (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	reply(d, c, d->msg);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -855,6 +897,9 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		d->msg->which_body = gf_Msg_lock_status_tag;
 		fill_status(d, &d->msg->body.lock_status);
 		reply(d, c, d->msg);
+		return;
+	case gf_Msg_lock_revoke_tag:
+		handle_revoke(d, c, m->body.lock_revoke.epoch);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {
