@@ -727,6 +727,8 @@ void gf_lock_stop_watch(gf_lock *l)
 static int oneshot(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, int *fd_out,
 		   struct gf_frame_reader *rd)
 {
+	/* -1 on every error path, so callers never see an unset fd. */
+	*fd_out = -1;
 	struct gf_uri u;
 	int rc = gf_uri_parse(uri, &u);
 	if (rc < 0)
