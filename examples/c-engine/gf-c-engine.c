@@ -34,7 +34,7 @@
 #include "gf-config.h"
 #include "gpufailover.h"
 #include "model.h"
-#include "safetensors.h"
+#include "gpufailover/safetensors.h"
 
 #define PROG "gf-c-engine"
 /* Weights are packed into allocations of up to this size (fewer handles map
@@ -42,6 +42,10 @@
 #define CHUNK_LIMIT (256ull << 20)
 /* Tensor alignment inside an allocation. */
 #define TENSOR_ALIGN 256ull
+/* GMS metadata key of the weights file's __metadata__ (JSON object of strings). */
+#define META_FILE_KEY "__metadata__"
+/* The GMS's limit on one metadata value (gpufailover/gms.h). */
+#define META_VALUE_MAX 1024
 
 struct app {
 	gf_engine *engine;
@@ -49,7 +53,7 @@ struct app {
 	const char *weights_path;
 	int port;
 	struct model src;  /* what the loader writes (file or generated) */
-	struct st_file file;
+	gf_safetensors *file; /* the loader's weights file, when one is given */
 	void *gen_buf;
 	struct model live; /* the tensors as mapped from the GMS */
 	struct MHD_Daemon *http;
@@ -181,12 +185,32 @@ static int find_alloc(gf_gms *gms, uint64_t id, struct gf_gms_alloc_info *info)
 	return GF_ERR_NOT_FOUND;
 }
 
+/* The file's __metadata__ goes into the GMS under META_FILE_KEY (attached
+ * to the first allocation), so a follower sees what the loader read. A value
+ * over the GMS's limit is left out with a warning: the weights still load. */
+static int put_file_metadata(struct app *a, gf_gms *gms, uint64_t first_id)
+{
+	const char *json = gf_safetensors_metadata(a->file);
+	if (!json)
+		return 0;
+	if (!a->src.n) {
+		logf_(GF_LOG_WARN, "event=metadata_skipped msg=\"no tensors, so no allocation to attach it to\"");
+		return 0;
+	}
+	if (strlen(json) > META_VALUE_MAX) {
+		logf_(GF_LOG_WARN, "event=metadata_skipped bytes=%zu msg=\"__metadata__ over the GMS's %d-byte value limit\"",
+		      strlen(json), META_VALUE_MAX);
+		return 0;
+	}
+	return gf_gms_put_meta(gms, META_FILE_KEY, first_id, 0, json, strlen(json));
+}
+
 static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 {
 	struct app *a = userdata;
 	const struct model *m = &a->src;
 	size_t i = 0, chunks = 0;
-	uint64_t total = 0;
+	uint64_t total = 0, first_id = 0;
 	int rc;
 	while (i < m->n) {
 		/* Plan one allocation: as many tensors in order as fit the limit. */
@@ -209,6 +233,8 @@ static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 		rc = gf_gms_allocate(gms, size, tag, &id);
 		if (rc)
 			return rc;
+		if (!chunks)
+			first_id = id;
 		rc = find_alloc(gms, id, &info);
 		if (rc)
 			return rc;
@@ -238,6 +264,9 @@ static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 		chunks++;
 		i = j;
 	}
+	rc = put_file_metadata(a, gms, first_id);
+	if (rc)
+		return rc;
 	uint64_t generation = 0;
 	rc = gf_gms_commit(gms, &generation);
 	if (rc)
@@ -275,12 +304,14 @@ static int weights_ready(gf_engine *e, void *userdata)
 		rc = gf_gms_meta_at(gms, k, &meta);
 		if (rc)
 			goto out;
+		if (!strcmp(meta.key, META_FILE_KEY))
+			continue;
 		json_t *v = json_loadb(meta.value, meta.value_len, 0, &je);
 		json_t *shape = json_object_get(v, "shape");
 		const char *dtype = json_string_value(json_object_get(v, "dtype"));
 		struct model_tensor *t = &m.t[m.n];
 		rc = GF_ERR_PROTOCOL;
-		if (!v || !dtype || !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS ||
+		if (!v || !dtype || !json_is_array(shape) || json_array_size(shape) > GF_SAFETENSORS_MAX_DIMS ||
 		    !json_is_integer(json_object_get(v, "index")) || !json_is_integer(json_object_get(v, "nbytes"))) {
 			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"not the example engine's tensor metadata\"",
 			      meta.key);
@@ -290,7 +321,7 @@ static int weights_ready(gf_engine *e, void *userdata)
 		t->name = strdup(meta.key);
 		snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
 		t->ndim = (unsigned)json_array_size(shape);
-		uint64_t count = st_dtype_size(dtype);
+		uint64_t bits = gf_safetensors_dtype_bits(dtype), count = 1;
 		for (unsigned d = 0; d < t->ndim; d++) {
 			t->shape[d] = (uint64_t)json_integer_value(json_array_get(shape, d));
 			count *= t->shape[d];
@@ -301,7 +332,7 @@ static int weights_ready(gf_engine *e, void *userdata)
 		order[m.n][1] = m.n;
 		json_decref(v);
 		m.n++;
-		if (!t->name || count != t->nbytes) {
+		if (!t->name || !bits || count * bits / 8 != t->nbytes) {
 			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"size does not match dtype and shape\"",
 			      meta.key);
 			goto out;
@@ -638,13 +669,12 @@ int main(int argc, char **argv)
 
 	/* The source weights first: a bad file is reported before connecting. */
 	if (role == GF_ENGINE_LOADER) {
-		char err[512];
 		if (a.weights_path) {
-			if (st_open(a.weights_path, &a.file, err, sizeof(err))) {
-				fprintf(stderr, PROG ": bad weights file: %s\n", err);
+			if (gf_safetensors_open(&a.file, a.weights_path)) {
+				fprintf(stderr, PROG ": bad weights file: %s\n", gf_error_detail());
 				return 1;
 			}
-			if (model_from_safetensors(&a.src, &a.file)) {
+			if (model_from_safetensors(&a.src, a.file)) {
 				fprintf(stderr, PROG ": out of memory\n");
 				return 1;
 			}
@@ -753,7 +783,7 @@ int main(int argc, char **argv)
 	gf_engine_free(e);
 	model_clear(&a.live);
 	model_clear(&a.src);
-	st_close(&a.file);
+	gf_safetensors_free(a.file);
 	free(a.gen_buf);
 	logf_(GF_LOG_INFO, "event=exit status=%d", status);
 	return status;
