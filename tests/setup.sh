@@ -39,5 +39,6 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6'
+  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
+  'safetensors>=0.6'  # the reference reader the C reader is checked against (F8_E4M3FNUZ, F4)
 echo "setup: ok (python tools in $venv)" >&2

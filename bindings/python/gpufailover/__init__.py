@@ -42,6 +42,7 @@ from ._gpufailover import (
     gms_status,
     lock_status,
     parse_duration,
+    safetensors_header,
     strerror,
 )
 from . import _gpufailover
@@ -105,6 +106,7 @@ __all__ = [
     "gms_status",
     "lock_status",
     "parse_duration",
+    "safetensors_header",
     "strerror",
     "torch_allocator",
     "torch_allocator_path",
