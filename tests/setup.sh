@@ -16,6 +16,7 @@ packages=(
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
   systemd                                                   # systemd-analyze verify of the shipped units
+  libunistring-dev                                          # pkg-config --static of libmicrohttpd (via gnutls) lists -lunistring
 )
 
 missing=()
