@@ -42,5 +42,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
-  'safetensors>=0.6'  # the reference reader the C reader is checked against (F8_E4M3FNUZ, F4)
+  'safetensors>=0.6' \
+  'kubernetes-validate>=1.34'
+# safetensors: the reference reader the C reader is checked against (F8_E4M3FNUZ, F4);
+# kubernetes-validate: the real Kubernetes schemas for examples/k8s
 echo "setup: ok (python tools in $venv)" >&2
