@@ -5,8 +5,9 @@
  * the child compares its open fds before and after the test (group setup and
  * teardown included), so a leaked fd fails the test that leaked it.
  *
- * A main() says `return tu_run_group_tests(tests, setup, teardown);` in place
- * of cmocka_run_group_tests(). The runner prints the TAP stream itself (one
+ * A main() includes testutil.h after cmocka.h and says
+ * `return tu_run_group_tests(tests, setup, teardown);` in place of
+ * cmocka_run_group_tests(). The runner prints the TAP stream itself (one
  * line per test); each child's cmocka output goes to stderr, the test log.
  *
  * Environment: GF_TEST_NOFORK=1 runs the tests in this process, one after
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+
 
 #define TU_DEFAULT_TIMEOUT_S 120
 

@@ -255,5 +255,5 @@ int main(void)
 		cmocka_unit_test(test_bad_lengths),
 		cmocka_unit_test(test_roundtrip_and_infer),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }
