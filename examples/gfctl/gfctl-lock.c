@@ -142,6 +142,17 @@ static int new_lock(struct lock_opts *o, gf_lock **out)
 	return rc;
 }
 
+/* An interactive CMD needs the terminal: when group @from has it in the
+ * foreground, hand it to group @to (else CMD would stop on SIGTTIN). */
+static void take_terminal(pid_t to, pid_t from)
+{
+	if (!isatty(STDIN_FILENO) || tcgetpgrp(STDIN_FILENO) != from)
+		return;
+	void (*old)(int) = signal(SIGTTOU, SIG_IGN);
+	tcsetpgrp(STDIN_FILENO, to);
+	signal(SIGTTOU, old);
+}
+
 /*
  * The guard: gfctl's child, leader of a new process group in which CMD runs.
  * It exists so CMD never outlives the lock: when gfctl dies, even by SIGKILL,
@@ -163,6 +174,7 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask)
 	prctl(PR_SET_PDEATHSIG, SIGTERM);
 	if (getppid() != gfctl_pid) /* gfctl died before the line above */
 		kill(0, SIGKILL);
+	take_terminal(getpid(), getpgid(gfctl_pid));
 	pid_t child = fork();
 	if (child < 0)
 		_exit(GFCTL_EXIT_FAILURE);
@@ -200,6 +212,7 @@ static pid_t start_command(char **cmd, const sigset_t *old_mask)
 	if (guard == 0)
 		run_guard(cmd, self, old_mask);
 	setpgid(guard, guard); /* also here: no signal may find the group missing */
+	take_terminal(guard, getpgrp());
 	return guard;
 }
 
@@ -275,8 +288,10 @@ static int cmd_acquire(struct lock_opts *o, char **cmd)
 	pid_t group = cmd && cmd[0] ? start_command(cmd, &old) : 0;
 	int code = group < 0 ? GFCTL_EXIT_FAILURE : hold(lock, sfd, group);
 	/* Whatever CMD left running in its group goes before the lock does. */
-	if (group > 0)
+	if (group > 0) {
 		kill(-group, SIGKILL);
+		take_terminal(getpgrp(), group);
+	}
 	if (code != GFCTL_EXIT_LOCK_LOST)
 		gf_lock_release(lock);
 	gf_lock_free(lock);
