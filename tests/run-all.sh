@@ -11,6 +11,7 @@ venv="${GF_VENV:-$here/.venv}"
 export PATH="$venv/bin:$PATH"
 build="${GF_BUILD:-$here/build}"
 asan="${GF_BUILD_ASAN:-$here/build-asan}"
+release="${GF_BUILD_RELEASE:-$here/build-release}"
 
 configure() {
   local dir="$1"; shift
@@ -25,14 +26,19 @@ configure() {
 bash "$here/tests/setup-frameworks.sh"
 
 status=0
-configure "$build" -Dtests=enabled
+# Every build treats warnings as errors. The release build is compiled only:
+# -O3 inlining finds maybe-uninitialized paths the -O2 builds do not.
+configure "$build" -Dtests=enabled -Dwerror=true
 meson compile -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=1
 # valgrind (memcheck) over the C unit tests and the fuzz corpora.
 meson test -C "$build" --setup valgrind --suite unit --suite fuzz --print-errorlogs --num-processes 2 \
   || status=1   # log: meson-logs/testlog-valgrind.*
 
-configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false
+configure "$release" -Dtests=enabled -Dpython=disabled -Dwerror=true --buildtype=release
+meson compile -C "$release"
+
+configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true
 meson compile -C "$asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1

@@ -15,6 +15,8 @@ packages=(
   libcurl4-openssl-dev                                      # HTTP client of the failover demo
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
+  systemd                                                   # systemd-analyze verify of the shipped units
+  libunistring-dev                                          # pkg-config --static of libmicrohttpd (via gnutls) lists -lunistring
 )
 
 missing=()
@@ -39,5 +41,9 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6'
+  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
+  'safetensors>=0.6' \
+  'kubernetes-validate>=1.34'
+# safetensors: the reference reader the C reader is checked against (F8_E4M3FNUZ, F4);
+# kubernetes-validate: the real Kubernetes schemas for examples/k8s
 echo "setup: ok (python tools in $venv)" >&2

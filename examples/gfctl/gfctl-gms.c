@@ -9,20 +9,6 @@
 #include "gfctl.h"
 #include "gpufailover.h"
 
-static void gms_usage(FILE *f)
-{
-	fputs("usage: gfctl gms status --gms URI [--json] [--timeout DURATION]\n"
-	      "       gfctl gms ping --gms URI [--timeout DURATION]\n"
-	      "       gfctl gms wait-committed --gms URI [--timeout DURATION]\n",
-	      f);
-}
-
-static int err_exit(const char *what, int rc)
-{
-	fprintf(stderr, "gfctl gms %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
-	return gfctl_exit_code(rc);
-}
-
 /* Human form of the status JSON: the library already did the parsing. */
 static void print_human(const char *json)
 {
@@ -65,86 +51,115 @@ static void print_human(const char *json)
 	putchar('\n');
 }
 
-int gfctl_gms(int argc, char **argv)
+struct gms_opts {
+	const char *uri;
+	bool json;
+	int64_t timeout_ms; /* -1 when not given */
+};
+
+/* Options of every gms command; 0, or -1 after a message. */
+static int parse_opts(int argc, char **argv, struct gms_opts *o)
 {
 	static const struct option opts[] = {
-		{"gms", required_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
-		{"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{ "gms", required_argument, NULL, 'g' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ NULL, 0, NULL, 0 },
 	};
-	if (argc < 2) {
-		gms_usage(stderr);
-		return GFCTL_EXIT_USAGE;
-	}
-	const char *cmd = argv[1];
-	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-		gms_usage(stdout);
-		return GFCTL_OK;
-	}
-	const char *uri = NULL;
-	bool json = false, have_timeout = false;
-	uint64_t timeout_ms = 5000;
 	int c;
 	optind = 1;
-	while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
+	opterr = 0; /* the message below names the command */
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'g':
-			uri = optarg;
+			o->uri = optarg;
 			break;
 		case 'j':
-			json = true;
+			o->json = true;
 			break;
 		case 't':
-			if (gf_parse_duration_ms(optarg, &timeout_ms) < 0) {
-				fprintf(stderr, "gfctl gms: --timeout: %s\n", gf_error_detail());
-				return GFCTL_EXIT_USAGE;
-			}
-			have_timeout = true;
+			if (gfctl_duration("gms", "--timeout", optarg, &o->timeout_ms) < 0)
+				return -1;
 			break;
-		case 'h':
-			gms_usage(stdout);
-			return GFCTL_OK;
 		default:
-			gms_usage(stderr);
-			return GFCTL_EXIT_USAGE;
+			fprintf(stderr, "gfctl gms %s: unknown option or missing value: '%s' (see 'gfctl gms %s --help')\n",
+				argv[0], argv[optind - 1], argv[0]);
+			return -1;
 		}
 	}
-	if (optind < argc - 1) {
-		fprintf(stderr, "gfctl gms: unexpected argument '%s'\n", argv[optind + 1]);
-		return GFCTL_EXIT_USAGE;
+	if (optind < argc) {
+		fprintf(stderr, "gfctl gms %s: unexpected argument '%s'\n", argv[0], argv[optind]);
+		return -1;
 	}
-	if (!uri) {
-		fprintf(stderr, "gfctl gms %s: --gms URI is required\n", cmd);
-		return GFCTL_EXIT_USAGE;
+	if (!o->uri) {
+		fprintf(stderr, "gfctl gms %s: --gms URI is required\n", argv[0]);
+		return -1;
 	}
-	int rc;
-	if (!strcmp(cmd, "status")) {
-		char *text;
-		if ((rc = gf_gms_status_json(uri, (int64_t)timeout_ms, &text)) < 0)
-			return err_exit("status", rc);
-		if (json)
-			puts(text);
-		else
-			print_human(text);
-		free(text);
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "ping")) {
-		int64_t rtt;
-		if ((rc = gf_gms_ping(uri, (int64_t)timeout_ms, &rtt)) < 0)
-			return err_exit("ping", rc);
-		printf("ok rtt_us=%lld\n", (long long)rtt);
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "wait-committed")) {
-		uint64_t gen;
-		/* Without --timeout a startup probe waits as long as it is allowed to run. */
-		if ((rc = gf_gms_wait_committed(uri, have_timeout ? (int64_t)timeout_ms : -1, &gen)) < 0)
-			return err_exit("wait-committed", rc);
-		printf("committed generation=%llu\n", (unsigned long long)gen);
-		return GFCTL_OK;
-	}
-	fprintf(stderr, "gfctl gms: unknown command '%s'\n", cmd);
-	gms_usage(stderr);
-	return GFCTL_EXIT_USAGE;
+	return 0;
 }
+
+static int run_status(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	char *text;
+	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
+	if (rc < 0)
+		return gfctl_fail("gms", "status", rc);
+	if (o.json)
+		puts(text);
+	else
+		print_human(text);
+	free(text);
+	return GFCTL_OK;
+}
+
+static int run_ping(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	int64_t rtt;
+	int rc = gf_gms_ping(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &rtt);
+	if (rc < 0)
+		return gfctl_fail("gms", "ping", rc);
+	printf("ok rtt_us=%lld\n", (long long)rtt);
+	return GFCTL_OK;
+}
+
+static int run_wait_committed(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	uint64_t gen;
+	/* Without --timeout a startup probe waits as long as it is allowed to run. */
+	int rc = gf_gms_wait_committed(o.uri, o.timeout_ms, &gen);
+	if (rc < 0)
+		return gfctl_fail("gms", "wait-committed", rc);
+	printf("committed generation=%llu\n", (unsigned long long)gen);
+	return GFCTL_OK;
+}
+
+#define GMS_OPT "  --gms URI              the GMS socket (unix:///path)\n"
+
+static const struct gfctl_cmd gms_cmds[] = {
+	{ "status", "--gms URI [--json] [--timeout DUR]",
+	  "Show state, generation, layout hash, allocations, readers, events.", NULL,
+	  GMS_OPT "  --json                 the status as one JSON object\n"
+		  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_status },
+	{ "ping", "--gms URI [--timeout DUR]", "Check that the GMS answers; print 'ok rtt_us=N'.", NULL,
+	  GMS_OPT "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_ping },
+	{ "wait-committed", "--gms URI [--timeout DUR]",
+	  "Wait for committed weights; print 'committed generation=N'.", NULL,
+	  GMS_OPT "  --timeout DUR          give up after DUR (default: wait forever)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_wait_committed },
+	{ 0 },
+};
+
+const struct gfctl_group gfctl_gms_group = {
+	"gms", "The GPU Memory Service (gf-gmsd): status and probes.", gms_cmds,
+};

@@ -70,7 +70,9 @@ GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *user
 
 /**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
- * passes (< 0: forever), or gf_lock_interrupt() is called. A waiter whose
+ * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most
+ * 1 s and GF_ERR_TIMEOUT at once when the lock is held), or
+ * gf_lock_interrupt() is called. A waiter whose
  * server restarts reconnects and keeps waiting. On success fills @p grant.
  * Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE (server not reachable within the
  * reconnect time), GF_ERR_INTERRUPTED (the wait was abandoned and the

@@ -333,13 +333,18 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 	if (st == C_WAITING)
 		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", l->id);
 	atomic_store(&l->state, C_WAITING);
-	const int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	/* 0 means ask once: one connection attempt, and the server answers the
+	 * acquire at once (granted, or timed out when the lock is held). */
+	const bool once = timeout_ms == 0;
+	const int64_t deadline = once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
 	int64_t unreachable_since = -1; /* when the server was last lost */
 	int rc;
 	for (;;) {
 		int64_t now = gf_now_us();
 		if (now >= deadline) {
-			rc = gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id, (long long)timeout_ms);
+			rc = once ? gf_err(GF_ERR_TIMEOUT, "lock %s: no answer to a single try within %dms", l->id,
+					   ATTEMPT_US / 1000)
+				  : gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id, (long long)timeout_ms);
 			break;
 		}
 		if (l->fd < 0) {
@@ -354,7 +359,9 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 				break;
 			if (rc == 0) {
 				int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
-				rc = send_acquire(l, left < 0 && deadline != INT64_MAX ? 0 : left, false,
+				if (once || (left < 0 && deadline != INT64_MAX))
+					left = 0;
+				rc = send_acquire(l, left, false,
 						  gf_now_us() + ATTEMPT_US);
 				if (rc == 0) {
 					unreachable_since = -1;
@@ -722,6 +729,8 @@ void gf_lock_stop_watch(gf_lock *l)
 static int oneshot(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, int *fd_out,
 		   struct gf_frame_reader *rd)
 {
+	/* -1 on every error path, so callers never see an unset fd. */
+	*fd_out = -1;
 	struct gf_uri u;
 	int rc = gf_uri_parse(uri, &u);
 	if (rc < 0)

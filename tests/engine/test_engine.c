@@ -994,5 +994,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_metrics_text_and_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_http, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "fsm.h"
 #include "layout.h"
 
@@ -197,5 +199,5 @@ int main(void)
 		cmocka_unit_test(test_transitions),  cmocka_unit_test(test_lifecycle),
 		cmocka_unit_test(test_names),        cmocka_unit_test(test_layout_hash),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

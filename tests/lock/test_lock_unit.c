@@ -638,5 +638,5 @@ int main(void)
 		cmocka_unit_test(test_config_validation),
 		cmocka_unit_test(test_fork_child_does_not_hold),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

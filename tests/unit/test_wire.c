@@ -520,5 +520,5 @@ int main(void)
 		cmocka_unit_test(test_auth_mac),
 		cmocka_unit_test(test_decode_reuse),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

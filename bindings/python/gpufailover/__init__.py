@@ -44,6 +44,7 @@ from ._gpufailover import (
     lock_status,
     parse_duration,
     remove_fault_reporter,
+    safetensors_header,
     strerror,
 )
 from . import _gpufailover
@@ -109,6 +110,7 @@ __all__ = [
     "lock_status",
     "parse_duration",
     "remove_fault_reporter",
+    "safetensors_header",
     "strerror",
     "torch_allocator",
     "torch_allocator_path",

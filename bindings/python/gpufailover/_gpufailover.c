@@ -20,6 +20,7 @@
 
 #include "gpufailover.h"
 #include "dlpack_abi.h"
+#include "_safetensors.h"
 
 /* ------------------------------------------------------------------ */
 /* exceptions                                                          */
@@ -2139,6 +2140,8 @@ static int add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bas
 
 static int module_exec(PyObject *m)
 {
+	if (gf_py_safetensors_add(m) < 0)
+		return -1;
 	if (add_exc(m, &GpuFailoverError, "GpuFailoverError", NULL, "Base of every libgpufailover error.") < 0)
 		return -1;
 #define SUB(slot, name, extra, doc)                                                            \
