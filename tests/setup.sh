@@ -12,7 +12,9 @@ packages=(
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness
-  libcurl4-openssl-dev                                      # HTTP client of the failover demo
+  libcurl4-openssl-dev                                      # HTTP client: supervisor probes, the demo
+  libnghttp2-dev librtmp-dev libssh2-1-dev libpsl-dev       # pkg-config --static of libcurl lists these
+  libkrb5-dev libldap-dev libzstd-dev libbrotli-dev         #   (a static consumer of libgpufailover)
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
   systemd                                                   # systemd-analyze verify of the shipped units

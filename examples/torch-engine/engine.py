@@ -214,7 +214,7 @@ def main(argv=None):
         # The forward pass runs on the CPU over host mappings.
         p.error("the torch engine computes on the CPU: --backend host")
     try:
-        tensors = pyeng.read_safetensors(a.weights) if a.weights else generate_weights()
+        tensors = pyeng.read_safetensors(a.weights)[0] if a.weights else generate_weights()
     except (OSError, ValueError) as e:
         log("load_failed", msg=json.dumps(str(e)))
         return 1

@@ -108,7 +108,7 @@ def test_failover_torch_to_torch_answers_identically(cluster):
 def test_c_engine_loader_to_torch_standby(cluster, tmp_path):
     path = tmp_path / "transformer.safetensors"
     subprocess.run([sys.executable, TORCH_ENGINE, "--write-weights", path], check=True, env=child_env())
-    tensors = te.pyeng.read_safetensors(path)
+    tensors, _ = te.pyeng.read_safetensors(path)
     b = failover(cluster, "c", ["--weights", str(path)], reference_answers(tensors))
     # The C engine packed the GMS; the torch standby used it as it was.
     assert "weights_loaded" not in b.text()
