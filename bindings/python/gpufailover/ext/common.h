@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Declarations shared by the files of the CPython C-API extension over
+ * libgpufailover, one file per Python type. The thin Python package
+ * (gpufailover/__init__.py) re-exports what is defined here.
+ *
+ * Rules kept throughout: every blocking library call runs with the GIL
+ * released; arguments are checked before anything happens (TypeError /
+ * ValueError, never a crash); library errors become exceptions of the
+ * GpuFailoverError hierarchy carrying the library's detail text.
+ */
+#ifndef GFPY_COMMON_H
+#define GFPY_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+
+#include "gpufailover.h"
+#include "../dlpack_abi.h"
+
+typedef struct {
+	PyObject_HEAD
+	gf_mem *mem;
+} MemoryObject;
+
+typedef struct {
+	PyObject_HEAD
+	gf_gms *gms;
+	gf_mem *mem;
+	PyObject *owner_ref; /* the Memory (own clients) or Engine (borrowed clients) kept alive */
+	int borrowed;        /* the gf_gms belongs to an Engine: never freed here */
+	int device;          /* with borrowed: the Engine's device index */
+	Py_ssize_t exports;  /* live buffers / DLPack capsules over the mappings */
+	PyObject *on_lost;
+} GMSObject;
+
+typedef struct {
+	PyObject_HEAD
+	GMSObject *owner;
+	uint64_t addr;
+	Py_ssize_t size;
+	int readonly;
+	int device_type, device_id;
+	gf_DLDataType dtype;
+	int ndim;
+	int64_t shape[8];
+	char format[4];
+	Py_ssize_t itemsize;
+	Py_ssize_t pyshape[8];
+} MappingObject;
+
+/* exceptions (errors.c) */
+extern PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError,
+	*ProtocolError, *GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError,
+	*StateError, *NotFoundError, *InterruptedError_;
+PyObject *raise_gf(int err);
+int errors_add(PyObject *m);
+
+/* helpers (common.c) */
+int timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
+PyObject *json_loads(const char *text);
+void run_hook(PyObject *fn, int err, const char *detail);
+PyObject *hook_get(PyObject *slot);
+int hook_set(PyObject **slot, PyObject *v, const char *what);
+extern unsigned long main_thread_ident;
+int sigint_hook(void (*fn)(void *), void *arg);
+void sigint_unhook(int hooked);
+
+/* the types, each in its own file */
+extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;
+int backend_arg(PyObject *obj, int *kind);
+int memory_ready(MemoryObject *self);
+int lock_add_grant(PyObject *m);
+int gms_ready(GMSObject *self);
+int no_exports(GMSObject *self, const char *what);
+void engine_forget_view(PyObject *engine, GMSObject *view);
+
+#endif

@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* LockClient: the connection is the lock. */
+#include "common.h"
+
+typedef struct {
+	PyObject_HEAD
+	gf_lock *lock;
+	PyObject *on_lost; /* callable or None */
+} LockObject;
+
+static PyObject *GrantType; /* a namedtuple made in module exec */
+
+static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
+{
+	run_hook(((LockObject *)ud)->on_lost, err, detail);
+}
+
+static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "engine_id", "reconnect_timeout", "secret", NULL };
+	const char *uri, *id;
+	PyObject *robj = NULL;
+	Py_buffer secret = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$y*", kwlist, &uri, &id, &robj, &secret))
+		return -1;
+	if (self->lock) {
+		PyBuffer_Release(&secret);
+		PyErr_SetString(PyExc_RuntimeError, "LockClient is already initialized");
+		return -1;
+	}
+	gf_lock *l = NULL;
+	int rc = gf_lock_new(&l, uri, id);
+	if (rc == 0 && robj && robj != Py_None) {
+		int64_t ms;
+		if (timeout_arg(robj, &ms, 0) < 0) {
+			gf_lock_free(l);
+			PyBuffer_Release(&secret);
+			return -1;
+		}
+		rc = gf_lock_set_reconnect_timeout(l, ms);
+	}
+	if (rc == 0 && secret.buf && secret.len > 0)
+		rc = gf_lock_set_secret(l, secret.buf, (size_t)secret.len);
+	PyBuffer_Release(&secret);
+	if (rc < 0) {
+		gf_lock_free(l);
+		raise_gf(rc);
+		return -1;
+	}
+	self->lock = l;
+	Py_INCREF(Py_None);
+	self->on_lost = Py_None;
+	gf_lock_set_lost_fn(l, lock_lost_trampoline, self);
+	return 0;
+}
+
+static void Lock_dealloc(LockObject *self)
+{
+	gf_lock *l = self->lock;
+	self->lock = NULL;
+	/* Stopping the watcher may wait for a hook that needs the GIL. */
+	Py_BEGIN_ALLOW_THREADS
+	gf_lock_free(l);
+	Py_END_ALLOW_THREADS
+	Py_XDECREF(self->on_lost);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int lock_ready(LockObject *self)
+{
+	if (!self->lock) {
+		PyErr_SetString(PyExc_ValueError, "LockClient is closed or not initialized");
+		return -1;
+	}
+	return 0;
+}
+
+static void lock_interrupt_cb(void *arg)
+{
+	gf_lock_interrupt(arg);
+}
+
+static PyObject *make_grant(const struct gf_lock_grant *g)
+{
+	return PyObject_CallFunction(GrantType, "Ky#dO", (unsigned long long)g->epoch,
+				     (const char *)g->session_token, (Py_ssize_t)sizeof(g->session_token),
+				     (double)g->granted_at_us / 1e6, g->reclaimed ? Py_True : Py_False);
+}
+
+/* ------------------------------------------------------------------ */
+/* GMSClient and Mapping                                               */
+
+static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tobj = Py_None;
+	int64_t ms;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
+		return NULL;
+	if (lock_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
+		return NULL;
+	struct gf_lock_grant grant;
+	int rc, hooked = sigint_hook(lock_interrupt_cb, self->lock);
+	Py_BEGIN_ALLOW_THREADS
+	rc = gf_lock_acquire(self->lock, ms, &grant);
+	Py_END_ALLOW_THREADS
+	sigint_unhook(hooked);
+	if (rc == GF_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
+		return NULL; /* KeyboardInterrupt: the wait was abandoned, nothing is held */
+	if (rc < 0)
+		return raise_gf(rc);
+	return make_grant(&grant);
+}
+
+static PyObject *Lock_release(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = gf_lock_release(self->lock);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_close(LockObject *self, PyObject *unused)
+{
+	gf_lock *l = self->lock;
+	self->lock = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_lock_free(l);
+	Py_END_ALLOW_THREADS
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_fileno(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	return PyLong_FromLong(gf_lock_get_fd(self->lock));
+}
+
+static PyObject *Lock_process(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = gf_lock_process(self->lock);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	int rc = gf_lock_start_watch(self->lock);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_stop_watch(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_lock_stop_watch(self->lock);
+	Py_END_ALLOW_THREADS
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_get_held(LockObject *self, void *c)
+{
+	return PyBool_FromLong(self->lock && gf_lock_is_held(self->lock));
+}
+
+static PyObject *Lock_get_epoch(LockObject *self, void *c)
+{
+	return PyLong_FromUnsignedLongLong(self->lock ? gf_lock_epoch(self->lock) : 0);
+}
+
+static PyObject *Lock_get_on_lost(LockObject *self, void *c)
+{
+	return hook_get(self->on_lost);
+}
+
+static int Lock_set_on_lost(LockObject *self, PyObject *v, void *c)
+{
+	return hook_set(&self->on_lost, v, "on_lost");
+}
+
+static PyObject *Lock_enter(PyObject *self, PyObject *unused)
+{
+	Py_INCREF(self);
+	return self;
+}
+
+static PyObject *Lock_exit(LockObject *self, PyObject *args)
+{
+	return Lock_close(self, NULL);
+}
+
+static PyMethodDef Lock_methods[] = {
+	{ "acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS,
+	  "acquire(timeout=None) -> Grant\n\nBlock until this connection holds the lock (GIL released; Ctrl-C\n"
+	  "raises KeyboardInterrupt and abandons the wait). Raises TimeoutError,\nUnreachableError, PermissionError." },
+	{ "release", (PyCFunction)Lock_release, METH_NOARGS, "Release the lock (clean shutdown)." },
+	{ "close", (PyCFunction)Lock_close, METH_NOARGS, "Close the connection (releases a held lock)." },
+	{ "fileno", (PyCFunction)Lock_fileno, METH_NOARGS, "fd to watch for readability in an event loop, -1 if none." },
+	{ "process", (PyCFunction)Lock_process, METH_NOARGS,
+	  "Handle events on fileno(); raises LockLostError once the lock is lost." },
+	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "Start the built-in watcher thread." },
+	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "Stop the watcher thread." },
+	{ "__enter__", (PyCFunction)Lock_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL },
+	{ NULL },
+};
+
+static PyGetSetDef Lock_getset[] = {
+	{ "held", (getter)Lock_get_held, NULL, "True while this client holds the lock", NULL },
+	{ "epoch", (getter)Lock_get_epoch, NULL, "fencing epoch of the current grant (0 if never granted)", NULL },
+	{ "on_lost", (getter)Lock_get_on_lost, (setter)Lock_set_on_lost,
+	  "callable(code, detail) run (on the watcher thread) when a held lock is lost", NULL },
+	{ NULL },
+};
+
+PyTypeObject LockType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.LockClient",
+	.tp_basicsize = sizeof(LockObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "LockClient(uri, engine_id, reconnect_timeout=None, *, secret=None)\n\n"
+		  "Client of the lock server where the connection is the lock.",
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Lock_init,
+	.tp_dealloc = (destructor)Lock_dealloc,
+	.tp_methods = Lock_methods,
+	.tp_getset = Lock_getset,
+};
+
+/* Create the Grant namedtuple and add it to module m. */
+int lock_add_grant(PyObject *m)
+{
+	PyObject *collections = PyImport_ImportModule("collections");
+	if (!collections)
+		return -1;
+	GrantType = PyObject_CallMethod(collections, "namedtuple", "s[ssss]", "Grant", "epoch", "session_token",
+					"granted_at", "reclaimed");
+	Py_DECREF(collections);
+	if (!GrantType)
+		return -1;
+	Py_INCREF(GrantType);
+	return PyModule_AddObject(m, "Grant", GrantType);
+}
