@@ -72,52 +72,120 @@ int hook_set(PyObject **slot, PyObject *v, const char *what)
 	return 0;
 }
 
-/* SIGINT during a blocking acquire: interrupt the wait (async-signal-safe
- * eventfd write), then chain to Python's own handler so KeyboardInterrupt is
- * raised once the call returns. */
-static void (*volatile sigint_fn)(void *);
-static void *volatile sigint_arg;
+/*
+ * PEP 475 for the blocking waits. While the main thread waits with the GIL
+ * released, every signal that has a Python handler gets a C handler that
+ * first chains to the previous one (Python's own, which records the signal)
+ * and then interrupts the wait (an async-signal-safe eventfd write). The
+ * caller then takes the GIL and runs PyErr_CheckSignals(): a handler that
+ * raised ends the call with its exception, any other continues the wait with
+ * the time that remains. Python runs handlers only in the main thread, so
+ * waits on other threads are left alone (the main thread handles the signal).
+ */
+static void (*volatile wake_fn)(void *);
+static void *volatile wake_arg;
+static struct sigaction wake_prev[NSIG];
+static unsigned char wake_hooked[NSIG];
 unsigned long main_thread_ident;
-static struct sigaction sigint_prev;
 
-static void sigint_chain(int sig, siginfo_t *info, void *uctx)
+static void wake_chain(int sig, siginfo_t *info, void *uctx)
 {
-	void (*fn)(void *) = sigint_fn;
-	if (fn)
-		fn(sigint_arg);
-	if (sigint_prev.sa_flags & SA_SIGINFO) {
-		if (sigint_prev.sa_sigaction)
-			sigint_prev.sa_sigaction(sig, info, uctx);
-	} else if (sigint_prev.sa_handler != SIG_DFL && sigint_prev.sa_handler != SIG_IGN) {
-		sigint_prev.sa_handler(sig);
+	int saved = errno;
+	const struct sigaction *prev = &wake_prev[sig];
+	if (prev->sa_flags & SA_SIGINFO) {
+		if (prev->sa_sigaction)
+			prev->sa_sigaction(sig, info, uctx);
+	} else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN) {
+		prev->sa_handler(sig);
 	}
+	void (*fn)(void *) = wake_fn;
+	if (fn)
+		fn(wake_arg);
+	errno = saved;
 }
 
-/* Only the main thread receives Python's SIGINT; elsewhere Ctrl-C is
- * delivered to the main thread and the wait continues. */
-int sigint_hook(void (*fn)(void *), void *arg)
+/* The signals whose current Python-level handler is a callable. */
+static int python_handled(unsigned char *out)
 {
-	if (PyThread_get_thread_ident() != main_thread_ident)
+	memset(out, 0, NSIG);
+	PyObject *mod = PyImport_ImportModule("signal");
+	PyObject *valid = mod ? PyObject_CallMethod(mod, "valid_signals", NULL) : NULL;
+	PyObject *it = valid ? PyObject_GetIter(valid) : NULL;
+	PyObject *item;
+	int n = 0;
+	while (it && (item = PyIter_Next(it))) {
+		long sig = PyLong_AsLong(item);
+		PyObject *h = sig > 0 && sig < NSIG ? PyObject_CallMethod(mod, "getsignal", "O", item) : NULL;
+		if (h && h != Py_None && PyCallable_Check(h)) {
+			out[sig] = 1;
+			n++;
+		}
+		Py_XDECREF(h);
+		Py_DECREF(item);
+		PyErr_Clear();
+	}
+	Py_XDECREF(it);
+	Py_XDECREF(valid);
+	Py_XDECREF(mod);
+	PyErr_Clear();
+	return n;
+}
+
+/* Route the signals with Python handlers to fn(arg) (main thread only). */
+static int signals_hook(void (*fn)(void *), void *arg)
+{
+	if (PyThread_get_thread_ident() != main_thread_ident || !python_handled(wake_hooked))
 		return 0;
+	wake_arg = arg;
+	wake_fn = fn;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
-	sa.sa_sigaction = sigint_chain;
-	sa.sa_flags = SA_SIGINFO;
+	sa.sa_sigaction = wake_chain;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
-	sigint_arg = arg;
-	sigint_fn = fn;
-	if (sigaction(SIGINT, &sa, &sigint_prev) < 0) {
-		sigint_fn = NULL;
-		return 0;
-	}
+	for (int sig = 1; sig < NSIG; sig++)
+		if (wake_hooked[sig] && sigaction(sig, &sa, &wake_prev[sig]) < 0)
+			wake_hooked[sig] = 0;
 	return 1;
 }
 
-void sigint_unhook(int hooked)
+static void signals_unhook(int hooked)
 {
 	if (!hooked)
 		return;
-	sigaction(SIGINT, &sigint_prev, NULL);
-	sigint_fn = NULL;
-	sigint_arg = NULL;
+	for (int sig = 1; sig < NSIG; sig++)
+		if (wake_hooked[sig])
+			sigaction(sig, &wake_prev[sig], NULL);
+	wake_fn = NULL;
+	wake_arg = NULL;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
+		       int64_t ms)
+{
+	const int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
+	for (;;) {
+		int hooked = signals_hook(intr, intr_arg);
+		int rc;
+		Py_BEGIN_ALLOW_THREADS
+		rc = call(ctx, ms);
+		Py_END_ALLOW_THREADS
+		signals_unhook(hooked);
+		if (rc != GF_ERR_INTERRUPTED || !hooked)
+			return rc;
+		if (PyErr_CheckSignals() < 0)
+			return GFPY_PYERR;
+		if (deadline >= 0) {
+			ms = deadline - now_ms();
+			if (ms < 0)
+				ms = 0;
+		}
+	}
 }

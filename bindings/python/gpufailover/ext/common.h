@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpufailover.h"
 #include "../dlpack_abi.h"
@@ -70,8 +71,15 @@ void run_hook(PyObject *fn, int err, const char *detail);
 PyObject *hook_get(PyObject *slot);
 int hook_set(PyObject **slot, PyObject *v, const char *what);
 extern unsigned long main_thread_ident;
-int sigint_hook(void (*fn)(void *), void *arg);
-void sigint_unhook(int hooked);
+/* wait_interruptible(): a Python exception is set (a signal handler raised). */
+#define GFPY_PYERR 1
+/*
+ * Run call(ctx, ms) with the GIL released until it returns something other
+ * than GF_ERR_INTERRUPTED; a signal with a Python handler runs intr(intr_arg)
+ * (async-signal-safe) to wake it. Returns call()'s result or GFPY_PYERR.
+ */
+int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
+		       int64_t ms);
 
 /* the types, each in its own file */
 extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;

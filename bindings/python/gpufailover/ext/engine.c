@@ -303,6 +303,11 @@ static void engine_interrupt_cb(void *arg)
 	gf_engine_interrupt(arg);
 }
 
+static int engine_acquire_call(void *ctx, int64_t ms)
+{
+	return gf_engine_acquire(ctx, ms);
+}
+
 static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "timeout", NULL };
@@ -312,12 +317,9 @@ static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw
 		return NULL;
 	if (engine_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
-	int hooked = sigint_hook(engine_interrupt_cb, self->engine);
-	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_engine_acquire(self->engine, ms);
-	Py_END_ALLOW_THREADS
-	sigint_unhook(hooked);
+	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, self->engine, ms);
+	if (rc == GFPY_PYERR)
+		return NULL;
 	PyObject *r = step_result(self, rc);
 	if (!r)
 		return NULL;

@@ -80,6 +80,17 @@ static void lock_interrupt_cb(void *arg)
 	gf_lock_interrupt(arg);
 }
 
+struct acquire_ctx {
+	gf_lock *lock;
+	struct gf_lock_grant grant;
+};
+
+static int acquire_call(void *ctx, int64_t ms)
+{
+	struct acquire_ctx *c = ctx;
+	return gf_lock_acquire(c->lock, ms, &c->grant);
+}
+
 static PyObject *make_grant(const struct gf_lock_grant *g)
 {
 	return PyObject_CallFunction(GrantType, "Ky#dO", (unsigned long long)g->epoch,
@@ -99,17 +110,15 @@ static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 		return NULL;
 	if (lock_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
-	struct gf_lock_grant grant;
-	int rc, hooked = sigint_hook(lock_interrupt_cb, self->lock);
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_lock_acquire(self->lock, ms, &grant);
-	Py_END_ALLOW_THREADS
-	sigint_unhook(hooked);
-	if (rc == GF_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
-		return NULL; /* KeyboardInterrupt: the wait was abandoned, nothing is held */
+	/* A signal whose handler raises abandons the wait (nothing is held);
+	 * one whose handler returns re-queues with the time that remains. */
+	struct acquire_ctx c = { .lock = self->lock };
+	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, self->lock, ms);
+	if (rc == GFPY_PYERR)
+		return NULL;
 	if (rc < 0)
 		return raise_gf(rc);
-	return make_grant(&grant);
+	return make_grant(&c.grant);
 }
 
 static PyObject *Lock_release(LockObject *self, PyObject *unused)
