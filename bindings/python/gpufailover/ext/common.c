@@ -168,7 +168,7 @@ static int64_t now_ms(void)
 }
 
 int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
-		       int64_t ms)
+		       int64_t ms, const int *stop)
 {
 	const int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
 	for (;;) {
@@ -178,7 +178,7 @@ int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*int
 		rc = call(ctx, ms);
 		Py_END_ALLOW_THREADS
 		signals_unhook(hooked);
-		if (rc != GF_ERR_INTERRUPTED || !hooked)
+		if (rc != GF_ERR_INTERRUPTED || !hooked || *stop)
 			return rc;
 		if (PyErr_CheckSignals() < 0)
 			return GFPY_PYERR;
@@ -187,5 +187,23 @@ int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*int
 			if (ms < 0)
 				ms = 0;
 		}
+	}
+}
+
+int refuse_busy(Py_ssize_t busy, const char *type, const char *what)
+{
+	if (busy <= 0)
+		return 0;
+	PyErr_Format(StateError, "%s: cannot %s while another thread is in a call on it", type, what);
+	return -1;
+}
+
+void wait_idle(const Py_ssize_t *busy)
+{
+	while (*busy > 0) {
+		Py_BEGIN_ALLOW_THREADS
+		struct timespec ts = { 0, 1000000 };
+		nanosleep(&ts, NULL);
+		Py_END_ALLOW_THREADS
 	}
 }

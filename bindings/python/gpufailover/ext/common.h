@@ -39,6 +39,7 @@ typedef struct {
 	int borrowed;        /* the gf_gms belongs to an Engine: never freed here */
 	int device;          /* with borrowed: the Engine's device index */
 	Py_ssize_t exports;  /* live buffers / DLPack capsules over the mappings */
+	Py_ssize_t busy;     /* calls running with the GIL released */
 	PyObject *on_lost;
 } GMSObject;
 
@@ -56,6 +57,25 @@ typedef struct {
 	Py_ssize_t itemsize;
 	Py_ssize_t pyshape[8];
 } MappingObject;
+
+/*
+ * In-use counts. A method that uses an object's library handle with the GIL
+ * released counts itself in obj->busy (changed only with the GIL held), so
+ * close() on another thread never frees the handle under it: close()
+ * interrupts a blocked wait and waits for it, or raises StateError.
+ */
+#define BLOCKING(obj, stmt)            \
+	do {                           \
+		(obj)->busy++;         \
+		Py_BEGIN_ALLOW_THREADS \
+		stmt;                  \
+		Py_END_ALLOW_THREADS   \
+		(obj)->busy--;         \
+	} while (0)
+/* Raise StateError naming what cannot be done while busy > 0; 0 if idle. */
+int refuse_busy(Py_ssize_t busy, const char *type, const char *what);
+/* Release the GIL until *busy drops to 0. */
+void wait_idle(const Py_ssize_t *busy);
 
 /* exceptions (errors.c) */
 extern PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError,
@@ -76,10 +96,12 @@ extern unsigned long main_thread_ident;
 /*
  * Run call(ctx, ms) with the GIL released until it returns something other
  * than GF_ERR_INTERRUPTED; a signal with a Python handler runs intr(intr_arg)
- * (async-signal-safe) to wake it. Returns call()'s result or GFPY_PYERR.
+ * (async-signal-safe) to wake it. An interrupted call whose *stop is set
+ * (close() on another thread) is not resumed: GF_ERR_INTERRUPTED is returned.
+ * Returns call()'s result or GFPY_PYERR.
  */
 int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
-		       int64_t ms);
+		       int64_t ms, const int *stop);
 
 /* the types, each in its own file */
 extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;

@@ -12,6 +12,9 @@ typedef struct {
 	 * references: each view holds a reference to the engine, so the engine
 	 * (and the memory the views expose) outlives every view. */
 	GMSObject *views[16];
+	Py_ssize_t busy; /* calls running with the GIL released */
+	int acquiring;   /* one of them is acquire(), which close() can interrupt */
+	int closing;     /* close() is ending a blocked acquire() */
 } EngineObject;
 
 void engine_forget_view(PyObject *engine, GMSObject *view)
@@ -270,9 +273,7 @@ static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObjec
 		return PyErr_Format(PyExc_TypeError, "load must be callable(device, gms) or None");
 	struct step_ctx ctx = { self, fn };
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_engine_init_weights(self->engine, fn == Py_None ? NULL : load_trampoline, &ctx);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_engine_init_weights(self->engine, fn == Py_None ? NULL : load_trampoline, &ctx));
 	return step_result(self, rc);
 }
 
@@ -282,8 +283,8 @@ static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObjec
 		if (engine_ready(self) < 0)                                     \
 			return NULL;                                            \
 		int rc;                                                         \
-		Py_BEGIN_ALLOW_THREADS rc = call;                               \
-		Py_END_ALLOW_THREADS return step_result(self, rc);              \
+		BLOCKING(self, rc = call);                                      \
+		return step_result(self, rc);                                   \
 	}
 ENGINE_STEP(sleep, gf_engine_sleep(self->engine))
 ENGINE_STEP(wake_up, gf_engine_wake_up(self->engine))
@@ -317,9 +318,17 @@ static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw
 		return NULL;
 	if (engine_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
-	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, self->engine, ms);
+	self->busy++;
+	self->acquiring++;
+	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, self->engine, ms,
+				    &self->closing);
+	int closed = rc == GF_ERR_INTERRUPTED && self->closing;
+	self->acquiring--;
+	self->busy--;
 	if (rc == GFPY_PYERR)
 		return NULL;
+	if (closed)
+		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by another thread");
 	PyObject *r = step_result(self, rc);
 	if (!r)
 		return NULL;
@@ -339,9 +348,7 @@ static PyObject *Engine_serve(EngineObject *self, PyObject *args, PyObject *kw)
 		return PyErr_Format(PyExc_TypeError, "serve must be callable() or None");
 	struct step_ctx ctx = { self, fn };
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_engine_serve(self->engine, fn == Py_None ? NULL : step_trampoline, &ctx);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_engine_serve(self->engine, fn == Py_None ? NULL : step_trampoline, &ctx));
 	return step_result(self, rc);
 }
 
@@ -385,9 +392,7 @@ static PyObject *Engine_probe(EngineObject *self, PyObject *arg)
 	if (engine_ready(self) < 0 || probe_arg(arg, &probe) < 0)
 		return NULL;
 	int code;
-	Py_BEGIN_ALLOW_THREADS
-	code = gf_engine_probe(self->engine, probe);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, code = gf_engine_probe(self->engine, probe));
 	if (code < 0)
 		return raise_gf(code);
 	return PyLong_FromLong(code);
@@ -531,8 +536,21 @@ static int Engine_set_health(EngineObject *self, PyObject *v, void *c)
 
 static PyObject *Engine_close(EngineObject *self, PyObject *unused)
 {
+	/* acquire() on another thread is interrupted and waited for; any other
+	 * call (wake_up, serve, a view's remap ...) cannot be, so close() raises. */
+	if (self->busy > 0 && self->busy == self->acquiring) {
+		self->closing = 1;
+		gf_engine_interrupt(self->engine);
+		wait_idle(&self->busy);
+		self->closing = 0;
+		if (!self->engine)
+			Py_RETURN_NONE; /* another close() finished meanwhile */
+	}
+	if (refuse_busy(self->busy, "Engine", "close") < 0)
+		return NULL;
 	for (int i = 0; i < 16; i++)
-		if (self->views[i] && no_exports(self->views[i], "close") < 0)
+		if (self->views[i] && (no_exports(self->views[i], "close") < 0 ||
+				       refuse_busy(self->views[i]->busy, "Engine", "close") < 0))
 			return NULL;
 	for (int i = 0; i < 16; i++)
 		if (self->views[i])

@@ -11,6 +11,13 @@ int gms_ready(GMSObject *self)
 	return 0;
 }
 
+/* Ready, and no other thread is in a call on it (the library object is not
+ * for concurrent use). */
+static int gms_idle(GMSObject *self, const char *what)
+{
+	return gms_ready(self) < 0 || refuse_busy(self->busy, "GMSClient", what) < 0 ? -1 : 0;
+}
+
 static int mode_arg(PyObject *obj, int *mode)
 {
 	if (!PyUnicode_Check(obj)) {
@@ -108,15 +115,13 @@ static PyObject *GMS_allocate(GMSObject *self, PyObject *args, PyObject *kw)
 	const char *tag = "";
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "L|s", kwlist, &size, &tag))
 		return NULL;
-	if (gms_ready(self) < 0)
+	if (gms_idle(self, "allocate") < 0)
 		return NULL;
 	if (size <= 0)
 		return PyErr_Format(PyExc_ValueError, "size must be > 0, not %lld", size);
 	uint64_t id;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_allocate(self->gms, (uint64_t)size, tag, &id);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_allocate(self->gms, (uint64_t)size, tag, &id));
 	if (rc < 0)
 		return raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(id);
@@ -130,14 +135,12 @@ static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
 	Py_buffer value = { 0 };
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|Ky*", kwlist, &key, &aid, &off, &value))
 		return NULL;
-	if (gms_ready(self) < 0) {
+	if (gms_idle(self, "put_meta") < 0) {
 		PyBuffer_Release(&value);
 		return NULL;
 	}
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_put_meta(self->gms, key, aid, off, value.buf, (size_t)value.len);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_put_meta(self->gms, key, aid, off, value.buf, (size_t)value.len));
 	PyBuffer_Release(&value);
 	if (rc < 0)
 		return raise_gf(rc);
@@ -146,13 +149,11 @@ static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0)
+	if (gms_idle(self, "commit") < 0)
 		return NULL;
 	uint64_t gen;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_commit(self->gms, &gen);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_commit(self->gms, &gen));
 	if (rc < 0)
 		return raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(gen);
@@ -160,12 +161,10 @@ static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
 
 static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0)
+	if (gms_idle(self, "map_all") < 0)
 		return NULL;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_map_all(self->gms);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_map_all(self->gms));
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
@@ -173,12 +172,10 @@ static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
 
 static PyObject *GMS_unmap(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0 || no_exports(self, "unmap") < 0)
+	if (gms_idle(self, "unmap") < 0 || no_exports(self, "unmap") < 0)
 		return NULL;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_unmap(self->gms);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_unmap(self->gms));
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
@@ -191,12 +188,10 @@ static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 	int64_t ms;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwlist, &tobj))
 		return NULL;
-	if (gms_ready(self) < 0 || timeout_arg(tobj, &ms, 0) < 0)
+	if (gms_idle(self, "remap") < 0 || timeout_arg(tobj, &ms, 0) < 0)
 		return NULL;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_remap(self->gms, ms);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_gms_remap(self->gms, ms));
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
@@ -204,7 +199,9 @@ static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *GMS_close(GMSObject *self, PyObject *unused)
 {
-	if (no_exports(self, "close") < 0)
+	/* No library call of a GMS client can be interrupted: a close() while
+	 * another thread waits in one (remap) raises instead of freeing under it. */
+	if (no_exports(self, "close") < 0 || refuse_busy(self->busy, "GMSClient", "close") < 0)
 		return NULL;
 	if (self->borrowed) {
 		self->gms = NULL; /* the Engine closes its own clients */

@@ -6,6 +6,8 @@ typedef struct {
 	PyObject_HEAD
 	gf_lock *lock;
 	PyObject *on_lost; /* callable or None */
+	Py_ssize_t busy;   /* calls running with the GIL released */
+	int closing;       /* close() is ending a blocked acquire() */
 } LockObject;
 
 static PyObject *GrantType; /* a namedtuple made in module exec */
@@ -75,6 +77,13 @@ static int lock_ready(LockObject *self)
 	return 0;
 }
 
+/* Ready, and no other thread is in a call on it (the library object is
+ * not for concurrent use: an acquire owns the connection while it waits). */
+static int lock_idle(LockObject *self, const char *what)
+{
+	return lock_ready(self) < 0 || refuse_busy(self->busy, "LockClient", what) < 0 ? -1 : 0;
+}
+
 static void lock_interrupt_cb(void *arg)
 {
 	gf_lock_interrupt(arg);
@@ -108,14 +117,19 @@ static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 	int64_t ms;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
 		return NULL;
-	if (lock_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
+	if (lock_idle(self, "acquire") < 0 || timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
 	/* A signal whose handler raises abandons the wait (nothing is held);
 	 * one whose handler returns re-queues with the time that remains. */
 	struct acquire_ctx c = { .lock = self->lock };
-	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, self->lock, ms);
+	self->busy++;
+	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, self->lock, ms, &self->closing);
+	int closed = rc == GF_ERR_INTERRUPTED && self->closing;
+	self->busy--;
 	if (rc == GFPY_PYERR)
 		return NULL;
+	if (closed)
+		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by another thread");
 	if (rc < 0)
 		return raise_gf(rc);
 	return make_grant(&c.grant);
@@ -123,12 +137,10 @@ static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *Lock_release(LockObject *self, PyObject *unused)
 {
-	if (lock_ready(self) < 0)
+	if (lock_idle(self, "release") < 0)
 		return NULL;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_lock_release(self->lock);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_lock_release(self->lock));
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
@@ -136,6 +148,14 @@ static PyObject *Lock_release(LockObject *self, PyObject *unused)
 
 static PyObject *Lock_close(LockObject *self, PyObject *unused)
 {
+	if (self->busy > 0) {
+		/* End a blocked acquire() on another thread and let it return
+		 * before the connection is freed. */
+		self->closing = 1;
+		gf_lock_interrupt(self->lock);
+		wait_idle(&self->busy);
+		self->closing = 0;
+	}
 	gf_lock *l = self->lock;
 	self->lock = NULL;
 	Py_BEGIN_ALLOW_THREADS
@@ -153,12 +173,10 @@ static PyObject *Lock_fileno(LockObject *self, PyObject *unused)
 
 static PyObject *Lock_process(LockObject *self, PyObject *unused)
 {
-	if (lock_ready(self) < 0)
+	if (lock_idle(self, "process") < 0)
 		return NULL;
 	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_lock_process(self->lock);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, rc = gf_lock_process(self->lock));
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
@@ -166,7 +184,7 @@ static PyObject *Lock_process(LockObject *self, PyObject *unused)
 
 static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
 {
-	if (lock_ready(self) < 0)
+	if (lock_idle(self, "start_watch") < 0)
 		return NULL;
 	int rc = gf_lock_start_watch(self->lock);
 	if (rc < 0)
@@ -176,11 +194,9 @@ static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
 
 static PyObject *Lock_stop_watch(LockObject *self, PyObject *unused)
 {
-	if (lock_ready(self) < 0)
+	if (lock_idle(self, "stop_watch") < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	gf_lock_stop_watch(self->lock);
-	Py_END_ALLOW_THREADS
+	BLOCKING(self, gf_lock_stop_watch(self->lock));
 	Py_RETURN_NONE;
 }
 
