@@ -29,6 +29,19 @@ int timeout_arg(PyObject *obj, int64_t *ms, int allow_none)
 	return 0;
 }
 
+int u64_arg(PyObject *obj, void *out)
+{
+	PyObject *idx = PyNumber_Index(obj);
+	if (!idx)
+		return 0;
+	unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+	Py_DECREF(idx);
+	if (v == (unsigned long long)-1 && PyErr_Occurred())
+		return 0; /* OverflowError: negative or >= 2**64 */
+	*(uint64_t *)out = v;
+	return 1;
+}
+
 PyObject *json_loads(const char *text)
 {
 	PyObject *json = PyImport_ImportModule("json");

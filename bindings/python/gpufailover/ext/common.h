@@ -86,6 +86,9 @@ int errors_add(PyObject *m);
 
 /* helpers (common.c) */
 int timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
+/* PyArg "O&" converter to uint64_t: OverflowError outside 0 .. 2**64-1
+ * (never wrapped, as the "K" format would), TypeError for non-integers. */
+int u64_arg(PyObject *obj, void *out);
 PyObject *json_loads(const char *text);
 void run_hook(PyObject *fn, int err, const char *detail);
 PyObject *hook_get(PyObject *slot);

@@ -178,11 +178,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None;
-	unsigned long long priv = 0;
+	uint64_t priv = 0;
 	int probe_port = -1, role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOKiz", kwlist, &lock_uri, &id, &gms_list, &roleobj, &bobj,
-					 &wobj, &robj, &iobj, &priv, &probe_port, &probe_addr))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&iz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
+					 &bobj, &wobj, &robj, &iobj, u64_arg, &priv, &probe_port, &probe_addr))
 		return -1;
 	if (self->engine) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");

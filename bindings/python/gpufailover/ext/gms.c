@@ -131,9 +131,9 @@ static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "key", "alloc_id", "offset", "value", NULL };
 	const char *key;
-	unsigned long long aid, off = 0;
+	uint64_t aid, off = 0;
 	Py_buffer value = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|Ky*", kwlist, &key, &aid, &off, &value))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O&y*", kwlist, &key, u64_arg, &aid, u64_arg, &off, &value))
 		return NULL;
 	if (gms_idle(self, "put_meta") < 0) {
 		PyBuffer_Release(&value);
@@ -350,9 +350,10 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "key", "alloc_id", "offset", "size", "dtype", "shape", NULL };
 	const char *key = NULL, *dtype = "uint8";
 	PyObject *aidobj = Py_None, *shapeobj = Py_None;
-	unsigned long long off = 0;
+	uint64_t off = 0;
 	long long size = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$OKLsO", kwlist, &key, &aidobj, &off, &size, &dtype, &shapeobj))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$OO&LsO", kwlist, &key, &aidobj, u64_arg, &off, &size, &dtype,
+					 &shapeobj))
 		return NULL;
 	if (gms_ready(self) < 0)
 		return NULL;
@@ -364,42 +365,42 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 		return PyErr_Format(PyExc_ValueError, "unknown dtype '%s'", dtype);
 	Py_ssize_t itemsize = dtypes[di].bits / 8;
 
-	uint64_t base = 0, limit = 0;
+	uint64_t start = 0, limit = 0; /* the view's first byte before offset=, the allocation's end */
 	if (key) {
 		struct gf_gms_meta m;
 		int rc = gf_gms_meta_get(self->gms, key, &m);
 		if (rc < 0)
 			return raise_gf(rc);
-		aidobj = NULL;
-		base = m.addr;
+		start = m.addr;
 		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
 			struct gf_gms_alloc_info a;
 			if (gf_gms_alloc_at(self->gms, i, &a) == 0 && a.id == m.alloc_id)
 				limit = a.addr + a.size;
 		}
-		base += off;
 	} else {
 		if (aidobj == Py_None)
 			return PyErr_Format(PyExc_TypeError, "buffer() needs a metadata key or alloc_id=");
-		unsigned long long aid = PyLong_AsUnsignedLongLong(aidobj);
-		if (PyErr_Occurred())
+		uint64_t aid;
+		if (!u64_arg(aidobj, &aid))
 			return NULL;
 		int found = 0;
 		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
 			struct gf_gms_alloc_info a;
 			if (gf_gms_alloc_at(self->gms, i, &a) == 0 && a.id == aid) {
-				base = a.addr + off;
+				start = a.addr;
 				limit = a.addr + a.size;
 				found = 1;
 			}
 		}
 		if (!found)
-			return PyErr_Format(NotFoundError, "no allocation with id %llu", aid);
+			return PyErr_Format(NotFoundError, "no allocation with id %llu", (unsigned long long)aid);
 	}
-	if (gf_gms_granted_mode(self->gms) == 0 || base == 0)
+	if (gf_gms_granted_mode(self->gms) == 0 || start == 0)
 		return PyErr_Format(StateError, "the weights are not mapped (asleep? call remap() or map_all())");
-	if (base >= limit)
+	/* Compared before adding, so a huge offset cannot wrap around into range. */
+	if (start >= limit || off >= limit - start)
 		return PyErr_Format(PyExc_ValueError, "offset beyond the end of the allocation");
+	const uint64_t base = start + off;
 
 	MappingObject *mo = PyObject_New(MappingObject, &MappingType);
 	if (!mo)

@@ -23,6 +23,8 @@ static PyObject *py_strerror(PyObject *self, PyObject *arg)
 	long code = PyLong_AsLong(arg);
 	if (code == -1 && PyErr_Occurred())
 		return NULL;
+	if (code < INT_MIN || code > INT_MAX)
+		return PyErr_Format(PyExc_OverflowError, "error code %ld out of range", code);
 	return PyUnicode_FromString(gf_strerror((int)code));
 }
 
