@@ -28,9 +28,15 @@ import gpufailover as gf
 
 TENSOR_ALIGN = 256
 CHUNK_LIMIT = 256 << 20
-DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F64": (np.float64, 8),
-          "I8": (np.int8, 1), "U8": (np.uint8, 1), "I16": (np.int16, 2), "I32": (np.int32, 4),
-          "I64": (np.int64, 8), "BOOL": (np.bool_, 1)}
+# The dtypes gf-c-engine loads (examples/c-engine/safetensors.c), so either
+# engine can follow the other: safetensors name -> (numpy type or None where
+# numpy has none, bytes per item). Tensors have 0 (a scalar) to MAX_DIMS dimensions.
+DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2),
+          "F8_E4M3": (None, 1), "F8_E5M2": (None, 1), "F8_E8M0": (None, 1),
+          "I64": (np.int64, 8), "I32": (np.int32, 4), "I16": (np.int16, 2), "I8": (np.int8, 1),
+          "U64": (np.uint64, 8), "U32": (np.uint32, 4), "U16": (np.uint16, 2), "U8": (np.uint8, 1),
+          "BOOL": (np.bool_, 1), "C64": (np.complex64, 8)}
+MAX_DIMS = 16
 M64 = (1 << 64) - 1
 
 
@@ -95,8 +101,9 @@ def read_safetensors(path):
             raise ValueError(f"{path}: tensor {name!r}: unknown dtype {dtype!r}")
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= len(body)):
             raise ValueError(f"{path}: tensor {name!r}: data_offsets out of range")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"{path}: tensor {name!r}: bad shape")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ValueError(f"{path}: tensor {name!r}: bad shape (0 to {MAX_DIMS} sizes >= 0)")
         if int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1] != end - begin:
             raise ValueError(f"{path}: tensor {name!r}: shape does not match its byte size")
         tensors.append((begin, name, dtype, shape, bytes(body[begin:end])))

@@ -43,6 +43,9 @@ typedef struct {
 	PyObject *on_lost;
 } GMSObject;
 
+/* Dimensions of a Mapping: as many as a safetensors tensor may have in the C engine. */
+#define GFPY_MAX_DIMS 16
+
 typedef struct {
 	PyObject_HEAD
 	GMSObject *owner;
@@ -52,10 +55,10 @@ typedef struct {
 	int device_type, device_id;
 	gf_DLDataType dtype;
 	int ndim;
-	int64_t shape[8];
+	int64_t shape[GFPY_MAX_DIMS];
 	char format[4];
 	Py_ssize_t itemsize;
-	Py_ssize_t pyshape[8];
+	Py_ssize_t pyshape[GFPY_MAX_DIMS];
 } MappingObject;
 
 /*

@@ -420,9 +420,9 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 		if (!seq)
 			goto fail;
 		Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
-		if (nd < 1 || nd > 8) {
+		if (nd > GFPY_MAX_DIMS) { /* 0 dimensions: a scalar, one item */
 			Py_DECREF(seq);
-			PyErr_SetString(PyExc_ValueError, "shape must have 1 to 8 dimensions");
+			PyErr_Format(PyExc_ValueError, "shape must have at most %d dimensions", GFPY_MAX_DIMS);
 			goto fail;
 		}
 		Py_ssize_t count = 1;

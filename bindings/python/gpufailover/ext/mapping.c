@@ -55,7 +55,7 @@ static PyBufferProcs Mapping_as_buffer = {
 /* One allocation holds the managed tensor, its shape and the owner reference. */
 struct dl_ctx {
 	MappingObject *mapping;
-	int64_t shape[8];
+	int64_t shape[GFPY_MAX_DIMS];
 };
 
 static void dl_release_ctx(struct dl_ctx *ctx)
