@@ -340,7 +340,8 @@ static PyObject *Engine_serve(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "serve", NULL };
 	PyObject *fn = Py_None;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &fn))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "serve($self, serve=None)\n--\n\n"
+	  "|O", kwlist, &fn))
 		return NULL;
 	if (engine_ready(self) < 0)
 		return NULL;
@@ -565,26 +566,37 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
 
 static PyMethodDef Engine_methods[] = {
 	{ "init_weights", (PyCFunction)(void (*)(void))Engine_init_weights, METH_VARARGS | METH_KEYWORDS,
+	  "init_weights($self, load=None)\n--\n\n"
 	  "init_weights(load=None)\n\nConnect every GMS (loader: rw_or_ro, follower: ro). Where this engine is\n"
 	  "the writer, load(device, gms) is called and must allocate, fill, put metadata and commit;\n"
 	  "elsewhere the committed weights are imported read-only. Stays in Init." },
 	{ "sleep", (PyCFunction)Engine_sleep_checked, METH_NOARGS,
+	  "sleep($self, /)\n--\n\n"
 	  "Unmap the weights (addresses stay reserved) and enter Standby." },
 	{ "acquire", (PyCFunction)(void (*)(void))Engine_acquire, METH_VARARGS | METH_KEYWORDS,
+	  "acquire($self, timeout=None)\n--\n\n"
 	  "acquire(timeout=None) -> epoch\n\nBlock on the lock (GIL released, Ctrl-C works); enter Waking." },
 	{ "wake_up", (PyCFunction)Engine_wake_up, METH_NOARGS,
+	  "wake_up($self, /)\n--\n\n"
 	  "Remap weights, allocate private memory (retrying on OOM within the waking timeout).\n"
 	  "Failure is fatal: the engine is Dead and the caller should exit." },
 	{ "serve", (PyCFunction)(void (*)(void))Engine_serve, METH_VARARGS | METH_KEYWORDS,
 	  "serve(serve=None)\n\nRun serve() (register the endpoint), then enter Active." },
-	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead(reason='')" },
-	{ "probe", (PyCFunction)Engine_probe, METH_O, "probe('live'|'ready'|'startup') -> HTTP status" },
-	{ "metrics_text", (PyCFunction)Engine_metrics_text, METH_NOARGS, "Prometheus text of the metrics" },
-	{ "state_info", (PyCFunction)Engine_state_info, METH_NOARGS, "the /state document as a dict" },
-	{ "gms", (PyCFunction)Engine_gms, METH_VARARGS, "gms(device=0) -> GMSClient owned by the engine" },
+	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead($self, reason='marked dead by the engine', /)\n--\n\n"
+	  "mark_dead(reason='')" },
+	{ "probe", (PyCFunction)Engine_probe, METH_O, "probe($self, probe, /)\n--\n\n"
+	  "probe('live'|'ready'|'startup') -> HTTP status" },
+	{ "metrics_text", (PyCFunction)Engine_metrics_text, METH_NOARGS, "metrics_text($self, /)\n--\n\n"
+	  "Prometheus text of the metrics" },
+	{ "state_info", (PyCFunction)Engine_state_info, METH_NOARGS, "state_info($self, /)\n--\n\n"
+	  "the /state document as a dict" },
+	{ "gms", (PyCFunction)Engine_gms, METH_VARARGS, "gms($self, device=0, /)\n--\n\n"
+	  "gms(device=0) -> GMSClient owned by the engine" },
 	{ "private_memory", (PyCFunction)Engine_private_memory, METH_VARARGS,
+	  "private_memory($self, device=0, /)\n--\n\n"
 	  "private_memory(device=0) -> (addr, size) of the KV memory allocated on wake" },
-	{ "close", (PyCFunction)Engine_close, METH_NOARGS, "Release everything (and the lock)." },
+	{ "close", (PyCFunction)Engine_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Release everything (and the lock)." },
 	{ NULL },
 };
 

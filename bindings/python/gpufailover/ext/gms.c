@@ -476,24 +476,35 @@ static PyObject *GMS_exit(GMSObject *self, PyObject *args)
 
 static PyMethodDef GMS_methods[] = {
 	{ "allocate", (PyCFunction)(void (*)(void))GMS_allocate, METH_VARARGS | METH_KEYWORDS,
+	  "allocate($self, size, tag='')\n--\n\n"
 	  "allocate(size, tag='') -> id\n\nWriter: allocate in the GMS, import and map read-write." },
 	{ "put_meta", (PyCFunction)(void (*)(void))GMS_put_meta, METH_VARARGS | METH_KEYWORDS,
+	  "put_meta($self, key, alloc_id, offset=0, value=b'')\n--\n\n"
 	  "put_meta(key, alloc_id, offset=0, value=b'')\n\nWriter: record a metadata entry." },
 	{ "commit", (PyCFunction)GMS_commit, METH_NOARGS,
+	  "commit($self, /)\n--\n\n"
 	  "commit() -> generation\n\nWriter: validate, hash the layout, commit; the client becomes a reader." },
 	{ "map_all", (PyCFunction)GMS_map_all, METH_NOARGS,
+	  "map_all($self, /)\n--\n\n"
 	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },
 	{ "unmap", (PyCFunction)GMS_unmap, METH_NOARGS,
+	  "unmap($self, /)\n--\n\n"
 	  "Sleep: unmap everything, keep the addresses reserved, close the connection.\n"
 	  "Raises BufferError while buffers/tensors over the mappings are alive." },
 	{ "remap", (PyCFunction)(void (*)(void))GMS_remap, METH_VARARGS | METH_KEYWORDS,
+	  "remap($self, timeout)\n--\n\n"
 	  "remap(timeout)\n\nWake: reconnect read-only within timeout seconds, check the layout, map at\n"
 	  "the same addresses. Raises TimeoutError or StaleLayoutError." },
-	{ "close", (PyCFunction)GMS_close, METH_NOARGS, "Unmap, release and close." },
-	{ "process", (PyCFunction)GMS_process, METH_NOARGS, "Notice a lost GMS; raises GMSLostError." },
-	{ "start_watch", (PyCFunction)GMS_start_watch, METH_NOARGS, "Start the loss watcher thread." },
-	{ "fileno", (PyCFunction)GMS_fileno, METH_NOARGS, "fd of the GMS connection, -1 while asleep." },
+	{ "close", (PyCFunction)GMS_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Unmap, release and close." },
+	{ "process", (PyCFunction)GMS_process, METH_NOARGS, "process($self, /)\n--\n\n"
+	  "Notice a lost GMS; raises GMSLostError." },
+	{ "start_watch", (PyCFunction)GMS_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
+	  "Start the loss watcher thread." },
+	{ "fileno", (PyCFunction)GMS_fileno, METH_NOARGS, "fileno($self, /)\n--\n\n"
+	  "fd of the GMS connection, -1 while asleep." },
 	{ "buffer", (PyCFunction)(void (*)(void))GMS_buffer, METH_VARARGS | METH_KEYWORDS,
+	  "buffer($self, key=None, *, alloc_id=None, offset=0, size=-1, dtype='uint8', shape=None)\n--\n\n"
 	  "buffer(key=None, *, alloc_id=None, offset=0, size=-1, dtype='uint8', shape=None) -> Mapping\n\n"
 	  "A zero-copy view of mapped memory (buffer protocol on host, __dlpack__ on both backends).\n"
 	  "Read-only unless this client is the writer." },
@@ -516,7 +527,7 @@ PyTypeObject GMSType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
 	.tp_basicsize = sizeof(GMSObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None)\n\n"
+	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None)\n--\n\n"
 		  "Client of one GPU Memory Service; the connection is the RW/RO lock.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)GMS_init,

@@ -233,15 +233,22 @@ static PyObject *Lock_exit(LockObject *self, PyObject *args)
 
 static PyMethodDef Lock_methods[] = {
 	{ "acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS,
+	  "acquire($self, timeout=None)\n--\n\n"
 	  "acquire(timeout=None) -> Grant\n\nBlock until this connection holds the lock (GIL released; Ctrl-C\n"
 	  "raises KeyboardInterrupt and abandons the wait). Raises TimeoutError,\nUnreachableError, PermissionError." },
-	{ "release", (PyCFunction)Lock_release, METH_NOARGS, "Release the lock (clean shutdown)." },
-	{ "close", (PyCFunction)Lock_close, METH_NOARGS, "Close the connection (releases a held lock)." },
-	{ "fileno", (PyCFunction)Lock_fileno, METH_NOARGS, "fd to watch for readability in an event loop, -1 if none." },
+	{ "release", (PyCFunction)Lock_release, METH_NOARGS, "release($self, /)\n--\n\n"
+	  "Release the lock (clean shutdown)." },
+	{ "close", (PyCFunction)Lock_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Close the connection (releases a held lock)." },
+	{ "fileno", (PyCFunction)Lock_fileno, METH_NOARGS, "fileno($self, /)\n--\n\n"
+	  "fd to watch for readability in an event loop, -1 if none." },
 	{ "process", (PyCFunction)Lock_process, METH_NOARGS,
+	  "process($self, /)\n--\n\n"
 	  "Handle events on fileno(); raises LockLostError once the lock is lost." },
-	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "Start the built-in watcher thread." },
-	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "Stop the watcher thread." },
+	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
+	  "Start the built-in watcher thread." },
+	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "stop_watch($self, /)\n--\n\n"
+	  "Stop the watcher thread." },
 	{ "__enter__", (PyCFunction)Lock_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL },
 	{ NULL },
@@ -259,7 +266,7 @@ PyTypeObject LockType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.LockClient",
 	.tp_basicsize = sizeof(LockObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "LockClient(uri, engine_id, reconnect_timeout=None, *, secret=None)\n\n"
+	.tp_doc = "LockClient(uri, engine_id, reconnect_timeout=None, *, secret=None)\n--\n\n"
 		  "Client of the lock server where the connection is the lock.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Lock_init,

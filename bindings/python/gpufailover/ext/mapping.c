@@ -190,8 +190,10 @@ static PyObject *Mapping_get_readonly(MappingObject *self, void *c)
 
 static PyMethodDef Mapping_methods[] = {
 	{ "__dlpack__", (PyCFunction)(void (*)(void))Mapping_dlpack, METH_VARARGS | METH_KEYWORDS,
+	  "__dlpack__($self, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
 	  "DLPack export (zero-copy). Read-only mappings need a consumer speaking DLPack >= 1.0." },
-	{ "__dlpack_device__", (PyCFunction)Mapping_dlpack_device, METH_NOARGS, "(device_type, device_id)" },
+	{ "__dlpack_device__", (PyCFunction)Mapping_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\n"
+	  "(device_type, device_id)" },
 	{ NULL },
 };
 

@@ -130,7 +130,8 @@ static PyGetSetDef Memory_getset[] = {
 };
 
 static PyMethodDef Memory_methods[] = {
-	{ "info", (PyCFunction)Memory_info, METH_NOARGS, "info() -> (free_bytes, total_bytes)" },
+	{ "info", (PyCFunction)Memory_info, METH_NOARGS, "info($self, /)\n--\n\n"
+	  "info() -> (free_bytes, total_bytes)" },
 	{ NULL },
 };
 
@@ -138,7 +139,8 @@ PyTypeObject MemoryType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.Memory",
 	.tp_basicsize = sizeof(MemoryObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "Memory(backend='auto', device=0)\n\nA memory backend bound to one device: 'cuda' (CUDA VMM via the\n"
+	.tp_doc = "Memory(backend='auto', device=0)\n--\n\n"
+	  "A memory backend bound to one device: 'cuda' (CUDA VMM via the\n"
 		  "driver, loaded at run time) or 'host' (memfd). 'auto' picks cuda when usable.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Memory_init,

@@ -115,14 +115,20 @@ static const struct {
 };
 
 static PyMethodDef module_methods[] = {
-	{ "parse_duration", py_parse_duration, METH_O, "parse_duration('250ms') -> seconds (float)" },
-	{ "strerror", py_strerror, METH_O, "strerror(code) -> text" },
+	{ "parse_duration", py_parse_duration, METH_O, "parse_duration($module, text, /)\n--\n\n"
+	  "parse_duration('250ms') -> seconds (float)" },
+	{ "strerror", py_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
+	  "strerror(code) -> text" },
 	{ "lock_status", (PyCFunction)(void (*)(void))py_lock_status, METH_VARARGS | METH_KEYWORDS,
+	  "lock_status($module, uri, timeout=5.0, *, secret=None)\n--\n\n"
 	  "lock_status(uri, timeout=5.0, *, secret=None) -> dict" },
 	{ "gms_status", (PyCFunction)(void (*)(void))py_gms_status, METH_VARARGS | METH_KEYWORDS,
+	  "gms_status($module, uri, timeout=5.0)\n--\n\n"
 	  "gms_status(uri, timeout=5.0) -> dict" },
-	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "route gf_torch_malloc to this GMS writer" },
-	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "end the torch pool" },
+	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "_torch_pool_begin($module, writer, /)\n--\n\n"
+	  "route gf_torch_malloc to this GMS writer" },
+	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
+	  "end the torch pool" },
 	{ NULL },
 };
 
