@@ -601,7 +601,7 @@ static PyMethodDef Engine_methods[] = {
 };
 
 static PyGetSetDef Engine_getset[] = {
-	{ "state", (getter)Engine_get_state, NULL, "'Init', 'Standby', 'Waking', 'Active' or 'Dead'", NULL },
+	{ "state", (getter)Engine_get_state, NULL, "'init', 'standby', 'waking', 'active' or 'dead'", NULL },
 	{ "metrics", (getter)Engine_get_metrics, NULL, "dict of state, transitions, failovers and the last wake's breakdown", NULL },
 	{ "epoch", (getter)Engine_get_epoch, NULL, "fencing epoch of the lock grant", NULL },
 	{ "probe_port", (getter)Engine_get_probe_port, NULL, "port of the built-in probe server, or None", NULL },

@@ -107,9 +107,6 @@ static PyObject *make_grant(const struct gf_lock_grant *g)
 				     (double)g->granted_at_us / 1e6, g->reclaimed ? Py_True : Py_False);
 }
 
-/* ------------------------------------------------------------------ */
-/* GMSClient and Mapping                                               */
-
 static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "timeout", NULL };

@@ -214,6 +214,3 @@ PyTypeObject MappingType = {
 	.tp_methods = Mapping_methods,
 	.tp_getset = Mapping_getset,
 };
-
-/* ------------------------------------------------------------------ */
-/* Engine                                                              */

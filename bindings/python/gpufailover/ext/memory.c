@@ -148,5 +148,3 @@ PyTypeObject MemoryType = {
 	.tp_getset = Memory_getset,
 	.tp_methods = Memory_methods,
 };
-
-/* ------------------------------------------------------------------ */

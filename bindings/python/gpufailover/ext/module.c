@@ -78,8 +78,7 @@ static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
 	return r;
 }
 
-/* ------------------------------------------------------------------ */
-/* hooks: Python callables run from library threads                    */
+/* The PyTorch pluggable allocator: route gf_torch_malloc to a GMS writer. */
 
 static PyObject *py_torch_pool_begin(PyObject *self, PyObject *arg)
 {
@@ -101,9 +100,6 @@ static PyObject *py_torch_pool_end(PyObject *self, PyObject *unused)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
 }
-
-/* ------------------------------------------------------------------ */
-/* module                                                              */
 
 /* The registration lists: a new module function or type is one line here. */
 static const struct {
