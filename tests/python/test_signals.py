@@ -140,3 +140,50 @@ def test_handlers_in_other_threads_are_not_hooked(cluster):
     t.join(60)
     assert out and out[0].epoch > 0
     waiter.release()
+
+
+def sleeping_reader_of_a_fresh_gms(cluster):
+    """A reader that slept while its GMS restarted: remap() waits for a commit
+    that does not come."""
+    gmsd = cluster.gmsd()
+    mem = gf.Memory("host")
+    w = gf.GMSClient(cluster.gms_uri(), mem, mode="rw", timeout=5)
+    w.put_meta("a", w.allocate(1 << 20), 0, b"1")
+    w.commit()
+    r = gf.GMSClient(cluster.gms_uri(), mem, mode="ro", timeout=5)
+    r.map_all()
+    r.unmap()
+    w.close()
+    gmsd.kill()
+    cluster.procs.remove(gmsd)
+    cluster.gmsd()
+    return r
+
+
+def test_raising_handler_ends_gms_remap(cluster, alarm):
+    r = sleeping_reader_of_a_fresh_gms(cluster)
+
+    def raise_deadline(signum, frame):
+        raise Deadline()
+
+    signal.signal(signal.SIGALRM, raise_deadline)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    with pytest.raises(Deadline):
+        r.remap(timeout=60)
+    assert r.mode is None
+    r.close()
+
+
+def test_returning_handler_lets_remap_time_out_on_time(cluster, alarm):
+    r = sleeping_reader_of_a_fresh_gms(cluster)
+    ran = []
+    signal.signal(signal.SIGALRM, lambda s, f: ran.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+    t0 = time.monotonic()
+    with pytest.raises(gf.TimeoutError):
+        r.remap(timeout=1.0)
+    elapsed = time.monotonic() - t0
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    assert ran
+    assert 0.9 <= elapsed < 60  # the whole timeout, once (the upper bound is only a hang check)
+    r.close()

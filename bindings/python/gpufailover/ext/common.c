@@ -144,10 +144,15 @@ static int python_handled(unsigned char *out)
 	return n;
 }
 
+int in_main_thread(void)
+{
+	return PyThread_get_thread_ident() == main_thread_ident;
+}
+
 /* Route the signals with Python handlers to fn(arg) (main thread only). */
 static int signals_hook(void (*fn)(void *), void *arg)
 {
-	if (PyThread_get_thread_ident() != main_thread_ident || !python_handled(wake_hooked))
+	if (!in_main_thread() || !python_handled(wake_hooked))
 		return 0;
 	wake_arg = arg;
 	wake_fn = fn;
@@ -173,7 +178,7 @@ static void signals_unhook(int hooked)
 	wake_arg = NULL;
 }
 
-static int64_t now_ms(void)
+int64_t now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -97,6 +97,10 @@ void run_hook(PyObject *fn, int err, const char *detail);
 PyObject *hook_get(PyObject *slot);
 int hook_set(PyObject **slot, PyObject *v, const char *what);
 extern unsigned long main_thread_ident;
+/* 1 on the thread that runs Python's signal handlers. */
+int in_main_thread(void);
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t now_ms(void);
 /* wait_interruptible(): a Python exception is set (a signal handler raised). */
 #define GFPY_PYERR 1
 /*

@@ -340,8 +340,7 @@ static PyObject *Engine_serve(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "serve", NULL };
 	PyObject *fn = Py_None;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "serve($self, serve=None)\n--\n\n"
-	  "|O", kwlist, &fn))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &fn))
 		return NULL;
 	if (engine_ready(self) < 0)
 		return NULL;
@@ -581,6 +580,7 @@ static PyMethodDef Engine_methods[] = {
 	  "Remap weights, allocate private memory (retrying on OOM within the waking timeout).\n"
 	  "Failure is fatal: the engine is Dead and the caller should exit." },
 	{ "serve", (PyCFunction)(void (*)(void))Engine_serve, METH_VARARGS | METH_KEYWORDS,
+	  "serve($self, serve=None)\n--\n\n"
 	  "serve(serve=None)\n\nRun serve() (register the endpoint), then enter Active." },
 	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead($self, reason='marked dead by the engine', /)\n--\n\n"
 	  "mark_dead(reason='')" },

@@ -181,6 +181,11 @@ static PyObject *GMS_unmap(GMSObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* The library cannot interrupt a GMS wait, so on the main thread remap()
+ * waits in slices and runs the signal handlers between them (PEP 475): a
+ * handler that raises ends the call, else the wait goes on. */
+#define REMAP_SLICE_MS 200
+
 static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "timeout", NULL };
@@ -190,8 +195,20 @@ static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 		return NULL;
 	if (gms_idle(self, "remap") < 0 || timeout_arg(tobj, &ms, 0) < 0)
 		return NULL;
+	const int64_t deadline = now_ms() + ms;
 	int rc;
-	BLOCKING(self, rc = gf_gms_remap(self->gms, ms));
+	for (;;) {
+		int64_t left = deadline - now_ms();
+		if (left < 0)
+			left = 0;
+		int64_t slice = in_main_thread() && left > REMAP_SLICE_MS ? REMAP_SLICE_MS : left;
+		BLOCKING(self, rc = gf_gms_remap(self->gms, slice));
+		if (rc != GF_ERR_TIMEOUT || slice == left)
+			break;
+		/* A handler may close this client: check it again before going on. */
+		if (PyErr_CheckSignals() < 0 || gms_idle(self, "remap") < 0)
+			return NULL;
+	}
 	if (rc < 0)
 		return raise_gf(rc);
 	Py_RETURN_NONE;
