@@ -14,7 +14,9 @@ import zipfile
 
 import pytest
 
-from conftest import SOURCE
+from conftest import BUILD, SOURCE
+
+SOURCE_BUILD_PKG = BUILD / "bindings" / "python"
 
 # What a Linux system always has (the manylinux policy's libraries); anything
 # else the extension needs must come from inside the wheel.
@@ -90,6 +92,25 @@ def test_wheel_builds_installs_and_imports(tmp_path):
         m = re.search(r"=> (\S+)", line)
         assert m and pathlib.Path(os.path.realpath(m.group(1))).parent == libs.resolve(), line
     assert any(p.name.startswith("libjansson") for p in libs.iterdir())
+
+    # Where namespaces are allowed, hide the system's copies (bind /dev/null
+    # over them) and import for real: the installed wheel works, the build
+    # tree's extension (linked against the system's libraries) does not.
+    hide = sorted({os.path.realpath(f"/usr/lib/x86_64-linux-gnu/{n}")
+                   for n in ("libjansson.so.4", "libmicrohttpd.so.12", "libcrypto.so.3")
+                   if os.path.exists(f"/usr/lib/x86_64-linux-gnu/{n}")})
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if hide and probe.returncode == 0:
+        mounts = " && ".join(f"mount --bind /dev/null {h}" for h in hide)
+        bare = {"PATH": os.environ["PATH"]}
+        ok = subprocess.run(["unshare", "-rm", "sh", "-c", f'{mounts} && exec "$0" -c "$1"', str(py),
+                             "import gpufailover as gf; print(gf.parse_duration('1s'))"],
+                            capture_output=True, text=True, cwd=tmp_path, env=bare)
+        assert ok.returncode == 0 and ok.stdout.strip() == "1.0", ok.stderr
+        tree = subprocess.run(["unshare", "-rm", "sh", "-c", f'{mounts} && exec "$0" -c "$1"', sys.executable,
+                               "import gpufailover"], capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(bare, PYTHONPATH=str(SOURCE_BUILD_PKG)))
+        assert tree.returncode != 0 and "ImportError" in tree.stderr, tree.stderr
 
     # The plain wheel, before repair, is what needed the system's libraries.
     with zipfile.ZipFile(plain) as z:
