@@ -84,3 +84,14 @@ def test_index_protocol_is_accepted(writer):
     assert w.metadata["np"]["offset"] == 8
     with pytest.raises(TypeError):
         w.put_meta("f", aid, 1.5, b"")
+
+
+def test_engine_probe_port_none_or_a_port():
+    eng = gf.Engine("unix:///nonexistent/l", "e", ["unix:///nonexistent/g"], backend="host", probe_port=None)
+    assert eng.probe_port is None  # no probe server
+    eng.close()
+    for bad in (-1, 65536):
+        with pytest.raises(ValueError, match="0..65535"):
+            gf.Engine("unix:///nonexistent/l", "e", ["unix:///nonexistent/g"], backend="host", probe_port=bad)
+    with pytest.raises(TypeError):
+        gf.Engine("unix:///nonexistent/l", "e", ["unix:///nonexistent/g"], backend="host", probe_port="8081")

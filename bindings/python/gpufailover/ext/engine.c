@@ -177,12 +177,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
-	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None;
+	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None, *pobj = Py_None;
 	uint64_t priv = 0;
-	int probe_port = -1, role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
+	long probe_port = -1; /* -1: no probe server */
+	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&iz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
-					 &bobj, &wobj, &robj, &iobj, u64_arg, &priv, &probe_port, &probe_addr))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&Oz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
+					 &bobj, &wobj, &robj, &iobj, u64_arg, &priv, &pobj, &probe_addr))
 		return -1;
 	if (self->engine) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
@@ -192,9 +193,16 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	    (wobj && timeout_arg(wobj, &waking, 0) < 0) || (robj && timeout_arg(robj, &remap, 0) < 0) ||
 	    timeout_arg(iobj, &init_ms, 1) < 0)
 		return -1;
-	if (probe_port != -1 && (probe_port < 0 || probe_port > 65535)) {
-		PyErr_SetString(PyExc_ValueError, "probe_port must be 0..65535 (0: any free port)");
-		return -1;
+	if (pobj != Py_None) {
+		PyObject *idx = PyNumber_Index(pobj);
+		probe_port = idx ? PyLong_AsLong(idx) : -1; /* OverflowError beyond a long */
+		Py_XDECREF(idx);
+		if (PyErr_Occurred())
+			return -1;
+		if (probe_port < 0 || probe_port > 65535) {
+			PyErr_SetString(PyExc_ValueError, "probe_port must be 0..65535 (0: any free port) or None");
+			return -1;
+		}
 	}
 	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
 	if (!seq)
@@ -234,7 +242,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (rc == 0 && priv)
 		rc = gf_engine_set_private_bytes(e, priv);
 	if (rc == 0 && probe_port >= 0)
-		rc = gf_engine_set_probe_address(e, probe_addr, probe_port);
+		rc = gf_engine_set_probe_address(e, probe_addr, (int)probe_port);
 	if (rc == 0)
 		rc = gf_engine_set_health_fn(e, health_trampoline, self);
 	if (rc == 0 && probe_port >= 0)
