@@ -187,3 +187,48 @@ def test_returning_handler_lets_remap_time_out_on_time(cluster, alarm):
     assert ran
     assert 0.9 <= elapsed < 60  # the whole timeout, once (the upper bound is only a hang check)
     r.close()
+
+
+@pytest.mark.parametrize("then_raise", [False, True])
+def test_handler_that_closes_the_waiting_client(cluster, alarm, then_raise):
+    """A SIGTERM-style cleanup handler closes the client it interrupted: no
+    hang (close() waiting for the very call it runs inside), no use after free."""
+    holder = held_lock(cluster)
+    waiter = gf.LockClient(cluster.lock_uri, "closed-by-handler")
+
+    def cleanup(signum, frame):
+        waiter.close()
+        if then_raise:
+            raise Deadline()
+
+    signal.signal(signal.SIGALRM, cleanup)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    with pytest.raises(Deadline if then_raise else gf.InterruptedError) as ei:
+        waiter.acquire(timeout=60)
+    if not then_raise:
+        assert "closed by a signal handler" in str(ei.value)
+    with pytest.raises(ValueError):
+        waiter.acquire(timeout=1)  # closed
+    wait_for(lambda: not waiter_queued(cluster, "closed-by-handler"), what="the waiter to leave")
+    holder.release()
+
+
+def test_handler_that_closes_the_waiting_engine(cluster, alarm):
+    holder = held_lock(cluster)
+    cluster.gmsd()
+    eng = gf.Engine(cluster.lock_uri, "engine-closed-by-handler", [cluster.gms_uri()], backend="host")
+
+    def load(device, gms):
+        aid = gms.allocate(1 << 20, "w")
+        gms.put_meta("w", aid, 0, b"x")
+        gms.commit()
+
+    eng.init_weights(load=load)
+    eng.sleep()
+    signal.signal(signal.SIGALRM, lambda s, f: eng.close())
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    with pytest.raises(gf.InterruptedError, match="closed by a signal handler"):
+        eng.acquire(timeout=60)
+    with pytest.raises(ValueError):
+        eng.state
+    holder.release()

@@ -185,21 +185,23 @@ int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
-		       int64_t ms, const int *stop)
+int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
+		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms)
 {
 	const int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
 	for (;;) {
-		int hooked = signals_hook(intr, intr_arg);
+		int hooked = signals_hook(intr, handle(obj));
 		int rc;
-		Py_BEGIN_ALLOW_THREADS
-		rc = call(ctx, ms);
-		Py_END_ALLOW_THREADS
+		BLOCKING_COUNT(busy, rc = call(ctx, ms));
 		signals_unhook(hooked);
 		if (rc != GF_ERR_INTERRUPTED || !hooked || *stop)
 			return rc;
+		/* Not counted as busy while the handlers run: one may close the
+		 * object (a SIGTERM handler's cleanup), which then frees it at once. */
 		if (PyErr_CheckSignals() < 0)
 			return GFPY_PYERR;
+		if (!handle(obj))
+			return GFPY_CLOSED;
 		if (deadline >= 0) {
 			ms = deadline - now_ms();
 			if (ms < 0)

@@ -67,14 +67,15 @@ typedef struct {
  * close() on another thread never frees the handle under it: close()
  * interrupts a blocked wait and waits for it, or raises StateError.
  */
-#define BLOCKING(obj, stmt)            \
+#define BLOCKING_COUNT(busy, stmt)     \
 	do {                           \
-		(obj)->busy++;         \
+		(*(busy))++;           \
 		Py_BEGIN_ALLOW_THREADS \
 		stmt;                  \
 		Py_END_ALLOW_THREADS   \
-		(obj)->busy--;         \
+		(*(busy))--;           \
 	} while (0)
+#define BLOCKING(obj, stmt) BLOCKING_COUNT(&(obj)->busy, stmt)
 /* Raise StateError naming what cannot be done while busy > 0; 0 if idle. */
 int refuse_busy(Py_ssize_t busy, const char *type, const char *what);
 /* Release the GIL until *busy drops to 0. */
@@ -103,15 +104,18 @@ int in_main_thread(void);
 int64_t now_ms(void);
 /* wait_interruptible(): a Python exception is set (a signal handler raised). */
 #define GFPY_PYERR 1
+/* wait_interruptible(): a signal handler closed the object (its handle is NULL). */
+#define GFPY_CLOSED 2
 /*
- * Run call(ctx, ms) with the GIL released until it returns something other
- * than GF_ERR_INTERRUPTED; a signal with a Python handler runs intr(intr_arg)
- * (async-signal-safe) to wake it. An interrupted call whose *stop is set
- * (close() on another thread) is not resumed: GF_ERR_INTERRUPTED is returned.
- * Returns call()'s result or GFPY_PYERR.
+ * Run call(ctx, ms) with the GIL released, counted in *busy, until it returns
+ * something other than GF_ERR_INTERRUPTED; a signal with a Python handler
+ * runs intr(handle(obj)) (async-signal-safe) to wake it, then the handlers run
+ * and the wait goes on with the time that remains. An interrupted call whose
+ * *stop is set (close() on another thread) is not resumed: GF_ERR_INTERRUPTED
+ * is returned. Returns call()'s result, GFPY_PYERR or GFPY_CLOSED.
  */
-int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *), void *intr_arg,
-		       int64_t ms, const int *stop);
+int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
+		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms);
 
 /* the types, each in its own file */
 extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;

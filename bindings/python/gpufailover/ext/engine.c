@@ -312,6 +312,11 @@ static void engine_interrupt_cb(void *arg)
 	gf_engine_interrupt(arg);
 }
 
+static void *engine_handle(PyObject *obj)
+{
+	return ((EngineObject *)obj)->engine;
+}
+
 static int engine_acquire_call(void *ctx, int64_t ms)
 {
 	return gf_engine_acquire(ctx, ms);
@@ -326,16 +331,15 @@ static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw
 		return NULL;
 	if (engine_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
-	self->busy++;
 	self->acquiring++;
-	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, self->engine, ms,
-				    &self->closing);
-	int closed = rc == GF_ERR_INTERRUPTED && self->closing;
+	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, engine_handle,
+				    (PyObject *)self, &self->busy, &self->closing, ms);
 	self->acquiring--;
-	self->busy--;
 	if (rc == GFPY_PYERR)
 		return NULL;
-	if (closed)
+	if (rc == GFPY_CLOSED)
+		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by a signal handler");
+	if (rc == GF_ERR_INTERRUPTED && self->closing)
 		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by another thread");
 	PyObject *r = step_result(self, rc);
 	if (!r)

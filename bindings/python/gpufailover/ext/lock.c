@@ -89,6 +89,11 @@ static void lock_interrupt_cb(void *arg)
 	gf_lock_interrupt(arg);
 }
 
+static void *lock_handle(PyObject *obj)
+{
+	return ((LockObject *)obj)->lock;
+}
+
 struct acquire_ctx {
 	gf_lock *lock;
 	struct gf_lock_grant grant;
@@ -119,13 +124,13 @@ static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 	/* A signal whose handler raises abandons the wait (nothing is held);
 	 * one whose handler returns re-queues with the time that remains. */
 	struct acquire_ctx c = { .lock = self->lock };
-	self->busy++;
-	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, self->lock, ms, &self->closing);
-	int closed = rc == GF_ERR_INTERRUPTED && self->closing;
-	self->busy--;
+	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, lock_handle, (PyObject *)self,
+				    &self->busy, &self->closing, ms);
 	if (rc == GFPY_PYERR)
 		return NULL;
-	if (closed)
+	if (rc == GFPY_CLOSED)
+		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by a signal handler");
+	if (rc == GF_ERR_INTERRUPTED && self->closing)
 		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by another thread");
 	if (rc < 0)
 		return raise_gf(rc);
