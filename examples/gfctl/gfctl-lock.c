@@ -22,6 +22,7 @@ struct lock_opts {
 	const char *uri, *id, *secret_file;
 	int64_t timeout_ms, reconnect_ms, hb_ms, fence_ms;
 	int json;
+	uint64_t epoch;
 	char *secret;
 	size_t secret_len;
 };
@@ -51,7 +52,7 @@ static int load_secret(struct lock_opts *o)
 /* Parses options up to "--"; returns the index of the first argument after it (or argc), -1 on error. */
 static int parse_opts(int argc, char **argv, struct lock_opts *o)
 {
-	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON };
+	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH };
 	static const struct option opts[] = {
 		{ "lock", required_argument, NULL, O_LOCK },
 		{ "id", required_argument, NULL, O_ID },
@@ -61,6 +62,7 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 		{ "heartbeat", required_argument, NULL, O_HB },
 		{ "fence", required_argument, NULL, O_FENCE },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "epoch", required_argument, NULL, O_EPOCH },
 		{ 0 },
 	};
 	int opt, rc = 0;
@@ -92,6 +94,18 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 		case O_JSON:
 			o->json = 1;
 			break;
+		case O_EPOCH: {
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-' || v == 0 || v > INT64_MAX) {
+				fprintf(stderr, "gfctl lock %s: --epoch: expected a grant's epoch (1..%lld), got '%s'\n",
+					argv[0], (long long)INT64_MAX, optarg);
+				return -1;
+			}
+			o->epoch = v;
+			break;
+		}
 		default:
 			fprintf(stderr, "gfctl lock %s: unknown option or missing value: '%s' (see 'gfctl lock %s --help')\n",
 				argv[0], argv[optind - 1], argv[0]);
@@ -347,6 +361,20 @@ static int cmd_ping(struct lock_opts *o)
 	return GFCTL_OK;
 }
 
+static int cmd_revoke(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	if (!o->epoch) {
+		fprintf(stderr, "gfctl lock revoke: --epoch N is required (the holder's epoch, from 'gfctl lock status')\n");
+		return GFCTL_EXIT_USAGE;
+	}
+	int rc = gf_lock_revoke(o->uri, o->secret, o->secret_len, o->epoch, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc < 0)
+		return fail("revoke", rc);
+	printf("revoked epoch=%" PRIu64 "\n", o->epoch);
+	return GFCTL_OK;
+}
+
 static int run_lock_cmd(int argc, char **argv, int (*cmd)(struct lock_opts *, char **), int takes_cmd)
 {
 	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
@@ -391,6 +419,11 @@ static int run_ping(int argc, char **argv)
 	return run_lock_cmd(argc, argv, ping_cmd, 0);
 }
 
+static int run_revoke(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_revoke, 0);
+}
+
 #define LOCK_OPT "  --lock URI             the lock server (unix:///path or tcp://host:port)\n"
 #define SECRET_OPT "  --secret-file PATH     the shared secret of a tcp:// server\n"
 
@@ -415,6 +448,15 @@ static const struct gfctl_cmd lock_cmds[] = {
 	{ "ping", "--lock URI [--timeout DUR]", "Check that the lock server answers a handshake; print 'ok'.", NULL,
 	  LOCK_OPT "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
 	  ", 3 timeout, 5 unreachable, 6 refused", run_ping },
+	{ "revoke", "--lock URI --epoch N [--timeout DUR]",
+	  "Revoke the grant of epoch N: the next waiter is granted without waiting for the holder to exit.",
+	  "For a holder that will not die (a process in uninterruptible sleep keeps its\n"
+	  "socket). Only the current grant's epoch is revoked, so a late or repeated call\n"
+	  "changes nothing. Allowed for root or the server's own uid (unix), or with the\n"
+	  "shared secret (tcp). The revoked holder's later requests are refused.",
+	  LOCK_OPT "  --epoch N              the grant to revoke (see 'gfctl lock status')\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when N is not the current grant", run_revoke },
 	{ 0 },
 };
 

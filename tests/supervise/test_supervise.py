@@ -20,6 +20,7 @@ SUPERVISE = os.environ.get("GF_SUPERVISE")
 LOCKD = os.environ.get("GF_LOCKD")
 GMSD = os.environ.get("GF_GMSD")
 ENGINE = os.environ.get("GF_C_ENGINE")
+GFCTL = os.environ.get("GF_GFCTL")
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE = [sys.executable, os.path.join(HERE, "probe_engine.py")]
 
@@ -135,6 +136,18 @@ def test_crash_loop_reaches_retry_limit(tmp, sups):
     m = s.metrics()
     assert 'gf_supervisor_engine_state{engine="crasher",state="failed"} 1' in m
     assert 'gf_supervisor_engine_restarts_total{engine="crasher"} 2' in m
+    if GFCTL:
+        url = f"http://127.0.0.1:{s.port}"
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", url], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.startswith("crasher"))
+        assert "failed" in row and "status 1 (retryable)" in row and "retry limit 2" in row, r.stdout
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", url, "--json"], capture_output=True, text=True,
+                           timeout=20)
+        assert json.loads(r.stdout)["engines"][0]["state"] == "failed"
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", f"http://127.0.0.1:{free_port()}"],
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 5, r.stderr
 
 
 def test_terminal_exit_is_not_retried(tmp, sups):
@@ -260,8 +273,6 @@ def test_shipped_example_config_is_valid():
     r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
 
-
-GFCTL = os.environ.get("GF_GFCTL")
 
 
 @pytest.mark.skipif(not (LOCKD and GFCTL), reason="needs gf-lockd and gfctl")
