@@ -160,6 +160,25 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
 /** Unmap everything and give the address range back. NULL is a no-op. */
 GF_EXPORT void gf_mem_va_free(gf_mem_va *va);
 
+/** One allocation mapped read-write in its own reservation (an engine's private, e.g. KV, memory). */
+typedef struct gf_mem_region gf_mem_region;
+/**
+ * Create, reserve and map read-write @p size bytes (rounded up to the
+ * granularity; gf_mem_region_size() tells the real size), all-or-nothing:
+ * on failure whatever the call made is undone and nothing stays allocated.
+ * The region borrows @p m, which must outlive it. Caller frees with
+ * gf_mem_region_free(). Errors: GF_ERR_INVALID_ARG (NULL, size 0),
+ * GF_ERR_OUT_OF_MEMORY (the device is full; worth retrying once memory is
+ * freed), GF_ERR_NOMEM, GF_ERR_DRIVER. Thread-safe as the backend is.
+ */
+GF_EXPORT int gf_mem_region_new(gf_mem_region **out, gf_mem *m, size_t size);
+/** Unmap, give the address range back and free the memory. NULL is a no-op. */
+GF_EXPORT void gf_mem_region_free(gf_mem_region *r);
+/** Start address of the region (a device pointer on cuda, a host pointer on host); 0 for NULL. */
+GF_EXPORT uint64_t gf_mem_region_addr(const gf_mem_region *r);
+/** Size of the region in bytes (granularity-rounded); 0 for NULL. */
+GF_EXPORT size_t gf_mem_region_size(const gf_mem_region *r);
+
 /** @} */
 
 #ifdef __cplusplus
