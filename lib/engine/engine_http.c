@@ -121,3 +121,19 @@ void gf_engine_http_stop(struct gf_engine_http *h)
 	MHD_stop_daemon(h->daemon);
 	free(h);
 }
+
+GF_EXPORT int gf_engine_start_probe_server(gf_engine *e)
+{
+	if (!e)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_start_probe_server: NULL engine");
+	if (e->http)
+		return 0;
+	if (e->probe_port < 0)
+		return gf_err(GF_ERR_STATE, "probe server disabled (gf_engine_set_probe_address with port >= 0)");
+	return gf_engine_http_start(e, e->probe_addr, e->probe_port, &e->http);
+}
+
+GF_EXPORT int gf_engine_probe_port(const gf_engine *e)
+{
+	return e && e->http ? gf_engine_http_port(e->http) : -1;
+}

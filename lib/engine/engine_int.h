@@ -1,58 +1,92 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internals of the engine component. The engine reaches the lock client, the
- * GMS client and the memory backend only through this table, so unit tests
- * can drive every transition with fakes (and a fake clock) and the real
- * bindings live in one file (engine_ops.c). */
+/* Internals of the engine component, shared by its files: the state
+ * machine and steps (engine.c), configuration (config.c), the loss policy
+ * (loss.c), metrics and status (report.c) and the probe server
+ * (engine_http.c). The engine calls the lock, GMS and memory APIs directly;
+ * the only seam is the clock, so tests can move time. */
 #ifndef GF_ENGINE_INT_H
 #define GF_ENGINE_INT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpufailover.h"
 
-struct gf_engine_ops {
+#define GF_ENGINE_MAX_DEVICES 16
+
+/* Time as the engine sees it: monotonic microseconds, and a sleep (OOM
+ * retry backoff). */
+struct gf_engine_clock {
 	int64_t (*now_us)(void);
-	/* Sleep up to @ms or until the engine is interrupted (OOM retry backoff). */
 	void (*sleep_ms)(int64_t ms);
-
-	int (*lock_new)(gf_lock **out, const char *uri, const char *engine_id);
-	void (*lock_free)(gf_lock *lock);
-	int (*lock_acquire)(gf_lock *lock, int64_t timeout_ms, struct gf_lock_grant *grant);
-	int (*lock_set_reconnect_timeout)(gf_lock *lock, int64_t ms);
-	void (*lock_set_lost_fn)(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
-	int (*lock_start_watch)(gf_lock *lock);
-	void (*lock_stop_watch)(gf_lock *lock);
-	void (*lock_interrupt)(gf_lock *lock);
-
-	int (*mem_open)(gf_mem **out, int kind, int device);
-	void (*mem_free)(gf_mem *m);
-	int (*mem_create)(gf_mem *m, size_t size, gf_mem_alloc **out);
-	int (*mem_alloc_free)(gf_mem_alloc *a);
-	size_t (*mem_alloc_size)(const gf_mem_alloc *a);
-	int (*mem_reserve)(gf_mem *m, size_t size, size_t align, gf_mem_va **out);
-	void (*mem_va_free)(gf_mem_va *va);
-	uint64_t (*mem_va_addr)(const gf_mem_va *va);
-	int (*mem_map)(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access);
-	int (*mem_unmap_all)(gf_mem_va *va);
-	int (*mem_synchronize)(gf_mem *m);
-
-	int (*gms_connect)(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
-	void (*gms_free)(gf_gms *gms);
-	int (*gms_granted_mode)(const gf_gms *gms);
-	int (*gms_map_all)(gf_gms *gms);
-	int (*gms_unmap)(gf_gms *gms);
-	int (*gms_remap)(gf_gms *gms, int64_t timeout_ms);
-	void (*gms_set_lost_fn)(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
-	int (*gms_start_watch)(gf_gms *gms);
-	void (*gms_stop_watch)(gf_gms *gms);
 };
 
-/* A new engine using @ops (copied). gf_engine_new() is this with the real
- * clients; tests pass fakes. */
-int gf_engine_new_with_ops(gf_engine **out, const struct gf_engine_ops *ops);
+struct engine_dev {
+	char *uri;
+	gf_mem *mem;
+	gf_gms *gms;
+	bool mapped;   /* weights mapped (after init_weights, again after remap) */
+	bool watching; /* GMS watcher thread running */
+	gf_mem_region *priv;
+};
 
-/* The hooks the engine installs into the lock and GMS clients (exposed so
- * tests can check they reach the loss policy). */
+struct gf_engine {
+	struct gf_engine_clock clock;
+
+	/* Guards state, timestamps, metrics and hooks, which probe and watcher
+	 * threads read. Configuration is written only in Init, by the thread
+	 * that drives the steps. */
+	pthread_mutex_t mu;
+	int state;
+	int64_t state_since_us;
+	int64_t waking_since_us;
+	int64_t acquire_start_us;
+	uint64_t transitions;
+	struct gf_engine_metrics m;
+	gf_engine_health_fn health;
+	void *health_ud;
+	gf_engine_loss_fn loss;
+	void *loss_ud;
+
+	char *lock_uri;
+	char *id;
+	int role;
+	int backend;
+	int64_t waking_timeout_ms;
+	int64_t remap_timeout_ms;
+	int64_t init_timeout_ms;
+	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
+	int64_t loss_grace_ms;
+	uint64_t private_bytes;
+	char probe_addr[64];
+	int probe_port;
+	struct gf_engine_http *http;
+
+	bool init_started; /* configuration is frozen from the first init_weights on */
+	bool weights_ready;
+	bool woken;
+	_Atomic(gf_lock *) lock;
+	bool lock_watching;
+	atomic_bool interrupted;
+	atomic_bool loss_called;
+
+	int ndev;
+	struct engine_dev dev[GF_ENGINE_MAX_DEVICES];
+};
+
+/* Inspection calls take a const engine; the mutex is not part of its
+ * logical state. */
+static inline pthread_mutex_t *gf_engine_mu(const gf_engine *e)
+{
+	return (pthread_mutex_t *)&e->mu;
+}
+
+/* Replace the clock (tests). Also restarts the time in the current state. */
+void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock);
+
+/* The hooks the engine installs into the lock and GMS clients (loss.c). */
 void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *userdata);
 void gf_engine_gms_lost_hook(gf_gms *gms, int err, const char *detail, void *userdata);
 

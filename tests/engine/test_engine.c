@@ -1,14 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine state machine against fake lock/GMS/mem clients and a fake
- * clock: every legal and illegal transition, the probe table, the waking
- * timeout, the loss hook, all-or-nothing wake, OOM retries, the default loss
- * policy (in forked children) and the probe server over real HTTP. */
+/* The engine state machine against real servers: a gf_lockd and one gf_gmsd
+ * per device run in threads of this process, and the engine uses the real
+ * lock, GMS and memory clients. argv[1] picks the backend: "host" (one
+ * device) or "cuda" (two devices on the test driver tests/fakecuda, whose
+ * fault knobs make remaps, private maps and allocations fail). Only the
+ * clock is the test's: time moves when a test says so, and OOM backoff
+ * sleeps advance it instead of waiting.
+ * Covered: every legal and illegal transition, the probe table, the waking
+ * timeout, the loss policy (real lock and GMS losses; the default policy in
+ * forked children), all-or-nothing wake, OOM retries and the probe server
+ * over real HTTP. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,358 +31,239 @@
 #include <jansson.h>
 
 #include "../common/testutil.h"
+#include "../gms/gmstest.h"
+#include "common.h"
 #include "engine_int.h"
 
-/* ---- fakes ---- */
+#define WEIGHT_BYTES (1u << 20)
+#define WEIGHT_BYTE 0x5a
 
-struct gf_lock {
-	gf_lock_lost_fn lost;
-	void *ud;
-	bool watching;
-	bool interrupted;
-};
-struct gf_mem {
-	int device;
-};
-struct gf_mem_alloc {
-	size_t size;
-};
-struct gf_mem_va {
-	int device;
-	size_t size;
-	bool mapped;
-};
-struct gf_gms {
-	int device;
-	int mode;
-	bool mapped;
-	bool connected;
-	gf_gms_lost_fn lost;
-	void *ud;
-	bool watching;
-};
+static int kind = GF_MEM_HOST;
+static int ndev = 1;
 
-static struct fake {
-	int64_t now;
-	int acquire_rc;
-	uint64_t epoch;
-	int granted_mode; /* what gms_connect grants */
-	int connect_rc;
-	int remap_fail_device; /* -1: none */
-	int remap_rc;
-	int map_fail_device;   /* private map fails on this device, -1: none */
-	int oom_times;         /* mem_create returns OOM this many times (-1: forever) */
-	int oom_calls;
-	int live_allocs, live_vas, mapped_vas, mapped_gms, live_gms, live_mems, live_locks;
-	int64_t slept_ms;
-	gf_lock *lock;
-	gf_gms *gms[4];
-	int acquire_advance_ms; /* how long the fake acquire "waits" */
-} fk;
+/* ---- the clock: real time plus a skew the test controls ---- */
 
-static int64_t f_now(void)
+static _Atomic int64_t skew_us;
+static int64_t slept_ms;
+static int sleeps;
+/* Called at every backoff sleep (with the sleep count), e.g. to end an OOM. */
+static void (*on_sleep)(int n);
+
+static int64_t t_now(void)
 {
-	return fk.now;
+	return gf_now_us() + atomic_load(&skew_us);
 }
-static void f_sleep(int64_t ms)
+static void t_sleep(int64_t ms)
 {
-	fk.now += ms * 1000;
-	fk.slept_ms += ms;
+	atomic_fetch_add(&skew_us, ms * 1000);
+	slept_ms += ms;
+	sleeps++;
+	if (on_sleep)
+		on_sleep(sleeps);
 }
-static int f_lock_new(gf_lock **out, const char *uri, const char *id)
+static const struct gf_engine_clock test_clock = { .now_us = t_now, .sleep_ms = t_sleep };
+
+static void advance_ms(int64_t ms)
 {
-	*out = calloc(1, sizeof(**out));
-	fk.lock = *out;
-	fk.live_locks++;
-	return 0;
-}
-static void f_lock_free(gf_lock *l)
-{
-	if (l) {
-		fk.live_locks--;
-		free(l);
-	}
-}
-static int f_lock_acquire(gf_lock *l, int64_t t, struct gf_lock_grant *g)
-{
-	if (l->interrupted) {
-		l->interrupted = false;
-		return GF_ERR_INTERRUPTED;
-	}
-	if (fk.acquire_rc)
-		return fk.acquire_rc;
-	fk.now += fk.acquire_advance_ms * 1000;
-	memset(g, 0, sizeof(*g));
-	g->epoch = fk.epoch;
-	return 0;
-}
-static int64_t reconnect_ms_seen = -2;
-static int f_lock_reconnect(gf_lock *l, int64_t ms)
-{
-	reconnect_ms_seen = ms;
-	return 0;
-}
-static void f_lock_set_lost(gf_lock *l, gf_lock_lost_fn fn, void *ud)
-{
-	l->lost = fn;
-	l->ud = ud;
-}
-static int f_lock_watch(gf_lock *l)
-{
-	l->watching = true;
-	return 0;
-}
-static void f_lock_unwatch(gf_lock *l)
-{
-	l->watching = false;
-}
-static void f_lock_interrupt(gf_lock *l)
-{
-	l->interrupted = true;
-}
-static int f_mem_open(gf_mem **out, int kind, int dev)
-{
-	*out = calloc(1, sizeof(**out));
-	(*out)->device = dev;
-	fk.live_mems++;
-	return 0;
-}
-static void f_mem_free(gf_mem *m)
-{
-	if (m) {
-		fk.live_mems--;
-		free(m);
-	}
-}
-static int f_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out)
-{
-	fk.oom_calls++;
-	if (fk.oom_times < 0 || fk.oom_calls <= fk.oom_times)
-		return GF_ERR_OUT_OF_MEMORY;
-	*out = calloc(1, sizeof(**out));
-	(*out)->size = (size + 4095) & ~(size_t)4095;
-	fk.live_allocs++;
-	return 0;
-}
-static int f_mem_alloc_free(gf_mem_alloc *a)
-{
-	if (a) {
-		fk.live_allocs--;
-		free(a);
-	}
-	return 0;
-}
-static size_t f_mem_alloc_size(const gf_mem_alloc *a)
-{
-	return a->size;
-}
-static int f_mem_reserve(gf_mem *m, size_t size, size_t al, gf_mem_va **out)
-{
-	*out = calloc(1, sizeof(**out));
-	(*out)->size = size;
-	(*out)->device = m->device;
-	fk.live_vas++;
-	return 0;
-}
-static void f_mem_va_free(gf_mem_va *va)
-{
-	if (va) {
-		if (va->mapped)
-			fk.mapped_vas--;
-		fk.live_vas--;
-		free(va);
-	}
-}
-static uint64_t f_mem_va_addr(const gf_mem_va *va)
-{
-	return 0x10000;
-}
-static int f_mem_map(gf_mem_va *va, size_t off, gf_mem_alloc *a, int access)
-{
-	if (fk.map_fail_device == va->device)
-		return GF_ERR_DRIVER;
-	va->mapped = true;
-	fk.mapped_vas++;
-	return 0;
-}
-static int f_mem_unmap_all(gf_mem_va *va)
-{
-	if (va->mapped)
-		fk.mapped_vas--;
-	va->mapped = false;
-	return 0;
-}
-static int syncs;
-static int f_mem_sync(gf_mem *m)
-{
-	syncs++;
-	return 0;
-}
-static int f_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t t)
-{
-	if (fk.connect_rc)
-		return fk.connect_rc;
-	gf_gms *g = calloc(1, sizeof(*g));
-	g->device = mem->device;
-	g->mode = mode == GF_GMS_RO ? GF_GMS_RO : fk.granted_mode;
-	g->connected = true;
-	fk.gms[g->device] = g;
-	fk.live_gms++;
-	*out = g;
-	return 0;
-}
-static void f_gms_free(gf_gms *g)
-{
-	if (g) {
-		if (g->mapped)
-			fk.mapped_gms--;
-		fk.live_gms--;
-		fk.gms[g->device] = NULL;
-		free(g);
-	}
-}
-static int f_gms_mode(const gf_gms *g)
-{
-	return g->connected ? g->mode : 0;
-}
-static int f_gms_map_all(gf_gms *g)
-{
-	g->mapped = true;
-	fk.mapped_gms++;
-	return 0;
-}
-static int f_gms_unmap(gf_gms *g)
-{
-	if (g->mapped)
-		fk.mapped_gms--;
-	g->mapped = false;
-	g->connected = false;
-	return 0;
-}
-static int f_gms_remap(gf_gms *g, int64_t t)
-{
-	if (fk.remap_fail_device == g->device)
-		return fk.remap_rc;
-	g->mapped = true;
-	g->connected = true;
-	g->mode = GF_GMS_RO;
-	fk.mapped_gms++;
-	return 0;
-}
-static void f_gms_set_lost(gf_gms *g, gf_gms_lost_fn fn, void *ud)
-{
-	g->lost = fn;
-	g->ud = ud;
-}
-static int f_gms_watch(gf_gms *g)
-{
-	g->watching = true;
-	return 0;
-}
-static void f_gms_unwatch(gf_gms *g)
-{
-	g->watching = false;
+	atomic_fetch_add(&skew_us, ms * 1000);
 }
 
-static const struct gf_engine_ops fake_ops = {
-	.now_us = f_now,
-	.sleep_ms = f_sleep,
-	.lock_new = f_lock_new,
-	.lock_free = f_lock_free,
-	.lock_acquire = f_lock_acquire,
-	.lock_set_reconnect_timeout = f_lock_reconnect,
-	.lock_set_lost_fn = f_lock_set_lost,
-	.lock_start_watch = f_lock_watch,
-	.lock_stop_watch = f_lock_unwatch,
-	.lock_interrupt = f_lock_interrupt,
-	.mem_open = f_mem_open,
-	.mem_free = f_mem_free,
-	.mem_create = f_mem_create,
-	.mem_alloc_free = f_mem_alloc_free,
-	.mem_alloc_size = f_mem_alloc_size,
-	.mem_reserve = f_mem_reserve,
-	.mem_va_free = f_mem_va_free,
-	.mem_va_addr = f_mem_va_addr,
-	.mem_map = f_mem_map,
-	.mem_unmap_all = f_mem_unmap_all,
-	.mem_synchronize = f_mem_sync,
-	.gms_connect = f_gms_connect,
-	.gms_free = f_gms_free,
-	.gms_granted_mode = f_gms_mode,
-	.gms_map_all = f_gms_map_all,
-	.gms_unmap = f_gms_unmap,
-	.gms_remap = f_gms_remap,
-	.gms_set_lost_fn = f_gms_set_lost,
-	.gms_start_watch = f_gms_watch,
-	.gms_stop_watch = f_gms_unwatch,
+/* ---- servers ---- */
+
+struct fixture {
+	char *dir;
+	gf_lockd *lockd;
+	pthread_t lock_thread;
+	char lock_uri[300];
+	struct gt_server gms[2];
+	gf_engine *e;
+	int fds; /* open fds before the servers and the engine existed */
 };
 
-/* The loader's "load": write and commit (the fake commit turns RW into RO). */
-static int loads;
-static int fake_load(gf_engine *e, int device, gf_gms *g, void *ud)
+static void *lockd_main(void *arg)
 {
-	loads++;
-	g->mode = GF_GMS_RO;
-	g->mapped = true;
-	fk.mapped_gms++;
-	return 0;
+	gf_lockd_run(arg);
+	return NULL;
 }
-static int load_without_commit(gf_engine *e, int device, gf_gms *g, void *ud)
+
+static void lockd_start(struct fixture *f)
 {
-	return 0;
+	char state[400];
+	snprintf(f->lock_uri, sizeof(f->lock_uri), "unix://%s/lock.sock", f->dir);
+	snprintf(state, sizeof(state), "%s/lock.state", f->dir);
+	assert_int_equal(gf_lockd_new(&f->lockd), 0);
+	assert_int_equal(gf_lockd_add_listen(f->lockd, f->lock_uri), 0);
+	assert_int_equal(gf_lockd_set_state_file(f->lockd, state), 0);
+	/* The holder is this very process: there is no exit to wait for. */
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(f->lockd, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(f->lockd, 0), 0);
+	assert_int_equal(gf_lockd_start(f->lockd), 0);
+	assert_int_equal(pthread_create(&f->lock_thread, NULL, lockd_main, f->lockd), 0);
+}
+
+static void lockd_stop(struct fixture *f)
+{
+	if (!f->lockd)
+		return;
+	gf_lockd_stop(f->lockd);
+	pthread_join(f->lock_thread, NULL);
+	gf_lockd_free(f->lockd);
+	f->lockd = NULL;
+}
+
+/* A GMS for device @i on the fixture's backend, in a thread. */
+static void gms_start(struct fixture *f, int i)
+{
+	struct gt_server *s = &f->gms[i];
+	snprintf(s->uri, sizeof(s->uri), "unix://%s/gms%d.sock", f->dir, i);
+	s->pid = 0;
+	assert_int_equal(gf_gmsd_new(&s->d), 0);
+	assert_int_equal(gf_gmsd_set_listen(s->d, s->uri), 0);
+	assert_int_equal(gf_gmsd_set_backend(s->d, kind), 0);
+	assert_int_equal(gf_gmsd_set_device(s->d, i), 0);
+	assert_int_equal(gf_gmsd_start(s->d), 0);
+	assert_int_equal(pthread_create(&s->th, NULL, gt_run, s), 0);
 }
 
 static struct loss_rec {
-	int calls;
+	atomic_int calls;
 	int err;
 	int state_seen;
 	char detail[256];
 } loss;
 static void record_loss(gf_engine *e, int err, const char *detail, void *ud)
 {
-	loss.calls++;
 	loss.err = err;
 	loss.state_seen = gf_engine_state(e);
 	snprintf(loss.detail, sizeof(loss.detail), "%s", detail);
+	atomic_fetch_add(&loss.calls, 1);
+}
+
+static gf_engine *new_engine(struct fixture *f)
+{
+	gf_engine *e;
+	assert_int_equal(gf_engine_new(&e), 0);
+	gf_engine_set_clock(e, &test_clock);
+	assert_int_equal(gf_engine_set_backend(e, kind), 0);
+	assert_int_equal(gf_engine_set_lock(e, f->lock_uri, "eng-a"), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_int_equal(gf_engine_add_gms(e, f->gms[i].uri), 0);
+	assert_int_equal(gf_engine_set_private_bytes(e, 1 << 20), 0);
+	assert_int_equal(gf_engine_set_waking_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_remap_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_loss_fn(e, record_loss, NULL), 0);
+	return e;
 }
 
 static int setup(void **state)
 {
-	memset(&fk, 0, sizeof(fk));
+	struct fixture *f = calloc(1, sizeof(*f));
+	f->dir = tu_tmpdir();
+	assert_non_null(f->dir);
+	atomic_store(&skew_us, 0);
+	slept_ms = 0;
+	sleeps = 0;
+	on_sleep = NULL;
 	memset(&loss, 0, sizeof(loss));
-	fk.now = 1000000;
-	fk.epoch = 7;
-	fk.granted_mode = GF_GMS_RW;
-	fk.remap_fail_device = -1;
-	fk.map_fail_device = -1;
-	loads = 0;
-	gf_engine *e;
-	assert_int_equal(gf_engine_new_with_ops(&e, &fake_ops), 0);
-	assert_int_equal(gf_engine_set_lock(e, "unix:///tmp/x.sock", "eng-a"), 0);
-	assert_int_equal(gf_engine_add_gms(e, "unix:///tmp/gms0.sock"), 0);
-	assert_int_equal(gf_engine_add_gms(e, "unix:///tmp/gms1.sock"), 0);
-	assert_int_equal(gf_engine_set_private_bytes(e, 1 << 20), 0);
-	assert_int_equal(gf_engine_set_waking_timeout(e, 2000), 0);
-	assert_int_equal(gf_engine_set_loss_fn(e, record_loss, NULL), 0);
-	*state = e;
+	f->fds = tu_count_fds();
+	lockd_start(f);
+	for (int i = 0; i < ndev; i++)
+		gms_start(f, i);
+	f->e = new_engine(f);
+	*state = f;
 	return 0;
 }
 
+/* Wait (real time, generous for a loaded machine) until @cond holds. */
+#define EVENTUALLY(cond)                                             \
+	do {                                                         \
+		for (int i_ = 0; i_ < 20000 && !(cond); i_++)        \
+			usleep(1000);                                \
+		assert_true(cond);                                   \
+	} while (0)
+
 static int teardown(void **state)
 {
-	gf_engine_free(*state);
-	/* Everything the engine made through the ops is given back. */
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(fk.live_vas, 0);
-	assert_int_equal(fk.live_gms, 0);
-	assert_int_equal(fk.live_mems, 0);
-	assert_int_equal(fk.live_locks, 0);
+	struct fixture *f = *state;
+	gf_engine_free(f->e);
+	/* The lock is free again: another client gets it at once. */
+	if (f->lockd) {
+		gf_lock *l;
+		struct gf_lock_grant g;
+		assert_int_equal(gf_lock_new(&l, f->lock_uri, "after"), 0);
+		assert_int_equal(gf_lock_acquire(l, 5000, &g), 0);
+		gf_lock_free(l);
+	}
+	for (int i = 0; i < ndev; i++)
+		gt_stop(&f->gms[i]);
+	lockd_stop(f);
+	/* Everything the engine and the servers opened is closed again. */
+	EVENTUALLY(tu_count_fds() == f->fds);
+	unsetenv("FAKECUDA_FAIL");
+	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+	gt_rmtree(f->dir);
+	free(f->dir);
+	free(f);
 	return 0;
+}
+
+/* ---- weights ---- */
+
+/* The loader's load: one allocation filled with WEIGHT_BYTE, one metadata
+ * entry, commit. */
+static int loads;
+static int real_load(gf_engine *e, int device, gf_gms *g, void *ud)
+{
+	uint64_t id;
+	struct gf_gms_alloc_info info;
+	loads++;
+	int rc = gf_gms_allocate(g, WEIGHT_BYTES, "w", &id);
+	if (rc)
+		return rc;
+	if ((rc = gf_gms_alloc_at(g, 0, &info)))
+		return rc;
+	memset((void *)(uintptr_t)info.addr, WEIGHT_BYTE, WEIGHT_BYTES);
+	if ((rc = gf_gms_put_meta(g, "w", id, 0, "v", 1)))
+		return rc;
+	return gf_gms_commit(g, NULL);
+}
+static int load_without_commit(gf_engine *e, int device, gf_gms *g, void *ud)
+{
+	return gf_gms_allocate(g, WEIGHT_BYTES, "w", NULL);
+}
+
+/* Are the weights of @device mapped and readable? (0: the client is asleep.) */
+static bool weights_mapped(gf_engine *e, int device)
+{
+	gf_gms *g = gf_engine_gms(e, device);
+	struct gf_gms_meta m;
+	if (!g || gf_gms_granted_mode(g) == 0)
+		return false;
+	assert_int_equal(gf_gms_meta_get(g, "w", &m), 0);
+	const uint8_t *p = (const uint8_t *)(uintptr_t)m.addr;
+	return p[0] == WEIGHT_BYTE && p[WEIGHT_BYTES - 1] == WEIGHT_BYTE;
+}
+
+static int mapped_count(gf_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < ndev; i++)
+		n += weights_mapped(e, i);
+	return n;
+}
+
+static int private_count(gf_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < ndev; i++)
+		n += gf_engine_private_memory(e, i, NULL, NULL) == 0;
+	return n;
 }
 
 static void to_standby(gf_engine *e)
 {
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
 	assert_int_equal(gf_engine_sleep(e), 0);
 }
 
@@ -401,36 +291,62 @@ static int count_serve(gf_engine *e, void *ud)
 	return 0;
 }
 
+struct holder {
+	gf_lock *lock;
+	int64_t hold_ms;
+	pthread_t t;
+};
+static void *release_later(void *arg)
+{
+	struct holder *h = arg;
+	usleep((useconds_t)h->hold_ms * 1000);
+	gf_lock_release(h->lock);
+	return NULL;
+}
+
+/* Another client holds the lock; a thread releases it after @hold_ms. */
+static void hold_lock(struct fixture *f, struct holder *h, int64_t hold_ms)
+{
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_new(&h->lock, f->lock_uri, "holder"), 0);
+	assert_int_equal(gf_lock_acquire(h->lock, 5000, &g), 0);
+	h->hold_ms = hold_ms;
+	if (hold_ms >= 0)
+		assert_int_equal(pthread_create(&h->t, NULL, release_later, h), 0);
+}
+
 static void test_legal_path(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	struct gf_engine_metrics m;
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 1500), 0);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
-	assert_int_equal(loads, 2);
-	assert_int_equal(fk.mapped_gms, 2);
+	loads = 0;
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(loads, ndev);
+	assert_int_equal(mapped_count(e), ndev);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_sleep(e), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
-	assert_int_equal(fk.mapped_gms, 0);
-	fk.acquire_advance_ms = 5000;
+	assert_int_equal(mapped_count(e), 0);
+	/* The lock is busy for 300 ms: the wait is measured. */
+	struct holder h;
+	hold_lock(f, &h, 300);
+	uint64_t holder_epoch = gf_lock_epoch(h.lock);
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	pthread_join(h.t, NULL);
+	gf_lock_free(h.lock);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
-	assert_int_equal(reconnect_ms_seen, 1500);
-	assert_true(fk.lock->watching);
-	assert_non_null(fk.lock->lost);
-	assert_int_equal(gf_engine_epoch(e), 7);
-	syncs = 0;
+	assert_true(gf_engine_epoch(e) > holder_epoch);
 	assert_int_equal(gf_engine_wake_up(e), 0);
-	assert_int_equal(syncs, 2); /* every device synchronised before serving */
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
-	assert_int_equal(fk.mapped_gms, 2);
-	assert_int_equal(fk.mapped_vas, 2);
-	assert_true(fk.gms[0]->watching && fk.gms[1]->watching);
+	assert_int_equal(mapped_count(e), ndev); /* same bytes, mapped again */
+	assert_int_equal(private_count(e), ndev);
 	uint64_t addr, size;
-	assert_int_equal(gf_engine_private_memory(e, 1, &addr, &size), 0);
+	assert_int_equal(gf_engine_private_memory(e, ndev - 1, &addr, &size), 0);
 	assert_true(size >= (1 << 20));
+	memset((void *)(uintptr_t)addr, 1, size); /* read-write */
 	assert_int_equal(gf_engine_serve(e, count_serve, NULL), 0);
 	assert_int_equal(serve_calls, 1);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
@@ -438,12 +354,12 @@ static void test_legal_path(void **state)
 	assert_int_equal(m.state, GF_ENGINE_ACTIVE);
 	assert_int_equal(m.transitions, 3);
 	assert_int_equal(m.failovers, 1);
-	assert_int_equal(m.epoch, 7);
-	assert_int_equal(m.lock_wait_us, 5000000);
+	assert_int_equal(m.epoch, gf_engine_epoch(e));
+	assert_true(m.lock_wait_us >= 300000);
 	assert_true(m.remap_us >= 0 && m.private_alloc_us >= 0 && m.serve_us >= 0 && m.wake_total_us >= 0);
-	fk.now += 3000;
+	advance_ms(3000);
 	assert_int_equal(gf_engine_metrics(e, &m), 0);
-	assert_int_equal(m.time_in_state_us, 3000);
+	assert_true(m.time_in_state_us >= 3000000);
 	assert_int_equal(gf_engine_mark_dead(e, "test"), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	assert_int_equal(gf_engine_mark_dead(e, "again"), 0);
@@ -456,7 +372,7 @@ static void expect_refused(gf_engine *e, int state, bool woken)
 {
 	assert_int_equal(gf_engine_state(e), state);
 	if (state != GF_ENGINE_INIT)
-		assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_STATE);
+		assert_int_equal(gf_engine_init_weights(e, real_load, NULL), GF_ERR_STATE);
 	if (state != GF_ENGINE_STANDBY)
 		assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
 	if (state != GF_ENGINE_WAKING || woken)
@@ -472,7 +388,8 @@ static void expect_refused(gf_engine *e, int state, bool woken)
 
 static void test_illegal_transitions(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	/* Init without weights: nothing but init_weights. */
 	assert_int_equal(gf_engine_sleep(e), GF_ERR_STATE);
 	assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
@@ -480,8 +397,8 @@ static void test_illegal_transitions(void **state)
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), GF_ERR_STATE);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	/* Init with weights: only sleep. */
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_STATE);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), GF_ERR_STATE);
 	assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STATE);
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), GF_ERR_STATE);
@@ -506,8 +423,9 @@ static void test_illegal_transitions(void **state)
 static void test_dead_from_every_state(void **state)
 {
 	for (int target = GF_ENGINE_INIT; target <= GF_ENGINE_ACTIVE; target++) {
-		gf_engine *e;
-		setup((void **)&e);
+		void *st;
+		setup(&st);
+		gf_engine *e = ((struct fixture *)st)->e;
 		if (target == GF_ENGINE_STANDBY)
 			to_standby(e);
 		else if (target == GF_ENGINE_WAKING)
@@ -517,13 +435,14 @@ static void test_dead_from_every_state(void **state)
 		assert_int_equal(gf_engine_state(e), target);
 		assert_int_equal(gf_engine_mark_dead(e, "test"), 0);
 		expect_refused(e, GF_ENGINE_DEAD, target >= GF_ENGINE_WAKING);
-		teardown((void **)&e);
+		teardown(&st);
 	}
 }
 
 static void test_config_errors(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_role(e, 9), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_engine_set_backend(e, 9), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_engine_set_waking_timeout(e, 0), GF_ERR_INVALID_ARG);
@@ -542,51 +461,66 @@ static void test_config_errors(void **state)
 
 static void test_follower_imports(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	/* A loader commits first; the follower maps what it committed. */
+	gf_engine *loader = new_engine(f);
+	assert_int_equal(gf_engine_init_weights(loader, real_load, NULL), 0);
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	loads = 0;
 	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
 	assert_int_equal(loads, 0);
-	assert_int_equal(fk.mapped_gms, 2);
-	assert_non_null(gf_engine_gms(e, 1));
-	assert_null(gf_engine_gms(e, 2));
+	assert_int_equal(mapped_count(e), ndev);
+	assert_int_equal(gf_gms_granted_mode(gf_engine_gms(e, 0)), GF_GMS_RO);
+	assert_non_null(gf_engine_gms(e, ndev - 1));
+	assert_null(gf_engine_gms(e, ndev));
+	gf_engine_free(loader);
 }
 
 static void test_loader_must_commit(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_init_weights(e, load_without_commit, NULL), GF_ERR_STATE);
 	assert_non_null(strstr(gf_error_detail(), "commit"));
 	/* Cleaned up: nothing connected, still Init, and init may be retried. */
-	assert_int_equal(fk.live_gms, 0);
-	assert_int_equal(fk.live_mems, 0);
+	assert_null(gf_engine_gms(e, 0));
+	assert_null(gf_engine_mem(e, 0));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	loads = 0;
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(loads, ndev); /* the uncommitted writer's work was dropped */
 }
 
 static void test_init_connect_fails(void **state)
 {
-	gf_engine *e = *state;
-	fk.connect_rc = GF_ERR_TIMEOUT;
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_TIMEOUT);
-	assert_int_equal(fk.live_mems, 0);
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	gt_stop(&f->gms[ndev - 1]);
+	int rc = gf_engine_init_weights(e, real_load, NULL);
+	assert_true(rc == GF_ERR_UNREACHABLE || rc == GF_ERR_TIMEOUT);
+	assert_null(gf_engine_mem(e, 0));
+	assert_null(gf_engine_gms(e, 0));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 }
 
 static void test_acquire_errors(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_standby(e);
 	/* Interrupted before the lock client exists: exactly one acquire returns. */
 	gf_engine_interrupt(e);
 	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_INTERRUPTED);
-	assert_false(fk.lock->interrupted);
-	fk.acquire_rc = GF_ERR_TIMEOUT;
+	/* Held by another: a bounded wait times out, an interrupt ends an unbounded one. */
+	struct holder h;
+	hold_lock(f, &h, -1);
 	assert_int_equal(gf_engine_acquire(e, 10), GF_ERR_TIMEOUT);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
-	fk.acquire_rc = 0;
 	gf_engine_interrupt(e);
 	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_INTERRUPTED);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	gf_lock_free(h.lock);
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
 }
@@ -594,10 +528,10 @@ static void test_acquire_errors(void **state)
 /* ---- probes ---- */
 
 static int health_answer = 1;
-static int health_calls;
+static atomic_int health_calls;
 static int health(gf_engine *e, void *ud)
 {
-	health_calls++;
+	atomic_fetch_add(&health_calls, 1);
 	return health_answer;
 }
 
@@ -610,12 +544,13 @@ static void probes_are(gf_engine *e, int startup, int live, int ready)
 
 static void test_probe_table(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	health_answer = 1;
-	health_calls = 0;
+	atomic_store(&health_calls, 0);
 	assert_int_equal(gf_engine_set_health_fn(e, health, NULL), 0);
 	probes_are(e, 503, 503, 503); /* Init */
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
 	probes_are(e, 503, 503, 503); /* Init, weights loaded but not asleep yet */
 	assert_int_equal(gf_engine_sleep(e), 0);
 	probes_are(e, 200, 200, 200); /* Standby */
@@ -623,11 +558,11 @@ static void test_probe_table(void **state)
 	probes_are(e, 200, 200, 200); /* Waking, within the timeout */
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
-	assert_int_equal(health_calls, 0); /* only Active asks the engine */
+	assert_int_equal(atomic_load(&health_calls), 0); /* only Active asks the engine */
 	probes_are(e, 200, 200, 200); /* Active, healthy */
 	health_answer = 0;
 	probes_are(e, 200, 503, 503); /* Active, unhealthy */
-	assert_true(health_calls >= 4);
+	assert_true(atomic_load(&health_calls) >= 4);
 	health_answer = 1;
 	gf_engine_mark_dead(e, "test");
 	probes_are(e, 503, 503, 503); /* Dead */
@@ -655,11 +590,11 @@ static void test_probe_decision_table(void **state)
 
 static void test_waking_timeout_flips_live(void **state)
 {
-	gf_engine *e = *state; /* waking timeout 2000 ms */
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2000 ms */
 	to_waking(e);
-	fk.now += 1999 * 1000;
 	probes_are(e, 200, 200, 200);
-	fk.now += 1000;
+	advance_ms(2000);
 	probes_are(e, 200, 503, 200);
 	/* Also after wake_up: the timeout covers the whole Waking state. */
 	assert_int_equal(gf_engine_wake_up(e), 0);
@@ -671,62 +606,89 @@ static void test_waking_timeout_flips_live(void **state)
 
 /* ---- wake ---- */
 
+/* A writer replaces the committed weights of @device while the engine sleeps. */
+static void replace_weights(struct fixture *f, int device)
+{
+	gf_mem *m;
+	gf_gms *g;
+	assert_int_equal(gf_mem_open(&m, kind, device), 0);
+	assert_int_equal(gf_gms_connect(&g, f->gms[device].uri, m, GF_GMS_RW, 5000), 0);
+	assert_int_equal(gf_gms_allocate(g, 2 * WEIGHT_BYTES, "other", NULL), 0);
+	assert_int_equal(gf_gms_commit(g, NULL), 0);
+	gf_gms_free(g);
+	gf_mem_free(m);
+}
+
 static void test_wake_remap_failure_is_all_or_nothing(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.remap_fail_device = 1;
-	fk.remap_rc = GF_ERR_STALE_LAYOUT;
+	replace_weights(f, ndev - 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STALE_LAYOUT);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	assert_int_equal(fk.mapped_gms, 0); /* device 0 was remapped, then unmapped again */
-	assert_int_equal(fk.mapped_vas, 0);
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(loss.calls, 0); /* a failed wake is returned, not a loss */
+	assert_int_equal(mapped_count(e), 0); /* on cuda device 0 was remapped, then unmapped again */
+	assert_int_equal(private_count(e), 0);
+	assert_int_equal(atomic_load(&loss.calls), 0); /* a failed wake is returned, not a loss */
 }
 
 static void test_wake_private_failure_is_all_or_nothing(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.map_fail_device = 1;
+	/* The remaps map one allocation per device, then each private region
+	 * maps one: the map of the last device's region fails. */
+	char spec[64];
+	snprintf(spec, sizeof(spec), "cuMemMap:%d", 2 * ndev);
+	setenv("FAKECUDA_FAIL", spec, 1);
 	int rc = gf_engine_wake_up(e);
+	unsetenv("FAKECUDA_FAIL");
 	assert_int_equal(rc, GF_ERR_DRIVER);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	assert_int_equal(fk.mapped_gms, 0);
-	assert_int_equal(fk.mapped_vas, 0);
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(fk.live_vas, 0);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0);
 	uint64_t addr;
 	assert_int_equal(gf_engine_private_memory(e, 0, &addr, NULL), GF_ERR_STATE);
 }
 
+static void end_oom_after_three(int n)
+{
+	if (n == 3)
+		unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+}
+
 static void test_wake_retries_oom(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.oom_times = 3;
+	/* The device is full until the third backoff sleep frees it. */
+	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
+	on_sleep = end_oom_after_three;
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	struct gf_engine_metrics m;
 	gf_engine_metrics(e, &m);
 	assert_int_equal(m.private_alloc_retries, 3);
-	assert_true(fk.slept_ms > 0);
-	assert_int_equal(m.private_alloc_us, fk.slept_ms * 1000);
-	assert_int_equal(fk.mapped_vas, 2);
+	assert_true(slept_ms > 0);
+	assert_true(m.private_alloc_us >= slept_ms * 1000);
+	assert_int_equal(private_count(e), ndev);
 }
 
 static void test_wake_oom_until_timeout(void **state)
 {
-	gf_engine *e = *state; /* waking timeout 2 s */
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2 s */
 	to_waking(e);
-	fk.oom_times = -1;
+	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_OUT_OF_MEMORY);
+	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
 	assert_non_null(strstr(gf_error_detail(), "waking timeout"));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	/* Retried for the waking timeout, not longer. */
-	assert_int_equal(fk.slept_ms, 2000);
-	assert_int_equal(fk.mapped_gms, 0);
-	assert_int_equal(fk.live_allocs, 0);
+	/* Retried for the waking timeout, not longer (real time passed too). */
+	assert_true(slept_ms > 0 && slept_ms <= 2000);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0);
 }
 
 static int failing_serve(gf_engine *e, void *ud)
@@ -736,7 +698,8 @@ static int failing_serve(gf_engine *e, void *ud)
 
 static void test_serve_failure_is_dead(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(gf_engine_serve(e, failing_serve, NULL), GF_ERR_IO);
@@ -757,13 +720,15 @@ static int run_ready(gf_engine *e, void *ud)
 
 static void test_run_shadow(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	int calls = 0;
-	struct gf_engine_callbacks cb = { .load_weights = fake_load, .weights_ready = run_ready, .serve = run_serve,
+	struct gf_engine_callbacks cb = { .load_weights = real_load, .weights_ready = run_ready, .serve = run_serve,
 					  .userdata = &calls };
 	assert_int_equal(gf_engine_run_shadow(e, &cb), 0);
 	assert_int_equal(calls, 11);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	assert_int_equal(mapped_count(e), ndev);
 	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_STATE);
 }
 
@@ -771,17 +736,22 @@ static void test_run_shadow(void **state)
  * a failing step is returned and leaves the state where it failed. */
 static void test_run_shadow_probe_server_and_failure(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_probe_address(e, "127.0.0.1", 0), 0);
-	fk.connect_rc = GF_ERR_UNREACHABLE;
-	struct gf_engine_callbacks cb = { .load_weights = fake_load };
-	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_UNREACHABLE);
+	gt_stop(&f->gms[0]);
+	struct gf_engine_callbacks cb = { .load_weights = real_load };
+	int rc = gf_engine_run_shadow(e, &cb);
+	assert_true(rc == GF_ERR_UNREACHABLE || rc == GF_ERR_TIMEOUT);
 	assert_true(gf_engine_probe_port(e) > 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_probe(e, GF_PROBE_STARTUP), 503);
-	fk.connect_rc = 0;
-	fk.acquire_rc = GF_ERR_PERMISSION;
-	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_PERMISSION);
+	gms_start(f, 0);
+	/* The lock server is gone: acquire fails and the engine stays Standby. */
+	lockd_stop(f);
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 100), 0);
+	rc = gf_engine_run_shadow(e, &cb);
+	assert_true(rc < 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 }
 
@@ -789,40 +759,46 @@ static void test_run_shadow_probe_server_and_failure(void **state)
 
 static void test_lock_loss_calls_hook(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_active(e);
-	/* The hook the engine installed into the lock client. */
-	assert_ptr_equal(fk.lock->lost, gf_engine_lock_lost_hook);
-	fk.lock->lost(fk.lock, GF_ERR_LOCK_LOST, "server gone, reconnect failed", fk.lock->ud);
-	assert_int_equal(loss.calls, 1);
+	/* The lock server goes away for good: after the reconnect time the
+	 * loss policy runs, once, with the engine already Dead. */
+	lockd_stop(f);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(loss.err, GF_ERR_LOCK_LOST);
 	assert_int_equal(loss.state_seen, GF_ENGINE_DEAD);
 	assert_non_null(strstr(loss.detail, "lock"));
-	assert_non_null(strstr(loss.detail, "reconnect failed"));
 	probes_are(e, 503, 503, 503);
 	/* Once only, even if the GMS goes too. */
-	fk.gms[0]->lost(fk.gms[0], GF_ERR_GMS_LOST, "hangup", fk.gms[0]->ud);
-	assert_int_equal(loss.calls, 1);
+	gt_stop(&f->gms[0]);
+	usleep(200 * 1000);
+	assert_int_equal(atomic_load(&loss.calls), 1);
 }
 
 static void test_gms_loss_calls_hook(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_active(e);
-	assert_ptr_equal(fk.gms[1]->lost, gf_engine_gms_lost_hook);
-	fk.gms[1]->lost(fk.gms[1], GF_ERR_GMS_LOST, "POLLHUP", fk.gms[1]->ud);
-	assert_int_equal(loss.calls, 1);
+	gt_stop(&f->gms[ndev - 1]);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(loss.err, GF_ERR_GMS_LOST);
-	assert_non_null(strstr(loss.detail, "device 1"));
+	char want[32];
+	snprintf(want, sizeof(want), "device %d", ndev - 1);
+	assert_non_null(strstr(loss.detail, want));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 }
 
 static void test_lock_loss_while_waking(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_waking(e);
-	fk.lock->lost(fk.lock, GF_ERR_LOCK_LOST, "gone", fk.lock->ud);
-	assert_int_equal(loss.calls, 1);
+	lockd_stop(f);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STATE);
 }
 
@@ -833,12 +809,9 @@ static int run_default_loss_child(bool ignore_term)
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
-		if (ignore_term)
-			signal(SIGTERM, SIG_IGN);
-		else
-			signal(SIGTERM, SIG_DFL);
+		signal(SIGTERM, ignore_term ? SIG_IGN : SIG_DFL);
 		gf_engine *e;
-		if (gf_engine_new_with_ops(&e, &fake_ops) || gf_engine_set_loss_grace(e, 100))
+		if (gf_engine_new(&e) || gf_engine_set_loss_grace(e, 100))
 			_exit(3);
 		gf_engine_default_loss(e, GF_ERR_GMS_LOST, "test", NULL);
 		/* The policy returned at once; a stuck engine ends by the timer. */
@@ -864,25 +837,29 @@ static void test_default_loss_policy(void **state)
 
 static void test_metrics_text_and_json(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	char *text, *js;
 	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 1"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 0"));
 	assert_null(strstr(text, "phase=\"remap\"")); /* not measured yet */
 	free(text);
-	fk.acquire_advance_ms = 42;
 	to_active(e);
+	struct gf_engine_metrics m;
+	gf_engine_metrics(e, &m);
+	char want[128];
 	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
 	assert_non_null(strstr(text, "gf_engine_state{state=\"active\"} 1"));
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 0"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 1"));
 	assert_non_null(strstr(text, "gf_engine_transitions_total 3"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"lock_wait\"} 42000"));
+	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"lock_wait\"}"));
 	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"remap\"}"));
 	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"private_alloc\"}"));
 	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"serve\"}"));
-	assert_non_null(strstr(text, "gf_engine_lock_epoch 7"));
+	snprintf(want, sizeof(want), "gf_engine_lock_epoch %llu\n", (unsigned long long)m.epoch);
+	assert_non_null(strstr(text, want));
 	free(text);
 	assert_int_equal(gf_engine_state_json(e, &js), 0);
 	json_error_t je;
@@ -890,9 +867,9 @@ static void test_metrics_text_and_json(void **state)
 	assert_non_null(o);
 	assert_string_equal(json_string_value(json_object_get(o, "state")), "active");
 	assert_string_equal(json_string_value(json_object_get(o, "id")), "eng-a");
-	assert_int_equal(json_integer_value(json_object_get(o, "epoch")), 7);
+	assert_int_equal(json_integer_value(json_object_get(o, "epoch")), m.epoch);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "last_failover"), "lock_wait_us")),
-			 42000);
+			 m.lock_wait_us);
 	json_decref(o);
 	free(js);
 }
@@ -930,9 +907,9 @@ static int http_get(int port, const char *path, char *body, size_t len)
 
 static void test_probe_server_http(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	char body[16384];
-	int fds = tu_count_fds();
 	assert_int_equal(gf_engine_set_probe_address(e, "127.0.0.1", 0), 0);
 	assert_int_equal(gf_engine_start_probe_server(e), 0);
 	assert_int_equal(gf_engine_start_probe_server(e), 0); /* already running */
@@ -949,7 +926,7 @@ static void test_probe_server_http(void **state)
 	assert_int_equal(http_get(port, "/state", body, sizeof(body)), 200);
 	assert_non_null(strstr(body, "\"state\":\"standby\""));
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
-	fk.now += 3000 * 1000; /* past the waking timeout */
+	advance_ms(3000); /* past the waking timeout */
 	assert_int_equal(http_get(port, "/live", NULL, 0), 503);
 	assert_int_equal(http_get(port, "/ready", NULL, 0), 200);
 	assert_int_equal(gf_engine_wake_up(e), 0);
@@ -961,13 +938,26 @@ static void test_probe_server_http(void **state)
 	gf_engine_mark_dead(e, "test");
 	assert_int_equal(http_get(port, "/live", NULL, 0), 503);
 	gf_engine_free(e);
-	*state = NULL;
-	assert_int_equal(tu_count_fds(), fds); /* the server's sockets are closed */
+	f->e = NULL;
+	/* The teardown checks that the server's sockets are closed. */
 	assert_int_equal(http_get(port, "/live", NULL, 0), -1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+		kind = GF_MEM_CUDA;
+		ndev = 2;
+		setenv("FAKECUDA_DEVICES", "2", 1);
+	} else if (argc > 1 && strcmp(argv[1], "host") != 0) {
+		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+		return 2;
+	}
+	char *state_dir = NULL;
+	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
+		state_dir = tu_tmpdir();
+		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_legal_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_illegal_transitions, setup, teardown),
@@ -981,9 +971,6 @@ int main(void)
 		cmocka_unit_test(test_probe_decision_table),
 		cmocka_unit_test_setup_teardown(test_waking_timeout_flips_live, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow_probe_server_and_failure, setup, teardown),
@@ -993,6 +980,16 @@ int main(void)
 		cmocka_unit_test(test_default_loss_policy),
 		cmocka_unit_test_setup_teardown(test_metrics_text_and_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_http, setup, teardown),
+		/* The driver's fault knobs: cuda only, last. */
+		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	size_t n = sizeof(tests) / sizeof(tests[0]) - (kind == GF_MEM_CUDA ? 0 : 3);
+	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "engine-cuda" : "engine-host", tests, n, NULL, NULL);
+	if (state_dir) {
+		gt_rmtree(state_dir);
+		free(state_dir);
+	}
+	return rc;
 }

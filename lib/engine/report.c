@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Reporting: the failover metrics as a struct, as Prometheus text and as
+ * the status JSON. Thread-safe: everything is read under the engine mutex. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <jansson.h>
+
+#include "common.h"
+#include "engine_int.h"
+
+GF_EXPORT int gf_engine_metrics(const gf_engine *e, struct gf_engine_metrics *out)
+{
+	if (!e || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_metrics: NULL argument");
+	pthread_mutex_lock(gf_engine_mu(e));
+	struct gf_engine_metrics m = e->m;
+	m.state = e->state;
+	m.time_in_state_us = e->clock.now_us() - e->state_since_us;
+	m.transitions = e->transitions;
+	pthread_mutex_unlock(gf_engine_mu(e));
+	*out = m;
+	return 0;
+}
+
+GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
+{
+	struct gf_engine_metrics m;
+	if (!text)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_metrics_text: NULL argument");
+	int rc = gf_engine_metrics(e, &m);
+	if (rc)
+		return rc;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f)
+		return gf_err(GF_ERR_NOMEM, "metrics: out of memory");
+	fprintf(f, "# HELP gf_engine_state Engine state: 1 for the current state, 0 for the others.\n"
+		   "# TYPE gf_engine_state gauge\n");
+	for (int s = GF_ENGINE_INIT; s <= GF_ENGINE_DEAD; s++)
+		fprintf(f, "gf_engine_state{state=\"%s\"} %d\n", gf_engine_state_name(s), s == m.state);
+	fprintf(f, "# HELP gf_engine_time_in_state_us Microseconds since the last state change.\n"
+		   "# TYPE gf_engine_time_in_state_us gauge\n"
+		   "gf_engine_time_in_state_us %" PRId64 "\n",
+		m.time_in_state_us);
+	fprintf(f, "# HELP gf_engine_transitions_total State changes since the engine was created.\n"
+		   "# TYPE gf_engine_transitions_total counter\n"
+		   "gf_engine_transitions_total %" PRIu64 "\n",
+		m.transitions);
+	fprintf(f, "# HELP gf_engine_failovers_total Takeovers completed (Standby to Active).\n"
+		   "# TYPE gf_engine_failovers_total counter\n"
+		   "gf_engine_failovers_total %" PRIu64 "\n",
+		m.failovers);
+	fprintf(f, "# HELP gf_engine_lock_epoch Fencing epoch of the lock grant (0 before).\n"
+		   "# TYPE gf_engine_lock_epoch gauge\n"
+		   "gf_engine_lock_epoch %" PRIu64 "\n",
+		m.epoch);
+	fprintf(f, "# HELP gf_engine_last_failover_us Last takeover broken down by phase, in microseconds.\n"
+		   "# TYPE gf_engine_last_failover_us gauge\n");
+	const struct {
+		const char *phase;
+		int64_t us;
+	} phases[] = { { "lock_wait", m.lock_wait_us }, { "remap", m.remap_us },
+		       { "private_alloc", m.private_alloc_us }, { "serve", m.serve_us },
+		       { "total", m.wake_total_us } };
+	for (size_t i = 0; i < GF_ARRAY_SIZE(phases); i++)
+		if (phases[i].us >= 0)
+			fprintf(f, "gf_engine_last_failover_us{phase=\"%s\"} %" PRId64 "\n", phases[i].phase,
+				phases[i].us);
+	fprintf(f, "# HELP gf_engine_private_alloc_retries Out-of-memory retries of the last wake.\n"
+		   "# TYPE gf_engine_private_alloc_retries gauge\n"
+		   "gf_engine_private_alloc_retries %" PRIu64 "\n",
+		m.private_alloc_retries);
+	if (fclose(f) != 0 || !buf) {
+		free(buf);
+		return gf_err(GF_ERR_NOMEM, "metrics: out of memory");
+	}
+	*text = buf;
+	return 0;
+}
+
+static json_t *us_or_null(int64_t us)
+{
+	return us >= 0 ? json_integer(us) : json_null();
+}
+
+GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
+{
+	struct gf_engine_metrics m;
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_state_json: NULL argument");
+	int rc = gf_engine_metrics(e, &m);
+	if (rc)
+		return rc;
+	json_t *last = json_pack("{s:o,s:o,s:o,s:o,s:o,s:I}", "lock_wait_us", us_or_null(m.lock_wait_us),
+				 "remap_us", us_or_null(m.remap_us), "private_alloc_us",
+				 us_or_null(m.private_alloc_us), "serve_us", us_or_null(m.serve_us), "total_us",
+				 us_or_null(m.wake_total_us), "private_alloc_retries",
+				 (json_int_t)m.private_alloc_retries);
+	json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state", gf_engine_state_name(m.state),
+			      "id", e->id ? e->id : "", "role", e->role == GF_ENGINE_LOADER ? "loader" : "follower",
+			      "devices", (json_int_t)e->ndev, "epoch", (json_int_t)m.epoch, "time_in_state_us",
+			      (json_int_t)m.time_in_state_us, "transitions", (json_int_t)m.transitions, "failovers",
+			      (json_int_t)m.failovers, "waking_timeout_ms", (json_int_t)e->waking_timeout_ms,
+			      "last_failover", last);
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!s)
+		return gf_err(GF_ERR_NOMEM, "state json: out of memory");
+	*out = s;
+	return 0;
+}
+
