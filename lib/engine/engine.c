@@ -100,8 +100,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 {
 	if (!e)
 		return;
-	if (e->http)
-		gf_engine_http_stop(e->http);
+	gf_engine_http_stop(atomic_load(&e->http));
 	gf_lock *lock = atomic_load(&e->lock);
 	if (lock && e->lock_watching)
 		gf_lock_stop_watch(lock);
@@ -522,7 +521,7 @@ GF_EXPORT int gf_engine_run_shadow(gf_engine *e, const struct gf_engine_callback
 	if (!cb)
 		cb = &none;
 	int rc;
-	if (e->probe_port >= 0 && !e->http) {
+	if (e->probe_port >= 0 && !atomic_load(&e->http)) {
 		rc = gf_engine_start_probe_server(e);
 		if (rc)
 			return rc;

@@ -62,7 +62,8 @@ struct gf_engine {
 	uint64_t private_bytes;
 	char probe_addr[64];
 	int probe_port;
-	struct gf_engine_http *http;
+	/* Set once by the stepping thread; reporting reads it from any thread. */
+	_Atomic(struct gf_engine_http *) http;
 
 	bool init_started; /* configuration is frozen from the first init_weights on */
 	bool weights_ready;
@@ -100,5 +101,12 @@ struct gf_engine_http;
 int gf_engine_http_start(gf_engine *e, const char *address, int port, struct gf_engine_http **out);
 int gf_engine_http_port(const struct gf_engine_http *h);
 void gf_engine_http_stop(struct gf_engine_http *h);
+/* What the probe server did to protect itself (all zero when not running). */
+struct gf_engine_http_stats {
+	unsigned open;         /* connections open and not cut */
+	uint64_t cut_deadline; /* cut for not finishing a request within the deadline */
+	uint64_t cut_evicted;  /* cut, oldest first, to make room for a new one */
+};
+void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats *out);
 
 #endif

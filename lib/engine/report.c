@@ -69,6 +69,18 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		if (phases[i].us >= 0)
 			fprintf(f, "gf_engine_last_failover_us{phase=\"%s\"} %" PRId64 "\n", phases[i].phase,
 				phases[i].us);
+	struct gf_engine_http_stats hs;
+	gf_engine_http_stats(atomic_load(&((gf_engine *)e)->http), &hs);
+	fprintf(f, "# HELP gf_engine_probe_connections Open connections of the probe server.\n"
+		   "# TYPE gf_engine_probe_connections gauge\n"
+		   "gf_engine_probe_connections %u\n",
+		hs.open);
+	fprintf(f, "# HELP gf_engine_probe_connections_cut_total Probe server connections cut: a request unfinished "
+		   "at the deadline, or the oldest evicted for a new connection.\n"
+		   "# TYPE gf_engine_probe_connections_cut_total counter\n"
+		   "gf_engine_probe_connections_cut_total{reason=\"deadline\"} %" PRIu64 "\n"
+		   "gf_engine_probe_connections_cut_total{reason=\"evicted\"} %" PRIu64 "\n",
+		hs.cut_deadline, hs.cut_evicted);
 	fprintf(f, "# HELP gf_engine_private_alloc_retries Out-of-memory retries of the last wake.\n"
 		   "# TYPE gf_engine_private_alloc_retries gauge\n"
 		   "gf_engine_private_alloc_retries %" PRIu64 "\n",
@@ -99,12 +111,17 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 				 us_or_null(m.private_alloc_us), "serve_us", us_or_null(m.serve_us), "total_us",
 				 us_or_null(m.wake_total_us), "private_alloc_retries",
 				 (json_int_t)m.private_alloc_retries);
-	json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state", gf_engine_state_name(m.state),
+	struct gf_engine_http_stats hs;
+	gf_engine_http_stats(atomic_load(&((gf_engine *)e)->http), &hs);
+	json_t *cuts = json_pack("{s:I,s:I}", "deadline", (json_int_t)hs.cut_deadline, "evicted",
+				 (json_int_t)hs.cut_evicted);
+	json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:o}", "state", gf_engine_state_name(m.state),
 			      "id", e->id ? e->id : "", "role", e->role == GF_ENGINE_LOADER ? "loader" : "follower",
 			      "devices", (json_int_t)e->ndev, "epoch", (json_int_t)m.epoch, "time_in_state_us",
 			      (json_int_t)m.time_in_state_us, "transitions", (json_int_t)m.transitions, "failovers",
 			      (json_int_t)m.failovers, "waking_timeout_ms", (json_int_t)e->waking_timeout_ms,
-			      "last_failover", last);
+			      "last_failover", last, "probe_connections", (json_int_t)hs.open,
+			      "probe_connections_cut", cuts);
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	if (!s)

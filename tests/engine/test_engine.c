@@ -11,7 +11,9 @@
  * forked children), all-or-nothing wake, OOM retries and the probe server
  * over real HTTP. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -874,16 +877,33 @@ static void test_metrics_text_and_json(void **state)
 	free(js);
 }
 
-/* A minimal HTTP/1.0 GET; returns the status and copies the body. */
-static int http_get(int port, const char *path, char *body, size_t len)
+/* A TCP connection from @src (a loopback address) to the probe server;
+ * -1 when refused. Reads and writes give up after 20 s, so a server that
+ * never answers fails the test instead of hanging it. */
+static int connect_from(const char *src, int port)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in me = { .sin_family = AF_INET };
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { .tv_sec = 20 };
+	inet_pton(AF_INET, src, &me.sin_addr);
 	inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
-	if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0 ||
+	    connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
 		close(fd);
 		return -1;
 	}
+	return fd;
+}
+
+/* A minimal HTTP/1.0 GET; returns the status and copies the body. */
+static int http_get(int port, const char *path, char *body, size_t len)
+{
+	int fd = connect_from("127.0.0.1", port);
+	if (fd < 0)
+		return -1;
 	char req[256];
 	int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
 	if (write(fd, req, (size_t)n) != n) {
@@ -943,6 +963,118 @@ static void test_probe_server_http(void **state)
 	assert_int_equal(http_get(port, "/live", NULL, 0), -1);
 }
 
+/* A slow client: a request begun but never finished. */
+static int slow_client(const char *src, int port)
+{
+	int fd = connect_from(src, port);
+	static const char part[] = "GET /live HTTP/1.1\r\nHost: x\r\n";
+	if (fd >= 0 && write(fd, part, sizeof(part) - 1) != (ssize_t)(sizeof(part) - 1)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Has the server closed @fd (end of file or reset, no answer)? Waits up to 20 s. */
+static bool closed_by_server(int fd)
+{
+	char c;
+	ssize_t r = read(fd, &c, 1);
+	return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+static int standby_with_probe_server(struct fixture *f)
+{
+	assert_int_equal(gf_engine_set_probe_address(f->e, "127.0.0.1", 0), 0);
+	assert_int_equal(gf_engine_start_probe_server(f->e), 0);
+	to_standby(f->e);
+	return gf_engine_probe_port(f->e);
+}
+
+#define SLOW_CLIENTS 70
+
+/* Seventy slow connections from one address: the per-address limit keeps
+ * most out, and /live from another address still answers. */
+static void test_probe_server_slow_clients_one_address(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fds[SLOW_CLIENTS];
+	for (int i = 0; i < SLOW_CLIENTS; i++)
+		fds[i] = slow_client("127.0.0.2", port);
+	assert_int_equal(http_get(port, "/live", NULL, 0), 200);
+	int refused = 0;
+	for (int i = 0; i < SLOW_CLIENTS; i++) {
+		if (fds[i] < 0 || closed_by_server(fds[i]))
+			refused++;
+		if (fds[i] >= 0)
+			close(fds[i]);
+	}
+	assert_int_equal(refused, SLOW_CLIENTS); /* the admitted ones too, at the deadline */
+	assert_int_equal(http_get(port, "/ready", NULL, 0), 200);
+}
+
+/* Seventy slow connections from seventy addresses hold every slot: the
+ * oldest are cut so /live still gets in, and the cuts are counted. */
+static void test_probe_server_full_of_others(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fds[SLOW_CLIENTS];
+	for (int i = 0; i < SLOW_CLIENTS; i++) {
+		char src[32];
+		snprintf(src, sizeof(src), "127.0.1.%d", i + 1);
+		fds[i] = slow_client(src, port);
+		assert_true(fds[i] >= 0);
+	}
+	char body[16384];
+	assert_int_equal(http_get(port, "/live", body, sizeof(body)), 200);
+	assert_non_null(strstr(body, "standby"));
+	/* The oldest were evicted (no answer, closed), and it shows. */
+	assert_true(closed_by_server(fds[0]));
+	assert_int_equal(http_get(port, "/metrics", body, sizeof(body)), 200);
+	unsigned long long evicted = 0;
+	char *p = strstr(body, "gf_engine_probe_connections_cut_total{reason=\"evicted\"} ");
+	assert_non_null(p);
+	sscanf(strchr(p, ' ') + 1, "%llu", &evicted);
+	assert_true(evicted >= SLOW_CLIENTS - 32);
+	for (int i = 0; i < SLOW_CLIENTS; i++)
+		close(fds[i]);
+}
+
+/* A client trickling one byte every 50 ms never goes idle; the request
+ * deadline cuts it long before it could finish, and it shows in /state. */
+static void test_probe_server_request_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fd = connect_from("127.0.0.3", port);
+	assert_true(fd >= 0);
+	static const char req[] = "GET /live HTTP/1.1\r\nHost: x\r\n";
+	bool cut = false;
+	/* 2,000 bytes of header at 50 ms each would take 100 s. */
+	for (int i = 0; i < 2000 && !cut; i++) {
+		char c = i < (int)sizeof(req) - 1 ? req[i] : 'a';
+		if (i == (int)sizeof(req) - 1)
+			c = 'X';
+		cut = write(fd, &c, 1) != 1;
+		if (!cut) {
+			struct pollfd pfd = { .fd = fd, .events = POLLIN };
+			cut = poll(&pfd, 1, 50) == 1;
+		}
+	}
+	assert_true(cut);
+	close(fd);
+	char body[16384];
+	assert_int_equal(http_get(port, "/state", body, sizeof(body)), 200);
+	json_error_t je;
+	json_t *o = json_loads(body, 0, &je);
+	assert_non_null(o);
+	assert_true(json_integer_value(json_object_get(json_object_get(o, "probe_connections_cut"), "deadline")) >=
+		    1);
+	json_decref(o);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
@@ -980,6 +1112,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_default_loss_policy),
 		cmocka_unit_test_setup_teardown(test_metrics_text_and_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_http, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_slow_clients_one_address, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_full_of_others, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_request_deadline, setup, teardown),
 		/* The driver's fault knobs: cuda only, last. */
 		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
