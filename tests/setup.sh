@@ -15,6 +15,7 @@ packages=(
   libcurl4-openssl-dev                                      # HTTP client of the failover demo
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
+  prometheus                                                # promtool checks the engine's /metrics
 )
 
 missing=()

@@ -503,6 +503,7 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 		return rc;
 	pthread_mutex_lock(&e->mu);
 	e->m.failovers++;
+	gf_engine_record_failover(e);
 	struct gf_engine_metrics m = e->m;
 	pthread_mutex_unlock(&e->mu);
 	gf_log(GF_LOG_INFO, "engine",

@@ -32,6 +32,15 @@ struct engine_dev {
 	gf_mem_region *priv;
 };
 
+/* The failover duration histogram of one phase (report.c). */
+#define GF_ENGINE_HIST_PHASES 4
+#define GF_ENGINE_HIST_BUCKETS 17
+struct engine_hist {
+	uint64_t bucket[GF_ENGINE_HIST_BUCKETS]; /* cumulative, as Prometheus counts them */
+	uint64_t count;
+	int64_t sum_us;
+};
+
 struct gf_engine {
 	struct gf_engine_clock clock;
 
@@ -45,6 +54,7 @@ struct gf_engine {
 	int64_t acquire_start_us;
 	uint64_t transitions;
 	struct gf_engine_metrics m;
+	struct engine_hist hist[GF_ENGINE_HIST_PHASES];
 	gf_engine_health_fn health;
 	void *health_ud;
 	gf_engine_loss_fn loss;
@@ -86,6 +96,9 @@ static inline pthread_mutex_t *gf_engine_mu(const gf_engine *e)
 
 /* Replace the clock (tests). Also restarts the time in the current state. */
 void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock);
+
+/* Add the last takeover's phases to the histogram. Under e->mu. */
+void gf_engine_record_failover(gf_engine *e);
 
 /* The hooks the engine installs into the lock and GMS clients (loss.c). */
 void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *userdata);

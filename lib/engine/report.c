@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -24,6 +25,67 @@ GF_EXPORT int gf_engine_metrics(const gf_engine *e, struct gf_engine_metrics *ou
 	return 0;
 }
 
+/* Phases of the failover histogram. lock_wait is not one: for a standby it
+ * is how long the previous engine lived, not part of a takeover. */
+static const char *const hist_phase[GF_ENGINE_HIST_PHASES] = { "remap", "private_alloc", "serve", "total" };
+/* Upper bounds in microseconds: from a host-backend remap (sub-millisecond)
+ * to a wake waiting minutes for memory. */
+static const int64_t hist_le_us[GF_ENGINE_HIST_BUCKETS] = {
+	1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
+	1000000, 2500000, 5000000, 10000000, 30000000, 60000000, 120000000, 300000000,
+};
+
+static void observe(struct engine_hist *h, int64_t us)
+{
+	if (us < 0)
+		return;
+	for (int b = 0; b < GF_ENGINE_HIST_BUCKETS; b++)
+		if (us <= hist_le_us[b])
+			h->bucket[b]++;
+	h->count++;
+	h->sum_us += us;
+}
+
+void gf_engine_record_failover(gf_engine *e)
+{
+	const int64_t us[GF_ENGINE_HIST_PHASES] = { e->m.remap_us, e->m.private_alloc_us, e->m.serve_us,
+						    e->m.wake_total_us };
+	for (int p = 0; p < GF_ENGINE_HIST_PHASES; p++)
+		observe(&e->hist[p], us[p]);
+}
+
+/* Prometheus wants seconds; microseconds are printed exactly. */
+static void put_seconds(FILE *f, int64_t us)
+{
+	if (us < 0)
+		us = 0;
+	fprintf(f, "%" PRId64 ".%06" PRId64, us / 1000000, us % 1000000);
+}
+
+static void put_histogram(const gf_engine *e, FILE *f)
+{
+	struct engine_hist h[GF_ENGINE_HIST_PHASES];
+	pthread_mutex_lock(gf_engine_mu(e));
+	memcpy(h, e->hist, sizeof(h));
+	pthread_mutex_unlock(gf_engine_mu(e));
+	fprintf(f, "# HELP gf_engine_failover_duration_seconds Completed takeovers by phase (grant to Active is "
+		   "phase total).\n"
+		   "# TYPE gf_engine_failover_duration_seconds histogram\n");
+	for (int p = 0; p < GF_ENGINE_HIST_PHASES; p++) {
+		for (int b = 0; b < GF_ENGINE_HIST_BUCKETS; b++) {
+			fprintf(f, "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"", hist_phase[p]);
+			put_seconds(f, hist_le_us[b]);
+			fprintf(f, "\"} %" PRIu64 "\n", h[p].bucket[b]);
+		}
+		fprintf(f, "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+			hist_phase[p], h[p].count);
+		fprintf(f, "gf_engine_failover_duration_seconds_sum{phase=\"%s\"} ", hist_phase[p]);
+		put_seconds(f, h[p].sum_us);
+		fprintf(f, "\ngf_engine_failover_duration_seconds_count{phase=\"%s\"} %" PRIu64 "\n", hist_phase[p],
+			h[p].count);
+	}
+}
+
 GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 {
 	struct gf_engine_metrics m;
@@ -41,11 +103,11 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "# TYPE gf_engine_state gauge\n");
 	for (int s = GF_ENGINE_INIT; s <= GF_ENGINE_DEAD; s++)
 		fprintf(f, "gf_engine_state{state=\"%s\"} %d\n", gf_engine_state_name(s), s == m.state);
-	fprintf(f, "# HELP gf_engine_time_in_state_us Microseconds since the last state change.\n"
-		   "# TYPE gf_engine_time_in_state_us gauge\n"
-		   "gf_engine_time_in_state_us %" PRId64 "\n",
-		m.time_in_state_us);
-	fprintf(f, "# HELP gf_engine_transitions_total State changes since the engine was created.\n"
+	fprintf(f, "# HELP gf_engine_time_in_state_seconds Seconds since the last state change.\n"
+		   "# TYPE gf_engine_time_in_state_seconds gauge\n"
+		   "gf_engine_time_in_state_seconds ");
+	put_seconds(f, m.time_in_state_us);
+	fprintf(f, "\n# HELP gf_engine_transitions_total State changes since the engine was created.\n"
 		   "# TYPE gf_engine_transitions_total counter\n"
 		   "gf_engine_transitions_total %" PRIu64 "\n",
 		m.transitions);
@@ -57,8 +119,8 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "# TYPE gf_engine_lock_epoch gauge\n"
 		   "gf_engine_lock_epoch %" PRIu64 "\n",
 		m.epoch);
-	fprintf(f, "# HELP gf_engine_last_failover_us Last takeover broken down by phase, in microseconds.\n"
-		   "# TYPE gf_engine_last_failover_us gauge\n");
+	fprintf(f, "# HELP gf_engine_last_failover_seconds Last takeover broken down by phase.\n"
+		   "# TYPE gf_engine_last_failover_seconds gauge\n");
 	const struct {
 		const char *phase;
 		int64_t us;
@@ -66,9 +128,12 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		       { "private_alloc", m.private_alloc_us }, { "serve", m.serve_us },
 		       { "total", m.wake_total_us } };
 	for (size_t i = 0; i < GF_ARRAY_SIZE(phases); i++)
-		if (phases[i].us >= 0)
-			fprintf(f, "gf_engine_last_failover_us{phase=\"%s\"} %" PRId64 "\n", phases[i].phase,
-				phases[i].us);
+		if (phases[i].us >= 0) {
+			fprintf(f, "gf_engine_last_failover_seconds{phase=\"%s\"} ", phases[i].phase);
+			put_seconds(f, phases[i].us);
+			fputc('\n', f);
+		}
+	put_histogram(e, f);
 	struct gf_engine_http_stats hs;
 	gf_engine_http_stats(atomic_load(&((gf_engine *)e)->http), &hs);
 	fprintf(f, "# HELP gf_engine_probe_connections Open connections of the probe server.\n"

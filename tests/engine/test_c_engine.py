@@ -9,6 +9,7 @@ GF_LOCKD, GF_GMSD and GF_C_ENGINE.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -145,8 +146,17 @@ def serving_port(p):
 
 
 def metric(text, name):
-    m = re.search(r"^" + re.escape(name) + r" (-?\d+)$", text, re.M)
-    return int(m.group(1)) if m else None
+    m = re.search(r"^" + re.escape(name) + r" (-?[\d.]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def promtool_check(text):
+    """`promtool check metrics` on an exposition; its complaints, or "" when clean."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not found (Debian package prometheus; tests/setup.sh installs it)")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return "" if r.returncode == 0 else (r.stdout + r.stderr)
 
 
 def test_failover_after_sigkill(world):
@@ -195,8 +205,15 @@ def test_failover_after_sigkill(world):
     assert metric(text, "gf_engine_failovers_total") == 1
     assert metric(text, 'gf_engine_state{state="active"}') == 1
     for phase in ("lock_wait", "remap", "private_alloc", "serve", "total"):
-        v = metric(text, f'gf_engine_last_failover_us{{phase="{phase}"}}')
+        v = metric(text, f'gf_engine_last_failover_seconds{{phase="{phase}"}}')
         assert v is not None and v >= 0, phase
+    for phase in ("remap", "private_alloc", "serve", "total"):
+        assert metric(text, f'gf_engine_failover_duration_seconds_count{{phase="{phase}"}}') == 1, phase
+        assert metric(text, f'gf_engine_failover_duration_seconds_bucket{{phase="{phase}",le="+Inf"}}') == 1
+    # The same breakdown, in the seconds a dashboard sums up.
+    total = metric(text, 'gf_engine_last_failover_seconds{phase="total"}')
+    assert metric(text, 'gf_engine_failover_duration_seconds_sum{phase="total"}') == total
+    assert promtool_check(text) == ""
     log = b.text()
     for event in ("event=lock_granted epoch=", "event=weights_remapped us=", "event=kv_allocated us=",
                   "event=serving"):
@@ -255,6 +272,12 @@ def test_standby_stops_cleanly_on_sigterm(world):
     serving_port(a)
     b = world.engine("engine-b", "--role", "follower")
     b.wait_log(r"event=lock_waiting")
+    # A standby's exposition (nothing measured yet) is as clean as an active one's.
+    st, text = http(b.probe_port, "/metrics")
+    assert st == 200
+    assert metric(text, 'gf_engine_state{state="standby"}') == 1
+    assert metric(text, 'gf_engine_failover_duration_seconds_count{phase="total"}') == 0
+    assert promtool_check(text) == ""
     b.p.send_signal(signal.SIGTERM)
     assert b.wait_exit() == 0
     a.p.send_signal(signal.SIGTERM)

@@ -846,7 +846,8 @@ static void test_metrics_text_and_json(void **state)
 	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 1"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 0"));
-	assert_null(strstr(text, "phase=\"remap\"")); /* not measured yet */
+	assert_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"remap\"}")); /* not measured yet */
+	assert_non_null(strstr(text, "gf_engine_failover_duration_seconds_count{phase=\"total\"} 0\n"));
 	free(text);
 	to_active(e);
 	struct gf_engine_metrics m;
@@ -857,10 +858,33 @@ static void test_metrics_text_and_json(void **state)
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 0"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 1"));
 	assert_non_null(strstr(text, "gf_engine_transitions_total 3"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"lock_wait\"}"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"remap\"}"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"private_alloc\"}"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"serve\"}"));
+	/* Base units: seconds, exactly the microseconds measured. */
+	snprintf(want, sizeof(want), "gf_engine_last_failover_seconds{phase=\"lock_wait\"} %lld.%06lld\n",
+		 (long long)m.lock_wait_us / 1000000, (long long)m.lock_wait_us % 1000000);
+	assert_non_null(strstr(text, want));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"remap\"}"));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"private_alloc\"}"));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"serve\"}"));
+	assert_non_null(strstr(text, "gf_engine_time_in_state_seconds "));
+	assert_null(strstr(text, "_us"));
+	/* The takeover is one observation per phase; its buckets are cumulative. */
+	static const char *const phases[] = { "remap", "private_alloc", "serve", "total" };
+	for (size_t p = 0; p < 4; p++) {
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_count{phase=\"%s\"} 1\n", phases[p]);
+		assert_non_null(strstr(text, want));
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"+Inf\"} 1\n",
+			 phases[p]);
+		assert_non_null(strstr(text, want));
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"300.000000\"} 1\n",
+			 phases[p]);
+		assert_non_null(strstr(text, want));
+	}
+	assert_null(strstr(text, "gf_engine_failover_duration_seconds_count{phase=\"lock_wait\"}"));
+	/* The total of a takeover within 1 ms would be in every bucket; the
+	 * bucket that holds it is the first whose bound is not below it. */
+	char *line = strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"0.001000\"} ");
+	assert_non_null(line);
+	assert_int_equal(atoi(strchr(line, '}') + 2), m.wake_total_us <= 1000 ? 1 : 0);
 	snprintf(want, sizeof(want), "gf_engine_lock_epoch %llu\n", (unsigned long long)m.epoch);
 	assert_non_null(strstr(text, want));
 	free(text);
