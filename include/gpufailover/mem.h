@@ -96,7 +96,7 @@ GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len);
 GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index);
 /** Allocation granularity: minimum and recommended (both powers of two). */
 GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended);
-/** Free and total device memory in bytes (host: MemAvailable / MemTotal). */
+/** Free and total device memory in bytes (host: MemAvailable / MemTotal; GF_MEM_HOST_AVAILABLE=bytes overrides the free figure). */
 GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
 /** Wait until all work queued on the device is done (cuCtxSynchronize; host: no-op). */
 GF_EXPORT int gf_mem_synchronize(gf_mem *m);

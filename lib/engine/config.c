@@ -143,6 +143,27 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 	return 0;
 }
 
+GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *e, int64_t ms)
+{
+	int rc = config_check(e, "gf_engine_set_startup_deadline");
+	if (rc)
+		return rc;
+	if (ms > INT64_MAX / 2000)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_startup_deadline: %" PRId64 " ms is too large", ms);
+	e->startup_deadline_ms = ms > 0 ? ms : 0;
+	return 0;
+}
+
+GF_EXPORT int gf_engine_set_memory_need(gf_engine *e, uint64_t bytes)
+{
+	int rc = config_check(e, "gf_engine_set_memory_need");
+	if (rc)
+		return rc;
+	e->memory_need = bytes;
+	e->memory_need_set = true;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_probe_address(gf_engine *e, const char *address, int port)
 {
 	int rc = config_check(e, "gf_engine_set_probe_address");

@@ -58,7 +58,8 @@ GF_EXPORT int gf_engine_new(gf_engine **out)
 	e->clock = real_clock;
 	pthread_mutex_init(&e->mu, NULL);
 	e->state = GF_ENGINE_INIT;
-	e->state_since_us = e->clock.now_us();
+	e->state_since_us = e->created_us = e->clock.now_us();
+	e->gate_us = -1;
 	e->m.lock_wait_us = e->m.remap_us = e->m.private_alloc_us = -1;
 	e->m.serve_us = e->m.wake_total_us = -1;
 	e->role = GF_ENGINE_LOADER;
@@ -78,7 +79,7 @@ void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock)
 {
 	pthread_mutex_lock(&e->mu);
 	e->clock = *clock;
-	e->state_since_us = clock->now_us();
+	e->state_since_us = e->created_us = clock->now_us();
 	pthread_mutex_unlock(&e->mu);
 }
 
@@ -100,6 +101,10 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 {
 	if (!e)
 		return;
+	if (e->watchdog_running) {
+		atomic_store(&e->watchdog_stop, true);
+		pthread_join(e->watchdog, NULL);
+	}
 	gf_engine_http_stop(atomic_load(&e->http));
 	gf_lock *lock = atomic_load(&e->lock);
 	if (lock && e->lock_watching)
@@ -168,23 +173,67 @@ GF_EXPORT int gf_engine_state(const gf_engine *e)
 	return s;
 }
 
-GF_EXPORT int gf_engine_mark_dead(gf_engine *e, const char *reason)
+void gf_engine_die(gf_engine *e, const char *cause, const char *reason)
 {
-	if (!e)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_mark_dead: NULL engine");
 	pthread_mutex_lock(&e->mu);
 	if (e->state == GF_ENGINE_DEAD) {
 		pthread_mutex_unlock(&e->mu);
-		return 0;
+		return;
 	}
 	int from = e->state;
 	int64_t now = e->clock.now_us();
 	e->state = GF_ENGINE_DEAD;
 	e->state_since_us = now;
 	e->transitions++;
+	snprintf(e->dead_cause, sizeof(e->dead_cause), "%s", cause);
+	snprintf(e->dead_reason, sizeof(e->dead_reason), "%s", reason ? reason : "");
 	pthread_mutex_unlock(&e->mu);
-	gf_log(GF_LOG_WARN, "engine", "event=state from=%s to=dead id=%s reason=\"%s\"",
-	       gf_engine_state_name(from), e->id ? e->id : "", reason ? reason : "");
+	gf_log(GF_LOG_WARN, "engine", "event=state from=%s to=dead id=%s cause=%s reason=\"%s\"",
+	       gf_engine_state_name(from), e->id ? e->id : "", cause, reason ? reason : "");
+}
+
+GF_EXPORT int gf_engine_mark_dead(gf_engine *e, const char *reason)
+{
+	if (!e)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_mark_dead: NULL engine");
+	gf_engine_die(e, "marked", reason);
+	return 0;
+}
+
+/* ---- startup watchdog ---- */
+
+#define WATCHDOG_POLL_MS 20
+
+/* Polls rather than sleeping until the deadline: the engine's clock may be
+ * a test's, and leaving Init or freeing the engine must end it quickly. */
+static void *watchdog_main(void *arg)
+{
+	gf_engine *e = arg;
+	int64_t deadline = e->created_us + e->startup_deadline_ms * 1000;
+	while (!atomic_load(&e->watchdog_stop) && gf_engine_state(e) == GF_ENGINE_INIT) {
+		if (e->clock.now_us() >= deadline) {
+			char reason[256];
+			snprintf(reason, sizeof(reason),
+				 "startup deadline: not in standby %" PRId64 " ms after the engine was created "
+				 "(weights still loading or waiting for a GMS)",
+				 e->startup_deadline_ms);
+			gf_log(GF_LOG_ERR, "engine", "event=startup_deadline id=%s deadline_ms=%" PRId64,
+			       e->id ? e->id : "", e->startup_deadline_ms);
+			gf_engine_fatal(e, GF_ERR_TIMEOUT, "startup_deadline", reason);
+			break;
+		}
+		real_sleep_ms(WATCHDOG_POLL_MS);
+	}
+	return NULL;
+}
+
+static int start_watchdog(gf_engine *e)
+{
+	if (e->startup_deadline_ms <= 0 || e->watchdog_running)
+		return 0;
+	if (pthread_create(&e->watchdog, NULL, watchdog_main, e) != 0)
+		return gf_err(GF_ERR_NOMEM, "init_weights: cannot start the startup watchdog thread");
+	e->watchdog_running = true;
 	return 0;
 }
 
@@ -218,6 +267,9 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		return gf_err(GF_ERR_INVALID_ARG, "init_weights: no GMS configured (gf_engine_add_gms)");
 	if (e->role == GF_ENGINE_LOADER && !load)
 		return gf_err(GF_ERR_INVALID_ARG, "init_weights: a loader needs a load_weights callback");
+	rc = start_watchdog(e);
+	if (rc)
+		return rc;
 	e->init_started = true;
 	int mode = e->role == GF_ENGINE_LOADER ? GF_GMS_RW_OR_RO : GF_GMS_RO;
 	for (int i = 0; i < e->ndev; i++) {
@@ -306,6 +358,84 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 		gf_lock_interrupt(lock);
 }
 
+uint64_t gf_engine_memory_need(const gf_engine *e)
+{
+	return e->memory_need_set ? e->memory_need : e->private_bytes;
+}
+
+/* The first device with less free memory than @need (-1: none), and its free bytes. */
+static int short_device(gf_engine *e, uint64_t need, uint64_t *free_out, int *err)
+{
+	for (int i = 0; i < e->ndev; i++) {
+		uint64_t free_b, total_b;
+		*err = gf_mem_info(e->dev[i].mem, &free_b, &total_b);
+		if (*err)
+			return i;
+		if (free_b < need) {
+			*free_out = free_b;
+			return i;
+		}
+	}
+	return -1;
+}
+
+/* The memory gate (seed 001): with the lock granted, wait until every
+ * device has the free memory the wake needs, polling with the OOM backoff,
+ * until @deadline_us. A wake that would not fit is refused before it
+ * starts, instead of failing half-way; on failure the engine is Dead. */
+static int memory_gate(gf_engine *e, int64_t deadline_us)
+{
+	uint64_t need = gf_engine_memory_need(e);
+	if (need == 0)
+		return 0;
+	int64_t t0 = e->clock.now_us();
+	int64_t backoff = OOM_BACKOFF_FIRST_MS;
+	uint64_t free_b = 0;
+	int err = 0, i;
+	bool logged = false;
+	while ((i = short_device(e, need, &free_b, &err)) >= 0 && !err) {
+		int64_t left_ms = (deadline_us - e->clock.now_us()) / 1000;
+		if (left_ms <= 0)
+			break;
+		if (!logged) {
+			gf_log(GF_LOG_WARN, "engine",
+			       "event=memory_gate_waiting id=%s device=%d free_bytes=%" PRIu64 " need_bytes=%" PRIu64
+			       " msg=\"waiting for free memory before waking\"",
+			       e->id, i, free_b, need);
+			logged = true;
+			pthread_mutex_lock(&e->mu);
+			e->gate_waiting = true;
+			pthread_mutex_unlock(&e->mu);
+		}
+		e->clock.sleep_ms(backoff < left_ms ? backoff : left_ms);
+		backoff = backoff * 2 > OOM_BACKOFF_MAX_MS ? OOM_BACKOFF_MAX_MS : backoff * 2;
+	}
+	int64_t waited = e->clock.now_us() - t0;
+	pthread_mutex_lock(&e->mu);
+	e->gate_waiting = false;
+	e->gate_us = waited;
+	pthread_mutex_unlock(&e->mu);
+	if (i < 0) {
+		if (logged)
+			gf_log(GF_LOG_INFO, "engine", "event=memory_gate_open id=%s waited_us=%" PRId64, e->id, waited);
+		return 0;
+	}
+	char reason[400];
+	if (err) {
+		snprintf(reason, sizeof(reason), "memory gate: cannot read the free memory of device %d: %s", i,
+			 gf_error_detail());
+	} else {
+		snprintf(reason, sizeof(reason),
+			 "memory gate: device %d has %" PRIu64 " free bytes, the wake needs %" PRIu64
+			 "; still short when the waking timeout (%" PRId64 " ms) passed",
+			 i, free_b, need, e->waking_timeout_ms);
+		err = GF_ERR_OUT_OF_MEMORY;
+	}
+	gf_log(GF_LOG_ERR, "engine", "event=memory_gate_closed id=%s detail=\"%s\"", e->id, reason);
+	gf_engine_die(e, "memory_gate", reason);
+	return gf_err(err, "%s", reason);
+}
+
 GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 {
 	if (!e)
@@ -351,12 +481,15 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	pthread_mutex_unlock(&e->mu);
 	gf_log(GF_LOG_INFO, "engine", "event=lock_granted epoch=%" PRIu64 " id=%s wait_us=%" PRId64 "%s", grant.epoch,
 	       e->id, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
+	rc = memory_gate(e, t1 + e->waking_timeout_ms * 1000);
+	if (rc)
+		return rc;
 	rc = transition(e, GF_ENGINE_STANDBY, GF_ENGINE_WAKING);
 	if (rc)
 		return rc; /* lost meanwhile (Dead) */
 	rc = gf_lock_start_watch(lock);
 	if (rc) {
-		gf_engine_mark_dead(e, "cannot watch the lock connection");
+		gf_engine_die(e, "lock_watch", "cannot watch the lock connection");
 		return rc;
 	}
 	e->lock_watching = true;
@@ -467,7 +600,7 @@ fail: {
 		 detail);
 	gf_log(GF_LOG_ERR, "engine", "event=wake_failed id=%s err=%s detail=\"%s\"", e->id ? e->id : "",
 	       gf_error_name(rc) ? gf_error_name(rc) : "?", detail);
-	gf_engine_mark_dead(e, reason);
+	gf_engine_die(e, "wake_failed", reason);
 	return gf_err(rc, "%s", detail);
 }
 }
@@ -489,7 +622,7 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 			snprintf(detail, sizeof(detail), "%s", gf_error_detail());
 			char reason[600];
 			snprintf(reason, sizeof(reason), "serve failed: %s", detail);
-			gf_engine_mark_dead(e, reason);
+			gf_engine_die(e, "serve_failed", reason);
 			return gf_err(rc, "%s", detail);
 		}
 	}

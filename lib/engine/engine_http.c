@@ -202,9 +202,18 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 		probe = GF_PROBE_STARTUP;
 	if (probe) {
 		int status = gf_engine_probe(h->engine, probe);
-		char body[64];
-		int n = snprintf(body, sizeof(body), "%s %s\n", status == 200 ? "ok" : "unavailable",
-				 gf_engine_state_name(gf_engine_state(h->engine)));
+		/* "ok standby", "unavailable dead startup_deadline": a Dead
+		 * engine says why in one word (/state has the sentence). */
+		gf_engine *e = h->engine;
+		char cause[32];
+		pthread_mutex_lock(gf_engine_mu(e));
+		int state = e->state;
+		snprintf(cause, sizeof(cause), "%s", e->dead_cause);
+		pthread_mutex_unlock(gf_engine_mu(e));
+		char body[96];
+		int n = snprintf(body, sizeof(body), "%s %s%s%s\n", status == 200 ? "ok" : "unavailable",
+				 gf_engine_state_name(state), state == GF_ENGINE_DEAD ? " " : "",
+				 state == GF_ENGINE_DEAD ? cause : "");
 		enum MHD_Result r = reply(conn, status > 0 ? (unsigned)status : 500, "text/plain", body, (size_t)n);
 		request_done(h, conn);
 		return r;

@@ -55,6 +55,11 @@ struct gf_engine {
 	uint64_t transitions;
 	struct gf_engine_metrics m;
 	struct engine_hist hist[GF_ENGINE_HIST_PHASES];
+	int64_t created_us;
+	char dead_cause[32];   /* why the engine is Dead, a short word ("" before) */
+	char dead_reason[512]; /* and the full sentence */
+	bool gate_waiting;     /* holding the lock, waiting for free memory */
+	int64_t gate_us;       /* last acquire: grant until the memory gate opened; -1 before */
 	gf_engine_health_fn health;
 	void *health_ud;
 	gf_engine_loss_fn loss;
@@ -70,6 +75,9 @@ struct gf_engine {
 	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
+	int64_t startup_deadline_ms; /* <= 0: none */
+	uint64_t memory_need;        /* free bytes per device the wake needs */
+	bool memory_need_set;        /* else the need is private_bytes */
 	char probe_addr[64];
 	int probe_port;
 	/* Set once by the stepping thread; reporting reads it from any thread. */
@@ -82,6 +90,9 @@ struct gf_engine {
 	bool lock_watching;
 	atomic_bool interrupted;
 	atomic_bool loss_called;
+	pthread_t watchdog;
+	bool watchdog_running;
+	atomic_bool watchdog_stop;
 
 	int ndev;
 	struct engine_dev dev[GF_ENGINE_MAX_DEVICES];
@@ -96,6 +107,17 @@ static inline pthread_mutex_t *gf_engine_mu(const gf_engine *e)
 
 /* Replace the clock (tests). Also restarts the time in the current state. */
 void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock);
+
+/* Enter Dead from any state (no-op when Dead already) for @cause (a short
+ * word shown in status and metrics) and @reason (a sentence). Any thread. */
+void gf_engine_die(gf_engine *e, const char *cause, const char *reason);
+
+/* A fatal condition noticed off the stepping thread: Dead for @cause, then
+ * the loss policy with @err and @reason, once per engine (loss.c). */
+void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason);
+
+/* Free bytes every device must have before the engine enters Waking. */
+uint64_t gf_engine_memory_need(const gf_engine *e);
 
 /* Add the last takeover's phases to the histogram. Under e->mu. */
 void gf_engine_record_failover(gf_engine *e);

@@ -59,14 +59,13 @@ GF_EXPORT void gf_engine_default_loss(gf_engine *e, int err, const char *detail,
 		loss_reaper((void *)(intptr_t)grace_ms);
 }
 
-static void engine_lost(gf_engine *e, int err, const char *what, const char *detail)
+void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason)
 {
-	/* Lock loss and GMS loss can race; the policy runs once. */
+	/* Lock loss, GMS loss and the startup watchdog can race; the policy
+	 * runs once. */
 	if (atomic_exchange(&e->loss_called, true))
 		return;
-	char reason[512];
-	snprintf(reason, sizeof(reason), "%s lost: %s", what, detail ? detail : "");
-	gf_engine_mark_dead(e, reason);
+	gf_engine_die(e, cause, reason);
 	pthread_mutex_lock(&e->mu);
 	gf_engine_loss_fn fn = e->loss;
 	void *ud = e->loss_ud;
@@ -75,6 +74,13 @@ static void engine_lost(gf_engine *e, int err, const char *what, const char *det
 		fn(e, err, reason, ud);
 	else
 		gf_engine_default_loss(e, err, reason, ud);
+}
+
+static void engine_lost(gf_engine *e, int err, const char *what, const char *detail)
+{
+	char reason[512];
+	snprintf(reason, sizeof(reason), "%s lost: %s", what, detail ? detail : "");
+	gf_engine_fatal(e, err, "lost", reason);
 }
 
 void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *userdata)

@@ -25,6 +25,24 @@ GF_EXPORT int gf_engine_metrics(const gf_engine *e, struct gf_engine_metrics *ou
 	return 0;
 }
 
+/* What the engine reports beyond struct gf_engine_metrics, read at once. */
+struct extra {
+	char dead_cause[32];
+	char dead_reason[512];
+	bool gate_waiting;
+	int64_t gate_us;
+};
+
+static void read_extra(const gf_engine *e, struct extra *x)
+{
+	pthread_mutex_lock(gf_engine_mu(e));
+	memcpy(x->dead_cause, e->dead_cause, sizeof(x->dead_cause));
+	memcpy(x->dead_reason, e->dead_reason, sizeof(x->dead_reason));
+	x->gate_waiting = e->gate_waiting;
+	x->gate_us = e->gate_us;
+	pthread_mutex_unlock(gf_engine_mu(e));
+}
+
 /* Phases of the failover histogram. lock_wait is not one: for a standby it
  * is how long the previous engine lived, not part of a takeover. */
 static const char *const hist_phase[GF_ENGINE_HIST_PHASES] = { "remap", "private_alloc", "serve", "total" };
@@ -121,10 +139,12 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		m.epoch);
 	fprintf(f, "# HELP gf_engine_last_failover_seconds Last takeover broken down by phase.\n"
 		   "# TYPE gf_engine_last_failover_seconds gauge\n");
+	struct extra x;
+	read_extra(e, &x);
 	const struct {
 		const char *phase;
 		int64_t us;
-	} phases[] = { { "lock_wait", m.lock_wait_us }, { "remap", m.remap_us },
+	} phases[] = { { "lock_wait", m.lock_wait_us }, { "memory_gate", x.gate_us }, { "remap", m.remap_us },
 		       { "private_alloc", m.private_alloc_us }, { "serve", m.serve_us },
 		       { "total", m.wake_total_us } };
 	for (size_t i = 0; i < GF_ARRAY_SIZE(phases); i++)
@@ -134,6 +154,26 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 			fputc('\n', f);
 		}
 	put_histogram(e, f);
+	if (m.state == GF_ENGINE_DEAD)
+		fprintf(f, "# HELP gf_engine_dead_cause Why the engine is Dead (present once Dead).\n"
+			   "# TYPE gf_engine_dead_cause gauge\n"
+			   "gf_engine_dead_cause{cause=\"%s\"} 1\n",
+			x.dead_cause);
+	fprintf(f, "# HELP gf_engine_memory_need_bytes Free memory every device needs before the engine wakes (0: no "
+		   "gate).\n"
+		   "# TYPE gf_engine_memory_need_bytes gauge\n"
+		   "gf_engine_memory_need_bytes %" PRIu64 "\n",
+		gf_engine_memory_need(e));
+	fprintf(f, "# HELP gf_engine_memory_gate_waiting 1 while the engine holds the lock and waits for free memory.\n"
+		   "# TYPE gf_engine_memory_gate_waiting gauge\n"
+		   "gf_engine_memory_gate_waiting %d\n",
+		x.gate_waiting ? 1 : 0);
+	fprintf(f, "# HELP gf_engine_startup_deadline_seconds Time from creation to Standby before the engine is Dead "
+		   "(0: none).\n"
+		   "# TYPE gf_engine_startup_deadline_seconds gauge\n"
+		   "gf_engine_startup_deadline_seconds ");
+	put_seconds(f, e->startup_deadline_ms * 1000);
+	fputc('\n', f);
 	struct gf_engine_http_stats hs;
 	gf_engine_http_stats(atomic_load(&((gf_engine *)e)->http), &hs);
 	fprintf(f, "# HELP gf_engine_probe_connections Open connections of the probe server.\n"
@@ -171,7 +211,10 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 	int rc = gf_engine_metrics(e, &m);
 	if (rc)
 		return rc;
-	json_t *last = json_pack("{s:o,s:o,s:o,s:o,s:o,s:I}", "lock_wait_us", us_or_null(m.lock_wait_us),
+	struct extra x;
+	read_extra(e, &x);
+	json_t *last = json_pack("{s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "lock_wait_us", us_or_null(m.lock_wait_us),
+				 "memory_gate_us", us_or_null(x.gate_us),
 				 "remap_us", us_or_null(m.remap_us), "private_alloc_us",
 				 us_or_null(m.private_alloc_us), "serve_us", us_or_null(m.serve_us), "total_us",
 				 us_or_null(m.wake_total_us), "private_alloc_retries",
@@ -187,6 +230,17 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 			      (json_int_t)m.failovers, "waking_timeout_ms", (json_int_t)e->waking_timeout_ms,
 			      "last_failover", last, "probe_connections", (json_int_t)hs.open,
 			      "probe_connections_cut", cuts);
+	if (o) {
+		bool dead = m.state == GF_ENGINE_DEAD;
+		json_object_set_new(o, "dead_cause", dead ? json_string(x.dead_cause) : json_null());
+		/* The reason may quote outside text (a driver's or a peer's
+		 * words) that is not valid UTF-8. */
+		json_t *why = dead ? json_string(x.dead_reason) : json_null();
+		json_object_set_new(o, "dead_reason", why ? why : json_string("(reason is not valid UTF-8)"));
+		json_object_set_new(o, "memory_need_bytes", json_integer((json_int_t)gf_engine_memory_need(e)));
+		json_object_set_new(o, "memory_gate_waiting", json_boolean(x.gate_waiting));
+		json_object_set_new(o, "startup_deadline_ms", json_integer(e->startup_deadline_ms));
+	}
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	if (!s)

@@ -205,6 +205,8 @@ static int teardown(void **state)
 	EVENTUALLY(tu_count_fds() == f->fds);
 	unsetenv("FAKECUDA_FAIL");
 	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+	unsetenv("FAKECUDA_TOTAL_MEM");
+	unsetenv("GF_MEM_HOST_AVAILABLE");
 	gt_rmtree(f->dir);
 	free(f->dir);
 	free(f);
@@ -1102,6 +1104,196 @@ static void test_probe_server_request_deadline(void **state)
 	json_decref(o);
 }
 
+/* ---- startup watchdog ---- */
+
+struct init_call {
+	gf_engine *e;
+	int rc;
+	pthread_t t;
+};
+static void *init_in_thread(void *arg)
+{
+	struct init_call *c = arg;
+	c->rc = gf_engine_init_weights(c->e, NULL, NULL);
+	return NULL;
+}
+
+/* A follower waits in Init for a commit that never comes: at its startup
+ * deadline it is Dead, the loss policy runs with GF_ERR_TIMEOUT, and the
+ * probes, /state and /metrics say why. */
+static void test_startup_deadline(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_startup_deadline(e, 5000), 0);
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, -1), 0);
+	struct init_call c = { .e = e };
+	assert_int_equal(pthread_create(&c.t, NULL, init_in_thread, &c), 0);
+	usleep(100 * 1000);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	advance_ms(5000);
+	EVENTUALLY(gf_engine_state(e) == GF_ENGINE_DEAD);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
+	assert_int_equal(loss.err, GF_ERR_TIMEOUT);
+	assert_non_null(strstr(loss.detail, "startup deadline"));
+	probes_are(e, 503, 503, 503);
+	char *text, *js;
+	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_dead_cause{cause=\"startup_deadline\"} 1\n"));
+	assert_non_null(strstr(text, "gf_engine_startup_deadline_seconds 5.000000\n"));
+	free(text);
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	json_error_t je;
+	json_t *o = json_loads(js, 0, &je);
+	assert_non_null(o);
+	assert_string_equal(json_string_value(json_object_get(o, "dead_cause")), "startup_deadline");
+	assert_non_null(strstr(json_string_value(json_object_get(o, "dead_reason")), "5000 ms"));
+	json_decref(o);
+	free(js);
+	/* The GMS going away ends the blocked init; the engine stays Dead. */
+	for (int i = 0; i < ndev; i++)
+		gt_stop(&f->gms[i]);
+	pthread_join(c.t, NULL);
+	assert_true(c.rc < 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_int_equal(gf_engine_sleep(e), GF_ERR_STATE);
+	assert_int_equal(atomic_load(&loss.calls), 1);
+}
+
+/* An engine that reaches Standby in time is left alone after its deadline. */
+static void test_startup_deadline_met(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_startup_deadline(e, 5000), 0);
+	assert_int_equal(gf_engine_set_startup_deadline(e, INT64_MAX), GF_ERR_INVALID_ARG);
+	to_standby(e);
+	advance_ms(10000);
+	usleep(200 * 1000); /* ten times the watchdog's poll */
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	probes_are(e, 200, 200, 200);
+}
+
+/* ---- memory gate ---- */
+
+#define NEED_BYTES (1u << 20) /* the fixture's private bytes */
+
+static gf_engine *gate_engine;
+static bool gate_seen_waiting;
+
+/* Make every device short of memory for the wake (host: the MemAvailable
+ * knob; cuda: the test driver's total just above what is used). */
+static void close_gate(gf_engine *e)
+{
+	if (kind == GF_MEM_HOST) {
+		setenv("GF_MEM_HOST_AVAILABLE", "4096", 1);
+		return;
+	}
+	uint64_t most_used = 0;
+	for (int i = 0; i < ndev; i++) {
+		uint64_t free_b, total_b;
+		assert_int_equal(gf_mem_info(gf_engine_mem(e, i), &free_b, &total_b), 0);
+		if (total_b - free_b > most_used)
+			most_used = total_b - free_b;
+	}
+	char v[32];
+	snprintf(v, sizeof(v), "%llu", (unsigned long long)(most_used + NEED_BYTES / 2));
+	setenv("FAKECUDA_TOTAL_MEM", v, 1);
+}
+
+static void open_gate(void)
+{
+	unsetenv("GF_MEM_HOST_AVAILABLE");
+	unsetenv("FAKECUDA_TOTAL_MEM");
+}
+
+static void open_gate_after_three(int n)
+{
+	char *js;
+	if (gf_engine_state_json(gate_engine, &js) == 0) {
+		if (strstr(js, "\"memory_gate_waiting\":true"))
+			gate_seen_waiting = true;
+		free(js);
+	}
+	if (n == 3)
+		open_gate();
+}
+
+static void test_memory_gate_opens(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	to_standby(e);
+	close_gate(e);
+	gate_engine = e;
+	gate_seen_waiting = false;
+	on_sleep = open_gate_after_three;
+	/* Holding the lock it waits, still Standby, until the memory is there. */
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	assert_int_equal(sleeps, 3);
+	assert_true(gate_seen_waiting);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
+	char *text;
+	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_memory_gate_waiting 0\n"));
+	assert_non_null(strstr(text, "gf_engine_memory_need_bytes 1048576\n"));
+	char *p = strstr(text, "gf_engine_last_failover_seconds{phase=\"memory_gate\"} ");
+	assert_non_null(p);
+	assert_true(strtod(strchr(p, ' ') + 1, NULL) * 1000 >= (double)slept_ms);
+	free(text);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
+}
+
+static void test_memory_gate_stays_closed(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2 s */
+	to_standby(e);
+	close_gate(e);
+	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_OUT_OF_MEMORY);
+	open_gate();
+	assert_non_null(strstr(gf_error_detail(), "memory gate"));
+	assert_non_null(strstr(gf_error_detail(), "waking timeout"));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_true(slept_ms > 0 && slept_ms <= 2000);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0); /* nothing was allocated */
+	assert_int_equal(gf_engine_probe(e, GF_PROBE_LIVE), 503);
+	char *js;
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	assert_non_null(strstr(js, "\"dead_cause\":\"memory_gate\""));
+	free(js);
+	/* A need of 0 turns the gate off: a second engine wakes on the same
+	 * short machine once this one has gone (and released the lock). */
+	gf_engine_free(e);
+	f->e = new_engine(f);
+	assert_int_equal(gf_engine_set_memory_need(f->e, 0), 0);
+	to_standby(f->e);
+	close_gate(f->e);
+	assert_int_equal(gf_engine_acquire(f->e, -1), 0);
+	open_gate();
+	assert_int_equal(gf_engine_state(f->e), GF_ENGINE_WAKING);
+}
+
+/* A knob that is not a byte count is a clear error, not a guess. */
+static void test_memory_gate_bad_knob(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	to_standby(e);
+	setenv("GF_MEM_HOST_AVAILABLE", "12x", 1);
+	int rc = gf_engine_acquire(e, -1);
+	unsetenv("GF_MEM_HOST_AVAILABLE");
+	assert_int_equal(rc, GF_ERR_INVALID_ARG);
+	assert_non_null(strstr(gf_error_detail(), "GF_MEM_HOST_AVAILABLE"));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_int_equal(gf_engine_probe(e, GF_PROBE_LIVE), 503);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
@@ -1142,13 +1334,28 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_probe_server_slow_clients_one_address, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_full_of_others, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_request_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_startup_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_startup_deadline_met, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_memory_gate_opens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_memory_gate_stays_closed, setup, teardown),
+		/* Host only. */
+		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
 		/* The driver's fault knobs: cuda only, last. */
 		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 	};
-	size_t n = sizeof(tests) / sizeof(tests[0]) - (kind == GF_MEM_CUDA ? 0 : 3);
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "engine-cuda" : "engine-host", tests, n, NULL, NULL);
+	size_t n = sizeof(tests) / sizeof(tests[0]);
+	int rc;
+	if (kind == GF_MEM_CUDA) {
+		/* All but the host-only test before the last three. */
+		struct CMUnitTest cuda_tests[sizeof(tests) / sizeof(tests[0])];
+		memcpy(cuda_tests, tests, sizeof(tests));
+		memmove(&cuda_tests[n - 4], &cuda_tests[n - 3], 3 * sizeof(tests[0]));
+		rc = _cmocka_run_group_tests("engine-cuda", cuda_tests, n - 1, NULL, NULL);
+	} else {
+		rc = _cmocka_run_group_tests("engine-host", tests, n - 3, NULL, NULL);
+	}
 	if (state_dir) {
 		gt_rmtree(state_dir);
 		free(state_dir);
