@@ -333,3 +333,39 @@ def test_wake_against_fresh_gms_fails(world):
     assert "event=wake_failed" in log
     assert "GF_ERR_TIMEOUT" in log
     assert "event=endpoint_listening" not in log
+
+
+def test_startup_deadline_ends_stuck_engine(world):
+    """Seed 001 #444: a follower whose loader never commits is not waited on
+    forever; at its startup deadline it is Dead and exits 70."""
+    world.lockd()
+    world.gmsd()
+    b = world.engine("engine-b", "--role", "follower", "--startup-deadline", "1s")
+    b.wait_log(r"event=probe_listening")
+    assert b.wait_exit() == 70
+    log = b.text()
+    assert "event=startup_deadline" in log
+    assert "cause=startup_deadline" in log
+    assert "err=GF_ERR_TIMEOUT" in log
+
+
+def test_memory_gate_refuses_a_wake_that_would_not_fit(world):
+    """The standby is granted the lock on a machine without room for its KV
+    memory: it waits at the gate for the waking timeout, then is Dead with the
+    reason and exits, without allocating anything."""
+    world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    b = world.engine("engine-b", "--role", "follower", "--waking-timeout", "1s",
+                     env={"GF_MEM_HOST_AVAILABLE": "4096"})
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    b.wait_log(r"event=memory_gate_waiting")
+    assert b.wait_exit() == 1
+    log = b.text()
+    assert re.search(r"event=memory_gate_closed .*device 0 has 4096 free bytes, the wake needs 4194304", log)
+    assert "cause=memory_gate" in log
+    assert "event=weights_remapped" not in log
+    assert "event=endpoint_listening" not in log
