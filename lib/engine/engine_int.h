@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Internals of the engine component, shared by its files: the state
  * machine and steps (engine.c), configuration (config.c), the loss policy
- * (loss.c), metrics and status (report.c) and the probe server
- * (engine_http.c). The engine calls the lock, GMS and memory APIs directly;
+ * (loss.c), metrics and status (report.c), the startup watchdog and memory
+ * gate (guards.c) and the probe server (engine_http.c). The engine calls the lock, GMS and memory APIs directly;
  * the only seam is the clock, so tests can move time. */
 #ifndef GF_ENGINE_INT_H
 #define GF_ENGINE_INT_H
@@ -15,6 +15,11 @@
 #include "gpufailover.h"
 
 #define GF_ENGINE_MAX_DEVICES 16
+/* Backoff between private-memory OOM retries and memory gate polls: short
+ * at first (a dying process gives its memory back within milliseconds to
+ * seconds), capped so freed memory is noticed quickly. */
+#define OOM_BACKOFF_FIRST_MS 5
+#define OOM_BACKOFF_MAX_MS 100
 
 /* Time as the engine sees it: monotonic microseconds, and a sleep (OOM
  * retry backoff). */
@@ -116,8 +121,15 @@ void gf_engine_die(gf_engine *e, const char *cause, const char *reason);
  * the loss policy with @err and @reason, once per engine (loss.c). */
 void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason);
 
+/* guards.c: the startup watchdog, the memory gate and the real sleep. */
+void gf_engine_real_sleep_ms(int64_t ms);
+/* Start the startup watchdog thread if a deadline is set (once). */
+int gf_engine_start_watchdog(gf_engine *e);
 /* Free bytes every device must have before the engine enters Waking. */
 uint64_t gf_engine_memory_need(const gf_engine *e);
+/* With the lock granted: wait until every device has the memory need free,
+ * until @deadline_us; else Dead (cause memory_gate) and the error. */
+int gf_engine_memory_gate(gf_engine *e, int64_t deadline_us);
 
 /* Add the last takeover's phases to the histogram. Under e->mu. */
 void gf_engine_record_failover(gf_engine *e);

@@ -1,28 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The loss policy: the one hook lock loss and GMS loss go through, and the
  * default policy, the one place the library ends a process. */
-#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
 #include "engine_int.h"
 
 
-static void sleep_ms_real(int64_t ms)
-{
-	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
-}
-
 static void *loss_reaper(void *arg)
 {
 	int64_t grace_ms = (int64_t)(intptr_t)arg;
-	sleep_ms_real(grace_ms);
+	gf_engine_real_sleep_ms(grace_ms);
 	/* gf_log is not used here: the engine object may be gone by now. */
 	fprintf(stderr, "gf-engine: still alive %lld ms after the loss policy's SIGTERM; _exit(70)\n",
 		(long long)grace_ms);
