@@ -19,6 +19,7 @@ packages=(
   valgrind procps util-linux
   systemd                                                   # systemd-analyze verify of the shipped units
   libunistring-dev                                          # pkg-config --static of libmicrohttpd (via gnutls) lists -lunistring
+  prometheus                                                # promtool checks the engine's /metrics
 )
 
 missing=()

@@ -61,6 +61,7 @@ struct app {
 	int stop_pipe[2];
 	volatile sig_atomic_t stopping;
 	volatile sig_atomic_t lost; /* the loss policy ran */
+	volatile sig_atomic_t weights_mapped; /* init_weights is over */
 };
 
 static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -97,6 +98,8 @@ static void usage(FILE *to)
 		"  --waking-timeout DUR   /live fails after this long in Waking (default 120s)\n"
 		"  --remap-timeout DUR    GMS remap timeout on wake (default 30s)\n"
 		"  --init-timeout DUR     how long to wait for each GMS at init (default: forever)\n"
+		"  --startup-deadline DUR not in standby this long after start: dead, exit 70\n"
+		"                         (default: none)\n"
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
 		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
@@ -107,7 +110,10 @@ static void usage(FILE *to)
 		"          \"epoch\": lock epoch, \"engine\": id}\n"
 		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
-		"      70 when the lock or GMS was lost (default loss policy).\n");
+		"      70 when the lock or GMS was lost or the startup deadline passed\n"
+		"      (default loss policy).\n"
+		"Memory gate: the wake waits, up to the waking timeout, for --kv-bytes of\n"
+		"MemAvailable (GF_MEM_HOST_AVAILABLE=bytes overrides it, for tests).\n");
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -288,6 +294,7 @@ static int cmp_index(const void *x, const void *y)
 static int weights_ready(gf_engine *e, void *userdata)
 {
 	struct app *a = userdata;
+	a->weights_mapped = 1;
 	gf_gms *gms = gf_engine_gms(e, 0);
 	size_t n = gf_gms_meta_count(gms);
 	size_t(*order)[2] = calloc(n ? n : 1, sizeof(*order));
@@ -492,12 +499,15 @@ static void *signal_thread(void *arg)
 			continue;
 		logf_(GF_LOG_INFO, "event=signal sig=%s state=%s", sig == SIGTERM ? "TERM" : "INT",
 		      gf_engine_state_name(gf_engine_state(s->app->engine)));
-		if (gf_engine_state(s->app->engine) == GF_ENGINE_INIT) {
+		int st = gf_engine_state(s->app->engine);
+		if (st == GF_ENGINE_INIT || (st == GF_ENGINE_DEAD && !s->app->weights_mapped)) {
 			/* Init blocks in the GMS (a follower waits for the commit)
 			 * where no interrupt reaches; nothing is held yet that the
-			 * kernel does not release, so leave right away. */
-			logf_(GF_LOG_INFO, "event=exit status=0 msg=\"stopped during init\"");
-			_exit(0);
+			 * kernel does not release, so leave right away (70 when
+			 * the startup watchdog ran the loss policy). */
+			int status = s->app->lost ? 70 : 0;
+			logf_(GF_LOG_INFO, "event=exit status=%d msg=\"stopped during init\"", status);
+			_exit(status);
 		}
 		s->app->stopping = 1;
 		if (write(s->app->stop_pipe[1], "x", 1) < 0) {
@@ -515,7 +525,7 @@ struct opts {
 	const char *lock_uri, *write_path, *probe_addr;
 	const char *gms[16];
 	int ngms, role, probe_port;
-	int64_t waking_ms, remap_ms, init_ms, reconnect_ms;
+	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
 	uint64_t kv_bytes;
 };
 
@@ -533,6 +543,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "backend", required_argument, NULL, 'b' },   { "waking-timeout", required_argument, NULL, 'W' },
 		{ "remap-timeout", required_argument, NULL, 'R' }, { "init-timeout", required_argument, NULL, 'I' },
 		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
+		{ "startup-deadline", required_argument, NULL, 'D' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -615,6 +626,10 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'L':
 			if (parse_duration("--lock-reconnect-timeout", optarg, &o->reconnect_ms))
+				return 2;
+			break;
+		case 'D':
+			if (parse_duration("--startup-deadline", optarg, &o->startup_ms))
 				return 2;
 			break;
 		case 'k':
@@ -745,6 +760,8 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_lock_reconnect_timeout(e, o->reconnect_ms);
 	if (!rc)
 		rc = gf_engine_set_private_bytes(e, o->kv_bytes);
+	if (!rc && o->startup_ms > 0)
+		rc = gf_engine_set_startup_deadline(e, o->startup_ms);
 	if (!rc)
 		rc = gf_engine_set_probe_address(e, o->probe_addr, o->probe_port);
 	if (!rc)
@@ -783,14 +800,14 @@ static int run(struct app *a)
 		      gf_error_detail());
 		status = 1;
 	}
-	return a->lost ? 70 : status; /* 70: lost the lock or the GMS, the loss policy sent SIGTERM */
+	return a->lost ? 70 : status; /* 70: lost the lock or the GMS, or the startup deadline passed: the loss policy sent SIGTERM */
 }
 
 int main(int argc, char **argv)
 {
 	struct app a = { .port = 8080, .stop_pipe = { -1, -1 } };
 	struct opts o = { .role = GF_ENGINE_LOADER, .probe_port = 8081, .waking_ms = -1, .remap_ms = -1,
-			  .init_ms = -1, .reconnect_ms = -1, .kv_bytes = 16ull << 20 };
+			  .init_ms = -1, .reconnect_ms = -1, .startup_ms = -1, .kv_bytes = 16ull << 20 };
 	int rc = parse_args(argc, argv, &a, &o);
 	if (rc)
 		return rc == EXIT_DONE ? 0 : rc;
