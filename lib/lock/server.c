@@ -697,7 +697,14 @@ static void settle(void *ctx)
 			gf_srv_close(d->srv, c->peer, "waiter's process exited");
 			continue;
 		}
-		if (grant(d, c, false) < 0)
+		int grc = grant(d, c, false);
+		if (grc == GF_ERR_STATE) {
+			/* No epoch left: waiting would be forever, say so now. */
+			waiter_unlink(d, c);
+			reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
+			continue;
+		}
+		if (grc < 0)
 			break; /* store() wrote the pending release line */
 	}
 	flush_release_log(d);
