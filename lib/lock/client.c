@@ -180,8 +180,8 @@ void gf_lock_free(gf_lock *l)
 
 int gf_lock_set_reconnect_timeout(gf_lock *l, int64_t ms)
 {
-	if (!l || ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: bad reconnect timeout");
+	if (!l || ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: reconnect timeout outside 0..a year");
 	pthread_mutex_lock(&l->mu);
 	l->reconnect_ms = ms;
 	pthread_mutex_unlock(&l->mu);
@@ -206,8 +206,8 @@ int gf_lock_set_secret(gf_lock *l, const void *secret, size_t len)
 
 int gf_lock_set_lease(gf_lock *l, int64_t heartbeat_ms, int64_t fence_ms)
 {
-	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence");
+	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms || fence_ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence <= a year");
 	pthread_mutex_lock(&l->mu);
 	l->hb_ms = heartbeat_ms;
 	l->fence_ms = fence_ms;

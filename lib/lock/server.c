@@ -191,8 +191,6 @@ void gf_lockd_free(gf_lockd *d)
 			return gf_err(GF_ERR_STATE, "lockd: configure before gf_lockd_start()"); \
 	} while (0)
 
-/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
-#define MAX_MS (366LL * 86400 * 1000)
 
 int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
@@ -216,9 +214,9 @@ int gf_lockd_set_state_file(gf_lockd *d, const char *path)
 int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: reconnect window %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->reconnect_window_ms = ms;
 	return 0;
 }
@@ -226,9 +224,9 @@ int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: exit-wait timeout %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->exit_wait_ms = ms;
 	return 0;
 }
@@ -248,9 +246,9 @@ int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len)
 int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms)
 {
 	CHECK_CONFIG(d);
-	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > MAX_MS)
+	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: heartbeat and detect timeout must be 1ms..%lldms",
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	/* T_fence = T_detect/2 must still leave room for a heartbeat to arrive
 	 * (T_fence >= 1.5 heartbeats), and the margin T_detect - T_fence covers
 	 * one lost heartbeat plus scheduling delays. */
