@@ -546,7 +546,7 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 	p->handshake_deadline = p->pub.last_heard + s->handshake_ms * 1000;
 	snprintf(p->pub.id, sizeof(p->pub.id), "?");
 	gf_frame_reader_init(&p->rd, s->cfg.max_fds);
-	p->rd.max_body = s->cfg.max_body;
+	gf_frame_reader_set_max_body(&p->rd, s->cfg.max_body);
 	if (p->pub.tcp) {
 		int one = 1, idle = 1, intvl = 1, cnt = 3;
 		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
@@ -682,7 +682,10 @@ static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 {
 	struct gf_srv_peer *pub = &p->pub;
 	for (int n = 0; n < GF_SRV_MSGS_PER_ROUND && pub->fd >= 0; n++) {
-		int rc = gf_frame_reader_feed(&p->rd, p->sock);
+		gf_Msg *m = s->in;
+		int *fds = NULL;
+		size_t nfds = 0;
+		int rc = gf_msg_try_recv(&p->rd, p->sock, m, &fds, &nfds);
 		if (rc == GF_ERR_AGAIN) {
 			if (!p->frame_started && gf_frame_reader_partial(&p->rd))
 				p->frame_started = gf_now_us();
@@ -701,18 +704,7 @@ static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 			return;
 		}
 		p->frame_started = 0;
-		gf_Msg *m = s->in;
-		if (gf_msg_decode(p->rd.body, p->rd.msg_len, m) < 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "undecodable message: %s", gf_error_detail());
-			gf_log(GF_LOG_WARN, NAME(s), "msg=\"dropping connection\" id=%s error=\"%s\"", pub->id, why);
-			gf_srv_send_error(s, pub, 0, GF_ERR_PROTOCOL, why, true);
-			return;
-		}
 		pub->last_heard = gf_now_us();
-		int *fds = NULL;
-		size_t nfds = 0;
-		gf_frame_reader_take_fds(&p->rd, &fds, &nfds);
 		if (p->phase != PH_READY) {
 			gf_close_fds(fds, nfds);
 			free(fds);
