@@ -601,6 +601,7 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->fd_limit = st.fd_limit;
 	s->refused_no_pidfd = st.refused_no_pidfd;
 	s->accept_paused = st.accept_paused;
+	s->refused_auth_rate = st.refused_auth_rate;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)

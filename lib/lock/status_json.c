@@ -37,6 +37,7 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 	json_object_set_new(root, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
 	json_object_set_new(root, "refused_no_pidfd", json_integer((json_int_t)s->refused_no_pidfd));
 	json_object_set_new(root, "accept_paused", json_integer((json_int_t)s->accept_paused));
+	json_object_set_new(root, "refused_auth_rate", json_integer((json_int_t)s->refused_auth_rate));
 	char *text = json_dumps(root, JSON_COMPACT);
 	json_decref(root);
 	if (!text)

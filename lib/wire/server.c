@@ -22,6 +22,17 @@
 #endif
 
 enum kind { K_STOP = 1, K_LISTEN, K_PEER, K_WATCH };
+
+/* Wrong secrets per TCP source: a burst, then one guess per second. */
+#define AUTH_SOURCES 256
+#define AUTH_BURST 5
+#define AUTH_REFILL_US 1000000
+
+struct auth_source {
+	uint8_t addr[16]; /* IPv4 addresses as ::ffff:a.b.c.d */
+	int credit;
+	int64_t at;       /* credit last refilled; 0: slot unused */
+};
 enum phase { PH_HELLO, PH_AUTH, PH_READY };
 
 struct listener {
@@ -39,6 +50,7 @@ struct gf_srv_peer_priv {
 	bool want_write;
 	int pidfd_errno;         /* why a wanted pidfd is missing (0: not for want of resources) */
 	uint8_t challenge[32];
+	uint8_t source[16];      /* TCP peers: the remote address */
 	int64_t handshake_deadline;
 	int64_t frame_started;   /* a frame is half read since then (0: none) */
 	struct gf_frame_reader rd;
@@ -73,7 +85,9 @@ struct gf_srv {
 	int64_t paused_until;    /* listeners paused at the fd limit until then (0: listening) */
 	int64_t last_accept_log;
 	uint64_t accept_fail_quiet; /* failures not logged since the last line */
-	uint64_t accept_paused, refused_no_pidfd;
+	uint64_t accept_paused, refused_no_pidfd, refused_auth_rate;
+	struct auth_source auth[AUTH_SOURCES];
+	int64_t last_auth_log;
 	uint64_t fd_limit;
 	gf_Msg *in;
 };
@@ -467,6 +481,7 @@ void gf_srv_stats(const struct gf_srv *s, struct gf_srv_stats *out)
 	out->connections = s->npeers;
 	out->accept_paused = s->accept_paused;
 	out->refused_no_pidfd = s->refused_no_pidfd;
+	out->refused_auth_rate = s->refused_auth_rate;
 }
 
 /* ---- accept ---- */
@@ -519,10 +534,48 @@ static void accept_failed(struct gf_srv *s, int errnum)
 	}
 }
 
+static void source_of(const struct sockaddr_storage *sa, uint8_t out[16])
+{
+	memset(out, 0, 16);
+	if (sa->ss_family == AF_INET6) {
+		memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	} else if (sa->ss_family == AF_INET) {
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	}
+}
+
+/* The source's slot, refilled to now; NULL when unknown and !@create. */
+static struct auth_source *auth_source(struct gf_srv *s, const uint8_t addr[16], bool create, int64_t now)
+{
+	struct auth_source *oldest = &s->auth[0];
+	for (int i = 0; i < AUTH_SOURCES; i++) {
+		struct auth_source *a = &s->auth[i];
+		if (a->at && !memcmp(a->addr, addr, 16)) {
+			int64_t earned = (now - a->at) / AUTH_REFILL_US;
+			if (earned > 0) {
+				a->credit = (int)(a->credit + earned > AUTH_BURST ? AUTH_BURST : a->credit + earned);
+				a->at += earned * AUTH_REFILL_US;
+			}
+			return a;
+		}
+		if (a->at < oldest->at)
+			oldest = a;
+	}
+	if (!create)
+		return NULL;
+	memcpy(oldest->addr, addr, 16);
+	oldest->credit = AUTH_BURST;
+	oldest->at = now;
+	return oldest;
+}
+
 /* Accept one connection; false when the caller should stop for this round. */
 static bool accept_one(struct gf_srv *s, struct listener *l)
 {
-	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	struct sockaddr_storage sa;
+	socklen_t salen = sizeof(sa);
+	int fd = accept4(l->fd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0) {
 		if (errno == EINTR || errno == ECONNABORTED)
 			return true;
@@ -530,11 +583,29 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 			accept_failed(s, errno);
 		return false;
 	}
+	uint8_t source[16] = {0};
+	if (l->uri.kind == GF_URI_TCP) {
+		source_of(&sa, source);
+		int64_t now = gf_now_us();
+		struct auth_source *a = auth_source(s, source, false, now);
+		if (a && a->credit <= 0) {
+			/* Guessing the secret: no handshake, no challenge, until credit returns. */
+			s->refused_auth_rate++;
+			if (now - s->last_auth_log >= GF_SRV_LOG_EVERY_US) {
+				gf_log(GF_LOG_WARN, NAME(s), "msg=\"refusing a source that sent wrong secrets\" refused_total=%llu",
+				       (unsigned long long)s->refused_auth_rate);
+				s->last_auth_log = now;
+			}
+			gf_close(fd);
+			return true;
+		}
+	}
 	struct gf_srv_peer_priv *p = calloc(1, s->peer_size);
 	if (!p) {
 		gf_close(fd);
 		return false;
 	}
+	memcpy(p->source, source, sizeof(source));
 	p->kind = K_PEER;
 	p->sock = fd;
 	p->pub.priv = p;
@@ -619,6 +690,8 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 		    !gf_auth_verify(s->secret, s->secret_len, p->challenge, sizeof(p->challenge), m->body.auth.mac.bytes,
 				    m->body.auth.mac.size)) {
 			gf_log(GF_LOG_WARN, NAME(s), "msg=\"authentication failed\" id=%s", pub->id);
+			struct auth_source *a = auth_source(s, p->source, true, gf_now_us());
+			a->credit--;
 			gf_srv_send_error(s, pub, m->seq, GF_ERR_PERMISSION, "authentication failed: wrong shared secret",
 					  true);
 			return;
@@ -657,6 +730,9 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 		return;
 	}
 	uint32_t seq = m->seq;
+	uint8_t client_challenge[GF_LIMIT_CHALLENGE];
+	pb_size_t m_challenge_len = m->body.hello.challenge.size;
+	memcpy(client_challenge, m->body.hello.challenge.bytes, m_challenge_len);
 	memset(m, 0, sizeof(*m));
 	m->seq = seq;
 	m->which_body = gf_Msg_welcome_tag;
@@ -664,9 +740,14 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	m->body.welcome.component = s->cfg.component;
 	snprintf(m->body.welcome.server_id, sizeof(m->body.welcome.server_id), "%s", s->server_id);
 	if (pub->tcp) {
+		pb_size_t clen = m_challenge_len;
 		gf_random_bytes(p->challenge, sizeof(p->challenge));
 		memcpy(m->body.welcome.challenge.bytes, p->challenge, sizeof(p->challenge));
 		m->body.welcome.challenge.size = sizeof(p->challenge);
+		/* Mutual: the client checks this before it answers our challenge. */
+		if (clen > 0 && gf_auth_server_proof(s->secret, s->secret_len, client_challenge, clen,
+						     m->body.welcome.proof.bytes) == 0)
+			m->body.welcome.proof.size = 32;
 	}
 	if (gf_srv_send(s, pub, m, NULL, 0) < 0)
 		return;

@@ -140,7 +140,10 @@ void gf_uri_format(const struct gf_uri *u, char *buf, size_t len);
 /* ---- handshake ---- */
 /*
  * Client side: send Hello, read Welcome, answer a challenge with
- * HMAC-SHA256(@secret, challenge) when the server asks for one.
+ * HMAC-SHA256(@secret, challenge) when the server asks for one. With a
+ * secret on a TCP connection the server must prove it knows the secret too
+ * (Welcome.proof over the Hello's challenge) before the client answers:
+ * GF_ERR_PERMISSION otherwise.
  * @welcome_out may be NULL.
  */
 int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component component,
@@ -151,6 +154,9 @@ int gf_handshake_check_hello(const gf_Msg *m, gf_Component component);
 /* HMAC-SHA256 of @challenge under @secret into @mac (32 bytes). */
 int gf_auth_mac(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
 		size_t challenge_len, uint8_t mac[32]);
+/* The server's proof of the secret for a client's @challenge: HMAC-SHA256(secret, "gf-server-proof:" + challenge). */
+int gf_auth_server_proof(const uint8_t *secret, size_t secret_len, const uint8_t *challenge, size_t challenge_len,
+			 uint8_t proof[32]);
 /* Constant-time check of a client's answer. */
 bool gf_auth_verify(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
 		    size_t challenge_len, const uint8_t *mac, size_t mac_len);
