@@ -464,3 +464,30 @@ def test_lock_rate_limits_wrong_secrets_per_source(tmp, daemons):
     r = subprocess.run([GFCTL, "lock", "ping", "--lock", f"tcp://127.0.0.1:{port}", "--secret-file", secret],
                        capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_peer_ids_follow_the_id_rule(kind, tmp, daemons):
+    """A newline in a peer id forged log lines and invalid UTF-8 hid a
+    client's events from `gfctl gms status`: ids that break the lock's id
+    rule show as "?"."""
+    d = start(daemons, kind, tmp)
+    evil = b"evil\nts=0 level=error component=forged msg=\"forged\" \xff"
+    s = d.connect()
+    d.handshake(s, peer_id=evil)
+    if kind == "gms":
+        s.sendall(frame(msg(40, field_varint(1, 1))))  # GmsConnect RW: an event naming the peer
+        m = recv_msg(s)
+        assert 41 in m, m
+    else:
+        s.sendall(frame(msg(20, field_bytes(1, b"ok-id") + field_varint(2, 1000))))  # a valid acquire
+        recv_msg(s)
+    s.close()
+    time.sleep(0.3)
+    log = open(d.log, "rb").read()
+    assert b"component=forged" not in log
+    assert b"\xff" not in log
+    st = d.status_json()  # parses: valid UTF-8 throughout
+    if kind == "gms":
+        events = " ".join(e["what"] for e in st["events"])
+        assert "peer=? " in events, events
