@@ -452,22 +452,23 @@ void gf_srv_want_write(struct gf_srv *s, struct gf_srv_peer *pub, bool on)
 	epoll_ctl(s->epfd, EPOLL_CTL_MOD, p->sock, &e);
 }
 
-int gf_srv_watch_add(struct gf_srv *s, int fd, struct gf_srv_watch *w)
+static int watch(struct gf_srv *s, int op, int fd, struct gf_srv_watch *w)
 {
 	w->kind_ = K_WATCH;
 	struct epoll_event e = { .events = EPOLLIN, .data.ptr = w };
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+	if (epoll_ctl(s->epfd, op, fd, &e) < 0)
 		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_ctl", NAME(s));
 	return 0;
 }
 
+int gf_srv_watch_add(struct gf_srv *s, int fd, struct gf_srv_watch *w)
+{
+	return watch(s, EPOLL_CTL_ADD, fd, w);
+}
+
 int gf_srv_watch_mod(struct gf_srv *s, int fd, struct gf_srv_watch *w)
 {
-	w->kind_ = K_WATCH;
-	struct epoll_event e = { .events = EPOLLIN, .data.ptr = w };
-	if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, fd, &e) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_ctl", NAME(s));
-	return 0;
+	return watch(s, EPOLL_CTL_MOD, fd, w);
 }
 
 void gf_srv_watch_del(struct gf_srv *s, int fd)
