@@ -41,6 +41,11 @@ struct listener {
 	struct gf_uri uri;
 };
 
+struct tcp_auth {
+	uint8_t challenge[32];
+	uint8_t source[16];      /* the remote address */
+};
+
 struct gf_srv_peer_priv {
 	int kind;
 	struct gf_srv_peer pub;
@@ -49,8 +54,7 @@ struct gf_srv_peer_priv {
 	bool closing;            /* closed, socket not torn down yet */
 	bool want_write;
 	int pidfd_errno;         /* why a wanted pidfd is missing (0: not for want of resources) */
-	uint8_t challenge[32];
-	uint8_t source[16];      /* TCP peers: the remote address */
+	struct tcp_auth *tcp;    /* TCP peers only: an idle unix waiter does not pay for it */
 	int64_t handshake_deadline;
 	int64_t frame_started;   /* a frame is half read since then (0: none) */
 	struct gf_frame_reader rd;
@@ -134,6 +138,7 @@ static void free_list(struct gf_srv_peer_priv **head)
 	while (*head) {
 		struct gf_srv_peer_priv *p = *head;
 		*head = p->lnext;
+		free(p->tcp);
 		free(p);
 	}
 }
@@ -606,7 +611,15 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 		gf_close(fd);
 		return false;
 	}
-	memcpy(p->source, source, sizeof(source));
+	if (l->uri.kind == GF_URI_TCP) {
+		p->tcp = malloc(sizeof(*p->tcp));
+		if (!p->tcp) {
+			free(p);
+			gf_close(fd);
+			return false;
+		}
+		memcpy(p->tcp->source, source, sizeof(source));
+	}
 	p->kind = K_PEER;
 	p->sock = fd;
 	p->pub.priv = p;
@@ -688,10 +701,10 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	char det[256];
 	if (p->phase == PH_AUTH) {
 		if (m->which_body != gf_Msg_auth_tag ||
-		    !gf_auth_verify(s->secret, s->secret_len, p->challenge, sizeof(p->challenge), m->body.auth.mac.bytes,
+		    !gf_auth_verify(s->secret, s->secret_len, p->tcp->challenge, sizeof(p->tcp->challenge), m->body.auth.mac.bytes,
 				    m->body.auth.mac.size)) {
 			gf_log(GF_LOG_WARN, NAME(s), "msg=\"authentication failed\" id=%s", pub->id);
-			struct auth_source *a = auth_source(s, p->source, true, gf_now_us());
+			struct auth_source *a = auth_source(s, p->tcp->source, true, gf_now_us());
 			a->credit--;
 			gf_srv_send_error(s, pub, m->seq, GF_ERR_PERMISSION, "authentication failed: wrong shared secret",
 					  true);
@@ -742,9 +755,9 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	snprintf(m->body.welcome.server_id, sizeof(m->body.welcome.server_id), "%s", s->server_id);
 	if (pub->tcp) {
 		pb_size_t clen = m_challenge_len;
-		gf_random_bytes(p->challenge, sizeof(p->challenge));
-		memcpy(m->body.welcome.challenge.bytes, p->challenge, sizeof(p->challenge));
-		m->body.welcome.challenge.size = sizeof(p->challenge);
+		gf_random_bytes(p->tcp->challenge, sizeof(p->tcp->challenge));
+		memcpy(m->body.welcome.challenge.bytes, p->tcp->challenge, sizeof(p->tcp->challenge));
+		m->body.welcome.challenge.size = sizeof(p->tcp->challenge);
 		/* Mutual: the client checks this before it answers our challenge. */
 		if (clen > 0 && gf_auth_server_proof(s->secret, s->secret_len, client_challenge, clen,
 						     m->body.welcome.proof.bytes) == 0)
