@@ -221,7 +221,9 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 			if (g->connected_has_hash)
 				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
 			g->generation = c->generation;
-			g->oom_retry_ms = c->oom_retry_ms > 0 ? c->oom_retry_ms : 0;
+			/* A server's word, bounded: a huge value would overflow the deadline below. */
+			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0
+					  : c->oom_retry_ms > GF_MAX_DURATION_MS ? GF_MAX_DURATION_MS : c->oom_retry_ms;
 		}
 	}
 	if (rc < 0) {

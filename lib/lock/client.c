@@ -132,7 +132,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	l->hb_ms = 1000;
 	l->fence_ms = 3000;
 	gf_frame_reader_init(&l->rd, 0);
-	l->rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 	pthread_once(&atfork_once, register_atfork);
 	pthread_mutex_lock(&list_mu);
 	l->lnext = all_locks;
@@ -150,7 +150,7 @@ static void drop_conn(gf_lock *l)
 	l->fd = -1;
 	gf_frame_reader_clear(&l->rd);
 	gf_frame_reader_init(&l->rd, 0);
-	l->rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 }
 
 void gf_lock_free(gf_lock *l)
@@ -180,8 +180,8 @@ void gf_lock_free(gf_lock *l)
 
 int gf_lock_set_reconnect_timeout(gf_lock *l, int64_t ms)
 {
-	if (!l || ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: bad reconnect timeout");
+	if (!l || ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: reconnect timeout outside 0..a year");
 	pthread_mutex_lock(&l->mu);
 	l->reconnect_ms = ms;
 	pthread_mutex_unlock(&l->mu);
@@ -206,8 +206,8 @@ int gf_lock_set_secret(gf_lock *l, const void *secret, size_t len)
 
 int gf_lock_set_lease(gf_lock *l, int64_t heartbeat_ms, int64_t fence_ms)
 {
-	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence");
+	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms || fence_ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence <= a year");
 	pthread_mutex_lock(&l->mu);
 	l->hb_ms = heartbeat_ms;
 	l->fence_ms = fence_ms;
@@ -249,7 +249,7 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	}
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, 0);
-	rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&rd, GF_LOCK_MAX_FRAME);
 	rc = gf_handshake_client(fd, &rd, gf_Component_COMPONENT_LOCK, l->id, l->secret, l->secret_len, deadline,
 				 NULL);
 	if (rc < 0) {
@@ -415,14 +415,10 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 		bool granted = false, lost_conn = false;
 		rc = 0;
 		for (;;) {
-			int r = gf_frame_reader_feed(&l->rd, l->fd);
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
 			if (r == GF_ERR_AGAIN)
 				break;
 			if (r < 0) {
-				lost_conn = true;
-				break;
-			}
-			if (gf_msg_decode(l->rd.body, l->rd.msg_len, l->msg) < 0) {
 				lost_conn = true;
 				break;
 			}
@@ -540,10 +536,10 @@ int gf_lock_process(gf_lock *l)
 			goto out;
 		}
 		for (;;) {
-			int r = gf_frame_reader_feed(&l->rd, l->fd);
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
 			if (r == GF_ERR_AGAIN)
 				break;
-			if (r < 0 || gf_msg_decode(l->rd.body, l->rd.msg_len, l->msg) < 0) {
+			if (r < 0) {
 				start_reconnect(l, r == GF_ERR_CLOSED ? "connection closed" : gf_error_detail());
 				break;
 			}

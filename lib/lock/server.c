@@ -191,8 +191,6 @@ void gf_lockd_free(gf_lockd *d)
 			return gf_err(GF_ERR_STATE, "lockd: configure before gf_lockd_start()"); \
 	} while (0)
 
-/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
-#define MAX_MS (366LL * 86400 * 1000)
 
 int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
@@ -216,9 +214,9 @@ int gf_lockd_set_state_file(gf_lockd *d, const char *path)
 int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: reconnect window %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->reconnect_window_ms = ms;
 	return 0;
 }
@@ -226,9 +224,9 @@ int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: exit-wait timeout %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->exit_wait_ms = ms;
 	return 0;
 }
@@ -248,9 +246,9 @@ int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len)
 int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms)
 {
 	CHECK_CONFIG(d);
-	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > MAX_MS)
+	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: heartbeat and detect timeout must be 1ms..%lldms",
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	/* T_fence = T_detect/2 must still leave room for a heartbeat to arrive
 	 * (T_fence >= 1.5 heartbeats), and the margin T_detect - T_fence covers
 	 * one lost heartbeat plus scheduling delays. */
@@ -603,6 +601,7 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->fd_limit = st.fd_limit;
 	s->refused_no_pidfd = st.refused_no_pidfd;
 	s->accept_paused = st.accept_paused;
+	s->refused_auth_rate = st.refused_auth_rate;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -697,7 +696,14 @@ static void settle(void *ctx)
 			gf_srv_close(d->srv, c->peer, "waiter's process exited");
 			continue;
 		}
-		if (grant(d, c, false) < 0)
+		int grc = grant(d, c, false);
+		if (grc == GF_ERR_STATE) {
+			/* No epoch left: waiting would be forever, say so now. */
+			waiter_unlink(d, c);
+			reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
+			continue;
+		}
+		if (grc < 0)
 			break; /* store() wrote the pending release line */
 	}
 	flush_release_log(d);

@@ -781,3 +781,29 @@ def test_randomized_history_with_revocations(tmp, procs):
     assert len(grants) >= 5 and revoked, (len(grants), len(revoked))
     epochs = [e for e, _ in grants]
     assert epochs == sorted(set(epochs))
+
+
+# ---- boundaries ----
+
+def test_epochs_stop_at_int64_max(tmp, procs):
+    """An epoch past INT64_MAX would be stored negative and read back as a
+    corrupt file (epochs then restart from the wall clock): the last epoch is
+    INT64_MAX, after it a waiter is refused at once, and the file stays valid."""
+    top = (1 << 63) - 1
+    d = Lockd(tmp)
+    with open(d.state, "w") as f:
+        json.dump({"version": 1, "holder": None, "epoch": top - 1, "session_token": None}, f)
+    d.start()
+    procs.append(d)
+    a = spawn(procs, d.uri, "a")
+    assert a.wait_granted() == top
+    a.kill()
+    a.proc.wait()
+    r = gfctl("lock", "acquire", "--lock", d.uri, "--id", "b", "--timeout", "5s", "--", "true")
+    assert r.returncode not in (0, EXIT_TIMEOUT), r
+    assert "INT64_MAX" in r.stderr
+    assert status(d.uri)["epoch"] == top
+    d.stop()
+    d.start()  # the state file still reads back
+    assert status(d.uri)["epoch"] == top
+    assert "corrupt" not in d.logtext()
