@@ -33,6 +33,10 @@ static void usage(FILE *f)
 	      "                        the listed uids)\n"
 	      "  --handshake-timeout DURATION  drop peers that do not finish the handshake, or\n"
 	      "                        a frame they began, in time (default 3s)\n"
+	      "  --lock URI            fence the committed layout by this lock server: an RW\n"
+	      "                        request that would drop it is granted only to the\n"
+	      "                        lock's current holder (recommended; docs/gms.md)\n"
+	      "  --lock-secret-file PATH  the shared secret of a tcp:// lock server\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Logs key=value lines on stderr; prints msg=\"ready\" (and sd_notify READY=1)\n"
@@ -54,10 +58,11 @@ int main(int argc, char **argv)
 		{"listen", required_argument, NULL, 'l'},  {"device", required_argument, NULL, 'd'},
 		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
 		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
+		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
 	};
-	const char *listen_uri = NULL, *device = "0";
+	const char *listen_uri = NULL, *device = "0", *lock_uri = NULL, *lock_secret_file = NULL;
 	int kind = GF_MEM_AUTO;
 	uint64_t oom_ms = 0, handshake_ms = 3000;
 	uint32_t uids[64];
@@ -107,6 +112,12 @@ int main(int argc, char **argv)
 			uids[nuids++] = (uint32_t)v;
 			break;
 		}
+		case 'L':
+			lock_uri = optarg;
+			break;
+		case 'S':
+			lock_secret_file = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -120,6 +131,10 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc) {
 		fprintf(stderr, "gf-gmsd: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (lock_secret_file && !lock_uri) {
+		fprintf(stderr, "gf-gmsd: --lock-secret-file needs --lock\n");
 		return 2;
 	}
 	if (!listen_uri) {
@@ -171,6 +186,29 @@ int main(int argc, char **argv)
 			gf_gmsd_free(d);
 			return fail(rc, "--allow-uid");
 		}
+	if (lock_uri) {
+		char secret[4097];
+		size_t slen = 0;
+		if (lock_secret_file) {
+			FILE *f = fopen(lock_secret_file, "re");
+			slen = f ? fread(secret, 1, sizeof(secret) - 1, f) : 0;
+			if (f)
+				fclose(f);
+			while (slen && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
+				slen--;
+			if (!slen) {
+				fprintf(stderr, "gf-gmsd: --lock-secret-file %s: empty or unreadable\n", lock_secret_file);
+				gf_gmsd_free(d);
+				return 2;
+			}
+		}
+		rc = gf_gmsd_set_lock(d, lock_uri, slen ? secret : NULL, slen);
+		memset(secret, 0, sizeof(secret));
+		if (rc < 0) {
+			gf_gmsd_free(d);
+			return fail(rc, "--lock");
+		}
+	}
 	if ((rc = gf_gmsd_start(d)) < 0) {
 		gf_gmsd_free(d);
 		return fail(rc, "start");

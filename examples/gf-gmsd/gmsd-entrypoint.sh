@@ -9,7 +9,8 @@
 #   (comma- or space-separated) is used, else $CUDA_VISIBLE_DEVICES, else 0.
 # env: GF_GMS_SOCKET_DIR (default /run/gpufailover): sockets are
 #      $GF_GMS_SOCKET_DIR/gms-<DEVICE>.sock
-#      GF_GMS_BACKEND (auto), GF_GMS_OOM_RETRY (e.g. 10s), GF_GMSD (gf-gmsd binary)
+#      GF_GMS_BACKEND (auto), GF_GMS_OOM_RETRY (e.g. 10s), GF_GMSD (gf-gmsd binary),
+#      GF_GMS_LOCK (the lock server's URI: fence the committed weights, docs/gms.md)
 set -u
 
 devices=("$@")
@@ -40,6 +41,7 @@ for dev in "${devices[@]}"; do
 		args+=(--device "$dev")
 	fi
 	[ -n "${GF_GMS_OOM_RETRY:-}" ] && args+=(--oom-retry "$GF_GMS_OOM_RETRY")
+	[ -n "${GF_GMS_LOCK:-}" ] && args+=(--lock "$GF_GMS_LOCK")
 	"$gmsd" "${args[@]}" &
 	pids+=($!)
 	i=$((i + 1))

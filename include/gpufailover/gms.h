@@ -82,6 +82,16 @@ typedef void (*gf_gms_lost_fn)(gf_gms *gms, int err, const char *detail, void *u
 GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
 /** Stop the watcher, unmap, release the imports, give back the address range, close (releasing the lock). NULL is a no-op. */
 GF_EXPORT void gf_gms_free(gf_gms *gms);
+/**
+ * gf_gms_connect() carrying @p lock_epoch, the caller's current lock grant
+ * (gf_lock_epoch()). A GMS tied to a lock server (gf_gmsd_set_lock(),
+ * `gf-gmsd --lock`) grants an RW request that would drop a committed layout
+ * only when @p lock_epoch is the lock's current epoch; otherwise the connect
+ * fails with GF_ERR_PERMISSION. 0 means "no grant". Same blocking and errors
+ * as gf_gms_connect().
+ */
+GF_EXPORT int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+				   uint64_t lock_epoch);
 /** Mode granted: GF_GMS_RW, or GF_GMS_RO (also after commit); 0 while disconnected (asleep). */
 GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
 
@@ -278,6 +288,17 @@ GF_EXPORT int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms);
 GF_EXPORT int gf_gmsd_add_allow_uid(gf_gmsd *d, uint32_t uid);
 /** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */
 GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
+/**
+ * Tie the GMS to the lock server at @p uri (secret for tcp://, or NULL): an RW
+ * request that would drop the committed layout is granted only to a client
+ * whose connect carries the lock's current epoch (gf_gms_connect_epoch()), so
+ * a stray or revoked writer cannot destroy the weights a standby is about to
+ * map. The check asks the lock server (one status round trip, at most 250 ms,
+ * refused with GF_ERR_UNREACHABLE when it does not answer); RW on an EMPTY
+ * GMS (the first load) is not affected. Before gf_gmsd_start(); copies
+ * @p uri and the secret. Errors: GF_ERR_INVALID_ARG, GF_ERR_STATE, GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_gmsd_set_lock(gf_gmsd *d, const char *uri, const void *secret, size_t secret_len);
 /**
  * Open the backend and listen; raises the process's soft RLIMIT_NOFILE to
  * its hard limit (peers and host allocations are fds). The socket accepts

@@ -73,6 +73,7 @@ struct gf_gms {
 	uint8_t hash[16];
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
+	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
 	uint8_t connected_hash[16]; /* hash the server announced on connect */
 	bool connected_has_hash;
 
@@ -196,6 +197,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 	g->msg->which_body = gf_Msg_gms_connect_tag;
 	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
 	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
+	g->msg->body.gms_connect.lock_epoch = g->lock_epoch;
 	rc = request(g, NULL, NULL, reply_deadline);
 	if (rc == 0 && g->msg->which_body != gf_Msg_gms_connected_tag)
 		rc = gf_err(GF_ERR_PROTOCOL, "connect: expected gms_connected, got %s", gf_msg_name(g->msg));
@@ -240,6 +242,12 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 
 int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
 {
+	return gf_gms_connect_epoch(out, uri, mem, mode, timeout_ms, 0);
+}
+
+int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			 uint64_t lock_epoch)
+{
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
 	if (mode != GF_GMS_RW && mode != GF_GMS_RO && mode != GF_GMS_RW_OR_RO)
@@ -252,6 +260,7 @@ int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t
 	g->fd = -1;
 	g->stop_fd = -1;
 	g->mem = mem;
+	g->lock_epoch = lock_epoch;
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
 	size_t rec;
 	int rc = gf_uri_parse(uri, &g->uri);

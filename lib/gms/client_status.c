@@ -66,6 +66,8 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 		json_object_set_new(o, "connections", json_integer(s->connections));
 		json_object_set_new(o, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
 		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));
+		json_object_set_new(o, "fenced", json_boolean(s->fenced));
+		json_object_set_new(o, "fence_refusals", json_integer((json_int_t)s->fence_refusals));
 	}
 	json_t *evs = json_array();
 	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)

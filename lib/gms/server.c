@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "mem_int.h"
 #include "fsm.h"
 #include "layout.h"
@@ -51,6 +53,7 @@ struct client {
 	char alloc_tag[GF_LIMIT_TAG];
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
+	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
@@ -110,6 +113,12 @@ struct gf_gmsd {
 
 	gf_Msg *out;
 	uint8_t *lc_buf; /* one encoded list chunk (GF_FRAME_MAX_BODY bytes) */
+
+	/* The lock the committed layout is fenced by (gf_gmsd_set_lock). */
+	char *lock_uri;
+	void *lock_secret;
+	size_t lock_secret_len;
+	uint64_t fence_refusals;
 };
 
 /* ---------------------------------------------------------------- events */
@@ -261,12 +270,53 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 	return false;
 }
 
+/*
+ * A GMS fenced by a lock drops its committed layout only for the lock's
+ * current holder: 0 when @c may, else the error it was sent. Asks the lock
+ * server (bounded): a drop is rare (a new load replacing the weights), and a
+ * refusal must be based on the grant as it is now, revocations included.
+ */
+static int fence_check(gf_gmsd *d, struct client *c)
+{
+	char *js = NULL;
+	uint64_t current = 0;
+	int rc = gf_lock_status_json(d->lock_uri, d->lock_secret, d->lock_secret_len, 250, &js);
+	if (rc == 0) {
+		json_t *root = json_loads(js, 0, NULL);
+		json_t *holder = root ? json_object_get(root, "holder") : NULL;
+		if (json_is_string(holder))
+			current = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
+		json_decref(root);
+		free(js);
+	}
+	if (rc < 0) {
+		rc = GF_ERR_UNREACHABLE;
+		reply_error(d, c, c->seq, rc, "RW would drop the committed layout and the lock server (%s) did not "
+			    "answer: %s", d->lock_uri, gf_error_detail());
+	} else if (c->lock_epoch == 0 || c->lock_epoch != current) {
+		rc = GF_ERR_PERMISSION;
+		reply_error(d, c, c->seq, rc, "RW would drop the committed layout: only the lock's current holder "
+			    "may (connect epoch %llu, lock epoch %llu%s)", (unsigned long long)c->lock_epoch,
+			    (unsigned long long)current, current ? "" : ", no holder");
+	} else {
+		return 0;
+	}
+	d->fence_refusals++;
+	event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
+	      (unsigned long long)c->lock_epoch, (unsigned long long)current);
+	return rc;
+}
+
 /* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
 static int try_grant(gf_gmsd *d, struct client *c)
 {
 	enum gms_decision dec = gms_fsm_decide(&d->fsm, c->mode, other_rw_waiting(d, c));
 	if (dec == GMS_WAIT || dec == GMS_INVALID)
 		return 0;
+	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && fence_check(d, c) < 0) {
+		c->phase = C_IDLE;
+		return -1;
+	}
 	if (dec == GMS_GRANT_RW_DROP) {
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
@@ -327,6 +377,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		return;
 	}
 	c->mode = r->mode;
+	c->lock_epoch = r->lock_epoch;
 	c->seq = m->seq;
 	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
 	c->order = ++d->next_order;
@@ -697,6 +748,8 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	s->connections = st.connections;
 	s->fd_limit = st.fd_limit;
 	s->accept_paused = st.accept_paused;
+	s->fenced = d->lock_uri != NULL;
+	s->fence_refusals = d->fence_refusals;
 	/* oldest first */
 	size_t first = (d->ev_next + GMSD_EVENTS - d->ev_count) % GMSD_EVENTS;
 	for (size_t i = 0; i < d->ev_count; i++) {
@@ -937,6 +990,28 @@ int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms)
 	return gf_srv_set_handshake_timeout(d->srv, ms);
 }
 
+int gf_gmsd_set_lock(gf_gmsd *d, const char *uri, const void *secret, size_t secret_len)
+{
+	NOT_STARTED(d);
+	if (!uri || !*uri || (secret_len && !secret))
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_set_lock: empty URI");
+	char *u = strdup(uri);
+	void *s = secret_len ? malloc(secret_len) : NULL;
+	if (!u || (secret_len && !s)) {
+		free(u);
+		free(s);
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	}
+	if (secret_len)
+		memcpy(s, secret, secret_len);
+	free(d->lock_uri);
+	free(d->lock_secret);
+	d->lock_uri = u;
+	d->lock_secret = s;
+	d->lock_secret_len = secret_len;
+	return 0;
+}
+
 int gf_gmsd_start(gf_gmsd *d)
 {
 	NOT_STARTED(d);
@@ -1011,5 +1086,7 @@ void gf_gmsd_free(gf_gmsd *d)
 	gf_mem_free(d->mem);
 	gf_msg_free(d->out);
 	free(d->lc_buf);
+	free(d->lock_uri);
+	free(d->lock_secret);
 	free(d);
 }
