@@ -27,12 +27,8 @@
 #include <stdint.h>
 
 #include "base.h"
-
-/* Forward declarations rather than includes: the umbrella header includes
- * every component header, and gms.h may be the one being read right now
- * (C11 allows the repeated typedefs). */
-typedef struct gf_gms gf_gms;
-typedef struct gf_mem gf_mem;
+#include "gms.h"
+#include "mem.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,11 +53,9 @@ enum gf_probe {
 	GF_PROBE_STARTUP = 3,
 };
 
-/** Weight-loading roles (seed 000, Decision 5). */
-enum gf_engine_role {
-	GF_ENGINE_LOADER = 1,   /**< connects RW_OR_RO: loads where nothing is committed yet */
-	GF_ENGINE_FOLLOWER = 2, /**< connects RO only: waits for the loader's commit */
-};
+/** Weight-loading roles (seed 000, Decision 5): the GMS's roles (enum gf_gms_role), one source. */
+#define GF_ENGINE_LOADER GF_GMS_ROLE_LOADER     /**< connects RW_OR_RO: loads where nothing is committed yet */
+#define GF_ENGINE_FOLLOWER GF_GMS_ROLE_FOLLOWER /**< connects RO only: waits for the loader's commit */
 
 typedef struct gf_engine gf_engine;
 
