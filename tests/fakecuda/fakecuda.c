@@ -29,7 +29,6 @@
  *                                the value was set) of entry point `name` returns
  *                                `code` (default CUDA_ERROR_UNKNOWN)
  */
-#include <cuda.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -44,29 +43,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fakecuda.h"
+
 #undef cuGetProcAddress
 
 #define FK_EXPORT __attribute__((visibility("default")))
-#define FK_MAX_DEV 16
-#define FK_GRAN (2u * 1024 * 1024)
 
-struct CUctx_st {
-	int dev;
-	int refs;
-};
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static bool initialized;
+pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
+bool fk_initialized;
 static struct CUctx_st primary[FK_MAX_DEV];
 static _Thread_local CUcontext ctx_stack[64];
 static _Thread_local int ctx_depth;
 
-struct fk_alloc {
-	CUmemGenericAllocationHandle h;
-	int fd;
-	size_t size;
-	int dev;
-};
 struct fk_range {
 	uintptr_t p;
 	size_t size;
@@ -80,7 +68,7 @@ static unsigned long long file_seq;
 
 /* ---- knobs ---- */
 
-static long long env_ll(const char *name, long long dflt)
+long long fk_env_ll(const char *name, long long dflt)
 {
 	const char *v = getenv(name);
 	if (!v || !*v)
@@ -90,9 +78,9 @@ static long long env_ll(const char *name, long long dflt)
 	return *end ? dflt : x;
 }
 
-static int ndevices(void)
+int fk_ndevices(void)
 {
-	long long n = env_ll("FAKECUDA_DEVICES", 1);
+	long long n = fk_env_ll("FAKECUDA_DEVICES", 1);
 	return n < 0 ? 0 : n > FK_MAX_DEV ? FK_MAX_DEV : (int)n;
 }
 
@@ -106,11 +94,11 @@ static struct fault faults[16];
 static size_t nfaults;
 
 /* Should this call of @name fail, and with which code? (0: no) */
-static CUresult fault(const char *name)
+CUresult fk_fault(const char *name)
 {
 	const char *spec = getenv("FAKECUDA_FAIL");
 	CUresult r = CUDA_SUCCESS;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	if (!spec)
 		spec = "";
 	if (strcmp(spec, fault_spec) != 0) {
@@ -136,18 +124,9 @@ static CUresult fault(const char *name)
 	for (size_t i = 0; i < nfaults; i++)
 		if (strcmp(faults[i].name, name) == 0 && ++faults[i].count == faults[i].nth)
 			r = (CUresult)faults[i].code;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
-
-#define ENTRY(name)                                  \
-	do {                                         \
-		CUresult f_ = fault(name);           \
-		if (f_ != CUDA_SUCCESS)              \
-			return f_;                   \
-		if (!initialized)                    \
-			return CUDA_ERROR_NOT_INITIALIZED; \
-	} while (0)
 
 /* ---- cross-process accounting ---- */
 
@@ -195,50 +174,50 @@ static unsigned long long used_bytes(int dev)
 
 static unsigned long long total_bytes(void)
 {
-	return (unsigned long long)env_ll("FAKECUDA_TOTAL_MEM", 16LL << 30);
+	return (unsigned long long)fk_env_ll("FAKECUDA_TOTAL_MEM", 16LL << 30);
 }
 
 /* ---- entry points ---- */
 
 static CUresult fk_cuInit(unsigned int flags)
 {
-	CUresult f = fault("cuInit");
+	CUresult f = fk_fault("cuInit");
 	if (f != CUDA_SUCCESS)
 		return f;
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (ndevices() == 0)
+	if (fk_ndevices() == 0)
 		return CUDA_ERROR_NO_DEVICE;
-	initialized = true;
+	fk_initialized = true;
 	return CUDA_SUCCESS;
 }
 
 static CUresult fk_cuDriverGetVersion(int *v)
 {
-	CUresult f = fault("cuDriverGetVersion");
+	CUresult f = fk_fault("cuDriverGetVersion");
 	if (f != CUDA_SUCCESS)
 		return f;
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
-	*v = (int)env_ll("FAKECUDA_DRIVER_VERSION", 13000);
+	*v = (int)fk_env_ll("FAKECUDA_DRIVER_VERSION", 13000);
 	return CUDA_SUCCESS;
 }
 
 static CUresult fk_cuDeviceGetCount(int *n)
 {
-	ENTRY("cuDeviceGetCount");
+	FK_ENTRY("cuDeviceGetCount");
 	if (!n)
 		return CUDA_ERROR_INVALID_VALUE;
-	*n = ndevices();
+	*n = fk_ndevices();
 	return CUDA_SUCCESS;
 }
 
 static CUresult fk_cuDeviceGet(CUdevice *dev, int ordinal)
 {
-	ENTRY("cuDeviceGet");
+	FK_ENTRY("cuDeviceGet");
 	if (!dev)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (ordinal < 0 || ordinal >= ndevices())
+	if (ordinal < 0 || ordinal >= fk_ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
 	*dev = ordinal;
 	return CUDA_SUCCESS;
@@ -246,17 +225,17 @@ static CUresult fk_cuDeviceGet(CUdevice *dev, int ordinal)
 
 static CUresult fk_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevice dev)
 {
-	ENTRY("cuDeviceGetAttribute");
+	FK_ENTRY("cuDeviceGetAttribute");
 	if (!pi)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (dev < 0 || dev >= ndevices())
+	if (dev < 0 || dev >= fk_ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
 	switch (attr) {
 	case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
 		*pi = 1;
 		break;
 	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-		*pi = env_ll("FAKECUDA_NO_POSIX_FD", 0) ? 0 : 1;
+		*pi = fk_env_ll("FAKECUDA_NO_POSIX_FD", 0) ? 0 : 1;
 		break;
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
@@ -269,10 +248,10 @@ static CUresult fk_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevi
 static CUresult fk_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
 	static const unsigned char base[16] = { 0xfa, 0x4e, 0xc0, 0xda, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0 };
-	ENTRY("cuDeviceGetUuid");
+	FK_ENTRY("cuDeviceGetUuid");
 	if (!uuid)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (dev < 0 || dev >= ndevices())
+	if (dev < 0 || dev >= fk_ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
 	memcpy(uuid->bytes, base, 16);
 	uuid->bytes[15] = (char)dev;
@@ -281,42 +260,42 @@ static CUresult fk_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 
 static CUresult fk_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	ENTRY("cuDevicePrimaryCtxRetain");
+	FK_ENTRY("cuDevicePrimaryCtxRetain");
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (dev < 0 || dev >= ndevices())
+	if (dev < 0 || dev >= fk_ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	primary[dev].dev = dev;
 	primary[dev].refs++;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	*pctx = &primary[dev];
 	return CUDA_SUCCESS;
 }
 
 static CUresult fk_cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-	ENTRY("cuDevicePrimaryCtxRelease");
-	if (dev < 0 || dev >= ndevices())
+	FK_ENTRY("cuDevicePrimaryCtxRelease");
+	if (dev < 0 || dev >= fk_ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
 	CUresult r = CUDA_SUCCESS;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	if (primary[dev].refs <= 0)
 		r = CUDA_ERROR_INVALID_CONTEXT;
 	else
 		primary[dev].refs--;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
 
-static bool ctx_valid(CUcontext c)
+bool fk_ctx_valid(CUcontext c)
 {
 	return c >= primary && c < primary + FK_MAX_DEV && c->refs > 0;
 }
 
 static CUresult fk_cuCtxGetCurrent(CUcontext *pctx)
 {
-	ENTRY("cuCtxGetCurrent");
+	FK_ENTRY("cuCtxGetCurrent");
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	*pctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
@@ -325,8 +304,8 @@ static CUresult fk_cuCtxGetCurrent(CUcontext *pctx)
 
 static CUresult fk_cuCtxPushCurrent(CUcontext ctx)
 {
-	ENTRY("cuCtxPushCurrent");
-	if (!ctx_valid(ctx))
+	FK_ENTRY("cuCtxPushCurrent");
+	if (!fk_ctx_valid(ctx))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_depth == (int)(sizeof(ctx_stack) / sizeof(ctx_stack[0])))
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -336,7 +315,7 @@ static CUresult fk_cuCtxPushCurrent(CUcontext ctx)
 
 static CUresult fk_cuCtxPopCurrent(CUcontext *pctx)
 {
-	ENTRY("cuCtxPopCurrent");
+	FK_ENTRY("cuCtxPopCurrent");
 	if (!ctx_depth)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	CUcontext c = ctx_stack[--ctx_depth];
@@ -345,31 +324,31 @@ static CUresult fk_cuCtxPopCurrent(CUcontext *pctx)
 	return CUDA_SUCCESS;
 }
 
-static CUcontext current(void)
+CUcontext fk_current(void)
 {
 	return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
 }
 
 static CUresult fk_cuCtxGetDevice(CUdevice *dev)
 {
-	ENTRY("cuCtxGetDevice");
+	FK_ENTRY("cuCtxGetDevice");
 	if (!dev)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!current())
+	if (!fk_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
-	*dev = current()->dev;
+	*dev = fk_current()->dev;
 	return CUDA_SUCCESS;
 }
 
 /* CUDA 13's variant, returned for cudaVersion >= 13000. */
 static CUresult fk_cuCtxGetDevice_v13000(CUdevice *dev, CUcontext ctx)
 {
-	ENTRY("cuCtxGetDevice");
+	FK_ENTRY("cuCtxGetDevice");
 	if (!dev)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!ctx)
-		ctx = current();
-	if (!ctx_valid(ctx))
+		ctx = fk_current();
+	if (!fk_ctx_valid(ctx))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	*dev = ctx->dev;
 	return CUDA_SUCCESS;
@@ -377,24 +356,24 @@ static CUresult fk_cuCtxGetDevice_v13000(CUdevice *dev, CUcontext ctx)
 
 static CUresult fk_cuCtxSynchronize(void)
 {
-	ENTRY("cuCtxSynchronize");
-	return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	FK_ENTRY("cuCtxSynchronize");
+	return fk_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 static CUresult fk_cuCtxSynchronize_v13000(CUcontext ctx)
 {
-	ENTRY("cuCtxSynchronize");
-	return ctx_valid(ctx ? ctx : current()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	FK_ENTRY("cuCtxSynchronize");
+	return fk_ctx_valid(ctx ? ctx : fk_current()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 static CUresult fk_cuMemGetInfo(size_t *free_b, size_t *total_b)
 {
-	ENTRY("cuMemGetInfo");
+	FK_ENTRY("cuMemGetInfo");
 	if (!free_b || !total_b)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!current())
+	if (!fk_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
-	unsigned long long used = used_bytes(current()->dev), tot = total_bytes();
+	unsigned long long used = used_bytes(fk_current()->dev), tot = total_bytes();
 	*total_b = (size_t)tot;
 	*free_b = (size_t)(used >= tot ? 0 : tot - used);
 	return CUDA_SUCCESS;
@@ -403,13 +382,13 @@ static CUresult fk_cuMemGetInfo(size_t *free_b, size_t *total_b)
 static bool prop_ok(const CUmemAllocationProp *p)
 {
 	return p && p->type == CU_MEM_ALLOCATION_TYPE_PINNED && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-	       p->location.id >= 0 && p->location.id < ndevices();
+	       p->location.id >= 0 && p->location.id < fk_ndevices();
 }
 
 static CUresult fk_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
 						 CUmemAllocationGranularity_flags option)
 {
-	ENTRY("cuMemGetAllocationGranularity");
+	FK_ENTRY("cuMemGetAllocationGranularity");
 	if (!g || !prop_ok(prop) ||
 	    (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -417,7 +396,7 @@ static CUresult fk_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocatio
 	return CUDA_SUCCESS;
 }
 
-static struct fk_alloc *find_alloc(CUmemGenericAllocationHandle h)
+struct fk_alloc *fk_find_alloc(CUmemGenericAllocationHandle h)
 {
 	for (size_t i = 0; i < nallocs; i++)
 		if (allocs[i].h == h)
@@ -450,22 +429,22 @@ static CUresult add_alloc(int fd, size_t size, int dev, CUmemGenericAllocationHa
 static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
 			       unsigned long long flags)
 {
-	ENTRY("cuMemCreate");
+	FK_ENTRY("cuMemCreate");
 	if (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % FK_GRAN)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && env_ll("FAKECUDA_NO_POSIX_FD", 0))
+	if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fk_env_ll("FAKECUDA_NO_POSIX_FD", 0))
 		return CUDA_ERROR_NOT_SUPPORTED;
 	int dev = prop->location.id;
 	unsigned long long used = used_bytes(dev);
-	long long oom_after = env_ll("FAKECUDA_OOM_AFTER_BYTES", -1);
+	long long oom_after = fk_env_ll("FAKECUDA_OOM_AFTER_BYTES", -1);
 	if (used + size > total_bytes() || (oom_after >= 0 && used + size > (unsigned long long)oom_after))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
 	char tmp[4096], final[4096];
 	const char *dir = state_dir();
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	unsigned long long seq = ++file_seq;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	snprintf(tmp, sizeof(tmp), "%s/new-%d-%llu", dir, (int)getpid(), seq);
 	snprintf(final, sizeof(final), "%s/alloc-d%d-%d-%llu", dir, dev, (int)getpid(), seq);
 	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -478,9 +457,9 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 		close(fd);
 		return e == ENOSPC || e == ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
 	}
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	CUresult r = add_alloc(fd, size, dev, handle);
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	if (r != CUDA_SUCCESS)
 		close(fd);
 	return r;
@@ -488,32 +467,32 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 
 static CUresult fk_cuMemRelease(CUmemGenericAllocationHandle h)
 {
-	ENTRY("cuMemRelease");
-	pthread_mutex_lock(&lock);
-	struct fk_alloc *a = find_alloc(h);
+	FK_ENTRY("cuMemRelease");
+	pthread_mutex_lock(&fk_lock);
+	struct fk_alloc *a = fk_find_alloc(h);
 	if (!a) {
-		pthread_mutex_unlock(&lock);
+		pthread_mutex_unlock(&fk_lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	/* Mappings keep the open file (and its lock) alive by themselves. */
 	close(a->fd);
 	*a = allocs[--nallocs];
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return CUDA_SUCCESS;
 }
 
 static CUresult fk_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
 						CUmemAllocationHandleType type, unsigned long long flags)
 {
-	ENTRY("cuMemExportToShareableHandle");
+	FK_ENTRY("cuMemExportToShareableHandle");
 	if (!out || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return CUDA_ERROR_NOT_SUPPORTED;
-	pthread_mutex_lock(&lock);
-	struct fk_alloc *a = find_alloc(h);
+	pthread_mutex_lock(&fk_lock);
+	struct fk_alloc *a = fk_find_alloc(h);
 	int fd = a ? fcntl(a->fd, F_DUPFD, 0) : -1;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (fd < 0)
@@ -525,7 +504,7 @@ static CUresult fk_cuMemExportToShareableHandle(void *out, CUmemGenericAllocatio
 static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
 						  CUmemAllocationHandleType type)
 {
-	ENTRY("cuMemImportFromShareableHandle");
+	FK_ENTRY("cuMemImportFromShareableHandle");
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -540,14 +519,14 @@ static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
 	target[n] = '\0';
 	size_t dl = strlen(real_dir);
 	if (strncmp(target, real_dir, dl) != 0 || sscanf(target + dl, "/alloc-d%d-", &dev) != 1 || dev < 0 ||
-	    dev >= ndevices())
+	    dev >= fk_ndevices())
 		return CUDA_ERROR_INVALID_VALUE;
 	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (own < 0)
 		return CUDA_ERROR_OPERATING_SYSTEM;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	CUresult r = add_alloc(own, (size_t)st.st_size, dev, h);
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	if (r != CUDA_SUCCESS)
 		close(own);
 	return r;
@@ -556,7 +535,7 @@ static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
 static CUresult fk_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
 				       unsigned long long flags)
 {
-	ENTRY("cuMemAddressReserve");
+	FK_ENTRY("cuMemAddressReserve");
 	if (!ptr || size == 0 || size % FK_GRAN || (align & (align - 1)) || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (align < FK_GRAN)
@@ -571,11 +550,11 @@ static CUresult fk_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t ali
 		munmap(p, start - (uintptr_t)p);
 	if ((uintptr_t)p + total > start + size)
 		munmap((void *)(start + size), (uintptr_t)p + total - start - size);
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	bool ok = grow((void **)&resv, &cap_resv, nresv, sizeof(*resv));
 	if (ok)
 		resv[nresv++] = (struct fk_range){ start, size };
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	if (!ok) {
 		munmap((void *)start, size);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -594,9 +573,9 @@ static bool overlaps_mapping(uintptr_t p, size_t size)
 
 static CUresult fk_cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-	ENTRY("cuMemAddressFree");
+	FK_ENTRY("cuMemAddressFree");
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	for (size_t i = 0; i < nresv; i++)
 		if (resv[i].p == ptr && resv[i].size == size) {
 			if (overlaps_mapping(ptr, size))
@@ -606,7 +585,7 @@ static CUresult fk_cuMemAddressFree(CUdeviceptr ptr, size_t size)
 			r = CUDA_SUCCESS;
 			break;
 		}
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
 
@@ -621,10 +600,10 @@ static bool in_reservation(uintptr_t p, size_t size)
 static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
 			    unsigned long long flags)
 {
-	ENTRY("cuMemMap");
+	FK_ENTRY("cuMemMap");
 	CUresult r = CUDA_SUCCESS;
-	pthread_mutex_lock(&lock);
-	struct fk_alloc *a = find_alloc(h);
+	pthread_mutex_lock(&fk_lock);
+	struct fk_alloc *a = fk_find_alloc(h);
 	if (!a || flags != 0 || size == 0 || ptr % FK_GRAN || size % FK_GRAN || offset % FK_GRAN ||
 	    offset + size > a->size || !in_reservation(ptr, size))
 		r = CUDA_ERROR_INVALID_VALUE;
@@ -638,7 +617,7 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	else
 		maps[nmaps++] = (struct fk_range){ ptr, size };
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
 
@@ -660,9 +639,9 @@ static bool covered_by_mappings(uintptr_t p, size_t size)
 
 static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-	ENTRY("cuMemUnmap");
+	FK_ENTRY("cuMemUnmap");
 	CUresult r = CUDA_SUCCESS;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	if (size == 0 || !covered_by_mappings(ptr, size))
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -674,15 +653,15 @@ static CUresult fk_cuMemUnmap(CUdeviceptr ptr, size_t size)
 				maps[i] = maps[--nmaps];
 			else
 				i++;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
 
 static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-	ENTRY("cuMemSetAccess");
+	FK_ENTRY("cuMemSetAccess");
 	if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id < 0 ||
-	    desc->location.id >= ndevices())
+	    desc->location.id >= fk_ndevices())
 		return CUDA_ERROR_INVALID_VALUE;
 	int prot;
 	switch (desc->flags) {
@@ -699,12 +678,12 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	CUresult r = CUDA_SUCCESS;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&fk_lock);
 	if (size == 0 || !covered_by_mappings(ptr, size))
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
 		r = CUDA_ERROR_OPERATING_SYSTEM;
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
 
@@ -757,12 +736,7 @@ static CUresult fk_cuGetErrorString(CUresult e, const char **s)
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* name, the cudaVersion from which this variant is returned, function */
-static const struct {
-	const char *name;
-	int since;
-	void *fn;
-} procs[] = {
+static const struct fk_proc procs[] = {
 #define P(n) { #n, 0, (void *)fk_##n }
 	P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetAttribute),
 	P(cuDeviceGetUuid), P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease), P(cuCtxGetCurrent),
@@ -775,31 +749,41 @@ static const struct {
 	{ "cuCtxSynchronize", 13000, (void *)fk_cuCtxSynchronize_v13000 },
 };
 
+/* The newest variant of @symbol in @t[0..n) that a caller of @version may
+ * get: *best is updated, *seen set when the name is there at all. */
+static void lookup(const struct fk_proc *t, size_t n, const char *symbol, int version, const struct fk_proc **best,
+		   bool *seen)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(t[i].name, symbol) == 0) {
+			*seen = true;
+			if (t[i].since <= version && (!*best || t[i].since > (*best)->since))
+				*best = &t[i];
+		}
+}
+
 static CUresult get_proc(const char *symbol, void **pfn, int version, CUdriverProcAddressQueryResult *status)
 {
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE;
-	int best = -1;
+	const struct fk_proc *best = NULL;
 	bool seen = false;
-	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
-		if (strcmp(procs[i].name, symbol) == 0) {
-			seen = true;
-			if (procs[i].since <= version && (best < 0 || procs[i].since > procs[best].since))
-				best = (int)i;
-		}
-	*pfn = best >= 0 ? procs[best].fn : NULL;
+	lookup(procs, sizeof(procs) / sizeof(procs[0]), symbol, version, &best, &seen);
+	if (&fk_copy_nprocs)
+		lookup(fk_copy_procs, fk_copy_nprocs, symbol, version, &best, &seen);
+	*pfn = best ? best->fn : NULL;
 	if (status)
-		*status = best >= 0 ? CU_GET_PROC_ADDRESS_SUCCESS
-			  : seen    ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-				    : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-	return best >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+		*status = best   ? CU_GET_PROC_ADDRESS_SUCCESS
+			  : seen ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+				 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 FK_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
 				       CUdriverProcAddressQueryResult *status)
 {
 	(void)flags;
-	CUresult f = fault("cuGetProcAddress");
+	CUresult f = fk_fault("cuGetProcAddress");
 	if (f != CUDA_SUCCESS)
 		return f;
 	return get_proc(symbol, pfn, version, status);
@@ -810,7 +794,7 @@ FK_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
 FK_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
 	(void)flags;
-	CUresult f = fault("cuGetProcAddress");
+	CUresult f = fk_fault("cuGetProcAddress");
 	if (f != CUDA_SUCCESS)
 		return f;
 	return get_proc(symbol, pfn, version, NULL);
