@@ -19,9 +19,33 @@
  * "Device addresses" are host addresses in PROT_NONE reservations, so tests
  * read and write them through the pointer; cuMemSetAccess is mprotect.
  *
+ * Devices: CUdevice values are visible ordinals; allocation files and
+ * UUIDs use the physical index, so processes with different
+ * CUDA_VISIBLE_DEVICES share the accounting as on a real node.
+ *
  * Fault knobs (read on every call, so a test may change them with setenv):
- *   FAKECUDA_DEVICES=N           number of devices (default 1, max 16)
- *   FAKECUDA_TOTAL_MEM=bytes     per-device memory (default 16 GiB)
+ *   FAKECUDA_DEVICES=N           number of physical devices (default 1, max 16)
+ *   CUDA_VISIBLE_DEVICES         read at cuInit as the driver does: indices or
+ *                                GPU-/MIG- UUIDs (unique prefixes), comma
+ *                                separated; the list ends at the first invalid,
+ *                                ambiguous or repeated entry
+ *   FAKECUDA_TOTAL_MEM=b[,b...]  memory of physical device 0, 1, ... (the last
+ *                                value repeats; default 16 GiB)
+ *   FAKECUDA_CTX_OVERHEAD=bytes  cuMemGetInfo's free figure drops by this much
+ *                                per retained primary context (a real context
+ *                                costs a few hundred MiB)
+ *   FAKECUDA_MIG=1               devices are MIG instances: "... MIG 1g.10gb"
+ *                                names and their own UUIDs
+ *   FAKECUDA_STICKY=1            an injected fault with a sticky code (700,
+ *                                710, 714-719, 214) poisons the process: every
+ *                                later call but the device queries fails with it
+ *   FAKECUDA_FORK_UNSAFE=1       in a child forked after cuInit, every call
+ *                                (cuInit too) is CUDA_ERROR_NOT_INITIALIZED ("initialization error")
+ *   FAKECUDA_READONLY=enforce|reject|ignore  what PROT_READ does: mprotect
+ *                                (default), CUDA_ERROR_INVALID_VALUE, or
+ *                                accepted but mapped and reported read-write
+ *   FAKECUDA_REVOKE=1            an allocation whose creating process has
+ *                                exited can no longer be imported or mapped
  *   FAKECUDA_OOM_AFTER_BYTES=N   cuMemCreate fails OUT_OF_MEMORY past N used bytes
  *   FAKECUDA_NO_POSIX_FD=1       devices lack POSIX-fd handle support
  *   FAKECUDA_DRIVER_VERSION=N    what cuDriverGetVersion reports (default 13000)
@@ -38,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -52,12 +77,19 @@
 pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
 bool fk_initialized;
 static struct CUctx_st primary[FK_MAX_DEV];
+/* Physical index of each visible ordinal, fixed at cuInit. */
+static int visible[FK_MAX_DEV];
+static int nvisible;
+static pid_t init_pid;
+static CUresult sticky_code;
 static _Thread_local CUcontext ctx_stack[64];
 static _Thread_local int ctx_depth;
 
 struct fk_range {
 	uintptr_t p;
 	size_t size;
+	unsigned long long access; /* mappings: the flags cuMemGetAccess reports */
+	int creator;               /* mappings: pid that created the allocation */
 };
 static struct fk_alloc *allocs;
 static size_t nallocs, cap_allocs;
@@ -78,10 +110,114 @@ long long fk_env_ll(const char *name, long long dflt)
 	return *end ? dflt : x;
 }
 
-int fk_ndevices(void)
+static int nphysical(void)
 {
 	long long n = fk_env_ll("FAKECUDA_DEVICES", 1);
 	return n < 0 ? 0 : n > FK_MAX_DEV ? FK_MAX_DEV : (int)n;
+}
+
+int fk_ndevices(void)
+{
+	/* Before cuInit nothing is visible; the count is read then. */
+	return fk_initialized ? nvisible : nphysical();
+}
+
+/* GPU-fa4ec0da-0000-4000-8000-0000000000NN (MIG: 3f1c0000-...-NN): all
+ * devices share the first group, so short prefixes are ambiguous as on a
+ * real multi-GPU node. */
+static void phys_uuid(int phys, unsigned char out[16])
+{
+	static const unsigned char base[16] = { 0xfa, 0x4e, 0xc0, 0xda, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0 };
+	memcpy(out, base, 16);
+	if (fk_env_ll("FAKECUDA_MIG", 0)) {
+		out[0] = 0x3f;
+		out[1] = 0x1c;
+		out[2] = 0;
+		out[3] = 0;
+	}
+	out[15] = (unsigned char)phys;
+}
+
+static void format_uuid(int phys, char *buf, size_t len)
+{
+	unsigned char u[16];
+	phys_uuid(phys, u);
+	snprintf(buf, len, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 fk_env_ll("FAKECUDA_MIG", 0) ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8],
+		 u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* The physical device an entry of CUDA_VISIBLE_DEVICES names, -1 if none
+ * or more than one. */
+static int parse_visible_entry(const char *e, int nphys)
+{
+	if (!*e)
+		return -1;
+	if (strspn(e, "0123456789") == strlen(e)) {
+		long v = strlen(e) > 4 ? -1 : strtol(e, NULL, 10);
+		return v >= 0 && v < nphys ? (int)v : -1;
+	}
+	if (strncasecmp(e, "GPU-", 4) != 0 && strncasecmp(e, "MIG-", 4) != 0)
+		return -1;
+	int found = -1;
+	for (int i = 0; i < nphys; i++) {
+		char u[64];
+		format_uuid(i, u, sizeof(u));
+		if (strncasecmp(u, e, strlen(e)) == 0) {
+			if (found >= 0)
+				return -1;
+			found = i;
+		}
+	}
+	return found;
+}
+
+static void read_visible(void)
+{
+	int nphys = nphysical();
+	const char *v = getenv("CUDA_VISIBLE_DEVICES");
+	nvisible = 0;
+	if (!v) {
+		for (int i = 0; i < nphys; i++)
+			visible[nvisible++] = i;
+		return;
+	}
+	char buf[1024];
+	snprintf(buf, sizeof(buf), "%s", v);
+	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && nvisible < FK_MAX_DEV;
+	     tok = strtok_r(NULL, ",", &save)) {
+		while (*tok == ' ')
+			tok++;
+		int phys = parse_visible_entry(tok, nphys);
+		for (int i = 0; i < nvisible && phys >= 0; i++)
+			if (visible[i] == phys)
+				phys = -1;
+		if (phys < 0)
+			break;
+		visible[nvisible++] = phys;
+	}
+}
+
+/* Visible ordinal of physical device @phys, -1 when it is not visible. */
+static int ordinal_of(int phys)
+{
+	for (int i = 0; i < nvisible; i++)
+		if (visible[i] == phys)
+			return i;
+	return -1;
+}
+
+static bool is_sticky_code(int c)
+{
+	return c == 700 || c == 710 || (c >= 714 && c <= 719) || c == 214;
+}
+
+/* Calls that still answer after a sticky error: they need no context. */
+static bool context_free(const char *name)
+{
+	return strcmp(name, "cuInit") == 0 || strcmp(name, "cuDriverGetVersion") == 0 ||
+	       strcmp(name, "cuGetProcAddress") == 0 ||
+	       (strncmp(name, "cuDevice", 8) == 0 && strncmp(name, "cuDevicePrimaryCtx", 18) != 0);
 }
 
 struct fault {
@@ -98,7 +234,14 @@ CUresult fk_fault(const char *name)
 {
 	const char *spec = getenv("FAKECUDA_FAIL");
 	CUresult r = CUDA_SUCCESS;
+	if (fk_env_ll("FAKECUDA_FORK_UNSAFE", 0) && fk_initialized && getpid() != init_pid)
+		return CUDA_ERROR_NOT_INITIALIZED;
 	pthread_mutex_lock(&fk_lock);
+	if (sticky_code != CUDA_SUCCESS && !context_free(name)) {
+		r = sticky_code;
+		pthread_mutex_unlock(&fk_lock);
+		return r;
+	}
 	if (!spec)
 		spec = "";
 	if (strcmp(spec, fault_spec) != 0) {
@@ -124,6 +267,8 @@ CUresult fk_fault(const char *name)
 	for (size_t i = 0; i < nfaults; i++)
 		if (strcmp(faults[i].name, name) == 0 && ++faults[i].count == faults[i].nth)
 			r = (CUresult)faults[i].code;
+	if (is_sticky_code((int)r) && fk_env_ll("FAKECUDA_STICKY", 0))
+		sticky_code = r;
 	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
@@ -172,9 +317,34 @@ static unsigned long long used_bytes(int dev)
 	return used;
 }
 
-static unsigned long long total_bytes(void)
+/* Memory of physical device @phys: its entry of FAKECUDA_TOTAL_MEM. */
+static unsigned long long total_bytes(int phys)
 {
-	return (unsigned long long)fk_env_ll("FAKECUDA_TOTAL_MEM", 16LL << 30);
+	const char *v = getenv("FAKECUDA_TOTAL_MEM");
+	unsigned long long t = 16ULL << 30;
+	for (int i = 0; v && *v; i++) {
+		char *end;
+		unsigned long long x = strtoull(v, &end, 0);
+		if (end == v || (*end && *end != ','))
+			break;
+		t = x;
+		if (i == phys || !*end)
+			break;
+		v = end + 1;
+	}
+	return t;
+}
+
+static int physical_of(CUdevice dev)
+{
+	return dev >= 0 && dev < nvisible ? visible[dev] : -1;
+}
+
+/* Is the process that created the allocation of file @fd gone (only
+ * checked under FAKECUDA_REVOKE)? */
+static bool revoked(int creator)
+{
+	return fk_env_ll("FAKECUDA_REVOKE", 0) && creator > 0 && kill(creator, 0) < 0 && errno == ESRCH;
 }
 
 /* ---- entry points ---- */
@@ -186,10 +356,17 @@ static CUresult fk_cuInit(unsigned int flags)
 		return f;
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (fk_ndevices() == 0)
-		return CUDA_ERROR_NO_DEVICE;
-	fk_initialized = true;
-	return CUDA_SUCCESS;
+	pthread_mutex_lock(&fk_lock);
+	/* A fork-safe child initialises again (its own pid); the visible set
+	 * is read at the first cuInit only, as the driver does. */
+	if (!fk_initialized)
+		read_visible();
+	if (nvisible > 0) {
+		fk_initialized = true;
+		init_pid = getpid();
+	}
+	pthread_mutex_unlock(&fk_lock);
+	return nvisible > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
 static CUresult fk_cuDriverGetVersion(int *v)
@@ -243,18 +420,37 @@ static CUresult fk_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevi
 	return CUDA_SUCCESS;
 }
 
-/* GPU-fa4ec0da-0000-4000-8000-0000000000NN: all devices share the first
- * group, so short prefixes are ambiguous as on a real multi-GPU node. */
 static CUresult fk_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-	static const unsigned char base[16] = { 0xfa, 0x4e, 0xc0, 0xda, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0 };
 	FK_ENTRY("cuDeviceGetUuid");
 	if (!uuid)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (dev < 0 || dev >= fk_ndevices())
+	if (physical_of(dev) < 0)
 		return CUDA_ERROR_INVALID_DEVICE;
-	memcpy(uuid->bytes, base, 16);
-	uuid->bytes[15] = (char)dev;
+	phys_uuid(physical_of(dev), (unsigned char *)uuid->bytes);
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	FK_ENTRY("cuDeviceGetName");
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (physical_of(dev) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "Fake GPU %d%s", physical_of(dev),
+		 fk_env_ll("FAKECUDA_MIG", 0) ? " MIG 1g.10gb" : "");
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceTotalMem(size_t *bytes, CUdevice dev)
+{
+	FK_ENTRY("cuDeviceTotalMem");
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (physical_of(dev) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*bytes = (size_t)total_bytes(physical_of(dev));
 	return CUDA_SUCCESS;
 }
 
@@ -373,7 +569,9 @@ static CUresult fk_cuMemGetInfo(size_t *free_b, size_t *total_b)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!fk_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
-	unsigned long long used = used_bytes(fk_current()->dev), tot = total_bytes();
+	int phys = physical_of(fk_current()->dev);
+	unsigned long long used = used_bytes(phys), tot = total_bytes(phys);
+	used += (unsigned long long)fk_env_ll("FAKECUDA_CTX_OVERHEAD", 0) * (unsigned long long)fk_current()->refs;
 	*total_b = (size_t)tot;
 	*free_b = (size_t)(used >= tot ? 0 : tot - used);
 	return CUDA_SUCCESS;
@@ -417,11 +615,11 @@ static bool grow(void **arr, size_t *cap, size_t n, size_t elem)
 	return true;
 }
 
-static CUresult add_alloc(int fd, size_t size, int dev, CUmemGenericAllocationHandle *out)
+static CUresult add_alloc(int fd, size_t size, int dev, int creator, CUmemGenericAllocationHandle *out)
 {
 	if (!grow((void **)&allocs, &cap_allocs, nallocs, sizeof(*allocs)))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	allocs[nallocs] = (struct fk_alloc){ next_handle++, fd, size, dev };
+	allocs[nallocs] = (struct fk_alloc){ next_handle++, fd, size, dev, creator };
 	*out = allocs[nallocs++].h;
 	return CUDA_SUCCESS;
 }
@@ -434,10 +632,10 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 		return CUDA_ERROR_INVALID_VALUE;
 	if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fk_env_ll("FAKECUDA_NO_POSIX_FD", 0))
 		return CUDA_ERROR_NOT_SUPPORTED;
-	int dev = prop->location.id;
-	unsigned long long used = used_bytes(dev);
+	int dev = prop->location.id, phys = physical_of(dev);
+	unsigned long long used = used_bytes(phys);
 	long long oom_after = fk_env_ll("FAKECUDA_OOM_AFTER_BYTES", -1);
-	if (used + size > total_bytes() || (oom_after >= 0 && used + size > (unsigned long long)oom_after))
+	if (used + size > total_bytes(phys) || (oom_after >= 0 && used + size > (unsigned long long)oom_after))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
 	char tmp[4096], final[4096];
@@ -446,7 +644,7 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 	unsigned long long seq = ++file_seq;
 	pthread_mutex_unlock(&fk_lock);
 	snprintf(tmp, sizeof(tmp), "%s/new-%d-%llu", dir, (int)getpid(), seq);
-	snprintf(final, sizeof(final), "%s/alloc-d%d-%d-%llu", dir, dev, (int)getpid(), seq);
+	snprintf(final, sizeof(final), "%s/alloc-d%d-%d-%llu", dir, phys, (int)getpid(), seq);
 	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return CUDA_ERROR_OPERATING_SYSTEM;
@@ -458,7 +656,7 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 		return e == ENOSPC || e == ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
 	}
 	pthread_mutex_lock(&fk_lock);
-	CUresult r = add_alloc(fd, size, dev, handle);
+	CUresult r = add_alloc(fd, size, dev, (int)getpid(), handle);
 	pthread_mutex_unlock(&fk_lock);
 	if (r != CUDA_SUCCESS)
 		close(fd);
@@ -509,7 +707,7 @@ static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
 		return CUDA_ERROR_INVALID_VALUE;
 	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return CUDA_ERROR_NOT_SUPPORTED;
-	int fd = (int)(intptr_t)os_handle, dev;
+	int fd = (int)(intptr_t)os_handle, phys, creator;
 	char link[64], target[4096], real_dir[4096];
 	struct stat st;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -518,14 +716,19 @@ static CUresult fk_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
 		return CUDA_ERROR_INVALID_VALUE;
 	target[n] = '\0';
 	size_t dl = strlen(real_dir);
-	if (strncmp(target, real_dir, dl) != 0 || sscanf(target + dl, "/alloc-d%d-", &dev) != 1 || dev < 0 ||
-	    dev >= fk_ndevices())
+	if (strncmp(target, real_dir, dl) != 0 || sscanf(target + dl, "/alloc-d%d-%d-", &phys, &creator) != 2 ||
+	    phys < 0 || phys >= nphysical())
 		return CUDA_ERROR_INVALID_VALUE;
+	int dev = ordinal_of(phys);
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (revoked(creator))
+		return CUDA_ERROR_INVALID_HANDLE;
 	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (own < 0)
 		return CUDA_ERROR_OPERATING_SYSTEM;
 	pthread_mutex_lock(&fk_lock);
-	CUresult r = add_alloc(own, (size_t)st.st_size, dev, h);
+	CUresult r = add_alloc(own, (size_t)st.st_size, dev, creator, h);
 	pthread_mutex_unlock(&fk_lock);
 	if (r != CUDA_SUCCESS)
 		close(own);
@@ -607,6 +810,8 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 	if (!a || flags != 0 || size == 0 || ptr % FK_GRAN || size % FK_GRAN || offset % FK_GRAN ||
 	    offset + size > a->size || !in_reservation(ptr, size))
 		r = CUDA_ERROR_INVALID_VALUE;
+	else if (revoked(a->creator))
+		r = CUDA_ERROR_INVALID_HANDLE;
 	else if (overlaps_mapping(ptr, size))
 		r = CUDA_ERROR_ALREADY_MAPPED;
 	else if (!grow((void **)&maps, &cap_maps, nmaps, sizeof(*maps)))
@@ -616,7 +821,7 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 		 MAP_FAILED)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	else
-		maps[nmaps++] = (struct fk_range){ ptr, size };
+		maps[nmaps++] = (struct fk_range){ ptr, size, CU_MEM_ACCESS_FLAGS_PROT_NONE, a->creator };
 	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
@@ -664,12 +869,20 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 	    desc->location.id >= fk_ndevices())
 		return CUDA_ERROR_INVALID_VALUE;
 	int prot;
+	unsigned long long flags = desc->flags;
+	const char *ro = getenv("FAKECUDA_READONLY");
 	switch (desc->flags) {
 	case CU_MEM_ACCESS_FLAGS_PROT_NONE:
 		prot = PROT_NONE;
 		break;
 	case CU_MEM_ACCESS_FLAGS_PROT_READ:
+		if (ro && strcmp(ro, "reject") == 0)
+			return CUDA_ERROR_INVALID_VALUE;
 		prot = PROT_READ;
+		if (ro && strcmp(ro, "ignore") == 0) {
+			prot = PROT_READ | PROT_WRITE;
+			flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		}
 		break;
 	case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
 		prot = PROT_READ | PROT_WRITE;
@@ -683,8 +896,50 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
 		r = CUDA_ERROR_OPERATING_SYSTEM;
+	else
+		for (size_t i = 0; i < nmaps; i++)
+			if (maps[i].p >= ptr && maps[i].p < ptr + size) {
+				if (revoked(maps[i].creator))
+					r = CUDA_ERROR_INVALID_HANDLE;
+				maps[i].access = flags;
+			}
 	pthread_mutex_unlock(&fk_lock);
 	return r;
+}
+
+static CUresult fk_cuMemGetAccess(unsigned long long *flags, const CUmemLocation *loc, CUdeviceptr ptr)
+{
+	FK_ENTRY("cuMemGetAccess");
+	if (!flags || !loc || loc->type != CU_MEM_LOCATION_TYPE_DEVICE || physical_of(loc->id) < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fk_lock);
+	for (size_t i = 0; i < nmaps; i++)
+		if (ptr >= maps[i].p && ptr < maps[i].p + maps[i].size) {
+			*flags = maps[i].access;
+			r = CUDA_SUCCESS;
+			break;
+		}
+	pthread_mutex_unlock(&fk_lock);
+	return r;
+}
+
+static CUresult fk_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
+{
+	FK_ENTRY("cuMemGetAllocationPropertiesFromHandle");
+	if (!prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fk_lock);
+	struct fk_alloc *a = fk_find_alloc(h);
+	if (a) {
+		memset(prop, 0, sizeof(*prop));
+		prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop->location.id = a->dev;
+		prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	}
+	pthread_mutex_unlock(&fk_lock);
+	return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 static const struct {
@@ -743,8 +998,10 @@ static const struct fk_proc procs[] = {
 	P(cuCtxPushCurrent), P(cuCtxPopCurrent), P(cuMemGetInfo), P(cuMemGetAllocationGranularity), P(cuMemCreate),
 	P(cuMemRelease), P(cuMemExportToShareableHandle), P(cuMemImportFromShareableHandle), P(cuMemAddressReserve),
 	P(cuMemAddressFree), P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuGetErrorName), P(cuGetErrorString),
-	P(cuCtxGetDevice), P(cuCtxSynchronize),
+	P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuMemGetAccess), P(cuMemGetAllocationPropertiesFromHandle),
+	P(cuDeviceGetName),
 #undef P
+	{ "cuDeviceTotalMem", 3020, (void *)fk_cuDeviceTotalMem },
 	{ "cuCtxGetDevice", 13000, (void *)fk_cuCtxGetDevice_v13000 },
 	{ "cuCtxSynchronize", 13000, (void *)fk_cuCtxSynchronize_v13000 },
 };
