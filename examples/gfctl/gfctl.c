@@ -17,6 +17,7 @@ static void usage(FILE *f)
 	      "  gms status   --gms URI [--json]\n"
 	      "  gms ping     --gms URI [--timeout DURATION]\n"
 	      "  gms wait-committed --gms URI [--timeout DURATION]\n"
+	      "  gpu list [--json] [--backend cuda|host]\n"
 	      "\n"
 	      "Durations are written 250ms, 10s, 2m. Exit codes: 0 ok, 1 failure, 2 usage,\n"
 	      "3 timeout, 4 lock lost, 5 server unreachable, 6 permission denied.\n",
@@ -62,6 +63,8 @@ int main(int argc, char **argv)
 		return gfctl_lock(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "gms"))
 		return gfctl_gms(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "gpu"))
+		return gfctl_gpu(argc - 1, argv + 1);
 	fprintf(stderr, "gfctl: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return GFCTL_EXIT_USAGE;

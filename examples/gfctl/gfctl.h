@@ -16,6 +16,7 @@ enum {
 /* argv[0] is the subcommand's name ("lock", "gms"). */
 int gfctl_lock(int argc, char **argv);
 int gfctl_gms(int argc, char **argv);
+int gfctl_gpu(int argc, char **argv);
 /* Map a library error to the exit codes above. */
 int gfctl_exit_code(int err);
 
