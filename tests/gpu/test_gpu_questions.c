@@ -215,6 +215,7 @@ static int role_creator(int sock)
 		struct cmsghdr h;
 		char c[CMSG_SPACE(sizeof(int))];
 	} u;
+	memset(&u, 0, sizeof(u));
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof(u.c) };
 	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
 	c->cmsg_level = SOL_SOCKET;

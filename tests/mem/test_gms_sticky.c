@@ -114,7 +114,6 @@ static void test_sticky_reader(void **state)
 	int st;
 	assert_int_equal(waitpid(server, &st, 0), server);
 	assert_int_equal(rc, 0);
-	print_message("%s\n", json);
 	assert_non_null(strstr(json, "\"allocation_count\":2"));
 	assert_non_null(strstr(json, "\"readers\":0"));
 	free(json);

@@ -126,7 +126,7 @@ static void test_visible_devices(void **state)
 	for (perm_i = 0; perm_i < sizeof(perms) / sizeof(perms[0]); perm_i++) {
 		char cvd[128];
 		snprintf(cvd, sizeof(cvd), "CUDA_VISIBLE_DEVICES=%s", perms[perm_i].cvd);
-		print_message("CUDA_VISIBLE_DEVICES=\"%s\" -> \"%s\"\n", perms[perm_i].cvd, perms[perm_i].want);
+		print_message("# CUDA_VISIBLE_DEVICES=\"%s\" -> \"%s\"\n", perms[perm_i].cvd, perms[perm_i].want);
 		run_case(case_permutation, (const char *const[]){ "FAKECUDA_DEVICES=4", cvd, NULL });
 	}
 }
