@@ -67,6 +67,7 @@ struct cu_api {
 	CUresult (*MemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
 	CUresult (*DeviceGetName)(char *, int, CUdevice);
 	CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+	CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
 	CUresult (*GetErrorName)(CUresult, const char **);
 	CUresult (*GetErrorString)(CUresult, const char **);
 };
@@ -167,6 +168,7 @@ static int load_driver_locked(void)
 		E(MemImportFromShareableHandle), E(MemAddressReserve), E(MemAddressFree), E(MemMap), E(MemUnmap),
 		E(MemSetAccess), E(GetErrorName), E(GetErrorString), E(MemGetAccess),
 		E(MemGetAllocationPropertiesFromHandle), E(DeviceGetName), E(DeviceTotalMem),
+		E(DeviceCanAccessPeer),
 #undef E
 	};
 	/* When an entry point is missing, an old driver is named as such rather
@@ -560,11 +562,17 @@ static int cuda_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 	memset(&prop, 0, sizeof(prop));
 	rc = CU_CALL(m, cu.MemGetAllocationPropertiesFromHandle(&prop, h),
 		     "cuMemGetAllocationPropertiesFromHandle(fd %d) on device %d", fd, m->device);
-	if (rc == 0 && (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev))
+	if (rc == 0 && (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev)) {
+		/* Refused even with peer access: weights read over the
+		 * interconnect would be silently slow. */
+		int peer = 0;
+		if (cu.DeviceCanAccessPeer(&peer, d->dev, prop.location.id) != CUDA_SUCCESS)
+			peer = 0;
 		rc = gf_err(GF_ERR_INVALID_ARG,
 			    "import: the allocation of fd %d lives on device %d, this backend is on device %d "
-			    "(the exporter and the importer must name the same GPU)",
-			    fd, prop.location.id, m->device);
+			    "(peer access %s; the exporter and the importer must name the same GPU)",
+			    fd, prop.location.id, m->device, peer ? "possible" : "impossible");
+	}
 	if (rc < 0) {
 		CU_TEARDOWN(m, cu.MemRelease(h), "cuMemRelease");
 		return rc;

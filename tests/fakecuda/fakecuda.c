@@ -34,6 +34,9 @@
  *   FAKECUDA_CTX_OVERHEAD=bytes  cuMemGetInfo's free figure drops by this much
  *                                per retained primary context (a real context
  *                                costs a few hundred MiB)
+ *   FAKECUDA_PEER_ACCESS=1       devices can access each other's memory
+ *                                (cuDeviceCanAccessPeer); without it, access
+ *                                to another device's allocation is refused
  *   FAKECUDA_MIG=1               devices are MIG instances: "... MIG 1g.10gb"
  *                                names and their own UUIDs
  *   FAKECUDA_STICKY=1            an injected fault with a sticky code (700,
@@ -90,6 +93,7 @@ struct fk_range {
 	size_t size;
 	unsigned long long access; /* mappings: the flags cuMemGetAccess reports */
 	int creator;               /* mappings: pid that created the allocation */
+	int dev;                   /* mappings: device (ordinal) of the allocation */
 };
 static struct fk_alloc *allocs;
 static size_t nallocs, cap_allocs;
@@ -440,6 +444,17 @@ static CUresult fk_cuDeviceGetName(char *name, int len, CUdevice dev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	snprintf(name, (size_t)len, "Fake GPU %d%s", physical_of(dev),
 		 fk_env_ll("FAKECUDA_MIG", 0) ? " MIG 1g.10gb" : "");
+	return CUDA_SUCCESS;
+}
+
+static CUresult fk_cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+	FK_ENTRY("cuDeviceCanAccessPeer");
+	if (!can)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (physical_of(dev) < 0 || physical_of(peer) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = dev != peer && fk_env_ll("FAKECUDA_PEER_ACCESS", 0) ? 1 : 0;
 	return CUDA_SUCCESS;
 }
 
@@ -821,7 +836,7 @@ static CUresult fk_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 		 MAP_FAILED)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	else
-		maps[nmaps++] = (struct fk_range){ ptr, size, CU_MEM_ACCESS_FLAGS_PROT_NONE, a->creator };
+		maps[nmaps++] = (struct fk_range){ ptr, size, CU_MEM_ACCESS_FLAGS_PROT_NONE, a->creator, a->dev };
 	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
@@ -870,6 +885,7 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 		return CUDA_ERROR_INVALID_VALUE;
 	int prot;
 	unsigned long long flags = desc->flags;
+	int dev_of_access = desc->location.id;
 	const char *ro = getenv("FAKECUDA_READONLY");
 	switch (desc->flags) {
 	case CU_MEM_ACCESS_FLAGS_PROT_NONE:
@@ -894,15 +910,18 @@ static CUresult fk_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 	pthread_mutex_lock(&fk_lock);
 	if (size == 0 || !covered_by_mappings(ptr, size))
 		r = CUDA_ERROR_INVALID_VALUE;
-	else if (mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
+	for (size_t i = 0; i < nmaps && r == CUDA_SUCCESS; i++)
+		if (maps[i].p >= ptr && maps[i].p < ptr + size) {
+			if (revoked(maps[i].creator))
+				r = CUDA_ERROR_INVALID_HANDLE;
+			else if (maps[i].dev != dev_of_access && !fk_env_ll("FAKECUDA_PEER_ACCESS", 0))
+				r = CUDA_ERROR_INVALID_DEVICE;
+		}
+	if (r == CUDA_SUCCESS && mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
 		r = CUDA_ERROR_OPERATING_SYSTEM;
-	else
-		for (size_t i = 0; i < nmaps; i++)
-			if (maps[i].p >= ptr && maps[i].p < ptr + size) {
-				if (revoked(maps[i].creator))
-					r = CUDA_ERROR_INVALID_HANDLE;
-				maps[i].access = flags;
-			}
+	for (size_t i = 0; i < nmaps && r == CUDA_SUCCESS; i++)
+		if (maps[i].p >= ptr && maps[i].p < ptr + size)
+			maps[i].access = flags;
 	pthread_mutex_unlock(&fk_lock);
 	return r;
 }
@@ -999,7 +1018,7 @@ static const struct fk_proc procs[] = {
 	P(cuMemRelease), P(cuMemExportToShareableHandle), P(cuMemImportFromShareableHandle), P(cuMemAddressReserve),
 	P(cuMemAddressFree), P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuGetErrorName), P(cuGetErrorString),
 	P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuMemGetAccess), P(cuMemGetAllocationPropertiesFromHandle),
-	P(cuDeviceGetName),
+	P(cuDeviceGetName), P(cuDeviceCanAccessPeer),
 #undef P
 	{ "cuDeviceTotalMem", 3020, (void *)fk_cuDeviceTotalMem },
 	{ "cuCtxGetDevice", 13000, (void *)fk_cuCtxGetDevice_v13000 },

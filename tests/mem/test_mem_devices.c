@@ -5,7 +5,10 @@
  * UUIDs, permutations, truncation at an invalid entry); --device parsing;
  * MIG UUIDs; an import refused on the wrong device.
  */
+#include <dlfcn.h>
 #include <stdint.h>
+
+#include <cuda.h>
 
 #include "../common/testutil.h"
 #include "forkcase.h"
@@ -25,6 +28,29 @@ static void uuid_of(int device, char *buf)
 	gf_mem *m = open_cuda(device);
 	CHECK(gf_mem_device_uuid(m, buf, 64) == 0);
 	gf_mem_free(m);
+}
+
+typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+/* The driver itself: device 1 given access to a mapping of device 0's
+ * allocation works only with peer access (the library never asks this). */
+static void raw_peer_access(gf_mem *m0, gf_mem_alloc *a)
+{
+	void *lib = dlopen(getenv("GF_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+	get_proc_fn gp = lib ? (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2") : NULL;
+	CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t) = NULL;
+	CHECK(gp && gp("cuMemSetAccess", (void **)&set_access, 12000, 0, NULL) == CUDA_SUCCESS);
+	gf_mem_va *va = NULL;
+	CHECK(gf_mem_reserve(m0, GRAN, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
+	CUmemAccessDesc d;
+	memset(&d, 0, sizeof(d));
+	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	d.location.id = 1;
+	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CUresult r = set_access(gf_mem_va_addr(va), GRAN, &d, 1);
+	CHECK(r == (getenv("FAKECUDA_PEER_ACCESS") ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE));
+	gf_mem_va_free(va);
+	dlclose(lib);
 }
 
 static void case_three_devices(void)
@@ -48,10 +74,13 @@ static void case_three_devices(void)
 	gf_mem_va *va = NULL;
 	int fd = -1;
 	CHECK(gf_mem_create(m0, GRAN, &a) == 0);
+	raw_peer_access(m0, a);
 	CHECK(gf_mem_reserve(m2, GRAN, 0, &va) == 0);
 	CHECK_ERR(gf_mem_map(va, 0, a, GF_MEM_READ), GF_ERR_INVALID_ARG, NULL);
 	CHECK(gf_mem_export(a, &fd) == 0);
+	/* Refused whether or not the devices could reach each other. */
 	CHECK_ERR(gf_mem_import(m2, fd, GRAN, &imp), GF_ERR_INVALID_ARG, "lives on device 0, this backend is on device 2");
+	CHECK(strstr(gf_error_detail(), getenv("FAKECUDA_PEER_ACCESS") ? "peer access possible" : "peer access impossible"));
 	CHECK(gf_mem_import(m0, fd, GRAN, &imp) == 0);
 	close(fd);
 	CHECK(gf_mem_alloc_free(imp) == 0);
@@ -64,7 +93,10 @@ static void case_three_devices(void)
 static void test_three_devices(void **state)
 {
 	(void)state;
-	run_case(case_three_devices, (const char *const[]){ "FAKECUDA_DEVICES=3", "CUDA_VISIBLE_DEVICES", NULL });
+	run_case(case_three_devices,
+		 (const char *const[]){ "FAKECUDA_DEVICES=3", "CUDA_VISIBLE_DEVICES", "FAKECUDA_PEER_ACCESS", NULL });
+	run_case(case_three_devices,
+		 (const char *const[]){ "FAKECUDA_DEVICES=3", "CUDA_VISIBLE_DEVICES", "FAKECUDA_PEER_ACCESS=1", NULL });
 }
 
 /* The visible list each CUDA_VISIBLE_DEVICES value gives on 4 devices, as
