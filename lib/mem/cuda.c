@@ -66,7 +66,6 @@ struct cu_api {
 	CUresult (*MemGetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
 	CUresult (*MemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
 	CUresult (*DeviceGetName)(char *, int, CUdevice);
-	CUresult (*DeviceTotalMem)(size_t *, CUdevice);
 	CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
 	CUresult (*GetErrorName)(CUresult, const char **);
 	CUresult (*GetErrorString)(CUresult, const char **);
@@ -167,8 +166,7 @@ static int load_driver_locked(void)
 		E(MemGetAllocationGranularity), E(MemCreate), E(MemRelease), E(MemExportToShareableHandle),
 		E(MemImportFromShareableHandle), E(MemAddressReserve), E(MemAddressFree), E(MemMap), E(MemUnmap),
 		E(MemSetAccess), E(GetErrorName), E(GetErrorString), E(MemGetAccess),
-		E(MemGetAllocationPropertiesFromHandle), E(DeviceGetName), E(DeviceTotalMem),
-		E(DeviceCanAccessPeer),
+		E(MemGetAllocationPropertiesFromHandle), E(DeviceGetName), E(DeviceCanAccessPeer),
 #undef E
 	};
 	/* When an entry point is missing, an old driver is named as such rather
