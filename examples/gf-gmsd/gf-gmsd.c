@@ -24,7 +24,7 @@ static void usage(FILE *f)
 	      "to engines by file descriptor and runs the RW/RO lock.\n"
 	      "\n"
 	      "  --listen URI          unix:///path/to/gms.sock (required)\n"
-	      "  --device INDEX|UUID   device index, or UUID (GPU-... or a unique prefix); default 0\n"
+	      "  --device INDEX|UUID   device index, or UUID (GPU-/MIG-... or a unique prefix); default 0\n"
 	      "  --backend KIND        auto | cuda | host (default auto)\n"
 	      "  --oom-retry DURATION  retry allocations failing with out-of-memory for this long\n"
 	      "                        while the writer stays connected (e.g. 10s; default 0)\n"
@@ -145,18 +145,9 @@ int main(int argc, char **argv)
 	gf_set_log_fn(gf_log_stderr, (void *)prog);
 
 	int index;
-	char *end;
-	long v = strtol(device, &end, 10);
-	if (*device && !*end && v >= 0 && v < 4096) {
-		index = (int)v;
-	} else {
-		int rc = kind == GF_MEM_AUTO ? GF_ERR_NOT_FOUND : gf_mem_uuid_to_index(kind, device, &index);
-		/* auto: a UUID names a GPU when one matches, else the host "device" */
-		if (kind == GF_MEM_AUTO && (rc = gf_mem_uuid_to_index(GF_MEM_CUDA, device, &index)) < 0)
-			rc = gf_mem_uuid_to_index(GF_MEM_HOST, device, &index);
-		if (rc < 0)
-			return fail(rc, "--device");
-	}
+	int prc = gf_device_parse(kind, device, &index);
+	if (prc < 0)
+		return fail(prc, "--device");
 
 	/* Signals arrive through a signalfd, so the loop never runs code in a handler. */
 	sigset_t mask;

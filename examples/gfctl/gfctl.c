@@ -8,7 +8,8 @@
 #include "gfctl.h"
 #include "gpufailover.h"
 
-static const struct gfctl_group *const groups[] = { &gfctl_lock_group, &gfctl_gms_group, &gfctl_supervise_group };
+static const struct gfctl_group *const groups[] = { &gfctl_lock_group, &gfctl_gms_group, &gfctl_gpu_group,
+								&gfctl_supervise_group };
 #define NGROUPS (sizeof(groups) / sizeof(groups[0]))
 
 static const char exit_codes[] = "exit codes: 0 ok, 1 failure, 2 usage, 3 timeout, 4 lock lost,\n"

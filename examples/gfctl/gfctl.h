@@ -38,6 +38,7 @@ struct gfctl_group {
 extern const struct gfctl_group gfctl_lock_group;
 extern const struct gfctl_group gfctl_gms_group;
 extern const struct gfctl_group gfctl_supervise_group;
+extern const struct gfctl_group gfctl_gpu_group;
 
 /* Map a library error to the exit codes above. */
 int gfctl_exit_code(int err);

@@ -45,6 +45,14 @@ enum gf_mem_access {
 	GF_MEM_READWRITE = 3,
 };
 
+/** What a device did with read-only (GF_MEM_READ) mappings, see gf_mem_read_protection(). */
+enum gf_mem_read_protection {
+	GF_MEM_READ_PROT_UNTESTED = 0, /**< no read-only mapping made yet */
+	GF_MEM_READ_PROT_ENFORCED = 1, /**< read-only mappings are read-only */
+	GF_MEM_READ_PROT_REJECTED = 2, /**< the driver refused PROT_READ: mapped read-write instead */
+	GF_MEM_READ_PROT_IGNORED = 3,  /**< the driver accepted PROT_READ but reports read-write */
+};
+
 /** States of one allocation handle. */
 enum gf_mem_alloc_state {
 	GF_MEM_ALLOC_CREATED = 1,  /**< made here by gf_mem_create() */
@@ -86,20 +94,66 @@ GF_EXPORT const char *gf_mem_kind_name(int kind);
 GF_EXPORT int gf_mem_device(const gf_mem *m);
 /** Number of devices backend @p kind sees (host: 1). */
 GF_EXPORT int gf_mem_device_count(int kind, int *out);
-/** Device UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (host: "HOST-..." of the machine id), into @p buf of @p len bytes (>= 48). */
+/** Device UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" ("MIG-..." for a MIG instance, as nvidia-smi and CUDA_VISIBLE_DEVICES spell it; host: "HOST-..." of the machine id), into @p buf of @p len bytes (>= 48). */
 GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len);
 /**
- * Translate a device UUID (with or without "GPU-" prefix, or a unique prefix
- * of it, as CUDA_VISIBLE_DEVICES accepts) to a device index of @p kind.
+ * Translate a device UUID (with or without "GPU-"/"MIG-" prefix, or a unique
+ * prefix of it, as CUDA_VISIBLE_DEVICES accepts) to a device index of @p kind.
  * GF_ERR_NOT_FOUND when none matches, GF_ERR_INVALID_ARG when ambiguous.
  */
 GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index);
+
+/** One device as gf_device_list() reports it. */
+struct gf_device_info {
+	int index;            /**< the index gf_mem_open() takes (after CUDA_VISIBLE_DEVICES) */
+	char uuid[48];        /**< "GPU-...", "MIG-..." or "HOST-..." */
+	char name[96];        /**< product name from the driver ("host" on host) */
+	uint64_t total_bytes; /**< device memory */
+	uint64_t free_bytes;  /**< free device memory now (cuMemGetInfo; host: MemAvailable) */
+	int mig;              /**< 1 for a MIG compute instance */
+};
+
+/**
+ * List the devices backend @p kind sees, in index order. The cuda driver
+ * applies CUDA_VISIBLE_DEVICES itself (at cuInit), so indices and UUIDs are
+ * those of the visible devices. Fills up to @p cap entries of @p out and
+ * sets *@p n to the number of devices (call with cap 0 to count).
+ * Free memory needs a context: each device's primary context is retained
+ * and released again (slow on a GPU; blocks in the driver).
+ * Errors: those of gf_mem_open(). Any thread.
+ */
+GF_EXPORT int gf_device_list(int kind, struct gf_device_info *out, size_t cap, size_t *n);
+/** Same as gf_mem_uuid_to_index(): the index of the device with UUID (or unique UUID prefix) @p uuid. */
+GF_EXPORT int gf_device_find_by_uuid(int kind, const char *uuid, int *out_index);
+/**
+ * Parse a `--device` value: a decimal index (checked against the device
+ * count: GF_ERR_NOT_FOUND past it) or a UUID as gf_device_find_by_uuid()
+ * takes it. With GF_MEM_AUTO a value names a cuda device when one matches,
+ * else the host device. Errors carry a detail naming the value.
+ */
+GF_EXPORT int gf_device_parse(int kind, const char *spec, int *out_index);
 /** Allocation granularity: minimum and recommended (both powers of two). */
 GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended);
 /** Free and total device memory in bytes (host: MemAvailable / MemTotal; GF_MEM_HOST_AVAILABLE=bytes overrides the free figure). */
 GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
 /** Wait until all work queued on the device is done (cuCtxSynchronize; host: no-op). */
 GF_EXPORT int gf_mem_synchronize(gf_mem *m);
+/**
+ * What the device did with read-only mappings so far: one of enum
+ * gf_mem_read_protection (host: always GF_MEM_READ_PROT_ENFORCED). REJECTED
+ * and IGNORED mean GF_MEM_READ mappings are writable: protection is off
+ * (logged once at warning level when first seen).
+ */
+GF_EXPORT int gf_mem_read_protection(gf_mem *m);
+/** "untested", "enforced", "rejected", "ignored" ("unknown" otherwise). Static string. */
+GF_EXPORT const char *gf_mem_read_protection_name(int prot);
+/**
+ * 1 when a sticky device error (illegal address, device-side assert, launch
+ * failure, ...) was seen in this process: the CUDA context is lost for good,
+ * every later call fails with GF_ERR_DRIVER, teardown (unmap, release,
+ * free) still completes, and the process must exit to recover. 0 otherwise.
+ */
+GF_EXPORT int gf_mem_device_lost(const gf_mem *m);
 
 /**
  * Create a shareable allocation of at least @p size bytes (rounded up to the

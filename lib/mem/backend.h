@@ -32,6 +32,15 @@ struct gf_mem_backend {
 	int (*device_uuid)(int index, uint8_t uuid[16]);
 	/* Prefix of the printed UUID: "GPU-" or "HOST-". */
 	const char *uuid_prefix;
+	/* Optional: is device @index a MIG instance (printed "MIG-...")? */
+	bool (*device_mig)(int index);
+	/* Optional: the product name of device @index (else the backend name). */
+	int (*device_name)(int index, char *buf, size_t len);
+	/* Optional: what the device did with read-only mappings so far (enum
+	 * gf_mem_read_protection); NULL: always enforced. */
+	int (*read_protection)(gf_mem *m);
+	/* Optional: has a sticky device error made the backend unusable? */
+	bool (*lost)(void);
 
 	/* Bind to @device; fills m->priv. Errors say what is missing. */
 	int (*open)(gf_mem *m, int device);

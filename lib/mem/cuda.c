@@ -17,18 +17,22 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "cuda_errors.h"
 
 /* The ABI this file is written against: every entry point is requested as
  * CUDA 12.0 defined it. */
 #define GF_CUDA_ABI 12000
-/* cuGetProcAddress appeared in 11.3, cuDeviceGetUuid_v2 in 11.4. */
-#define GF_CUDA_MIN_DRIVER 11040
+/* A driver older than the ABI requested has no such variants to hand out
+ * (cuGetProcAddress answers VERSION_NOT_SUFFICIENT), so the minimum is the
+ * ABI itself. */
+#define GF_CUDA_MIN_DRIVER GF_CUDA_ABI
 
 typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
@@ -59,6 +63,10 @@ struct cu_api {
 	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 	CUresult (*MemUnmap)(CUdeviceptr, size_t);
 	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*MemGetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+	CUresult (*MemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+	CUresult (*DeviceGetName)(char *, int, CUdevice);
+	CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
 	CUresult (*GetErrorName)(CUresult, const char **);
 	CUresult (*GetErrorString)(CUresult, const char **);
 };
@@ -69,19 +77,60 @@ struct cu_api {
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
 static struct cu_api cu;
+/* The process that ran cuInit: a forked child shares the parent's driver
+ * state, which is not its own (see load_driver). */
+static pid_t init_pid;
+/* The first sticky error seen (0: none): after a fault on the device the
+ * driver fails every later call in the process's contexts. */
+static atomic_int sticky;
+
+/* Errors after which the context is unusable for good (cuda.h: "the
+ * process must be terminated and relaunched"). */
+static bool is_sticky(CUresult r)
+{
+	switch ((int)r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_ASSERT:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The name of @r: the driver's, else cuda.h's, else its number. */
+static const char *error_name(CUresult r, char *buf, size_t len)
+{
+	const char *name = NULL;
+	if (cu.GetErrorName && cu.GetErrorName(r, &name) == CUDA_SUCCESS && name)
+		return name;
+	if ((name = gf_cuda_error_name((int)r)))
+		return name;
+	snprintf(buf, len, "CUDA error %d", (int)r);
+	return buf;
+}
 
 static int cu_err(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static int cu_err(CUresult r, const char *fmt, ...)
 {
-	char what[256];
-	const char *name = NULL, *text = NULL;
+	char what[256], num[32];
+	const char *name = error_name(r, num, sizeof(num)), *text = NULL;
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	if (!cu.GetErrorName || cu.GetErrorName(r, &name) != CUDA_SUCCESS || !name)
-		name = "unknown CUDA error";
+	if (is_sticky(r)) {
+		int none = 0;
+		atomic_compare_exchange_strong(&sticky, &none, (int)r);
+		gf_log(GF_LOG_ERR, "mem", "backend=cuda error=%s msg=\"sticky device error: the CUDA context is lost for good, the process must exit\"", name);
+	}
 	if (!cu.GetErrorString || cu.GetErrorString(r, &text) != CUDA_SUCCESS || !text)
 		text = "";
 	return gf_err(r == CUDA_ERROR_OUT_OF_MEMORY ? GF_ERR_OUT_OF_MEMORY : GF_ERR_DRIVER, "%s: %s (%d)%s%s", what,
@@ -116,7 +165,8 @@ static int load_driver_locked(void)
 		E(CtxGetDevice), E(CtxPushCurrent), E(CtxPopCurrent), E(CtxSynchronize), E(MemGetInfo),
 		E(MemGetAllocationGranularity), E(MemCreate), E(MemRelease), E(MemExportToShareableHandle),
 		E(MemImportFromShareableHandle), E(MemAddressReserve), E(MemAddressFree), E(MemMap), E(MemUnmap),
-		E(MemSetAccess), E(GetErrorName), E(GetErrorString),
+		E(MemSetAccess), E(GetErrorName), E(GetErrorString), E(MemGetAccess),
+		E(MemGetAllocationPropertiesFromHandle), E(DeviceGetName), E(DeviceCanAccessPeer),
 #undef E
 	};
 	/* When an entry point is missing, an old driver is named as such rather
@@ -144,7 +194,7 @@ static int load_driver_locked(void)
 	if (r != CUDA_SUCCESS) {
 		const char *name = NULL;
 		if (api.GetErrorName(r, &name) != CUDA_SUCCESS || !name)
-			name = "unknown CUDA error";
+			name = gf_cuda_error_name((int)r) ? gf_cuda_error_name((int)r) : "unknown CUDA error";
 		/* No dlclose once cuInit ran: the driver may have started
 		 * threads; a later attempt's dlopen reuses this handle. */
 		if (r == CUDA_ERROR_NO_DEVICE)
@@ -156,6 +206,7 @@ static int load_driver_locked(void)
 	}
 	cu = api;
 	loaded = true;
+	init_pid = getpid();
 	gf_log(GF_LOG_DEBUG, "mem", "backend=cuda driver=%s msg=\"CUDA driver loaded\"", path);
 	return 0;
 }
@@ -167,6 +218,24 @@ static int load_driver(void)
 {
 	pthread_mutex_lock(&load_lock);
 	int rc = loaded ? 0 : load_driver_locked();
+	pid_t self = getpid();
+	if (rc == 0 && init_pid != self) {
+		/* A forked child: the parent's initialisation is not its own. The
+		 * driver decides whether a child may initialise again; if it may
+		 * not, that is said here rather than by a later call failing. */
+		CUresult r = cu.Init(0);
+		if (r == CUDA_SUCCESS) {
+			gf_log(GF_LOG_INFO, "mem", "backend=cuda pid=%d parent=%d msg=\"forked child: driver initialised again\"",
+			       (int)self, (int)init_pid);
+			init_pid = self;
+		} else {
+			char num[32];
+			rc = gf_err(GF_ERR_STATE,
+				    "cuda backend: forked child: pid %d is a fork of pid %d, which initialised the CUDA driver, "
+				    "and the driver refuses a second cuInit in the child (%s); start CUDA users with exec, not fork",
+				    (int)self, (int)init_pid, error_name(r, num, sizeof(num)));
+		}
+	}
 	pthread_mutex_unlock(&load_lock);
 	if (rc < 0)
 		return rc;
@@ -183,7 +252,42 @@ static int load_driver(void)
 struct cu_dev {
 	CUdevice dev;
 	CUcontext primary;
+	pid_t pid; /* the process that retained @primary */
+	/* What the driver did with PROT_READ (enum gf_mem_read_protection). */
+	int read_prot;
 };
+
+/* Is @d unusable: opened in the process this one was forked from, or lost
+ * to a sticky error? Returns 0 or the error to give (recorded). */
+static int unusable(const gf_mem *m)
+{
+	const struct cu_dev *d = m->priv;
+	if (d->pid != getpid())
+		return gf_err(GF_ERR_STATE,
+			      "cuda backend: device %d was opened by pid %d; pid %d is a forked child and cannot use "
+			      "the parent's CUDA context (open the backend again in the child)",
+			      m->device, (int)d->pid, (int)getpid());
+	int s = atomic_load(&sticky);
+	if (s) {
+		char num[32];
+		return gf_err(GF_ERR_DRIVER,
+			      "cuda backend: device lost: an earlier %s is sticky, every call in this process fails; "
+			      "the process must exit",
+			      error_name((CUresult)s, num, sizeof(num)));
+	}
+	return 0;
+}
+
+/* Teardown (unmap, release, free_va, close) of a backend that is
+ * unusable (objects inherited by a forked child, or a context lost to a
+ * sticky error) is tried once without a context and its failure ignored:
+ * the bookkeeping drops the object either way, so failover paths finish,
+ * and the driver frees what is left when the process exits. */
+static bool teardown_best_effort(const gf_mem *m)
+{
+	const struct cu_dev *d = m->priv;
+	return d->pid != getpid() || atomic_load(&sticky);
+}
 
 /*
  * Make a context of our device current for one call: the caller's (e.g.
@@ -196,6 +300,9 @@ static int ctx_enter(gf_mem *m, bool *pushed)
 	CUcontext cur = NULL;
 	CUdevice cd;
 	*pushed = false;
+	int rc = unusable(m);
+	if (rc < 0)
+		return rc;
 	if (cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur && cu.CtxGetDevice(&cd) == CUDA_SUCCESS && cd == d->dev)
 		return 0;
 	CUresult r = cu.CtxPushCurrent(d->primary);
@@ -225,6 +332,21 @@ static void ctx_leave(bool pushed)
 				rc_ = cu_err(r_, __VA_ARGS__);           \
 		}                                                        \
 		rc_;                                                     \
+	})
+
+/* A teardown call: CU_CALL, or best effort (see teardown_best_effort). */
+#define CU_TEARDOWN(m, expr, ...)                                                                  \
+	({                                                                                         \
+		int td_rc_ = 0;                                                                    \
+		if (teardown_best_effort(m)) {                                                     \
+			CUresult td_r_ = (expr);                                                   \
+			if (td_r_ != CUDA_SUCCESS)                                                 \
+				gf_log(GF_LOG_DEBUG, "mem", "backend=cuda code=%d msg=\"teardown of " \
+				       "an unusable context failed; dropped\"", (int)td_r_);           \
+		} else {                                                                           \
+			td_rc_ = CU_CALL(m, expr, __VA_ARGS__);                                    \
+		}                                                                                  \
+		td_rc_;                                                                            \
 	})
 
 static int cuda_device_count(int *out)
@@ -267,6 +389,42 @@ static int cuda_device_uuid(int index, uint8_t uuid[16])
 	return 0;
 }
 
+/* MIG compute instances are named "<GPU> MIG <profile>" by the driver
+ * (cuda.h gives no attribute for it); their cuDeviceGetUuid is the MIG
+ * UUID, which nvidia-smi and CUDA_VISIBLE_DEVICES spell "MIG-...". */
+static bool cuda_device_mig(int index)
+{
+	char name[256];
+	CUdevice dev;
+	if (get_device(index, &dev) < 0 || cu.DeviceGetName(name, sizeof(name), dev) != CUDA_SUCCESS)
+		return false;
+	name[sizeof(name) - 1] = '\0';
+	return strstr(name, " MIG ") != NULL;
+}
+
+static int cuda_device_name(int index, char *buf, size_t len)
+{
+	CUdevice dev;
+	int rc = get_device(index, &dev);
+	if (rc < 0)
+		return rc;
+	CUresult r = cu.DeviceGetName(buf, (int)(len > 4096 ? 4096 : len), dev);
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuDeviceGetName(%d)", index);
+	buf[len - 1] = '\0';
+	return 0;
+}
+
+static bool cuda_lost(void)
+{
+	return atomic_load(&sticky) != 0;
+}
+
+static int cuda_read_protection(gf_mem *m)
+{
+	return ((struct cu_dev *)m->priv)->read_prot;
+}
+
 static void alloc_prop(const struct cu_dev *d, CUmemAllocationProp *p)
 {
 	memset(p, 0, sizeof(*p));
@@ -298,6 +456,7 @@ static int cuda_open(gf_mem *m, int device)
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "cuda backend");
 	d->dev = dev;
+	d->pid = getpid();
 	r = cu.DevicePrimaryCtxRetain(&d->primary, dev);
 	if (r != CUDA_SUCCESS) {
 		free(d);
@@ -380,6 +539,7 @@ static int cuda_export(gf_mem *m, uint64_t handle, int *out_fd)
 static int cuda_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 {
 	(void)size; /* the driver keeps the size with the allocation */
+	struct cu_dev *d = m->priv;
 	CUmemGenericAllocationHandle h = 0;
 	bool pushed;
 	int rc = ctx_enter(m, &pushed);
@@ -388,11 +548,33 @@ static int cuda_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 	CUresult r = cu.MemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	ctx_leave(pushed);
 	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
-		cu_err(r, "cuMemImportFromShareableHandle(fd %d): not an allocation fd", fd);
+		cu_err(r, "cuMemImportFromShareableHandle(fd %d): not an allocation fd, or its exporting process has "
+			  "exited and the driver revoked it", fd);
 		return GF_ERR_INVALID_ARG;
 	}
 	if (r != CUDA_SUCCESS)
 		return cu_err(r, "cuMemImportFromShareableHandle(fd %d) on device %d", fd, m->device);
+	/* An allocation of another device would map (with peer access) or
+	 * fail later with a vaguer error: the weights must be on our device. */
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	rc = CU_CALL(m, cu.MemGetAllocationPropertiesFromHandle(&prop, h),
+		     "cuMemGetAllocationPropertiesFromHandle(fd %d) on device %d", fd, m->device);
+	if (rc == 0 && (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev)) {
+		/* Refused even with peer access: weights read over the
+		 * interconnect would be silently slow. */
+		int peer = 0;
+		if (cu.DeviceCanAccessPeer(&peer, d->dev, prop.location.id) != CUDA_SUCCESS)
+			peer = 0;
+		rc = gf_err(GF_ERR_INVALID_ARG,
+			    "import: the allocation of fd %d lives on device %d, this backend is on device %d "
+			    "(peer access %s; the exporter and the importer must name the same GPU)",
+			    fd, prop.location.id, m->device, peer ? "possible" : "impossible");
+	}
+	if (rc < 0) {
+		CU_TEARDOWN(m, cu.MemRelease(h), "cuMemRelease");
+		return rc;
+	}
 	*handle = h;
 	return 0;
 }
@@ -400,7 +582,7 @@ static int cuda_import(gf_mem *m, int fd, size_t size, uint64_t *handle)
 static int cuda_release(gf_mem *m, uint64_t handle)
 {
 	int rc;
-	rc = CU_CALL(m, cu.MemRelease(handle), "cuMemRelease on device %d", m->device);
+	rc = CU_TEARDOWN(m, cu.MemRelease(handle), "cuMemRelease on device %d", m->device);
 	return rc;
 }
 
@@ -417,7 +599,7 @@ static int cuda_reserve(gf_mem *m, size_t size, size_t align, uint64_t *addr)
 static int cuda_free_va(gf_mem *m, uint64_t addr, size_t size)
 {
 	int rc;
-	rc = CU_CALL(m, cu.MemAddressFree(addr, size), "cuMemAddressFree(0x%llx, %zu)", (unsigned long long)addr, size);
+	rc = CU_TEARDOWN(m, cu.MemAddressFree(addr, size), "cuMemAddressFree(0x%llx, %zu)", (unsigned long long)addr, size);
 	return rc;
 }
 
@@ -429,24 +611,71 @@ static int cuda_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int 
 	return rc;
 }
 
-static int cuda_set_access(gf_mem *m, uint64_t addr, size_t size, int access)
+static int set_access(gf_mem *m, uint64_t addr, size_t size, unsigned long long flags)
 {
 	struct cu_dev *d = m->priv;
 	CUmemAccessDesc desc;
 	memset(&desc, 0, sizeof(desc));
 	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	desc.location.id = d->dev;
-	desc.flags = access == GF_MEM_READWRITE ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
-	int rc;
-	rc = CU_CALL(m, cu.MemSetAccess(addr, size, &desc, 1), "cuMemSetAccess(0x%llx, %zu, %s)", (unsigned long long)addr, size,
-		access == GF_MEM_READWRITE ? "PROT_READWRITE" : "PROT_READ");
-	return rc;
+	desc.flags = (CUmemAccess_flags)flags;
+	return CU_CALL(m, cu.MemSetAccess(addr, size, &desc, 1), "cuMemSetAccess(0x%llx, %zu, %s)",
+		       (unsigned long long)addr, size,
+		       flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "PROT_READWRITE" : "PROT_READ");
+}
+
+/*
+ * Read-only mappings: the documentation defines PROT_READ but not whether a
+ * device accepts or enforces it. Three outcomes are handled: enforced (the
+ * driver keeps it), rejected (the driver refuses it: map read-write, log,
+ * and report protection off) and ignored (the driver accepts it but reports
+ * the range read-write: report protection off).
+ */
+static int cuda_set_access(gf_mem *m, uint64_t addr, size_t size, int access)
+{
+	struct cu_dev *d = m->priv;
+	if (access == GF_MEM_READWRITE || d->read_prot == GF_MEM_READ_PROT_REJECTED)
+		return set_access(m, addr, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	bool pushed;
+	int rc = ctx_enter(m, &pushed);
+	if (rc < 0)
+		return rc;
+	CUmemAccessDesc desc;
+	memset(&desc, 0, sizeof(desc));
+	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	desc.location.id = d->dev;
+	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+	CUresult r = cu.MemSetAccess(addr, size, &desc, 1);
+	unsigned long long got = 0;
+	CUresult rg = r == CUDA_SUCCESS ? cu.MemGetAccess(&got, &desc.location, addr) : CUDA_SUCCESS;
+	ctx_leave(pushed);
+	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) {
+		char num[32];
+		gf_log(GF_LOG_WARN, "mem",
+		       "backend=cuda device=%d error=%s read_protection=rejected msg=\"the driver refuses read-only "
+		       "device mappings: mapping read-write, writes through read-only mappings are not caught\"",
+		       m->device, error_name(r, num, sizeof(num)));
+		d->read_prot = GF_MEM_READ_PROT_REJECTED;
+		return set_access(m, addr, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	}
+	if (r != CUDA_SUCCESS)
+		return cu_err(r, "cuMemSetAccess(0x%llx, %zu, PROT_READ)", (unsigned long long)addr, size);
+	if (rg != CUDA_SUCCESS)
+		return cu_err(rg, "cuMemGetAccess(0x%llx) after setting PROT_READ", (unsigned long long)addr);
+	int now = got == CU_MEM_ACCESS_FLAGS_PROT_READ ? GF_MEM_READ_PROT_ENFORCED : GF_MEM_READ_PROT_IGNORED;
+	if (now != d->read_prot && now == GF_MEM_READ_PROT_IGNORED)
+		gf_log(GF_LOG_WARN, "mem",
+		       "backend=cuda device=%d read_protection=ignored access=%llu msg=\"the driver accepted PROT_READ "
+		       "but reports the mapping as read-write: writes through read-only mappings are not caught\"",
+		       m->device, got);
+	d->read_prot = now;
+	return 0;
 }
 
 static int cuda_unmap(gf_mem *m, uint64_t addr, size_t size)
 {
 	int rc;
-	rc = CU_CALL(m, cu.MemUnmap(addr, size), "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, size);
+	rc = CU_TEARDOWN(m, cu.MemUnmap(addr, size), "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, size);
 	return rc;
 }
 
@@ -456,6 +685,10 @@ const struct gf_mem_backend gf_mem_cuda_backend = {
 	.device_count = cuda_device_count,
 	.device_uuid = cuda_device_uuid,
 	.uuid_prefix = "GPU-",
+	.device_mig = cuda_device_mig,
+	.device_name = cuda_device_name,
+	.read_protection = cuda_read_protection,
+	.lost = cuda_lost,
 	.open = cuda_open,
 	.close = cuda_close,
 	.granularity = cuda_granularity,

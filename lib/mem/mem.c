@@ -69,6 +69,12 @@ void gf_mem_format_uuid(const char *prefix, const uint8_t u[16], char *buf, size
 		 u[11], u[12], u[13], u[14], u[15]);
 }
 
+/* "GPU-", "MIG-" or "HOST-" for device @index of @be. */
+static const char *uuid_prefix(const struct gf_mem_backend *be, int index)
+{
+	return be->device_mig && be->device_mig(index) ? "MIG-" : be->uuid_prefix;
+}
+
 static void mem_unref(gf_mem *m)
 {
 	if (atomic_fetch_sub(&m->refs, 1) == 1) {
@@ -177,7 +183,7 @@ GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len)
 	int rc = m->be->device_uuid(m->device, u);
 	if (rc < 0)
 		return rc;
-	gf_mem_format_uuid(m->be->uuid_prefix, u, buf, len);
+	gf_mem_format_uuid(uuid_prefix(m->be, m->device), u, buf, len);
 	return 0;
 }
 
@@ -191,7 +197,6 @@ GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index)
 	int n, rc = be->device_count(&n);
 	if (rc < 0)
 		return rc;
-	size_t plen = strlen(be->uuid_prefix);
 	int found = -1, matches = 0;
 	for (int i = 0; i < n; i++) {
 		uint8_t u[16];
@@ -199,11 +204,12 @@ GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index)
 		rc = be->device_uuid(i, u);
 		if (rc < 0)
 			return rc;
-		gf_mem_format_uuid(be->uuid_prefix, u, s, sizeof(s));
-		/* As CUDA_VISIBLE_DEVICES: "GPU-" full or unique prefix, also
-		 * without the "GPU-" part. */
+		const char *prefix = uuid_prefix(be, i);
+		gf_mem_format_uuid(prefix, u, s, sizeof(s));
+		/* As CUDA_VISIBLE_DEVICES: "GPU-"/"MIG-" full or unique prefix,
+		 * also without the prefix. */
 		if (strncasecmp(s, uuid, strlen(uuid)) == 0 ||
-		    strncasecmp(s + plen, uuid, strlen(uuid)) == 0) {
+		    strncasecmp(s + strlen(prefix), uuid, strlen(uuid)) == 0) {
 			found = i;
 			matches++;
 		}
@@ -214,6 +220,106 @@ GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index)
 		return gf_err(GF_ERR_INVALID_ARG, "uuid prefix %s matches %d %s devices", uuid, matches, be->name);
 	*out_index = found;
 	return 0;
+}
+
+GF_EXPORT int gf_device_find_by_uuid(int kind, const char *uuid, int *out_index)
+{
+	return gf_mem_uuid_to_index(kind, uuid, out_index);
+}
+
+GF_EXPORT int gf_device_parse(int kind, const char *spec, int *out_index)
+{
+	if (!spec || !*spec || !out_index)
+		return gf_err(GF_ERR_INVALID_ARG, "device: empty device or NULL out");
+	if (kind == GF_MEM_AUTO) {
+		/* a UUID names a GPU when one matches, else the host "device" */
+		int rc = gf_device_parse(GF_MEM_CUDA, spec, out_index);
+		return rc == 0 ? 0 : gf_device_parse(GF_MEM_HOST, spec, out_index);
+	}
+	const struct gf_mem_backend *be = gf_mem_backend_get(kind);
+	if (!be)
+		return kind == GF_MEM_CUDA ? GF_ERR_NOT_SUPPORTED : GF_ERR_INVALID_ARG;
+	if (strspn(spec, "0123456789") != strlen(spec))
+		return gf_device_find_by_uuid(kind, spec, out_index);
+	int n, rc = be->device_count(&n);
+	if (rc < 0)
+		return rc;
+	long v = strlen(spec) > 6 ? -1 : strtol(spec, NULL, 10);
+	if (v < 0 || v >= n)
+		return gf_err(GF_ERR_NOT_FOUND, "device %s: no such %s device (%d visible: index 0..%d, or a UUID)", spec,
+			      be->name, n, n - 1);
+	*out_index = (int)v;
+	return 0;
+}
+
+GF_EXPORT int gf_device_list(int kind, struct gf_device_info *out, size_t cap, size_t *n)
+{
+	if ((!out && cap) || !n)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_device_list: NULL argument");
+	const struct gf_mem_backend *be = gf_mem_backend_get(kind);
+	if (!be)
+		return kind == GF_MEM_CUDA ? GF_ERR_NOT_SUPPORTED : GF_ERR_INVALID_ARG;
+	int count, rc = be->device_count(&count);
+	if (rc < 0)
+		return rc;
+	*n = (size_t)count;
+	for (int i = 0; i < count && (size_t)i < cap; i++) {
+		struct gf_device_info *d = &out[i];
+		uint8_t u[16];
+		memset(d, 0, sizeof(*d));
+		d->index = i;
+		if ((rc = be->device_uuid(i, u)) < 0)
+			return rc;
+		d->mig = be->device_mig && be->device_mig(i);
+		gf_mem_format_uuid(uuid_prefix(be, i), u, d->uuid, sizeof(d->uuid));
+		if (be->device_name) {
+			if ((rc = be->device_name(i, d->name, sizeof(d->name))) < 0)
+				return rc;
+		} else {
+			snprintf(d->name, sizeof(d->name), "%s", be->name);
+		}
+		/* Free memory needs a context on the device: the backend opened
+		 * for the question (on cuda, the primary context retained and
+		 * released again). */
+		gf_mem *m = NULL;
+		if ((rc = open_kind(be, i, &m)) < 0)
+			return rc;
+		rc = be->info(m, &d->free_bytes, &d->total_bytes);
+		gf_mem_free(m);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+GF_EXPORT int gf_mem_read_protection(gf_mem *m)
+{
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_read_protection: NULL backend");
+	return m->be->read_protection ? m->be->read_protection(m) : GF_MEM_READ_PROT_ENFORCED;
+}
+
+GF_EXPORT const char *gf_mem_read_protection_name(int prot)
+{
+	switch (prot) {
+	case GF_MEM_READ_PROT_UNTESTED:
+		return "untested";
+	case GF_MEM_READ_PROT_ENFORCED:
+		return "enforced";
+	case GF_MEM_READ_PROT_REJECTED:
+		return "rejected";
+	case GF_MEM_READ_PROT_IGNORED:
+		return "ignored";
+	default:
+		return "unknown";
+	}
+}
+
+GF_EXPORT int gf_mem_device_lost(const gf_mem *m)
+{
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_device_lost: NULL backend");
+	return m->be->lost && m->be->lost() ? 1 : 0;
 }
 
 GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended)

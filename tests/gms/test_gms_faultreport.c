@@ -183,5 +183,5 @@ int main(void)
 		cmocka_unit_test(test_remove_restores_the_previous_handler),
 		cmocka_unit_test(test_bad_arguments),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return tu_run_group_tests(tests, setup, teardown);
 }

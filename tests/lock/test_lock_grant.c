@@ -7,6 +7,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "grant.h"
 
 /* Only a waiter with nothing in the way is granted: walk all 32 gate combinations. */
@@ -77,5 +79,5 @@ int main(void)
 		cmocka_unit_test(test_acquire_decisions),
 		cmocka_unit_test(test_epoch_boundary),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -139,8 +139,7 @@ int main(int argc, char **argv)
 	};
 	/* The host backend has no fault knobs: it runs the first two only. */
 	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 2;
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "mem-region-cuda" : "mem-region-host", tests, n,
-					 NULL, NULL);
+	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);

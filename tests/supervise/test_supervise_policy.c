@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "gpufailover.h"
 
 #define S 1000000LL /* one second in µs */
@@ -387,5 +389,5 @@ int main(void)
 		cmocka_unit_test(test_spawn_failure),
 		cmocka_unit_test(test_retry_limit_zero),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

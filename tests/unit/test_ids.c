@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "common.h"
 #include "gpufailover/engine.h"
 #include "gpufailover/lock.h"
@@ -73,5 +75,5 @@ int main(void)
 		cmocka_unit_test(test_engine_refuses_at_configuration),
 		cmocka_unit_test(test_lock_client_same_rule),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }
