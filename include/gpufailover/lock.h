@@ -230,10 +230,11 @@ GF_EXPORT int gf_lockd_set_handshake_timeout(gf_lockd *d, int64_t ms);
 /**
  * Standby budget: at most @p n waiting engines per GPU (0, the default: no
  * budget). When a standby registers and a GPU it declared has more, the
- * least recently Active standbys on that GPU are evicted (never the holder,
- * a pinned engine, the newcomer or one younger than the min standby age):
- * their acquire fails with GF_ERR_EVICTED and the server closes their
- * connection. Before gf_lockd_start(); GF_ERR_STATE after.
+ * least recently Active standbys on that GPU are evicted (never Active
+ * counts as least recent; ties: the longest waiting; never the holder, a
+ * pinned engine or one younger than the min standby age; the newcomer is a
+ * candidate like the others): their acquire fails with GF_ERR_EVICTED and
+ * the server closes their connection. Before gf_lockd_start(); GF_ERR_STATE after.
  */
 GF_EXPORT int gf_lockd_set_max_standby_per_gpu(gf_lockd *d, uint32_t n);
 /** Standbys registered less than @p ms ago are never evicted (default 0; at most a year). Before start. */

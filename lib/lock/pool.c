@@ -89,7 +89,7 @@ size_t gf_pool_choose_evictions(const struct gf_pool_member *m, size_t n, size_t
 			size_t best = n;
 			for (size_t i = 0; i < n; i++) {
 				const struct gf_pool_member *c = &m[i];
-				if (i == newcomer || c->holder || !gf_pool_on_gpu(c->decl, uuid) || c->decl->pinned ||
+				if (c->holder || !gf_pool_on_gpu(c->decl, uuid) || c->decl->pinned ||
 				    is_victim(victims, nv, i) || now_us - c->since_us < p->min_standby_age_us)
 					continue;
 				if (best == n || older(c, &m[best]))

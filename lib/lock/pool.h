@@ -52,8 +52,11 @@ bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX]);
  * After member @newcomer registered: the standbys to evict so that no GPU
  * the newcomer declared has more than the budget of standbys. On each such
  * GPU the least recently Active standby goes first (never Active counts as
- * oldest; ties: the one waiting longest), never the holder, a pinned
- * engine, the newcomer itself or one younger than min_standby_age.
+ * oldest; ties: the one waiting longest, so of two never Active the
+ * newcomer stays), never the holder, a pinned engine or one younger than
+ * min_standby_age. The newcomer is a candidate like any other: a pool full
+ * of engines Active more recently than it keeps them (min_standby_age
+ * protects a fresh one).
  * Writes up to @cap member indexes to @victims and returns how many.
  * *@short_by (if not NULL) is how many standbys remain over budget on the
  * worst GPU because nothing more was evictable.

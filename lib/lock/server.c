@@ -1117,8 +1117,8 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 				break;
 			}
 		snprintf(det, sizeof(det),
-			 "evicted from the standby pool: GPU %s is over its budget of %u standbys after %.127s registered; "
-			 "this engine was the least recently Active (last_active_us=%lld)",
+			 "evicted from the standby pool: GPU %s was over its budget of %u standbys when %.127s registered; "
+			 "this engine was the least recently Active there (last_active_us=%lld)",
 			 gpu, d->pool.max_standby_per_gpu, c->peer->id, (long long)v->last_active_us);
 		gf_log(GF_LOG_WARN, "lock",
 		       "msg=\"evicted\" id=%s pid=%u gpu=%s last_active_us=%lld budget=%u newcomer=%s reason=\"least recently Active standby over the GPU's budget\"",
