@@ -1090,6 +1090,15 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 	c->last_active_us = e ? e->last_active_us : 0;
 	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
 		return;
+	/* The common case, every GPU within budget, costs one pass and no allocation. */
+	bool over = false;
+	for (size_t g = 0; g < c->decl->ngpus && !over; g++) {
+		uint32_t count = 0;
+		for (struct conn *w = d->whead; w && !over; w = w->wnext)
+			over = gf_pool_on_gpu(w->decl, c->decl->gpus[g]) && ++count > d->pool.max_standby_per_gpu;
+	}
+	if (!over)
+		return;
 	struct gf_pool_member *m = malloc(d->nwaiters * sizeof(*m));
 	struct conn **who = malloc(d->nwaiters * sizeof(*who));
 	size_t *victims = malloc(d->nwaiters * sizeof(*victims));
