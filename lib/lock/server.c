@@ -1099,11 +1099,15 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 	}
 	if (!over)
 		return;
+	/* The newcomer itself may be evicted (and its declaration freed): keep what the log lines need. */
+	const struct gf_pool_decl nd = *c->decl;
+	char nid[GF_LOCK_ID_MAX];
+	snprintf(nid, sizeof(nid), "%s", c->peer->id);
 	struct gf_pool_member *m = malloc(d->nwaiters * sizeof(*m));
 	struct conn **who = malloc(d->nwaiters * sizeof(*who));
 	size_t *victims = malloc(d->nwaiters * sizeof(*victims));
 	if (!m || !who || !victims) {
-		gf_log(GF_LOG_ERR, "lock", "msg=\"out of memory: standby budget not enforced\" id=%s", c->peer->id);
+		gf_log(GF_LOG_ERR, "lock", "msg=\"out of memory: standby budget not enforced\" id=%s", nid);
 		goto out;
 	}
 	size_t n = 0, self = 0;
@@ -1120,19 +1124,18 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 		struct conn *v = who[victims[i]];
 		char det[400];
 		const char *gpu = "?";
-		for (size_t g = 0; g < c->decl->ngpus; g++)
-			if (gf_pool_on_gpu(v->decl, c->decl->gpus[g])) {
-				gpu = c->decl->gpus[g];
+		for (size_t g = 0; g < nd.ngpus; g++)
+			if (gf_pool_on_gpu(v->decl, nd.gpus[g])) {
+				gpu = nd.gpus[g];
 				break;
 			}
 		snprintf(det, sizeof(det),
 			 "evicted from the standby pool: GPU %s was over its budget of %u standbys when %.127s registered; "
 			 "this engine was the least recently Active there (last_active_us=%lld)",
-			 gpu, d->pool.max_standby_per_gpu, c->peer->id, (long long)v->last_active_us);
+			 gpu, d->pool.max_standby_per_gpu, nid, (long long)v->last_active_us);
 		gf_log(GF_LOG_WARN, "lock",
 		       "msg=\"evicted\" id=%s pid=%u gpu=%s last_active_us=%lld budget=%u newcomer=%s reason=\"least recently Active standby over the GPU's budget\"",
-		       v->peer->id, v->peer->pid, gpu, (long long)v->last_active_us, d->pool.max_standby_per_gpu,
-		       c->peer->id);
+		       v->peer->id, v->peer->pid, gpu, (long long)v->last_active_us, d->pool.max_standby_per_gpu, nid);
 		d->evicted++;
 		waiter_unlink(d, v);
 		reply_error(d, v, GF_ERR_EVICTED, det, true);
@@ -1141,7 +1144,7 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 		d->over_budget++;
 		gf_log(GF_LOG_WARN, "lock",
 		       "msg=\"standby budget exceeded: nothing evictable (holder, pinned or younger than min_standby_age)\" id=%s over_by=%zu budget=%u",
-		       c->peer->id, short_by, d->pool.max_standby_per_gpu);
+		       nid, short_by, d->pool.max_standby_per_gpu);
 	}
 out:
 	free(m);

@@ -175,6 +175,23 @@ def test_budget_evicts_least_recently_active(tmp):
         pool.close()
 
 
+def test_fresh_newcomer_is_least_recent(tmp):
+    """A newcomer never Active, on a GPU full of engines Active before, is the one evicted."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    try:
+        pool.hold_once("x")
+        pool.engine("h")
+        wait_until(lambda: pool.granted("h"), "h granted")
+        x = pool.engine("x")
+        wait_until(lambda: pool.waiting("x"), "x waiting")
+        y = pool.engine("y")
+        assert y.wait(HANG_GUARD) == EXIT_EVICTED
+        assert "was over its budget of 1 standbys when y registered" in pool.stderr_of("y")
+        assert x.poll() is None and [w["id"] for w in pool.status()["waiters"]] == ["x"]
+    finally:
+        pool.close()
+
+
 def test_min_standby_age_protects_young_standbys(tmp):
     pool = Pool(tmp, "--max-standby-per-gpu", "1", "--min-standby-age", "3s")
     try:
