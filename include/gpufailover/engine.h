@@ -184,6 +184,8 @@ GF_EXPORT int gf_engine_set_memory_need(gf_engine *engine, uint64_t bytes);
  * copied; at most 8; 0 clears). With the memory need
  * (gf_engine_set_memory_need()), the asleep bytes and the pin flag they
  * are what the server's per-GPU standby budget counts (docs/lock.md).
+ * Default (none set): the UUIDs of the engine's devices as the driver
+ * reports them (cuda); the host backend declares no GPU.
  * Errors: GF_ERR_INVALID_ARG (malformed or repeated UUID), GF_ERR_STATE.
  */
 GF_EXPORT int gf_engine_set_gpus(gf_engine *engine, const char *const *gpus, size_t ngpus);

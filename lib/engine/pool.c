@@ -81,9 +81,26 @@ GF_EXPORT int gf_engine_set_model(gf_engine *e, const char *model)
 int gf_engine_pool_apply(gf_engine *e, gf_lock *lock)
 {
 	const char *gpus[GF_ARRAY_SIZE(e->pool_gpus)];
+	char found[GF_ARRAY_SIZE(e->pool_gpus)][GF_POOL_UUID_MAX];
+	size_t n = 0;
 	for (size_t i = 0; i < e->pool_ngpus; i++)
-		gpus[i] = e->pool_gpus[i];
-	int rc = gf_lock_set_resources(lock, gpus, e->pool_ngpus, gf_engine_memory_need(e), e->asleep_bytes);
+		gpus[n++] = e->pool_gpus[i];
+	/* Nothing declared: the devices' own UUIDs where the driver has them
+	 * (the host backend's "HOST-..." ids name no GPU and are left out). */
+	for (int i = 0; e->pool_ngpus == 0 && i < e->ndev && n < GF_ARRAY_SIZE(found); i++) {
+		char uuid[64];
+		if (e->dev[i].mem && gf_mem_device_uuid(e->dev[i].mem, uuid, sizeof(uuid)) == 0 &&
+		    gf_pool_uuid_parse(uuid, found[n])) {
+			bool seen = false;
+			for (size_t k = 0; k < n && !seen; k++)
+				seen = !strcmp(gpus[k], found[n]);
+			if (!seen) {
+				gpus[n] = found[n];
+				n++;
+			}
+		}
+	}
+	int rc = gf_lock_set_resources(lock, gpus, n, gf_engine_memory_need(e), e->asleep_bytes);
 	if (!rc)
 		rc = gf_lock_set_pinned(lock, e->pinned);
 	if (!rc)
