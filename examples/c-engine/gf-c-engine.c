@@ -103,6 +103,11 @@ static void usage(FILE *to)
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
 		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
+		"  --gpu UUID             a GPU this engine runs on, declared to the lock server's\n"
+		"                         standby pool (repeatable, at most 8; GPU-xxxxxxxx-xxxx-...)\n"
+		"  --asleep-bytes N       memory kept while asleep, declared to the pool (default 0)\n"
+		"  --pin                  never evicted to keep a GPU's standby budget\n"
+		"  --model NAME           the model served, for readiness queries\n"
 		"  --write-weights FILE   write the generated weights as safetensors and exit\n"
 		"  --help, --version\n"
 		"\n"
@@ -111,7 +116,8 @@ static void usage(FILE *to)
 		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
 		"      70 when the lock or GMS was lost or the startup deadline passed\n"
-		"      (default loss policy).\n"
+		"      (default loss policy), 73 when the lock server evicted this standby\n"
+		"      to keep a GPU's standby budget (not a crash: do not restart).\n"
 		"Memory gate: the wake waits, up to the waking timeout, for --kv-bytes of\n"
 		"MemAvailable (GF_MEM_HOST_AVAILABLE=bytes overrides it, for tests).\n");
 }
@@ -527,6 +533,12 @@ struct opts {
 	int ngms, role, probe_port;
 	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
 	uint64_t kv_bytes;
+	/* the lock server's standby pool */
+	const char *gpus[8];
+	size_t ngpus;
+	uint64_t asleep_bytes;
+	int pinned;
+	const char *model;
 };
 
 /* parse_args() result that means "exit 0 now" (--help, --version). */
@@ -544,6 +556,8 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "remap-timeout", required_argument, NULL, 'R' }, { "init-timeout", required_argument, NULL, 'I' },
 		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
 		{ "startup-deadline", required_argument, NULL, 'D' },
+		{ "gpu", required_argument, NULL, 'G' },       { "asleep-bytes", required_argument, NULL, 'a' },
+		{ "pin", no_argument, NULL, 'n' },             { "model", required_argument, NULL, 'm' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -641,6 +655,26 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'o':
 			o->write_path = optarg;
+			break;
+		case 'G':
+			if (o->ngpus == sizeof(o->gpus) / sizeof(o->gpus[0])) {
+				fprintf(stderr, PROG ": at most 8 --gpu\n");
+				return 2;
+			}
+			o->gpus[o->ngpus++] = optarg;
+			break;
+		case 'a':
+			if (parse_bytes(optarg, &o->asleep_bytes)) {
+				fprintf(stderr, PROG ": --asleep-bytes: \"%s\" is not a size (e.g. 1048576, 64M, 2G)\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'n':
+			o->pinned = 1;
+			break;
+		case 'm':
+			o->model = optarg;
 			break;
 		case 'h':
 			usage(stdout);
@@ -763,6 +797,14 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 	if (!rc && o->startup_ms > 0)
 		rc = gf_engine_set_startup_deadline(e, o->startup_ms);
 	if (!rc)
+		rc = gf_engine_set_gpus(e, o->gpus, o->ngpus);
+	if (!rc)
+		rc = gf_engine_set_asleep_bytes(e, o->asleep_bytes);
+	if (!rc)
+		rc = gf_engine_set_pinned(e, o->pinned);
+	if (!rc)
+		rc = gf_engine_set_model(e, o->model);
+	if (!rc)
 		rc = gf_engine_set_probe_address(e, o->probe_addr, o->probe_port);
 	if (!rc)
 		rc = gf_engine_set_health_fn(e, healthy, a);
@@ -791,6 +833,10 @@ static int run(struct app *a)
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
 		while (!wait_stop(a, -1))
 			;
+	} else if (rc == GF_ERR_EVICTED) {
+		/* Not a failure: the lock server made room on a GPU. */
+		logf_(GF_LOG_WARN, "event=evicted status=%d detail=\"%s\"", GF_ENGINE_EXIT_EVICTED, gf_error_detail());
+		status = GF_ENGINE_EXIT_EVICTED;
 	} else if (a->stopping) {
 		logf_(GF_LOG_INFO, "event=stopped_before_active state=%s",
 		      gf_engine_state_name(gf_engine_state(e)));

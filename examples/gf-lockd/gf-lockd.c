@@ -13,6 +13,7 @@
 
 #include "gf-config.h"
 #include "gpufailover.h"
+#include "lockd_http.h"
 #if GF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -34,6 +35,12 @@ static void usage(FILE *f)
 	      "  --detect-timeout DUR       TCP T_detect: re-grant after this silence (default 6s, >= 3 heartbeats)\n"
 	      "  --handshake-timeout DUR    drop peers that do not finish the handshake, or a frame\n"
 	      "                             they began, in time (default 3s)\n"
+	      "  --max-standby-per-gpu N    standby budget: when a standby registers and one of its GPUs\n"
+	      "                             has more than N, the least recently Active standbys there\n"
+	      "                             are evicted (they exit 73); 0: no budget (default)\n"
+	      "  --min-standby-age DUR      never evict a standby registered less than DUR ago (default 0)\n"
+	      "  --metrics ADDR:PORT        serve GET /metrics (Prometheus), /status (JSON) and\n"
+	      "                             /ready?gpu=UUID&model=NAME over HTTP (IPv4; port 0: any)\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Durations: 250ms, 10s, 2m. Logs: key=value lines on stderr.\n",
@@ -83,7 +90,8 @@ static void die_cfg(const char *what)
 
 int main(int argc, char **argv)
 {
-	enum { O_LISTEN = 1, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP, O_VERSION };
+	enum { O_LISTEN = 1, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP, O_VERSION,
+	       O_MAXSTANDBY, O_MINAGE, O_METRICS };
 	static const struct option opts[] = {
 		{ "listen", required_argument, NULL, O_LISTEN },
 		{ "state-file", required_argument, NULL, O_STATE },
@@ -94,6 +102,9 @@ int main(int argc, char **argv)
 		{ "heartbeat", required_argument, NULL, O_HB },
 		{ "detect-timeout", required_argument, NULL, O_DETECT },
 		{ "handshake-timeout", required_argument, NULL, O_HS },
+		{ "max-standby-per-gpu", required_argument, NULL, O_MAXSTANDBY },
+		{ "min-standby-age", required_argument, NULL, O_MINAGE },
+		{ "metrics", required_argument, NULL, O_METRICS },
 		{ "help", no_argument, NULL, O_HELP },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ 0 },
@@ -104,6 +115,7 @@ int main(int argc, char **argv)
 		die_cfg("init");
 	int64_t hb = 1000, detect = 6000, v;
 	int nlisten = 0, opt;
+	const char *metrics_addr = NULL;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (opt) {
 		case O_LISTEN:
@@ -160,6 +172,24 @@ int main(int argc, char **argv)
 			if (duration(optarg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
 				die_cfg("--handshake-timeout");
 			break;
+		case O_MAXSTANDBY: {
+			char *end;
+			errno = 0;
+			unsigned long n = strtoul(optarg, &end, 10);
+			if (errno || *end || !*optarg || optarg[0] == '-' || n > 1000000) {
+				fprintf(stderr, "gf-lockd: --max-standby-per-gpu: expected 0..1000000, got '%s'\n", optarg);
+				return 2;
+			}
+			gf_lockd_set_max_standby_per_gpu(d, (uint32_t)n);
+			break;
+		}
+		case O_MINAGE:
+			if (duration(optarg, &v) < 0 || gf_lockd_set_min_standby_age(d, v) < 0)
+				die_cfg("--min-standby-age");
+			break;
+		case O_METRICS:
+			metrics_addr = optarg;
+			break;
 		case O_HELP:
 			usage(stdout);
 			gf_lockd_free(d);
@@ -201,7 +231,17 @@ int main(int argc, char **argv)
 		gf_lockd_free(d);
 		return 1;
 	}
+	struct lockd_http *http = NULL;
+	if (metrics_addr && lockd_http_start(&http, d, metrics_addr) < 0) {
+		gf_lockd_free(d);
+		return 2;
+	}
 	char line[256];
+	if (http) {
+		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", metrics_addr,
+			 lockd_http_port(http));
+		gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
+	}
 	snprintf(line, sizeof(line), "msg=\"ready\" pid=%d listeners=%d", (int)getpid(), nlisten);
 	gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
 #if GF_HAVE_SYSTEMD
@@ -209,8 +249,16 @@ int main(int argc, char **argv)
 #endif
 	int rc = 0;
 	for (;;) {
-		struct pollfd p[2] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN }, { .fd = sfd, .events = POLLIN } };
-		int n = poll(p, 2, gf_lockd_get_timeout_ms(d));
+		struct pollfd p[3] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN },
+				       { .fd = sfd, .events = POLLIN },
+				       { .fd = http ? lockd_http_fd(http) : -1, .events = POLLIN } };
+		int timeout = gf_lockd_get_timeout_ms(d);
+		if (http) {
+			int ht = lockd_http_timeout_ms(http);
+			if (ht >= 0 && (timeout < 0 || ht < timeout))
+				timeout = ht;
+		}
+		int n = poll(p, 3, timeout);
 		if (n < 0 && errno != EINTR) {
 			perror("gf-lockd: poll");
 			rc = 1;
@@ -230,7 +278,10 @@ int main(int argc, char **argv)
 			rc = 1;
 			break;
 		}
+		if (http)
+			lockd_http_process(http);
 	}
+	lockd_http_free(http);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");
 #endif

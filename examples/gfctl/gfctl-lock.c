@@ -25,7 +25,33 @@ struct lock_opts {
 	uint64_t epoch;
 	char *secret;
 	size_t secret_len;
+	/* the standby pool: what acquire declares, what ready asks */
+	const char *gpus[9];
+	size_t ngpus;
+	uint64_t wake_bytes, asleep_bytes;
+	int pinned;
+	const char *model;
 };
+
+/* A byte count: digits with an optional K, M, G or T (binary) suffix. */
+static int parse_size(const char *cmd, const char *opt, const char *text, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(text, &end, 10);
+	unsigned shift = 0;
+	if (*end && !end[1])
+		shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 99;
+	else if (*end)
+		shift = 99;
+	if (errno || end == text || text[0] == '-' || shift == 99 || (shift && v > (UINT64_MAX >> shift))) {
+		fprintf(stderr, "gfctl lock %s: %s: expected a size such as 1048576, 512M or 2G, got '%s'\n", cmd, opt,
+			text);
+		return -1;
+	}
+	*out = (uint64_t)v << shift;
+	return 0;
+}
 
 static int load_secret(struct lock_opts *o)
 {
@@ -52,7 +78,8 @@ static int load_secret(struct lock_opts *o)
 /* Parses options up to "--"; returns the index of the first argument after it (or argc), -1 on error. */
 static int parse_opts(int argc, char **argv, struct lock_opts *o)
 {
-	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH };
+	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH, O_GPU, O_WAKE, O_ASLEEP,
+	       O_PIN, O_MODEL };
 	static const struct option opts[] = {
 		{ "lock", required_argument, NULL, O_LOCK },
 		{ "id", required_argument, NULL, O_ID },
@@ -63,6 +90,11 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 		{ "fence", required_argument, NULL, O_FENCE },
 		{ "json", no_argument, NULL, O_JSON },
 		{ "epoch", required_argument, NULL, O_EPOCH },
+		{ "gpu", required_argument, NULL, O_GPU },
+		{ "wake-bytes", required_argument, NULL, O_WAKE },
+		{ "asleep-bytes", required_argument, NULL, O_ASLEEP },
+		{ "pin", no_argument, NULL, O_PIN },
+		{ "model", required_argument, NULL, O_MODEL },
 		{ 0 },
 	};
 	int opt, rc = 0;
@@ -106,6 +138,25 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 			o->epoch = v;
 			break;
 		}
+		case O_GPU:
+			if (o->ngpus == 8) {
+				fprintf(stderr, "gfctl lock %s: at most 8 --gpu\n", argv[0]);
+				return -1;
+			}
+			o->gpus[o->ngpus++] = optarg;
+			break;
+		case O_WAKE:
+			rc = parse_size(argv[0], "--wake-bytes", optarg, &o->wake_bytes);
+			break;
+		case O_ASLEEP:
+			rc = parse_size(argv[0], "--asleep-bytes", optarg, &o->asleep_bytes);
+			break;
+		case O_PIN:
+			o->pinned = 1;
+			break;
+		case O_MODEL:
+			o->model = optarg;
+			break;
 		default:
 			fprintf(stderr, "gfctl lock %s: unknown option or missing value: '%s' (see 'gfctl lock %s --help')\n",
 				argv[0], argv[optind - 1], argv[0]);
@@ -149,6 +200,12 @@ static int new_lock(struct lock_opts *o, gf_lock **out)
 		gf_lock_set_secret(*out, o->secret, o->secret_len);
 	if (o->hb_ms > 0 || o->fence_ms > 0)
 		rc = gf_lock_set_lease(*out, o->hb_ms > 0 ? o->hb_ms : 1000, o->fence_ms > 0 ? o->fence_ms : 3000);
+	if (rc == 0)
+		rc = gf_lock_set_resources(*out, o->gpus, o->ngpus, o->wake_bytes, o->asleep_bytes);
+	if (rc == 0)
+		rc = gf_lock_set_pinned(*out, o->pinned);
+	if (rc == 0)
+		rc = gf_lock_set_model(*out, o->model);
 	if (rc < 0) {
 		gf_lock_free(*out);
 		*out = NULL;
@@ -325,7 +382,8 @@ static int cmd_status(struct lock_opts *o)
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
 				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "connections",
-				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters" };
+				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters",
+				       "holder_info", "pool" };
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 			char pat[64];
 			snprintf(pat, sizeof(pat), "\"%s\":", keys[i]);
@@ -375,6 +433,19 @@ static int cmd_revoke(struct lock_opts *o, char **extra)
 	return GFCTL_OK;
 }
 
+static int cmd_ready(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	char *json;
+	int rc = gf_lock_ready_for(o->uri, o->secret, o->secret_len, o->gpus, o->ngpus, o->model,
+				   o->timeout_ms >= 0 ? o->timeout_ms : 5000, &json);
+	if (rc < 0)
+		return fail("ready", rc);
+	printf("%s\n", json);
+	free(json);
+	return rc == 1 ? GFCTL_OK : GFCTL_EXIT_FAILURE;
+}
+
 static int run_lock_cmd(int argc, char **argv, int (*cmd)(struct lock_opts *, char **), int takes_cmd)
 {
 	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
@@ -419,6 +490,11 @@ static int run_ping(int argc, char **argv)
 	return run_lock_cmd(argc, argv, ping_cmd, 0);
 }
 
+static int run_ready(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_ready, 0);
+}
+
 static int run_revoke(int argc, char **argv)
 {
 	return run_lock_cmd(argc, argv, cmd_revoke, 0);
@@ -439,8 +515,14 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  LOCK_OPT "  --id ID                this holder's id (shown in status)\n"
 		   "  --timeout DUR          give up after DUR (default: wait forever; 0: ask once)\n"
 		   "  --reconnect-timeout DUR  how long to keep trying an unreachable server\n" SECRET_OPT
-		   "  --heartbeat DUR --fence DUR  lease of a tcp:// connection\n",
-	  ", 3 timeout, 4 lock lost, 5 unreachable, 6 refused; with CMD: CMD's status", run_acquire },
+		   "  --heartbeat DUR --fence DUR  lease of a tcp:// connection\n"
+		   "  --gpu UUID             a GPU this holder runs on (repeatable, at most 8), for the\n"
+		   "                         server's standby pool (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)\n"
+		   "  --wake-bytes N --asleep-bytes N  memory the wake needs / kept while asleep (512M, 2G)\n"
+		   "  --pin                  never evicted to keep a GPU's standby budget\n"
+		   "  --model NAME           the model served, for 'gfctl lock ready'\n",
+	  ", 3 timeout, 4 lock lost, 5 unreachable, 6 refused, 73 evicted from the standby pool while waiting;\n"
+	  "with CMD: CMD's status", run_acquire },
 	{ "status", "--lock URI [--json] [--timeout DUR]", "Show the holder, epoch, waiters and reconnect window.", NULL,
 	  LOCK_OPT "  --json                 the status as one JSON object\n"
 		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
@@ -448,6 +530,16 @@ static const struct gfctl_cmd lock_cmds[] = {
 	{ "ping", "--lock URI [--timeout DUR]", "Check that the lock server answers a handshake; print 'ok'.", NULL,
 	  LOCK_OPT "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
 	  ", 3 timeout, 5 unreachable, 6 refused", run_ping },
+	{ "ready", "--lock URI [--gpu UUID ...] [--model NAME] [--timeout DUR]",
+	  "Is an engine Active for these GPUs and this model? Prints the answer as JSON.",
+	  "Answered from the lock server's state: ready when the holder declared every --gpu\n"
+	  "(none: any) and serves --model (none: any). The holder may still be waking; its own\n"
+	  "/ready probe says when it serves. gf-lockd --metrics serves the same at /ready.",
+	  LOCK_OPT "  --gpu UUID             a GPU the engine must run on (repeatable, at most 8)\n"
+		   "  --model NAME           the model it must serve\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused; 1 when no engine is Active for them, 2 for a malformed UUID or model",
+	  run_ready },
 	{ "revoke", "--lock URI --epoch N [--timeout DUR]",
 	  "Revoke the grant of epoch N: the next waiter is granted without waiting for the holder to exit.",
 	  "For a holder that will not die (a process in uninterruptible sleep keeps its\n"

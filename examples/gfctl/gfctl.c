@@ -62,6 +62,8 @@ int gfctl_exit_code(int err)
 		return GFCTL_EXIT_UNREACHABLE;
 	case GF_ERR_PERMISSION:
 		return GFCTL_EXIT_PERMISSION;
+	case GF_ERR_EVICTED:
+		return GFCTL_EXIT_EVICTED;
 	case GF_ERR_INVALID_ARG:
 		return GFCTL_EXIT_USAGE;
 	default:

@@ -14,6 +14,7 @@ enum {
 	GFCTL_EXIT_LOCK_LOST = 4, /* the lock was held and lost */
 	GFCTL_EXIT_UNREACHABLE = 5, /* server not reachable */
 	GFCTL_EXIT_PERMISSION = 6,  /* refused by the server */
+	GFCTL_EXIT_EVICTED = 73,    /* a waiting acquire was evicted from the standby pool (GF_ENGINE_EXIT_EVICTED) */
 };
 
 /* One command: "gfctl GROUP NAME ARGS". run() gets argv[0] = NAME and the

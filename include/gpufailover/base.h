@@ -69,6 +69,7 @@ enum gf_error {
 	GF_ERR_DRIVER = -19,         /**< the GPU driver returned an error (detail names it) */
 	GF_ERR_AGAIN = -20,          /**< would block; try again after the fd is ready */
 	GF_ERR_BUSY = -21,           /**< resource busy (e.g. lock held, mapping in use) */
+	GF_ERR_EVICTED = -22,        /**< a standby was evicted from the lock server's pool to keep a GPU's budget */
 };
 
 /** Static English description of @p err ("timed out", ...). Unknown codes give "unknown error". */

@@ -57,6 +57,14 @@ enum gf_probe {
 #define GF_ENGINE_LOADER GF_GMS_ROLE_LOADER     /**< connects RW_OR_RO: loads where nothing is committed yet */
 #define GF_ENGINE_FOLLOWER GF_GMS_ROLE_FOLLOWER /**< connects RO only: waits for the loader's commit */
 
+/**
+ * Exit status of an engine process whose standby was evicted from the lock
+ * server's pool (GF_ERR_EVICTED): a deliberate stop, not a crash; a
+ * supervisor should not restart it (gf-supervise treats it as terminal).
+ * 70 is the loss policy's and 75 a switchover's.
+ */
+#define GF_ENGINE_EXIT_EVICTED 73
+
 typedef struct gf_engine gf_engine;
 
 /**
@@ -165,6 +173,23 @@ GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *engine, int64_t ms);
  */
 GF_EXPORT int gf_engine_set_memory_need(gf_engine *engine, uint64_t bytes);
 /**
+ * Standby pool: the GPUs this engine runs on, declared to the lock server
+ * with every acquire (UUIDs, "GPU-" or "MIG-" and 8-4-4-4-12 hex digits;
+ * copied; at most 8; 0 clears). With the memory need
+ * (gf_engine_set_memory_need()), the asleep bytes and the pin flag they
+ * are what the server's per-GPU standby budget counts (docs/lock.md).
+ * Default (none set): the UUIDs of the engine's devices as the driver
+ * reports them (cuda); the host backend declares no GPU.
+ * Errors: GF_ERR_INVALID_ARG (malformed or repeated UUID), GF_ERR_STATE.
+ */
+GF_EXPORT int gf_engine_set_gpus(gf_engine *engine, const char *const *gpus, size_t ngpus);
+/** Standby pool: memory this engine keeps on its GPUs while asleep (bytes, reported per GPU by the lock server). */
+GF_EXPORT int gf_engine_set_asleep_bytes(gf_engine *engine, uint64_t bytes);
+/** Standby pool: @p pinned != 0 makes the lock server never evict this engine to keep a GPU's budget. */
+GF_EXPORT int gf_engine_set_pinned(gf_engine *engine, int pinned);
+/** The model this engine serves (copied; engine id rule; NULL clears), for readiness queries (gf_lock_ready_for()). */
+GF_EXPORT int gf_engine_set_model(gf_engine *engine, const char *model);
+/**
  * Built-in probe server address: @p address is a numeric IPv4 address
  * (NULL: 0.0.0.0), @p port 0 picks a free port, -1 disables (default).
  */
@@ -224,7 +249,9 @@ GF_EXPORT int gf_engine_sleep(gf_engine *engine);
  * GF_ERR_INTERRUPTED (gf_engine_interrupt(); stays Standby), the lock
  * client's errors (stays Standby), GF_ERR_OUT_OF_MEMORY (the gate did not
  * open within the waking timeout; Dead, the caller exits and so releases
- * the lock).
+ * the lock), GF_ERR_EVICTED (the lock server evicted this standby to keep a
+ * GPU's budget; Dead, cause "evicted": the caller exits with
+ * GF_ENGINE_EXIT_EVICTED).
  */
 GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
 /**

@@ -67,6 +67,27 @@ GF_EXPORT int gf_lock_set_secret(gf_lock *lock, const void *secret, size_t len);
 GF_EXPORT int gf_lock_set_lease(gf_lock *lock, int64_t heartbeat_ms, int64_t fence_ms);
 /** Install the lock-lost hook (NULL removes it). */
 GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
+/**
+ * Declare this engine's resources for the server's standby pool, sent with
+ * every acquire: the GPUs it runs on (@p ngpus UUIDs, at most 8, each
+ * "GPU-" or "MIG-" and 8-4-4-4-12 hex digits; copied, kept lowercase), the
+ * private memory its wake needs and the memory it keeps while asleep (bytes).
+ * Replaces an earlier declaration; takes effect at the next acquire.
+ * A server with a per-GPU standby budget may evict this engine while it
+ * waits: its acquire then returns GF_ERR_EVICTED (docs/lock.md).
+ * Errors: GF_ERR_INVALID_ARG (more than 8 GPUs, a malformed or repeated
+ * UUID; nothing changed). Thread-safe.
+ */
+GF_EXPORT int gf_lock_set_resources(gf_lock *lock, const char *const *gpus, size_t ngpus, uint64_t wake_bytes,
+				    uint64_t asleep_bytes);
+/** Declare this engine pinned (@p pinned != 0): the server never evicts it to keep a GPU's standby budget. */
+GF_EXPORT int gf_lock_set_pinned(gf_lock *lock, int pinned);
+/**
+ * Declare the model this engine serves (copied; the engine id rule applies;
+ * NULL or "" clears), answered by readiness queries (gf_lock_ready_for()).
+ * Errors: GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_lock_set_model(gf_lock *lock, const char *model);
 
 /**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
@@ -135,6 +156,19 @@ GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t se
  */
 GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
 			     int64_t timeout_ms);
+/**
+ * Readiness relay: is an engine Active (the lock's holder) for the GPU set
+ * @p gpus (the holder declared every one of them; @p ngpus 0: any GPUs) and
+ * the model @p model (NULL or "": any)? Answered from the server's state in
+ * one status query; the holder may still be waking (its own /ready probe
+ * says when it serves). Returns 1 (yes) or 0 (no), and when @p json is not
+ * NULL the answer as a malloc'd JSON object ({"ready", "holder", "epoch",
+ * "holder_model", "gpus", "model"}; free() it). Blocks up to @p timeout_ms.
+ * Errors: GF_ERR_INVALID_ARG (malformed UUID or model, more than 8 GPUs),
+ * GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PERMISSION, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, const char *const *gpus,
+				size_t ngpus, const char *model, int64_t timeout_ms, char **json);
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 
@@ -194,6 +228,18 @@ GF_EXPORT int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t dete
 /** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */
 GF_EXPORT int gf_lockd_set_handshake_timeout(gf_lockd *d, int64_t ms);
 /**
+ * Standby budget: at most @p n waiting engines per GPU (0, the default: no
+ * budget). When a standby registers and a GPU it declared has more, the
+ * least recently Active standbys on that GPU are evicted (never Active
+ * counts as least recent; ties: the longest waiting; never the holder, a
+ * pinned engine or one younger than the min standby age; the newcomer is a
+ * candidate like the others): their acquire fails with GF_ERR_EVICTED and
+ * the server closes their connection. Before gf_lockd_start(); GF_ERR_STATE after.
+ */
+GF_EXPORT int gf_lockd_set_max_standby_per_gpu(gf_lockd *d, uint32_t n);
+/** Standbys registered less than @p ms ago are never evicted (default 0; at most a year). Before start. */
+GF_EXPORT int gf_lockd_set_min_standby_age(gf_lockd *d, int64_t ms);
+/**
  * Read the state file, open the listeners; raises the process's soft
  * RLIMIT_NOFILE to its hard limit (every peer is an fd, two for unix peers).
  * After this returns the sockets accept connections. Errors: GF_ERR_INVALID_ARG (no listener, TCP without
@@ -213,6 +259,21 @@ GF_EXPORT int gf_lockd_run(gf_lockd *d);
 GF_EXPORT void gf_lockd_stop(gf_lockd *d);
 /** Status as JSON (same shape as gf_lock_status_json()); *json is malloc'd. */
 GF_EXPORT int gf_lockd_status_json(gf_lockd *d, char **json);
+/**
+ * The server's state in the Prometheus text format (malloc'd in *@p text):
+ * the lock, the pool's budget and evictions, per GPU totals
+ * (gf_lock_pool_gpu_*{uuid=...}) and per engine declarations and last time
+ * Active (gf_lock_engine_*{id=...,role=holder|standby}). Call on the thread
+ * that drives the server. Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_lockd_metrics(gf_lockd *d, char **text);
+/**
+ * gf_lock_ready_for() answered in process: 1 or 0, and the JSON answer in
+ * *@p json (malloc'd). Call on the thread that drives the server.
+ * Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_lockd_ready_json(gf_lockd *d, const char *const *gpus, size_t ngpus, const char *model,
+				  char **json);
 
 /** @} */
 

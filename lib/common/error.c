@@ -37,6 +37,7 @@ static const struct {
 	{ GF_ERR_DRIVER, "GF_ERR_DRIVER", "GPU driver error" },
 	{ GF_ERR_AGAIN, "GF_ERR_AGAIN", "operation would block" },
 	{ GF_ERR_BUSY, "GF_ERR_BUSY", "resource busy" },
+	{ GF_ERR_EVICTED, "GF_ERR_EVICTED", "evicted from the standby pool" },
 };
 
 GF_EXPORT const char *gf_strerror(int err)

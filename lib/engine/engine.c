@@ -109,6 +109,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 		gf_lock_free(lock);
 	free(e->lock_uri);
 	free(e->id);
+	free(e->model);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }
@@ -326,6 +327,11 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 				return rc;
 			}
 		}
+		rc = gf_engine_pool_apply(e, lock);
+		if (rc) {
+			gf_lock_free(lock);
+			return rc;
+		}
 		/* The hook is in place before the lock can be held. */
 		gf_lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
 		atomic_store(&e->lock, lock);
@@ -339,6 +345,12 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	e->acquire_start_us = t0;
 	pthread_mutex_unlock(&e->mu);
 	rc = gf_lock_acquire(lock, timeout_ms, &grant);
+	if (rc == GF_ERR_EVICTED) {
+		/* Not a crash: the lock server made room on a GPU. Dead says why;
+		 * the caller exits with GF_ENGINE_EXIT_EVICTED. */
+		gf_engine_die(e, "evicted", gf_error_detail());
+		return rc;
+	}
 	if (rc)
 		return rc;
 	int64_t t1 = e->clock.now_us();

@@ -83,6 +83,12 @@ struct gf_engine {
 	int64_t startup_deadline_ms; /* <= 0: none */
 	uint64_t memory_need;        /* free bytes per device the wake needs */
 	bool memory_need_set;        /* else the need is private_bytes */
+	/* Declared to the lock server's standby pool (pool.c). */
+	char pool_gpus[8][48];
+	size_t pool_ngpus;
+	uint64_t asleep_bytes;
+	bool pinned;
+	char *model;
 	char probe_addr[64];
 	int probe_port;
 	/* Set once by the stepping thread; reporting reads it from any thread. */
@@ -127,6 +133,8 @@ void gf_engine_real_sleep_ms(int64_t ms);
 int gf_engine_start_watchdog(gf_engine *e);
 /* Free bytes every device must have before the engine enters Waking. */
 uint64_t gf_engine_memory_need(const gf_engine *e);
+/* Declare the engine's pool resources on its new lock client (pool.c). */
+int gf_engine_pool_apply(gf_engine *e, gf_lock *lock);
 /* With the lock granted: wait until every device has the memory need free,
  * until @deadline_us; else Dead (cause memory_gate) and the error. */
 int gf_engine_memory_gate(gf_engine *e, int64_t deadline_us);

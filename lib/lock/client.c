@@ -23,6 +23,7 @@
 
 #include "gpufailover/lock.h"
 #include "lockint.h"
+#include "pool.h"
 #include "wire.h"
 
 #define RETRY_US 50000           /* between reconnect attempts */
@@ -42,6 +43,7 @@ struct gf_lock {
 	int64_t eff_hb_ms, eff_fence_ms; /* after the server's advice at grant time */
 	gf_lock_lost_fn lost_fn;
 	void *lost_ud;
+	struct gf_pool_decl decl; /* sent with every acquire */
 	int fd;
 	struct gf_frame_reader rd;
 	_Atomic int state;
@@ -225,6 +227,57 @@ void gf_lock_set_lost_fn(gf_lock *l, gf_lock_lost_fn fn, void *userdata)
 	pthread_mutex_unlock(&l->mu);
 }
 
+int gf_lock_set_resources(gf_lock *l, const char *const *gpus, size_t ngpus, uint64_t wake_bytes,
+			  uint64_t asleep_bytes)
+{
+	if (!l || (ngpus && !gpus))
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
+	if (ngpus > GF_POOL_MAX_GPUS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: %zu GPUs declared, at most %d", ngpus, GF_POOL_MAX_GPUS);
+	struct gf_pool_decl d = { .ngpus = 0 };
+	for (size_t i = 0; i < ngpus; i++) {
+		if (!gpus[i] || !gf_pool_uuid_parse(gpus[i], d.gpus[d.ngpus]))
+			return gf_err(GF_ERR_INVALID_ARG,
+				      "lock: GPU \"%.60s\" is not a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+				      gpus[i] ? gpus[i] : "(null)");
+		if (gf_pool_on_gpu(&d, d.gpus[d.ngpus]))
+			return gf_err(GF_ERR_INVALID_ARG, "lock: GPU %s declared twice", d.gpus[d.ngpus]);
+		d.ngpus++;
+	}
+	pthread_mutex_lock(&l->mu);
+	memcpy(l->decl.gpus, d.gpus, sizeof(d.gpus));
+	l->decl.ngpus = d.ngpus;
+	l->decl.wake_bytes = wake_bytes;
+	l->decl.asleep_bytes = asleep_bytes;
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+int gf_lock_set_pinned(gf_lock *l, int pinned)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	pthread_mutex_lock(&l->mu);
+	l->decl.pinned = pinned != 0;
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+int gf_lock_set_model(gf_lock *l, const char *model)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	if (model && *model) {
+		int rc = gf_id_check(model, "lock model");
+		if (rc < 0)
+			return rc;
+	}
+	pthread_mutex_lock(&l->mu);
+	snprintf(l->decl.model, sizeof(l->decl.model), "%s", model ? model : "");
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
 static bool is_tcp(const gf_lock *l)
 {
 	return l->uri.kind == GF_URI_TCP;
@@ -274,6 +327,13 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	m->which_body = gf_Msg_lock_acquire_tag;
 	snprintf(m->body.lock_acquire.engine_id, sizeof(m->body.lock_acquire.engine_id), "%s", l->id);
 	m->body.lock_acquire.timeout_ms = timeout_ms;
+	gf_LockAcquire *a = &m->body.lock_acquire;
+	a->gpus_count = l->decl.ngpus;
+	memcpy(a->gpus, l->decl.gpus, sizeof(a->gpus));
+	a->wake_bytes = l->decl.wake_bytes;
+	a->asleep_bytes = l->decl.asleep_bytes;
+	a->pinned = l->decl.pinned;
+	memcpy(a->model, l->decl.model, sizeof(a->model));
 	if (reclaim) {
 		memcpy(m->body.lock_acquire.session_token.bytes, l->grant.session_token, GF_LOCK_TOKEN_LEN);
 		m->body.lock_acquire.session_token.size = GF_LOCK_TOKEN_LEN;
@@ -788,6 +848,51 @@ int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, 
 		}
 		if (m->which_body != gf_Msg_heartbeat_tag)
 			rc = gf_err(GF_ERR_PROTOCOL, "status: unexpected reply %s", gf_msg_name(m));
+	}
+out:
+	gf_msg_free(m);
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}
+
+int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, const char *const *gpus,
+		      size_t ngpus, const char *model, int64_t timeout_ms, char **json)
+{
+	if (ngpus && !gpus)
+		return gf_err(GF_ERR_INVALID_ARG, "lock ready: NULL GPU list");
+	/* A malformed query is refused before connecting. */
+	gf_LockStatus *empty = calloc(1, sizeof(*empty));
+	if (!empty)
+		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
+	int rc = gf_lock_ready_from_status(empty, gpus, ngpus, model, NULL);
+	free(empty);
+	if (rc < 0)
+		return rc;
+	struct gf_frame_reader rd;
+	int fd;
+	rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
+	if (rc < 0)
+		return rc;
+	gf_Msg *m = gf_msg_new();
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	if (!m) {
+		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
+		goto out;
+	}
+	m->seq = 1;
+	m->which_body = gf_Msg_lock_status_request_tag;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	while (rc == 0) {
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
+			break;
+		if (m->which_body == gf_Msg_lock_status_tag) {
+			rc = gf_lock_ready_from_status(&m->body.lock_status, gpus, ngpus, model, json);
+			break;
+		}
+		if (m->which_body != gf_Msg_heartbeat_tag)
+			rc = gf_err(GF_ERR_PROTOCOL, "ready: unexpected reply %s", gf_msg_name(m));
 	}
 out:
 	gf_msg_free(m);

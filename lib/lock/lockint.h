@@ -57,4 +57,13 @@ int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, con
 /* A LockStatus message as a JSON object (malloc'd text); status_json.c. */
 int gf_lock_status_to_json(const gf_LockStatus *s, char **json);
 
+/*
+ * Readiness from a status (ready.c): 1 when the holder declared every GPU of
+ * @gpus and serves @model (NULL or empty: any), 0 when not, or
+ * GF_ERR_INVALID_ARG for a malformed UUID or model. @json (may be NULL)
+ * receives the answer as a malloc'd JSON object.
+ */
+int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, size_t ngpus, const char *model,
+			      char **json);
+
 #endif

@@ -23,6 +23,7 @@
 #include "gpufailover/lock.h"
 #include "grant.h"
 #include "lockint.h"
+#include "pool.h"
 #include "server.h"
 
 /* Retry a failed state-file write this often, holding grants meanwhile. */
@@ -46,6 +47,11 @@ struct conn {
 	int hb_credit;
 	uint32_t seq;               /* seq of the pending acquire, echoed in the grant */
 	struct conn *wprev, *wnext; /* waiters FIFO */
+	/* The standby pool: what the engine declared (NULL: nothing), when it
+	 * registered (monotonic) and when it was last Active (wall clock, 0: never). */
+	struct gf_pool_decl *decl;
+	int64_t since_mono;
+	int64_t last_active_us;
 };
 
 struct gf_lockd {
@@ -98,7 +104,25 @@ struct gf_lockd {
 	} release_log;
 
 	gf_Msg *msg; /* scratch reply: gf_Msg is large */
+
+	/* the standby pool (pool.h) */
+	struct gf_pool_policy pool;
+	uint64_t evicted, over_budget;
+	/* When each engine id was last Active, so a standby that comes back
+	 * keeps its place in the LRU order; bounded, the oldest entry goes. */
+	struct seen {
+		char id[GF_LOCK_ID_MAX];
+		int64_t last_active_us;
+	} *seen;
+	size_t nseen;
 };
+
+#define SEEN_MAX 1024
+
+static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a);
+static void pool_registered(gf_lockd *d, struct conn *c);
+static void pool_active_now(gf_lockd *d, struct conn *c);
+static void pool_fill_status(gf_lockd *d, gf_LockStatus *s);
 
 static void flush_release_log(gf_lockd *d);
 static void end_exit_wait(gf_lockd *d, const char *why);
@@ -180,6 +204,7 @@ void gf_lockd_free(gf_lockd *d)
 	free(d->state_tmpname);
 	free(d->state_path);
 	gf_msg_free(d->msg);
+	free(d->seen);
 	free(d);
 }
 
@@ -528,6 +553,7 @@ static void end_exit_wait(gf_lockd *d, const char *why)
 static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_exit)
 {
 	struct gf_srv_peer *p = c->peer;
+	pool_active_now(d, c);
 	d->holder = NULL;
 	c->role = R_NONE;
 	if (wait_exit && p->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(p->pidfd)) {
@@ -569,6 +595,8 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	if (c->role == R_HOLDER)
 		holder_gone(d, c, why, true);
 	c->pid_watched = false; /* the core removes the pidfd with the socket */
+	free(c->decl);
+	c->decl = NULL;
 }
 
 static void fill_status(gf_lockd *d, gf_LockStatus *s)
@@ -602,6 +630,7 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->refused_no_pidfd = st.refused_no_pidfd;
 	s->accept_paused = st.accept_paused;
 	s->refused_auth_rate = st.refused_auth_rate;
+	pool_fill_status(d, s);
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -650,6 +679,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	waiter_unlink(d, c);
 	c->role = R_HOLDER;
 	d->holder = c;
+	pool_active_now(d, c);
 	gf_Msg *m = d->msg;
 	memset(m, 0, sizeof(*m));
 	m->seq = c->seq;
@@ -737,6 +767,10 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
+	if (pool_take_decl(d, c, a) < 0) {
+		reply_error(d, c, GF_ERR_INVALID_ARG, gf_error_detail(), false);
+		return;
+	}
 	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
 	switch (dec) {
 	case GF_LOCK_TAKEOVER: {
@@ -787,6 +821,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 	d->wtail = c;
 	d->nwaiters++;
 	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->peer->id, c->peer->pid, d->nwaiters);
+	pool_registered(d, c);
 }
 
 static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
@@ -976,4 +1011,357 @@ static void on_timer(void *ctx, int64_t now)
 			}
 		}
 	}
+}
+
+/* ---- the standby pool (pool.h has the rules) ---- */
+
+int gf_lockd_set_max_standby_per_gpu(gf_lockd *d, uint32_t n)
+{
+	CHECK_CONFIG(d);
+	d->pool.max_standby_per_gpu = n;
+	return 0;
+}
+
+int gf_lockd_set_min_standby_age(gf_lockd *d, int64_t ms)
+{
+	CHECK_CONFIG(d);
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: min standby age %lldms outside 0..%lldms", (long long)ms,
+			      (long long)GF_MAX_DURATION_MS);
+	d->pool.min_standby_age_us = ms * 1000;
+	return 0;
+}
+
+static struct seen *seen_find(gf_lockd *d, const char *id)
+{
+	for (size_t i = 0; i < d->nseen; i++)
+		if (!strcmp(d->seen[i].id, id))
+			return &d->seen[i];
+	return NULL;
+}
+
+/* @c is Active now (granted) or was until now (its grant ends). */
+static void pool_active_now(gf_lockd *d, struct conn *c)
+{
+	int64_t now = gf_wall_us();
+	c->last_active_us = now;
+	struct seen *e = seen_find(d, c->peer->id);
+	if (!e) {
+		if (!d->seen && !(d->seen = calloc(SEEN_MAX, sizeof(*d->seen))))
+			return; /* the LRU order then only knows live connections */
+		if (d->nseen < SEEN_MAX) {
+			e = &d->seen[d->nseen++];
+		} else {
+			e = &d->seen[0];
+			for (size_t i = 1; i < d->nseen; i++)
+				if (d->seen[i].last_active_us < e->last_active_us)
+					e = &d->seen[i];
+		}
+		snprintf(e->id, sizeof(e->id), "%s", c->peer->id);
+	}
+	e->last_active_us = now;
+}
+
+/* Take the acquire's declaration; GF_ERR_INVALID_ARG (detail set) when it is malformed. */
+static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
+{
+	(void)d;
+	struct gf_pool_decl tmp;
+	int rc = gf_pool_decl_from_acquire(a, &tmp);
+	if (rc < 0)
+		return rc;
+	bool empty = !tmp.ngpus && !tmp.pinned && !tmp.model[0] && !tmp.wake_bytes && !tmp.asleep_bytes;
+	if (empty) {
+		free(c->decl);
+		c->decl = NULL;
+		return 0;
+	}
+	if (!c->decl && !(c->decl = malloc(sizeof(*c->decl))))
+		return gf_err(GF_ERR_NOMEM, "acquire: out of memory for the engine's declaration");
+	*c->decl = tmp;
+	return 0;
+}
+
+/* A new standby joined the FIFO: keep every GPU it declared within budget. */
+static void pool_registered(gf_lockd *d, struct conn *c)
+{
+	c->since_mono = gf_now_us();
+	struct seen *e = seen_find(d, c->peer->id);
+	c->last_active_us = e ? e->last_active_us : 0;
+	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
+		return;
+	/* The common case, every GPU within budget, costs one pass and no allocation. */
+	bool over = false;
+	for (size_t g = 0; g < c->decl->ngpus && !over; g++) {
+		uint32_t count = 0;
+		for (struct conn *w = d->whead; w && !over; w = w->wnext)
+			over = gf_pool_on_gpu(w->decl, c->decl->gpus[g]) && ++count > d->pool.max_standby_per_gpu;
+	}
+	if (!over)
+		return;
+	/* The newcomer itself may be evicted (and its declaration freed): keep what the log lines need. */
+	const struct gf_pool_decl nd = *c->decl;
+	char nid[GF_LOCK_ID_MAX];
+	snprintf(nid, sizeof(nid), "%s", c->peer->id);
+	struct gf_pool_member *m = malloc(d->nwaiters * sizeof(*m));
+	struct conn **who = malloc(d->nwaiters * sizeof(*who));
+	size_t *victims = malloc(d->nwaiters * sizeof(*victims));
+	if (!m || !who || !victims) {
+		gf_log(GF_LOG_ERR, "lock", "msg=\"out of memory: standby budget not enforced\" id=%s", nid);
+		goto out;
+	}
+	size_t n = 0, self = 0;
+	for (struct conn *w = d->whead; w; w = w->wnext) {
+		if (w == c)
+			self = n;
+		who[n] = w;
+		m[n++] = (struct gf_pool_member){ .decl = w->decl, .since_us = w->since_mono,
+						  .last_active_us = w->last_active_us };
+	}
+	size_t short_by;
+	size_t nv = gf_pool_choose_evictions(m, n, self, &d->pool, c->since_mono, victims, n, &short_by);
+	for (size_t i = 0; i < nv; i++) {
+		struct conn *v = who[victims[i]];
+		char det[400];
+		const char *gpu = "?";
+		for (size_t g = 0; g < nd.ngpus; g++)
+			if (gf_pool_on_gpu(v->decl, nd.gpus[g])) {
+				gpu = nd.gpus[g];
+				break;
+			}
+		snprintf(det, sizeof(det),
+			 "evicted from the standby pool: GPU %s was over its budget of %u standbys when %.127s registered; "
+			 "this engine was the least recently Active there (last_active_us=%lld)",
+			 gpu, d->pool.max_standby_per_gpu, nid, (long long)v->last_active_us);
+		gf_log(GF_LOG_WARN, "lock",
+		       "msg=\"evicted\" id=%s pid=%u gpu=%s last_active_us=%lld budget=%u newcomer=%s reason=\"least recently Active standby over the GPU's budget\"",
+		       v->peer->id, v->peer->pid, gpu, (long long)v->last_active_us, d->pool.max_standby_per_gpu, nid);
+		d->evicted++;
+		waiter_unlink(d, v);
+		reply_error(d, v, GF_ERR_EVICTED, det, true);
+	}
+	if (short_by) {
+		d->over_budget++;
+		gf_log(GF_LOG_WARN, "lock",
+		       "msg=\"standby budget exceeded: nothing evictable (holder, pinned or younger than min_standby_age)\" id=%s over_by=%zu budget=%u",
+		       nid, short_by, d->pool.max_standby_per_gpu);
+	}
+out:
+	free(m);
+	free(who);
+	free(victims);
+}
+
+/* Per-GPU totals over the holder and every waiter (malloc'd array, in order of first appearance). */
+struct pool_gpu {
+	const char *uuid;
+	uint32_t standbys;
+	uint64_t asleep_bytes, wake_bytes_max;
+	bool active;
+};
+
+static int pool_gpu_add(struct pool_gpu **t, size_t *n, size_t *cap, const struct gf_pool_decl *decl, bool holder)
+{
+	for (size_t g = 0; decl && g < decl->ngpus; g++) {
+		size_t i = 0;
+		while (i < *n && strcmp((*t)[i].uuid, decl->gpus[g]))
+			i++;
+		if (i == *n) {
+			if (*n == *cap) {
+				size_t nc = *cap ? *cap * 2 : 16;
+				struct pool_gpu *nt = realloc(*t, nc * sizeof(*nt));
+				if (!nt)
+					return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+				*t = nt;
+				*cap = nc;
+			}
+			(*t)[(*n)++] = (struct pool_gpu){ .uuid = decl->gpus[g] };
+		}
+		struct pool_gpu *e = &(*t)[i];
+		if (holder) {
+			e->active = true;
+			continue;
+		}
+		e->standbys++;
+		e->asleep_bytes += decl->asleep_bytes;
+		if (decl->wake_bytes > e->wake_bytes_max)
+			e->wake_bytes_max = decl->wake_bytes;
+	}
+	return 0;
+}
+
+static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
+{
+	struct pool_gpu *t = NULL;
+	size_t n = 0, cap = 0;
+	int rc = d->holder ? pool_gpu_add(&t, &n, &cap, d->holder->decl, true) : 0;
+	for (struct conn *w = d->whead; w && rc == 0; w = w->wnext)
+		rc = pool_gpu_add(&t, &n, &cap, w->decl, false);
+	if (rc < 0) {
+		free(t);
+		return rc;
+	}
+	*out = t;
+	*nout = n;
+	return 0;
+}
+
+static void pool_fill_entry(gf_LockWaiter *o, const struct conn *c)
+{
+	const struct gf_pool_decl *decl = c->decl;
+	if (!decl)
+		return;
+	o->gpus_count = decl->ngpus;
+	for (size_t g = 0; g < decl->ngpus; g++)
+		memcpy(o->gpus[g], decl->gpus[g], sizeof(o->gpus[g]));
+	o->wake_bytes = decl->wake_bytes;
+	o->asleep_bytes = decl->asleep_bytes;
+	o->pinned = decl->pinned;
+	memcpy(o->model, decl->model, sizeof(o->model));
+}
+
+static void pool_fill_status(gf_lockd *d, gf_LockStatus *s)
+{
+	s->max_standby_per_gpu = d->pool.max_standby_per_gpu;
+	s->min_standby_age_ms = d->pool.min_standby_age_us / 1000;
+	s->evicted = d->evicted;
+	s->over_budget = d->over_budget;
+	size_t i = 0;
+	for (struct conn *w = d->whead; w && i < s->waiters_count; w = w->wnext, i++) {
+		pool_fill_entry(&s->waiters[i], w);
+		s->waiters[i].last_active_us = w->last_active_us;
+	}
+	if (d->holder) {
+		gf_LockWaiter *h = &s->holder_info;
+		s->has_holder_info = true;
+		snprintf(h->engine_id, sizeof(h->engine_id), "%s", d->holder->peer->id);
+		h->pid = d->holder->peer->pid;
+		h->since_us = d->granted_at_wall;
+		h->last_active_us = gf_wall_us();
+		pool_fill_entry(h, d->holder);
+	}
+	struct pool_gpu *t;
+	size_t n;
+	if (pool_gpus(d, &t, &n) < 0)
+		return;
+	for (size_t g = 0; g < n && s->gpus_count < GF_ARRAY_SIZE(s->gpus); g++) {
+		gf_LockGpu *o = &s->gpus[s->gpus_count++];
+		snprintf(o->uuid, sizeof(o->uuid), "%s", t[g].uuid);
+		o->standbys = t[g].standbys;
+		o->asleep_bytes = t[g].asleep_bytes;
+		o->wake_bytes_max = t[g].wake_bytes_max;
+		o->active = t[g].active;
+	}
+	free(t);
+}
+
+static void metric(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void engine_metrics(FILE *f, const char *name, const struct conn *c, const char *role)
+{
+	const struct gf_pool_decl *decl = c->decl;
+	uint64_t v = 0;
+	if (!strcmp(name, "gf_lock_engine_last_active_seconds")) {
+		int64_t t = !strcmp(role, "holder") ? gf_wall_us() : c->last_active_us;
+		fprintf(f, "%s{id=\"%s\",role=\"%s\"} %.6f\n", name, c->peer->id, role, (double)t / 1e6);
+		return;
+	}
+	if (!strcmp(name, "gf_lock_engine_wake_bytes"))
+		v = decl ? decl->wake_bytes : 0;
+	else if (!strcmp(name, "gf_lock_engine_asleep_bytes"))
+		v = decl ? decl->asleep_bytes : 0;
+	else
+		v = decl && decl->pinned;
+	fprintf(f, "%s{id=\"%s\",role=\"%s\"} %llu\n", name, c->peer->id, role, (unsigned long long)v);
+}
+
+int gf_lockd_metrics(gf_lockd *d, char **text)
+{
+	if (!d || !text)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
+	struct pool_gpu *t;
+	size_t n;
+	int rc = pool_gpus(d, &t, &n);
+	if (rc < 0)
+		return rc;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f) {
+		free(t);
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	}
+	struct gf_srv_stats st;
+	gf_srv_stats(d->srv, &st);
+	metric(f, "gf_lock_held", "gauge", "1 while an engine holds the lock");
+	fprintf(f, "gf_lock_held %d\n", d->holder != NULL);
+	metric(f, "gf_lock_epoch", "gauge", "the last epoch granted");
+	fprintf(f, "gf_lock_epoch %llu\n", (unsigned long long)d->epoch);
+	metric(f, "gf_lock_waiters", "gauge", "standby engines waiting for the lock");
+	fprintf(f, "gf_lock_waiters %zu\n", d->nwaiters);
+	metric(f, "gf_lock_connections", "gauge", "open connections");
+	fprintf(f, "gf_lock_connections %u\n", st.connections);
+	metric(f, "gf_lock_pool_max_standby_per_gpu", "gauge", "standby budget per GPU (0: none)");
+	fprintf(f, "gf_lock_pool_max_standby_per_gpu %u\n", d->pool.max_standby_per_gpu);
+	metric(f, "gf_lock_pool_min_standby_age_seconds", "gauge", "standbys younger than this are never evicted");
+	fprintf(f, "gf_lock_pool_min_standby_age_seconds %.3f\n", (double)d->pool.min_standby_age_us / 1e6);
+	metric(f, "gf_lock_pool_evicted_total", "counter", "standbys evicted to keep a GPU's budget");
+	fprintf(f, "gf_lock_pool_evicted_total %llu\n", (unsigned long long)d->evicted);
+	metric(f, "gf_lock_pool_over_budget_total", "counter",
+	       "registrations that left a GPU over budget because nothing was evictable");
+	fprintf(f, "gf_lock_pool_over_budget_total %llu\n", (unsigned long long)d->over_budget);
+	static const struct {
+		const char *name, *help;
+	} per_gpu[] = {
+		{ "gf_lock_pool_gpu_standbys", "standby engines that declared this GPU" },
+		{ "gf_lock_pool_gpu_asleep_bytes", "memory the standbys on this GPU keep while asleep" },
+		{ "gf_lock_pool_gpu_wake_bytes_max", "the largest wake need among the standbys on this GPU" },
+		{ "gf_lock_pool_gpu_active", "1 when the holder declared this GPU" },
+	};
+	for (size_t k = 0; k < GF_ARRAY_SIZE(per_gpu); k++) {
+		metric(f, per_gpu[k].name, "gauge", per_gpu[k].help);
+		for (size_t g = 0; g < n; g++) {
+			uint64_t v = k == 0 ? t[g].standbys : k == 1 ? t[g].asleep_bytes : k == 2 ? t[g].wake_bytes_max : t[g].active;
+			fprintf(f, "%s{uuid=\"%s\"} %llu\n", per_gpu[k].name, t[g].uuid, (unsigned long long)v);
+		}
+	}
+	static const struct {
+		const char *name, *type, *help;
+	} per_engine[] = {
+		{ "gf_lock_engine_last_active_seconds", "gauge",
+		  "wall clock when the engine was last Active (holder: now; 0: never), the LRU order" },
+		{ "gf_lock_engine_wake_bytes", "gauge", "private memory the engine's wake needs, as declared" },
+		{ "gf_lock_engine_asleep_bytes", "gauge", "memory the engine keeps while asleep, as declared" },
+		{ "gf_lock_engine_pinned", "gauge", "1 when the engine is never evicted" },
+	};
+	for (size_t k = 0; k < GF_ARRAY_SIZE(per_engine); k++) {
+		metric(f, per_engine[k].name, per_engine[k].type, per_engine[k].help);
+		if (d->holder)
+			engine_metrics(f, per_engine[k].name, d->holder, "holder");
+		for (struct conn *w = d->whead; w; w = w->wnext)
+			engine_metrics(f, per_engine[k].name, w, "standby");
+	}
+	free(t);
+	if (fclose(f) != 0 || !buf) {
+		free(buf);
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	}
+	*text = buf;
+	return 0;
+}
+
+int gf_lockd_ready_json(gf_lockd *d, const char *const *gpus, size_t ngpus, const char *model, char **json)
+{
+	if (!d || !json || (ngpus && !gpus))
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
+	gf_LockStatus *s = malloc(sizeof(*s));
+	if (!s)
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	fill_status(d, s);
+	int rc = gf_lock_ready_from_status(s, gpus, ngpus, model, json);
+	free(s);
+	return rc;
 }

@@ -98,11 +98,14 @@ int gf_supervisor_new(gf_supervisor **out)
 	}
 	sv->probe_interval_ms = 1000;
 	sv->probe_timeout_ms = 1000;
-	/* Usage and configuration errors: a restart would fail the same way. */
+	/* Usage and configuration errors: a restart would fail the same way.
+	 * 73 (GF_ENGINE_EXIT_EVICTED): the lock server evicted the standby to
+	 * keep a GPU's budget; restarting it would undo that. */
 	sv->terminal[0] = 2;
 	sv->terminal[1] = 64;
-	sv->terminal[2] = 78;
-	sv->n_terminal = 3;
+	sv->terminal[2] = 73;
+	sv->terminal[3] = 78;
+	sv->n_terminal = 4;
 	*out = sv;
 	return 0;
 }

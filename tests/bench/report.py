@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--demo-runs", type=int, default=7)
     ap.add_argument("--lock-trials", type=int, default=500)
     ap.add_argument("--waiters", type=int, default=10000)
+    ap.add_argument("--standbys", type=int, default=1000)
     a = ap.parse_args()
     b = pathlib.Path(a.build)
     rows, raw = [], {}
@@ -50,6 +51,18 @@ def main():
         lock["flock_p99_us"], lock["ratio_p99"])
     row("lock idle waiter memory", f"{lock['idle_waiters']} waiters", lock["rss_bytes_per_waiter"], None, "", None,
         None, unit="bytes")
+
+    print(f"running the standby pool with {a.standbys} standbys ...", file=sys.stderr)
+    pool = json_lines([b / "tests/bench/bench-pool", a.standbys, min(200, a.standbys)], 900)[-1]
+    raw["pool"] = pool
+    row("pool registration", f"{pool['standbys']} standbys, declared", pool["reg_us_declared"], None,
+        "plain waiter", pool["reg_us_plain"], pool["reg_ratio"])
+    row("pool idle standby memory", f"{pool['standbys']} standbys, declared", pool["rss_bytes_declared"], None,
+        "", None, None, unit="bytes")
+    row("pool idle standby memory", f"{pool['standbys']} standbys, plain", pool["rss_bytes_plain"], None,
+        "", None, None, unit="bytes")
+    row("pool eviction", f"{pool['evictions']} evictions of {pool['standbys']}", pool["evict_median_us"],
+        pool["evict_p99_us"], "status round trip", pool["status_median_us"], pool["evict_vs_status"])
 
     print("running host backend import+map vs raw syscalls ...", file=sys.stderr)
     mem = json_lines([b / "tests/bench/bench-mem"], 900)

@@ -512,6 +512,62 @@ static void test_init_connect_fails(void **state)
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 }
 
+/* The standby pool: what the engine declares shows in the lock server's status while it waits. */
+struct status_poll {
+	const char *uri;
+	char *json;
+	pthread_t t;
+};
+static void *poll_waiting_status(void *arg)
+{
+	struct status_poll *p = arg;
+	for (int i = 0; i < 20000 && !p->json; i++) {
+		char *json = NULL;
+		if (gf_lock_status_json(p->uri, NULL, 0, 2000, &json) == 0 && strstr(json, "\"waiter_count\":1")) {
+			p->json = json;
+			break;
+		}
+		free(json);
+		usleep(1000);
+	}
+	return NULL;
+}
+
+static void test_pool_declaration(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	const char *bad[] = { "GPU-12" }, *dup[] = { "GPU-0a1b2c3d-0000-4000-8000-00000000000a",
+						    "GPU-0A1B2C3D-0000-4000-8000-00000000000A" };
+	assert_int_equal(gf_engine_set_gpus(e, bad, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_gpus(e, dup, 2), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_model(e, "no spaces"), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_model(e, "tiny-1"), 0);
+	assert_int_equal(gf_engine_set_pinned(e, 1), 0);
+	assert_int_equal(gf_engine_set_asleep_bytes(e, 4096), 0);
+	to_standby(e);
+	assert_int_equal(gf_engine_set_pinned(e, 0), GF_ERR_STATE); /* configuration is over */
+	struct holder h;
+	hold_lock(f, &h, -1);
+	struct status_poll p = { .uri = f->lock_uri };
+	assert_int_equal(pthread_create(&p.t, NULL, poll_waiting_status, &p), 0);
+	assert_int_equal(gf_engine_acquire(e, 3000), GF_ERR_TIMEOUT);
+	pthread_join(p.t, NULL);
+	assert_non_null(p.json);
+	assert_non_null(strstr(p.json, "\"model\":\"tiny-1\""));
+	assert_non_null(strstr(p.json, "\"pinned\":true"));
+	assert_non_null(strstr(p.json, "\"asleep_bytes\":4096"));
+	assert_non_null(strstr(p.json, "\"wake_bytes\":1048576")); /* the memory need: the private bytes */
+	/* Nothing set: the devices' UUIDs (cuda); the host backend names no GPU. */
+	if (kind == GF_MEM_CUDA)
+		assert_non_null(strstr(p.json, "\"gpus\":[\"GPU-"));
+	else
+		assert_non_null(strstr(p.json, "\"gpus\":[]"));
+	free(p.json);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	gf_lock_free(h.lock);
+}
+
 static void test_acquire_errors(void **state)
 {
 	struct fixture *f = *state;
@@ -1317,6 +1373,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_follower_imports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loader_must_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_connect_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pool_declaration, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_acquire_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_table, setup, teardown),
 		cmocka_unit_test(test_probe_decision_table),

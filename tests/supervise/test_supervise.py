@@ -158,6 +158,14 @@ def test_terminal_exit_is_not_retried(tmp, sups):
     assert e["restarts"] == 0 and e["last_exit_class"] == "terminal"
 
 
+def test_evicted_exit_is_terminal_by_default(tmp, sups):
+    # 73: the lock server evicted the standby from its pool; a restart would undo the eviction.
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("evicted", "--exit", "73")]})
+    sups.append(s)
+    e = s.wait_state("evicted", "failed")
+    assert e["restarts"] == 0 and e["last_exit_class"] == "terminal"
+
+
 def test_retry_counter_resets_after_stable_period(tmp, sups):
     counter = os.path.join(tmp, "runs")
     periods = dict(FAST, stable="1s", retry_limit=3)

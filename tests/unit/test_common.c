@@ -106,7 +106,7 @@ static void test_duration(void **state)
 
 static void test_errors(void **state)
 {
-	for (int e = 0; e >= GF_ERR_BUSY; e--) {
+	for (int e = 0; e >= GF_ERR_EVICTED; e--) {
 		assert_non_null(gf_error_name(e));
 		assert_string_not_equal(gf_strerror(e), "unknown error");
 	}

@@ -1,0 +1,319 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The standby pool with real processes: gf-lockd with a per-GPU budget,
+gfctl and gf-c-engine standbys evicted least recently Active first (reason,
+exit code 73, log line), the holder and a pinned engine kept, min_standby_age
+respected, the readiness relay (gfctl lock ready, HTTP /ready), status JSON
+and /metrics, bad UUIDs refused. Binaries from meson: GF_LOCKD, GF_GFCTL,
+GF_GMSD, GF_C_ENGINE."""
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+LOCKD = os.environ.get("GF_LOCKD", "build/examples/gf-lockd/gf-lockd")
+GFCTL = os.environ.get("GF_GFCTL", "build/examples/gfctl/gfctl")
+GMSD = os.environ.get("GF_GMSD")
+ENGINE = os.environ.get("GF_C_ENGINE")
+
+GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000000a"
+OTHER = "GPU-0a1b2c3d-0000-4000-8000-00000000000b"
+EXIT_EVICTED = 73
+HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
+
+
+def wait_until(cond, what, timeout=HANG_GUARD):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Pool:
+    """A gf-lockd with a metrics listener, and the gfctl holders/standbys around it."""
+
+    def __init__(self, tmp, *extra):
+        self.tmp = tmp
+        self.uri = f"unix://{tmp}/lock.sock"
+        self.log = os.path.join(tmp, "lockd.log")
+        self.proc = subprocess.Popen([LOCKD, "--listen", self.uri, "--metrics", "127.0.0.1:0"] + list(extra),
+                                     stderr=open(self.log, "w"))
+        self.port = int(wait_until(lambda: re.search(r'metrics listening.* port=(\d+)', self.logtext()),
+                                   "gf-lockd metrics port").group(1))
+        wait_until(lambda: 'msg="ready"' in self.logtext(), "gf-lockd ready")
+        self.procs = []
+
+    def logtext(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def status(self):
+        r = subprocess.run([GFCTL, "lock", "status", "--lock", self.uri, "--json"], capture_output=True, text=True,
+                           timeout=HANG_GUARD)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def engine(self, name, *flags):
+        """A gfctl holder/standby declaring GPU and @flags; its stdout/stderr go to files."""
+        out = open(os.path.join(self.tmp, name + ".out"), "w")
+        err = open(os.path.join(self.tmp, name + ".err"), "w")
+        p = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", self.uri, "--id", name, "--gpu", GPU] + list(flags),
+                             stdout=out, stderr=err)
+        p.name = name
+        self.procs.append(p)
+        return p
+
+    def stderr_of(self, name):
+        with open(os.path.join(self.tmp, name + ".err")) as f:
+            return f.read()
+
+    def granted(self, name):
+        with open(os.path.join(self.tmp, name + ".out")) as f:
+            return "granted" in f.read()
+
+    def waiting(self, name):
+        return any(w["id"] == name for w in self.status()["waiters"])
+
+    def hold_once(self, name):
+        """@name holds the lock and releases it: its last time Active is now."""
+        p = self.engine(name)
+        wait_until(lambda: self.granted(name), f"{name} granted")
+        p.terminate()
+        assert p.wait(HANG_GUARD) == 0
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        self.proc.terminate()
+        self.proc.wait(HANG_GUARD)
+
+
+@pytest.fixture
+def tmp():
+    with tempfile.TemporaryDirectory(prefix="gf-pool-") as d:
+        yield d
+
+
+def test_budget_evicts_least_recently_active(tmp):
+    pool = Pool(tmp, "--max-standby-per-gpu", "2")
+    try:
+        # History: b, then c, then d were Active, in that order.
+        for name in ("b", "c", "d"):
+            pool.hold_once(name)
+            time.sleep(0.01)
+        holder = pool.engine("h", "--model", "m1")
+        wait_until(lambda: pool.granted("h"), "h granted")
+        # Standbys register: d, b, the pinned p (never Active), then c.
+        d = pool.engine("d", "--wake-bytes", "1G", "--asleep-bytes", "256M")
+        wait_until(lambda: pool.waiting("d"), "d waiting")
+        b = pool.engine("b")
+        wait_until(lambda: pool.waiting("b"), "b waiting")
+        p = pool.engine("p", "--pin")
+        # Three standbys on a budget of 2: b, Active before d, goes; the pinned p stays.
+        assert b.wait(HANG_GUARD) == EXIT_EVICTED
+        assert "evicted from the standby pool" in pool.stderr_of("b") and "GF_ERR_EVICTED" in pool.stderr_of("b")
+        c = pool.engine("c")
+        assert c.wait(HANG_GUARD) == EXIT_EVICTED
+        # The holder and the pinned and most recent standbys are untouched.
+        for proc in (holder, d, p):
+            assert proc.poll() is None, proc.name
+        log = pool.logtext()
+        for name in ("b", "c"):
+            assert re.search(rf'msg="evicted" id={name} .*gpu={GPU} .*budget=2', log), log
+        assert not re.search(r'msg="evicted" id=(h|d|p) ', log), log
+
+        st = pool.status()
+        assert st["holder"] == "h" and st["holder_info"]["gpus"] == [GPU] and st["holder_info"]["model"] == "m1"
+        assert [w["id"] for w in st["waiters"]] == ["d", "p"]
+        byid = {w["id"]: w for w in st["waiters"]}
+        assert byid["d"]["last_active_us"] > 0 and byid["p"]["last_active_us"] == 0
+        assert byid["p"]["pinned"] and not byid["d"]["pinned"]
+        assert byid["d"]["wake_bytes"] == 1 << 30 and byid["d"]["asleep_bytes"] == 256 << 20
+        pg = st["pool"]
+        assert pg["max_standby_per_gpu"] == 2 and pg["evicted"] == 2
+        g = pg["gpus"][0]
+        assert g["uuid"] == GPU and g["standbys"] == 2 and g["active"]
+        assert g["asleep_bytes"] == 256 << 20 and g["wake_bytes_max"] == 1 << 30
+        assert g["lru"] == ["p", "d"]  # least recently Active first
+
+        code, text = get(f"http://127.0.0.1:{pool.port}/metrics")
+        assert code == 200
+        assert "gf_lock_pool_evicted_total 2\n" in text
+        assert f'gf_lock_pool_gpu_standbys{{uuid="{GPU}"}} 2\n' in text
+        assert f'gf_lock_pool_gpu_active{{uuid="{GPU}"}} 1\n' in text
+        assert 'gf_lock_engine_pinned{id="p",role="standby"} 1\n' in text
+        last = dict(re.findall(r'gf_lock_engine_last_active_seconds\{id="(\w+)",role="\w+"\} ([0-9.]+)', text))
+        assert float(last["p"]) == 0 and 0 < float(last["d"]) <= float(last["h"])
+    finally:
+        pool.close()
+
+
+def test_fresh_newcomer_is_least_recent(tmp):
+    """A newcomer never Active, on a GPU full of engines Active before, is the one evicted."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    try:
+        pool.hold_once("x")
+        pool.engine("h")
+        wait_until(lambda: pool.granted("h"), "h granted")
+        x = pool.engine("x")
+        wait_until(lambda: pool.waiting("x"), "x waiting")
+        y = pool.engine("y")
+        assert y.wait(HANG_GUARD) == EXIT_EVICTED
+        assert "was over its budget of 1 standbys when y registered" in pool.stderr_of("y")
+        assert x.poll() is None and [w["id"] for w in pool.status()["waiters"]] == ["x"]
+    finally:
+        pool.close()
+
+
+def test_min_standby_age_protects_young_standbys(tmp):
+    pool = Pool(tmp, "--max-standby-per-gpu", "1", "--min-standby-age", "3s")
+    try:
+        a = pool.engine("a")
+        wait_until(lambda: pool.granted("a"), "a granted")
+        s1 = pool.engine("s1")
+        wait_until(lambda: pool.waiting("s1"), "s1 waiting")
+        t1 = time.monotonic()
+        s2 = pool.engine("s2")
+        wait_until(lambda: pool.waiting("s2"), "s2 waiting")
+        young = time.monotonic() - t1 < 3.0
+        st = pool.status()
+        if young:
+            # Both younger than 3s when s2 registered: nothing evictable, over budget, said so.
+            assert s1.poll() is None and s2.poll() is None
+            assert st["pool"]["over_budget"] == 1 and st["pool"]["evicted"] == 0
+            assert "nothing evictable" in pool.logtext()
+        time.sleep(3.2)
+        s3 = pool.engine("s3")
+        # s1 and s2 are old enough now; s3 is not: it stays over the two that waited longest.
+        assert s1.wait(HANG_GUARD) == EXIT_EVICTED
+        assert s2.wait(HANG_GUARD) == EXIT_EVICTED
+        wait_until(lambda: pool.waiting("s3"), "s3 waiting")
+        assert s3.poll() is None and a.poll() is None
+    finally:
+        pool.close()
+
+
+def test_readiness_relay(tmp):
+    pool = Pool(tmp)
+    try:
+        def ready(*args):
+            return subprocess.run([GFCTL, "lock", "ready", "--lock", pool.uri] + list(args), capture_output=True,
+                                  text=True, timeout=HANG_GUARD)
+
+        r = ready("--gpu", GPU)
+        assert r.returncode == 1 and json.loads(r.stdout)["ready"] is False and json.loads(r.stdout)["holder"] is None
+        assert get(f"http://127.0.0.1:{pool.port}/ready?gpu={GPU}")[0] == 503
+        pool.engine("h", "--gpu", OTHER, "--model", "llama-3")
+        wait_until(lambda: pool.granted("h"), "h granted")
+        r = ready("--gpu", GPU.upper().replace("GPU-0A", "GPU-0a"), "--gpu", OTHER, "--model", "llama-3")  # hex case is free
+        assert r.returncode == 0, r.stdout + r.stderr
+        ans = json.loads(r.stdout)
+        assert ans["ready"] and ans["holder"] == "h" and ans["epoch"] > 0 and ans["holder_model"] == "llama-3"
+        assert ready().returncode == 0  # any GPU, any model
+        assert ready("--model", "qwen").returncode == 1
+        assert ready("--gpu", "GPU-0a1b2c3d-0000-4000-8000-0000000000ff").returncode == 1
+        code, body = get(f"http://127.0.0.1:{pool.port}/ready?gpu={GPU}&gpu={OTHER}&model=llama-3")
+        assert code == 200 and json.loads(body)["holder"] == "h"
+        assert get(f"http://127.0.0.1:{pool.port}/ready?model=qwen")[0] == 503
+        code, body = get(f"http://127.0.0.1:{pool.port}/ready?gpu=GPU-nope")
+        assert code == 400 and "not a UUID" in json.loads(body)["error"]
+        assert get(f"http://127.0.0.1:{pool.port}/nothing")[0] == 404
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("bad", ["0", "GPU-", "GPU-0a1b2c3d-0000-4000-8000-00000000000", "gpu-0a1b2c3d-0000-4000-8000-00000000000a",
+                                 "GPU-0a1b2c3d-0000-4000-8000-00000000000z", GPU + " "])
+def test_bad_uuids_refused(tmp, bad):
+    pool = Pool(tmp)
+    try:
+        r = subprocess.run([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "x", "--gpu", bad, "--timeout", "0"],
+                           capture_output=True, text=True, timeout=HANG_GUARD)
+        assert r.returncode == 2 and "is not a UUID" in r.stderr, r.stderr
+        r = subprocess.run([GFCTL, "lock", "ready", "--lock", pool.uri, "--gpu", bad], capture_output=True, text=True,
+                           timeout=HANG_GUARD)
+        assert r.returncode == 2 and "is not a UUID" in r.stderr, r.stderr
+        assert pool.status()["connections"] == 1  # nothing registered; only the status query itself
+    finally:
+        pool.close()
+
+
+def test_lockd_flags_checked(tmp):
+    for args, what in ((["--max-standby-per-gpu", "-1"], "--max-standby-per-gpu"),
+                       (["--max-standby-per-gpu", "two"], "--max-standby-per-gpu"),
+                       (["--min-standby-age", "soon"], "--min-standby-age"),
+                       (["--metrics", "localhost"], "--metrics"),
+                       (["--metrics", "nohost:80"], "--metrics")):
+        r = subprocess.run([LOCKD, "--listen", f"unix://{tmp}/x.sock"] + args, capture_output=True, text=True,
+                           timeout=HANG_GUARD)
+        assert r.returncode == 2 and what in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.skipif(not (GMSD and ENGINE), reason="needs gf-gmsd and gf-c-engine")
+def test_engine_evicted_exits_73(tmp):
+    """A real engine (gf-c-engine) evicted while in Standby: exit 73, its log says why."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    gms_uri = f"unix://{tmp}/gms.sock"
+    gmsd = subprocess.Popen([GMSD, "--listen", gms_uri, "--backend", "host"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    engines = []
+    try:
+        wait_until(lambda: os.path.exists(f"{tmp}/gms.sock"), "gms socket")
+        pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), "holder granted")
+
+        def engine(name):
+            err = open(os.path.join(tmp, name + ".log"), "w")
+            p = subprocess.Popen([ENGINE, "--lock", pool.uri, "--gms", gms_uri, "--id", name, "--gpu", GPU,
+                                  "--port", str(free_port()), "--probe-port", "-1", "--kv-bytes", "1M",
+                                  "--model", "tiny"], stdout=subprocess.DEVNULL, stderr=err)
+            engines.append(p)
+            return p
+        first = engine("eng-1")
+        wait_until(lambda: pool.waiting("eng-1"), "eng-1 in standby")
+        second = engine("eng-2")
+        # Neither was ever Active: the one waiting longest goes.
+        assert first.wait(HANG_GUARD) == EXIT_EVICTED
+        with open(os.path.join(tmp, "eng-1.log")) as f:
+            log = f.read()
+        assert "event=evicted status=73" in log and "evicted from the standby pool" in log, log
+        assert "cause=evicted" in log, log
+        wait_until(lambda: pool.waiting("eng-2"), "eng-2 in standby")
+        assert second.poll() is None
+        w = [x for x in pool.status()["waiters"] if x["id"] == "eng-2"][0]
+        assert w["gpus"] == [GPU] and w["model"] == "tiny" and w["wake_bytes"] == 1 << 20
+    finally:
+        for p in engines:
+            if p.poll() is None:
+                p.terminate()
+            p.wait(HANG_GUARD)
+        gmsd.terminate()
+        gmsd.wait(HANG_GUARD)
+        pool.close()
