@@ -28,6 +28,16 @@ bool gf_log_enabled(int level);
  * microseconds stay far from overflowing 64 bits when added to a clock. */
 #define GF_MAX_DURATION_MS (366LL * 86400 * 1000)
 
+/* GPUs one engine may declare to the lock's standby pool, and a UUID's
+ * buffer size ("GPU-" or "MIG-" and 36 characters, plus the NUL), from
+ * lib/proto/gpufailover.options (the lock static-asserts them). */
+#define GF_POOL_MAX_GPUS 8
+#define GF_POOL_UUID_MAX 48
+/* Canonical GPU UUID: "GPU-" or "MIG-" then 8-4-4-4-12 hex digits. On success
+ * writes the lowercase form to @out (GF_POOL_UUID_MAX bytes) and returns true.
+ * One rule for the engine's configuration and the lock server's input. */
+bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX]);
+
 /* CLOCK_MONOTONIC in microseconds. */
 int64_t gf_now_us(void);
 /* CLOCK_REALTIME in microseconds. */

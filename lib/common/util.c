@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -175,4 +176,32 @@ int gf_id_check(const char *id, const char *who)
 	return gf_err(GF_ERR_INVALID_ARG,
 		      "%s: engine id must be 1..%d bytes of printable ASCII without spaces, quotes, '\\' or '='", who,
 		      GF_ID_MAX - 1);
+}
+
+bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX])
+{
+	static const int groups[] = { 8, 4, 4, 4, 12 };
+	if (!s || (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0))
+		return false;
+	char buf[GF_POOL_UUID_MAX];
+	memcpy(buf, s, 4);
+	size_t o = 4;
+	const char *p = s + 4;
+	for (size_t g = 0; g < GF_ARRAY_SIZE(groups); g++) {
+		if (g > 0) {
+			if (*p != '-')
+				return false;
+			buf[o++] = *p++;
+		}
+		for (int i = 0; i < groups[g]; i++, p++) {
+			if (!isxdigit((unsigned char)*p))
+				return false;
+			buf[o++] = (char)tolower((unsigned char)*p);
+		}
+	}
+	if (*p)
+		return false;
+	buf[o] = '\0';
+	memcpy(out, buf, o + 1);
+	return true;
 }

@@ -7,7 +7,6 @@
 
 #include "common.h"
 #include "engine_int.h"
-#include "pool.h"
 
 _Static_assert(sizeof(((gf_engine *)0)->pool_gpus[0]) == GF_POOL_UUID_MAX, "engine pool UUID size");
 _Static_assert(GF_ARRAY_SIZE(((gf_engine *)0)->pool_gpus) == GF_POOL_MAX_GPUS, "engine pool GPUs");

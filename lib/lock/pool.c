@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,34 +13,6 @@ _Static_assert(sizeof(((gf_LockWaiter *)0)->gpus[0]) == GF_POOL_UUID_MAX, "gf.Lo
 _Static_assert(GF_FIELD_SIZE(gf_LockGpu, uuid) == GF_POOL_UUID_MAX, "gf.LockGpu.uuid");
 _Static_assert(GF_FIELD_SIZE(gf_LockAcquire, model) == sizeof(((struct gf_pool_decl *)0)->model), "gf.LockAcquire.model");
 _Static_assert(GF_FIELD_SIZE(gf_LockWaiter, model) == sizeof(((struct gf_pool_decl *)0)->model), "gf.LockWaiter.model");
-
-bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX])
-{
-	static const int groups[] = { 8, 4, 4, 4, 12 };
-	if (!s || (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0))
-		return false;
-	char buf[GF_POOL_UUID_MAX];
-	memcpy(buf, s, 4);
-	size_t o = 4;
-	const char *p = s + 4;
-	for (size_t g = 0; g < GF_ARRAY_SIZE(groups); g++) {
-		if (g > 0) {
-			if (*p != '-')
-				return false;
-			buf[o++] = *p++;
-		}
-		for (int i = 0; i < groups[g]; i++, p++) {
-			if (!isxdigit((unsigned char)*p))
-				return false;
-			buf[o++] = (char)tolower((unsigned char)*p);
-		}
-	}
-	if (*p)
-		return false;
-	buf[o] = '\0';
-	memcpy(out, buf, o + 1);
-	return true;
-}
 
 bool gf_pool_on_gpu(const struct gf_pool_decl *d, const char *uuid)
 {

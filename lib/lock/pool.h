@@ -12,12 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.h"
 #include "gpufailover.pb.h"
 
-/* GPUs one engine may declare, and a UUID's buffer size ("GPU-" or "MIG-"
- * and 36 characters, plus the NUL), from lib/proto/gpufailover.options. */
-#define GF_POOL_MAX_GPUS 8
-#define GF_POOL_UUID_MAX 48
 
 /* What one engine declared on connect. */
 struct gf_pool_decl {
@@ -41,12 +38,6 @@ struct gf_pool_policy {
 	uint32_t max_standby_per_gpu; /* 0: no budget */
 	int64_t min_standby_age_us;   /* younger standbys are never evicted */
 };
-
-/*
- * Canonical GPU UUID: "GPU-" or "MIG-" then 8-4-4-4-12 hex digits. On success
- * writes the lowercase form to @out (GF_POOL_UUID_MAX bytes) and returns true.
- */
-bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX]);
 
 /*
  * After member @newcomer registered: the standbys to evict so that no GPU
