@@ -44,6 +44,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fakecuda_copy.h"
+
 #undef cuGetProcAddress
 
 #define FK_EXPORT __attribute__((visibility("default")))
@@ -788,6 +790,8 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, CUdriverPr
 				best = (int)i;
 		}
 	*pfn = best >= 0 ? procs[best].fn : NULL;
+	if (best < 0 && !seen && (*pfn = fakecuda_copy_proc(symbol)) != NULL)
+		best = 0;
 	if (status)
 		*status = best >= 0 ? CU_GET_PROC_ADDRESS_SUCCESS
 			  : seen    ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
