@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpufailover/mem.h"
+#include "gpufailover.h"
 
 #define GMS_SNAP_FORMAT "gpufailover-gms-snapshot"
 #define GMS_SNAP_VERSION 1

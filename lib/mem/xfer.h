@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpufailover/mem.h"
+#include "gpufailover.h"
 
 typedef struct gf_mem_xfer gf_mem_xfer;
 
