@@ -10,11 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <xxhash.h>
 
 #include "common.h"
+#include "hasher.h"
 #include "snapshot.h"
 #include "xfer.h"
 
@@ -98,10 +100,12 @@ static int write_all(int fd, const void *buf, size_t n, const char *path)
 		ssize_t w = write(fd, p, n);
 		if (w < 0 && errno == EINTR)
 			continue;
+		if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+			return gf_err_errno(GF_ERR_IO, errno, "snapshot: write %s: no space left", path);
 		if (w < 0)
 			return file_err(errno, "snapshot: write %s", path);
 		if (w == 0)
-			return file_err(ENOSPC, "snapshot: write %s", path);
+			return gf_err_errno(GF_ERR_IO, ENOSPC, "snapshot: write %s: no space left", path);
 		p += w;
 		n -= (size_t)w;
 	}
@@ -111,15 +115,19 @@ static int write_all(int fd, const void *buf, size_t n, const char *path)
 struct hash_io {
 	int fd;
 	const char *path;
-	XXH3_state_t *h;
+	struct gms_hasher *h;
 	uint64_t file_off; /* restore: where the next read starts */
 };
 
 static int sink_write(void *ud, const void *buf, size_t n)
 {
 	struct hash_io *io = ud;
-	XXH3_64bits_update(io->h, buf, n);
-	return write_all(io->fd, buf, n, io->path);
+	/* Hash on the helper thread while this thread writes the same bytes;
+	 * both are done before the buffer goes back to the transfer. */
+	gms_hasher_submit(io->h, buf, n);
+	int rc = write_all(io->fd, buf, n, io->path);
+	gms_hasher_wait(io->h);
+	return rc;
 }
 
 /* Map @n allocations back to back in one reservation of @total bytes with @access. */
@@ -169,21 +177,19 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 	int fd = openat(tfd, GMS_SNAP_DATA, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return file_err(errno, "snapshot: create %s", path);
-	/* Reserve the space first: a full disk fails here, before any copy. */
+	/* A file system that clearly cannot hold the data fails here, before any
+	 * copy. (Not fallocate: on tmpfs, the WARM tier, it zeroes every page
+	 * the copy then overwrites.) A write that still runs out is caught too. */
 	int rc = 0;
-	if (mf->total_bytes) {
-		int e = posix_fallocate(fd, 0, (off_t)mf->total_bytes);
-		if (e == ENOSPC || e == EDQUOT)
-			rc = gf_err(GF_ERR_IO, "snapshot: %s: no space left on device for %" PRIu64 " bytes", path,
-				    mf->total_bytes);
-		else if (e && e != EOPNOTSUPP && e != EINVAL)
-			rc = file_err(e, "snapshot: fallocate %s", path);
-	}
+	struct statvfs vfs;
+	if (fstatvfs(fd, &vfs) == 0 && vfs.f_blocks && (uint64_t)vfs.f_bavail * vfs.f_frsize < mf->total_bytes)
+		rc = gf_err(GF_ERR_IO, "snapshot: %s: no space left on device: %" PRIu64 " bytes needed, %" PRIu64 " available",
+			    path, mf->total_bytes, (uint64_t)vfs.f_bavail * vfs.f_frsize);
 	gf_mem_va *va = NULL;
 	gf_mem_xfer *x = NULL;
-	XXH3_state_t *h = XXH3_createState();
-	if (rc == 0 && !h)
-		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+	struct gms_hasher *h = NULL;
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
 	if (rc == 0)
 		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READ, &va);
 	if (rc == 0)
@@ -191,14 +197,14 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 	uint64_t at = 0;
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
 		struct hash_io io = { .fd = fd, .path = path, .h = h };
-		XXH3_64bits_reset(h);
+		gms_hasher_reset(h);
 		rc = gf_mem_xfer_read(x, gf_mem_va_addr(va) + at, mf->allocs[i].size, sink_write, &io);
-		mf->allocs[i].xxh3 = XXH3_64bits_digest(h);
+		mf->allocs[i].xxh3 = gms_hasher_digest(h);
 		at += mf->allocs[i].size;
 	}
 	gf_mem_xfer_free(x);
 	gf_mem_va_free(va);
-	XXH3_freeState(h);
+	gms_hasher_free(h);
 	if (rc == 0 && fsync(fd) < 0)
 		rc = file_err(errno, "snapshot: fsync %s", path);
 	if (close(fd) < 0 && rc == 0)
@@ -405,7 +411,9 @@ static int source_read(void *ud, void *buf, size_t n)
 		left -= (size_t)r;
 		io->file_off += (uint64_t)r;
 	}
-	XXH3_64bits_update(io->h, buf, n);
+	/* Hashed on the helper thread while the next chunk is read; the buffer
+	 * is refilled only after a later submit, wait or digest returned. */
+	gms_hasher_submit(io->h, buf, n);
 	return 0;
 }
 
@@ -424,24 +432,28 @@ int gms_snapshot_verify(const char *dir, struct gms_manifest **out)
 	int rc = open_snapshot(dir, &mf, &fd);
 	if (rc < 0)
 		return rc;
-	XXH3_state_t *h = XXH3_createState();
+	struct gms_hasher *h = NULL;
 	size_t bufsize = GF_MEM_XFER_CHUNK;
-	uint8_t *buf = malloc(bufsize);
-	if (!h || !buf)
+	/* Two buffers: one is read into while the other is hashed. */
+	uint8_t *buf = malloc(2 * bufsize);
+	if (!buf)
 		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
 	struct hash_io io = { .fd = fd, .path = dir, .h = h };
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
-		XXH3_64bits_reset(h);
-		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += bufsize) {
+		gms_hasher_reset(h);
+		size_t k = 0;
+		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += bufsize, k++) {
 			uint64_t left = mf->allocs[i].size - off;
-			rc = source_read(&io, buf, left < bufsize ? (size_t)left : bufsize);
+			rc = source_read(&io, buf + (k & 1) * bufsize, left < bufsize ? (size_t)left : bufsize);
 		}
-		uint64_t got = XXH3_64bits_digest(h);
+		uint64_t got = gms_hasher_digest(h);
 		if (rc == 0 && got != mf->allocs[i].xxh3)
 			rc = checksum_mismatch(dir, &mf->allocs[i], got);
 	}
+	gms_hasher_free(h);
 	free(buf);
-	XXH3_freeState(h);
 	close(fd);
 	if (rc < 0 || !out)
 		gms_manifest_free(mf);
@@ -503,9 +515,9 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	}
 	gf_mem_va *va = NULL;
 	gf_mem_xfer *x = NULL;
-	XXH3_state_t *h = XXH3_createState();
-	if (rc == 0 && !h)
-		rc = gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
+	struct gms_hasher *h = NULL;
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
 	if (rc == 0)
 		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READWRITE, &va);
 	if (rc == 0)
@@ -514,18 +526,19 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	snprintf(path, sizeof(path), "%s/" GMS_SNAP_DATA, dir);
 	struct hash_io io = { .fd = fd, .path = path, .h = h };
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
-		XXH3_64bits_reset(h);
+		gms_hasher_reset(h);
 		rc = gf_mem_xfer_write(x, gf_mem_va_addr(va) + mf->allocs[i].offset, mf->allocs[i].size, source_read, &io);
-		uint64_t got = XXH3_64bits_digest(h);
+		uint64_t got = gms_hasher_digest(h);
 		if (rc == 0 && got != mf->allocs[i].xxh3)
 			rc = checksum_mismatch(dir, &mf->allocs[i], got);
 	}
+	/* The hasher may still read the last chunk's buffer: done before the transfer frees it. */
+	gms_hasher_free(h);
 	gf_mem_xfer_free(x);
 	/* The device must hold every byte before anyone may map it read-only. */
 	if (rc == 0)
 		rc = gf_mem_synchronize(m);
 	gf_mem_va_free(va);
-	XXH3_freeState(h);
 	close(fd);
 	if (rc < 0) {
 		gms_snapshot_restored_free(mf, allocs);

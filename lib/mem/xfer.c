@@ -2,6 +2,8 @@
 /* Chunked, double-buffered transfers between mappings and host code (xfer.h). */
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "xfer.h"
@@ -83,6 +85,20 @@ int gf_mem_xfer_new(gf_mem *m, size_t chunk, gf_mem_xfer **out)
 	return 0;
 }
 
+/* Host mappings of a fresh memfd fault in page by page; populating a chunk's
+ * page tables in one call first is several times cheaper. A hint only: kernels
+ * before 5.14 lack it and the copy then faults as usual. */
+static void populate(uint64_t addr, size_t n, bool write)
+{
+#if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t start = addr & ~(page - 1);
+	madvise((void *)(uintptr_t)start, n + (addr - start), write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+#else
+	(void)addr, (void)n, (void)write;
+#endif
+}
+
 static size_t chunk_len(const gf_mem_xfer *x, size_t n, size_t off)
 {
 	return n - off < x->chunk ? n - off : x->chunk;
@@ -106,6 +122,7 @@ int gf_mem_xfer_read(gf_mem_xfer *x, uint64_t src, size_t n, gf_mem_xfer_sink si
 		return gf_err(GF_ERR_INVALID_ARG, "xfer read: NULL argument");
 	if (!x->staged) {
 		for (size_t off = 0; off < n; off += x->chunk) {
+			populate(src + off, chunk_len(x, n, off), false);
 			int rc = sink(ud, (const void *)(uintptr_t)(src + off), chunk_len(x, n, off));
 			if (rc < 0)
 				return rc;
@@ -137,6 +154,7 @@ int gf_mem_xfer_write(gf_mem_xfer *x, uint64_t dst, size_t n, gf_mem_xfer_source
 		return gf_err(GF_ERR_INVALID_ARG, "xfer write: NULL argument");
 	if (!x->staged) {
 		for (size_t off = 0; off < n; off += x->chunk) {
+			populate(dst + off, chunk_len(x, n, off), true);
 			int rc = source(ud, (void *)(uintptr_t)(dst + off), chunk_len(x, n, off));
 			if (rc < 0)
 				return rc;
