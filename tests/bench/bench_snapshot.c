@@ -4,7 +4,8 @@
  * against a plain sequential copy of the same bytes to the same place in the
  * same run: a write loop from the same mapped memory into a file beside the
  * snapshot plus fsync (what a snapshot must at least do), and a read loop of
- * that file into fresh memory (what a restore must at least do).
+ * that file into a fresh memfd (what a restore must at least do: the host
+ * backend's allocations are memfds).
  *
  * usage: bench-snapshot [TOTAL_MIB [NALLOCS [ROUNDS [DIR...]]]]
  *   defaults: 1024 MiB in 256 allocations, 3 rounds, WARM=/dev/shm and
@@ -67,13 +68,18 @@ static int64_t plain_write(const char *path, const uint8_t *p, size_t n)
 	return gf_now_us() - t0;
 }
 
-/* Baseline read: that file into fresh memory with a plain read loop. */
+/* Baseline read: that file with a plain read loop into fresh memory of the
+ * kind a restore fills on this backend (one memfd, shared mapping). */
 static int64_t plain_read(const char *path, size_t n)
 {
 	int64_t t0 = gf_now_us();
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (fd < 0 || p == MAP_FAILED)
+	int mfd = memfd_create("gf-bench-plain", MFD_CLOEXEC);
+	if (fd < 0 || mfd < 0 || ftruncate(mfd, (off_t)n) < 0)
+		return -1;
+	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	close(mfd);
+	if (p == MAP_FAILED)
 		return -1;
 	for (size_t off = 0; off < n;) {
 		size_t c = n - off < GF_MEM_XFER_CHUNK ? n - off : GF_MEM_XFER_CHUNK;
