@@ -552,3 +552,25 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	*allocs_out = allocs;
 	return 0;
 }
+
+void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out)
+{
+	memset(out, 0, sizeof(*out));
+	struct gms_manifest *mf;
+	int rc = dir ? gms_snapshot_open(dir, &mf) : GF_ERR_NOT_FOUND;
+	if (rc < 0) {
+		/* A tier that was never written is simply absent; anything else is worth saying. */
+		if (rc != GF_ERR_NOT_FOUND)
+			snprintf(out->error, sizeof(out->error), "%s", gf_error_detail());
+		return;
+	}
+	out->present = true;
+	out->bytes = mf->total_bytes;
+	out->allocations = mf->nallocs;
+	out->generation = mf->generation;
+	memcpy(out->layout_hash, mf->layout_hash, 16);
+	int64_t age = wall_ms() - mf->created_unix_ms;
+	out->age_ms = age > 0 ? age : 0;
+	snprintf(out->backend, sizeof(out->backend), "%s", mf->backend);
+	gms_manifest_free(mf);
+}

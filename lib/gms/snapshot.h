@@ -138,6 +138,24 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 /* Free what a successful gms_snapshot_restore() returned (either may be NULL). */
 void gms_snapshot_restored_free(struct gms_manifest *mf, gf_mem_alloc **allocs);
 
+/* What a tier directory holds, for status, metrics and the choice of a restore source. */
+struct gms_snap_probe {
+	bool present;          /* a snapshot whose manifest and data size check out */
+	uint64_t bytes;        /* its total_bytes */
+	uint64_t allocations;
+	uint64_t generation;
+	uint8_t layout_hash[16];
+	int64_t age_ms;        /* now - created_unix_ms (0 if in the future) */
+	char backend[16];
+	char error[256];       /* why not present ("" when absent without error, e.g. no directory) */
+};
+
+/*
+ * Probe @dir with gms_snapshot_open() (no data read) and fill @out; never
+ * fails: an unusable snapshot is reported as not present with the reason.
+ */
+void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out);
+
 /* Recompute the layout hash of @mf (same function as the server's commit). 0 or GF_ERR_NOMEM. */
 int gms_manifest_layout_hash(const struct gms_manifest *mf, uint8_t out[16]);
 

@@ -379,6 +379,26 @@ static void test_refusals(void **state)
 	refused(tag, GF_ERR_PROTOCOL, "layout_hash");
 
 	refused(path_in("absent"), GF_ERR_NOT_FOUND, "absent");
+
+	/* Probes: present with its figures, absent without a word, refused with the reason. */
+	struct gms_snap_probe pr;
+	gms_snapshot_probe(good, &pr);
+	assert_true(pr.present);
+	assert_int_equal(pr.bytes, l->mf->total_bytes);
+	assert_int_equal(pr.allocations, l->n);
+	assert_int_equal(pr.generation, 4);
+	assert_memory_equal(pr.layout_hash, l->mf->layout_hash, 16);
+	assert_true(pr.age_ms >= 0 && pr.age_ms < 600000);
+	assert_string_equal(pr.backend, gf_mem_kind_name(kind));
+	gms_snapshot_probe(path_in("absent"), &pr);
+	assert_false(pr.present);
+	assert_string_equal(pr.error, "");
+	gms_snapshot_probe(ver, &pr);
+	assert_false(pr.present);
+	assert_non_null(strstr(pr.error, "format version 2"));
+	gms_snapshot_probe(trunc, &pr);
+	assert_false(pr.present);
+	assert_non_null(strstr(pr.error, "truncated"));
 	restore_matches(good, 4);
 	free_layout(l);
 }
