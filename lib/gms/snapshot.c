@@ -569,6 +569,7 @@ void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out)
 	out->allocations = mf->nallocs;
 	out->generation = mf->generation;
 	memcpy(out->layout_hash, mf->layout_hash, 16);
+	out->created_unix_ms = mf->created_unix_ms;
 	int64_t age = wall_ms() - mf->created_unix_ms;
 	out->age_ms = age > 0 ? age : 0;
 	snprintf(out->backend, sizeof(out->backend), "%s", mf->backend);

@@ -145,7 +145,8 @@ struct gms_snap_probe {
 	uint64_t allocations;
 	uint64_t generation;
 	uint8_t layout_hash[16];
-	int64_t age_ms;        /* now - created_unix_ms (0 if in the future) */
+	int64_t created_unix_ms;
+	int64_t age_ms;        /* now - created_unix_ms at the probe (0 if in the future) */
 	char backend[16];
 	char error[256];       /* why not present ("" when absent without error, e.g. no directory) */
 };

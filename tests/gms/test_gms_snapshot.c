@@ -9,6 +9,7 @@
  * mounts, skipped when mounting is not permitted).
  */
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include "gpufailover.h"
 #include "snapshot.h"
 #include "testutil.h"
+#include "tierd.h"
 #include "xfer.h"
 
 static int kind = GF_MEM_HOST;
@@ -523,6 +525,136 @@ static void test_copy_fault(void **state)
 	restore_matches(dir, 11);
 }
 
+/* Export one fd per allocation and copy the manifest's layout, as the server hands a job over. */
+static void job_of(struct layout *l, struct gms_manifest **mf, int **fds)
+{
+	*fds = calloc(l->n, sizeof(**fds));
+	for (size_t i = 0; i < l->n; i++)
+		assert_int_equal(gf_mem_export(l->allocs[i], &(*fds)[i]), 0);
+	struct gms_manifest *c = gms_manifest_new();
+	c->nallocs = l->n;
+	c->allocs = calloc(l->n, sizeof(*c->allocs));
+	memcpy(c->allocs, l->mf->allocs, l->n * sizeof(*c->allocs));
+	c->nmeta = l->mf->nmeta;
+	c->meta = calloc(c->nmeta, sizeof(*c->meta));
+	for (size_t i = 0; i < c->nmeta; i++) {
+		c->meta[i] = l->mf->meta[i];
+		c->meta[i].key = strdup(l->mf->meta[i].key);
+		c->meta[i].value = malloc(c->meta[i].value_len);
+		memcpy(c->meta[i].value, l->mf->meta[i].value, c->meta[i].value_len);
+	}
+	c->generation = l->mf->generation;
+	memcpy(c->layout_hash, l->mf->layout_hash, 16);
+	*mf = c;
+}
+
+static void wait_job(struct gms_tierd *t)
+{
+	struct pollfd p = { .fd = gms_tierd_get_fd(t), .events = POLLIN };
+	assert_int_equal(poll(&p, 1, 120000), 1);
+	assert_true(gms_tierd_collect(t));
+	assert_false(gms_tierd_busy(t));
+}
+
+/* The tier worker: snapshot to WARM and COLD on its thread, phases, status, metrics, best-tier restore with fallback. */
+static void test_tier_worker(void **state)
+{
+	(void)state;
+	struct gms_tierd *t;
+	assert_int_equal(gms_tierd_new(&t, kind, 0), 0);
+	char warm[600], cold[600];
+	snprintf(warm, sizeof(warm), "%s/warm", tmp);
+	snprintf(cold, sizeof(cold), "%s/cold", tmp);
+	assert_int_equal(gms_tierd_set_dirs(t, warm, cold), 0);
+	gf_mem *m;
+	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
+	struct gms_manifest *mf;
+	gf_mem_alloc **allocs;
+	enum gms_tier from;
+	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_NOT_FOUND);
+	assert_non_null(strstr(gf_error_detail(), "wait for the loader"));
+
+	struct layout *l = make_layout(21);
+	int *fds;
+	job_of(l, &mf, &fds);
+	int nfds = tu_count_fds();
+	assert_int_equal(gms_tierd_snapshot_start(t, NULL, mf, fds), 0);
+	struct gms_op op;
+	gms_tierd_op(t, &op);
+	assert_int_equal(op.kind, GMS_OP_SNAPSHOT);
+	assert_true(op.phase == GMS_PHASE_PENDING || op.phase == GMS_PHASE_CHECKPOINTING ||
+		    op.phase == GMS_PHASE_CHECKPOINTED);
+	wait_job(t);
+	assert_true(tu_count_fds() < nfds); /* the worker closed the fds it was given */
+	gms_tierd_op(t, &op);
+	if (op.phase != GMS_PHASE_CHECKPOINTED)
+		fail_msg("snapshot job: %s: %s", gms_phase_name(op.phase), op.reason);
+	assert_non_null(strstr(op.reason, "cold"));
+	assert_true(op.bytes > 2 * GF_MEM_XFER_CHUNK);
+	struct gms_snap_probe pw, pc;
+	gms_tierd_probe(t, GMS_TIER_WARM, &pw);
+	gms_tierd_probe(t, GMS_TIER_COLD, &pc);
+	assert_true(pw.present && pc.present);
+	assert_int_equal(pw.generation, 21);
+	assert_int_equal(pc.bytes, op.bytes);
+
+	json_t *js = gms_tierd_status_json(t);
+	assert_non_null(js);
+	assert_true(json_is_true(json_object_get(json_object_get(js, "warm"), "present")));
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(js, "cold"), "generation")), 21);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(js, "operation"), "phase")), "Checkpointed");
+	json_decref(js);
+	char text[8192];
+	size_t len = 0;
+	gms_tierd_metrics(t, text, sizeof(text), &len);
+	assert_non_null(strstr(text, "gf_gms_tier_present{tier=\"warm\"} 1\n"));
+	assert_non_null(strstr(text, "gf_gms_tier_present{tier=\"cold\"} 1\n"));
+	assert_non_null(strstr(text, "gf_gms_operation_phase{operation=\"snapshot\",phase=\"Checkpointed\"} 1\n"));
+	assert_non_null(strstr(text, "gf_gms_tier_age_seconds{tier=\"warm\"}"));
+
+	/* Best tier first. */
+	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
+	assert_int_equal(from, GMS_TIER_WARM);
+	assert_memory_equal(mf->layout_hash, l->mf->layout_hash, 16);
+	gms_snapshot_restored_free(mf, allocs);
+	gms_tierd_op(t, &op);
+	assert_int_equal(op.phase, GMS_PHASE_RESTORED);
+
+	/* A WARM copy with a flipped byte is refused and COLD serves, saying so. */
+	char p[700];
+	size_t n;
+	snprintf(p, sizeof(p), "%s/%s", warm, GMS_SNAP_DATA);
+	char *s = slurp(p, &n);
+	s[0] ^= 1;
+	spit(p, s, n);
+	free(s);
+	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
+	assert_int_equal(from, GMS_TIER_COLD);
+	gms_snapshot_restored_free(mf, allocs);
+	gms_tierd_op(t, &op);
+	assert_int_equal(op.phase, GMS_PHASE_RESTORED);
+	assert_non_null(strstr(op.reason, "checksum mismatch"));
+
+	/* Both broken: Failed with the reason, nothing returned. */
+	snprintf(p, sizeof(p), "%s/%s", cold, GMS_SNAP_DATA);
+	assert_int_equal(truncate(p, 10), 0);
+	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_PROTOCOL);
+	gms_tierd_op(t, &op);
+	assert_int_equal(op.phase, GMS_PHASE_FAILED);
+	assert_non_null(strstr(op.reason, "checksum mismatch"));
+
+	/* A snapshot that cannot be written ends Failed with the reason. */
+	job_of(l, &mf, &fds);
+	assert_int_equal(gms_tierd_snapshot_start(t, "/nonexistent-dir/x/snap", mf, fds), 0);
+	wait_job(t);
+	gms_tierd_op(t, &op);
+	assert_int_equal(op.phase, GMS_PHASE_FAILED);
+	assert_non_null(strstr(op.reason, "/nonexistent-dir/x"));
+	free_layout(l);
+	gf_mem_free(m);
+	gms_tierd_free(t);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
@@ -544,6 +676,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_killed_writer),
 		cmocka_unit_test(test_stale_temps),
 		cmocka_unit_test(test_disk_full_and_readonly),
+		cmocka_unit_test(test_tier_worker),
 		cmocka_unit_test(test_copy_fault), /* cuda only: last */
 	};
 	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_CUDA ? 0 : 1);
