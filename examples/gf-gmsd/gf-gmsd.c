@@ -28,8 +28,11 @@ static void usage(FILE *f)
 	      "  --backend KIND        auto | cuda | host (default auto)\n"
 	      "  --oom-retry DURATION  retry allocations failing with out-of-memory for this long\n"
 	      "                        while the writer stays connected (e.g. 10s; default 0)\n"
-	      "  --allow-uid UID       also accept peers with this uid (repeatable; the server's\n"
-	      "                        own uid and root are always accepted)\n"
+	      "  --allow-uid UID       accept peers with this uid (repeatable; without it the\n"
+	      "                        server's own uid and root are accepted, with it exactly\n"
+	      "                        the listed uids)\n"
+	      "  --handshake-timeout DURATION  drop peers that do not finish the handshake, or\n"
+	      "                        a frame they began, in time (default 3s)\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Logs key=value lines on stderr; prints msg=\"ready\" (and sd_notify READY=1)\n"
@@ -50,12 +53,13 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"listen", required_argument, NULL, 'l'},  {"device", required_argument, NULL, 'd'},
 		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
-		{"allow-uid", required_argument, NULL, 'u'}, {"help", no_argument, NULL, 'h'},
+		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
+		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
 	};
 	const char *listen_uri = NULL, *device = "0";
 	int kind = GF_MEM_AUTO;
-	uint64_t oom_ms = 0;
+	uint64_t oom_ms = 0, handshake_ms = 3000;
 	uint32_t uids[64];
 	size_t nuids = 0;
 	int c;
@@ -82,6 +86,13 @@ int main(int argc, char **argv)
 		case 'o':
 			if (gf_parse_duration_ms(optarg, &oom_ms) < 0) {
 				fprintf(stderr, "gf-gmsd: --oom-retry: %s\n", gf_error_detail());
+				return 2;
+			}
+			break;
+		case 't':
+			if (gf_parse_duration_ms(optarg, &handshake_ms) < 0 || handshake_ms == 0 || handshake_ms > INT64_MAX) {
+				fprintf(stderr, "gf-gmsd: --handshake-timeout: %s\n",
+					handshake_ms == 0 ? "must be positive" : gf_error_detail());
 				return 2;
 			}
 			break;
@@ -149,13 +160,14 @@ int main(int argc, char **argv)
 	int rc = gf_gmsd_new(&d);
 	if (rc < 0)
 		return fail(rc, "init");
-	if ((rc = gf_gmsd_set_listen(d, listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
-	    (rc = gf_gmsd_set_backend(d, kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)oom_ms)) < 0) {
+	if ((rc = gf_gmsd_add_listen(d, listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
+	    (rc = gf_gmsd_set_backend(d, kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)oom_ms)) < 0 ||
+	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)handshake_ms)) < 0) {
 		gf_gmsd_free(d);
 		return fail(rc, "configuration");
 	}
 	for (size_t i = 0; i < nuids; i++)
-		if ((rc = gf_gmsd_allow_uid(d, uids[i])) < 0) {
+		if ((rc = gf_gmsd_add_allow_uid(d, uids[i])) < 0) {
 			gf_gmsd_free(d);
 			return fail(rc, "--allow-uid");
 		}
@@ -174,7 +186,7 @@ int main(int argc, char **argv)
 #endif
 	struct pollfd p[2] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
 	for (;;) {
-		if (poll(p, 2, -1) < 0 && errno != EINTR) {
+		if (poll(p, 2, gf_gmsd_get_timeout_ms(d)) < 0 && errno != EINTR) {
 			rc = GF_ERR_IO;
 			break;
 		}
@@ -189,6 +201,7 @@ int main(int argc, char **argv)
 		}
 		if ((rc = gf_gmsd_process(d)) < 0)
 			break;
+		rc = 0;
 	}
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");

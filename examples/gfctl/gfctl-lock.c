@@ -270,7 +270,8 @@ static int cmd_status(struct lock_opts *o)
 	} else {
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
-				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "waiters" };
+				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "connections",
+				       "fd_limit", "accept_paused", "refused_no_pidfd", "waiters" };
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 			char pat[64];
 			snprintf(pat, sizeof(pat), "\"%s\":", keys[i]);

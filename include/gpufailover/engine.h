@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 
 /* Forward declarations rather than includes: the umbrella header includes
  * every component header, and gms.h may be the one being read right now
@@ -131,7 +131,7 @@ GF_EXPORT int gf_engine_new(gf_engine **out);
 GF_EXPORT void gf_engine_free(gf_engine *engine);
 
 /* ---- configuration (only in Init, before gf_engine_init_weights()) ---- */
-/** Lock server URI and this engine's id (both copied). Required before acquire. */
+/** Lock server URI and this engine's id (both copied; the id follows gf_lock_new()'s rule, GF_ERR_INVALID_ARG otherwise). Required before acquire. */
 GF_EXPORT int gf_engine_set_lock(gf_engine *engine, const char *uri, const char *engine_id);
 /** Add the GMS of the next device (device index = number of GMS added before); copied. Up to 16. */
 GF_EXPORT int gf_engine_add_gms(gf_engine *engine, const char *uri);

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 #include "mem.h"
 
 #ifdef __cplusplus
@@ -31,6 +31,19 @@ enum gf_gms_mode {
 	GF_GMS_RO = 2,       /**< shared reader; needs a committed layout and no waiting writer */
 	GF_GMS_RW_OR_RO = 3, /**< RO if committed, else RW if free, else wait */
 };
+
+/** States of a GMS's lock FSM (docs/gms.md); the one definition, the wire and the server use these values. */
+enum gf_gms_state {
+	GF_GMS_STATE_EMPTY = 0,     /**< nothing loaded, no writer */
+	GF_GMS_STATE_RW = 1,        /**< a writer is loading */
+	GF_GMS_STATE_COMMITTED = 2, /**< a layout is committed, nobody maps it */
+	GF_GMS_STATE_RO = 3,        /**< a committed layout with readers */
+};
+
+/** "EMPTY", "RW", "COMMITTED", "RO"; "?" for other values. Static string. */
+GF_EXPORT const char *gf_gms_state_name(int state);
+/** "RW", "RO", "RW_OR_RO"; "?" for other values. Static string. */
+GF_EXPORT const char *gf_gms_mode_name(int mode);
 
 typedef struct gf_gms gf_gms;
 
@@ -196,19 +209,27 @@ GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_
 
 /** @} */
 
-/** @defgroup gmsd GMS server core
+/** @defgroup gmsd GMS server
  *  One instance serves one device: it creates allocations, exports them as
  *  fds, keeps the metadata table and runs the RW/RO lock FSM. Event-driven
- *  (epoll, non-blocking, one thread); embed it with gf_gmsd_get_fd() +
- *  gf_gmsd_process() or run it with gf_gmsd_run(). Setters are valid only
- *  before gf_gmsd_start() (GF_ERR_STATE after).
+ *  (epoll, non-blocking, one thread, the same server core as gf_lockd):
+ *  run it with gf_gmsd_run() or drive it from your own loop with
+ *  gf_gmsd_get_fd() / gf_gmsd_get_timeout_ms() / gf_gmsd_process(). Setters
+ *  are valid only before gf_gmsd_start() (GF_ERR_STATE after). Only
+ *  gf_gmsd_stop() may be called from another thread (or a signal handler).
+ *
+ *  Connections: a peer that does not finish its handshake, or a frame it
+ *  began, within the handshake timeout is dropped; a peer whose socket
+ *  buffer stays full for 50 ms while a reply waits is dropped (one slow
+ *  reader never holds up the others); at most 16 messages are read from one
+ *  peer before the others are served.
  *  @{ */
 typedef struct gf_gmsd gf_gmsd;
 
-/** New server with defaults: device 0, backend auto, no OOM retry, allowed uids: the server's own and root. */
+/** New server with defaults: device 0, backend auto, no OOM retry, handshake timeout 3000 ms, allowed uids: the server's own and root. Errors: GF_ERR_NOMEM, GF_ERR_IO. */
 GF_EXPORT int gf_gmsd_new(gf_gmsd **out);
-/** Listen URI (unix:// only: fds cannot cross hosts). Required. */
-GF_EXPORT int gf_gmsd_set_listen(gf_gmsd *d, const char *uri);
+/** Listen on @p uri (unix:// only: fds cannot cross hosts; GF_ERR_INVALID_ARG otherwise); repeatable, at least one required. */
+GF_EXPORT int gf_gmsd_add_listen(gf_gmsd *d, const char *uri);
 /** Device index for the backend. */
 GF_EXPORT int gf_gmsd_set_device(gf_gmsd *d, int index);
 /** Backend kind (enum gf_mem_kind). */
@@ -216,20 +237,34 @@ GF_EXPORT int gf_gmsd_set_backend(gf_gmsd *d, int kind);
 /**
  * Keep retrying an allocation that failed with GF_ERR_OUT_OF_MEMORY every
  * 50 ms for up to @p ms milliseconds while the writer stays connected
- * (0: fail at once). The event loop keeps serving meanwhile.
+ * (0: fail at once; at most a year, GF_ERR_INVALID_ARG beyond). The event
+ * loop keeps serving meanwhile.
  */
 GF_EXPORT int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms);
-/** Also accept peers with uid @p uid (checked with SO_PEERCRED on connect). */
-GF_EXPORT int gf_gmsd_allow_uid(gf_gmsd *d, uint32_t uid);
-/** Open the backend and listen. The socket accepts connections when this returns 0. */
+/**
+ * Allow peers with uid @p uid (SO_PEERCRED; repeatable, at most 64). With an
+ * empty list the server's own uid and root may connect; once any uid is
+ * added, exactly the listed uids may. A refused peer gets
+ * GF_ERR_PERMISSION in answer to its hello.
+ */
+GF_EXPORT int gf_gmsd_add_allow_uid(gf_gmsd *d, uint32_t uid);
+/** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */
+GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
+/**
+ * Open the backend and listen; raises the process's soft RLIMIT_NOFILE to
+ * its hard limit (peers and host allocations are fds). The socket accepts
+ * connections when this returns 0.
+ */
 GF_EXPORT int gf_gmsd_start(gf_gmsd *d);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
 GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
-/** Pollable fd (epoll): readable when gf_gmsd_process() has work. */
+/** An fd that becomes readable when gf_gmsd_process() has work (an epoll fd). */
 GF_EXPORT int gf_gmsd_get_fd(const gf_gmsd *d);
-/** Handle everything ready without blocking. Returns 0, or an error for a failure of the server itself. */
+/** Milliseconds until gf_gmsd_process() must run even without events (-1: none). */
+GF_EXPORT int gf_gmsd_get_timeout_ms(const gf_gmsd *d);
+/** Handle every pending event and timer without blocking. Returns 0, 1 once stopped, or an error for a failure of the server itself. */
 GF_EXPORT int gf_gmsd_process(gf_gmsd *d);
-/** Serve until gf_gmsd_stop(). Blocks. */
+/** Run the event loop until gf_gmsd_stop(). Blocks. Returns 0 or a negative error. */
 GF_EXPORT int gf_gmsd_run(gf_gmsd *d);
 /** Make gf_gmsd_run() return soon. Thread-safe and async-signal-safe. */
 GF_EXPORT void gf_gmsd_stop(gf_gmsd *d);

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -131,11 +131,20 @@ GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_le
  *  loop with gf_lockd_get_fd() / gf_lockd_get_timeout_ms() / gf_lockd_process().
  *  One thread drives a server; only gf_lockd_stop() may be called from
  *  another thread (or a signal handler).
+ *
+ *  Connections: a peer that does not finish its handshake, or a frame it
+ *  began, within the handshake timeout is dropped; a peer whose socket
+ *  buffer stays full for 50 ms while a reply waits is dropped; at most 16
+ *  messages are read from one peer before the others are served; a unix
+ *  peer sending heartbeats, or a TCP peer sending them much faster than the
+ *  lease needs, is dropped. A unix peer whose process cannot be watched (no
+ *  fd left for its pidfd) is refused with GF_ERR_BUSY rather than served
+ *  without the exit wait.
  *  @{ */
 
 typedef struct gf_lockd gf_lockd;
 
-/** New unconfigured server. Free with gf_lockd_free(). Errors: GF_ERR_NOMEM, GF_ERR_IO. */
+/** New unconfigured server (handshake timeout 3000 ms; allowed uids: the server's own and root). Free with gf_lockd_free(). Errors: GF_ERR_NOMEM, GF_ERR_IO. */
 GF_EXPORT int gf_lockd_new(gf_lockd **out);
 /** Close every connection and listener (unix socket files are removed) and free. NULL is a no-op. */
 GF_EXPORT void gf_lockd_free(gf_lockd *d);
@@ -143,7 +152,7 @@ GF_EXPORT void gf_lockd_free(gf_lockd *d);
 GF_EXPORT int gf_lockd_add_listen(gf_lockd *d, const char *uri);
 /** Persist grants to @p path (JSON, written atomically before every grant); before start. */
 GF_EXPORT int gf_lockd_set_state_file(gf_lockd *d, const char *path);
-/** After a restart with a holder on record, only that holder may re-acquire for @p ms (default 10000). */
+/** After a restart with a holder on record, only that holder may re-acquire for @p ms (default 10000; at most a year). */
 GF_EXPORT int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms);
 /**
  * How long to wait for a released unix holder's process to exit before
@@ -151,7 +160,12 @@ GF_EXPORT int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms);
  * socket close alone releases (what a server without pidfds falls back to).
  */
 GF_EXPORT int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms);
-/** Allow unix peers with uid @p uid (repeatable). With an empty list every uid may connect. */
+/**
+ * Allow unix peers with uid @p uid (SO_PEERCRED; repeatable, at most 64).
+ * With an empty list the server's own uid and root may connect; once any
+ * uid is added, exactly the listed uids may. TCP peers prove the shared
+ * secret instead. A refused peer gets GF_ERR_PERMISSION in answer to its hello.
+ */
 GF_EXPORT int gf_lockd_add_allow_uid(gf_lockd *d, uint32_t uid);
 /** Shared secret (copied). Mandatory when a TCP listener is configured; unix peers are not asked for it. */
 GF_EXPORT int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len);
@@ -162,11 +176,12 @@ GF_EXPORT int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len);
  * detect_ms >= 3 * heartbeat_ms (defaults 1000 / 6000).
  */
 GF_EXPORT int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms);
-/** A connection that has not finished its handshake after @p ms is dropped (default 3000). */
+/** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */
 GF_EXPORT int gf_lockd_set_handshake_timeout(gf_lockd *d, int64_t ms);
 /**
- * Read the state file, open the listeners. After this returns the sockets
- * accept connections. Errors: GF_ERR_INVALID_ARG (no listener, TCP without
+ * Read the state file, open the listeners; raises the process's soft
+ * RLIMIT_NOFILE to its hard limit (every peer is an fd, two for unix peers).
+ * After this returns the sockets accept connections. Errors: GF_ERR_INVALID_ARG (no listener, TCP without
  * secret), GF_ERR_BUSY (another server uses the state file or socket),
  * GF_ERR_IO, GF_ERR_PERMISSION.
  */
@@ -177,7 +192,7 @@ GF_EXPORT int gf_lockd_get_fd(const gf_lockd *d);
 GF_EXPORT int gf_lockd_get_timeout_ms(const gf_lockd *d);
 /** Handle every pending event and timer without blocking. Returns 0, or 1 once stopped. */
 GF_EXPORT int gf_lockd_process(gf_lockd *d);
-/** Run the event loop (what gf_lockd_process() does, blocking in epoll_wait between rounds) until gf_lockd_stop(). Returns 0 or a negative error. */
+/** Run the event loop (what gf_lockd_process() does, blocking in epoll_wait between rounds) until gf_lockd_stop(). Blocks. Returns 0 or a negative error. */
 GF_EXPORT int gf_lockd_run(gf_lockd *d);
 /** Make gf_lockd_run() return. Thread-safe and async-signal-safe. */
 GF_EXPORT void gf_lockd_stop(gf_lockd *d);

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../gpufailover.h"
+#include "base.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -38,6 +38,17 @@ int gf_random_bytes(void *buf, size_t len);
 /* Lower-case hex of @len bytes into @out (2*len+1 bytes). */
 void gf_hex(const uint8_t *in, size_t len, char *out);
 
+/* Engine and peer ids: buffer size including the NUL (the schema's limit). */
+#define GF_ID_MAX 128
+/*
+ * The one id rule (engine ids, peer ids): 1..GF_ID_MAX-1 bytes of printable
+ * ASCII without spaces, quotes, '\\' or '=', since ids end up in key=value
+ * log lines and JSON.
+ */
+bool gf_id_valid(const char *id);
+/* 0 when gf_id_valid(@id), else GF_ERR_INVALID_ARG with a detail prefixed by @who (the id itself is not echoed: it may hold control bytes). */
+int gf_id_check(const char *id, const char *who);
+
 /* Close @fd if >= 0, preserving errno. */
 void gf_close(int fd);
 void gf_close_fds(int *fds, size_t n);

@@ -11,7 +11,7 @@
 
 GF_EXPORT const char *gf_version(void)
 {
-	return "0.1.0";
+	return GF_VERSION_TEXT;
 }
 
 GF_EXPORT int gf_version_number(void)
@@ -155,4 +155,24 @@ GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms)
 	}
 	*out_ms = total_us / 1000;
 	return 0;
+}
+
+bool gf_id_valid(const char *id)
+{
+	if (!id || !*id)
+		return false;
+	size_t n = 0;
+	for (const unsigned char *p = (const unsigned char *)id; *p; p++, n++)
+		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f || n + 1 >= GF_ID_MAX)
+			return false;
+	return true;
+}
+
+int gf_id_check(const char *id, const char *who)
+{
+	if (gf_id_valid(id))
+		return 0;
+	return gf_err(GF_ERR_INVALID_ARG,
+		      "%s: engine id must be 1..%d bytes of printable ASCII without spaces, quotes, '\\' or '='", who,
+		      GF_ID_MAX - 1);
 }

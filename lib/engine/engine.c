@@ -276,8 +276,8 @@ GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engi
 		return rc;
 	if (!uri || !*uri || !engine_id || !*engine_id)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_lock: empty URI or engine id");
-	if (strlen(engine_id) > 128)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_lock: engine id longer than 128 bytes");
+	if (gf_id_check(engine_id, "gf_engine_set_lock") < 0)
+		return GF_ERR_INVALID_ARG;
 	char *u = strdup(uri), *id = strdup(engine_id);
 	if (!u || !id) {
 		free(u);

@@ -26,7 +26,7 @@
 
 #include <jansson.h>
 
-#include "backend.h"
+#include "mem_int.h"
 #include "gms_internal.h"
 #include "wire.h"
 
@@ -35,7 +35,7 @@
 
 struct calloc_entry {
 	uint64_t id, size, offset;
-	char tag[64];
+	char tag[GF_LIMIT_TAG];
 	gf_mem_alloc *a; /* NULL while asleep */
 };
 
@@ -320,8 +320,8 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 			      gms->granted == GF_GMS_RO ? "RO" : "nothing");
 	if (size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "allocate: size 0");
-	if (tag && strlen(tag) >= 64)
-		return gf_err(GF_ERR_INVALID_ARG, "allocate: tag longer than 63 bytes");
+	if (tag && strlen(tag) >= GF_LIMIT_TAG)
+		return gf_err(GF_ERR_INVALID_ARG, "allocate: tag longer than %d bytes", GF_LIMIT_TAG - 1);
 	uint64_t offset = round_up(gms->va_used, gms->gran);
 	if (offset + round_up(size, gms->gran) > gf_mem_va_size(gms->va))
 		return gf_err(GF_ERR_OUT_OF_MEMORY, "allocate %llu bytes: address reservation of %zu bytes exhausted",
@@ -426,10 +426,10 @@ int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t of
 		return rc;
 	if (gms->granted != GF_GMS_RW)
 		return gf_err(GF_ERR_STATE, "put metadata needs the RW lock");
-	if (!key || !*key || strlen(key) > 255)
-		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..255 bytes");
-	if (value_len > 1024 || (value_len && !value))
-		return gf_err(GF_ERR_INVALID_ARG, "metadata value must be 0..1024 bytes");
+	if (!key || !*key || strlen(key) >= GF_LIMIT_META_KEY)
+		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..%d bytes", GF_LIMIT_META_KEY - 1);
+	if (value_len > GF_LIMIT_META_VALUE || (value_len && !value))
+		return gf_err(GF_ERR_INVALID_ARG, "metadata value must be 0..%d bytes", GF_LIMIT_META_VALUE);
 	memset(gms->msg, 0, sizeof(*gms->msg));
 	gms->msg->which_body = gf_Msg_gms_meta_put_tag;
 	gf_GmsMetaPut *p = &gms->msg->body.gms_meta_put;
@@ -1050,12 +1050,6 @@ static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
 	return rc;
 }
 
-static const char *state_name(int s)
-{
-	static const char *const names[] = {"EMPTY", "RW", "COMMITTED", "RO"};
-	return s >= 0 && s < 4 ? names[s] : "UNKNOWN";
-}
-
 int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 {
 	if (!json)
@@ -1073,12 +1067,17 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 	if (s->layout_hash.size == 16)
 		gf_hex(s->layout_hash.bytes, 16, hex);
 	json_t *o = json_pack("{s:s, s:I, s:s, s:i, s:i, s:b, s:i, s:I, s:i, s:s, s:i, s:s, s:I}", "state",
-			      state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
+			      gf_gms_state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
 			      "readers", (int)s->readers, "waiters", (int)s->waiters, "writer", (int)s->writer,
 			      "allocation_count", (int)s->allocation_count, "allocation_bytes",
 			      (json_int_t)s->allocation_bytes, "metadata_count", (int)s->metadata_count, "backend",
 			      s->backend, "device", (int)s->device, "device_uuid", s->device_uuid, "uptime_ms",
 			      (json_int_t)s->uptime_ms);
+	if (o) {
+		json_object_set_new(o, "connections", json_integer(s->connections));
+		json_object_set_new(o, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
+		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));
+	}
 	json_t *evs = json_array();
 	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)
 		json_array_append_new(evs, json_pack("{s:I, s:s}", "at_us", (json_int_t)s->events[i].at_us, "what",

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "fsm.h"
+#include "gpufailover.pb.h"
 
 void gms_fsm_init(struct gms_fsm *f)
 {
@@ -74,29 +75,40 @@ bool gms_fsm_reader_left(struct gms_fsm *f)
 	return true;
 }
 
-const char *gms_state_name(enum gms_state s)
+/* The public enums, the wire's and the FSM's are one set of values. */
+_Static_assert(GF_GMS_STATE_EMPTY == (int)gf_GmsState_GMS_STATE_EMPTY, "GmsState EMPTY");
+_Static_assert(GF_GMS_STATE_RW == (int)gf_GmsState_GMS_STATE_RW, "GmsState RW");
+_Static_assert(GF_GMS_STATE_COMMITTED == (int)gf_GmsState_GMS_STATE_COMMITTED, "GmsState COMMITTED");
+_Static_assert(GF_GMS_STATE_RO == (int)gf_GmsState_GMS_STATE_RO, "GmsState RO");
+_Static_assert(_gf_GmsState_MAX == gf_GmsState_GMS_STATE_RO, "a new wire state needs a public one");
+_Static_assert(GF_GMS_RW == (int)gf_GmsMode_GMS_MODE_RW, "GmsMode RW");
+_Static_assert(GF_GMS_RO == (int)gf_GmsMode_GMS_MODE_RO, "GmsMode RO");
+_Static_assert(GF_GMS_RW_OR_RO == (int)gf_GmsMode_GMS_MODE_RW_OR_RO, "GmsMode RW_OR_RO");
+_Static_assert(_gf_GmsMode_MAX == gf_GmsMode_GMS_MODE_RW_OR_RO, "a new wire mode needs a public one");
+
+GF_EXPORT const char *gf_gms_state_name(int state)
 {
-	switch (s) {
-	case GMS_EMPTY:
+	switch (state) {
+	case GF_GMS_STATE_EMPTY:
 		return "EMPTY";
-	case GMS_RW:
+	case GF_GMS_STATE_RW:
 		return "RW";
-	case GMS_COMMITTED:
+	case GF_GMS_STATE_COMMITTED:
 		return "COMMITTED";
-	case GMS_RO:
+	case GF_GMS_STATE_RO:
 		return "RO";
 	}
 	return "?";
 }
 
-const char *gms_mode_name(int mode)
+GF_EXPORT const char *gf_gms_mode_name(int mode)
 {
 	switch (mode) {
-	case GMS_MODE_RW:
+	case GF_GMS_RW:
 		return "RW";
-	case GMS_MODE_RO:
+	case GF_GMS_RO:
 		return "RO";
-	case GMS_MODE_RW_OR_RO:
+	case GF_GMS_RW_OR_RO:
 		return "RW_OR_RO";
 	}
 	return "?";

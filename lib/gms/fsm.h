@@ -13,8 +13,16 @@
 
 #include <stdbool.h>
 
-enum gms_state { GMS_EMPTY = 0, GMS_RW = 1, GMS_COMMITTED = 2, GMS_RO = 3 };
-enum gms_mode { GMS_MODE_RW = 1, GMS_MODE_RO = 2, GMS_MODE_RW_OR_RO = 3 };
+#include "gpufailover/gms.h"
+
+/* Short names for the public enums (the single source of the values). */
+enum gms_state {
+	GMS_EMPTY = GF_GMS_STATE_EMPTY,
+	GMS_RW = GF_GMS_STATE_RW,
+	GMS_COMMITTED = GF_GMS_STATE_COMMITTED,
+	GMS_RO = GF_GMS_STATE_RO,
+};
+enum gms_mode { GMS_MODE_RW = GF_GMS_RW, GMS_MODE_RO = GF_GMS_RO, GMS_MODE_RW_OR_RO = GF_GMS_RW_OR_RO };
 
 struct gms_fsm {
 	enum gms_state state;
@@ -44,7 +52,7 @@ bool gms_fsm_commit(struct gms_fsm *f);
 bool gms_fsm_writer_left(struct gms_fsm *f);
 /* A reader left: RO(n) -> RO(n-1), RO(1) -> COMMITTED. Returns false when no reader was counted. */
 bool gms_fsm_reader_left(struct gms_fsm *f);
-const char *gms_state_name(enum gms_state s);
-const char *gms_mode_name(int mode);
+#define gms_state_name gf_gms_state_name
+#define gms_mode_name gf_gms_mode_name
 
 #endif

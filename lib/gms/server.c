@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * GMS server core: one device, one epoll loop. Owns the allocations (never
- * maps them), the metadata table and the lock FSM (fsm.c). Clients wait in
- * the server with their own timeout; every state change re-evaluates every
- * waiter in FIFO order.
+ * The GMS server's policy on the shared server core (lib/wire/server.h):
+ * one device. Owns the allocations (never maps them), the metadata table
+ * and the lock FSM (fsm.c). Clients wait in the server with their own
+ * timeout; every state change marks the waiters for re-evaluation, which
+ * the core's settle step runs in FIFO order.
  */
 #include <errno.h>
 #include <poll.h>
@@ -11,64 +12,55 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "mem_int.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
-#include "wire.h"
+#include "server.h"
 
-#define GMSD_EVENTS 32            /* the ring of recent events (GmsStatus.events max_count) */
-#define GMSD_SEND_TIMEOUT_US 2000000 /* a peer that does not read its replies for 2 s is dropped */
+#define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
-#define GMSD_HELLO_TIMEOUT_US 10000000 /* a peer silent after connecting costs one slot for 10 s at most */
 #define GMSD_MAX_ALLOCS 65536
 #define GMSD_MAX_META 1000000
-#define GMSD_MAX_UIDS 64
-#define GMSD_CHUNK_ALLOCS 64      /* gf.GmsListChunk.allocations max_count */
-#define GMSD_CHUNK_META 32        /* gf.GmsListChunk.metadata max_count */
+#define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
+#define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
 
 enum cphase {
-	C_HELLO,      /* before the handshake */
-	C_IDLE,       /* handshake done, no lock */
+	C_IDLE = 0,   /* no lock (the core did the handshake) */
 	C_WAIT,       /* GmsConnect waiting in the server */
 	C_WRITER,     /* holds RW */
 	C_ALLOC_WAIT, /* holds RW, an allocation is being retried after OUT_OF_MEMORY */
 	C_READER,     /* holds RO */
 };
 
+/* Per connection (the core's peer data). */
 struct client {
-	int fd;
-	struct gf_frame_reader rd;
+	struct gf_srv_peer *p;
 	enum cphase phase;
 	int mode;               /* requested mode while waiting */
 	uint32_t seq;           /* seq of the request being waited on */
-	int64_t deadline_us;    /* wait deadline (INT64_MAX: none); the handshake deadline in C_HELLO */
+	int64_t deadline_us;    /* wait deadline (INT64_MAX: none) */
 	uint64_t order;         /* FIFO position among waiters */
-	uint32_t uid, pid;
-	bool refused;           /* uid not allowed: answered with PERMISSION at its hello */
-	char peer[128];
+	const char *peer;       /* the core's sanitised peer id */
+	uint32_t pid;
 	/* a pending allocation (C_ALLOC_WAIT) */
 	uint64_t alloc_size;
-	char alloc_tag[64];
+	char alloc_tag[GF_LIMIT_TAG];
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
-	struct client *next;
 };
 
 struct galloc {
 	uint64_t id;
 	gf_mem_alloc *a;
 	uint64_t size, requested;
-	char tag[64];
+	char tag[GF_LIMIT_TAG];
 };
 
 struct gmeta {
@@ -81,25 +73,22 @@ struct gmeta {
 
 struct gevent {
 	int64_t at_us;
-	char what[160];
+	char what[GF_LIMIT_EVENT_TEXT];
 };
 
 struct gf_gmsd {
+	struct gf_srv *srv;
 	char listen_text[256];
-	struct gf_uri uri;
-	bool have_uri, started;
+	bool started;
 	int device, kind;
 	int64_t oom_retry_ms;
-	uint32_t uids[GMSD_MAX_UIDS];
-	size_t nuids;
 
 	gf_mem *mem;
-	char uuid[64];
+	char uuid[GF_LIMIT_UUID];
 	size_t granularity;
-	int ep, lfd, tfd, efd;
 	int64_t started_us;
 
-	struct client *clients;
+	bool changed;           /* the lock state changed: settle re-evaluates the waiters */
 	uint64_t next_order;
 	struct gms_fsm fsm;
 
@@ -119,7 +108,7 @@ struct gf_gmsd {
 	struct gevent events[GMSD_EVENTS];
 	size_t ev_next, ev_count;
 
-	gf_Msg *in, *out;
+	gf_Msg *out;
 	uint8_t *lc_buf; /* one encoded list chunk (GF_FRAME_MAX_BODY bytes) */
 };
 
@@ -208,14 +197,25 @@ static void drop_layout(gf_gmsd *d)
 
 /* ---------------------------------------------------------------- replies */
 
-static void client_close(gf_gmsd *d, struct client *c, const char *why);
+/* Open peers that finished the handshake, in no particular order: first with NULL. */
+static struct client *next_client(gf_gmsd *d, struct client *prev)
+{
+	struct gf_srv_peer *p = prev ? prev->p : NULL;
+	while ((p = gf_srv_next_peer(d->srv, p)))
+		if (p->ready)
+			return p->data;
+	return NULL;
+}
 
+static void client_close(gf_gmsd *d, struct client *c, const char *why)
+{
+	gf_srv_close(d->srv, c->p, why);
+}
+
+/* Send d->out; a peer that does not take it within the core's send deadline is closed. */
 static int send_msg(gf_gmsd *d, struct client *c, const int *fds, size_t nfds)
 {
-	int rc = gf_msg_send(c->fd, d->out, fds, nfds, gf_now_us() + GMSD_SEND_TIMEOUT_US);
-	if (rc < 0)
-		gf_log(GF_LOG_WARN, "gms", "send to peer=%s failed: %s", c->peer, gf_error_detail());
-	return rc;
+	return gf_srv_send(d->srv, c->p, d->out, fds, nfds);
 }
 
 static int reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
@@ -255,7 +255,7 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 
 static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 {
-	for (struct client *c = d->clients; c; c = c->next)
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
 		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW)
 			return true;
 	return false;
@@ -281,16 +281,13 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	d->out->seq = c->seq;
 	d->out->which_body = gf_Msg_gms_connected_tag;
 	fill_connected(d, &d->out->body.gms_connected, granted);
-	if (send_msg(d, c, NULL, 0) < 0) {
-		client_close(d, c, "send failed");
-		return -1;
-	}
-	return 1;
+	return send_msg(d, c, NULL, 0) < 0 ? -1 : 1;
 }
 
 /* Every state change: walk the waiters in FIFO order and grant whoever can go now. */
 static void reevaluate(gf_gmsd *d)
 {
+	d->changed = false;
 	for (;;) {
 		struct client *best = NULL;
 		bool progressed = false;
@@ -298,7 +295,7 @@ static void reevaluate(gf_gmsd *d)
 		uint64_t after = 0;
 		for (;;) {
 			best = NULL;
-			for (struct client *c = d->clients; c; c = c->next)
+			for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
 				if (c->phase == C_WAIT && c->order > after && (!best || c->order < best->order))
 					best = c;
 			if (!best)
@@ -428,8 +425,7 @@ static void handle_allocate(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	snprintf(c->alloc_tag, sizeof(c->alloc_tag), "%s", r->tag);
 	c->alloc_tries = 0;
 	c->alloc_until_us = gf_now_us() + d->oom_retry_ms * 1000;
-	if (do_allocate(d, c, m->seq) < 0)
-		client_close(d, c, "send failed");
+	do_allocate(d, c, m->seq);
 }
 
 static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -501,8 +497,7 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = m->seq;
 	d->out->which_body = gf_Msg_ok_tag;
-	if (send_msg(d, c, NULL, 0) < 0)
-		client_close(d, c, "send failed");
+	send_msg(d, c, NULL, 0);
 }
 
 static int meta_cmp(const void *a, const void *b)
@@ -552,6 +547,16 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
+	/* The committed bytes are final: no holder of an fd, the writer
+	 * included, may change them under the readers (host: sealed; cuda
+	 * cannot enforce it, docs/gms.md). */
+	for (size_t i = 0; i < d->nallocs; i++) {
+		int src = gf_mem_seal(d->allocs[i].a);
+		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
+			reply_error(d, c, m->seq, src, "commit: %s", gf_error_detail());
+			return;
+		}
+	}
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
 	c->phase = C_READER;
@@ -565,18 +570,8 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	d->out->body.gms_committed.generation = d->generation;
 	memcpy(d->out->body.gms_committed.layout_hash.bytes, d->hash, 16);
 	d->out->body.gms_committed.layout_hash.size = 16;
-	if (send_msg(d, c, NULL, 0) < 0) {
-		client_close(d, c, "send failed");
-		return;
-	}
-	reevaluate(d);
-}
-
-/* Ask epoll for writability only while a list reply is being streamed. */
-static void want_out(gf_gmsd *d, struct client *c, bool on)
-{
-	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = c};
-	epoll_ctl(d->ep, EPOLL_CTL_MOD, c->fd, &ev);
+	send_msg(d, c, NULL, 0);
+	d->changed = true;
 }
 
 static void close_owned(const int *fds, const bool *owned, size_t n)
@@ -598,9 +593,9 @@ static void list_pump(gf_gmsd *d, struct client *c)
 	bool owned[GMSD_CHUNK_ALLOCS];
 	size_t nm = c->list_meta ? d->nmeta : 0;
 	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
-		struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+		struct pollfd p = {.fd = c->p->fd, .events = POLLOUT};
 		if (budget == 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
-			want_out(d, c, true);
+			gf_srv_want_write(d->srv, c->p, true);
 			return;
 		}
 		size_t k = c->list_next, a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
@@ -620,8 +615,11 @@ static void list_pump(gf_gmsd *d, struct client *c)
 		for (size_t i = a0; i < d->nallocs && i < a0 + GMSD_CHUNK_ALLOCS; i++) {
 			const struct galloc *g = &d->allocs[i];
 			la[ch.nallocs++] = (struct gf_lc_alloc){g->id, g->size, g->requested, g->tag};
-			/* The allocation's own fd where the backend allows: sendmsg copies it, no dup and close. */
-			if (c->list_fds && (rc = gf_mem_export_borrowed(g->a, &fds[nfds], &owned[nfds])) == 0)
+			/* A reader gets a read-only file description; the writer the
+			 * allocation's own fd where the backend allows (sendmsg copies it). */
+			if (c->list_fds &&
+			    (rc = c->phase == C_READER ? gf_mem_export_readonly(g->a, &fds[nfds], &owned[nfds])
+						       : gf_mem_export_borrowed(g->a, &fds[nfds], &owned[nfds])) == 0)
 				nfds++;
 			if (rc < 0)
 				break;
@@ -640,17 +638,14 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			client_close(d, c, "list chunk failed");
 			return;
 		}
-		rc = gf_frame_send(c->fd, d->lc_buf, len, fds, nfds, gf_now_us() + GMSD_SEND_TIMEOUT_US);
+		rc = gf_srv_send_raw(d->srv, c->p, d->lc_buf, len, fds, nfds);
 		close_owned(fds, owned, nfds);
-		if (rc < 0) {
-			gf_log(GF_LOG_WARN, "gms", "send to peer=%s failed: %s", c->peer, gf_error_detail());
-			client_close(d, c, "send failed");
+		if (rc < 0)
 			return;
-		}
 		c->list_next++;
 	}
 	c->listing = false;
-	want_out(d, c, false);
+	gf_srv_want_write(d->srv, c->p, false);
 }
 
 static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -686,7 +681,7 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		s->layout_hash.size = 16;
 	}
 	s->readers = d->fsm.readers;
-	for (struct client *x = d->clients; x; x = x->next)
+	for (struct client *x = next_client(d, NULL); x; x = next_client(d, x))
 		if (x->phase == C_WAIT)
 			s->waiters++;
 	s->allocation_count = (uint32_t)d->nallocs;
@@ -697,6 +692,11 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	snprintf(s->device_uuid, sizeof(s->device_uuid), "%s", d->uuid);
 	s->uptime_ms = (gf_now_us() - d->started_us) / 1000;
 	s->metadata_count = (uint32_t)d->nmeta;
+	struct gf_srv_stats st;
+	gf_srv_stats(d->srv, &st);
+	s->connections = st.connections;
+	s->fd_limit = st.fd_limit;
+	s->accept_paused = st.accept_paused;
 	/* oldest first */
 	size_t first = (d->ev_next + GMSD_EVENTS - d->ev_count) % GMSD_EVENTS;
 	for (size_t i = 0; i < d->ev_count; i++) {
@@ -705,46 +705,12 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
 		s->events_count++;
 	}
-	if (send_msg(d, c, NULL, 0) < 0)
-		client_close(d, c, "send failed");
-}
-
-static void handle_hello(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	if (c->refused) {
-		/* Answered at the hello rather than at accept, so the client reads a clear error, not a reset. */
-		gf_log(GF_LOG_WARN, "gms", "refused peer uid=%u pid=%u: not in the allowed uids", c->uid, c->pid);
-		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "uid %u is not allowed by this GPU memory service",
-			    c->uid);
-		client_close(d, c, "uid not allowed");
-		return;
-	}
-	int rc = gf_handshake_check_hello(m, gf_Component_COMPONENT_GMS);
-	if (rc < 0) {
-		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
-		client_close(d, c, "bad hello");
-		return;
-	}
-	snprintf(c->peer, sizeof(c->peer), "%s", m->body.hello.peer_id[0] ? m->body.hello.peer_id : "anonymous");
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
-	d->out->which_body = gf_Msg_welcome_tag;
-	d->out->body.welcome.version = GF_PROTOCOL_VERSION;
-	d->out->body.welcome.component = gf_Component_COMPONENT_GMS;
-	snprintf(d->out->body.welcome.server_id, sizeof(d->out->body.welcome.server_id), "gms-%s-%d",
-		 gf_mem_kind_name(gf_mem_kind(d->mem)), d->device);
-	c->phase = C_IDLE;
-	if (send_msg(d, c, NULL, 0) < 0)
-		client_close(d, c, "send failed");
+	send_msg(d, c, NULL, 0);
 }
 
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (c->phase == C_HELLO) {
-		handle_hello(d, c, m);
-		return c->phase != C_HELLO;
-	}
 	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
@@ -780,11 +746,22 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 
 /* ---------------------------------------------------------------- connections */
 
-static void client_close(gf_gmsd *d, struct client *c, const char *why)
+static void on_ready(void *ctx, struct gf_srv_peer *p)
 {
-	if (c->fd < 0)
-		return;
-	bool changed = false;
+	(void)ctx;
+	struct client *c = p->data;
+	c->p = p;
+	c->peer = p->id;
+	c->pid = p->pid;
+}
+
+/* Forget @p; what it held changes the lock state, which settle() acts on. */
+static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
+{
+	gf_gmsd *d = ctx;
+	struct client *c = p->data;
+	if (!c->p)
+		return; /* never finished its handshake */
 	switch (c->phase) {
 	case C_WRITER:
 	case C_ALLOC_WAIT:
@@ -792,168 +769,78 @@ static void client_close(gf_gmsd *d, struct client *c, const char *why)
 		event(d, "event=rw_abort peer=%s pid=%u allocations=%zu reason=\"%s\"", c->peer, c->pid,
 		      d->nallocs, why);
 		drop_layout(d);
-		changed = true;
+		d->changed = true;
 		break;
 	case C_READER:
 		gms_fsm_reader_left(&d->fsm);
 		event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s", c->peer, c->pid,
 		      d->fsm.readers, gms_state_name(d->fsm.state));
-		changed = true;
+		d->changed = true;
 		break;
 	case C_WAIT:
 		/* A leaving RW waiter may unblock readers (writer priority). */
-		changed = c->mode == GMS_MODE_RW;
+		d->changed |= c->mode == GMS_MODE_RW;
 		break;
 	default:
 		break;
 	}
-	gf_log(GF_LOG_DEBUG, "gms", "close peer=%s reason=\"%s\"", c->peer, why);
-	epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
-	gf_close(c->fd);
-	c->fd = -1;
-	gf_frame_reader_clear(&c->rd);
-	c->phase = C_HELLO;
-	/* Unlinked and freed by sweep(); handlers may still hold the pointer. */
-	if (changed)
+	c->phase = C_IDLE;
+	c->listing = false;
+}
+
+static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
+{
+	gf_close_fds(fds, nfds); /* clients never send fds (max_fds is 0) */
+	free(fds);
+	dispatch(ctx, p->data, m);
+}
+
+static void on_writable(void *ctx, struct gf_srv_peer *p)
+{
+	struct client *c = p->data;
+	if (c->listing)
+		list_pump(ctx, c);
+}
+
+static void settle(void *ctx)
+{
+	gf_gmsd *d = ctx;
+	while (d->changed)
 		reevaluate(d);
-}
-
-static void sweep(gf_gmsd *d)
-{
-	struct client **pp = &d->clients;
-	while (*pp) {
-		struct client *c = *pp;
-		if (c->fd < 0) {
-			*pp = c->next;
-			free(c);
-		} else {
-			pp = &c->next;
-		}
-	}
-}
-
-static bool uid_allowed(gf_gmsd *d, uint32_t uid)
-{
-	for (size_t i = 0; i < d->nuids; i++)
-		if (d->uids[i] == uid)
-			return true;
-	return false;
-}
-
-static void accept_all(gf_gmsd *d)
-{
-	for (;;) {
-		int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-				gf_log(GF_LOG_WARN, "gms", "accept: %s", strerror(errno));
-			if (errno == EINTR)
-				continue;
-			return;
-		}
-		struct ucred cr = {0};
-		socklen_t cl = sizeof(cr);
-		bool refused = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || !uid_allowed(d, cr.uid);
-		struct client *c = calloc(1, sizeof(*c));
-		if (!c) {
-			close(fd);
-			continue;
-		}
-		c->fd = fd;
-		c->uid = (uint32_t)cr.uid;
-		c->refused = refused;
-		c->pid = (uint32_t)cr.pid;
-		snprintf(c->peer, sizeof(c->peer), "pid%u", c->pid);
-		c->deadline_us = gf_now_us() + GMSD_HELLO_TIMEOUT_US;
-		gf_frame_reader_init(&c->rd, 0); /* clients never send fds */
-		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
-		if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-			close(fd);
-			free(c);
-			continue;
-		}
-		c->next = d->clients;
-		d->clients = c;
-	}
-}
-
-static void client_readable(gf_gmsd *d, struct client *c)
-{
-	for (int n = 0; n < 64 && c->fd >= 0; n++) { /* bounded: one busy peer cannot starve the others */
-		int rc = gf_frame_reader_feed(&c->rd, c->fd);
-		if (rc == GF_ERR_AGAIN)
-			return;
-		if (rc == GF_ERR_CLOSED) {
-			client_close(d, c, "peer closed");
-			return;
-		}
-		if (rc < 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "%s", gf_error_detail());
-			if (rc != GF_ERR_IO)
-				reply_error(d, c, 0, rc, "%s", why);
-			client_close(d, c, why);
-			return;
-		}
-		if (gf_msg_decode(c->rd.body, c->rd.msg_len, d->in) < 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "%s", gf_error_detail());
-			reply_error(d, c, 0, GF_ERR_PROTOCOL, "%s", why);
-			client_close(d, c, why);
-			return;
-		}
-		if (!dispatch(d, c, d->in))
-			return;
-	}
 }
 
 /* ---------------------------------------------------------------- timers */
 
-static void on_timer(gf_gmsd *d)
+static void on_timer(void *ctx, int64_t now)
 {
-	int64_t now = gf_now_us();
-	bool changed = false;
-	for (struct client *c = d->clients; c; c = c->next) {
-		if (c->fd < 0)
-			continue;
-		if (c->phase == C_HELLO && now >= c->deadline_us) {
-			client_close(d, c, "no hello in time");
-		} else if (c->phase == C_WAIT && now >= c->deadline_us) {
+	gf_gmsd *d = ctx;
+	struct client *c = next_client(d, NULL), *next;
+	for (; c; c = next) {
+		next = next_client(d, c);
+		if (c->phase == C_WAIT && now >= c->deadline_us) {
 			c->phase = C_IDLE;
-			changed |= c->mode == GMS_MODE_RW;
+			d->changed |= c->mode == GMS_MODE_RW;
 			event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
 			      gms_state_name(d->fsm.state));
-			if (reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
-					gms_mode_name(c->mode), gms_state_name(d->fsm.state)) < 0)
-				client_close(d, c, "send failed");
+			reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
+				    gms_mode_name(c->mode), gms_state_name(d->fsm.state));
 		} else if (c->phase == C_ALLOC_WAIT && now >= c->alloc_next_us) {
-			if (do_allocate(d, c, c->seq) < 0)
-				client_close(d, c, "send failed");
+			do_allocate(d, c, c->seq);
 		}
 	}
-	if (changed)
-		reevaluate(d);
 }
 
-static void arm_timer(gf_gmsd *d)
+static int64_t next_deadline(void *ctx)
 {
+	gf_gmsd *d = ctx;
 	int64_t next = INT64_MAX;
-	for (struct client *c = d->clients; c; c = c->next) {
-		if (c->fd < 0)
-			continue;
-		if ((c->phase == C_WAIT || c->phase == C_HELLO) && c->deadline_us < next)
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
+		if (c->phase == C_WAIT && c->deadline_us < next)
 			next = c->deadline_us;
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 	}
-	struct itimerspec its = {0};
-	if (next != INT64_MAX) {
-		if (next <= 0)
-			next = 1;
-		its.it_value.tv_sec = next / 1000000;
-		its.it_value.tv_nsec = (next % 1000000) * 1000;
-	}
-	timerfd_settime(d->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+	return next;
 }
 
 /* ---------------------------------------------------------------- public */
@@ -965,11 +852,28 @@ int gf_gmsd_new(gf_gmsd **out)
 	gf_gmsd *d = calloc(1, sizeof(*d));
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
-	d->ep = d->lfd = d->tfd = d->efd = -1;
+	static const struct gf_srv_handlers h = {
+		.on_ready = on_ready,
+		.on_message = on_message,
+		.on_close = on_close,
+		.next_deadline = next_deadline,
+		.on_timer = on_timer,
+		.settle = settle,
+		.on_writable = on_writable,
+	};
+	const struct gf_srv_config cfg = {
+		.name = "gms",
+		.component = gf_Component_COMPONENT_GMS,
+		.max_fds = 0, /* clients never send fds */
+		.backlog = 128,
+		.peer_data_size = sizeof(struct client),
+	};
+	int rc = gf_srv_new(&d->srv, &cfg, &h, d);
+	if (rc < 0) {
+		free(d);
+		return rc;
+	}
 	d->kind = GF_MEM_AUTO;
-	d->uids[d->nuids++] = (uint32_t)getuid();
-	if (getuid() != 0)
-		d->uids[d->nuids++] = 0;
 	d->next_alloc_id = 1;
 	gms_fsm_init(&d->fsm);
 	*out = d;
@@ -984,19 +888,13 @@ int gf_gmsd_new(gf_gmsd **out)
 			return gf_err(GF_ERR_STATE, "gmsd: settings are fixed once started");      \
 	} while (0)
 
-int gf_gmsd_set_listen(gf_gmsd *d, const char *uri)
+int gf_gmsd_add_listen(gf_gmsd *d, const char *uri)
 {
 	NOT_STARTED(d);
-	struct gf_uri u;
-	int rc = uri ? gf_uri_parse(uri, &u) : gf_err(GF_ERR_INVALID_ARG, "listen URI is NULL");
-	if (rc < 0)
-		return rc;
-	if (u.kind != GF_URI_UNIX)
-		return gf_err(GF_ERR_INVALID_ARG, "GMS listens on unix:// only (fds cannot cross hosts): %s", uri);
-	d->uri = u;
-	d->have_uri = true;
-	snprintf(d->listen_text, sizeof(d->listen_text), "%s", uri);
-	return 0;
+	int rc = gf_srv_add_listen(d->srv, uri, true);
+	if (rc == 0 && !d->listen_text[0])
+		snprintf(d->listen_text, sizeof(d->listen_text), "%s", uri);
+	return rc;
 }
 
 int gf_gmsd_set_device(gf_gmsd *d, int index)
@@ -1017,54 +915,50 @@ int gf_gmsd_set_backend(gf_gmsd *d, int kind)
 	return 0;
 }
 
+/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
+#define MAX_MS (366LL * 86400 * 1000)
+
 int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms)
 {
 	NOT_STARTED(d);
-	if (ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "oom retry %lld ms", (long long)ms);
+	if (ms < 0 || ms > MAX_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "oom retry %lldms outside 0..%lldms", (long long)ms, (long long)MAX_MS);
 	d->oom_retry_ms = ms;
 	return 0;
 }
 
-int gf_gmsd_allow_uid(gf_gmsd *d, uint32_t uid)
+int gf_gmsd_add_allow_uid(gf_gmsd *d, uint32_t uid)
 {
 	NOT_STARTED(d);
-	if (uid_allowed(d, uid))
-		return 0;
-	if (d->nuids >= GMSD_MAX_UIDS)
-		return gf_err(GF_ERR_TOO_BIG, "more than %d allowed uids", GMSD_MAX_UIDS);
-	d->uids[d->nuids++] = uid;
-	return 0;
+	return gf_srv_add_allow_uid(d->srv, uid);
+}
+
+int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms)
+{
+	NOT_STARTED(d);
+	return gf_srv_set_handshake_timeout(d->srv, ms);
 }
 
 int gf_gmsd_start(gf_gmsd *d)
 {
 	NOT_STARTED(d);
-	if (!d->have_uri)
-		return gf_err(GF_ERR_INVALID_ARG, "gmsd: no listen URI set");
 	int rc;
 	size_t rec;
-	if (!(d->in = gf_msg_new()) || !(d->out = gf_msg_new()) || !(d->lc_buf = malloc(GF_FRAME_MAX_BODY)))
+	if (!d->out && (!(d->out = gf_msg_new()) || !(d->lc_buf = malloc(GF_FRAME_MAX_BODY))))
 		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
-	if ((rc = gf_mem_open(&d->mem, d->kind, d->device)) < 0)
+	if (!d->listen_text[0])
+		return gf_err(GF_ERR_INVALID_ARG, "gmsd: no listen URI set");
+	if (!d->mem && (rc = gf_mem_open(&d->mem, d->kind, d->device)) < 0)
 		return rc;
 	if ((rc = gf_mem_granularity(d->mem, &d->granularity, &rec)) < 0)
 		return rc;
 	if (gf_mem_device_uuid(d->mem, d->uuid, sizeof(d->uuid)) < 0)
 		d->uuid[0] = 0;
-	d->ep = epoll_create1(EPOLL_CLOEXEC);
-	d->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-	d->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (d->ep < 0 || d->tfd < 0 || d->efd < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "gmsd: epoll/timerfd/eventfd");
-	if ((rc = gf_uri_listen(&d->uri, 128, &d->lfd)) < 0)
+	char sid[64];
+	snprintf(sid, sizeof(sid), "gms-%s-%d", gf_mem_kind_name(gf_mem_kind(d->mem)), d->device);
+	gf_srv_set_server_id(d->srv, sid);
+	if ((rc = gf_srv_start(d->srv)) < 0)
 		return rc;
-	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &d->lfd};
-	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->lfd, &ev);
-	ev.data.ptr = &d->tfd;
-	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->tfd, &ev);
-	ev.data.ptr = &d->efd;
-	epoll_ctl(d->ep, EPOLL_CTL_ADD, d->efd, &ev);
 	d->started = true;
 	d->started_us = gf_now_us();
 	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
@@ -1079,110 +973,44 @@ gf_mem *gf_gmsd_mem(gf_gmsd *d)
 
 int gf_gmsd_get_fd(const gf_gmsd *d)
 {
-	if (!d || !d->started)
-		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return d->ep;
+	return d ? gf_srv_get_fd(d->srv) : gf_err(GF_ERR_INVALID_ARG, "gmsd is NULL");
 }
 
-/* Returns 1 when a stop was requested. */
-static int process_once(gf_gmsd *d, int timeout_ms)
+int gf_gmsd_get_timeout_ms(const gf_gmsd *d)
 {
-	struct epoll_event evs[64];
-	int stop = 0;
-	int n = epoll_wait(d->ep, evs, 64, timeout_ms);
-	if (n < 0)
-		return errno == EINTR ? 0 : gf_err_errno(GF_ERR_IO, errno, "epoll_wait");
-	for (int i = 0; i < n; i++) {
-		void *p = evs[i].data.ptr;
-		if (p == &d->lfd) {
-			accept_all(d);
-		} else if (p == &d->tfd) {
-			uint64_t x;
-			while (read(d->tfd, &x, sizeof(x)) > 0)
-				;
-			on_timer(d);
-		} else if (p == &d->efd) {
-			uint64_t x;
-			while (read(d->efd, &x, sizeof(x)) > 0)
-				;
-			stop = 1;
-		} else {
-			struct client *c = p;
-			if (c->fd < 0)
-				continue;
-			if ((evs[i].events & EPOLLOUT) && c->listing)
-				list_pump(d, c);
-			if (c->fd >= 0 && (evs[i].events & EPOLLIN))
-				client_readable(d, c);
-			if (c->fd >= 0 && (evs[i].events & (EPOLLHUP | EPOLLERR)))
-				client_close(d, c, "hangup");
-			else if (c->fd >= 0 && (evs[i].events & EPOLLRDHUP) && !(evs[i].events & EPOLLIN))
-				client_close(d, c, "peer closed");
-		}
-	}
-	/* Deadlines may have passed while we worked. */
-	on_timer(d);
-	sweep(d);
-	arm_timer(d);
-	return stop;
+	return d ? gf_srv_get_timeout_ms(d->srv) : -1;
 }
 
 int gf_gmsd_process(gf_gmsd *d)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	int rc = process_once(d, 0);
-	return rc < 0 ? rc : 0;
+	return gf_srv_process(d->srv, 0);
 }
 
 int gf_gmsd_run(gf_gmsd *d)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	for (;;) {
-		int rc = process_once(d, -1);
-		if (rc < 0)
-			return rc;
-		if (rc == 1)
-			return 0;
-	}
+	return gf_srv_run(d->srv);
 }
 
 void gf_gmsd_stop(gf_gmsd *d)
 {
-	uint64_t one = 1;
-	if (d && d->efd >= 0) {
-		ssize_t w = write(d->efd, &one, sizeof(one));
-		(void)w;
-	}
+	if (d)
+		gf_srv_stop(d->srv);
 }
 
 void gf_gmsd_free(gf_gmsd *d)
 {
 	if (!d)
 		return;
-	struct client *c = d->clients;
-	while (c) {
-		struct client *n = c->next;
-		if (c->fd >= 0) {
-			gf_close(c->fd);
-			gf_frame_reader_clear(&c->rd);
-		}
-		free(c);
-		c = n;
-	}
+	gf_srv_free(d->srv);
 	drop_layout(d);
 	free(d->allocs);
 	free(d->meta);
 	free(d->index);
-	if (d->lfd >= 0 && d->uri.kind == GF_URI_UNIX)
-		unlink(d->uri.path);
-	gf_close(d->lfd);
-	gf_close(d->ep);
-	gf_close(d->tfd);
-	gf_close(d->efd);
 	gf_mem_free(d->mem);
-	gf_msg_free(d->in);
 	gf_msg_free(d->out);
 	free(d->lc_buf);
 	free(d);

@@ -102,14 +102,9 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 {
 	if (!out || !uri || !engine_id)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
-	size_t idl = strlen(engine_id);
-	if (idl == 0 || idl >= GF_LOCK_ID_MAX)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: engine id must be 1..%d bytes", GF_LOCK_ID_MAX - 1);
-	for (const unsigned char *p = (const unsigned char *)engine_id; *p; p++)
-		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f)
-			return gf_err(GF_ERR_INVALID_ARG,
-				      "lock: engine id '%s' must be printable ASCII without spaces, quotes, '\\' or '='",
-				      engine_id);
+	int idrc = gf_id_check(engine_id, "lock");
+	if (idrc < 0)
+		return idrc;
 	gf_lock *l = calloc(1, sizeof(*l));
 	if (!l)
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
@@ -131,7 +126,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	}
 	pthread_mutex_init(&l->mu, NULL);
 	gf_uri_format(&l->uri, l->uristr, sizeof(l->uristr));
-	memcpy(l->id, engine_id, idl + 1);
+	memcpy(l->id, engine_id, strlen(engine_id) + 1);
 	l->fd = -1;
 	l->reconnect_ms = 12000;
 	l->hb_ms = 1000;

@@ -8,9 +8,10 @@
 
 #include "common.h"
 #include "gpufailover.pb.h"
+#include "schema_limits.h"
 
-#define GF_LOCK_TOKEN_LEN 32
-#define GF_LOCK_ID_MAX 128 /* engine id buffer, including the NUL */
+#define GF_LOCK_TOKEN_LEN GF_LIMIT_TOKEN
+#define GF_LOCK_ID_MAX GF_LIMIT_ID /* engine id buffer, including the NUL */
 /* Lock messages are tiny: anything larger is refused before allocating. */
 #define GF_LOCK_MAX_FRAME 1024
 

@@ -1,93 +1,56 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The lock server core (seed 000, Decisions 4 and 8; DESIGN.md section 5).
+ * The lock server's policy (seed 000, Decisions 4 and 8; DESIGN.md section 5)
+ * on the shared server core (lib/wire/server.h), which owns the sockets,
+ * the handshake and the loop.
  *
- * One epoll loop, non-blocking sockets, no thread per client: an idle
- * waiter costs one struct conn, its pidfd and the kernel's socket buffers.
  * The lock itself is: holder (a connection or nobody), a FIFO of waiters,
- * and three things that block grants: a holder's process that has not
- * exited yet (exit wait), a reconnect window after a restart, and a state
- * file that could not be written.
+ * and three things that block grants (grant.h): a holder's process that
+ * has not exited yet (exit wait), a reconnect window after a restart, and a
+ * state file that could not be written. Closes only record what changed;
+ * the core's settle step grants.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/file.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
+#include "grant.h"
 #include "lockint.h"
-#include "wire.h"
+#include "server.h"
 
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77
-#endif
-
-#define MAX_LISTEN 16
-#define MAX_ALLOW_UID 64
-/* How long a reply may wait for a peer's full receive buffer before the peer is dropped. */
-#define SEND_DEADLINE_US 50000
 /* Retry a failed state-file write this often, holding grants meanwhile. */
 #define STORE_RETRY_US 1000000
+/* TCP heartbeats a peer may send in a burst, and the fastest average pace
+ * (one per min(heartbeat/8, 10 ms)): a flood is dropped, not served. */
+#define HB_BURST 32
 
-enum ev_type { EV_LISTEN = 1, EV_CONN, EV_CONN_PIDFD, EV_STOP, EV_EXIT_PIDFD };
-
-struct ev {
-	enum ev_type type;
-};
-
-struct listener {
-	struct ev ev;
-	int fd;
-	struct gf_uri uri;
-};
-
-enum conn_phase { PH_HELLO, PH_AUTH, PH_READY };
 enum conn_role { R_NONE, R_WAITER, R_HOLDER };
 
+/* Per connection (the core's peer data). */
 struct conn {
-	struct ev ev;
-	struct ev pid_ev;          /* the holder's pidfd in epoll */
-	int fd;
-	int pidfd;                 /* -1 when unknown (TCP, pid 0, no pidfd support) */
-	bool pid_watched;          /* pidfd is in epoll (as pid_ev) */
-	bool tcp;
-	enum conn_phase phase;
+	struct gf_srv_peer *peer;
+	struct gf_srv_watch pid_watch; /* the holder's pidfd in the loop */
+	bool pid_watched;
 	enum conn_role role;
-	uint32_t pid, uid;
-	char id[GF_LOCK_ID_MAX];
-	uint8_t challenge[32];
-	int64_t handshake_deadline; /* monotonic; until PH_READY */
 	int64_t wait_deadline;      /* monotonic; INT64_MAX: forever */
 	int64_t since_wall;
-	int64_t last_heard;
 	int64_t next_hb;
+	int64_t hb_credit_at;       /* heartbeat pacing: credit accrues since then */
+	int hb_credit;
 	uint32_t seq;               /* seq of the pending acquire, echoed in the grant */
-	struct conn *prev, *next;   /* all connections */
 	struct conn *wprev, *wnext; /* waiters FIFO */
-	struct gf_frame_reader rd;
 };
 
 struct gf_lockd {
-	struct ev stop_ev;
-	struct ev exit_ev;
-	int epfd, stopfd;
-	atomic_bool stopped;
-	bool started;
-	struct listener listeners[MAX_LISTEN];
-	int nlisteners;
-	bool any_tcp;
+	struct gf_srv *srv;
+	struct gf_srv_watch exit_watch;
 	char *state_path;
 	int state_lock_fd;
 	/* Kept open so a write does not resolve the path again (a grant's latency). */
@@ -97,21 +60,16 @@ struct gf_lockd {
 	 * holder's exit and the next grant. */
 	uint8_t next_token[GF_LOCK_TOKEN_LEN];
 	bool next_token_ready;
-	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms, handshake_ms;
-	uint32_t allow_uid[MAX_ALLOW_UID];
-	int nallow;
-	uint8_t *secret;
-	size_t secret_len;
+	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms;
 	int64_t started_at;
 
-	struct conn *conns;
-	struct conn *dead;         /* closed during this process() call, freed at its end */
 	struct conn *whead, *wtail;
 	size_t nwaiters;
 
 	/* the lock */
 	struct conn *holder;
 	uint64_t epoch;            /* last epoch granted or on record */
+	bool epochs_exhausted;     /* logged once: no epoch left to grant */
 	struct gf_lock_state rec;  /* what the state file says (or would) */
 	int64_t granted_at_wall;
 	/* exit wait: the released holder's process has not exited yet */
@@ -125,7 +83,7 @@ struct gf_lockd {
 	struct gf_lock_state prev;
 	/* a failed state-file write holds grants until this time */
 	int64_t store_retry_at;
-	/* d->rec says "released" but is not on disk yet: try_grant() either
+	/* d->rec says "released" but is not on disk yet: settle() either
 	 * writes the next grant over it or writes it. A crash in between leaves
 	 * the old holder on record, which only costs a reconnect window. */
 	bool release_unsaved;
@@ -139,15 +97,25 @@ struct gf_lockd {
 		char why[200];
 	} release_log;
 
-	gf_Msg *msg; /* scratch message: gf_Msg is large */
+	gf_Msg *msg; /* scratch reply: gf_Msg is large */
 };
 
-#define CONN_OF(e, member) ((struct conn *)((char *)(e)-offsetof(struct conn, member)))
-
-static void conn_close(gf_lockd *d, struct conn *c, const char *why);
-static void try_grant(gf_lockd *d);
 static void flush_release_log(gf_lockd *d);
-static void free_dead(gf_lockd *d);
+static void end_exit_wait(gf_lockd *d, const char *why);
+static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds);
+static void on_ready(void *ctx, struct gf_srv_peer *p);
+static void on_close(void *ctx, struct gf_srv_peer *p, const char *why);
+static int64_t next_deadline(void *ctx);
+static void on_timer(void *ctx, int64_t now);
+static void settle(void *ctx);
+
+static void exit_watch_fired(void *ctx, struct gf_srv_watch *w)
+{
+	(void)w;
+	gf_lockd *d = ctx;
+	if (d->exit_pidfd >= 0)
+		end_exit_wait(d, "holder process exited");
+}
 
 int gf_lockd_new(gf_lockd **out)
 {
@@ -156,9 +124,6 @@ int gf_lockd_new(gf_lockd **out)
 	gf_lockd *d = calloc(1, sizeof(*d));
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	d->msg = gf_msg_new();
-	d->epfd = epoll_create1(EPOLL_CLOEXEC);
-	d->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	d->state_lock_fd = -1;
 	d->state_dirfd = -1;
 	d->exit_pidfd = -1;
@@ -166,21 +131,34 @@ int gf_lockd_new(gf_lockd **out)
 	d->exit_wait_ms = 10000;
 	d->heartbeat_ms = 1000;
 	d->detect_ms = 6000;
-	d->handshake_ms = 3000;
-	d->stop_ev.type = EV_STOP;
-	d->exit_ev.type = EV_EXIT_PIDFD;
-	if (!d->msg || d->epfd < 0 || d->stopfd < 0) {
-		int rc = d->msg ? gf_err_errno(GF_ERR_IO, errno, "lockd: epoll/eventfd")
-				: gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	d->exit_watch.fn = exit_watch_fired;
+	static const struct gf_srv_handlers h = {
+		.on_ready = on_ready,
+		.on_message = on_message,
+		.on_close = on_close,
+		.next_deadline = next_deadline,
+		.on_timer = on_timer,
+		.settle = settle,
+	};
+	const struct gf_srv_config cfg = {
+		.name = "lock",
+		.component = gf_Component_COMPONENT_LOCK,
+		.want_pidfd = true,
+		.max_body = GF_LOCK_MAX_FRAME, /* lock messages are tiny: refuse more before allocating */
+		.max_fds = 0,
+		.backlog = 1024,
+		.peer_data_size = sizeof(struct conn),
+	};
+	d->msg = gf_msg_new();
+	int rc = d->msg ? gf_srv_new(&d->srv, &cfg, &h, d) : gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	if (rc < 0) {
 		gf_lockd_free(d);
 		return rc;
 	}
-	struct epoll_event e = { .events = EPOLLIN, .data.ptr = &d->stop_ev };
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->stopfd, &e) < 0) {
-		int rc = gf_err_errno(GF_ERR_IO, errno, "lockd: epoll_ctl");
-		gf_lockd_free(d);
-		return rc;
-	}
+	char sid[64];
+	snprintf(sid, sizeof(sid), "gf-lockd/%s", gf_version());
+	gf_srv_set_server_id(d->srv, sid);
+	gf_srv_set_tcp_timeout(d->srv, d->detect_ms);
 	*out = d;
 	return 0;
 }
@@ -194,25 +172,13 @@ void gf_lockd_free(gf_lockd *d)
 	if (d->holder)
 		d->holder->role = R_NONE;
 	d->holder = NULL;
-	while (d->conns)
-		conn_close(d, d->conns, "server shutting down");
-	free_dead(d);
-	for (int i = 0; i < d->nlisteners; i++) {
-		if (d->listeners[i].fd >= 0 && d->listeners[i].uri.kind == GF_URI_UNIX)
-			unlink(d->listeners[i].uri.path);
-		gf_close(d->listeners[i].fd);
-	}
+	gf_srv_free(d->srv);
 	gf_close(d->exit_pidfd);
 	gf_close(d->state_lock_fd);
 	gf_close(d->state_dirfd);
 	free(d->state_name);
 	free(d->state_tmpname);
-	gf_close(d->epfd);
-	gf_close(d->stopfd);
 	free(d->state_path);
-	if (d->secret)
-		memset(d->secret, 0, d->secret_len);
-	free(d->secret);
 	gf_msg_free(d->msg);
 	free(d);
 }
@@ -221,25 +187,17 @@ void gf_lockd_free(gf_lockd *d)
 	do {                                                                              \
 		if (!(d))                                                                 \
 			return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");          \
-		if ((d)->started)                                                         \
+		if (gf_srv_started((d)->srv))                                             \
 			return gf_err(GF_ERR_STATE, "lockd: configure before gf_lockd_start()"); \
 	} while (0)
+
+/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
+#define MAX_MS (366LL * 86400 * 1000)
 
 int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
 	CHECK_CONFIG(d);
-	if (d->nlisteners >= MAX_LISTEN)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: at most %d listeners", MAX_LISTEN);
-	struct listener *l = &d->listeners[d->nlisteners];
-	int rc = gf_uri_parse(uri, &l->uri);
-	if (rc < 0)
-		return rc;
-	l->fd = -1;
-	l->ev.type = EV_LISTEN;
-	if (l->uri.kind == GF_URI_TCP)
-		d->any_tcp = true;
-	d->nlisteners++;
-	return 0;
+	return gf_srv_add_listen(d->srv, uri, false);
 }
 
 int gf_lockd_set_state_file(gf_lockd *d, const char *path)
@@ -258,8 +216,9 @@ int gf_lockd_set_state_file(gf_lockd *d, const char *path)
 int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: negative reconnect window");
+	if (ms < 0 || ms > MAX_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: reconnect window %lldms outside 0..%lldms", (long long)ms,
+			      (long long)MAX_MS);
 	d->reconnect_window_ms = ms;
 	return 0;
 }
@@ -267,8 +226,9 @@ int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: negative exit-wait timeout");
+	if (ms < 0 || ms > MAX_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: exit-wait timeout %lldms outside 0..%lldms", (long long)ms,
+			      (long long)MAX_MS);
 	d->exit_wait_ms = ms;
 	return 0;
 }
@@ -276,32 +236,21 @@ int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms)
 int gf_lockd_add_allow_uid(gf_lockd *d, uint32_t uid)
 {
 	CHECK_CONFIG(d);
-	if (d->nallow >= MAX_ALLOW_UID)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: at most %d allowed uids", MAX_ALLOW_UID);
-	d->allow_uid[d->nallow++] = uid;
-	return 0;
+	return gf_srv_add_allow_uid(d->srv, uid);
 }
 
 int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len)
 {
 	CHECK_CONFIG(d);
-	if (!secret || len == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: empty secret");
-	uint8_t *s = malloc(len);
-	if (!s)
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	memcpy(s, secret, len);
-	free(d->secret);
-	d->secret = s;
-	d->secret_len = len;
-	return 0;
+	return gf_srv_set_secret(d->srv, secret, len);
 }
 
 int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms)
 {
 	CHECK_CONFIG(d);
-	if (heartbeat_ms <= 0 || detect_ms <= 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: heartbeat and detect timeout must be positive");
+	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > MAX_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: heartbeat and detect timeout must be 1ms..%lldms",
+			      (long long)MAX_MS);
 	/* T_fence = T_detect/2 must still leave room for a heartbeat to arrive
 	 * (T_fence >= 1.5 heartbeats), and the margin T_detect - T_fence covers
 	 * one lost heartbeat plus scheduling delays. */
@@ -311,16 +260,14 @@ int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms)
 			      (long long)detect_ms, (long long)(3 * heartbeat_ms));
 	d->heartbeat_ms = heartbeat_ms;
 	d->detect_ms = detect_ms;
+	gf_srv_set_tcp_timeout(d->srv, detect_ms);
 	return 0;
 }
 
 int gf_lockd_set_handshake_timeout(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms <= 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: handshake timeout must be positive");
-	d->handshake_ms = ms;
-	return 0;
+	return gf_srv_set_handshake_timeout(d->srv, ms);
 }
 
 /* ---- state ---- */
@@ -412,34 +359,46 @@ int gf_lockd_start(gf_lockd *d)
 {
 	if (!d)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
-	if (d->started)
+	if (gf_srv_started(d->srv))
 		return gf_err(GF_ERR_STATE, "lockd: already started");
-	if (d->nlisteners == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: no listen URI configured");
-	if (d->any_tcp && !d->secret)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: a TCP listener needs a shared secret");
 	int rc = load_state(d);
 	if (rc < 0)
 		return rc;
-	for (int i = 0; i < d->nlisteners; i++) {
-		struct listener *l = &d->listeners[i];
-		rc = gf_uri_listen(&l->uri, 1024, &l->fd);
-		if (rc < 0) {
-			l->fd = -1;
-			return rc;
-		}
-		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &l->ev };
-		if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, l->fd, &e) < 0)
-			return gf_err_errno(GF_ERR_IO, errno, "lockd: epoll_ctl");
-	}
-	d->started = true;
+	rc = gf_srv_start(d->srv);
+	if (rc < 0)
+		return rc;
 	d->started_at = gf_now_us();
 	return 0;
 }
 
 int gf_lockd_get_fd(const gf_lockd *d)
 {
-	return d ? d->epfd : -1;
+	return d ? gf_srv_get_fd(d->srv) : gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+}
+
+int gf_lockd_get_timeout_ms(const gf_lockd *d)
+{
+	return d ? gf_srv_get_timeout_ms(d->srv) : -1;
+}
+
+int gf_lockd_process(gf_lockd *d)
+{
+	if (!d)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	return gf_srv_process(d->srv, 0);
+}
+
+int gf_lockd_run(gf_lockd *d)
+{
+	if (!d)
+		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
+	return gf_srv_run(d->srv);
+}
+
+void gf_lockd_stop(gf_lockd *d)
+{
+	if (d)
+		gf_srv_stop(d->srv);
 }
 
 static int64_t min64(int64_t a, int64_t b)
@@ -447,8 +406,9 @@ static int64_t min64(int64_t a, int64_t b)
 	return a < b ? a : b;
 }
 
-static int64_t next_deadline(const gf_lockd *d)
+static int64_t next_deadline(void *ctx)
 {
+	const gf_lockd *d = ctx;
 	int64_t t = INT64_MAX;
 	if (d->window)
 		t = min64(t, d->window_deadline);
@@ -456,54 +416,30 @@ static int64_t next_deadline(const gf_lockd *d)
 		t = min64(t, d->exit_deadline);
 	if (d->store_retry_at)
 		t = min64(t, d->store_retry_at);
-	for (const struct conn *c = d->conns; c; c = c->next) {
-		if (c->phase != PH_READY)
-			t = min64(t, c->handshake_deadline);
+	for (struct gf_srv_peer *p = gf_srv_next_peer(d->srv, NULL); p; p = gf_srv_next_peer(d->srv, p)) {
+		const struct conn *c = p->data;
 		if (c->role == R_WAITER)
 			t = min64(t, c->wait_deadline);
-		if (c->tcp && c->phase == PH_READY) {
+		if (p->tcp && p->ready) {
 			t = min64(t, c->next_hb);
-			t = min64(t, c->last_heard + d->detect_ms * 1000);
+			t = min64(t, p->last_heard + d->detect_ms * 1000);
 		}
 	}
 	return t;
-}
-
-int gf_lockd_get_timeout_ms(const gf_lockd *d)
-{
-	if (!d)
-		return -1;
-	int64_t t = next_deadline(d);
-	if (t == INT64_MAX)
-		return -1;
-	int64_t left = t - gf_now_us();
-	if (left <= 0)
-		return 0;
-	return (int)min64((left + 999) / 1000, 1 << 30);
 }
 
 /* ---- connections ---- */
 
 static int reply(gf_lockd *d, struct conn *c, gf_Msg *m)
 {
-	int rc = gf_msg_send(c->fd, m, NULL, 0, gf_now_us() + SEND_DEADLINE_US);
-	if (rc < 0)
-		gf_log(GF_LOG_DEBUG, "lock", "msg=\"send failed\" peer=%s error=\"%s\"", c->id, gf_error_detail());
-	return rc;
+	return gf_srv_send(d->srv, c->peer, m, NULL, 0);
 }
 
 /* Send an error; the connection stays unless @close_after. Returns -1 if @c was closed. */
 static int reply_error(gf_lockd *d, struct conn *c, int code, const char *detail, bool close_after)
 {
-	gf_Msg *m = d->msg;
-	memset(m, 0, sizeof(*m));
-	m->seq = c->seq;
-	gf_msg_set_error(m, code, detail);
-	if (reply(d, c, m) < 0 || close_after) {
-		conn_close(d, c, detail);
-		return -1;
-	}
-	return 0;
+	gf_srv_send_error(d->srv, c->peer, c->seq, code, detail, close_after);
+	return c->peer->fd < 0 ? -1 : 0;
 }
 
 static void waiter_unlink(gf_lockd *d, struct conn *c)
@@ -580,7 +516,7 @@ static void flush_release_log(gf_lockd *d)
 
 static void end_exit_wait(gf_lockd *d, const char *why)
 {
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, d->exit_pidfd, NULL);
+	gf_srv_watch_del(d->srv, d->exit_pidfd);
 	gf_close(d->exit_pidfd);
 	d->exit_pidfd = -1;
 	finish_release(d, why);
@@ -593,147 +529,48 @@ static void end_exit_wait(gf_lockd *d, const char *why)
  */
 static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_exit)
 {
+	struct gf_srv_peer *p = c->peer;
 	d->holder = NULL;
 	c->role = R_NONE;
-	if (wait_exit && c->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(c->pidfd)) {
-		d->exit_pidfd = c->pidfd;
-		c->pidfd = -1;
-		d->exit_pid = c->pid;
-		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->id);
+	if (wait_exit && p->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(p->pidfd)) {
+		d->exit_pidfd = p->pidfd;
+		p->pidfd = -1;
+		d->exit_pid = p->pid;
+		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->peer->id);
 		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
-		/* The holder's pidfd is normally in epoll already: retarget it
+		/* The holder's pidfd is normally in the loop already: retarget it
 		 * (one syscall) instead of removing and adding it again. */
-		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &d->exit_ev };
-		int erc = epoll_ctl(d->epfd, c->pid_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, d->exit_pidfd, &e);
+		int erc = c->pid_watched ? gf_srv_watch_mod(d->srv, d->exit_pidfd, &d->exit_watch)
+					 : gf_srv_watch_add(d->srv, d->exit_pidfd, &d->exit_watch);
 		c->pid_watched = false;
 		if (erc < 0) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's process; releasing on socket close\" error=\"%s\"",
-			       strerror(errno));
+			       gf_error_detail());
 			end_exit_wait(d, why);
 			return;
 		}
 		gf_log(GF_LOG_INFO, "lock", "msg=\"holder disconnected; waiting for its process to exit\" id=%s epoch=%llu pid=%u reason=\"%s\"",
-		       c->id, (unsigned long long)d->epoch, c->pid, why);
+		       c->peer->id, (unsigned long long)d->epoch, p->pid, why);
 		return;
 	}
-	/* A closing connection's pidfd leaves epoll in conn_close(), after the next grant. */
-	if (c->pid_watched && c->fd >= 0) {
-		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+	/* A closing connection's pidfd leaves the loop with its socket, after the next grant. */
+	if (c->pid_watched && p->fd >= 0) {
+		gf_srv_watch_del(d->srv, p->pidfd);
 		c->pid_watched = false;
 	}
 	finish_release(d, why);
 }
 
-static void conn_close(gf_lockd *d, struct conn *c, const char *why)
+static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 {
-	bool was_holder = c->role == R_HOLDER;
-	int fd = c->fd;
+	gf_lockd *d = ctx;
+	struct conn *c = p->data;
+	if (!c->peer)
+		return; /* never finished its handshake */
 	waiter_unlink(d, c);
-	c->fd = -1;
-	if (was_holder)
+	if (c->role == R_HOLDER)
 		holder_gone(d, c, why, true);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		d->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	/* Events for @c may still be pending in this epoll batch. */
-	c->next = d->dead;
-	d->dead = c;
-	/* The next grant first: tearing down the old holder's socket is not
-	 * on the handoff's path. No epoll_wait runs in between. */
-	if (was_holder)
-		try_grant(d);
-	epoll_ctl(d->epfd, EPOLL_CTL_DEL, fd, NULL);
-	gf_close(fd);
-	/* Removed explicitly: a forked copy of the fd would keep it in epoll. */
-	if (c->pid_watched)
-		epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
-	c->pid_watched = false;
-	gf_close(c->pidfd);
-	c->pidfd = -1;
-	gf_frame_reader_clear(&c->rd);
-	gf_log(GF_LOG_DEBUG, "lock", "msg=\"connection closed\" id=%s pid=%u reason=\"%s\"", c->id, c->pid, why);
-}
-
-static int open_pidfd(int fd, uint32_t pid)
-{
-	int pfd = -1;
-	socklen_t sl = sizeof(pfd);
-	/* SO_PEERPIDFD (Linux 6.5) names the connecting process without a pid-reuse race. */
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &sl) == 0 && pfd >= 0) {
-		fcntl(pfd, F_SETFD, FD_CLOEXEC);
-		return pfd;
-	}
-	if (pid == 0)
-		return -1;
-	pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-	return pfd; /* pidfds are always close-on-exec */
-}
-
-/* Accept one connection; false when the backlog is empty (or accept fails), so the caller stops. */
-static bool accept_one(gf_lockd *d, struct listener *l)
-{
-	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-	if (fd < 0) {
-		if (errno == EINTR || errno == ECONNABORTED)
-			return true;
-		if (errno != EAGAIN)
-			gf_log(GF_LOG_WARN, "lock", "msg=\"accept failed\" error=\"%s\"", strerror(errno));
-		return false;
-	}
-	struct conn *c = calloc(1, sizeof(*c));
-	if (!c) {
-		gf_close(fd);
-		return false;
-	}
-	c->ev.type = EV_CONN;
-	c->pid_ev.type = EV_CONN_PIDFD;
-	c->fd = fd;
-	c->pidfd = -1;
-	c->tcp = l->uri.kind == GF_URI_TCP;
-	c->handshake_deadline = gf_now_us() + d->handshake_ms * 1000;
-	c->last_heard = gf_now_us();
-	snprintf(c->id, sizeof(c->id), "?");
-	gf_frame_reader_init(&c->rd, 0);
-	c->rd.max_body = GF_LOCK_MAX_FRAME;
-	if (c->tcp) {
-		int one = 1, idle = 1, intvl = 1, cnt = 3;
-		unsigned int uto = (unsigned int)d->detect_ms;
-		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-		setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-		setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-		setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	} else {
-		struct ucred cr;
-		socklen_t sl = sizeof(cr);
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &sl) == 0) {
-			c->pid = (uint32_t)cr.pid;
-			c->uid = (uint32_t)cr.uid;
-		}
-		c->pidfd = open_pidfd(fd, c->pid);
-	}
-	c->next = d->conns;
-	if (d->conns)
-		d->conns->prev = c;
-	d->conns = c;
-	struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->ev };
-	if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
-		conn_close(d, c, "epoll_ctl failed");
-	return true;
-}
-
-static bool uid_allowed(const gf_lockd *d, uint32_t uid)
-{
-	if (d->nallow == 0)
-		return true;
-	for (int i = 0; i < d->nallow; i++)
-		if (d->allow_uid[i] == uid)
-			return true;
-	return false;
+	c->pid_watched = false; /* the core removes the pidfd with the socket */
 }
 
 static void fill_status(gf_lockd *d, gf_LockStatus *s)
@@ -741,16 +578,16 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	int64_t now = gf_now_us();
 	memset(s, 0, sizeof(*s));
 	if (d->holder) {
-		snprintf(s->holder, sizeof(s->holder), "%s", d->holder->id);
-		s->holder_pid = d->holder->pid;
+		snprintf(s->holder, sizeof(s->holder), "%s", d->holder->peer->id);
+		s->holder_pid = d->holder->peer->pid;
 	}
 	s->epoch = d->epoch;
 	s->granted_at_us = d->holder ? d->granted_at_wall : 0;
 	for (struct conn *w = d->whead; w && s->waiters_count < GF_ARRAY_SIZE(s->waiters); w = w->wnext) {
 		gf_LockWaiter *o = &s->waiters[s->waiters_count++];
-		snprintf(o->engine_id, sizeof(o->engine_id), "%s", w->id);
+		snprintf(o->engine_id, sizeof(o->engine_id), "%s", w->peer->id);
 		o->since_us = w->since_wall;
-		o->pid = w->pid;
+		o->pid = w->peer->pid;
 	}
 	s->waiter_count = (uint32_t)d->nwaiters;
 	s->reconnect_window = d->window;
@@ -759,7 +596,13 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 		snprintf(s->previous_holder, sizeof(s->previous_holder), "%s", d->prev.holder);
 	}
 	s->exit_wait = d->exit_pidfd >= 0;
-	s->uptime_ms = d->started ? (now - d->started_at) / 1000 : 0;
+	s->uptime_ms = gf_srv_started(d->srv) ? (now - d->started_at) / 1000 : 0;
+	struct gf_srv_stats st;
+	gf_srv_stats(d->srv, &st);
+	s->connections = st.connections;
+	s->fd_limit = st.fd_limit;
+	s->refused_no_pidfd = st.refused_no_pidfd;
+	s->accept_paused = st.accept_paused;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -778,9 +621,16 @@ int gf_lockd_status_json(gf_lockd *d, char **json)
 /* Grant to @c: persist first, then tell the client. */
 static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 {
+	struct gf_srv_peer *p = c->peer;
 	struct gf_lock_state old = d->rec;
 	if (!reclaimed) {
-		d->rec.epoch = d->epoch + 1;
+		if (!gf_lock_next_epoch(d->epoch, &d->rec.epoch)) {
+			if (!d->epochs_exhausted)
+				gf_log(GF_LOG_ERR, "lock", "msg=\"epochs exhausted: no grant past INT64_MAX\" epoch=%llu",
+				       (unsigned long long)d->epoch);
+			d->epochs_exhausted = true;
+			return GF_ERR_STATE;
+		}
 		if (d->next_token_ready)
 			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
 		else
@@ -788,8 +638,8 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		d->next_token_ready = false;
 	}
 	d->rec.has_holder = true;
-	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->id);
-	d->rec.pid = c->pid;
+	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->peer->id);
+	d->rec.pid = p->pid;
 	d->rec.granted_at_us = gf_wall_us();
 	if (store(d) < 0) {
 		d->rec = old;
@@ -810,109 +660,118 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	memcpy(m->body.lock_granted.session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN);
 	m->body.lock_granted.granted_at_us = d->granted_at_wall;
 	m->body.lock_granted.reclaimed = reclaimed;
-	if (c->tcp) {
+	if (p->tcp) {
 		m->body.lock_granted.heartbeat_ms = d->heartbeat_ms;
 		m->body.lock_granted.fence_ms = d->detect_ms / 2;
 	}
 	/* Logging and watching the new holder's process wait until the grant
 	 * is on its way: the pidfd is level-triggered, an exit in between is
-	 * still reported. */
+	 * still reported. A failed send closes the connection (on_close). */
 	int sent = reply(d, c, m);
 	flush_release_log(d);
 	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
-	       c->id, (unsigned long long)d->epoch, c->pid, c->tcp ? "tcp" : "unix");
-	if (sent < 0) {
-		conn_close(d, c, "grant could not be sent");
-		return 0;
-	}
-	if (c->pidfd >= 0) {
-		struct epoll_event e = { .events = EPOLLIN, .data.ptr = &c->pid_ev };
-		c->pid_watched = epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &e) == 0;
-	}
+	       c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix");
+	if (sent == 0 && p->pidfd >= 0)
+		c->pid_watched = gf_srv_watch_add(d->srv, p->pidfd, &c->pid_watch) == 0;
 	return 0;
 }
 
-static void try_grant(gf_lockd *d)
+/* The core's settle step: after every event, grant whoever may go now. */
+static void settle(void *ctx)
 {
-	while (!d->holder && d->exit_pidfd < 0 && !d->window && !d->store_retry_at && d->whead) {
+	gf_lockd *d = ctx;
+	for (;;) {
+		struct gf_lock_gate g = {
+			.has_holder = d->holder != NULL,
+			.exit_wait = d->exit_pidfd >= 0,
+			.window = d->window,
+			.store_failed = d->store_retry_at != 0,
+			.has_waiter = d->whead != NULL,
+		};
+		if (!gf_lock_may_grant(&g))
+			break;
 		struct conn *c = d->whead;
 		/* A waiter whose process is gone (a forked child may hold its
 		 * socket) must not become the holder. */
-		if (c->pidfd >= 0 && pidfd_exited(c->pidfd)) {
-			conn_close(d, c, "waiter's process exited");
+		if (c->peer->pidfd >= 0 && pidfd_exited(c->peer->pidfd)) {
+			gf_srv_close(d->srv, c->peer, "waiter's process exited");
 			continue;
 		}
 		if (grant(d, c, false) < 0)
-			return; /* store() wrote the pending release line */
+			break; /* store() wrote the pending release line */
 	}
 	flush_release_log(d);
 	if (d->release_unsaved && !d->holder && store(d) == 0)
 		d->release_unsaved = false;
-}
-
-/* Engine ids end up in key=value log lines and JSON: keep them printable and unquoted. */
-static bool id_ok(const char *id)
-{
-	for (const unsigned char *p = (const unsigned char *)id; *p; p++)
-		if (*p <= ' ' || *p == '"' || *p == '\\' || *p == '=' || *p >= 0x7f)
-			return false;
-	return *id != '\0';
+	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
+		d->next_token_ready = true;
 }
 
 static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 {
-	if (c->role != R_NONE) {
-		reply_error(d, c, GF_ERR_STATE, c->role == R_HOLDER ? "this connection already holds the lock"
-								     : "this connection is already waiting", false);
-		return;
-	}
-	if (!id_ok(a->engine_id)) {
-		reply_error(d, c, GF_ERR_INVALID_ARG,
-			    "acquire: engine id must be non-empty printable ASCII without spaces, quotes, '\\' or '='", false);
-		return;
-	}
-	snprintf(c->id, sizeof(c->id), "%s", a->engine_id);
 	bool token_ok = a->session_token.size == GF_LOCK_TOKEN_LEN &&
 			!memcmp(a->session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN) && a->epoch == d->rec.epoch;
-	if (a->session_token.size > 0 && d->holder && d->holder != c && token_ok) {
+	struct gf_lock_acquire_in in = {
+		.is_holder = c->role == R_HOLDER,
+		.is_waiter = c->role == R_WAITER,
+		.id_valid = gf_id_valid(a->engine_id),
+		.has_token = a->session_token.size > 0,
+		.token_matches = token_ok,
+		.other_holder = d->holder && d->holder != c,
+		.window = d->window,
+	};
+	enum gf_lock_acquire_decision dec = gf_lock_decide_acquire(&in);
+	if (dec == GF_LOCK_REFUSE_HOLDER || dec == GF_LOCK_REFUSE_WAITER) {
+		reply_error(d, c, GF_ERR_STATE, dec == GF_LOCK_REFUSE_HOLDER ? "this connection already holds the lock"
+									  : "this connection is already waiting", false);
+		return;
+	}
+	if (dec == GF_LOCK_REFUSE_ID) {
+		reply_error(d, c, GF_ERR_INVALID_ARG,
+			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
+		return;
+	}
+	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
+	switch (dec) {
+	case GF_LOCK_TAKEOVER: {
 		/* The holder reconnected while its old connection still looks
 		 * alive here (a half-open TCP connection): the token proves it is
 		 * the same grant, so the new connection takes over, same epoch. */
 		struct conn *old = d->holder;
 		gf_log(GF_LOG_WARN, "lock", "msg=\"holder reconnected over a stale connection; moving the grant\" id=%s epoch=%llu",
-		       c->id, (unsigned long long)d->epoch);
+		       c->peer->id, (unsigned long long)d->epoch);
 		if (old->pid_watched)
-			epoll_ctl(d->epfd, EPOLL_CTL_DEL, old->pidfd, NULL);
+			gf_srv_watch_del(d->srv, old->peer->pidfd);
 		old->pid_watched = false;
 		old->role = R_NONE;
 		d->holder = NULL;
-		conn_close(d, old, "replaced by the holder's new connection");
+		gf_srv_close(d->srv, old->peer, "replaced by the holder's new connection");
 		if (grant(d, c, true) < 0)
 			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
 		return;
 	}
-	if (a->session_token.size > 0) {
-		/* A reclaim: only the holder on record, proving itself with its
-		 * token, during the reconnect window. Never queued. */
-		if (d->window && token_ok) {
-			d->window = false;
-			if (grant(d, c, true) < 0) {
-				d->window = true;
-				reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
-				return;
-			}
-			return;
+	case GF_LOCK_RECLAIM:
+		d->window = false;
+		if (grant(d, c, true) < 0) {
+			d->window = true;
+			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
 		}
-		gf_log(GF_LOG_WARN, "lock", "msg=\"reclaim refused\" id=%s epoch=%llu window=%d", c->id,
+		return;
+	case GF_LOCK_REFUSE_MISMATCH:
+	case GF_LOCK_REFUSE_NO_WINDOW:
+		gf_log(GF_LOG_WARN, "lock", "msg=\"reclaim refused\" id=%s epoch=%llu window=%d", c->peer->id,
 		       (unsigned long long)a->epoch, d->window);
-		reply_error(d, c, GF_ERR_LOCK_LOST, d->window ? "reclaim refused: session token or epoch does not match the holder on record"
-							      : "reclaim refused: no reconnect window is open, the grant is gone",
+		reply_error(d, c, GF_ERR_LOCK_LOST, dec == GF_LOCK_REFUSE_MISMATCH
+							    ? "reclaim refused: session token or epoch does not match the holder on record"
+							    : "reclaim refused: no reconnect window is open, the grant is gone",
 			    false);
 		return;
+	default:
+		break;
 	}
 	c->role = R_WAITER;
 	c->since_wall = gf_wall_us();
-	c->wait_deadline = a->timeout_ms < 0 ? INT64_MAX : gf_now_us() + a->timeout_ms * 1000;
+	c->wait_deadline = a->timeout_ms < 0 ? INT64_MAX : gf_deadline_from_ms(a->timeout_ms);
 	c->wprev = d->wtail;
 	c->wnext = NULL;
 	if (d->wtail)
@@ -921,130 +780,97 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		d->whead = c;
 	d->wtail = c;
 	d->nwaiters++;
-	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->id, c->pid, d->nwaiters);
-	try_grant(d);
+	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->peer->id, c->peer->pid, d->nwaiters);
 }
 
-/* Handle one message; returns -1 when @c was closed. */
-static int handle_msg(gf_lockd *d, struct conn *c, gf_Msg *m)
+static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
 {
-	c->last_heard = gf_now_us();
-	if (c->phase == PH_HELLO) {
-		int hrc = gf_handshake_check_hello(m, gf_Component_COMPONENT_LOCK);
-		if (hrc < 0) {
-			char det[256];
-			snprintf(det, sizeof(det), "%s", gf_error_detail());
-			return reply_error(d, c, hrc, det, true);
-		}
-		snprintf(c->id, sizeof(c->id), "%s", id_ok(m->body.hello.peer_id) ? m->body.hello.peer_id : "?");
-		if (!c->tcp && !uid_allowed(d, c->uid)) {
-			char det[128];
-			snprintf(det, sizeof(det), "uid %u is not allowed to use this lock server", c->uid);
-			gf_log(GF_LOG_WARN, "lock", "msg=\"peer refused\" uid=%u pid=%u", c->uid, c->pid);
-			return reply_error(d, c, GF_ERR_PERMISSION, det, true);
-		}
-		memset(m, 0, sizeof(*m));
-		m->which_body = gf_Msg_welcome_tag;
-		m->body.welcome.version = GF_PROTOCOL_VERSION;
-		m->body.welcome.component = gf_Component_COMPONENT_LOCK;
-		snprintf(m->body.welcome.server_id, sizeof(m->body.welcome.server_id), "gf-lockd/%s", gf_version());
-		if (c->tcp) {
-			gf_random_bytes(c->challenge, sizeof(c->challenge));
-			memcpy(m->body.welcome.challenge.bytes, c->challenge, sizeof(c->challenge));
-			m->body.welcome.challenge.size = sizeof(c->challenge);
-			c->phase = PH_AUTH;
-		} else {
-			c->phase = PH_READY;
-		}
-		if (reply(d, c, m) < 0) {
-			conn_close(d, c, "welcome could not be sent");
-			return -1;
-		}
-		c->next_hb = gf_now_us() + d->heartbeat_ms * 1000;
-		return 0;
+	gf_lockd *d = ctx;
+	struct conn *c = (struct conn *)((char *)w - offsetof(struct conn, pid_watch));
+	if (c->peer->fd >= 0 && c == d->holder) {
+		gf_log(GF_LOG_INFO, "lock", "msg=\"holder's process exited while its socket is still open\" id=%s pid=%u",
+		       c->peer->id, c->peer->pid);
+		holder_gone(d, c, "holder process exited", false);
+		gf_srv_close(d->srv, c->peer, "holder process exited");
 	}
-	if (c->phase == PH_AUTH) {
-		if (m->which_body != gf_Msg_auth_tag ||
-		    !gf_auth_verify(d->secret, d->secret_len, c->challenge, sizeof(c->challenge),
-				    m->body.auth.mac.bytes, m->body.auth.mac.size)) {
-			gf_log(GF_LOG_WARN, "lock", "msg=\"authentication failed\" id=%s", c->id);
-			return reply_error(d, c, GF_ERR_PERMISSION, "authentication failed: wrong shared secret", true);
-		}
-		memset(m, 0, sizeof(*m));
-		m->which_body = gf_Msg_auth_ok_tag;
-		c->phase = PH_READY;
-		if (reply(d, c, m) < 0) {
-			conn_close(d, c, "auth_ok could not be sent");
-			return -1;
-		}
-		return 0;
+}
+
+static void on_ready(void *ctx, struct gf_srv_peer *p)
+{
+	gf_lockd *d = ctx;
+	struct conn *c = p->data;
+	c->peer = p;
+	c->pid_watch.fn = holder_pid_fired;
+	c->next_hb = gf_now_us() + d->heartbeat_ms * 1000;
+	c->hb_credit = HB_BURST;
+	c->hb_credit_at = gf_now_us();
+}
+
+/* Heartbeats are the TCP lease: a unix peer has no use for them, a TCP peer sends about one per interval. */
+static bool heartbeat_ok(gf_lockd *d, struct conn *c)
+{
+	if (!c->peer->tcp)
+		return false;
+	int64_t now = gf_now_us();
+	int64_t pace_us = min64(d->heartbeat_ms * 1000 / 8, 10000);
+	if (pace_us < 1)
+		pace_us = 1;
+	int64_t earned = (now - c->hb_credit_at) / pace_us;
+	if (earned > 0) {
+		c->hb_credit = (int)min64(HB_BURST, c->hb_credit + earned);
+		c->hb_credit_at = now;
 	}
+	return c->hb_credit-- > 0;
+}
+
+static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
+{
+	gf_lockd *d = ctx;
+	struct conn *c = p->data;
+	gf_close_fds(fds, nfds); /* max_fds is 0: never any */
+	free(fds);
 	c->seq = m->seq;
 	switch (m->which_body) {
 	case gf_Msg_lock_acquire_tag: {
 		gf_LockAcquire a = m->body.lock_acquire;
 		handle_acquire(d, c, &a);
-		return c->fd < 0 ? -1 : 0;
+		return;
 	}
 	case gf_Msg_lock_release_tag:
 		if (c->role == R_HOLDER) {
-			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->id,
-			       (unsigned long long)d->epoch, c->pid);
+			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->peer->id,
+			       (unsigned long long)d->epoch, p->pid);
 			holder_gone(d, c, "explicit release", false);
 		} else {
 			waiter_unlink(d, c);
 		}
-		memset(m, 0, sizeof(*m));
-		m->seq = c->seq;
-		m->which_body = gf_Msg_ok_tag;
-		reply(d, c, m);
-		try_grant(d);
-		return 0;
-	case gf_Msg_lock_status_request_tag: {
-		uint32_t seq = c->seq;
-		memset(m, 0, sizeof(*m));
-		m->seq = seq;
-		m->which_body = gf_Msg_lock_status_tag;
-		fill_status(d, &m->body.lock_status);
-		if (reply(d, c, m) < 0) {
-			conn_close(d, c, "status could not be sent");
-			return -1;
-		}
-		return 0;
-	}
+		memset(d->msg, 0, sizeof(*d->msg));
+		d->msg->seq = c->seq;
+		d->msg->which_body = gf_Msg_ok_tag;
+		reply(d, c, d->msg);
+		return;
+	case gf_Msg_lock_status_request_tag:
+		memset(d->msg, 0, sizeof(*d->msg));
+		d->msg->seq = c->seq;
+		d->msg->which_body = gf_Msg_lock_status_tag;
+		fill_status(d, &d->msg->body.lock_status);
+		reply(d, c, d->msg);
+		return;
 	case gf_Msg_heartbeat_tag:
-		return 0;
+		if (!heartbeat_ok(d, c)) {
+			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: heartbeat flood\" id=%s pid=%u transport=%s",
+			       c->peer->id, p->pid, p->tcp ? "tcp" : "unix");
+			reply_error(d, c, GF_ERR_PROTOCOL,
+				    p->tcp ? "heartbeats faster than the lease needs" : "heartbeats are for TCP connections only",
+				    true);
+		}
+		return;
 	default: {
 		char det[96];
 		snprintf(det, sizeof(det), "unexpected message %s on a lock connection", gf_msg_name(m));
-		return reply_error(d, c, GF_ERR_PROTOCOL, det, true);
+		reply_error(d, c, GF_ERR_PROTOCOL, det, true);
+		return;
 	}
-	}
-}
-
-static void conn_readable(gf_lockd *d, struct conn *c)
-{
-	for (;;) {
-		int rc = gf_frame_reader_feed(&c->rd, c->fd);
-		if (rc == GF_ERR_AGAIN)
-			return;
-		if (rc < 0) {
-			char why[200];
-			snprintf(why, sizeof(why), "%s", rc == GF_ERR_CLOSED ? "connection closed" : gf_error_detail());
-			if (rc != GF_ERR_CLOSED)
-				gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection\" id=%s pid=%u error=\"%s\"", c->id,
-				       c->pid, why);
-			conn_close(d, c, why);
-			return;
-		}
-		if (gf_msg_decode(c->rd.body, c->rd.msg_len, d->msg) < 0) {
-			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: undecodable message\" id=%s error=\"%s\"",
-			       c->id, gf_error_detail());
-			conn_close(d, c, "undecodable message");
-			return;
-		}
-		if (handle_msg(d, c, d->msg) < 0)
-			return;
 	}
 }
 
@@ -1054,13 +880,12 @@ static void send_heartbeat(gf_lockd *d, struct conn *c)
 	memset(m, 0, sizeof(*m));
 	m->which_body = gf_Msg_heartbeat_tag;
 	m->body.heartbeat.seq = (uint64_t)(gf_now_us() / 1000);
-	if (reply(d, c, m) < 0)
-		conn_close(d, c, "heartbeat could not be sent");
+	reply(d, c, m);
 }
 
-static void run_timers(gf_lockd *d)
+static void on_timer(void *ctx, int64_t now)
 {
-	int64_t now = gf_now_us();
+	gf_lockd *d = ctx;
 	if (d->window && now >= d->window_deadline) {
 		char t[9];
 		d->window = false;
@@ -1075,25 +900,23 @@ static void run_timers(gf_lockd *d)
 		end_exit_wait(d, "exit-wait timeout");
 	}
 	if (d->store_retry_at && now >= d->store_retry_at)
-		d->store_retry_at = 0; /* try_grant below retries the write */
-	struct conn *c = d->conns, *next;
-	for (; c; c = next) {
-		next = c->next;
-		if (c->phase != PH_READY && now >= c->handshake_deadline) {
-			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: handshake not completed in time\" pid=%u", c->pid);
-			conn_close(d, c, "handshake timeout");
+		d->store_retry_at = 0; /* settle retries the write */
+	struct gf_srv_peer *p = gf_srv_next_peer(d->srv, NULL), *next;
+	for (; p; p = next) {
+		next = gf_srv_next_peer(d->srv, p);
+		struct conn *c = p->data;
+		if (!p->ready)
 			continue;
-		}
 		if (c->role == R_WAITER && now >= c->wait_deadline) {
 			waiter_unlink(d, c);
 			reply_error(d, c, GF_ERR_TIMEOUT, "acquire timed out", false);
 			continue;
 		}
-		if (c->tcp && c->phase == PH_READY) {
-			if (now - c->last_heard >= d->detect_ms * 1000) {
+		if (p->tcp) {
+			if (now - p->last_heard >= d->detect_ms * 1000) {
 				gf_log(GF_LOG_WARN, "lock", "msg=\"peer silent for T_detect; dropping\" id=%s role=%s detect_ms=%lld",
-				       c->id, c->role == R_HOLDER ? "holder" : "other", (long long)d->detect_ms);
-				conn_close(d, c, "lease expired (T_detect)");
+				       c->peer->id, c->role == R_HOLDER ? "holder" : "other", (long long)d->detect_ms);
+				gf_srv_close(d->srv, p, "lease expired (T_detect)");
 				continue;
 			}
 			if (now >= c->next_hb) {
@@ -1102,100 +925,4 @@ static void run_timers(gf_lockd *d)
 			}
 		}
 	}
-	try_grant(d);
-}
-
-static void free_dead(gf_lockd *d)
-{
-	while (d->dead) {
-		struct conn *c = d->dead;
-		d->dead = c->next;
-		free(c);
-	}
-}
-
-/* One round: wait up to @timeout_ms for events (0: poll), handle them and the timers. */
-static int process_round(gf_lockd *d, int timeout_ms)
-{
-	struct epoll_event evs[64];
-	int n = epoll_wait(d->epfd, evs, GF_ARRAY_SIZE(evs), timeout_ms);
-	if (n < 0 && errno != EINTR)
-		return gf_err_errno(GF_ERR_IO, errno, "lockd: epoll_wait");
-	for (int i = 0; i < n; i++) {
-		struct ev *e = evs[i].data.ptr;
-		switch (e->type) {
-		case EV_STOP: {
-			uint64_t v;
-			if (read(d->stopfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-				return gf_err_errno(GF_ERR_IO, errno, "lockd: read stop eventfd");
-			break;
-		}
-		case EV_LISTEN:
-			for (int k = 0; k < 64; k++)
-				if (!accept_one(d, (struct listener *)e))
-					break;
-			break;
-		case EV_CONN: {
-			struct conn *c = (struct conn *)e;
-			if (c->fd >= 0)
-				conn_readable(d, c);
-			break;
-		}
-		case EV_CONN_PIDFD: {
-			struct conn *c = CONN_OF(e, pid_ev);
-			if (c->fd >= 0 && c == d->holder) {
-				gf_log(GF_LOG_INFO, "lock", "msg=\"holder's process exited while its socket is still open\" id=%s pid=%u",
-				       c->id, c->pid);
-				holder_gone(d, c, "holder process exited", false);
-				conn_close(d, c, "holder process exited");
-			}
-			break;
-		}
-		case EV_EXIT_PIDFD:
-			if (d->exit_pidfd >= 0)
-				end_exit_wait(d, "holder process exited");
-			break;
-		}
-	}
-	run_timers(d);
-	flush_release_log(d);
-	free_dead(d);
-	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
-		d->next_token_ready = true;
-	return atomic_load(&d->stopped) ? 1 : 0;
-}
-
-int gf_lockd_process(gf_lockd *d)
-{
-	if (!d)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
-	if (!d->started)
-		return gf_err(GF_ERR_STATE, "lockd: not started");
-	return process_round(d, 0);
-}
-
-int gf_lockd_run(gf_lockd *d)
-{
-	if (!d)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL server");
-	if (!d->started)
-		return gf_err(GF_ERR_STATE, "lockd: not started");
-	/* epoll_wait blocks and collects in one syscall what poll + a
-	 * zero-timeout epoll_wait did in two. */
-	while (!atomic_load(&d->stopped)) {
-		int rc = process_round(d, gf_lockd_get_timeout_ms(d));
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
-void gf_lockd_stop(gf_lockd *d)
-{
-	if (!d)
-		return;
-	atomic_store(&d->stopped, true);
-	uint64_t one = 1;
-	ssize_t r = write(d->stopfd, &one, sizeof(one));
-	(void)r;
 }

@@ -20,6 +20,7 @@
 #include "common.h"
 #include "gf-config.h"
 #include "gpufailover/mem.h"
+#include "mem_int.h"
 
 struct gf_mem_backend {
 	const char *name; /* "cuda" / "host" */
@@ -50,6 +51,10 @@ struct gf_mem_backend {
 	/* Optional: an fd for @handle that stays the handle's (valid until it is
 	 * released, never closed by the caller); saves a dup per export. */
 	int (*export_borrow)(gf_mem *m, uint64_t handle, int *fd);
+	/* Optional: a new fd on a read-only file description of @handle. */
+	int (*export_readonly)(gf_mem *m, uint64_t handle, int *out_fd);
+	/* Optional: refuse later writes and writable mappings of @handle. */
+	int (*seal)(gf_mem *m, uint64_t handle);
 	int (*release)(gf_mem *m, uint64_t handle);
 
 	/* Address space. @size and @align are multiples of the granularity. */
@@ -101,17 +106,5 @@ const struct gf_mem_backend *gf_mem_backend_get(int kind);
 
 /* Format 16 UUID bytes as PREFIX8-4-4-4-12 lower-case hex. */
 void gf_mem_format_uuid(const char *prefix, const uint8_t uuid[16], char *buf, size_t len);
-
-/* Bulk paths of in-library users (the GMS client and server), one system call
- * fewer per allocation than the public pair. */
-
-/* gf_mem_import() that consumes @fd in every case: on success the allocation
- * owns it (or what the driver made of it), on failure it is closed. */
-int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
-
-/* gf_mem_export() without a copy where the backend can: *@owned tells whether
- * the caller must close *@fd (a new fd) or must not (the allocation's own,
- * valid until @a is released). */
-int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned);
 
 #endif

@@ -135,7 +135,7 @@ static int host_synchronize(gf_mem *m)
 static int host_create(gf_mem *m, size_t size, uint64_t *handle)
 {
 	(void)m;
-	int fd = memfd_create("gf-mem", MFD_CLOEXEC);
+	int fd = memfd_create("gf-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno, "memfd_create");
 	if (ftruncate(fd, (off_t)size) < 0) {
@@ -144,7 +144,37 @@ static int host_create(gf_mem *m, size_t size, uint64_t *handle)
 		return gf_err_errno(e == ENOMEM || e == ENOSPC || e == EFBIG ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, e,
 				    "ftruncate memfd to %zu bytes", size);
 	}
+	/* The size is final at once: a peer that shrinks a mapped memfd kills
+	 * every process mapping it with SIGBUS. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK) < 0) {
+		int e = errno;
+		close(fd);
+		return gf_err_errno(GF_ERR_IO, e, "seal the size of a memfd");
+	}
 	*handle = (uint64_t)fd;
+	return 0;
+}
+
+/* A new open file description, read-only: writes, writable shared mappings
+ * and truncation through it fail whatever the seals say. */
+static int host_export_readonly(gf_mem *m, uint64_t handle, int *out_fd)
+{
+	(void)m;
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", (int)handle);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return gf_err_errno(gf_errno_to_err(errno), errno, "export read-only: open %s", path);
+	*out_fd = fd;
+	return 0;
+}
+
+/* Committed: no write through any fd, no new writable mapping, from now on. */
+static int host_seal(gf_mem *m, uint64_t handle)
+{
+	(void)m;
+	if (fcntl((int)handle, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0)
+		return gf_err_errno(errno == EINVAL ? GF_ERR_NOT_SUPPORTED : GF_ERR_IO, errno, "seal a memfd against writes");
 	return 0;
 }
 
@@ -301,6 +331,8 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.import_fd = host_import,
 	.import_adopt = host_import_adopt,
 	.export_borrow = host_export_borrow,
+	.export_readonly = host_export_readonly,
+	.seal = host_seal,
 	.release = host_release,
 	.reserve = host_reserve,
 	.free_va = host_free_va,

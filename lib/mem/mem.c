@@ -344,6 +344,31 @@ int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned)
 	return rc;
 }
 
+int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned)
+{
+	if (!a || !fd || !owned)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_export_readonly: NULL argument");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_export_readonly: allocation already released");
+	if (!a->m->be->export_readonly)
+		return gf_mem_export_borrowed(a, fd, owned);
+	int rc = a->m->be->export_readonly(a->m, a->handle, fd);
+	if (rc == 0)
+		*owned = true;
+	return rc;
+}
+
+int gf_mem_seal(gf_mem_alloc *a)
+{
+	if (!a)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_seal: NULL allocation");
+	if (a->released)
+		return gf_err(GF_ERR_STATE, "gf_mem_seal: allocation already released");
+	if (!a->m->be->seal)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "gf_mem_seal: the %s backend cannot seal memory", a->m->be->name);
+	return a->m->be->seal(a->m, a->handle);
+}
+
 GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a)
 {
 	return a ? a->size : 0;

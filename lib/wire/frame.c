@@ -66,6 +66,11 @@ void gf_frame_reader_clear(struct gf_frame_reader *r)
 	reset_frame(r);
 }
 
+bool gf_frame_reader_partial(const struct gf_frame_reader *r)
+{
+	return r->hdr_got > 0 || r->in_message;
+}
+
 void gf_frame_reader_take_fds(struct gf_frame_reader *r, int **fds, size_t *nfds)
 {
 	if (r->nfds == 0) {

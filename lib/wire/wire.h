@@ -21,6 +21,7 @@
 
 #include "common.h"
 #include "gpufailover.pb.h"
+#include "schema_limits.h"
 
 #define GF_PROTOCOL_VERSION 1
 #define GF_FRAME_MAGIC 0x4647u /* "GF" little endian */
@@ -69,6 +70,8 @@ void gf_frame_reader_clear(struct gf_frame_reader *r);
  * closed), GF_ERR_IO on socket errors.
  */
 int gf_frame_reader_feed(struct gf_frame_reader *r, int fd);
+/* True while a frame (or a message's continuation frames) is half read. */
+bool gf_frame_reader_partial(const struct gf_frame_reader *r);
 /* Move the ready message's fds to the caller (*fds malloc'd, may be NULL when n==0). */
 void gf_frame_reader_take_fds(struct gf_frame_reader *r, int **fds, size_t *nfds);
 

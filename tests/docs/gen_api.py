@@ -43,7 +43,7 @@ def file_doc(src):
 def main():
     out = ["# API reference", "",
            "Generated from the public headers by `tests/docs/gen_api.py`; the test suite checks that it is",
-           "current. Conventions for every call are at the top of `gpufailover.h`: 0 or a negative",
+           "current. Conventions for every call are at the top of `gpufailover/base.h`: 0 or a negative",
            "`GF_ERR_*` code, out-parameters written only on success, `*_free(NULL)` is a no-op, and",
            "`gf_error_detail()` explains the last failure of the calling thread.", ""]
     for h in HEADERS:

@@ -38,7 +38,7 @@ static void start_once(void)
 		abort();
 	atexit(stop_at_exit);
 	snprintf(text, sizeof(text), "unix://%s/gms.sock", tmpl);
-	if (gf_gmsd_new(&srv) < 0 || gf_gmsd_set_listen(srv, text) < 0 || gf_gmsd_set_backend(srv, GF_MEM_HOST) < 0 ||
+	if (gf_gmsd_new(&srv) < 0 || gf_gmsd_add_listen(srv, text) < 0 || gf_gmsd_set_backend(srv, GF_MEM_HOST) < 0 ||
 	    gf_gmsd_start(srv) < 0 || gf_uri_parse(text, &uri) < 0)
 		abort();
 }

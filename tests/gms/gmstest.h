@@ -34,7 +34,7 @@ static inline int gt_start(struct gt_server *s, const char *dir, const char *nam
 	s->pid = 0;
 	int rc = gf_gmsd_new(&s->d);
 	if (rc == 0)
-		rc = gf_gmsd_set_listen(s->d, s->uri);
+		rc = gf_gmsd_add_listen(s->d, s->uri);
 	if (rc == 0)
 		rc = gf_gmsd_set_backend(s->d, GF_MEM_HOST);
 	if (rc == 0)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The server's direct list-chunk encoder (lib/gms/listchunk.c) against
+ * The direct list-chunk encoder (lib/wire/listchunk.c) against
  * nanopb: the same bytes as gf_msg_encode() of the equivalent gf_Msg for
  * empty, small, extreme and full chunks, a clean decode, and its limits.
  */

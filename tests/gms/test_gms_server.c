@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -800,17 +801,69 @@ static void test_allowed_uids(void **state)
 	gf_gmsd *d;
 	OK(gf_gmsd_new(&d));
 	snprintf(s2.uri, sizeof(s2.uri), "unix://%s/allow.sock", dir);
-	OK(gf_gmsd_set_listen(d, s2.uri));
+	OK(gf_gmsd_add_listen(d, s2.uri));
 	OK(gf_gmsd_set_backend(d, GF_MEM_HOST));
-	OK(gf_gmsd_allow_uid(d, nobody));
+	OK(gf_gmsd_add_allow_uid(d, nobody));
 	OK(gf_gmsd_start(d));
-	assert_int_equal(gf_gmsd_allow_uid(d, 5), GF_ERR_STATE); /* settings are fixed once started */
+	assert_int_equal(gf_gmsd_add_allow_uid(d, 5), GF_ERR_STATE); /* settings are fixed once started */
 	s2.d = d;
 	assert_int_equal(pthread_create(&s2.th, NULL, gt_run, &s2), 0);
 	chmod(s2.uri + strlen("unix://"), 0777);
 	assert_int_equal(ping_as(s2.uri, nobody), 0);
 	gt_stop(&s2);
 	chmod(dir, 0700);
+}
+
+
+/* Every memfd of the committed layout in this process (the server's and the
+ * reader's): @ro counts the read-only file descriptions among them. */
+static int committed_memfds(int *fds, int cap, int *ro)
+{
+	int n = 0;
+	*ro = 0;
+	for (int fd = 3; fd < 4096 && n < cap; fd++) {
+		char path[64], link[128];
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		ssize_t l = readlink(path, link, sizeof(link) - 1);
+		if (l <= 0)
+			continue;
+		link[l] = '\0';
+		if (!strstr(link, "memfd:gf-mem"))
+			continue;
+		if ((fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY)
+			(*ro)++;
+		fds[n++] = fd;
+	}
+	return n;
+}
+
+/* Issue: a reader could pwrite the committed weights or ftruncate them (every
+ * mapper then died of SIGBUS). Committed host memory is sealed, and readers
+ * hold read-only file descriptions. */
+static void test_committed_memory_is_sealed(void **state)
+{
+	(void)state;
+	gf_gms *w = load(srv.uri, GF_GMS_RW_OR_RO, 2, 2 * MiB, 4, 0x5a);
+	gf_gms *r;
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_map_all(r));
+	int fds[64], ro;
+	int n = committed_memfds(fds, 64, &ro);
+	assert_true(n >= 4); /* the server's two and the reader's two, at least */
+	assert_true(ro >= 2); /* the reader's are read-only descriptions */
+	for (int i = 0; i < n; i++) {
+		uint8_t b = 1;
+		assert_int_equal(pwrite(fds[i], &b, 1, 0), -1);
+		assert_int_equal(ftruncate(fds[i], 4096), -1);
+		int seals = fcntl(fds[i], F_GET_SEALS);
+		assert_true(seals & F_SEAL_FUTURE_WRITE);
+		assert_true((seals & (F_SEAL_GROW | F_SEAL_SHRINK)) == (F_SEAL_GROW | F_SEAL_SHRINK));
+		void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0);
+		assert_true(p == MAP_FAILED);
+	}
+	check_bytes(r, 0x5a); /* unchanged */
+	gf_gms_free(r);
+	gf_gms_free(w);
 }
 
 int main(void)
@@ -828,6 +881,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_remap_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

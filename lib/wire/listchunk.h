@@ -8,8 +8,8 @@
  * order, proto3 defaults left out), which tests/gms/test_gms_listchunk.c
  * checks against nanopb.
  */
-#ifndef GF_GMS_LISTCHUNK_H
-#define GF_GMS_LISTCHUNK_H
+#ifndef GF_WIRE_LISTCHUNK_H
+#define GF_WIRE_LISTCHUNK_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -17,22 +17,22 @@
 
 struct gf_lc_alloc {
 	uint64_t id, size, requested;
-	const char *tag; /* NUL-terminated, < 64 bytes */
+	const char *tag; /* NUL-terminated, < GF_LIMIT_TAG bytes */
 };
 
 struct gf_lc_meta {
-	const char *key; /* NUL-terminated, < 256 bytes */
+	const char *key; /* NUL-terminated, < GF_LIMIT_META_KEY bytes */
 	uint64_t alloc_id, offset;
 	const uint8_t *value;
-	size_t value_len; /* <= 1024 */
+	size_t value_len; /* <= GF_LIMIT_META_VALUE */
 };
 
 struct gf_lc_chunk {
 	uint32_t seq;
 	const struct gf_lc_alloc *allocs;
-	size_t nallocs; /* <= 64 (gf.GmsListChunk.allocations max_count) */
+	size_t nallocs; /* <= GF_LIMIT_CHUNK_ALLOCS */
 	const struct gf_lc_meta *meta;
-	size_t nmeta;   /* <= 32 (gf.GmsListChunk.metadata max_count) */
+	size_t nmeta;   /* <= GF_LIMIT_CHUNK_META */
 	bool last;
 	uint64_t generation;
 	const uint8_t *hash; /* 16 bytes, or NULL for none */

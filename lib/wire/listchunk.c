@@ -79,21 +79,21 @@ static size_t meta_body(const struct gf_lc_meta *m, size_t keylen)
 
 int gf_lc_encode(const struct gf_lc_chunk *c, uint8_t *buf, size_t cap, size_t *len)
 {
-	if (c->nallocs > 64 || c->nmeta > 32)
-		return gf_err(GF_ERR_INVALID_ARG, "list chunk: %zu allocations / %zu metadata exceed 64 / 32",
-			      c->nallocs, c->nmeta);
+	if (c->nallocs > GF_LIMIT_CHUNK_ALLOCS || c->nmeta > GF_LIMIT_CHUNK_META)
+		return gf_err(GF_ERR_INVALID_ARG, "list chunk: %zu allocations / %zu metadata exceed %d / %d",
+			      c->nallocs, c->nmeta, GF_LIMIT_CHUNK_ALLOCS, GF_LIMIT_CHUNK_META);
 	/* Lengths once: the sizing pass and the writing pass both need them. */
-	size_t taglen[64], keylen[32];
+	size_t taglen[GF_LIMIT_CHUNK_ALLOCS], keylen[GF_LIMIT_CHUNK_META];
 	size_t body = 0;
 	for (size_t i = 0; i < c->nallocs; i++) {
 		taglen[i] = strlen(c->allocs[i].tag);
-		if (taglen[i] >= 64)
+		if (taglen[i] >= GF_LIMIT_TAG)
 			return gf_err(GF_ERR_INVALID_ARG, "list chunk: tag of %zu bytes", taglen[i]);
 		body += sub_size(gf_GmsListChunk_allocations_tag, alloc_body(&c->allocs[i], taglen[i]));
 	}
 	for (size_t i = 0; i < c->nmeta; i++) {
 		keylen[i] = strlen(c->meta[i].key);
-		if (keylen[i] >= 256 || c->meta[i].value_len > 1024)
+		if (keylen[i] >= GF_LIMIT_META_KEY || c->meta[i].value_len > GF_LIMIT_META_VALUE)
 			return gf_err(GF_ERR_INVALID_ARG, "list chunk: key of %zu or value of %zu bytes", keylen[i],
 				      c->meta[i].value_len);
 		body += sub_size(gf_GmsListChunk_metadata_tag, meta_body(&c->meta[i], keylen[i]));
