@@ -17,6 +17,9 @@ static void usage(FILE *f)
 	      "  gms status   --gms URI [--json]\n"
 	      "  gms ping     --gms URI [--timeout DURATION]\n"
 	      "  gms wait-committed --gms URI [--timeout DURATION]\n"
+	      "  gms snapshot --gms URI [--dir DIR]   snapshot the committed layout (docs/tiers.md)\n"
+	      "  gms restore  --gms URI [--dir DIR]   restore an EMPTY GMS from DIR or its best tier\n"
+	      "  gms tiers    --gms URI [--json]      WARM/COLD presence, size, age; last operation\n"
 	      "\n"
 	      "Durations are written 250ms, 10s, 2m. Exit codes: 0 ok, 1 failure, 2 usage,\n"
 	      "3 timeout, 4 lock lost, 5 server unreachable, 6 permission denied.\n",

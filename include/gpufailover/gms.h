@@ -207,6 +207,30 @@ GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
  */
 GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
 
+/**
+ * Ask the GMS at @p uri to snapshot its committed layout to directory @p dir
+ * (on the GMS's host), or to its kept WARM and COLD tiers when @p dir is NULL
+ * or empty (docs/tiers.md), and wait for it to be written, within
+ * @p timeout_ms. Any allowed client may ask; takes no lock; the GMS keeps
+ * serving meanwhile (the layout cannot be replaced until it is written).
+ * Errors: GF_ERR_STATE (nothing committed), GF_ERR_BUSY (a snapshot is being
+ * written), GF_ERR_INVALID_ARG (no directory and no tier kept, path too
+ * long), GF_ERR_IO (the write failed: detail names why), GF_ERR_TIMEOUT,
+ * GF_ERR_UNREACHABLE. Blocks.
+ */
+GF_EXPORT int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_ms);
+/**
+ * Ask an EMPTY GMS at @p uri to restore the snapshot in @p dir, or from its
+ * best kept tier (WARM, then COLD) when @p dir is NULL or empty: every
+ * checksum is verified before it becomes COMMITTED with the snapshot's layout
+ * hash and generation, so sleeping readers remap without a reload. Blocks
+ * (the GMS restores before it answers). Errors: GF_ERR_STATE (not EMPTY),
+ * GF_ERR_NOT_FOUND (no snapshot), GF_ERR_VERSION, GF_ERR_PROTOCOL (corrupt or
+ * truncated), GF_ERR_INVALID_ARG (other backend or granularity),
+ * GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE; on any error the GMS stays EMPTY.
+ */
+GF_EXPORT int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms);
+
 /** @} */
 
 /** @defgroup gmsd GMS server
@@ -251,11 +275,38 @@ GF_EXPORT int gf_gmsd_add_allow_uid(gf_gmsd *d, uint32_t uid);
 /** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */
 GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
 /**
+ * Keep residency tiers: snapshot every committed layout to @p warm_dir (a
+ * tmpfs directory, e.g. under /dev/shm) and then @p cold_dir (on disk);
+ * either may be NULL. Restoring from them is gf_gmsd_restore(). Before
+ * gf_gmsd_start() only (GF_ERR_STATE after).
+ */
+GF_EXPORT int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir);
+/**
  * Open the backend and listen; raises the process's soft RLIMIT_NOFILE to
  * its hard limit (peers and host allocations are fds). The socket accepts
  * connections when this returns 0.
  */
 GF_EXPORT int gf_gmsd_start(gf_gmsd *d);
+/**
+ * Restore into this EMPTY, started server from the snapshot in @p dir, or
+ * from the best kept tier (WARM, then COLD; a refused WARM copy falls back to
+ * COLD) when @p dir is NULL: allocate, fill, verify every checksum, then
+ * become COMMITTED with the snapshot's layout hash and generation. Blocks the
+ * server's loop for the copy. On any error nothing is kept and the server
+ * stays EMPTY (the loader path still works). Errors: GF_ERR_STATE (not
+ * started, not EMPTY), GF_ERR_NOT_FOUND (no usable snapshot), GF_ERR_VERSION,
+ * GF_ERR_PROTOCOL, GF_ERR_INVALID_ARG, GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_gmsd_restore(gf_gmsd *d, const char *dir);
+/**
+ * Start a snapshot of the committed layout to @p dir (NULL: the kept tiers)
+ * on a thread of the server; returns once started. Progress and the result
+ * are in the status (operation phase) and the events. While it runs the
+ * snapshot counts as a reader, so no writer replaces the layout. Errors:
+ * GF_ERR_STATE (not started, nothing committed), GF_ERR_BUSY,
+ * GF_ERR_INVALID_ARG (no directory and no tier kept).
+ */
+GF_EXPORT int gf_gmsd_snapshot(gf_gmsd *d, const char *dir);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
 GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
 /** An fd that becomes readable when gf_gmsd_process() has work (an epoll fd). */
