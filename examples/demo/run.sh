@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds libgpufailover and runs the failover demo. Arguments go to the demo:
-#   --engine c|python   --weights FILE.safetensors   --devices N   --short   --keep
+#   --engine c|python   --weights FILE.safetensors   --devices N   --short   --keep   --gms-crash
 set -euo pipefail
 . "$(dirname "$0")/../../tests/build-env.sh"
 export PYTHONPATH="$build/bindings/python${PYTHONPATH:+:$PYTHONPATH}"

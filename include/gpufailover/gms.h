@@ -143,8 +143,9 @@ GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *gener
 /** Sleep: synchronize, unmap all, release imports, keep the address range, close the connection. */
 GF_EXPORT int gf_gms_unmap(gf_gms *gms);
 /**
- * Wake: connect RO within @p timeout_ms (finite), check the layout hash,
- * re-import and map at the same addresses; all-or-nothing.
+ * Wake: connect RO within @p timeout_ms (finite; an unreachable GMS, e.g.
+ * one restarting from a snapshot, is retried every 50 ms until then), check
+ * the layout hash, re-import and map at the same addresses; all-or-nothing.
  * Errors: GF_ERR_TIMEOUT (e.g. a fresh GMS with no commit),
  * GF_ERR_STALE_LAYOUT (another layout was committed), GF_ERR_UNREACHABLE.
  */
