@@ -12,5 +12,6 @@
 #include "gpufailover/lock.h"
 #include "gpufailover/gms.h"
 #include "gpufailover/engine.h"
+#include "gpufailover/supervise.h"
 
 #endif

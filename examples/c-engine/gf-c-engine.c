@@ -34,7 +34,7 @@
 #include "gf-config.h"
 #include "gpufailover.h"
 #include "model.h"
-#include "safetensors.h"
+#include "gpufailover/safetensors.h"
 
 #define PROG "gf-c-engine"
 /* Weights are packed into allocations of up to this size (fewer handles map
@@ -42,6 +42,10 @@
 #define CHUNK_LIMIT (256ull << 20)
 /* Tensor alignment inside an allocation. */
 #define TENSOR_ALIGN 256ull
+/* GMS metadata key of the weights file's __metadata__ (JSON object of strings). */
+#define META_FILE_KEY "__metadata__"
+/* The GMS's limit on one metadata value (gpufailover/gms.h). */
+#define META_VALUE_MAX 1024
 
 struct app {
 	gf_engine *engine;
@@ -49,7 +53,7 @@ struct app {
 	const char *weights_path;
 	int port;
 	struct model src;  /* what the loader writes (file or generated) */
-	struct st_file file;
+	gf_safetensors *file; /* the loader's weights file, when one is given */
 	void *gen_buf;
 	struct model live; /* the tensors as mapped from the GMS */
 	struct MHD_Daemon *http;
@@ -57,6 +61,7 @@ struct app {
 	int stop_pipe[2];
 	volatile sig_atomic_t stopping;
 	volatile sig_atomic_t lost; /* the loss policy ran */
+	volatile sig_atomic_t weights_mapped; /* init_weights is over */
 };
 
 static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -93,6 +98,8 @@ static void usage(FILE *to)
 		"  --waking-timeout DUR   /live fails after this long in Waking (default 120s)\n"
 		"  --remap-timeout DUR    GMS remap timeout on wake (default 30s)\n"
 		"  --init-timeout DUR     how long to wait for each GMS at init (default: forever)\n"
+		"  --startup-deadline DUR not in standby this long after start: dead, exit 70\n"
+		"                         (default: none)\n"
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
 		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
@@ -103,7 +110,10 @@ static void usage(FILE *to)
 		"          \"epoch\": lock epoch, \"engine\": id}\n"
 		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
-		"      70 when the lock or GMS was lost (default loss policy).\n");
+		"      70 when the lock or GMS was lost or the startup deadline passed\n"
+		"      (default loss policy).\n"
+		"Memory gate: the wake waits, up to the waking timeout, for --kv-bytes of\n"
+		"MemAvailable (GF_MEM_HOST_AVAILABLE=bytes overrides it, for tests).\n");
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -181,12 +191,32 @@ static int find_alloc(gf_gms *gms, uint64_t id, struct gf_gms_alloc_info *info)
 	return GF_ERR_NOT_FOUND;
 }
 
+/* The file's __metadata__ goes into the GMS under META_FILE_KEY (attached
+ * to the first allocation), so a follower sees what the loader read. A value
+ * over the GMS's limit is left out with a warning: the weights still load. */
+static int put_file_metadata(struct app *a, gf_gms *gms, uint64_t first_id)
+{
+	const char *json = gf_safetensors_metadata(a->file);
+	if (!json)
+		return 0;
+	if (!a->src.n) {
+		logf_(GF_LOG_WARN, "event=metadata_skipped msg=\"no tensors, so no allocation to attach it to\"");
+		return 0;
+	}
+	if (strlen(json) > META_VALUE_MAX) {
+		logf_(GF_LOG_WARN, "event=metadata_skipped bytes=%zu msg=\"__metadata__ over the GMS's %d-byte value limit\"",
+		      strlen(json), META_VALUE_MAX);
+		return 0;
+	}
+	return gf_gms_put_meta(gms, META_FILE_KEY, first_id, 0, json, strlen(json));
+}
+
 static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 {
 	struct app *a = userdata;
 	const struct model *m = &a->src;
 	size_t i = 0, chunks = 0;
-	uint64_t total = 0;
+	uint64_t total = 0, first_id = 0;
 	int rc;
 	while (i < m->n) {
 		/* Plan one allocation: as many tensors in order as fit the limit. */
@@ -209,6 +239,8 @@ static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 		rc = gf_gms_allocate(gms, size, tag, &id);
 		if (rc)
 			return rc;
+		if (!chunks)
+			first_id = id;
 		rc = find_alloc(gms, id, &info);
 		if (rc)
 			return rc;
@@ -238,6 +270,9 @@ static int load_weights(gf_engine *e, int device, gf_gms *gms, void *userdata)
 		chunks++;
 		i = j;
 	}
+	rc = put_file_metadata(a, gms, first_id);
+	if (rc)
+		return rc;
 	uint64_t generation = 0;
 	rc = gf_gms_commit(gms, &generation);
 	if (rc)
@@ -259,6 +294,7 @@ static int cmp_index(const void *x, const void *y)
 static int weights_ready(gf_engine *e, void *userdata)
 {
 	struct app *a = userdata;
+	a->weights_mapped = 1;
 	gf_gms *gms = gf_engine_gms(e, 0);
 	size_t n = gf_gms_meta_count(gms);
 	size_t(*order)[2] = calloc(n ? n : 1, sizeof(*order));
@@ -275,12 +311,14 @@ static int weights_ready(gf_engine *e, void *userdata)
 		rc = gf_gms_meta_at(gms, k, &meta);
 		if (rc)
 			goto out;
+		if (!strcmp(meta.key, META_FILE_KEY))
+			continue;
 		json_t *v = json_loadb(meta.value, meta.value_len, 0, &je);
 		json_t *shape = json_object_get(v, "shape");
 		const char *dtype = json_string_value(json_object_get(v, "dtype"));
 		struct model_tensor *t = &m.t[m.n];
 		rc = GF_ERR_PROTOCOL;
-		if (!v || !dtype || !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS ||
+		if (!v || !dtype || !json_is_array(shape) || json_array_size(shape) > GF_SAFETENSORS_MAX_DIMS ||
 		    !json_is_integer(json_object_get(v, "index")) || !json_is_integer(json_object_get(v, "nbytes"))) {
 			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"not the example engine's tensor metadata\"",
 			      meta.key);
@@ -290,7 +328,7 @@ static int weights_ready(gf_engine *e, void *userdata)
 		t->name = strdup(meta.key);
 		snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
 		t->ndim = (unsigned)json_array_size(shape);
-		uint64_t count = st_dtype_size(dtype);
+		uint64_t bits = gf_safetensors_dtype_bits(dtype), count = 1;
 		for (unsigned d = 0; d < t->ndim; d++) {
 			t->shape[d] = (uint64_t)json_integer_value(json_array_get(shape, d));
 			count *= t->shape[d];
@@ -301,7 +339,7 @@ static int weights_ready(gf_engine *e, void *userdata)
 		order[m.n][1] = m.n;
 		json_decref(v);
 		m.n++;
-		if (!t->name || count != t->nbytes) {
+		if (!t->name || !bits || count * bits / 8 != t->nbytes) {
 			logf_(GF_LOG_ERR, "event=bad_metadata key=\"%s\" msg=\"size does not match dtype and shape\"",
 			      meta.key);
 			goto out;
@@ -461,12 +499,15 @@ static void *signal_thread(void *arg)
 			continue;
 		logf_(GF_LOG_INFO, "event=signal sig=%s state=%s", sig == SIGTERM ? "TERM" : "INT",
 		      gf_engine_state_name(gf_engine_state(s->app->engine)));
-		if (gf_engine_state(s->app->engine) == GF_ENGINE_INIT) {
+		int st = gf_engine_state(s->app->engine);
+		if (st == GF_ENGINE_INIT || (st == GF_ENGINE_DEAD && !s->app->weights_mapped)) {
 			/* Init blocks in the GMS (a follower waits for the commit)
 			 * where no interrupt reaches; nothing is held yet that the
-			 * kernel does not release, so leave right away. */
-			logf_(GF_LOG_INFO, "event=exit status=0 msg=\"stopped during init\"");
-			_exit(0);
+			 * kernel does not release, so leave right away (70 when
+			 * the startup watchdog ran the loss policy). */
+			int status = s->app->lost ? 70 : 0;
+			logf_(GF_LOG_INFO, "event=exit status=%d msg=\"stopped during init\"", status);
+			_exit(status);
 		}
 		s->app->stopping = 1;
 		if (write(s->app->stop_pipe[1], "x", 1) < 0) {
@@ -477,7 +518,22 @@ static void *signal_thread(void *arg)
 	return NULL;
 }
 
-int main(int argc, char **argv)
+/* ---- main, in steps ---- */
+
+/* The command line beyond what struct app keeps. */
+struct opts {
+	const char *lock_uri, *write_path, *probe_addr;
+	const char *gms[16];
+	int ngms, role, probe_port;
+	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
+	uint64_t kv_bytes;
+};
+
+/* parse_args() result that means "exit 0 now" (--help, --version). */
+#define EXIT_DONE (-1)
+
+/* Step 1: the command line into @a and @o. 0 to go on, EXIT_DONE, or 2. */
+static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 {
 	static const struct option opts[] = {
 		{ "lock", required_argument, NULL, 'l' },      { "gms", required_argument, NULL, 'g' },
@@ -487,63 +543,57 @@ int main(int argc, char **argv)
 		{ "backend", required_argument, NULL, 'b' },   { "waking-timeout", required_argument, NULL, 'W' },
 		{ "remap-timeout", required_argument, NULL, 'R' }, { "init-timeout", required_argument, NULL, 'I' },
 		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
+		{ "startup-deadline", required_argument, NULL, 'D' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct app a = { .port = 8080, .stop_pipe = { -1, -1 } };
-	const char *lock_uri = NULL, *write_path = NULL, *probe_addr = NULL;
-	const char *gms[16];
-	int ngms = 0, role = GF_ENGINE_LOADER, probe_port = 8081;
-	int64_t waking_ms = -1, remap_ms = -1, init_ms = -1, reconnect_ms = -1;
-	uint64_t kv_bytes = 16ull << 20;
-	char idbuf[64];
 	long v;
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'l':
-			lock_uri = optarg;
+			o->lock_uri = optarg;
 			break;
 		case 'g':
-			if (ngms == 16) {
+			if (o->ngms == 16) {
 				fprintf(stderr, PROG ": at most 16 --gms\n");
 				return 2;
 			}
-			gms[ngms++] = optarg;
+			o->gms[o->ngms++] = optarg;
 			break;
 		case 'r':
 			if (!strcmp(optarg, "loader"))
-				role = GF_ENGINE_LOADER;
+				o->role = GF_ENGINE_LOADER;
 			else if (!strcmp(optarg, "follower"))
-				role = GF_ENGINE_FOLLOWER;
+				o->role = GF_ENGINE_FOLLOWER;
 			else {
 				fprintf(stderr, PROG ": --role must be loader or follower, not \"%s\"\n", optarg);
 				return 2;
 			}
 			break;
 		case 'i':
-			a.id = optarg;
+			a->id = optarg;
 			break;
 		case 'w':
-			a.weights_path = optarg;
+			a->weights_path = optarg;
 			break;
 		case 'p':
 			if (parse_int(optarg, 0, 65535, &v)) {
 				fprintf(stderr, PROG ": --port must be 0..65535, not \"%s\"\n", optarg);
 				return 2;
 			}
-			a.port = (int)v;
+			a->port = (int)v;
 			break;
 		case 'P':
 			if (parse_int(optarg, -1, 65535, &v)) {
 				fprintf(stderr, PROG ": --probe-port must be -1..65535, not \"%s\"\n", optarg);
 				return 2;
 			}
-			probe_port = (int)v;
+			o->probe_port = (int)v;
 			break;
 		case 'A':
-			probe_addr = optarg;
+			o->probe_addr = optarg;
 			break;
 		case 'b':
 			if (!strcmp(optarg, "cuda")) {
@@ -557,43 +607,47 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'W':
-			if (parse_duration("--waking-timeout", optarg, &waking_ms) || waking_ms == 0) {
-				if (waking_ms == 0)
+			if (parse_duration("--waking-timeout", optarg, &o->waking_ms) || o->waking_ms == 0) {
+				if (o->waking_ms == 0)
 					fprintf(stderr, PROG ": --waking-timeout must be > 0\n");
 				return 2;
 			}
 			break;
 		case 'R':
-			if (parse_duration("--remap-timeout", optarg, &remap_ms) || remap_ms == 0) {
-				if (remap_ms == 0)
+			if (parse_duration("--remap-timeout", optarg, &o->remap_ms) || o->remap_ms == 0) {
+				if (o->remap_ms == 0)
 					fprintf(stderr, PROG ": --remap-timeout must be > 0\n");
 				return 2;
 			}
 			break;
 		case 'I':
-			if (parse_duration("--init-timeout", optarg, &init_ms))
+			if (parse_duration("--init-timeout", optarg, &o->init_ms))
 				return 2;
 			break;
 		case 'L':
-			if (parse_duration("--lock-reconnect-timeout", optarg, &reconnect_ms))
+			if (parse_duration("--lock-reconnect-timeout", optarg, &o->reconnect_ms))
+				return 2;
+			break;
+		case 'D':
+			if (parse_duration("--startup-deadline", optarg, &o->startup_ms))
 				return 2;
 			break;
 		case 'k':
-			if (parse_bytes(optarg, &kv_bytes)) {
+			if (parse_bytes(optarg, &o->kv_bytes)) {
 				fprintf(stderr, PROG ": --kv-bytes: \"%s\" is not a size (e.g. 1048576, 64M, 2G)\n",
 					optarg);
 				return 2;
 			}
 			break;
 		case 'o':
-			write_path = optarg;
+			o->write_path = optarg;
 			break;
 		case 'h':
 			usage(stdout);
-			return 0;
+			return EXIT_DONE;
 		case 'V':
 			printf(PROG " %s (libgpufailover %s)\n", GF_VERSION_STRING, gf_version());
-			return 0;
+			return EXIT_DONE;
 		default:
 			usage(stderr);
 			return 2;
@@ -603,131 +657,131 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": unexpected argument \"%s\" (see --help)\n", argv[optind]);
 		return 2;
 	}
-	gf_set_log_fn(gf_log_stderr, (void *)PROG);
-
-	if (write_path) {
-		struct model m;
-		void *buf;
-		char err[512];
-		if (model_generate(&m, 4, 256, &buf)) {
-			fprintf(stderr, PROG ": out of memory\n");
-			return 1;
-		}
-		int rc = model_write(&m, write_path, err, sizeof(err));
-		model_clear(&m);
-		free(buf);
-		if (rc) {
-			fprintf(stderr, PROG ": %s\n", err);
-			return 1;
-		}
-		logf_(GF_LOG_INFO, "event=weights_written path=%s", write_path);
+	if (o->write_path)
 		return 0;
-	}
-	if (!lock_uri || ngms == 0) {
+	if (!o->lock_uri || o->ngms == 0) {
 		fprintf(stderr, PROG ": --lock and at least one --gms are required (see --help)\n");
 		return 2;
 	}
-	if (role == GF_ENGINE_FOLLOWER && a.weights_path) {
+	if (o->role == GF_ENGINE_FOLLOWER && a->weights_path) {
 		fprintf(stderr, PROG ": --weights is for the loader; a follower imports the loader's weights\n");
 		return 2;
 	}
-	if (!a.id) {
-		snprintf(idbuf, sizeof(idbuf), "c-engine-%ld", (long)getpid());
-		a.id = idbuf;
-	}
+	return 0;
+}
 
-	/* The source weights first: a bad file is reported before connecting. */
-	if (role == GF_ENGINE_LOADER) {
-		char err[512];
-		if (a.weights_path) {
-			if (st_open(a.weights_path, &a.file, err, sizeof(err))) {
-				fprintf(stderr, PROG ": bad weights file: %s\n", err);
-				return 1;
-			}
-			if (model_from_safetensors(&a.src, &a.file)) {
-				fprintf(stderr, PROG ": out of memory\n");
-				return 1;
-			}
-		} else if (model_generate(&a.src, 4, 256, &a.gen_buf)) {
+/* --write-weights: the generated weights as a file. Exit status. */
+static int write_weights(const char *path)
+{
+	struct model m;
+	void *buf;
+	char err[512];
+	if (model_generate(&m, 4, 256, &buf)) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return 1;
+	}
+	int rc = model_write(&m, path, err, sizeof(err));
+	model_clear(&m);
+	free(buf);
+	if (rc) {
+		fprintf(stderr, PROG ": %s\n", err);
+		return 1;
+	}
+	logf_(GF_LOG_INFO, "event=weights_written path=%s", path);
+	return 0;
+}
+
+/* Step 2 (loader): the source weights, so a bad file is reported before
+ * connecting. 0 or 1 after a message. */
+static int open_weights(struct app *a)
+{
+	if (a->weights_path) {
+		if (gf_safetensors_open(&a->file, a->weights_path)) {
+			fprintf(stderr, PROG ": bad weights file: %s\n", gf_error_detail());
+			return 1;
+		}
+		if (model_from_safetensors(&a->src, a->file)) {
 			fprintf(stderr, PROG ": out of memory\n");
 			return 1;
 		}
-		logf_(GF_LOG_INFO, "event=weights_source tensors=%zu source=%s", a.src.n,
-		      a.weights_path ? a.weights_path : "generated");
+	} else if (model_generate(&a->src, 4, 256, &a->gen_buf)) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return 1;
 	}
+	logf_(GF_LOG_INFO, "event=weights_source tensors=%zu source=%s", a->src.n,
+	      a->weights_path ? a->weights_path : "generated");
+	return 0;
+}
 
-	/* Signals are taken by one thread; every thread made from here on
-	 * (probe server, watchers) inherits the blocked mask. */
-	struct sigctx sc = { .app = &a };
-	sigemptyset(&sc.set);
-	sigaddset(&sc.set, SIGTERM);
-	sigaddset(&sc.set, SIGINT);
-	sigaddset(&sc.set, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
-	if (pipe2(a.stop_pipe, O_CLOEXEC) < 0) {
+/* Step 3: signals are taken by one thread; every thread made from here on
+ * (probe server, watchers) inherits the blocked mask. 0 or 1. */
+static int start_signal_thread(struct sigctx *sc)
+{
+	sigemptyset(&sc->set);
+	sigaddset(&sc->set, SIGTERM);
+	sigaddset(&sc->set, SIGINT);
+	sigaddset(&sc->set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &sc->set, NULL);
+	if (pipe2(sc->app->stop_pipe, O_CLOEXEC) < 0) {
 		perror(PROG ": pipe");
 		return 1;
 	}
-
-	int rc = gf_engine_new(&a.engine);
+	int rc = gf_engine_new(&sc->app->engine);
 	if (rc) {
 		fprintf(stderr, PROG ": %s\n", gf_error_detail());
 		return 1;
 	}
-	pthread_t sig_tid;
-	if (pthread_create(&sig_tid, NULL, signal_thread, &sc) != 0) {
+	pthread_t tid;
+	if (pthread_create(&tid, NULL, signal_thread, sc) != 0) {
 		fprintf(stderr, PROG ": cannot start the signal thread\n");
 		return 1;
 	}
-	pthread_detach(sig_tid);
+	pthread_detach(tid);
+	return 0;
+}
 
-	gf_engine *e = a.engine;
-	rc = gf_engine_set_lock(e, lock_uri, a.id);
-	for (int i = 0; !rc && i < ngms; i++)
-		rc = gf_engine_add_gms(e, gms[i]);
+/* Step 4: the engine's settings from the command line. 0 or an error. */
+static int configure(gf_engine *e, const struct opts *o, struct app *a)
+{
+	int rc = gf_engine_set_lock(e, o->lock_uri, a->id);
+	for (int i = 0; !rc && i < o->ngms; i++)
+		rc = gf_engine_add_gms(e, o->gms[i]);
 	if (!rc)
-		rc = gf_engine_set_role(e, role);
+		rc = gf_engine_set_role(e, o->role);
 	if (!rc)
 		rc = gf_engine_set_backend(e, GF_MEM_HOST);
-	if (!rc && waking_ms > 0)
-		rc = gf_engine_set_waking_timeout(e, waking_ms);
-	if (!rc && remap_ms > 0)
-		rc = gf_engine_set_remap_timeout(e, remap_ms);
+	if (!rc && o->waking_ms > 0)
+		rc = gf_engine_set_waking_timeout(e, o->waking_ms);
+	if (!rc && o->remap_ms > 0)
+		rc = gf_engine_set_remap_timeout(e, o->remap_ms);
 	if (!rc)
-		rc = gf_engine_set_init_timeout(e, init_ms);
+		rc = gf_engine_set_init_timeout(e, o->init_ms);
 	if (!rc)
-		rc = gf_engine_set_lock_reconnect_timeout(e, reconnect_ms);
+		rc = gf_engine_set_lock_reconnect_timeout(e, o->reconnect_ms);
 	if (!rc)
-		rc = gf_engine_set_private_bytes(e, kv_bytes);
+		rc = gf_engine_set_private_bytes(e, o->kv_bytes);
+	if (!rc && o->startup_ms > 0)
+		rc = gf_engine_set_startup_deadline(e, o->startup_ms);
 	if (!rc)
-		rc = gf_engine_set_probe_address(e, probe_addr, probe_port);
+		rc = gf_engine_set_probe_address(e, o->probe_addr, o->probe_port);
 	if (!rc)
-		rc = gf_engine_set_health_fn(e, healthy, &a);
+		rc = gf_engine_set_health_fn(e, healthy, a);
 	if (!rc)
-		rc = gf_engine_set_loss_fn(e, on_loss, &a);
-	if (rc) {
-		fprintf(stderr, PROG ": %s\n", gf_error_detail());
-		gf_engine_free(e);
-		return 2;
-	}
-	logf_(GF_LOG_INFO, "event=starting id=%s role=%s lock=%s devices=%d kv_bytes=%" PRIu64, a.id,
-	      role == GF_ENGINE_LOADER ? "loader" : "follower", lock_uri, ngms, kv_bytes);
-	if (probe_port >= 0) {
-		rc = gf_engine_start_probe_server(e);
-		if (rc) {
-			logf_(GF_LOG_ERR, "event=probe_failed detail=\"%s\"", gf_error_detail());
-			gf_engine_free(e);
-			return 1;
-		}
-		logf_(GF_LOG_INFO, "event=probe_listening port=%d", gf_engine_probe_port(e));
-	}
+		rc = gf_engine_set_loss_fn(e, on_loss, a);
+	return rc;
+}
+
+/* Step 5: the shadow loop until Active, then serve until stopped. Exit status. */
+static int run(struct app *a)
+{
+	gf_engine *e = a->engine;
 	struct gf_engine_callbacks cb = {
 		.load_weights = load_weights,
 		.weights_ready = weights_ready,
 		.serve = serve_endpoint,
-		.userdata = &a,
+		.userdata = a,
 	};
-	rc = gf_engine_run_shadow(e, &cb);
+	int rc = gf_engine_run_shadow(e, &cb);
 	int status = 0;
 	if (rc == 0) {
 		struct gf_engine_metrics m;
@@ -735,9 +789,9 @@ int main(int argc, char **argv)
 		logf_(GF_LOG_INFO, "event=active epoch=%" PRIu64 " lock_wait_us=%" PRId64 " remap_us=%" PRId64
 		      " kv_us=%" PRId64 " serve_us=%" PRId64 " wake_total_us=%" PRId64, m.epoch, m.lock_wait_us,
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
-		while (!wait_stop(&a, -1))
+		while (!wait_stop(a, -1))
 			;
-	} else if (a.stopping) {
+	} else if (a->stopping) {
 		logf_(GF_LOG_INFO, "event=stopped_before_active state=%s",
 		      gf_engine_state_name(gf_engine_state(e)));
 	} else {
@@ -746,14 +800,53 @@ int main(int argc, char **argv)
 		      gf_error_detail());
 		status = 1;
 	}
-	if (a.lost)
-		status = 70; /* lost the lock or the GMS: the loss policy sent SIGTERM */
+	return a->lost ? 70 : status; /* 70: lost the lock or the GMS, or the startup deadline passed: the loss policy sent SIGTERM */
+}
+
+int main(int argc, char **argv)
+{
+	struct app a = { .port = 8080, .stop_pipe = { -1, -1 } };
+	struct opts o = { .role = GF_ENGINE_LOADER, .probe_port = 8081, .waking_ms = -1, .remap_ms = -1,
+			  .init_ms = -1, .reconnect_ms = -1, .startup_ms = -1, .kv_bytes = 16ull << 20 };
+	int rc = parse_args(argc, argv, &a, &o);
+	if (rc)
+		return rc == EXIT_DONE ? 0 : rc;
+	gf_set_log_fn(gf_log_stderr, (void *)PROG);
+	if (o.write_path)
+		return write_weights(o.write_path);
+	char idbuf[64];
+	if (!a.id) {
+		snprintf(idbuf, sizeof(idbuf), "c-engine-%ld", (long)getpid());
+		a.id = idbuf;
+	}
+	if (o.role == GF_ENGINE_LOADER && open_weights(&a))
+		return 1;
+	struct sigctx sc = { .app = &a };
+	if (start_signal_thread(&sc))
+		return 1;
+	if (configure(a.engine, &o, &a)) {
+		fprintf(stderr, PROG ": %s\n", gf_error_detail());
+		gf_engine_free(a.engine);
+		return 2;
+	}
+	logf_(GF_LOG_INFO, "event=starting id=%s role=%s lock=%s devices=%d kv_bytes=%" PRIu64, a.id,
+	      o.role == GF_ENGINE_LOADER ? "loader" : "follower", o.lock_uri, o.ngms, o.kv_bytes);
+	if (o.probe_port >= 0) {
+		rc = gf_engine_start_probe_server(a.engine);
+		if (rc) {
+			logf_(GF_LOG_ERR, "event=probe_failed detail=\"%s\"", gf_error_detail());
+			gf_engine_free(a.engine);
+			return 1;
+		}
+		logf_(GF_LOG_INFO, "event=probe_listening port=%d", gf_engine_probe_port(a.engine));
+	}
+	int status = run(&a);
 	if (a.http)
 		MHD_stop_daemon(a.http);
-	gf_engine_free(e);
+	gf_engine_free(a.engine);
 	model_clear(&a.live);
 	model_clear(&a.src);
-	st_close(&a.file);
+	gf_safetensors_free(a.file);
 	free(a.gen_buf);
 	logf_(GF_LOG_INFO, "event=exit status=%d", status);
 	return status;

@@ -72,12 +72,12 @@ fail:
 	return -1;
 }
 
-int model_from_safetensors(struct model *m, const struct st_file *f)
+int model_from_safetensors(struct model *m, const gf_safetensors *f)
 {
 	memset(m, 0, sizeof(*m));
-	for (size_t i = 0; i < f->n; i++) {
-		const struct st_tensor *t = &f->t[i];
-		if (add(m, t->name, t->dtype, t->ndim, t->shape, t->end - t->begin, t->data)) {
+	for (size_t i = 0; i < gf_safetensors_count(f); i++) {
+		struct gf_safetensors_tensor t;
+		if (gf_safetensors_at(f, i, &t) || add(m, t.name, t.dtype, t.ndim, t.shape, t.end - t.begin, t.data)) {
 			model_clear(m);
 			return -1;
 		}

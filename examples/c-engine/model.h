@@ -13,7 +13,7 @@ struct model_tensor {
 	char *name;
 	char dtype[16];
 	unsigned ndim;
-	uint64_t shape[ST_MAX_DIMS];
+	uint64_t shape[GF_SAFETENSORS_MAX_DIMS];
 	uint64_t nbytes;
 	const void *data; /* borrowed: a file mapping, a generated buffer or GMS memory */
 };
@@ -28,7 +28,7 @@ struct model {
  * tensors point to. */
 int model_generate(struct model *m, unsigned layers, unsigned dim, void **buf);
 /* The tensors of a parsed safetensors file (data stays in the file). */
-int model_from_safetensors(struct model *m, const struct st_file *f);
+int model_from_safetensors(struct model *m, const gf_safetensors *f);
 /* Write @m as safetensors. */
 int model_write(const struct model *m, const char *path, char *err, size_t errlen);
 void model_clear(struct model *m);

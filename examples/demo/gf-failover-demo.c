@@ -46,9 +46,10 @@ static volatile sig_atomic_t stop_requested;
 struct options {
 	const char *bindir;   /* where gf-lockd, gf-gmsd, gf-c-engine live (installed layout) */
 	char lockd[512], gmsd[512], c_engine[512];
-	const char *engine;   /* "c" | "python" */
+	const char *engine;   /* "c" | "python" | "torch" */
 	const char *weights;
 	const char *python_engine; /* path of examples/python-engine/engine.py */
+	const char *torch_engine;  /* path of examples/torch-engine/engine.py */
 	const char *backend;
 	const char *json_path; /* timeline as JSON, for the benchmark report */
 	int devices;
@@ -383,10 +384,10 @@ static const char *field(const char *line, const char *key, char *out, size_t le
 
 static void usage(FILE *f)
 {
-	fputs("usage: gf-failover-demo [--engine c|python] [--weights FILE.safetensors] [--devices N]\n"
+	fputs("usage: gf-failover-demo [--engine c|python|torch] [--weights FILE.safetensors] [--devices N]\n"
 	      "                        [--backend auto|host|cuda] [--short] [--keep] [--bindir DIR]\n"
-	      "                        [--python-engine PATH] [--lockd PATH] [--gmsd PATH] [--c-engine PATH]\n"
-	      "                        [--json FILE] [--gms-crash]\n"
+	      "                        [--python-engine PATH] [--torch-engine PATH] [--lockd PATH] [--gmsd PATH]\n"
+	      "                        [--c-engine PATH] [--json FILE] [--gms-crash]\n"
 	      "Starts gf-lockd, gf-gmsd per device, a primary and a shadow engine and a client;\n"
 	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n"
 	      "--gms-crash: kill gf-gmsd during service instead; it restarts from its WARM snapshot\n"
@@ -405,10 +406,10 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 		argv[n++] = p;                                            \
 		p += w + 1;                                               \
 	} while (0)
-	if (!strcmp(o->engine, "python")) {
+	if (!strcmp(o->engine, "python") || !strcmp(o->engine, "torch")) {
 		ARG("/usr/bin/env");
 		ARG("python3");
-		ARG("%s", o->python_engine);
+		ARG("%s", !strcmp(o->engine, "torch") ? o->torch_engine : o->python_engine);
 	} else {
 		ARG("%s", o->c_engine);
 	}
@@ -458,7 +459,8 @@ int main(int argc, char **argv)
 		{ "bindir", required_argument, NULL, 'B' },   { "python-engine", required_argument, NULL, 'P' },
 		{ "json", required_argument, NULL, 'J' },
 		{ "lockd", required_argument, NULL, 'L' },   { "gmsd", required_argument, NULL, 'G' },
-		{ "c-engine", required_argument, NULL, 'C' }, { "gms-crash", no_argument, NULL, 'X' },
+		{ "c-engine", required_argument, NULL, 'C' }, { "torch-engine", required_argument, NULL, 'T' },
+		{ "gms-crash", no_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -489,6 +491,9 @@ int main(int argc, char **argv)
 		case 'P':
 			o.python_engine = optarg;
 			break;
+		case 'T':
+			o.torch_engine = optarg;
+			break;
 		case 'J':
 			o.json_path = optarg;
 			break;
@@ -515,7 +520,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind < argc || (strcmp(o.engine, "c") && strcmp(o.engine, "python")) || o.devices < 1 || o.devices > 8 ||
+	if (optind < argc || (strcmp(o.engine, "c") && strcmp(o.engine, "python") && strcmp(o.engine, "torch")) || o.devices < 1 || o.devices > 8 ||
 	    (strcmp(o.backend, "auto") && strcmp(o.backend, "host") && strcmp(o.backend, "cuda"))) {
 		usage(stderr);
 		return 2;
@@ -534,6 +539,14 @@ int main(int argc, char **argv)
 		snprintf(o.c_engine, sizeof(o.c_engine), "%s/gf-c-engine", o.bindir);
 	if (!strcmp(o.engine, "python") && !o.python_engine) {
 		fprintf(stderr, "demo: --engine python needs --python-engine PATH\n");
+		return 2;
+	}
+	if (!strcmp(o.engine, "torch") && !o.torch_engine) {
+		fprintf(stderr, "demo: --engine torch needs --torch-engine PATH\n");
+		return 2;
+	}
+	if (!strcmp(o.engine, "torch") && o.devices != 1) {
+		fprintf(stderr, "demo: the torch engine computes on the CPU over one host GMS: --devices 1\n");
 		return 2;
 	}
 	if (o.weights && access(o.weights, R_OK) != 0) {

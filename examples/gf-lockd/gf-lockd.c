@@ -32,7 +32,8 @@ static void usage(FILE *f)
 	      "  --secret-file PATH         shared secret (mandatory with tcp://; trailing newline ignored)\n"
 	      "  --heartbeat DUR            TCP heartbeat interval (default 1s)\n"
 	      "  --detect-timeout DUR       TCP T_detect: re-grant after this silence (default 6s, >= 3 heartbeats)\n"
-	      "  --handshake-timeout DUR    drop peers that do not finish the handshake (default 3s)\n"
+	      "  --handshake-timeout DUR    drop peers that do not finish the handshake, or a frame\n"
+	      "                             they began, in time (default 3s)\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Durations: 250ms, 10s, 2m. Logs: key=value lines on stderr.\n",
@@ -130,7 +131,8 @@ int main(int argc, char **argv)
 				fprintf(stderr, "gf-lockd: --allow-uid: '%s' is not a uid\n", optarg);
 				return 2;
 			}
-			gf_lockd_add_allow_uid(d, (uint32_t)u);
+			if (gf_lockd_add_allow_uid(d, (uint32_t)u) < 0)
+				die_cfg("--allow-uid");
 			break;
 		}
 		case O_SECRET: {

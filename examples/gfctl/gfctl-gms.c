@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* gfctl gms status | ping | wait-committed | snapshot | restore | tiers: GMS status, probes and residency tiers. */
+/* gfctl gms status | ping | wait-committed | snapshot | restore | tiers: GMS status, probes, residency tiers. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,23 +10,6 @@
 
 #include "gfctl.h"
 #include "gpufailover.h"
-
-static void gms_usage(FILE *f)
-{
-	fputs("usage: gfctl gms status --gms URI [--json] [--timeout DURATION]\n"
-	      "       gfctl gms ping --gms URI [--timeout DURATION]\n"
-	      "       gfctl gms wait-committed --gms URI [--timeout DURATION]\n"
-	      "       gfctl gms snapshot --gms URI [--dir DIR] [--timeout DURATION]\n"
-	      "       gfctl gms restore --gms URI [--dir DIR] [--timeout DURATION]\n"
-	      "       gfctl gms tiers --gms URI [--json] [--timeout DURATION]\n",
-	      f);
-}
-
-static int err_exit(const char *what, int rc)
-{
-	fprintf(stderr, "gfctl gms %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
-	return gfctl_exit_code(rc);
-}
 
 /* Human form of the status JSON: the library already did the parsing. */
 static void print_human(const char *json)
@@ -70,13 +53,133 @@ static void print_human(const char *json)
 	putchar('\n');
 }
 
-/* The tiers and the last operation from the status, one line each (same names as the status JSON). */
-static int print_tiers(const char *uri, int64_t timeout_ms, bool json)
+struct gms_opts {
+	const char *uri;
+	const char *dir;
+	bool json;
+	int64_t timeout_ms; /* -1 when not given */
+};
+
+/* Options of every gms command; 0, or -1 after a message. */
+static int parse_opts(int argc, char **argv, struct gms_opts *o)
 {
+	static const struct option opts[] = {
+		{ "gms", required_argument, NULL, 'g' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "dir", required_argument, NULL, 'd' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+	optind = 1;
+	opterr = 0; /* the message below names the command */
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'g':
+			o->uri = optarg;
+			break;
+		case 'j':
+			o->json = true;
+			break;
+		case 'd':
+			o->dir = optarg;
+			break;
+		case 't':
+			if (gfctl_duration("gms", "--timeout", optarg, &o->timeout_ms) < 0)
+				return -1;
+			break;
+		default:
+			fprintf(stderr, "gfctl gms %s: unknown option or missing value: '%s' (see 'gfctl gms %s --help')\n",
+				argv[0], argv[optind - 1], argv[0]);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "gfctl gms %s: unexpected argument '%s'\n", argv[0], argv[optind]);
+		return -1;
+	}
+	if (!o->uri) {
+		fprintf(stderr, "gfctl gms %s: --gms URI is required\n", argv[0]);
+		return -1;
+	}
+	return 0;
+}
+
+static int run_status(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
 	char *text;
-	int rc = gf_gms_status_json(uri, timeout_ms, &text);
+	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
 	if (rc < 0)
-		return err_exit("tiers", rc);
+		return gfctl_fail("gms", "status", rc);
+	if (o.json)
+		puts(text);
+	else
+		print_human(text);
+	free(text);
+	return GFCTL_OK;
+}
+
+static int run_ping(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	int64_t rtt;
+	int rc = gf_gms_ping(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &rtt);
+	if (rc < 0)
+		return gfctl_fail("gms", "ping", rc);
+	printf("ok rtt_us=%lld\n", (long long)rtt);
+	return GFCTL_OK;
+}
+
+static int run_wait_committed(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	uint64_t gen;
+	/* Without --timeout a startup probe waits as long as it is allowed to run. */
+	int rc = gf_gms_wait_committed(o.uri, o.timeout_ms, &gen);
+	if (rc < 0)
+		return gfctl_fail("gms", "wait-committed", rc);
+	printf("committed generation=%llu\n", (unsigned long long)gen);
+	return GFCTL_OK;
+}
+
+static int run_snapshot_restore(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	bool snap = !strcmp(argv[0], "snapshot");
+	/* Copies take as long as the bytes need: a minute unless told otherwise. */
+	int64_t t = o.timeout_ms >= 0 ? o.timeout_ms : 60000;
+	int rc = snap ? gf_gms_snapshot(o.uri, o.dir, t) : gf_gms_restore(o.uri, o.dir, t);
+	if (rc < 0)
+		return gfctl_fail("gms", argv[0], rc);
+	printf("%s ok%s%s\n", snap ? "Checkpointed" : "Restored", o.dir ? " dir=" : "", o.dir ? o.dir : "");
+	return GFCTL_OK;
+}
+
+static const char *str_or(json_t *o, const char *key, const char *dflt)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+	return s ? s : dflt;
+}
+
+/* The tiers and the last operation from the status, one line each (same names as the status JSON). */
+static int run_tiers(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	char *text;
+	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
+	if (rc < 0)
+		return gfctl_fail("gms", "tiers", rc);
 	json_t *st = json_loads(text, 0, NULL);
 	free(text);
 	json_t *tiers = json_object_get(st, "tiers"), *op = json_object_get(st, "operation");
@@ -85,18 +188,18 @@ static int print_tiers(const char *uri, int64_t timeout_ms, bool json)
 		fprintf(stderr, "gfctl gms tiers: the GMS reports no tiers (an older gf-gmsd?)\n");
 		return GFCTL_EXIT_FAILURE;
 	}
-	if (json) {
-		json_t *o = json_pack("{s:O, s:O, s:O, s:O}", "state", json_object_get(st, "state"), "generation",
-				      json_object_get(st, "generation"), "tiers", tiers, "operation", op ? op : json_null());
-		char *out = o ? json_dumps(o, JSON_COMPACT) : NULL;
-		if (out)
-			puts(out);
-		free(out);
-		json_decref(o);
+	if (o.json) {
+		json_t *out = json_pack("{s:O, s:O, s:O, s:O}", "state", json_object_get(st, "state"), "generation",
+					json_object_get(st, "generation"), "tiers", tiers, "operation", op ? op : json_null());
+		char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
+		if (s)
+			puts(s);
+		free(s);
+		json_decref(out);
 		json_decref(st);
 		return GFCTL_OK;
 	}
-	printf("hot: state=%s generation=%lld\n", json_string_value(json_object_get(st, "state")),
+	printf("hot: state=%s generation=%lld\n", str_or(st, "state", "?"),
 	       (long long)json_integer_value(json_object_get(st, "generation")));
 	const char *names[] = { "warm", "cold" };
 	for (size_t i = 0; i < 2; i++) {
@@ -105,121 +208,58 @@ static int print_tiers(const char *uri, int64_t timeout_ms, bool json)
 			printf("%s: not kept\n", names[i]);
 			continue;
 		}
+		const char *err = str_or(t, "error", "");
 		printf("%s: dir=%s present=%s bytes=%lld generation=%lld age_seconds=%.1f%s%s%s\n", names[i],
-		       json_string_value(json_object_get(t, "dir")), json_is_true(json_object_get(t, "present")) ? "yes" : "no",
+		       str_or(t, "dir", "?"), json_is_true(json_object_get(t, "present")) ? "yes" : "no",
 		       (long long)json_integer_value(json_object_get(t, "bytes")),
 		       (long long)json_integer_value(json_object_get(t, "generation")),
-		       json_real_value(json_object_get(t, "age_seconds")),
-		       *json_string_value(json_object_get(t, "error")) ? " error=\"" : "",
-		       json_string_value(json_object_get(t, "error")),
-		       *json_string_value(json_object_get(t, "error")) ? "\"" : "");
+		       json_real_value(json_object_get(t, "age_seconds")), *err ? " error=\"" : "", err, *err ? "\"" : "");
 	}
 	if (json_is_object(op))
-		printf("operation: kind=%s phase=%s bytes=%lld seconds=%.3f reason=\"%s\"\n",
-		       json_string_value(json_object_get(op, "kind")), json_string_value(json_object_get(op, "phase")),
-		       (long long)json_integer_value(json_object_get(op, "bytes")),
-		       json_real_value(json_object_get(op, "seconds")), json_string_value(json_object_get(op, "reason")));
+		printf("operation: kind=%s phase=%s bytes=%lld seconds=%.3f reason=\"%s\"\n", str_or(op, "kind", "?"),
+		       str_or(op, "phase", "?"), (long long)json_integer_value(json_object_get(op, "bytes")),
+		       json_real_value(json_object_get(op, "seconds")), str_or(op, "reason", ""));
 	else
 		printf("operation: none\n");
 	json_decref(st);
 	return GFCTL_OK;
 }
 
-int gfctl_gms(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{"gms", required_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
-		{"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
-		{"dir", required_argument, NULL, 'd'},
-		{NULL, 0, NULL, 0},
-	};
-	if (argc < 2) {
-		gms_usage(stderr);
-		return GFCTL_EXIT_USAGE;
-	}
-	const char *cmd = argv[1];
-	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-		gms_usage(stdout);
-		return GFCTL_OK;
-	}
-	const char *uri = NULL, *dir = NULL;
-	bool json = false, have_timeout = false;
-	uint64_t timeout_ms = 5000;
-	int c;
-	optind = 1;
-	while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'g':
-			uri = optarg;
-			break;
-		case 'j':
-			json = true;
-			break;
-		case 'd':
-			dir = optarg;
-			break;
-		case 't':
-			if (gf_parse_duration_ms(optarg, &timeout_ms) < 0) {
-				fprintf(stderr, "gfctl gms: --timeout: %s\n", gf_error_detail());
-				return GFCTL_EXIT_USAGE;
-			}
-			have_timeout = true;
-			break;
-		case 'h':
-			gms_usage(stdout);
-			return GFCTL_OK;
-		default:
-			gms_usage(stderr);
-			return GFCTL_EXIT_USAGE;
-		}
-	}
-	if (optind < argc - 1) {
-		fprintf(stderr, "gfctl gms: unexpected argument '%s'\n", argv[optind + 1]);
-		return GFCTL_EXIT_USAGE;
-	}
-	if (!uri) {
-		fprintf(stderr, "gfctl gms %s: --gms URI is required\n", cmd);
-		return GFCTL_EXIT_USAGE;
-	}
-	int rc;
-	if (!strcmp(cmd, "status")) {
-		char *text;
-		if ((rc = gf_gms_status_json(uri, (int64_t)timeout_ms, &text)) < 0)
-			return err_exit("status", rc);
-		if (json)
-			puts(text);
-		else
-			print_human(text);
-		free(text);
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "ping")) {
-		int64_t rtt;
-		if ((rc = gf_gms_ping(uri, (int64_t)timeout_ms, &rtt)) < 0)
-			return err_exit("ping", rc);
-		printf("ok rtt_us=%lld\n", (long long)rtt);
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "wait-committed")) {
-		uint64_t gen;
-		/* Without --timeout a startup probe waits as long as it is allowed to run. */
-		if ((rc = gf_gms_wait_committed(uri, have_timeout ? (int64_t)timeout_ms : -1, &gen)) < 0)
-			return err_exit("wait-committed", rc);
-		printf("committed generation=%llu\n", (unsigned long long)gen);
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "snapshot") || !strcmp(cmd, "restore")) {
-		bool snap = !strcmp(cmd, "snapshot");
-		/* Copies take as long as the bytes need: a minute unless told otherwise. */
-		int64_t t = have_timeout ? (int64_t)timeout_ms : 60000;
-		if ((rc = snap ? gf_gms_snapshot(uri, dir, t) : gf_gms_restore(uri, dir, t)) < 0)
-			return err_exit(cmd, rc);
-		printf("%s ok%s%s\n", snap ? "Checkpointed" : "Restored", dir ? " dir=" : "", dir ? dir : "");
-		return GFCTL_OK;
-	}
-	if (!strcmp(cmd, "tiers"))
-		return print_tiers(uri, (int64_t)timeout_ms, json);
-	fprintf(stderr, "gfctl gms: unknown command '%s'\n", cmd);
-	gms_usage(stderr);
-	return GFCTL_EXIT_USAGE;
-}
+#define GMS_OPT "  --gms URI              the GMS socket (unix:///path)\n"
+
+static const struct gfctl_cmd gms_cmds[] = {
+	{ "status", "--gms URI [--json] [--timeout DUR]",
+	  "Show state, generation, layout hash, allocations, readers, events.", NULL,
+	  GMS_OPT "  --json                 the status as one JSON object\n"
+		  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_status },
+	{ "ping", "--gms URI [--timeout DUR]", "Check that the GMS answers; print 'ok rtt_us=N'.", NULL,
+	  GMS_OPT "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_ping },
+	{ "wait-committed", "--gms URI [--timeout DUR]",
+	  "Wait for committed weights; print 'committed generation=N'.", NULL,
+	  GMS_OPT "  --timeout DUR          give up after DUR (default: wait forever)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_wait_committed },
+	{ "snapshot", "--gms URI [--dir DIR] [--timeout DUR]",
+	  "Snapshot the committed layout to DIR or the kept WARM and COLD tiers; wait until written.",
+	  "See docs/tiers.md. DIR is a path on the GMS's host.\n",
+	  GMS_OPT "  --dir DIR              where to write (default: the tiers given to gf-gmsd --warm/--cold)\n"
+		  "  --timeout DUR          how long to wait (default 60s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_snapshot_restore },
+	{ "restore", "--gms URI [--dir DIR] [--timeout DUR]",
+	  "Restore an EMPTY GMS from DIR or its best tier; every checksum is verified first.",
+	  "See docs/tiers.md. On any error the GMS stays EMPTY.\n",
+	  GMS_OPT "  --dir DIR              the snapshot (default: the best of the --warm/--cold tiers)\n"
+		  "  --timeout DUR          how long to wait (default 60s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_snapshot_restore },
+	{ "tiers", "--gms URI [--json] [--timeout DUR]",
+	  "Show the WARM and COLD tiers (present, bytes, generation, age) and the last snapshot or restore.", NULL,
+	  GMS_OPT "  --json                 state, generation, tiers and operation as one JSON object\n"
+		  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_tiers },
+	{ 0 },
+};
+
+const struct gfctl_group gfctl_gms_group = {
+	"gms", "The GPU Memory Service (gf-gmsd): status and probes.", gms_cmds,
+};

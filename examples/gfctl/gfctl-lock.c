@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gfctl lock: acquire (flock(1)-like), status, ping. */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,37 +18,14 @@
 #include "gfctl.h"
 #include "gpufailover.h"
 
-static void lock_usage(FILE *f)
-{
-	fputs("usage: gfctl lock acquire --lock URI --id ID [--timeout DUR] [--reconnect-timeout DUR]\n"
-	      "                          [--secret-file PATH] [--heartbeat DUR --fence DUR] [-- CMD ARGS...]\n"
-	      "       gfctl lock status  --lock URI [--json] [--timeout DUR] [--secret-file PATH]\n"
-	      "       gfctl lock ping    --lock URI [--timeout DUR] [--secret-file PATH]\n"
-	      "\n"
-	      "acquire prints 'granted id=ID epoch=N' once the lock is held, then holds it until\n"
-	      "killed (SIGTERM/SIGINT release it cleanly), or runs CMD while holding it and exits\n"
-	      "with CMD's status. Exit codes: 3 timeout, 4 lock lost, 5 unreachable, 6 refused.\n",
-	      f);
-}
-
 struct lock_opts {
 	const char *uri, *id, *secret_file;
 	int64_t timeout_ms, reconnect_ms, hb_ms, fence_ms;
 	int json;
+	uint64_t epoch;
 	char *secret;
 	size_t secret_len;
 };
-
-static int parse_dur(const char *opt, const char *text, int64_t *out)
-{
-	uint64_t ms;
-	if (gf_parse_duration_ms(text, &ms) < 0) {
-		fprintf(stderr, "gfctl lock: %s: %s\n", opt, gf_error_detail());
-		return -1;
-	}
-	*out = (int64_t)ms;
-	return 0;
-}
 
 static int load_secret(struct lock_opts *o)
 {
@@ -73,7 +52,7 @@ static int load_secret(struct lock_opts *o)
 /* Parses options up to "--"; returns the index of the first argument after it (or argc), -1 on error. */
 static int parse_opts(int argc, char **argv, struct lock_opts *o)
 {
-	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_HELP };
+	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH };
 	static const struct option opts[] = {
 		{ "lock", required_argument, NULL, O_LOCK },
 		{ "id", required_argument, NULL, O_ID },
@@ -83,12 +62,13 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 		{ "heartbeat", required_argument, NULL, O_HB },
 		{ "fence", required_argument, NULL, O_FENCE },
 		{ "json", no_argument, NULL, O_JSON },
-		{ "help", no_argument, NULL, O_HELP },
+		{ "epoch", required_argument, NULL, O_EPOCH },
 		{ 0 },
 	};
-	int opt;
+	int opt, rc = 0;
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+	opterr = 0; /* the message below names the command */
+	while (rc == 0 && (opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
 		switch (opt) {
 		case O_LOCK:
 			o->uri = optarg;
@@ -97,37 +77,45 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 			o->id = optarg;
 			break;
 		case O_TIMEOUT:
-			if (parse_dur("--timeout", optarg, &o->timeout_ms) < 0)
-				return -1;
+			rc = gfctl_duration("lock", "--timeout", optarg, &o->timeout_ms);
 			break;
 		case O_RECONNECT:
-			if (parse_dur("--reconnect-timeout", optarg, &o->reconnect_ms) < 0)
-				return -1;
+			rc = gfctl_duration("lock", "--reconnect-timeout", optarg, &o->reconnect_ms);
 			break;
 		case O_SECRET:
 			o->secret_file = optarg;
 			break;
 		case O_HB:
-			if (parse_dur("--heartbeat", optarg, &o->hb_ms) < 0)
-				return -1;
+			rc = gfctl_duration("lock", "--heartbeat", optarg, &o->hb_ms);
 			break;
 		case O_FENCE:
-			if (parse_dur("--fence", optarg, &o->fence_ms) < 0)
-				return -1;
+			rc = gfctl_duration("lock", "--fence", optarg, &o->fence_ms);
 			break;
 		case O_JSON:
 			o->json = 1;
 			break;
-		case O_HELP:
-			lock_usage(stdout);
-			exit(0);
+		case O_EPOCH: {
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-' || v == 0 || v > INT64_MAX) {
+				fprintf(stderr, "gfctl lock %s: --epoch: expected a grant's epoch (1..%lld), got '%s'\n",
+					argv[0], (long long)INT64_MAX, optarg);
+				return -1;
+			}
+			o->epoch = v;
+			break;
+		}
 		default:
-			lock_usage(stderr);
+			fprintf(stderr, "gfctl lock %s: unknown option or missing value: '%s' (see 'gfctl lock %s --help')\n",
+				argv[0], argv[optind - 1], argv[0]);
 			return -1;
 		}
 	}
+	if (rc < 0)
+		return -1;
 	if (!o->uri) {
-		fprintf(stderr, "gfctl lock: --lock URI is required\n");
+		fprintf(stderr, "gfctl lock %s: --lock URI is required\n", argv[0]);
 		return -1;
 	}
 	if (load_secret(o) < 0)
@@ -137,8 +125,7 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 
 static int fail(const char *what, int rc)
 {
-	fprintf(stderr, "gfctl lock %s: %s (%s)\n", what, gf_error_detail(), gf_error_name(rc) ? gf_error_name(rc) : "?");
-	return gfctl_exit_code(rc);
+	return gfctl_fail("lock", what, rc);
 }
 
 static int exit_status(int status)
@@ -148,6 +135,130 @@ static int exit_status(int status)
 	if (WIFSIGNALED(status))
 		return 128 + WTERMSIG(status);
 	return GFCTL_EXIT_FAILURE;
+}
+
+/* Step 1: a lock object configured from the options. */
+static int new_lock(struct lock_opts *o, gf_lock **out)
+{
+	int rc = gf_lock_new(out, o->uri, o->id);
+	if (rc < 0)
+		return rc;
+	if (o->reconnect_ms >= 0)
+		gf_lock_set_reconnect_timeout(*out, o->reconnect_ms);
+	if (o->secret)
+		gf_lock_set_secret(*out, o->secret, o->secret_len);
+	if (o->hb_ms > 0 || o->fence_ms > 0)
+		rc = gf_lock_set_lease(*out, o->hb_ms > 0 ? o->hb_ms : 1000, o->fence_ms > 0 ? o->fence_ms : 3000);
+	if (rc < 0) {
+		gf_lock_free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+/* An interactive CMD needs the terminal: when group @from has it in the
+ * foreground, hand it to group @to (else CMD would stop on SIGTTIN). */
+static void take_terminal(pid_t to, pid_t from)
+{
+	if (!isatty(STDIN_FILENO) || tcgetpgrp(STDIN_FILENO) != from)
+		return;
+	void (*old)(int) = signal(SIGTTOU, SIG_IGN);
+	tcsetpgrp(STDIN_FILENO, to);
+	signal(SIGTTOU, old);
+}
+
+/*
+ * The guard: gfctl's child, leader of a new process group in which CMD runs.
+ * It exists so CMD never outlives the lock: when gfctl dies, even by SIGKILL,
+ * the kernel sends the guard SIGTERM (PR_SET_PDEATHSIG) and the guard kills
+ * the whole group. Signals gfctl forwards to the group reach CMD, which
+ * handles them as it likes; the guard ignores them while gfctl lives. The
+ * guard exits with CMD's status (128+N when a signal N ended it).
+ */
+static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask)
+{
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	sigaddset(&mask, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	setpgid(0, 0);
+	prctl(PR_SET_PDEATHSIG, SIGTERM);
+	if (getppid() != gfctl_pid) /* gfctl died before the line above */
+		kill(0, SIGKILL);
+	take_terminal(getpid(), getpgid(gfctl_pid));
+	pid_t child = fork();
+	if (child < 0)
+		_exit(GFCTL_EXIT_FAILURE);
+	if (child == 0) {
+		sigprocmask(SIG_SETMASK, old_mask, NULL);
+		signal(SIGPIPE, SIG_DFL);
+		execvp(cmd[0], cmd);
+		fprintf(stderr, "gfctl lock acquire: exec %s: %s\n", cmd[0], strerror(errno));
+		_exit(127);
+	}
+	for (;;) {
+		siginfo_t si;
+		if (sigwaitinfo(&mask, &si) < 0)
+			continue;
+		if (si.si_signo != SIGCHLD) {
+			if (getppid() != gfctl_pid)
+				kill(0, SIGKILL);
+			continue;
+		}
+		int status;
+		if (waitpid(child, &status, WNOHANG) == child)
+			_exit(exit_status(status));
+	}
+}
+
+/* Step 3: start the guard (and CMD under it); the group id, or -1. */
+static pid_t start_command(char **cmd, const sigset_t *old_mask)
+{
+	pid_t self = getpid();
+	pid_t guard = fork();
+	if (guard < 0) {
+		perror("gfctl lock acquire: fork");
+		return -1;
+	}
+	if (guard == 0)
+		run_guard(cmd, self, old_mask);
+	setpgid(guard, guard); /* also here: no signal may find the group missing */
+	take_terminal(guard, getpgrp());
+	return guard;
+}
+
+/* Step 4: hold the lock until CMD ends (its status), a signal asks to stop
+ * (without CMD), or the lock is lost (GFCTL_EXIT_LOCK_LOST). */
+static int hold(gf_lock *lock, int sfd, pid_t group)
+{
+	for (;;) {
+		struct pollfd p[2] = { { .fd = gf_lock_get_fd(lock), .events = (short)gf_lock_get_events(lock) },
+				       { .fd = sfd, .events = POLLIN } };
+		int n = poll(p, 2, gf_lock_get_timeout_ms(lock));
+		if (n < 0 && errno != EINTR)
+			return GFCTL_EXIT_FAILURE;
+		struct signalfd_siginfo si;
+		while (n > 0 && (p[1].revents & POLLIN) && read(sfd, &si, sizeof(si)) == sizeof(si)) {
+			int status;
+			if (si.ssi_signo == SIGCHLD && group > 0 && waitpid(group, &status, WNOHANG) == group)
+				return exit_status(status);
+			if (si.ssi_signo != SIGCHLD && group > 0)
+				kill(-group, (int)si.ssi_signo);
+			else if (si.ssi_signo != SIGCHLD)
+				return GFCTL_OK;
+		}
+		if (gf_lock_process(lock) == GF_ERR_LOCK_LOST) {
+			fprintf(stderr, "gfctl lock acquire: %s\n", gf_error_detail());
+			if (group > 0) {
+				kill(-group, SIGTERM);
+				waitpid(group, NULL, 0);
+			}
+			return GFCTL_EXIT_LOCK_LOST;
+		}
+	}
 }
 
 static int cmd_acquire(struct lock_opts *o, char **cmd)
@@ -160,100 +271,43 @@ static int cmd_acquire(struct lock_opts *o, char **cmd)
 	gf_set_log_fn(gf_log_stderr, (void *)"gfctl");
 	gf_set_log_level(GF_LOG_WARN);
 	gf_lock *lock;
-	int rc = gf_lock_new(&lock, o->uri, o->id);
+	int rc = new_lock(o, &lock);
 	if (rc < 0)
 		return fail("acquire", rc);
-	if (o->reconnect_ms >= 0)
-		gf_lock_set_reconnect_timeout(lock, o->reconnect_ms);
-	if (o->secret)
-		gf_lock_set_secret(lock, o->secret, o->secret_len);
-	if (o->hb_ms > 0 || o->fence_ms > 0) {
-		if ((rc = gf_lock_set_lease(lock, o->hb_ms > 0 ? o->hb_ms : 1000, o->fence_ms > 0 ? o->fence_ms : 3000)) < 0)
-			return fail("acquire", rc);
-	}
-	/* Signals arrive through a signalfd; SIGTERM/SIGINT during the wait
-	 * abandon it (the default action would too, but this also covers a
-	 * handler-less parent that ignores them). */
+	/* Signals arrive through a signalfd once the lock is held; while
+	 * waiting they keep their default action, so a killed waiter just dies. */
 	sigset_t mask, old;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
 	sigaddset(&mask, SIGCHLD);
-	sigprocmask(SIG_BLOCK, &mask, &old);
+	sigprocmask(SIG_SETMASK, NULL, &old);
 	signal(SIGPIPE, SIG_IGN);
 	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 
+	/* Step 2: wait for the grant (--timeout 0: ask once). */
 	struct gf_lock_grant g;
-	/* Unblock termination while waiting so a killed waiter just dies. */
-	sigprocmask(SIG_SETMASK, &old, NULL);
 	rc = gf_lock_acquire(lock, o->timeout_ms, &g);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	if (rc < 0) {
 		int code = fail("acquire", rc);
 		gf_lock_free(lock);
+		close(sfd);
 		return code;
 	}
-	printf("granted id=%s epoch=%llu\n", o->id, (unsigned long long)g.epoch);
+	printf("granted id=%s epoch=%" PRIu64 "\n", o->id, g.epoch);
 	fflush(stdout);
 
-	pid_t child = -1;
-	if (cmd && cmd[0]) {
-		child = fork();
-		if (child < 0) {
-			perror("gfctl lock acquire: fork");
-			gf_lock_release(lock);
-			gf_lock_free(lock);
-			return GFCTL_EXIT_FAILURE;
-		}
-		if (child == 0) {
-			/* The lock's socket was closed in this child by the library's
-			 * atfork handler; CMD never holds the lock itself. */
-			sigprocmask(SIG_SETMASK, &old, NULL);
-			signal(SIGPIPE, SIG_DFL);
-			execvp(cmd[0], cmd);
-			fprintf(stderr, "gfctl lock acquire: exec %s: %s\n", cmd[0], strerror(errno));
-			_exit(127);
-		}
+	pid_t group = cmd && cmd[0] ? start_command(cmd, &old) : 0;
+	int code = group < 0 ? GFCTL_EXIT_FAILURE : hold(lock, sfd, group);
+	/* Whatever CMD left running in its group goes before the lock does. */
+	if (group > 0) {
+		kill(-group, SIGKILL);
+		take_terminal(getpgrp(), group);
 	}
-	int code = GFCTL_OK;
-	for (;;) {
-		struct pollfd p[2] = { { .fd = gf_lock_get_fd(lock), .events = (short)gf_lock_get_events(lock) },
-				       { .fd = sfd, .events = POLLIN } };
-		int n = poll(p, 2, gf_lock_get_timeout_ms(lock));
-		if (n < 0 && errno != EINTR)
-			break;
-		if (n > 0 && (p[1].revents & POLLIN)) {
-			struct signalfd_siginfo si;
-			bool done = false;
-			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
-				if (si.ssi_signo == SIGCHLD && child > 0) {
-					int status;
-					if (waitpid(child, &status, WNOHANG) == child) {
-						code = exit_status(status);
-						done = true;
-					}
-				} else if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-					if (child > 0)
-						kill(child, (int)si.ssi_signo);
-					else
-						done = true;
-				}
-			}
-			if (done) {
-				gf_lock_release(lock);
-				break;
-			}
-		}
-		if (gf_lock_process(lock) == GF_ERR_LOCK_LOST) {
-			fprintf(stderr, "gfctl lock acquire: %s\n", gf_error_detail());
-			if (child > 0) {
-				kill(child, SIGTERM);
-				waitpid(child, NULL, 0);
-			}
-			code = GFCTL_EXIT_LOCK_LOST;
-			break;
-		}
-	}
+	if (code != GFCTL_EXIT_LOCK_LOST)
+		gf_lock_release(lock);
 	gf_lock_free(lock);
 	close(sfd);
 	return code;
@@ -271,7 +325,7 @@ static int cmd_status(struct lock_opts *o)
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
 				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "connections",
-				       "fd_limit", "accept_paused", "refused_no_pidfd", "waiters" };
+				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters" };
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 			char pat[64];
 			snprintf(pat, sizeof(pat), "\"%s\":", keys[i]);
@@ -307,34 +361,105 @@ static int cmd_ping(struct lock_opts *o)
 	return GFCTL_OK;
 }
 
-int gfctl_lock(int argc, char **argv)
+static int cmd_revoke(struct lock_opts *o, char **extra)
 {
-	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		lock_usage(argc < 2 ? stderr : stdout);
-		return argc < 2 ? GFCTL_EXIT_USAGE : GFCTL_OK;
-	}
-	const char *sub = argv[1];
-	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
-	int rest = parse_opts(argc - 1, argv + 1, &o);
-	int code;
-	if (rest < 0)
+	(void)extra;
+	if (!o->epoch) {
+		fprintf(stderr, "gfctl lock revoke: --epoch N is required (the holder's epoch, from 'gfctl lock status')\n");
 		return GFCTL_EXIT_USAGE;
-	char **extra = argv + 1 + rest;
-	int nextra = argc - 1 - rest;
-	if (!strcmp(sub, "acquire")) {
-		code = cmd_acquire(&o, nextra > 0 ? extra : NULL);
-	} else if (nextra > 0) {
-		fprintf(stderr, "gfctl lock %s: unexpected argument '%s'\n", sub, extra[0]);
-		code = GFCTL_EXIT_USAGE;
-	} else if (!strcmp(sub, "status")) {
-		code = cmd_status(&o);
-	} else if (!strcmp(sub, "ping")) {
-		code = cmd_ping(&o);
-	} else {
-		fprintf(stderr, "gfctl lock: unknown command '%s'\n", sub);
-		lock_usage(stderr);
-		code = GFCTL_EXIT_USAGE;
 	}
+	int rc = gf_lock_revoke(o->uri, o->secret, o->secret_len, o->epoch, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc < 0)
+		return fail("revoke", rc);
+	printf("revoked epoch=%" PRIu64 "\n", o->epoch);
+	return GFCTL_OK;
+}
+
+static int run_lock_cmd(int argc, char **argv, int (*cmd)(struct lock_opts *, char **), int takes_cmd)
+{
+	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
+	int rest = parse_opts(argc, argv, &o);
+	int code = GFCTL_EXIT_USAGE;
+	if (rest < 0)
+		goto out;
+	if (rest < argc && !takes_cmd) {
+		fprintf(stderr, "gfctl lock %s: unexpected argument '%s'\n", argv[0], argv[rest]);
+		goto out;
+	}
+	code = cmd(&o, rest < argc ? argv + rest : NULL);
+out:
 	free(o.secret);
 	return code;
 }
+
+static int status_cmd(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	return cmd_status(o);
+}
+
+static int ping_cmd(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	return cmd_ping(o);
+}
+
+static int run_acquire(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_acquire, 1);
+}
+
+static int run_status(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, status_cmd, 0);
+}
+
+static int run_ping(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, ping_cmd, 0);
+}
+
+static int run_revoke(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_revoke, 0);
+}
+
+#define LOCK_OPT "  --lock URI             the lock server (unix:///path or tcp://host:port)\n"
+#define SECRET_OPT "  --secret-file PATH     the shared secret of a tcp:// server\n"
+
+static const struct gfctl_cmd lock_cmds[] = {
+	{ "acquire", "--lock URI --id ID [OPTIONS] [-- CMD [ARGS...]]",
+	  "Take the lock and hold it, or run CMD while holding it.",
+	  "Prints 'granted id=ID epoch=N' once held. Without CMD it holds the lock until\n"
+	  "SIGTERM/SIGINT/SIGHUP. With CMD it exits with CMD's status (128+N when signal N\n"
+	  "ended it). CMD never outlives the lock: it runs in its own process group, which is\n"
+	  "killed when gfctl dies (even by SIGKILL) or loses the lock, and whatever CMD leaves\n"
+	  "running there is killed before the lock is released. Signals sent to gfctl are\n"
+	  "passed to the group.",
+	  LOCK_OPT "  --id ID                this holder's id (shown in status)\n"
+		   "  --timeout DUR          give up after DUR (default: wait forever; 0: ask once)\n"
+		   "  --reconnect-timeout DUR  how long to keep trying an unreachable server\n" SECRET_OPT
+		   "  --heartbeat DUR --fence DUR  lease of a tcp:// connection\n",
+	  ", 3 timeout, 4 lock lost, 5 unreachable, 6 refused; with CMD: CMD's status", run_acquire },
+	{ "status", "--lock URI [--json] [--timeout DUR]", "Show the holder, epoch, waiters and reconnect window.", NULL,
+	  LOCK_OPT "  --json                 the status as one JSON object\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused", run_status },
+	{ "ping", "--lock URI [--timeout DUR]", "Check that the lock server answers a handshake; print 'ok'.", NULL,
+	  LOCK_OPT "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused", run_ping },
+	{ "revoke", "--lock URI --epoch N [--timeout DUR]",
+	  "Revoke the grant of epoch N: the next waiter is granted without waiting for the holder to exit.",
+	  "For a holder that will not die (a process in uninterruptible sleep keeps its\n"
+	  "socket). Only the current grant's epoch is revoked, so a late or repeated call\n"
+	  "changes nothing. Allowed for root or the server's own uid (unix), or with the\n"
+	  "shared secret (tcp). The revoked holder's later requests are refused.",
+	  LOCK_OPT "  --epoch N              the grant to revoke (see 'gfctl lock status')\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when N is not the current grant", run_revoke },
+	{ 0 },
+};
+
+const struct gfctl_group gfctl_lock_group = {
+	"lock", "The lock server (gf-lockd): take the lock, show and probe it.", lock_cmds,
+};

@@ -2,6 +2,9 @@
 #ifndef GFCTL_H
 #define GFCTL_H
 
+#include <stdint.h>
+#include <stdio.h>
+
 /* Exit codes shared by every gfctl command (documented in docs/operations.md). */
 enum {
 	GFCTL_OK = 0,
@@ -13,10 +16,34 @@ enum {
 	GFCTL_EXIT_PERMISSION = 6,  /* refused by the server */
 };
 
-/* argv[0] is the subcommand's name ("lock", "gms"). */
-int gfctl_lock(int argc, char **argv);
-int gfctl_gms(int argc, char **argv);
+/* One command: "gfctl GROUP NAME ARGS". run() gets argv[0] = NAME and the
+ * arguments after it; -h/--help never reaches it. */
+struct gfctl_cmd {
+	const char *name;
+	const char *args;        /* synopsis of the arguments */
+	const char *description; /* one line */
+	const char *details;     /* more text for --help, or NULL */
+	const char *options;     /* one option per line, indented */
+	const char *exits;       /* the exit codes this command uses besides 0, 1 and 2 */
+	int (*run)(int argc, char **argv);
+};
+
+/* A command group ("lock", "gms"): its commands, NULL-name terminated. */
+struct gfctl_group {
+	const char *name;
+	const char *description;
+	const struct gfctl_cmd *cmds;
+};
+
+extern const struct gfctl_group gfctl_lock_group;
+extern const struct gfctl_group gfctl_gms_group;
+extern const struct gfctl_group gfctl_supervise_group;
+
 /* Map a library error to the exit codes above. */
 int gfctl_exit_code(int err);
+/* Print "gfctl GROUP NAME: DETAIL (ERROR_NAME)" to stderr; returns the exit code for @err. */
+int gfctl_fail(const char *group, const char *name, int err);
+/* Parse a duration option; prints the reason and returns -1 when malformed. */
+int gfctl_duration(const char *group, const char *opt, const char *text, int64_t *out_ms);
 
 #endif

@@ -28,9 +28,17 @@ import gpufailover as gf
 
 TENSOR_ALIGN = 256
 CHUNK_LIMIT = 256 << 20
-DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F64": (np.float64, 8),
-          "I8": (np.int8, 1), "U8": (np.uint8, 1), "I16": (np.int16, 2), "I32": (np.int32, 4),
-          "I64": (np.int64, 8), "BOOL": (np.bool_, 1)}
+META_FILE_KEY = "__metadata__"  # the weights file's __metadata__, as gf-c-engine stores it
+META_VALUE_MAX = 1024  # the GMS's limit on one metadata value
+# The dtypes gf-c-engine loads, so either engine can follow the other:
+# safetensors name -> (numpy type or None where numpy has none, bytes per
+# item). Tensors have 0 (a scalar) to MAX_DIMS dimensions.
+DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2),
+          "F8_E4M3": (None, 1), "F8_E5M2": (None, 1), "F8_E8M0": (None, 1),
+          "I64": (np.int64, 8), "I32": (np.int32, 4), "I16": (np.int16, 2), "I8": (np.int8, 1),
+          "U64": (np.uint64, 8), "U32": (np.uint32, 4), "U16": (np.uint16, 2), "U8": (np.uint8, 1),
+          "BOOL": (np.bool_, 1), "C64": (np.complex64, 8)}
+MAX_DIMS = 16
 M64 = (1 << 64) - 1
 
 
@@ -68,40 +76,18 @@ def generate_weights(layers=4, dim=256):
 
 
 def read_safetensors(path):
-    """Tensors of a safetensors file in data order: [(name, dtype, shape, bytes)]."""
+    """Tensors of a safetensors file in data order, [(name, dtype, shape, bytes)],
+    and its __metadata__ (dict or None). The library's reader validates the
+    file, the same one gf-c-engine uses."""
     with open(path, "rb") as f:
         data = f.read()
-    if len(data) < 8:
-        raise ValueError(f"{path}: too short for a safetensors header")
-    (hlen,) = struct.unpack("<Q", data[:8])
-    if hlen > len(data) - 8 or hlen > 100 << 20:
-        raise ValueError(f"{path}: header length {hlen} exceeds the file")
     try:
-        header = json.loads(data[8:8 + hlen])
+        base, metadata, entries = gf.safetensors_header(data)
     except ValueError as e:
-        raise ValueError(f"{path}: header is not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: header is not a JSON object")
-    body = memoryview(data)[8 + hlen:]
-    tensors = []
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = t["dtype"], t["shape"], t["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: tensor {name!r}: needs dtype, shape and data_offsets") from None
-        if dtype not in DTYPES:
-            raise ValueError(f"{path}: tensor {name!r}: unknown dtype {dtype!r}")
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= len(body)):
-            raise ValueError(f"{path}: tensor {name!r}: data_offsets out of range")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"{path}: tensor {name!r}: bad shape")
-        if int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1] != end - begin:
-            raise ValueError(f"{path}: tensor {name!r}: shape does not match its byte size")
-        tensors.append((begin, name, dtype, shape, bytes(body[begin:end])))
-    tensors.sort()
-    return [(n, d, s, b) for _, n, d, s, b in tensors]
+        raise ValueError(f"{path}: {e}") from None
+    body = memoryview(data)
+    return [(name, dtype, list(shape), bytes(body[base + begin:base + end]))
+            for name, dtype, shape, begin, end in entries], metadata
 
 
 def write_safetensors(path, tensors):
@@ -121,8 +107,10 @@ def align(v):
     return (v + TENSOR_ALIGN - 1) & ~(TENSOR_ALIGN - 1)
 
 
-def load_into(gms, tensors):
-    """Pack tensors in order into as few allocations as fit, metadata as gf-c-engine writes it."""
+def load_into(gms, tensors, file_metadata=None):
+    """Pack tensors in order into as few allocations as fit, metadata as gf-c-engine writes it
+    (the file's __metadata__ under META_FILE_KEY on the first allocation)."""
+    first_alloc = None
     i = 0
     chunk = 0
     while i < len(tensors):
@@ -134,6 +122,8 @@ def load_into(gms, tensors):
             last_off, size, j = off, off + len(tensors[j][3]), j + 1
         size = max(size, last_off + 1)
         aid = gms.allocate(size, f"weights.{chunk}")
+        if first_alloc is None:
+            first_alloc = aid
         off = 0
         with memoryview(gms.buffer(alloc_id=aid)) as mv:
             for k in range(i, j):
@@ -146,6 +136,12 @@ def load_into(gms, tensors):
                 off += len(data)
         chunk += 1
         i = j
+    if file_metadata is not None:
+        value = json.dumps(file_metadata, separators=(",", ":"), sort_keys=True).encode()
+        if first_alloc is None or len(value) > META_VALUE_MAX:
+            log("metadata_skipped", bytes=len(value))
+        else:
+            gms.put_meta(META_FILE_KEY, first_alloc, 0, value)
     generation = gms.commit()
     log("weights_loaded", tensors=len(tensors), allocations=chunk, generation=generation)
 
@@ -157,6 +153,8 @@ class Model:
     def __init__(self, gms):
         table = []
         for key, meta in gms.metadata.items():
+            if key == META_FILE_KEY:
+                continue
             v = json.loads(meta["value"])
             table.append((v["index"], key, v["dtype"], v["shape"], v["nbytes"]))
         table.sort()
@@ -231,7 +229,7 @@ def main(argv=None):
     if not (0 <= a.port <= 65535):
         p.error("--port must be 0..65535")
     try:
-        tensors = read_safetensors(a.weights) if a.weights else generate_weights()
+        tensors, file_metadata = read_safetensors(a.weights) if a.weights else (generate_weights(), None)
     except (OSError, ValueError) as e:
         log("load_failed", msg=json.dumps(str(e)))
         return 1
@@ -245,7 +243,7 @@ def main(argv=None):
                     probe_port=a.probe_port, probe_address=a.probe_address)
     state = {"model": None}
     try:
-        eng.init_weights(load=lambda device, gms: load_into(gms, tensors))
+        eng.init_weights(load=lambda device, gms: load_into(gms, tensors, file_metadata))
         # Check the weights once while mapped, then let go of the views.
         Model(eng.gms(0))
         eng.sleep()

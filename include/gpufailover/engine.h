@@ -76,7 +76,8 @@ typedef int (*gf_engine_health_fn)(gf_engine *engine, void *userdata);
 /**
  * Loss policy: called once when the lock is lost for good (after the lock
  * client's reconnect attempts, @p err GF_ERR_LOCK_LOST) or a GMS connection
- * is lost while connected (@p err GF_ERR_GMS_LOST). The engine is already
+ * is lost while connected (@p err GF_ERR_GMS_LOST), or the startup deadline
+ * passed in Init (@p err GF_ERR_TIMEOUT). The engine is already
  * Dead when it runs. Runs on the watcher thread that noticed the loss, so it
  * must return (gf_engine_free() joins that thread) and must not free the
  * engine itself.
@@ -118,8 +119,9 @@ struct gf_engine_metrics {
 
 /**
  * New engine in state Init with defaults: role loader, backend GF_MEM_AUTO,
- * waking timeout 120s, remap timeout 30s, init timeout none, no private
- * memory, no probe server, loss policy gf_engine_default_loss().
+ * waking timeout 120s, remap timeout 30s, init timeout none, no startup
+ * deadline, no private memory (so no memory gate), no probe server, loss
+ * policy gf_engine_default_loss().
  * Caller frees with gf_engine_free().
  */
 GF_EXPORT int gf_engine_new(gf_engine **out);
@@ -149,6 +151,25 @@ GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms
 GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);
+/**
+ * Startup watchdog: if the engine is not in Standby @p ms after
+ * gf_engine_new(), it becomes Dead (cause "startup_deadline") and the loss
+ * policy runs with GF_ERR_TIMEOUT (the default policy ends the process, so
+ * the platform restarts it instead of waiting forever). Watched from
+ * gf_engine_init_weights() on, by a thread of the engine. <= 0: none
+ * (default). GF_ERR_INVALID_ARG when too large to be a time.
+ */
+GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *engine, int64_t ms);
+/**
+ * Memory gate: free bytes every device must have before the engine enters
+ * Waking (cuda: cuMemGetInfo; host: MemAvailable). After the lock is granted
+ * gf_engine_acquire() waits, up to the waking timeout, for that much to be
+ * free; if it never is, the engine becomes Dead (cause "memory_gate") and
+ * acquire returns GF_ERR_OUT_OF_MEMORY, instead of a wake that fails
+ * half-way. Default: the private bytes (gf_engine_set_private_bytes());
+ * memory a framework allocates itself at wake belongs here too. 0: no gate.
+ */
+GF_EXPORT int gf_engine_set_memory_need(gf_engine *engine, uint64_t bytes);
 /**
  * Built-in probe server address: @p address is a numeric IPv4 address
  * (NULL: 0.0.0.0), @p port 0 picks a free port, -1 disables (default).
@@ -202,11 +223,14 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *engine, gf_engine_load_fn load, 
 /** Sleep: unmap every GMS (addresses stay reserved) and enter Standby. Needs Init with weights. */
 GF_EXPORT int gf_engine_sleep(gf_engine *engine);
 /**
- * Block until the lock is granted (@p timeout_ms < 0: forever) and enter
- * Waking; installs the loss hook on the lock client and starts its watcher.
+ * Block until the lock is granted (@p timeout_ms < 0: forever), wait at the
+ * memory gate (gf_engine_set_memory_need()) and enter Waking; installs the
+ * loss hook on the lock client and starts its watcher.
  * Errors: GF_ERR_STATE (not Standby), GF_ERR_INVALID_ARG (no lock URI),
  * GF_ERR_INTERRUPTED (gf_engine_interrupt(); stays Standby), the lock
- * client's errors (stays Standby).
+ * client's errors (stays Standby), GF_ERR_OUT_OF_MEMORY (the gate did not
+ * open within the waking timeout; Dead, the caller exits and so releases
+ * the lock).
  */
 GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
 /**
@@ -249,7 +273,11 @@ GF_EXPORT int gf_engine_probe(gf_engine *engine, int probe);
 GF_EXPORT int gf_engine_metrics(const gf_engine *engine, struct gf_engine_metrics *out);
 /** The metrics as Prometheus text exposition. *text is malloc'd; free() it. */
 GF_EXPORT int gf_engine_metrics_text(const gf_engine *engine, char **text);
-/** The state as a JSON object (state, id, role, epoch, time in state, metrics). *json is malloc'd; free() it. */
+/**
+ * The state as a JSON object (state, id, role, epoch, time in state, metrics,
+ * dead_cause and dead_reason once Dead, memory gate, probe server figures).
+ * *json is malloc'd; free() it.
+ */
 GF_EXPORT int gf_engine_state_json(const gf_engine *engine, char **json);
 /** Fencing epoch of the grant (0 before acquire). */
 GF_EXPORT uint64_t gf_engine_epoch(const gf_engine *engine);

@@ -172,6 +172,34 @@ GF_EXPORT int gf_gms_start_watch(gf_gms *gms);
 /** Stop and join the watcher thread (no-op when not running). */
 GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
 
+/* ---- fault reporter ---- */
+/**
+ * Optional diagnosis for writes to read-only weights (frameworks such as
+ * torch ignore DLPack's read-only flag): installs, once per process, a
+ * SIGSEGV/SIGBUS handler (SA_SIGINFO) and records @p gms's current mappings
+ * (allocation ids, tags, addresses, metadata keys); calling it again for the
+ * same client refreshes them, for another client adds them. On a fault inside
+ * a recorded allocation the handler writes one line to stderr, e.g.
+ * `gpufailover: SIGSEGV: write to read-only GMS mapping at 0x...: allocation 1
+ * tag "weights.0" offset 0x100, key "layers.0.weight" +0x0 (...)`, with the
+ * key being the last metadata entry at or below the address. It then restores
+ * the previous handler and the fault repeats, so the process dies with the
+ * usual signal (or a previous handler, e.g. Python's faulthandler, runs).
+ * Faults elsewhere only pass through. The handler uses write(2) only.
+ * Addresses stay valid across unmap()/remap(); call
+ * gf_gms_fault_reporter_remove() before gf_gms_free(). Install and remove
+ * may run on any threads, but not during another call on @p gms (its tables
+ * are read). Does not block. Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_STATE (nothing mapped
+ * yet), GF_ERR_NOMEM, GF_ERR_IO (sigaction failed).
+ */
+GF_EXPORT int gf_gms_fault_reporter_install(gf_gms *gms);
+/**
+ * Forget @p gms's mappings (NULL: every client's). When none are left the
+ * previous SIGSEGV/SIGBUS handlers are restored (unless someone replaced
+ * ours since). Thread-safe; not to be called from a signal handler.
+ */
+GF_EXPORT void gf_gms_fault_reporter_remove(const gf_gms *gms);
+
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
 

@@ -59,18 +59,20 @@ typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void
 GF_EXPORT int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id);
 /** Close the connection (releasing a held lock) and free. Stops the watcher. NULL is a no-op. */
 GF_EXPORT void gf_lock_free(gf_lock *lock);
-/** How long to try reconnecting after the server is lost (default 12s: a bit longer than the server's default 10s reconnect window). */
+/** How long to try reconnecting after the server is lost (default 12s: a bit longer than the server's default 10s reconnect window; at most a year, GF_ERR_INVALID_ARG beyond). */
 GF_EXPORT int gf_lock_set_reconnect_timeout(gf_lock *lock, int64_t ms);
 /** Shared secret for TCP servers that require one (copied). */
 GF_EXPORT int gf_lock_set_secret(gf_lock *lock, const void *secret, size_t len);
-/** TCP lease: heartbeat interval and T_fence (report LOCK_LOST after this long without hearing the server). */
+/** TCP lease: heartbeat interval and T_fence (report LOCK_LOST after this long without hearing the server); 0 < heartbeat < fence <= a year, else GF_ERR_INVALID_ARG. */
 GF_EXPORT int gf_lock_set_lease(gf_lock *lock, int64_t heartbeat_ms, int64_t fence_ms);
 /** Install the lock-lost hook (NULL removes it). */
 GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
 
 /**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
- * passes (< 0: forever), or gf_lock_interrupt() is called. A waiter whose
+ * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most
+ * 1 s and GF_ERR_TIMEOUT at once when the lock is held), or
+ * gf_lock_interrupt() is called. A waiter whose
  * server restarts reconnects and keeps waiting. On success fills @p grant.
  * Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE (server not reachable within the
  * reconnect time), GF_ERR_INTERRUPTED (the wait was abandoned and the
@@ -120,6 +122,19 @@ GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
  */
 GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len,
 				  int64_t timeout_ms, char **json);
+/**
+ * Admin request: revoke the grant of @p epoch (the current holder's), so the
+ * server drops that holder without waiting for its process to exit and grants
+ * the next waiter a higher epoch. The revoked holder's later requests are
+ * refused; its lost hook fires when it notices. Used by the supervisor for a
+ * holder that will not die (uninterruptible sleep). Allowed for the server's
+ * admin uids (root and the server's own uid by default) on unix sockets, and
+ * for authenticated peers over TCP. Blocks up to @p timeout_ms.
+ * Errors: GF_ERR_STATE (@p epoch is not the current grant: nothing revoked),
+ * GF_ERR_PERMISSION, GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+			     int64_t timeout_ms);
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 
@@ -156,7 +171,7 @@ GF_EXPORT int gf_lockd_set_state_file(gf_lockd *d, const char *path);
 GF_EXPORT int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms);
 /**
  * How long to wait for a released unix holder's process to exit before
- * granting the next waiter anyway (default 10000). 0 disables the wait: the
+ * granting the next waiter anyway (default 10000; at most a year). 0 disables the wait: the
  * socket close alone releases (what a server without pidfds falls back to).
  */
 GF_EXPORT int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms);
@@ -173,7 +188,7 @@ GF_EXPORT int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len);
  * TCP lease: heartbeat interval and T_detect (re-grant after this long
  * without hearing the holder). Clients are told T_fence = T_detect / 2, so
  * the margin is T_detect / 2. GF_ERR_INVALID_ARG unless
- * detect_ms >= 3 * heartbeat_ms (defaults 1000 / 6000).
+ * detect_ms >= 3 * heartbeat_ms and detect_ms <= a year (defaults 1000 / 6000).
  */
 GF_EXPORT int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms);
 /** A connection that has not finished its handshake, or a frame it began, after @p ms is dropped (default 3000; 1..86400000). */

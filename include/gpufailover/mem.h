@@ -96,7 +96,7 @@ GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len);
 GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index);
 /** Allocation granularity: minimum and recommended (both powers of two). */
 GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended);
-/** Free and total device memory in bytes (host: MemAvailable / MemTotal). */
+/** Free and total device memory in bytes (host: MemAvailable / MemTotal; GF_MEM_HOST_AVAILABLE=bytes overrides the free figure). */
 GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
 /** Wait until all work queued on the device is done (cuCtxSynchronize; host: no-op). */
 GF_EXPORT int gf_mem_synchronize(gf_mem *m);
@@ -159,6 +159,25 @@ GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int acce
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
 /** Unmap everything and give the address range back. NULL is a no-op. */
 GF_EXPORT void gf_mem_va_free(gf_mem_va *va);
+
+/** One allocation mapped read-write in its own reservation (an engine's private, e.g. KV, memory). */
+typedef struct gf_mem_region gf_mem_region;
+/**
+ * Create, reserve and map read-write @p size bytes (rounded up to the
+ * granularity; gf_mem_region_size() tells the real size), all-or-nothing:
+ * on failure whatever the call made is undone and nothing stays allocated.
+ * The region borrows @p m, which must outlive it. Caller frees with
+ * gf_mem_region_free(). Errors: GF_ERR_INVALID_ARG (NULL, size 0),
+ * GF_ERR_OUT_OF_MEMORY (the device is full; worth retrying once memory is
+ * freed), GF_ERR_NOMEM, GF_ERR_DRIVER. Thread-safe as the backend is.
+ */
+GF_EXPORT int gf_mem_region_new(gf_mem_region **out, gf_mem *m, size_t size);
+/** Unmap, give the address range back and free the memory. NULL is a no-op. */
+GF_EXPORT void gf_mem_region_free(gf_mem_region *r);
+/** Start address of the region (a device pointer on cuda, a host pointer on host); 0 for NULL. */
+GF_EXPORT uint64_t gf_mem_region_addr(const gf_mem_region *r);
+/** Size of the region in bytes (granularity-rounded); 0 for NULL. */
+GF_EXPORT size_t gf_mem_region_size(const gf_mem_region *r);
 
 /** @} */
 

@@ -24,6 +24,10 @@ void gf_err_clear(void);
 void gf_log(int level, const char *component, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool gf_log_enabled(int level);
 
+/* The longest duration a setting or a peer may ask for (a year): its
+ * microseconds stay far from overflowing 64 bits when added to a clock. */
+#define GF_MAX_DURATION_MS (366LL * 86400 * 1000)
+
 /* CLOCK_MONOTONIC in microseconds. */
 int64_t gf_now_us(void);
 /* CLOCK_REALTIME in microseconds. */

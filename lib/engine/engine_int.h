@@ -1,58 +1,140 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internals of the engine component. The engine reaches the lock client, the
- * GMS client and the memory backend only through this table, so unit tests
- * can drive every transition with fakes (and a fake clock) and the real
- * bindings live in one file (engine_ops.c). */
+/* Internals of the engine component, shared by its files: the state
+ * machine and steps (engine.c), configuration (config.c), the loss policy
+ * (loss.c), metrics and status (report.c), the startup watchdog and memory
+ * gate (guards.c) and the probe server (engine_http.c). The engine calls the lock, GMS and memory APIs directly;
+ * the only seam is the clock, so tests can move time. */
 #ifndef GF_ENGINE_INT_H
 #define GF_ENGINE_INT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpufailover.h"
 
-struct gf_engine_ops {
+#define GF_ENGINE_MAX_DEVICES 16
+/* Backoff between private-memory OOM retries and memory gate polls: short
+ * at first (a dying process gives its memory back within milliseconds to
+ * seconds), capped so freed memory is noticed quickly. */
+#define OOM_BACKOFF_FIRST_MS 5
+#define OOM_BACKOFF_MAX_MS 100
+
+/* Time as the engine sees it: monotonic microseconds, and a sleep (OOM
+ * retry backoff). */
+struct gf_engine_clock {
 	int64_t (*now_us)(void);
-	/* Sleep up to @ms or until the engine is interrupted (OOM retry backoff). */
 	void (*sleep_ms)(int64_t ms);
-
-	int (*lock_new)(gf_lock **out, const char *uri, const char *engine_id);
-	void (*lock_free)(gf_lock *lock);
-	int (*lock_acquire)(gf_lock *lock, int64_t timeout_ms, struct gf_lock_grant *grant);
-	int (*lock_set_reconnect_timeout)(gf_lock *lock, int64_t ms);
-	void (*lock_set_lost_fn)(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
-	int (*lock_start_watch)(gf_lock *lock);
-	void (*lock_stop_watch)(gf_lock *lock);
-	void (*lock_interrupt)(gf_lock *lock);
-
-	int (*mem_open)(gf_mem **out, int kind, int device);
-	void (*mem_free)(gf_mem *m);
-	int (*mem_create)(gf_mem *m, size_t size, gf_mem_alloc **out);
-	int (*mem_alloc_free)(gf_mem_alloc *a);
-	size_t (*mem_alloc_size)(const gf_mem_alloc *a);
-	int (*mem_reserve)(gf_mem *m, size_t size, size_t align, gf_mem_va **out);
-	void (*mem_va_free)(gf_mem_va *va);
-	uint64_t (*mem_va_addr)(const gf_mem_va *va);
-	int (*mem_map)(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int access);
-	int (*mem_unmap_all)(gf_mem_va *va);
-	int (*mem_synchronize)(gf_mem *m);
-
-	int (*gms_connect)(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
-	void (*gms_free)(gf_gms *gms);
-	int (*gms_granted_mode)(const gf_gms *gms);
-	int (*gms_map_all)(gf_gms *gms);
-	int (*gms_unmap)(gf_gms *gms);
-	int (*gms_remap)(gf_gms *gms, int64_t timeout_ms);
-	void (*gms_set_lost_fn)(gf_gms *gms, gf_gms_lost_fn fn, void *userdata);
-	int (*gms_start_watch)(gf_gms *gms);
-	void (*gms_stop_watch)(gf_gms *gms);
 };
 
-/* A new engine using @ops (copied). gf_engine_new() is this with the real
- * clients; tests pass fakes. */
-int gf_engine_new_with_ops(gf_engine **out, const struct gf_engine_ops *ops);
+struct engine_dev {
+	char *uri;
+	gf_mem *mem;
+	gf_gms *gms;
+	bool mapped;   /* weights mapped (after init_weights, again after remap) */
+	bool watching; /* GMS watcher thread running */
+	gf_mem_region *priv;
+};
 
-/* The hooks the engine installs into the lock and GMS clients (exposed so
- * tests can check they reach the loss policy). */
+/* The failover duration histogram of one phase (report.c). */
+#define GF_ENGINE_HIST_PHASES 4
+#define GF_ENGINE_HIST_BUCKETS 17
+struct engine_hist {
+	uint64_t bucket[GF_ENGINE_HIST_BUCKETS]; /* cumulative, as Prometheus counts them */
+	uint64_t count;
+	int64_t sum_us;
+};
+
+struct gf_engine {
+	struct gf_engine_clock clock;
+
+	/* Guards state, timestamps, metrics and hooks, which probe and watcher
+	 * threads read. Configuration is written only in Init, by the thread
+	 * that drives the steps. */
+	pthread_mutex_t mu;
+	int state;
+	int64_t state_since_us;
+	int64_t waking_since_us;
+	int64_t acquire_start_us;
+	uint64_t transitions;
+	struct gf_engine_metrics m;
+	struct engine_hist hist[GF_ENGINE_HIST_PHASES];
+	int64_t created_us;
+	char dead_cause[32];   /* why the engine is Dead, a short word ("" before) */
+	char dead_reason[512]; /* and the full sentence */
+	bool gate_waiting;     /* holding the lock, waiting for free memory */
+	int64_t gate_us;       /* last acquire: grant until the memory gate opened; -1 before */
+	gf_engine_health_fn health;
+	void *health_ud;
+	gf_engine_loss_fn loss;
+	void *loss_ud;
+
+	char *lock_uri;
+	char *id;
+	int role;
+	int backend;
+	int64_t waking_timeout_ms;
+	int64_t remap_timeout_ms;
+	int64_t init_timeout_ms;
+	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
+	int64_t loss_grace_ms;
+	uint64_t private_bytes;
+	int64_t startup_deadline_ms; /* <= 0: none */
+	uint64_t memory_need;        /* free bytes per device the wake needs */
+	bool memory_need_set;        /* else the need is private_bytes */
+	char probe_addr[64];
+	int probe_port;
+	/* Set once by the stepping thread; reporting reads it from any thread. */
+	_Atomic(struct gf_engine_http *) http;
+
+	bool init_started; /* configuration is frozen from the first init_weights on */
+	bool weights_ready;
+	bool woken;
+	_Atomic(gf_lock *) lock;
+	bool lock_watching;
+	atomic_bool interrupted;
+	atomic_bool loss_called;
+	pthread_t watchdog;
+	bool watchdog_running;
+	atomic_bool watchdog_stop;
+
+	int ndev;
+	struct engine_dev dev[GF_ENGINE_MAX_DEVICES];
+};
+
+/* Inspection calls take a const engine; the mutex is not part of its
+ * logical state. */
+static inline pthread_mutex_t *gf_engine_mu(const gf_engine *e)
+{
+	return (pthread_mutex_t *)&e->mu;
+}
+
+/* Replace the clock (tests). Also restarts the time in the current state. */
+void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock);
+
+/* Enter Dead from any state (no-op when Dead already) for @cause (a short
+ * word shown in status and metrics) and @reason (a sentence). Any thread. */
+void gf_engine_die(gf_engine *e, const char *cause, const char *reason);
+
+/* A fatal condition noticed off the stepping thread: Dead for @cause, then
+ * the loss policy with @err and @reason, once per engine (loss.c). */
+void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason);
+
+/* guards.c: the startup watchdog, the memory gate and the real sleep. */
+void gf_engine_real_sleep_ms(int64_t ms);
+/* Start the startup watchdog thread if a deadline is set (once). */
+int gf_engine_start_watchdog(gf_engine *e);
+/* Free bytes every device must have before the engine enters Waking. */
+uint64_t gf_engine_memory_need(const gf_engine *e);
+/* With the lock granted: wait until every device has the memory need free,
+ * until @deadline_us; else Dead (cause memory_gate) and the error. */
+int gf_engine_memory_gate(gf_engine *e, int64_t deadline_us);
+
+/* Add the last takeover's phases to the histogram. Under e->mu. */
+void gf_engine_record_failover(gf_engine *e);
+
+/* The hooks the engine installs into the lock and GMS clients (loss.c). */
 void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *userdata);
 void gf_engine_gms_lost_hook(gf_gms *gms, int err, const char *detail, void *userdata);
 
@@ -66,5 +148,12 @@ struct gf_engine_http;
 int gf_engine_http_start(gf_engine *e, const char *address, int port, struct gf_engine_http **out);
 int gf_engine_http_port(const struct gf_engine_http *h);
 void gf_engine_http_stop(struct gf_engine_http *h);
+/* What the probe server did to protect itself (all zero when not running). */
+struct gf_engine_http_stats {
+	unsigned open;         /* connections open and not cut */
+	uint64_t cut_deadline; /* cut for not finishing a request within the deadline */
+	uint64_t cut_evicted;  /* cut, oldest first, to make room for a new one */
+};
+void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats *out);
 
 #endif

@@ -24,9 +24,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "mem_int.h"
+#include "client_session.h"
 #include "gms_internal.h"
 #include "wire.h"
 
@@ -164,7 +163,7 @@ static void close_conn(gf_gms *g)
 	g->granted = 0;
 }
 
-static int open_session(const char *uri_text, const struct gf_uri *u, int64_t deadline, int *out_fd,
+int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t deadline, int *out_fd,
 			struct gf_frame_reader *rd, size_t max_fds)
 {
 	int fd, rc;
@@ -190,7 +189,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	int rc = open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
+	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
 	memset(g->msg, 0, sizeof(*g->msg));
@@ -222,7 +221,9 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 			if (g->connected_has_hash)
 				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
 			g->generation = c->generation;
-			g->oom_retry_ms = c->oom_retry_ms > 0 ? c->oom_retry_ms : 0;
+			/* A server's word, bounded: a huge value would overflow the deadline below. */
+			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0
+					  : c->oom_retry_ms > GF_MAX_DURATION_MS ? GF_MAX_DURATION_MS : c->oom_retry_ms;
 		}
 	}
 	if (rc < 0) {
@@ -1032,199 +1033,4 @@ int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris, 
 	memcpy(out_array, tmp, n * sizeof(*tmp));
 	free(tmp);
 	return 0;
-}
-
-/* ---------------------------------------------------------------- status */
-
-/* One request on a session of its own; *m holds the reply (checked for errors and for @want). */
-static int one_shot(const char *uri, int64_t timeout_ms, gf_Msg *m, pb_size_t want)
-{
-	struct gf_uri u;
-	struct gf_frame_reader rd;
-	int fd, rc;
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	if (!uri)
-		return gf_err(GF_ERR_INVALID_ARG, "%s: URI is NULL", gf_msg_name(m));
-	if ((rc = gf_uri_parse(uri, &u)) < 0)
-		return rc;
-	if ((rc = open_session(uri, &u, deadline, &fd, &rd, 0)) < 0)
-		return rc;
-	m->seq = 1;
-	rc = gf_msg_send(fd, m, NULL, 0, deadline);
-	if (rc == 0)
-		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
-	if (rc == 0 && (rc = gf_msg_error_code(m)) == 0 && m->which_body != want)
-		rc = gf_err(GF_ERR_PROTOCOL, "expected another reply, got %s", gf_msg_name(m));
-	gf_frame_reader_clear(&rd);
-	gf_close(fd);
-	return rc;
-}
-
-static int tier_request(const char *uri, const char *dir, int64_t timeout_ms, bool snapshot)
-{
-	if (dir && strlen(dir) >= sizeof(((gf_GmsSnapshot *)0)->dir))
-		return gf_err(GF_ERR_INVALID_ARG, "%s: directory path longer than %zu bytes", snapshot ? "snapshot" : "restore",
-			      sizeof(((gf_GmsSnapshot *)0)->dir) - 1);
-	gf_Msg *m = gf_msg_new();
-	if (!m)
-		return gf_err(GF_ERR_NOMEM, "out of memory");
-	if (snapshot) {
-		m->which_body = gf_Msg_gms_snapshot_tag;
-		snprintf(m->body.gms_snapshot.dir, sizeof(m->body.gms_snapshot.dir), "%s", dir ? dir : "");
-	} else {
-		m->which_body = gf_Msg_gms_restore_tag;
-		snprintf(m->body.gms_restore.dir, sizeof(m->body.gms_restore.dir), "%s", dir ? dir : "");
-	}
-	int rc = one_shot(uri, timeout_ms, m, gf_Msg_ok_tag);
-	gf_msg_free(m);
-	return rc;
-}
-
-int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_ms)
-{
-	return tier_request(uri, dir, timeout_ms, true);
-}
-
-int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms)
-{
-	return tier_request(uri, dir, timeout_ms, false);
-}
-
-static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
-{
-	struct gf_uri u;
-	struct gf_frame_reader rd;
-	int fd, rc;
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	if (!uri)
-		return gf_err(GF_ERR_INVALID_ARG, "status: URI is NULL");
-	if ((rc = gf_uri_parse(uri, &u)) < 0)
-		return rc;
-	if ((rc = open_session(uri, &u, deadline, &fd, &rd, 0)) < 0)
-		return rc;
-	memset(m, 0, sizeof(*m));
-	m->seq = 1;
-	m->which_body = gf_Msg_gms_status_request_tag;
-	rc = gf_msg_send(fd, m, NULL, 0, deadline);
-	if (rc == 0)
-		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
-	if (rc == 0 && (rc = gf_msg_error_code(m)) == 0 && m->which_body != gf_Msg_gms_status_tag)
-		rc = gf_err(GF_ERR_PROTOCOL, "status: expected gms_status, got %s", gf_msg_name(m));
-	gf_frame_reader_clear(&rd);
-	gf_close(fd);
-	return rc;
-}
-
-int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
-{
-	if (!json)
-		return gf_err(GF_ERR_INVALID_ARG, "status_json: json is NULL");
-	gf_Msg *m = gf_msg_new();
-	if (!m)
-		return gf_err(GF_ERR_NOMEM, "status: out of memory");
-	int rc = fetch_status(uri, timeout_ms, m);
-	if (rc < 0) {
-		gf_msg_free(m);
-		return rc;
-	}
-	const gf_GmsStatus *s = &m->body.gms_status;
-	char hex[33] = "";
-	if (s->layout_hash.size == 16)
-		gf_hex(s->layout_hash.bytes, 16, hex);
-	json_t *o = json_pack("{s:s, s:I, s:s, s:i, s:i, s:b, s:i, s:I, s:i, s:s, s:i, s:s, s:I}", "state",
-			      gf_gms_state_name(s->state), "generation", (json_int_t)s->generation, "layout_hash", hex,
-			      "readers", (int)s->readers, "waiters", (int)s->waiters, "writer", (int)s->writer,
-			      "allocation_count", (int)s->allocation_count, "allocation_bytes",
-			      (json_int_t)s->allocation_bytes, "metadata_count", (int)s->metadata_count, "backend",
-			      s->backend, "device", (int)s->device, "device_uuid", s->device_uuid, "uptime_ms",
-			      (json_int_t)s->uptime_ms);
-	if (o) {
-		json_object_set_new(o, "connections", json_integer(s->connections));
-		json_object_set_new(o, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
-		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));
-	}
-	json_t *evs = json_array();
-	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)
-		json_array_append_new(evs, json_pack("{s:I, s:s}", "at_us", (json_int_t)s->events[i].at_us, "what",
-						     s->events[i].what));
-	json_t *tiers = json_object();
-	for (pb_size_t i = 0; o && tiers && i < s->tiers_count; i++) {
-		const gf_GmsTier *t = &s->tiers[i];
-		json_object_set_new(tiers, t->name,
-				    json_pack("{s:s, s:b, s:I, s:I, s:I, s:f, s:s}", "dir", t->dir, "present", (int)t->present,
-					      "bytes", (json_int_t)t->bytes, "allocations", (json_int_t)t->allocations,
-					      "generation", (json_int_t)t->generation, "age_seconds", t->age_seconds,
-					      "error", t->error));
-	}
-	if (o && tiers) {
-		json_object_set_new(o, "tiers", tiers);
-		tiers = NULL;
-		const gf_GmsOperation *op = &s->operation;
-		json_object_set_new(o, "operation",
-				    s->has_operation
-					    ? json_pack("{s:s, s:s, s:s, s:I, s:f}", "kind", op->kind, "phase", op->phase,
-							"reason", op->reason, "bytes", (json_int_t)op->bytes, "seconds",
-							op->seconds)
-					    : json_null());
-	}
-	json_decref(tiers);
-	char *text = NULL;
-	if (o && evs) {
-		json_object_set_new(o, "events", evs);
-		evs = NULL;
-		text = json_dumps(o, JSON_COMPACT);
-	}
-	json_decref(evs);
-	json_decref(o);
-	gf_msg_free(m);
-	if (!text)
-		return gf_err(GF_ERR_NOMEM, "status: JSON encoding failed");
-	*json = text;
-	return 0;
-}
-
-int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us)
-{
-	gf_Msg *m = gf_msg_new();
-	if (!m)
-		return gf_err(GF_ERR_NOMEM, "ping: out of memory");
-	int64_t t0 = gf_now_us();
-	int rc = fetch_status(uri, timeout_ms, m);
-	gf_msg_free(m);
-	if (rc == 0 && rtt_us)
-		*rtt_us = gf_now_us() - t0;
-	return rc;
-}
-
-int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation)
-{
-	gf_Msg *m = gf_msg_new();
-	if (!m)
-		return gf_err(GF_ERR_NOMEM, "wait_committed: out of memory");
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int rc;
-	for (;;) {
-		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
-		if (left == 0 || (left < 0 && deadline != INT64_MAX)) {
-			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
-			break;
-		}
-		rc = fetch_status(uri, left < 0 || left > 1000 ? 1000 : left, m);
-		if (rc == 0 && (m->body.gms_status.state == gf_GmsState_GMS_STATE_COMMITTED ||
-				m->body.gms_status.state == gf_GmsState_GMS_STATE_RO)) {
-			if (generation)
-				*generation = m->body.gms_status.generation;
-			break;
-		}
-		if (rc == GF_ERR_PERMISSION || rc == GF_ERR_PROTOCOL || rc == GF_ERR_VERSION ||
-		    rc == GF_ERR_INVALID_ARG)
-			break;
-		if (gf_now_us() + 50000 >= deadline) {
-			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
-			break;
-		}
-		usleep(50000);
-	}
-	gf_msg_free(m);
-	return rc;
 }

@@ -1241,14 +1241,12 @@ int gf_gmsd_set_backend(gf_gmsd *d, int kind)
 	return 0;
 }
 
-/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
-#define MAX_MS (366LL * 86400 * 1000)
 
 int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms)
 {
 	NOT_STARTED(d);
-	if (ms < 0 || ms > MAX_MS)
-		return gf_err(GF_ERR_INVALID_ARG, "oom retry %lldms outside 0..%lldms", (long long)ms, (long long)MAX_MS);
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "oom retry %lldms outside 0..%lldms", (long long)ms, (long long)GF_MAX_DURATION_MS);
 	d->oom_retry_ms = ms;
 	return 0;
 }

@@ -132,7 +132,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	l->hb_ms = 1000;
 	l->fence_ms = 3000;
 	gf_frame_reader_init(&l->rd, 0);
-	l->rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 	pthread_once(&atfork_once, register_atfork);
 	pthread_mutex_lock(&list_mu);
 	l->lnext = all_locks;
@@ -150,7 +150,7 @@ static void drop_conn(gf_lock *l)
 	l->fd = -1;
 	gf_frame_reader_clear(&l->rd);
 	gf_frame_reader_init(&l->rd, 0);
-	l->rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 }
 
 void gf_lock_free(gf_lock *l)
@@ -180,8 +180,8 @@ void gf_lock_free(gf_lock *l)
 
 int gf_lock_set_reconnect_timeout(gf_lock *l, int64_t ms)
 {
-	if (!l || ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: bad reconnect timeout");
+	if (!l || ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: reconnect timeout outside 0..a year");
 	pthread_mutex_lock(&l->mu);
 	l->reconnect_ms = ms;
 	pthread_mutex_unlock(&l->mu);
@@ -206,8 +206,8 @@ int gf_lock_set_secret(gf_lock *l, const void *secret, size_t len)
 
 int gf_lock_set_lease(gf_lock *l, int64_t heartbeat_ms, int64_t fence_ms)
 {
-	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence");
+	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms || fence_ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence <= a year");
 	pthread_mutex_lock(&l->mu);
 	l->hb_ms = heartbeat_ms;
 	l->fence_ms = fence_ms;
@@ -249,7 +249,7 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	}
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, 0);
-	rd.max_body = GF_LOCK_MAX_FRAME;
+	gf_frame_reader_set_max_body(&rd, GF_LOCK_MAX_FRAME);
 	rc = gf_handshake_client(fd, &rd, gf_Component_COMPONENT_LOCK, l->id, l->secret, l->secret_len, deadline,
 				 NULL);
 	if (rc < 0) {
@@ -333,13 +333,18 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 	if (st == C_WAITING)
 		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", l->id);
 	atomic_store(&l->state, C_WAITING);
-	const int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	/* 0 means ask once: one connection attempt, and the server answers the
+	 * acquire at once (granted, or timed out when the lock is held). */
+	const bool once = timeout_ms == 0;
+	const int64_t deadline = once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
 	int64_t unreachable_since = -1; /* when the server was last lost */
 	int rc;
 	for (;;) {
 		int64_t now = gf_now_us();
 		if (now >= deadline) {
-			rc = gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id, (long long)timeout_ms);
+			rc = once ? gf_err(GF_ERR_TIMEOUT, "lock %s: no answer to a single try within %dms", l->id,
+					   ATTEMPT_US / 1000)
+				  : gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id, (long long)timeout_ms);
 			break;
 		}
 		if (l->fd < 0) {
@@ -354,7 +359,9 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 				break;
 			if (rc == 0) {
 				int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
-				rc = send_acquire(l, left < 0 && deadline != INT64_MAX ? 0 : left, false,
+				if (once || (left < 0 && deadline != INT64_MAX))
+					left = 0;
+				rc = send_acquire(l, left, false,
 						  gf_now_us() + ATTEMPT_US);
 				if (rc == 0) {
 					unreachable_since = -1;
@@ -408,14 +415,10 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 		bool granted = false, lost_conn = false;
 		rc = 0;
 		for (;;) {
-			int r = gf_frame_reader_feed(&l->rd, l->fd);
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
 			if (r == GF_ERR_AGAIN)
 				break;
 			if (r < 0) {
-				lost_conn = true;
-				break;
-			}
-			if (gf_msg_decode(l->rd.body, l->rd.msg_len, l->msg) < 0) {
 				lost_conn = true;
 				break;
 			}
@@ -533,10 +536,10 @@ int gf_lock_process(gf_lock *l)
 			goto out;
 		}
 		for (;;) {
-			int r = gf_frame_reader_feed(&l->rd, l->fd);
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
 			if (r == GF_ERR_AGAIN)
 				break;
-			if (r < 0 || gf_msg_decode(l->rd.body, l->rd.msg_len, l->msg) < 0) {
+			if (r < 0) {
 				start_reconnect(l, r == GF_ERR_CLOSED ? "connection closed" : gf_error_detail());
 				break;
 			}
@@ -722,6 +725,8 @@ void gf_lock_stop_watch(gf_lock *l)
 static int oneshot(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, int *fd_out,
 		   struct gf_frame_reader *rd)
 {
+	/* -1 on every error path, so callers never see an unset fd. */
+	*fd_out = -1;
 	struct gf_uri u;
 	int rc = gf_uri_parse(uri, &u);
 	if (rc < 0)
@@ -783,6 +788,40 @@ int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, 
 		}
 		if (m->which_body != gf_Msg_heartbeat_tag)
 			rc = gf_err(GF_ERR_PROTOCOL, "status: unexpected reply %s", gf_msg_name(m));
+	}
+out:
+	gf_msg_free(m);
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}
+
+int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	struct gf_frame_reader rd;
+	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
+	if (rc < 0)
+		return rc;
+	gf_Msg *m = gf_msg_new();
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	if (!m) {
+		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
+		goto out;
+	}
+	m->seq = 1;
+	m->which_body = gf_Msg_lock_revoke_tag;
+	m->body.lock_revoke.epoch = epoch;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	while (rc == 0) {
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
+			break;
+		if (m->which_body == gf_Msg_ok_tag)
+			break;
+		if (m->which_body != gf_Msg_heartbeat_tag)
+			rc = gf_err(GF_ERR_PROTOCOL, "revoke: unexpected reply %s", gf_msg_name(m));
 	}
 out:
 	gf_msg_free(m);

@@ -54,7 +54,7 @@ int gf_lock_state_open_dir(const char *path, int *dirfd, char **name, char **tmp
  * fdatasync, rename to @name, fsync of @dirfd. */
 int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, const struct gf_lock_state *st);
 
-/* A LockStatus message as a JSON object (malloc'd text). */
+/* A LockStatus message as a JSON object (malloc'd text); status_json.c. */
 int gf_lock_status_to_json(const gf_LockStatus *s, char **json);
 
 #endif

@@ -191,8 +191,6 @@ void gf_lockd_free(gf_lockd *d)
 			return gf_err(GF_ERR_STATE, "lockd: configure before gf_lockd_start()"); \
 	} while (0)
 
-/* Longest duration a setter takes (a year): its microseconds stay far from overflowing. */
-#define MAX_MS (366LL * 86400 * 1000)
 
 int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
@@ -216,9 +214,9 @@ int gf_lockd_set_state_file(gf_lockd *d, const char *path)
 int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: reconnect window %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->reconnect_window_ms = ms;
 	return 0;
 }
@@ -226,9 +224,9 @@ int gf_lockd_set_reconnect_window(gf_lockd *d, int64_t ms)
 int gf_lockd_set_exit_wait_timeout(gf_lockd *d, int64_t ms)
 {
 	CHECK_CONFIG(d);
-	if (ms < 0 || ms > MAX_MS)
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: exit-wait timeout %lldms outside 0..%lldms", (long long)ms,
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	d->exit_wait_ms = ms;
 	return 0;
 }
@@ -248,9 +246,9 @@ int gf_lockd_set_secret(gf_lockd *d, const void *secret, size_t len)
 int gf_lockd_set_lease(gf_lockd *d, int64_t heartbeat_ms, int64_t detect_ms)
 {
 	CHECK_CONFIG(d);
-	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > MAX_MS)
+	if (heartbeat_ms <= 0 || detect_ms <= 0 || detect_ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: heartbeat and detect timeout must be 1ms..%lldms",
-			      (long long)MAX_MS);
+			      (long long)GF_MAX_DURATION_MS);
 	/* T_fence = T_detect/2 must still leave room for a heartbeat to arrive
 	 * (T_fence >= 1.5 heartbeats), and the margin T_detect - T_fence covers
 	 * one lost heartbeat plus scheduling delays. */
@@ -603,6 +601,7 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->fd_limit = st.fd_limit;
 	s->refused_no_pidfd = st.refused_no_pidfd;
 	s->accept_paused = st.accept_paused;
+	s->refused_auth_rate = st.refused_auth_rate;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -697,7 +696,14 @@ static void settle(void *ctx)
 			gf_srv_close(d->srv, c->peer, "waiter's process exited");
 			continue;
 		}
-		if (grant(d, c, false) < 0)
+		int grc = grant(d, c, false);
+		if (grc == GF_ERR_STATE) {
+			/* No epoch left: waiting would be forever, say so now. */
+			waiter_unlink(d, c);
+			reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
+			continue;
+		}
+		if (grc < 0)
 			break; /* store() wrote the pending release line */
 	}
 	flush_release_log(d);
@@ -823,6 +829,48 @@ static bool heartbeat_ok(gf_lockd *d, struct conn *c)
 	return c->hb_credit-- > 0;
 }
 
+/*
+ * An admin drops the grant of @epoch: the holder will not die (uninterruptible
+ * sleep keeps its process and socket) or its socket outlived it. Naming the
+ * epoch makes a late or repeated request harmless: it revokes nothing once
+ * the next waiter holds the lock.
+ */
+static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	/* TCP peers proved the shared secret in the handshake; on unix sockets
+	 * only root and the server's own uid may revoke, not every allowed engine. */
+	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
+		return;
+	}
+	if (d->holder && d->epoch == epoch) {
+		struct conn *h = d->holder;
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked\" id=%s epoch=%llu pid=%u by=%s", h->peer->id,
+		       (unsigned long long)epoch, h->peer->pid, p->id);
+		/* No exit wait: the process is presumed unkillable, which is why
+		 * it is revoked. Closing its connection makes any later request
+		 * of it fail, and its reclaim is refused (new token, no window). */
+		holder_gone(d, h, "revoked", false);
+		gf_srv_close(d->srv, h->peer, "revoked");
+	} else if (!d->holder && d->exit_pidfd >= 0 && d->epoch == epoch) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
+		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
+		end_exit_wait(d, "revoked during the exit wait");
+	} else {
+		snprintf(det, sizeof(det), "revoke: epoch %llu is not the current grant (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	reply(d, c, d->msg);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -855,6 +903,9 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		d->msg->which_body = gf_Msg_lock_status_tag;
 		fill_status(d, &d->msg->body.lock_status);
 		reply(d, c, d->msg);
+		return;
+	case gf_Msg_lock_revoke_tag:
+		handle_revoke(d, c, m->body.lock_revoke.epoch);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {

@@ -37,6 +37,11 @@ void gf_frame_reader_init(struct gf_frame_reader *r, size_t max_fds)
 	r->max_fds = max_fds > GF_MSG_MAX_FDS ? GF_MSG_MAX_FDS : max_fds;
 }
 
+void gf_frame_reader_set_max_body(struct gf_frame_reader *r, size_t max)
+{
+	r->max_body = max && max < GF_FRAME_MAX_BODY ? max : GF_FRAME_MAX_BODY;
+}
+
 static void reset_frame(struct gf_frame_reader *r)
 {
 	r->hdr_got = 0;

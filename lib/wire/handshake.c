@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -28,6 +29,26 @@ int gf_auth_mac(const uint8_t *secret, size_t secret_len, const uint8_t *challen
 	if (!HMAC(EVP_sha256(), secret, (int)secret_len, challenge, challenge_len, mac, &len) || len != 32)
 		return gf_err(GF_ERR_IO, "HMAC-SHA256 failed");
 	return 0;
+}
+
+int gf_auth_server_proof(const uint8_t *secret, size_t secret_len, const uint8_t *challenge, size_t challenge_len,
+			 uint8_t proof[32])
+{
+	/* A different message from the client's MAC, so neither side's answer can be replayed as the other's. */
+	static const char label[] = "gf-server-proof:";
+	uint8_t buf[sizeof(label) - 1 + 64];
+	if (challenge_len > 64)
+		return gf_err(GF_ERR_INVALID_ARG, "server proof: challenge longer than 64 bytes");
+	memcpy(buf, label, sizeof(label) - 1);
+	memcpy(buf + sizeof(label) - 1, challenge, challenge_len);
+	return gf_auth_mac(secret, secret_len, buf, sizeof(label) - 1 + challenge_len, proof);
+}
+
+static bool is_tcp_socket(int fd)
+{
+	int domain = 0;
+	socklen_t len = sizeof(domain);
+	return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && (domain == AF_INET || domain == AF_INET6);
 }
 
 bool gf_auth_verify(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
@@ -80,6 +101,15 @@ int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component componen
 	m->body.hello.component = component;
 	m->body.hello.pid = (uint32_t)getpid();
 	snprintf(m->body.hello.peer_id, sizeof(m->body.hello.peer_id), "%s", peer_id ? peer_id : "");
+	/* Over TCP, a secret is only worth something if the server proves it knows it too. */
+	bool want_proof = secret && secret_len > 0 && is_tcp_socket(fd);
+	uint8_t nonce[32];
+	if (want_proof) {
+		if ((rc = gf_random_bytes(nonce, sizeof(nonce))) < 0)
+			goto out;
+		memcpy(m->body.hello.challenge.bytes, nonce, sizeof(nonce));
+		m->body.hello.challenge.size = sizeof(nonce);
+	}
 	rc = gf_msg_send(fd, m, NULL, 0, deadline_us);
 	if (rc < 0)
 		goto out;
@@ -97,6 +127,16 @@ int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component componen
 		goto out;
 	}
 	gf_Welcome welcome = m->body.welcome;
+	if (want_proof) {
+		uint8_t want[32];
+		if ((rc = gf_auth_server_proof(secret, secret_len, nonce, sizeof(nonce), want)) < 0)
+			goto out;
+		if (welcome.challenge.size == 0 || welcome.proof.size != sizeof(want) ||
+		    CRYPTO_memcmp(want, welcome.proof.bytes, sizeof(want)) != 0) {
+			rc = gf_err(GF_ERR_PERMISSION, "handshake: the server did not prove it knows the shared secret");
+			goto out;
+		}
+	}
 	if (welcome.challenge.size > 0) {
 		if (!secret || secret_len == 0) {
 			rc = gf_err(GF_ERR_PERMISSION, "handshake: the server requires a shared secret");

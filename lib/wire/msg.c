@@ -73,13 +73,10 @@ int gf_msg_send(int fd, const gf_Msg *m, const int *fds, size_t nfds, int64_t de
 	return rc;
 }
 
-int gf_msg_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t *nfds,
-		int64_t deadline_us)
+/* Decode the message @r holds and hand over its fds (or refuse them). */
+static int take_msg(struct gf_frame_reader *r, gf_Msg *m, int **fds, size_t *nfds)
 {
-	int rc = gf_frame_recv(r, fd, deadline_us);
-	if (rc < 0)
-		return rc;
-	rc = gf_msg_decode(r->body, r->msg_len, m);
+	int rc = gf_msg_decode(r->body, r->msg_len, m);
 	if (rc == 0 && !fds && r->nfds)
 		rc = gf_err(GF_ERR_PROTOCOL, "message %s carries %zu unexpected fds", gf_msg_name(m),
 			    r->nfds);
@@ -91,6 +88,22 @@ int gf_msg_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t 
 	if (fds)
 		gf_frame_reader_take_fds(r, fds, nfds);
 	return 0;
+}
+
+int gf_msg_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t *nfds,
+		int64_t deadline_us)
+{
+	int rc = gf_frame_recv(r, fd, deadline_us);
+	return rc < 0 ? rc : take_msg(r, m, fds, nfds);
+}
+
+int gf_msg_try_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t *nfds)
+{
+	int rc = gf_frame_reader_feed(r, fd);
+	if (rc < 0)
+		return rc;
+	rc = take_msg(r, m, fds, nfds);
+	return rc < 0 ? rc : 1;
 }
 
 int gf_msg_error_code(const gf_Msg *m)

@@ -42,6 +42,8 @@ _Static_assert(GF_FIELD_SIZE(gf_LockStatus, previous_holder) == GF_LIMIT_ID, "gf
 _Static_assert(GF_FIELD_SIZE(gf_Welcome, server_id) == GF_LIMIT_SERVER_ID, "gf.Welcome.server_id");
 _Static_assert(GF_BYTES_SIZE(gf_Welcome, challenge) == GF_LIMIT_CHALLENGE, "gf.Welcome.challenge");
 _Static_assert(GF_BYTES_SIZE(gf_Auth, mac) == GF_LIMIT_CHALLENGE, "gf.Auth.mac");
+_Static_assert(GF_BYTES_SIZE(gf_Hello, challenge) == GF_LIMIT_CHALLENGE, "gf.Hello.challenge");
+_Static_assert(GF_BYTES_SIZE(gf_Welcome, proof) == GF_LIMIT_CHALLENGE, "gf.Welcome.proof");
 _Static_assert(GF_FIELD_SIZE(gf_Error, detail) == GF_LIMIT_ERROR_DETAIL, "gf.Error.detail");
 _Static_assert(GF_BYTES_SIZE(gf_LockAcquire, session_token) == GF_LIMIT_TOKEN, "gf.LockAcquire.session_token");
 _Static_assert(GF_BYTES_SIZE(gf_LockGranted, session_token) == GF_LIMIT_TOKEN, "gf.LockGranted.session_token");

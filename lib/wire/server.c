@@ -22,12 +22,28 @@
 #endif
 
 enum kind { K_STOP = 1, K_LISTEN, K_PEER, K_WATCH };
+
+/* Wrong secrets per TCP source: a burst, then one guess per second. */
+#define AUTH_SOURCES 256
+#define AUTH_BURST 5
+#define AUTH_REFILL_US 1000000
+
+struct auth_source {
+	uint8_t addr[16]; /* IPv4 addresses as ::ffff:a.b.c.d */
+	int credit;
+	int64_t at;       /* credit last refilled; 0: slot unused */
+};
 enum phase { PH_HELLO, PH_AUTH, PH_READY };
 
 struct listener {
 	int kind;
 	int fd;
 	struct gf_uri uri;
+};
+
+struct tcp_auth {
+	uint8_t challenge[32];
+	uint8_t source[16];      /* the remote address */
 };
 
 struct gf_srv_peer_priv {
@@ -38,7 +54,7 @@ struct gf_srv_peer_priv {
 	bool closing;            /* closed, socket not torn down yet */
 	bool want_write;
 	int pidfd_errno;         /* why a wanted pidfd is missing (0: not for want of resources) */
-	uint8_t challenge[32];
+	struct tcp_auth *tcp;    /* TCP peers only: an idle unix waiter does not pay for it */
 	int64_t handshake_deadline;
 	int64_t frame_started;   /* a frame is half read since then (0: none) */
 	struct gf_frame_reader rd;
@@ -73,7 +89,9 @@ struct gf_srv {
 	int64_t paused_until;    /* listeners paused at the fd limit until then (0: listening) */
 	int64_t last_accept_log;
 	uint64_t accept_fail_quiet; /* failures not logged since the last line */
-	uint64_t accept_paused, refused_no_pidfd;
+	uint64_t accept_paused, refused_no_pidfd, refused_auth_rate;
+	struct auth_source auth[AUTH_SOURCES];
+	int64_t last_auth_log;
 	uint64_t fd_limit;
 	gf_Msg *in;
 };
@@ -120,6 +138,7 @@ static void free_list(struct gf_srv_peer_priv **head)
 	while (*head) {
 		struct gf_srv_peer_priv *p = *head;
 		*head = p->lnext;
+		free(p->tcp);
 		free(p);
 	}
 }
@@ -438,22 +457,23 @@ void gf_srv_want_write(struct gf_srv *s, struct gf_srv_peer *pub, bool on)
 	epoll_ctl(s->epfd, EPOLL_CTL_MOD, p->sock, &e);
 }
 
-int gf_srv_watch_add(struct gf_srv *s, int fd, struct gf_srv_watch *w)
+static int watch(struct gf_srv *s, int op, int fd, struct gf_srv_watch *w)
 {
 	w->kind_ = K_WATCH;
 	struct epoll_event e = { .events = EPOLLIN, .data.ptr = w };
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+	if (epoll_ctl(s->epfd, op, fd, &e) < 0)
 		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_ctl", NAME(s));
 	return 0;
 }
 
+int gf_srv_watch_add(struct gf_srv *s, int fd, struct gf_srv_watch *w)
+{
+	return watch(s, EPOLL_CTL_ADD, fd, w);
+}
+
 int gf_srv_watch_mod(struct gf_srv *s, int fd, struct gf_srv_watch *w)
 {
-	w->kind_ = K_WATCH;
-	struct epoll_event e = { .events = EPOLLIN, .data.ptr = w };
-	if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, fd, &e) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_ctl", NAME(s));
-	return 0;
+	return watch(s, EPOLL_CTL_MOD, fd, w);
 }
 
 void gf_srv_watch_del(struct gf_srv *s, int fd)
@@ -467,6 +487,7 @@ void gf_srv_stats(const struct gf_srv *s, struct gf_srv_stats *out)
 	out->connections = s->npeers;
 	out->accept_paused = s->accept_paused;
 	out->refused_no_pidfd = s->refused_no_pidfd;
+	out->refused_auth_rate = s->refused_auth_rate;
 }
 
 /* ---- accept ---- */
@@ -519,10 +540,48 @@ static void accept_failed(struct gf_srv *s, int errnum)
 	}
 }
 
+static void source_of(const struct sockaddr_storage *sa, uint8_t out[16])
+{
+	memset(out, 0, 16);
+	if (sa->ss_family == AF_INET6) {
+		memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	} else if (sa->ss_family == AF_INET) {
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	}
+}
+
+/* The source's slot, refilled to now; NULL when unknown and !@create. */
+static struct auth_source *auth_source(struct gf_srv *s, const uint8_t addr[16], bool create, int64_t now)
+{
+	struct auth_source *oldest = &s->auth[0];
+	for (int i = 0; i < AUTH_SOURCES; i++) {
+		struct auth_source *a = &s->auth[i];
+		if (a->at && !memcmp(a->addr, addr, 16)) {
+			int64_t earned = (now - a->at) / AUTH_REFILL_US;
+			if (earned > 0) {
+				a->credit = (int)(a->credit + earned > AUTH_BURST ? AUTH_BURST : a->credit + earned);
+				a->at += earned * AUTH_REFILL_US;
+			}
+			return a;
+		}
+		if (a->at < oldest->at)
+			oldest = a;
+	}
+	if (!create)
+		return NULL;
+	memcpy(oldest->addr, addr, 16);
+	oldest->credit = AUTH_BURST;
+	oldest->at = now;
+	return oldest;
+}
+
 /* Accept one connection; false when the caller should stop for this round. */
 static bool accept_one(struct gf_srv *s, struct listener *l)
 {
-	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	struct sockaddr_storage sa;
+	socklen_t salen = sizeof(sa);
+	int fd = accept4(l->fd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0) {
 		if (errno == EINTR || errno == ECONNABORTED)
 			return true;
@@ -530,10 +589,36 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 			accept_failed(s, errno);
 		return false;
 	}
+	uint8_t source[16] = {0};
+	if (l->uri.kind == GF_URI_TCP) {
+		source_of(&sa, source);
+		int64_t now = gf_now_us();
+		struct auth_source *a = auth_source(s, source, false, now);
+		if (a && a->credit <= 0) {
+			/* Guessing the secret: no handshake, no challenge, until credit returns. */
+			s->refused_auth_rate++;
+			if (now - s->last_auth_log >= GF_SRV_LOG_EVERY_US) {
+				gf_log(GF_LOG_WARN, NAME(s), "msg=\"refusing a source that sent wrong secrets\" refused_total=%llu",
+				       (unsigned long long)s->refused_auth_rate);
+				s->last_auth_log = now;
+			}
+			gf_close(fd);
+			return true;
+		}
+	}
 	struct gf_srv_peer_priv *p = calloc(1, s->peer_size);
 	if (!p) {
 		gf_close(fd);
 		return false;
+	}
+	if (l->uri.kind == GF_URI_TCP) {
+		p->tcp = malloc(sizeof(*p->tcp));
+		if (!p->tcp) {
+			free(p);
+			gf_close(fd);
+			return false;
+		}
+		memcpy(p->tcp->source, source, sizeof(source));
 	}
 	p->kind = K_PEER;
 	p->sock = fd;
@@ -546,7 +631,7 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 	p->handshake_deadline = p->pub.last_heard + s->handshake_ms * 1000;
 	snprintf(p->pub.id, sizeof(p->pub.id), "?");
 	gf_frame_reader_init(&p->rd, s->cfg.max_fds);
-	p->rd.max_body = s->cfg.max_body;
+	gf_frame_reader_set_max_body(&p->rd, s->cfg.max_body);
 	if (p->pub.tcp) {
 		int one = 1, idle = 1, intvl = 1, cnt = 3;
 		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
@@ -616,9 +701,11 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	char det[256];
 	if (p->phase == PH_AUTH) {
 		if (m->which_body != gf_Msg_auth_tag ||
-		    !gf_auth_verify(s->secret, s->secret_len, p->challenge, sizeof(p->challenge), m->body.auth.mac.bytes,
+		    !gf_auth_verify(s->secret, s->secret_len, p->tcp->challenge, sizeof(p->tcp->challenge), m->body.auth.mac.bytes,
 				    m->body.auth.mac.size)) {
 			gf_log(GF_LOG_WARN, NAME(s), "msg=\"authentication failed\" id=%s", pub->id);
+			struct auth_source *a = auth_source(s, p->tcp->source, true, gf_now_us());
+			a->credit--;
 			gf_srv_send_error(s, pub, m->seq, GF_ERR_PERMISSION, "authentication failed: wrong shared secret",
 					  true);
 			return;
@@ -657,6 +744,9 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 		return;
 	}
 	uint32_t seq = m->seq;
+	uint8_t client_challenge[GF_LIMIT_CHALLENGE];
+	pb_size_t m_challenge_len = m->body.hello.challenge.size;
+	memcpy(client_challenge, m->body.hello.challenge.bytes, m_challenge_len);
 	memset(m, 0, sizeof(*m));
 	m->seq = seq;
 	m->which_body = gf_Msg_welcome_tag;
@@ -664,9 +754,14 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	m->body.welcome.component = s->cfg.component;
 	snprintf(m->body.welcome.server_id, sizeof(m->body.welcome.server_id), "%s", s->server_id);
 	if (pub->tcp) {
-		gf_random_bytes(p->challenge, sizeof(p->challenge));
-		memcpy(m->body.welcome.challenge.bytes, p->challenge, sizeof(p->challenge));
-		m->body.welcome.challenge.size = sizeof(p->challenge);
+		pb_size_t clen = m_challenge_len;
+		gf_random_bytes(p->tcp->challenge, sizeof(p->tcp->challenge));
+		memcpy(m->body.welcome.challenge.bytes, p->tcp->challenge, sizeof(p->tcp->challenge));
+		m->body.welcome.challenge.size = sizeof(p->tcp->challenge);
+		/* Mutual: the client checks this before it answers our challenge. */
+		if (clen > 0 && gf_auth_server_proof(s->secret, s->secret_len, client_challenge, clen,
+						     m->body.welcome.proof.bytes) == 0)
+			m->body.welcome.proof.size = 32;
 	}
 	if (gf_srv_send(s, pub, m, NULL, 0) < 0)
 		return;
@@ -682,7 +777,10 @@ static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 {
 	struct gf_srv_peer *pub = &p->pub;
 	for (int n = 0; n < GF_SRV_MSGS_PER_ROUND && pub->fd >= 0; n++) {
-		int rc = gf_frame_reader_feed(&p->rd, p->sock);
+		gf_Msg *m = s->in;
+		int *fds = NULL;
+		size_t nfds = 0;
+		int rc = gf_msg_try_recv(&p->rd, p->sock, m, &fds, &nfds);
 		if (rc == GF_ERR_AGAIN) {
 			if (!p->frame_started && gf_frame_reader_partial(&p->rd))
 				p->frame_started = gf_now_us();
@@ -701,18 +799,7 @@ static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 			return;
 		}
 		p->frame_started = 0;
-		gf_Msg *m = s->in;
-		if (gf_msg_decode(p->rd.body, p->rd.msg_len, m) < 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "undecodable message: %s", gf_error_detail());
-			gf_log(GF_LOG_WARN, NAME(s), "msg=\"dropping connection\" id=%s error=\"%s\"", pub->id, why);
-			gf_srv_send_error(s, pub, 0, GF_ERR_PROTOCOL, why, true);
-			return;
-		}
 		pub->last_heard = gf_now_us();
-		int *fds = NULL;
-		size_t nfds = 0;
-		gf_frame_reader_take_fds(&p->rd, &fds, &nfds);
 		if (p->phase != PH_READY) {
 			gf_close_fds(fds, nfds);
 			free(fds);

@@ -29,7 +29,10 @@
  * GF_SRV_SEND_DEADLINE_US for a peer's full socket buffer, then the peer is
  * dropped; a frame begun must be complete within the handshake timeout; at
  * the fd limit the listeners are paused (GF_SRV_ACCEPT_PAUSE_US) instead of
- * spinning, and the log line is rate-limited.
+ * spinning, and the log line is rate-limited; a TCP source that sent 5 wrong
+ * secrets gets one more guess per second, its other connections are closed
+ * at accept. TCP handshakes are mutual: the server proves the secret with
+ * Welcome.proof when the client's Hello carries a challenge.
  *
  * One thread drives a server; gf_srv_stop() may be called from any thread or
  * a signal handler.
@@ -167,6 +170,7 @@ struct gf_srv_stats {
 	uint32_t connections;
 	uint64_t accept_paused; /* times the listeners were paused at the fd limit */
 	uint64_t refused_no_pidfd;
+	uint64_t refused_auth_rate; /* TCP connections refused: their source sent too many wrong secrets */
 };
 void gf_srv_stats(const struct gf_srv *s, struct gf_srv_stats *out);
 

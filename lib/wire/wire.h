@@ -37,6 +37,7 @@
 #define GF_FRAME_F_MORE 0x01 /* continuation frames with more fds follow */
 #define GF_FRAME_F_CONT 0x02 /* this is a continuation frame */
 
+/* The fields are lib/wire's own: other code uses the functions below. */
 struct gf_frame_reader {
 	uint8_t hdr[GF_FRAME_HEADER_SIZE];
 	size_t hdr_got;
@@ -57,6 +58,8 @@ struct gf_frame_reader {
 };
 
 void gf_frame_reader_init(struct gf_frame_reader *r, size_t max_fds);
+/* Refuse frames whose body is larger than @max (clamped to GF_FRAME_MAX_BODY) before allocating. */
+void gf_frame_reader_set_max_body(struct gf_frame_reader *r, size_t max);
 /* Closes fds still held and frees buffers. */
 void gf_frame_reader_clear(struct gf_frame_reader *r);
 
@@ -104,6 +107,12 @@ int gf_msg_send(int fd, const gf_Msg *m, const int *fds, size_t nfds, int64_t de
  */
 int gf_msg_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t *nfds,
 		int64_t deadline_us);
+/*
+ * Non-blocking receive: 1 with the next message decoded into @m (fds as for
+ * gf_msg_recv()), GF_ERR_AGAIN when more bytes are needed, GF_ERR_CLOSED on
+ * EOF at a message boundary, another negative error otherwise.
+ */
+int gf_msg_try_recv(struct gf_frame_reader *r, int fd, gf_Msg *m, int **fds, size_t *nfds);
 /* If @m is an Error message, record its detail and return its code (< 0); else 0. */
 int gf_msg_error_code(const gf_Msg *m);
 /* Fill @m as an Error message. */
@@ -131,7 +140,10 @@ void gf_uri_format(const struct gf_uri *u, char *buf, size_t len);
 /* ---- handshake ---- */
 /*
  * Client side: send Hello, read Welcome, answer a challenge with
- * HMAC-SHA256(@secret, challenge) when the server asks for one.
+ * HMAC-SHA256(@secret, challenge) when the server asks for one. With a
+ * secret on a TCP connection the server must prove it knows the secret too
+ * (Welcome.proof over the Hello's challenge) before the client answers:
+ * GF_ERR_PERMISSION otherwise.
  * @welcome_out may be NULL.
  */
 int gf_handshake_client(int fd, struct gf_frame_reader *r, gf_Component component,
@@ -142,6 +154,9 @@ int gf_handshake_check_hello(const gf_Msg *m, gf_Component component);
 /* HMAC-SHA256 of @challenge under @secret into @mac (32 bytes). */
 int gf_auth_mac(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
 		size_t challenge_len, uint8_t mac[32]);
+/* The server's proof of the secret for a client's @challenge: HMAC-SHA256(secret, "gf-server-proof:" + challenge). */
+int gf_auth_server_proof(const uint8_t *secret, size_t secret_len, const uint8_t *challenge, size_t challenge_len,
+			 uint8_t proof[32]);
 /* Constant-time check of a client's answer. */
 bool gf_auth_verify(const uint8_t *secret, size_t secret_len, const uint8_t *challenge,
 		    size_t challenge_len, const uint8_t *mac, size_t mac_len);

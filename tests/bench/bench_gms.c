@@ -37,6 +37,12 @@
 
 static int reps = REPS_DEFAULT;
 
+/* reps is checked to be 1..REPS_MAX in main(); unsigned tells the compiler so. */
+static double *new_samples(void)
+{
+	return calloc((unsigned)reps, sizeof(double));
+}
+
 struct stat3 {
 	double med, min, max;
 };
@@ -96,7 +102,7 @@ static struct stat3 raw_us(size_t n, size_t gran)
 	uint8_t *base = mmap(NULL, n * gran, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, n);
-	double *t = calloc((size_t)reps, sizeof(*t));
+	double *t = new_samples();
 	for (int r = 0; r < reps; r++) {
 		int64_t t0 = gf_now_us();
 		check(gf_frame_recv(&rd, sv[1], INT64_MAX), "raw recv");
@@ -148,7 +154,7 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	check(gf_gms_commit(w, NULL), "commit");
 	gf_gms_free(w); /* the layout stays COMMITTED */
 
-	double *tm = calloc((size_t)reps, sizeof(*tm)), *tr = calloc((size_t)reps, sizeof(*tr));
+	double *tm = new_samples(), *tr = new_samples();
 	uint64_t map_all_rt = 0, remap_rt = 0;
 	gf_gms *r;
 	for (int k = 0; k < reps; k++) {
@@ -161,7 +167,7 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 		if (k + 1 < reps)
 			gf_gms_free(r);
 	}
-	double *tu = calloc((size_t)reps, sizeof(*tu));
+	double *tu = new_samples();
 	for (int k = 0; k < reps; k++) {
 		int64_t t0 = gf_now_us();
 		check(gf_gms_unmap(r), "unmap");

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Small helpers shared by the C test programs (not a test framework: the
- * tests use cmocka). */
+ * tests use cmocka). A cmocka program (cmocka.h included first) also gets
+ * the forking runner of runner.h. */
 #ifndef GF_TESTUTIL_H
 #define GF_TESTUTIL_H
 
@@ -52,5 +53,9 @@ static inline void tu_capture_log(int level, const char *component, const char *
 	if (level <= GF_LOG_INFO && (!userdata || strcmp(component, (const char *)userdata) == 0))
 		snprintf(buf + used, 4096 - used, "%s\n", msg);
 }
+
+#ifdef cmocka_unit_test
+#include "runner.h"
+#endif
 
 #endif

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The failover demo in short mode, with both example engines: it must report
+"""The failover demo in short mode, with the example engines (C, Python, PyTorch): it must report
 a failover with identical answers, exit 0, and leave no process behind; with
 --gms-crash the GMS is killed instead and comes back from its WARM snapshot."""
 import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -27,10 +28,13 @@ def processes_mentioning(text):
     return found
 
 
-@pytest.mark.parametrize("engine,weights,gms_crash", [("c", False, False), ("python", False, False),
-                                                     ("c", True, False), ("c", True, True)])
+@pytest.mark.parametrize("engine,weights,gms_crash", [("c", False, False), ("python", False, False), ("c", True, False),
+                                                     ("torch", False, False), ("c", True, True)])
 def test_demo_short(engine, weights, gms_crash, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"))
+    # The demo starts the Python engine as `python3`: the interpreter running
+    # this test (which has numpy), even when its venv is not on PATH.
+    env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     extra = []
     if weights:  # any safetensors file: here one written by the example engine
         path = tmp_path / "model.safetensors"
@@ -43,7 +47,8 @@ def test_demo_short(engine, weights, gms_crash, tmp_path):
          "--lockd", BUILD / "examples" / "gf-lockd" / "gf-lockd",
          "--gmsd", BUILD / "examples" / "gf-gmsd" / "gf-gmsd",
          "--c-engine", BUILD / "examples" / "c-engine" / "gf-c-engine",
-         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py", *extra],
+         "--python-engine", SOURCE / "examples" / "python-engine" / "engine.py",
+         "--torch-engine", SOURCE / "examples" / "torch-engine" / "engine.py", *extra],
         capture_output=True, text=True, timeout=120, env=env)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -9,6 +9,7 @@ GF_LOCKD, GF_GMSD and GF_C_ENGINE.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -145,8 +146,17 @@ def serving_port(p):
 
 
 def metric(text, name):
-    m = re.search(r"^" + re.escape(name) + r" (-?\d+)$", text, re.M)
-    return int(m.group(1)) if m else None
+    m = re.search(r"^" + re.escape(name) + r" (-?[\d.]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def promtool_check(text):
+    """`promtool check metrics` on an exposition; its complaints, or "" when clean."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not found (Debian package prometheus; tests/setup.sh installs it)")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return "" if r.returncode == 0 else (r.stdout + r.stderr)
 
 
 def test_failover_after_sigkill(world):
@@ -195,8 +205,15 @@ def test_failover_after_sigkill(world):
     assert metric(text, "gf_engine_failovers_total") == 1
     assert metric(text, 'gf_engine_state{state="active"}') == 1
     for phase in ("lock_wait", "remap", "private_alloc", "serve", "total"):
-        v = metric(text, f'gf_engine_last_failover_us{{phase="{phase}"}}')
+        v = metric(text, f'gf_engine_last_failover_seconds{{phase="{phase}"}}')
         assert v is not None and v >= 0, phase
+    for phase in ("remap", "private_alloc", "serve", "total"):
+        assert metric(text, f'gf_engine_failover_duration_seconds_count{{phase="{phase}"}}') == 1, phase
+        assert metric(text, f'gf_engine_failover_duration_seconds_bucket{{phase="{phase}",le="+Inf"}}') == 1
+    # The same breakdown, in the seconds a dashboard sums up.
+    total = metric(text, 'gf_engine_last_failover_seconds{phase="total"}')
+    assert metric(text, 'gf_engine_failover_duration_seconds_sum{phase="total"}') == total
+    assert promtool_check(text) == ""
     log = b.text()
     for event in ("event=lock_granted epoch=", "event=weights_remapped us=", "event=kv_allocated us=",
                   "event=serving"):
@@ -255,6 +272,12 @@ def test_standby_stops_cleanly_on_sigterm(world):
     serving_port(a)
     b = world.engine("engine-b", "--role", "follower")
     b.wait_log(r"event=lock_waiting")
+    # A standby's exposition (nothing measured yet) is as clean as an active one's.
+    st, text = http(b.probe_port, "/metrics")
+    assert st == 200
+    assert metric(text, 'gf_engine_state{state="standby"}') == 1
+    assert metric(text, 'gf_engine_failover_duration_seconds_count{phase="total"}') == 0
+    assert promtool_check(text) == ""
     b.p.send_signal(signal.SIGTERM)
     assert b.wait_exit() == 0
     a.p.send_signal(signal.SIGTERM)
@@ -309,4 +332,40 @@ def test_wake_against_fresh_gms_fails(world):
     log = b.text()
     assert "event=wake_failed" in log
     assert "GF_ERR_TIMEOUT" in log
+    assert "event=endpoint_listening" not in log
+
+
+def test_startup_deadline_ends_stuck_engine(world):
+    """Seed 001 #444: a follower whose loader never commits is not waited on
+    forever; at its startup deadline it is Dead and exits 70."""
+    world.lockd()
+    world.gmsd()
+    b = world.engine("engine-b", "--role", "follower", "--startup-deadline", "1s")
+    b.wait_log(r"event=probe_listening")
+    assert b.wait_exit() == 70
+    log = b.text()
+    assert "event=startup_deadline" in log
+    assert "cause=startup_deadline" in log
+    assert "err=GF_ERR_TIMEOUT" in log
+
+
+def test_memory_gate_refuses_a_wake_that_would_not_fit(world):
+    """The standby is granted the lock on a machine without room for its KV
+    memory: it waits at the gate for the waking timeout, then is Dead with the
+    reason and exits, without allocating anything."""
+    world.lockd()
+    world.gmsd()
+    a = world.engine("engine-a")
+    serving_port(a)
+    b = world.engine("engine-b", "--role", "follower", "--waking-timeout", "1s",
+                     env={"GF_MEM_HOST_AVAILABLE": "4096"})
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    b.wait_log(r"event=memory_gate_waiting")
+    assert b.wait_exit() == 1
+    log = b.text()
+    assert re.search(r"event=memory_gate_closed .*device 0 has 4096 free bytes, the wake needs 4194304", log)
+    assert "cause=memory_gate" in log
+    assert "event=weights_remapped" not in log
     assert "event=endpoint_listening" not in log

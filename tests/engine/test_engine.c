@@ -1,20 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine state machine against fake lock/GMS/mem clients and a fake
- * clock: every legal and illegal transition, the probe table, the waking
- * timeout, the loss hook, all-or-nothing wake, OOM retries, the default loss
- * policy (in forked children) and the probe server over real HTTP. */
+/* The engine state machine against real servers: a gf_lockd and one gf_gmsd
+ * per device run in threads of this process, and the engine uses the real
+ * lock, GMS and memory clients. argv[1] picks the backend: "host" (one
+ * device) or "cuda" (two devices on the test driver tests/fakecuda, whose
+ * fault knobs make remaps, private maps and allocations fail). Only the
+ * clock is the test's: time moves when a test says so, and OOM backoff
+ * sleeps advance it instead of waiting.
+ * Covered: every legal and illegal transition, the probe table, the waking
+ * timeout, the loss policy (real lock and GMS losses; the default policy in
+ * forked children), all-or-nothing wake, OOM retries and the probe server
+ * over real HTTP. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,358 +34,241 @@
 #include <jansson.h>
 
 #include "../common/testutil.h"
+#include "../gms/gmstest.h"
+#include "common.h"
 #include "engine_int.h"
 
-/* ---- fakes ---- */
+#define WEIGHT_BYTES (1u << 20)
+#define WEIGHT_BYTE 0x5a
 
-struct gf_lock {
-	gf_lock_lost_fn lost;
-	void *ud;
-	bool watching;
-	bool interrupted;
-};
-struct gf_mem {
-	int device;
-};
-struct gf_mem_alloc {
-	size_t size;
-};
-struct gf_mem_va {
-	int device;
-	size_t size;
-	bool mapped;
-};
-struct gf_gms {
-	int device;
-	int mode;
-	bool mapped;
-	bool connected;
-	gf_gms_lost_fn lost;
-	void *ud;
-	bool watching;
-};
+static int kind = GF_MEM_HOST;
+static int ndev = 1;
 
-static struct fake {
-	int64_t now;
-	int acquire_rc;
-	uint64_t epoch;
-	int granted_mode; /* what gms_connect grants */
-	int connect_rc;
-	int remap_fail_device; /* -1: none */
-	int remap_rc;
-	int map_fail_device;   /* private map fails on this device, -1: none */
-	int oom_times;         /* mem_create returns OOM this many times (-1: forever) */
-	int oom_calls;
-	int live_allocs, live_vas, mapped_vas, mapped_gms, live_gms, live_mems, live_locks;
-	int64_t slept_ms;
-	gf_lock *lock;
-	gf_gms *gms[4];
-	int acquire_advance_ms; /* how long the fake acquire "waits" */
-} fk;
+/* ---- the clock: real time plus a skew the test controls ---- */
 
-static int64_t f_now(void)
+static _Atomic int64_t skew_us;
+static int64_t slept_ms;
+static int sleeps;
+/* Called at every backoff sleep (with the sleep count), e.g. to end an OOM. */
+static void (*on_sleep)(int n);
+
+static int64_t t_now(void)
 {
-	return fk.now;
+	return gf_now_us() + atomic_load(&skew_us);
 }
-static void f_sleep(int64_t ms)
+static void t_sleep(int64_t ms)
 {
-	fk.now += ms * 1000;
-	fk.slept_ms += ms;
+	atomic_fetch_add(&skew_us, ms * 1000);
+	slept_ms += ms;
+	sleeps++;
+	if (on_sleep)
+		on_sleep(sleeps);
 }
-static int f_lock_new(gf_lock **out, const char *uri, const char *id)
+static const struct gf_engine_clock test_clock = { .now_us = t_now, .sleep_ms = t_sleep };
+
+static void advance_ms(int64_t ms)
 {
-	*out = calloc(1, sizeof(**out));
-	fk.lock = *out;
-	fk.live_locks++;
-	return 0;
-}
-static void f_lock_free(gf_lock *l)
-{
-	if (l) {
-		fk.live_locks--;
-		free(l);
-	}
-}
-static int f_lock_acquire(gf_lock *l, int64_t t, struct gf_lock_grant *g)
-{
-	if (l->interrupted) {
-		l->interrupted = false;
-		return GF_ERR_INTERRUPTED;
-	}
-	if (fk.acquire_rc)
-		return fk.acquire_rc;
-	fk.now += fk.acquire_advance_ms * 1000;
-	memset(g, 0, sizeof(*g));
-	g->epoch = fk.epoch;
-	return 0;
-}
-static int64_t reconnect_ms_seen = -2;
-static int f_lock_reconnect(gf_lock *l, int64_t ms)
-{
-	reconnect_ms_seen = ms;
-	return 0;
-}
-static void f_lock_set_lost(gf_lock *l, gf_lock_lost_fn fn, void *ud)
-{
-	l->lost = fn;
-	l->ud = ud;
-}
-static int f_lock_watch(gf_lock *l)
-{
-	l->watching = true;
-	return 0;
-}
-static void f_lock_unwatch(gf_lock *l)
-{
-	l->watching = false;
-}
-static void f_lock_interrupt(gf_lock *l)
-{
-	l->interrupted = true;
-}
-static int f_mem_open(gf_mem **out, int kind, int dev)
-{
-	*out = calloc(1, sizeof(**out));
-	(*out)->device = dev;
-	fk.live_mems++;
-	return 0;
-}
-static void f_mem_free(gf_mem *m)
-{
-	if (m) {
-		fk.live_mems--;
-		free(m);
-	}
-}
-static int f_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out)
-{
-	fk.oom_calls++;
-	if (fk.oom_times < 0 || fk.oom_calls <= fk.oom_times)
-		return GF_ERR_OUT_OF_MEMORY;
-	*out = calloc(1, sizeof(**out));
-	(*out)->size = (size + 4095) & ~(size_t)4095;
-	fk.live_allocs++;
-	return 0;
-}
-static int f_mem_alloc_free(gf_mem_alloc *a)
-{
-	if (a) {
-		fk.live_allocs--;
-		free(a);
-	}
-	return 0;
-}
-static size_t f_mem_alloc_size(const gf_mem_alloc *a)
-{
-	return a->size;
-}
-static int f_mem_reserve(gf_mem *m, size_t size, size_t al, gf_mem_va **out)
-{
-	*out = calloc(1, sizeof(**out));
-	(*out)->size = size;
-	(*out)->device = m->device;
-	fk.live_vas++;
-	return 0;
-}
-static void f_mem_va_free(gf_mem_va *va)
-{
-	if (va) {
-		if (va->mapped)
-			fk.mapped_vas--;
-		fk.live_vas--;
-		free(va);
-	}
-}
-static uint64_t f_mem_va_addr(const gf_mem_va *va)
-{
-	return 0x10000;
-}
-static int f_mem_map(gf_mem_va *va, size_t off, gf_mem_alloc *a, int access)
-{
-	if (fk.map_fail_device == va->device)
-		return GF_ERR_DRIVER;
-	va->mapped = true;
-	fk.mapped_vas++;
-	return 0;
-}
-static int f_mem_unmap_all(gf_mem_va *va)
-{
-	if (va->mapped)
-		fk.mapped_vas--;
-	va->mapped = false;
-	return 0;
-}
-static int syncs;
-static int f_mem_sync(gf_mem *m)
-{
-	syncs++;
-	return 0;
-}
-static int f_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t t)
-{
-	if (fk.connect_rc)
-		return fk.connect_rc;
-	gf_gms *g = calloc(1, sizeof(*g));
-	g->device = mem->device;
-	g->mode = mode == GF_GMS_RO ? GF_GMS_RO : fk.granted_mode;
-	g->connected = true;
-	fk.gms[g->device] = g;
-	fk.live_gms++;
-	*out = g;
-	return 0;
-}
-static void f_gms_free(gf_gms *g)
-{
-	if (g) {
-		if (g->mapped)
-			fk.mapped_gms--;
-		fk.live_gms--;
-		fk.gms[g->device] = NULL;
-		free(g);
-	}
-}
-static int f_gms_mode(const gf_gms *g)
-{
-	return g->connected ? g->mode : 0;
-}
-static int f_gms_map_all(gf_gms *g)
-{
-	g->mapped = true;
-	fk.mapped_gms++;
-	return 0;
-}
-static int f_gms_unmap(gf_gms *g)
-{
-	if (g->mapped)
-		fk.mapped_gms--;
-	g->mapped = false;
-	g->connected = false;
-	return 0;
-}
-static int f_gms_remap(gf_gms *g, int64_t t)
-{
-	if (fk.remap_fail_device == g->device)
-		return fk.remap_rc;
-	g->mapped = true;
-	g->connected = true;
-	g->mode = GF_GMS_RO;
-	fk.mapped_gms++;
-	return 0;
-}
-static void f_gms_set_lost(gf_gms *g, gf_gms_lost_fn fn, void *ud)
-{
-	g->lost = fn;
-	g->ud = ud;
-}
-static int f_gms_watch(gf_gms *g)
-{
-	g->watching = true;
-	return 0;
-}
-static void f_gms_unwatch(gf_gms *g)
-{
-	g->watching = false;
+	atomic_fetch_add(&skew_us, ms * 1000);
 }
 
-static const struct gf_engine_ops fake_ops = {
-	.now_us = f_now,
-	.sleep_ms = f_sleep,
-	.lock_new = f_lock_new,
-	.lock_free = f_lock_free,
-	.lock_acquire = f_lock_acquire,
-	.lock_set_reconnect_timeout = f_lock_reconnect,
-	.lock_set_lost_fn = f_lock_set_lost,
-	.lock_start_watch = f_lock_watch,
-	.lock_stop_watch = f_lock_unwatch,
-	.lock_interrupt = f_lock_interrupt,
-	.mem_open = f_mem_open,
-	.mem_free = f_mem_free,
-	.mem_create = f_mem_create,
-	.mem_alloc_free = f_mem_alloc_free,
-	.mem_alloc_size = f_mem_alloc_size,
-	.mem_reserve = f_mem_reserve,
-	.mem_va_free = f_mem_va_free,
-	.mem_va_addr = f_mem_va_addr,
-	.mem_map = f_mem_map,
-	.mem_unmap_all = f_mem_unmap_all,
-	.mem_synchronize = f_mem_sync,
-	.gms_connect = f_gms_connect,
-	.gms_free = f_gms_free,
-	.gms_granted_mode = f_gms_mode,
-	.gms_map_all = f_gms_map_all,
-	.gms_unmap = f_gms_unmap,
-	.gms_remap = f_gms_remap,
-	.gms_set_lost_fn = f_gms_set_lost,
-	.gms_start_watch = f_gms_watch,
-	.gms_stop_watch = f_gms_unwatch,
+/* ---- servers ---- */
+
+struct fixture {
+	char *dir;
+	gf_lockd *lockd;
+	pthread_t lock_thread;
+	char lock_uri[300];
+	struct gt_server gms[2];
+	gf_engine *e;
+	int fds; /* open fds before the servers and the engine existed */
 };
 
-/* The loader's "load": write and commit (the fake commit turns RW into RO). */
-static int loads;
-static int fake_load(gf_engine *e, int device, gf_gms *g, void *ud)
+static void *lockd_main(void *arg)
 {
-	loads++;
-	g->mode = GF_GMS_RO;
-	g->mapped = true;
-	fk.mapped_gms++;
-	return 0;
+	gf_lockd_run(arg);
+	return NULL;
 }
-static int load_without_commit(gf_engine *e, int device, gf_gms *g, void *ud)
+
+static void lockd_start(struct fixture *f)
 {
-	return 0;
+	char state[400];
+	snprintf(f->lock_uri, sizeof(f->lock_uri), "unix://%s/lock.sock", f->dir);
+	snprintf(state, sizeof(state), "%s/lock.state", f->dir);
+	assert_int_equal(gf_lockd_new(&f->lockd), 0);
+	assert_int_equal(gf_lockd_add_listen(f->lockd, f->lock_uri), 0);
+	assert_int_equal(gf_lockd_set_state_file(f->lockd, state), 0);
+	/* The holder is this very process: there is no exit to wait for. */
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(f->lockd, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(f->lockd, 0), 0);
+	assert_int_equal(gf_lockd_start(f->lockd), 0);
+	assert_int_equal(pthread_create(&f->lock_thread, NULL, lockd_main, f->lockd), 0);
+}
+
+static void lockd_stop(struct fixture *f)
+{
+	if (!f->lockd)
+		return;
+	gf_lockd_stop(f->lockd);
+	pthread_join(f->lock_thread, NULL);
+	gf_lockd_free(f->lockd);
+	f->lockd = NULL;
+}
+
+/* A GMS for device @i on the fixture's backend, in a thread. */
+static void gms_start(struct fixture *f, int i)
+{
+	struct gt_server *s = &f->gms[i];
+	snprintf(s->uri, sizeof(s->uri), "unix://%s/gms%d.sock", f->dir, i);
+	s->pid = 0;
+	assert_int_equal(gf_gmsd_new(&s->d), 0);
+	assert_int_equal(gf_gmsd_add_listen(s->d, s->uri), 0);
+	assert_int_equal(gf_gmsd_set_backend(s->d, kind), 0);
+	assert_int_equal(gf_gmsd_set_device(s->d, i), 0);
+	assert_int_equal(gf_gmsd_start(s->d), 0);
+	assert_int_equal(pthread_create(&s->th, NULL, gt_run, s), 0);
 }
 
 static struct loss_rec {
-	int calls;
+	atomic_int calls;
 	int err;
 	int state_seen;
 	char detail[256];
 } loss;
 static void record_loss(gf_engine *e, int err, const char *detail, void *ud)
 {
-	loss.calls++;
 	loss.err = err;
 	loss.state_seen = gf_engine_state(e);
 	snprintf(loss.detail, sizeof(loss.detail), "%s", detail);
+	atomic_fetch_add(&loss.calls, 1);
+}
+
+static gf_engine *new_engine(struct fixture *f)
+{
+	gf_engine *e;
+	assert_int_equal(gf_engine_new(&e), 0);
+	gf_engine_set_clock(e, &test_clock);
+	assert_int_equal(gf_engine_set_backend(e, kind), 0);
+	assert_int_equal(gf_engine_set_lock(e, f->lock_uri, "eng-a"), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_int_equal(gf_engine_add_gms(e, f->gms[i].uri), 0);
+	assert_int_equal(gf_engine_set_private_bytes(e, 1 << 20), 0);
+	assert_int_equal(gf_engine_set_waking_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_remap_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 2000), 0);
+	assert_int_equal(gf_engine_set_loss_fn(e, record_loss, NULL), 0);
+	return e;
 }
 
 static int setup(void **state)
 {
-	memset(&fk, 0, sizeof(fk));
+	struct fixture *f = calloc(1, sizeof(*f));
+	f->dir = tu_tmpdir();
+	assert_non_null(f->dir);
+	atomic_store(&skew_us, 0);
+	slept_ms = 0;
+	sleeps = 0;
+	on_sleep = NULL;
 	memset(&loss, 0, sizeof(loss));
-	fk.now = 1000000;
-	fk.epoch = 7;
-	fk.granted_mode = GF_GMS_RW;
-	fk.remap_fail_device = -1;
-	fk.map_fail_device = -1;
-	loads = 0;
-	gf_engine *e;
-	assert_int_equal(gf_engine_new_with_ops(&e, &fake_ops), 0);
-	assert_int_equal(gf_engine_set_lock(e, "unix:///tmp/x.sock", "eng-a"), 0);
-	assert_int_equal(gf_engine_add_gms(e, "unix:///tmp/gms0.sock"), 0);
-	assert_int_equal(gf_engine_add_gms(e, "unix:///tmp/gms1.sock"), 0);
-	assert_int_equal(gf_engine_set_private_bytes(e, 1 << 20), 0);
-	assert_int_equal(gf_engine_set_waking_timeout(e, 2000), 0);
-	assert_int_equal(gf_engine_set_loss_fn(e, record_loss, NULL), 0);
-	*state = e;
+	f->fds = tu_count_fds();
+	lockd_start(f);
+	for (int i = 0; i < ndev; i++)
+		gms_start(f, i);
+	f->e = new_engine(f);
+	*state = f;
 	return 0;
 }
 
+/* Wait (real time, generous for a loaded machine) until @cond holds. */
+#define EVENTUALLY(cond)                                             \
+	do {                                                         \
+		for (int i_ = 0; i_ < 20000 && !(cond); i_++)        \
+			usleep(1000);                                \
+		assert_true(cond);                                   \
+	} while (0)
+
 static int teardown(void **state)
 {
-	gf_engine_free(*state);
-	/* Everything the engine made through the ops is given back. */
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(fk.live_vas, 0);
-	assert_int_equal(fk.live_gms, 0);
-	assert_int_equal(fk.live_mems, 0);
-	assert_int_equal(fk.live_locks, 0);
+	struct fixture *f = *state;
+	gf_engine_free(f->e);
+	/* The lock is free again: another client gets it at once. */
+	if (f->lockd) {
+		gf_lock *l;
+		struct gf_lock_grant g;
+		assert_int_equal(gf_lock_new(&l, f->lock_uri, "after"), 0);
+		assert_int_equal(gf_lock_acquire(l, 5000, &g), 0);
+		gf_lock_free(l);
+	}
+	for (int i = 0; i < ndev; i++)
+		gt_stop(&f->gms[i]);
+	lockd_stop(f);
+	/* Everything the engine and the servers opened is closed again. */
+	EVENTUALLY(tu_count_fds() == f->fds);
+	unsetenv("FAKECUDA_FAIL");
+	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+	unsetenv("FAKECUDA_TOTAL_MEM");
+	unsetenv("GF_MEM_HOST_AVAILABLE");
+	gt_rmtree(f->dir);
+	free(f->dir);
+	free(f);
 	return 0;
+}
+
+/* ---- weights ---- */
+
+/* The loader's load: one allocation filled with WEIGHT_BYTE, one metadata
+ * entry, commit. */
+static int loads;
+static int real_load(gf_engine *e, int device, gf_gms *g, void *ud)
+{
+	uint64_t id;
+	struct gf_gms_alloc_info info;
+	loads++;
+	int rc = gf_gms_allocate(g, WEIGHT_BYTES, "w", &id);
+	if (rc)
+		return rc;
+	if ((rc = gf_gms_alloc_at(g, 0, &info)))
+		return rc;
+	memset((void *)(uintptr_t)info.addr, WEIGHT_BYTE, WEIGHT_BYTES);
+	if ((rc = gf_gms_put_meta(g, "w", id, 0, "v", 1)))
+		return rc;
+	return gf_gms_commit(g, NULL);
+}
+static int load_without_commit(gf_engine *e, int device, gf_gms *g, void *ud)
+{
+	return gf_gms_allocate(g, WEIGHT_BYTES, "w", NULL);
+}
+
+/* Are the weights of @device mapped and readable? (0: the client is asleep.) */
+static bool weights_mapped(gf_engine *e, int device)
+{
+	gf_gms *g = gf_engine_gms(e, device);
+	struct gf_gms_meta m;
+	if (!g || gf_gms_granted_mode(g) == 0)
+		return false;
+	assert_int_equal(gf_gms_meta_get(g, "w", &m), 0);
+	const uint8_t *p = (const uint8_t *)(uintptr_t)m.addr;
+	return p[0] == WEIGHT_BYTE && p[WEIGHT_BYTES - 1] == WEIGHT_BYTE;
+}
+
+static int mapped_count(gf_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < ndev; i++)
+		n += weights_mapped(e, i);
+	return n;
+}
+
+static int private_count(gf_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < ndev; i++)
+		n += gf_engine_private_memory(e, i, NULL, NULL) == 0;
+	return n;
 }
 
 static void to_standby(gf_engine *e)
 {
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
 	assert_int_equal(gf_engine_sleep(e), 0);
 }
 
@@ -401,36 +296,65 @@ static int count_serve(gf_engine *e, void *ud)
 	return 0;
 }
 
+struct holder {
+	gf_lock *lock;
+	int64_t hold_ms;
+	int64_t released_us; /* test clock, just before the release */
+	pthread_t t;
+};
+static void *release_later(void *arg)
+{
+	struct holder *h = arg;
+	usleep((useconds_t)h->hold_ms * 1000);
+	h->released_us = t_now();
+	gf_lock_release(h->lock);
+	return NULL;
+}
+
+/* Another client holds the lock; a thread releases it after @hold_ms. */
+static void hold_lock(struct fixture *f, struct holder *h, int64_t hold_ms)
+{
+	struct gf_lock_grant g;
+	assert_int_equal(gf_lock_new(&h->lock, f->lock_uri, "holder"), 0);
+	assert_int_equal(gf_lock_acquire(h->lock, 5000, &g), 0);
+	h->hold_ms = hold_ms;
+	if (hold_ms >= 0)
+		assert_int_equal(pthread_create(&h->t, NULL, release_later, h), 0);
+}
+
 static void test_legal_path(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	struct gf_engine_metrics m;
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 1500), 0);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
-	assert_int_equal(loads, 2);
-	assert_int_equal(fk.mapped_gms, 2);
+	loads = 0;
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(loads, ndev);
+	assert_int_equal(mapped_count(e), ndev);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_sleep(e), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
-	assert_int_equal(fk.mapped_gms, 0);
-	fk.acquire_advance_ms = 5000;
+	assert_int_equal(mapped_count(e), 0);
+	/* The lock is busy for a while: the wait is measured. */
+	struct holder h;
+	hold_lock(f, &h, 300);
+	uint64_t holder_epoch = gf_lock_epoch(h.lock);
+	int64_t acquire_called_us = t_now();
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	pthread_join(h.t, NULL);
+	gf_lock_free(h.lock);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
-	assert_int_equal(reconnect_ms_seen, 1500);
-	assert_true(fk.lock->watching);
-	assert_non_null(fk.lock->lost);
-	assert_int_equal(gf_engine_epoch(e), 7);
-	syncs = 0;
+	assert_true(gf_engine_epoch(e) > holder_epoch);
 	assert_int_equal(gf_engine_wake_up(e), 0);
-	assert_int_equal(syncs, 2); /* every device synchronised before serving */
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
-	assert_int_equal(fk.mapped_gms, 2);
-	assert_int_equal(fk.mapped_vas, 2);
-	assert_true(fk.gms[0]->watching && fk.gms[1]->watching);
+	assert_int_equal(mapped_count(e), ndev); /* same bytes, mapped again */
+	assert_int_equal(private_count(e), ndev);
 	uint64_t addr, size;
-	assert_int_equal(gf_engine_private_memory(e, 1, &addr, &size), 0);
+	assert_int_equal(gf_engine_private_memory(e, ndev - 1, &addr, &size), 0);
 	assert_true(size >= (1 << 20));
+	memset((void *)(uintptr_t)addr, 1, size); /* read-write */
 	assert_int_equal(gf_engine_serve(e, count_serve, NULL), 0);
 	assert_int_equal(serve_calls, 1);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
@@ -438,12 +362,12 @@ static void test_legal_path(void **state)
 	assert_int_equal(m.state, GF_ENGINE_ACTIVE);
 	assert_int_equal(m.transitions, 3);
 	assert_int_equal(m.failovers, 1);
-	assert_int_equal(m.epoch, 7);
-	assert_int_equal(m.lock_wait_us, 5000000);
+	assert_int_equal(m.epoch, gf_engine_epoch(e));
+	assert_true(m.lock_wait_us >= h.released_us - acquire_called_us);
 	assert_true(m.remap_us >= 0 && m.private_alloc_us >= 0 && m.serve_us >= 0 && m.wake_total_us >= 0);
-	fk.now += 3000;
+	advance_ms(3000);
 	assert_int_equal(gf_engine_metrics(e, &m), 0);
-	assert_int_equal(m.time_in_state_us, 3000);
+	assert_true(m.time_in_state_us >= 3000000);
 	assert_int_equal(gf_engine_mark_dead(e, "test"), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	assert_int_equal(gf_engine_mark_dead(e, "again"), 0);
@@ -456,7 +380,7 @@ static void expect_refused(gf_engine *e, int state, bool woken)
 {
 	assert_int_equal(gf_engine_state(e), state);
 	if (state != GF_ENGINE_INIT)
-		assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_STATE);
+		assert_int_equal(gf_engine_init_weights(e, real_load, NULL), GF_ERR_STATE);
 	if (state != GF_ENGINE_STANDBY)
 		assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
 	if (state != GF_ENGINE_WAKING || woken)
@@ -472,7 +396,8 @@ static void expect_refused(gf_engine *e, int state, bool woken)
 
 static void test_illegal_transitions(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	/* Init without weights: nothing but init_weights. */
 	assert_int_equal(gf_engine_sleep(e), GF_ERR_STATE);
 	assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
@@ -480,8 +405,8 @@ static void test_illegal_transitions(void **state)
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), GF_ERR_STATE);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	/* Init with weights: only sleep. */
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_STATE);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), GF_ERR_STATE);
 	assert_int_equal(gf_engine_acquire(e, 0), GF_ERR_STATE);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STATE);
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), GF_ERR_STATE);
@@ -506,8 +431,9 @@ static void test_illegal_transitions(void **state)
 static void test_dead_from_every_state(void **state)
 {
 	for (int target = GF_ENGINE_INIT; target <= GF_ENGINE_ACTIVE; target++) {
-		gf_engine *e;
-		setup((void **)&e);
+		void *st;
+		setup(&st);
+		gf_engine *e = ((struct fixture *)st)->e;
 		if (target == GF_ENGINE_STANDBY)
 			to_standby(e);
 		else if (target == GF_ENGINE_WAKING)
@@ -517,13 +443,14 @@ static void test_dead_from_every_state(void **state)
 		assert_int_equal(gf_engine_state(e), target);
 		assert_int_equal(gf_engine_mark_dead(e, "test"), 0);
 		expect_refused(e, GF_ENGINE_DEAD, target >= GF_ENGINE_WAKING);
-		teardown((void **)&e);
+		teardown(&st);
 	}
 }
 
 static void test_config_errors(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_role(e, 9), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_engine_set_backend(e, 9), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_engine_set_waking_timeout(e, 0), GF_ERR_INVALID_ARG);
@@ -542,51 +469,66 @@ static void test_config_errors(void **state)
 
 static void test_follower_imports(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	/* A loader commits first; the follower maps what it committed. */
+	gf_engine *loader = new_engine(f);
+	assert_int_equal(gf_engine_init_weights(loader, real_load, NULL), 0);
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	loads = 0;
 	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
 	assert_int_equal(loads, 0);
-	assert_int_equal(fk.mapped_gms, 2);
-	assert_non_null(gf_engine_gms(e, 1));
-	assert_null(gf_engine_gms(e, 2));
+	assert_int_equal(mapped_count(e), ndev);
+	assert_int_equal(gf_gms_granted_mode(gf_engine_gms(e, 0)), GF_GMS_RO);
+	assert_non_null(gf_engine_gms(e, ndev - 1));
+	assert_null(gf_engine_gms(e, ndev));
+	gf_engine_free(loader);
 }
 
 static void test_loader_must_commit(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_init_weights(e, load_without_commit, NULL), GF_ERR_STATE);
 	assert_non_null(strstr(gf_error_detail(), "commit"));
 	/* Cleaned up: nothing connected, still Init, and init may be retried. */
-	assert_int_equal(fk.live_gms, 0);
-	assert_int_equal(fk.live_mems, 0);
+	assert_null(gf_engine_gms(e, 0));
+	assert_null(gf_engine_mem(e, 0));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	loads = 0;
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(loads, ndev); /* the uncommitted writer's work was dropped */
 }
 
 static void test_init_connect_fails(void **state)
 {
-	gf_engine *e = *state;
-	fk.connect_rc = GF_ERR_TIMEOUT;
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), GF_ERR_TIMEOUT);
-	assert_int_equal(fk.live_mems, 0);
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	gt_stop(&f->gms[ndev - 1]);
+	int rc = gf_engine_init_weights(e, real_load, NULL);
+	assert_true(rc == GF_ERR_UNREACHABLE || rc == GF_ERR_TIMEOUT);
+	assert_null(gf_engine_mem(e, 0));
+	assert_null(gf_engine_gms(e, 0));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 }
 
 static void test_acquire_errors(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_standby(e);
 	/* Interrupted before the lock client exists: exactly one acquire returns. */
 	gf_engine_interrupt(e);
 	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_INTERRUPTED);
-	assert_false(fk.lock->interrupted);
-	fk.acquire_rc = GF_ERR_TIMEOUT;
+	/* Held by another: a bounded wait times out, an interrupt ends an unbounded one. */
+	struct holder h;
+	hold_lock(f, &h, -1);
 	assert_int_equal(gf_engine_acquire(e, 10), GF_ERR_TIMEOUT);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
-	fk.acquire_rc = 0;
 	gf_engine_interrupt(e);
 	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_INTERRUPTED);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	gf_lock_free(h.lock);
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
 }
@@ -594,10 +536,10 @@ static void test_acquire_errors(void **state)
 /* ---- probes ---- */
 
 static int health_answer = 1;
-static int health_calls;
+static atomic_int health_calls;
 static int health(gf_engine *e, void *ud)
 {
-	health_calls++;
+	atomic_fetch_add(&health_calls, 1);
 	return health_answer;
 }
 
@@ -610,12 +552,13 @@ static void probes_are(gf_engine *e, int startup, int live, int ready)
 
 static void test_probe_table(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	health_answer = 1;
-	health_calls = 0;
+	atomic_store(&health_calls, 0);
 	assert_int_equal(gf_engine_set_health_fn(e, health, NULL), 0);
 	probes_are(e, 503, 503, 503); /* Init */
-	assert_int_equal(gf_engine_init_weights(e, fake_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
 	probes_are(e, 503, 503, 503); /* Init, weights loaded but not asleep yet */
 	assert_int_equal(gf_engine_sleep(e), 0);
 	probes_are(e, 200, 200, 200); /* Standby */
@@ -623,11 +566,11 @@ static void test_probe_table(void **state)
 	probes_are(e, 200, 200, 200); /* Waking, within the timeout */
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
-	assert_int_equal(health_calls, 0); /* only Active asks the engine */
+	assert_int_equal(atomic_load(&health_calls), 0); /* only Active asks the engine */
 	probes_are(e, 200, 200, 200); /* Active, healthy */
 	health_answer = 0;
 	probes_are(e, 200, 503, 503); /* Active, unhealthy */
-	assert_true(health_calls >= 4);
+	assert_true(atomic_load(&health_calls) >= 4);
 	health_answer = 1;
 	gf_engine_mark_dead(e, "test");
 	probes_are(e, 503, 503, 503); /* Dead */
@@ -655,11 +598,11 @@ static void test_probe_decision_table(void **state)
 
 static void test_waking_timeout_flips_live(void **state)
 {
-	gf_engine *e = *state; /* waking timeout 2000 ms */
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2000 ms */
 	to_waking(e);
-	fk.now += 1999 * 1000;
 	probes_are(e, 200, 200, 200);
-	fk.now += 1000;
+	advance_ms(2000);
 	probes_are(e, 200, 503, 200);
 	/* Also after wake_up: the timeout covers the whole Waking state. */
 	assert_int_equal(gf_engine_wake_up(e), 0);
@@ -671,62 +614,89 @@ static void test_waking_timeout_flips_live(void **state)
 
 /* ---- wake ---- */
 
+/* A writer replaces the committed weights of @device while the engine sleeps. */
+static void replace_weights(struct fixture *f, int device)
+{
+	gf_mem *m;
+	gf_gms *g;
+	assert_int_equal(gf_mem_open(&m, kind, device), 0);
+	assert_int_equal(gf_gms_connect(&g, f->gms[device].uri, m, GF_GMS_RW, 5000), 0);
+	assert_int_equal(gf_gms_allocate(g, 2 * WEIGHT_BYTES, "other", NULL), 0);
+	assert_int_equal(gf_gms_commit(g, NULL), 0);
+	gf_gms_free(g);
+	gf_mem_free(m);
+}
+
 static void test_wake_remap_failure_is_all_or_nothing(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.remap_fail_device = 1;
-	fk.remap_rc = GF_ERR_STALE_LAYOUT;
+	replace_weights(f, ndev - 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STALE_LAYOUT);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	assert_int_equal(fk.mapped_gms, 0); /* device 0 was remapped, then unmapped again */
-	assert_int_equal(fk.mapped_vas, 0);
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(loss.calls, 0); /* a failed wake is returned, not a loss */
+	assert_int_equal(mapped_count(e), 0); /* on cuda device 0 was remapped, then unmapped again */
+	assert_int_equal(private_count(e), 0);
+	assert_int_equal(atomic_load(&loss.calls), 0); /* a failed wake is returned, not a loss */
 }
 
 static void test_wake_private_failure_is_all_or_nothing(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.map_fail_device = 1;
+	/* The remaps map one allocation per device, then each private region
+	 * maps one: the map of the last device's region fails. */
+	char spec[64];
+	snprintf(spec, sizeof(spec), "cuMemMap:%d", 2 * ndev);
+	setenv("FAKECUDA_FAIL", spec, 1);
 	int rc = gf_engine_wake_up(e);
+	unsetenv("FAKECUDA_FAIL");
 	assert_int_equal(rc, GF_ERR_DRIVER);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	assert_int_equal(fk.mapped_gms, 0);
-	assert_int_equal(fk.mapped_vas, 0);
-	assert_int_equal(fk.live_allocs, 0);
-	assert_int_equal(fk.live_vas, 0);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0);
 	uint64_t addr;
 	assert_int_equal(gf_engine_private_memory(e, 0, &addr, NULL), GF_ERR_STATE);
 }
 
+static void end_oom_after_three(int n)
+{
+	if (n == 3)
+		unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+}
+
 static void test_wake_retries_oom(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
-	fk.oom_times = 3;
+	/* The device is full until the third backoff sleep frees it. */
+	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
+	on_sleep = end_oom_after_three;
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	struct gf_engine_metrics m;
 	gf_engine_metrics(e, &m);
 	assert_int_equal(m.private_alloc_retries, 3);
-	assert_true(fk.slept_ms > 0);
-	assert_int_equal(m.private_alloc_us, fk.slept_ms * 1000);
-	assert_int_equal(fk.mapped_vas, 2);
+	assert_true(slept_ms > 0);
+	assert_true(m.private_alloc_us >= slept_ms * 1000);
+	assert_int_equal(private_count(e), ndev);
 }
 
 static void test_wake_oom_until_timeout(void **state)
 {
-	gf_engine *e = *state; /* waking timeout 2 s */
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2 s */
 	to_waking(e);
-	fk.oom_times = -1;
+	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_OUT_OF_MEMORY);
+	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
 	assert_non_null(strstr(gf_error_detail(), "waking timeout"));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
-	/* Retried for the waking timeout, not longer. */
-	assert_int_equal(fk.slept_ms, 2000);
-	assert_int_equal(fk.mapped_gms, 0);
-	assert_int_equal(fk.live_allocs, 0);
+	/* Retried for the waking timeout, not longer (real time passed too). */
+	assert_true(slept_ms > 0 && slept_ms <= 2000);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0);
 }
 
 static int failing_serve(gf_engine *e, void *ud)
@@ -736,7 +706,8 @@ static int failing_serve(gf_engine *e, void *ud)
 
 static void test_serve_failure_is_dead(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_waking(e);
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(gf_engine_serve(e, failing_serve, NULL), GF_ERR_IO);
@@ -757,13 +728,15 @@ static int run_ready(gf_engine *e, void *ud)
 
 static void test_run_shadow(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	int calls = 0;
-	struct gf_engine_callbacks cb = { .load_weights = fake_load, .weights_ready = run_ready, .serve = run_serve,
+	struct gf_engine_callbacks cb = { .load_weights = real_load, .weights_ready = run_ready, .serve = run_serve,
 					  .userdata = &calls };
 	assert_int_equal(gf_engine_run_shadow(e, &cb), 0);
 	assert_int_equal(calls, 11);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	assert_int_equal(mapped_count(e), ndev);
 	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_STATE);
 }
 
@@ -771,17 +744,22 @@ static void test_run_shadow(void **state)
  * a failing step is returned and leaves the state where it failed. */
 static void test_run_shadow_probe_server_and_failure(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_probe_address(e, "127.0.0.1", 0), 0);
-	fk.connect_rc = GF_ERR_UNREACHABLE;
-	struct gf_engine_callbacks cb = { .load_weights = fake_load };
-	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_UNREACHABLE);
+	gt_stop(&f->gms[0]);
+	struct gf_engine_callbacks cb = { .load_weights = real_load };
+	int rc = gf_engine_run_shadow(e, &cb);
+	assert_true(rc == GF_ERR_UNREACHABLE || rc == GF_ERR_TIMEOUT);
 	assert_true(gf_engine_probe_port(e) > 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_int_equal(gf_engine_probe(e, GF_PROBE_STARTUP), 503);
-	fk.connect_rc = 0;
-	fk.acquire_rc = GF_ERR_PERMISSION;
-	assert_int_equal(gf_engine_run_shadow(e, &cb), GF_ERR_PERMISSION);
+	gms_start(f, 0);
+	/* The lock server is gone: acquire fails and the engine stays Standby. */
+	lockd_stop(f);
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 100), 0);
+	rc = gf_engine_run_shadow(e, &cb);
+	assert_true(rc < 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 }
 
@@ -789,40 +767,46 @@ static void test_run_shadow_probe_server_and_failure(void **state)
 
 static void test_lock_loss_calls_hook(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_active(e);
-	/* The hook the engine installed into the lock client. */
-	assert_ptr_equal(fk.lock->lost, gf_engine_lock_lost_hook);
-	fk.lock->lost(fk.lock, GF_ERR_LOCK_LOST, "server gone, reconnect failed", fk.lock->ud);
-	assert_int_equal(loss.calls, 1);
+	/* The lock server goes away for good: after the reconnect time the
+	 * loss policy runs, once, with the engine already Dead. */
+	lockd_stop(f);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(loss.err, GF_ERR_LOCK_LOST);
 	assert_int_equal(loss.state_seen, GF_ENGINE_DEAD);
 	assert_non_null(strstr(loss.detail, "lock"));
-	assert_non_null(strstr(loss.detail, "reconnect failed"));
 	probes_are(e, 503, 503, 503);
 	/* Once only, even if the GMS goes too. */
-	fk.gms[0]->lost(fk.gms[0], GF_ERR_GMS_LOST, "hangup", fk.gms[0]->ud);
-	assert_int_equal(loss.calls, 1);
+	gt_stop(&f->gms[0]);
+	usleep(200 * 1000);
+	assert_int_equal(atomic_load(&loss.calls), 1);
 }
 
 static void test_gms_loss_calls_hook(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	to_active(e);
-	assert_ptr_equal(fk.gms[1]->lost, gf_engine_gms_lost_hook);
-	fk.gms[1]->lost(fk.gms[1], GF_ERR_GMS_LOST, "POLLHUP", fk.gms[1]->ud);
-	assert_int_equal(loss.calls, 1);
+	gt_stop(&f->gms[ndev - 1]);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(loss.err, GF_ERR_GMS_LOST);
-	assert_non_null(strstr(loss.detail, "device 1"));
+	char want[32];
+	snprintf(want, sizeof(want), "device %d", ndev - 1);
+	assert_non_null(strstr(loss.detail, want));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 }
 
 static void test_lock_loss_while_waking(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_waking(e);
-	fk.lock->lost(fk.lock, GF_ERR_LOCK_LOST, "gone", fk.lock->ud);
-	assert_int_equal(loss.calls, 1);
+	lockd_stop(f);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STATE);
 }
 
@@ -833,12 +817,9 @@ static int run_default_loss_child(bool ignore_term)
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
-		if (ignore_term)
-			signal(SIGTERM, SIG_IGN);
-		else
-			signal(SIGTERM, SIG_DFL);
+		signal(SIGTERM, ignore_term ? SIG_IGN : SIG_DFL);
 		gf_engine *e;
-		if (gf_engine_new_with_ops(&e, &fake_ops) || gf_engine_set_loss_grace(e, 100))
+		if (gf_engine_new(&e) || gf_engine_set_loss_grace(e, 100))
 			_exit(3);
 		gf_engine_default_loss(e, GF_ERR_GMS_LOST, "test", NULL);
 		/* The policy returned at once; a stuck engine ends by the timer. */
@@ -864,25 +845,53 @@ static void test_default_loss_policy(void **state)
 
 static void test_metrics_text_and_json(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	char *text, *js;
 	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 1"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 0"));
-	assert_null(strstr(text, "phase=\"remap\"")); /* not measured yet */
+	assert_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"remap\"}")); /* not measured yet */
+	assert_non_null(strstr(text, "gf_engine_failover_duration_seconds_count{phase=\"total\"} 0\n"));
 	free(text);
-	fk.acquire_advance_ms = 42;
 	to_active(e);
+	struct gf_engine_metrics m;
+	gf_engine_metrics(e, &m);
+	char want[128];
 	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
 	assert_non_null(strstr(text, "gf_engine_state{state=\"active\"} 1"));
 	assert_non_null(strstr(text, "gf_engine_state{state=\"init\"} 0"));
 	assert_non_null(strstr(text, "gf_engine_failovers_total 1"));
 	assert_non_null(strstr(text, "gf_engine_transitions_total 3"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"lock_wait\"} 42000"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"remap\"}"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"private_alloc\"}"));
-	assert_non_null(strstr(text, "gf_engine_last_failover_us{phase=\"serve\"}"));
-	assert_non_null(strstr(text, "gf_engine_lock_epoch 7"));
+	/* Base units: seconds, exactly the microseconds measured. */
+	snprintf(want, sizeof(want), "gf_engine_last_failover_seconds{phase=\"lock_wait\"} %lld.%06lld\n",
+		 (long long)m.lock_wait_us / 1000000, (long long)m.lock_wait_us % 1000000);
+	assert_non_null(strstr(text, want));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"remap\"}"));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"private_alloc\"}"));
+	assert_non_null(strstr(text, "gf_engine_last_failover_seconds{phase=\"serve\"}"));
+	assert_non_null(strstr(text, "gf_engine_time_in_state_seconds "));
+	assert_null(strstr(text, "_us"));
+	/* The takeover is one observation per phase; its buckets are cumulative. */
+	static const char *const phases[] = { "remap", "private_alloc", "serve", "total" };
+	for (size_t p = 0; p < 4; p++) {
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_count{phase=\"%s\"} 1\n", phases[p]);
+		assert_non_null(strstr(text, want));
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"+Inf\"} 1\n",
+			 phases[p]);
+		assert_non_null(strstr(text, want));
+		snprintf(want, sizeof(want), "gf_engine_failover_duration_seconds_bucket{phase=\"%s\",le=\"300.000000\"} 1\n",
+			 phases[p]);
+		assert_non_null(strstr(text, want));
+	}
+	assert_null(strstr(text, "gf_engine_failover_duration_seconds_count{phase=\"lock_wait\"}"));
+	/* The total of a takeover within 1 ms would be in every bucket; the
+	 * bucket that holds it is the first whose bound is not below it. */
+	char *line = strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"0.001000\"} ");
+	assert_non_null(line);
+	assert_int_equal(atoi(strchr(line, '}') + 2), m.wake_total_us <= 1000 ? 1 : 0);
+	snprintf(want, sizeof(want), "gf_engine_lock_epoch %llu\n", (unsigned long long)m.epoch);
+	assert_non_null(strstr(text, want));
 	free(text);
 	assert_int_equal(gf_engine_state_json(e, &js), 0);
 	json_error_t je;
@@ -890,23 +899,40 @@ static void test_metrics_text_and_json(void **state)
 	assert_non_null(o);
 	assert_string_equal(json_string_value(json_object_get(o, "state")), "active");
 	assert_string_equal(json_string_value(json_object_get(o, "id")), "eng-a");
-	assert_int_equal(json_integer_value(json_object_get(o, "epoch")), 7);
+	assert_int_equal(json_integer_value(json_object_get(o, "epoch")), m.epoch);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "last_failover"), "lock_wait_us")),
-			 42000);
+			 m.lock_wait_us);
 	json_decref(o);
 	free(js);
+}
+
+/* A TCP connection from @src (a loopback address) to the probe server;
+ * -1 when refused. Reads and writes give up after 20 s, so a server that
+ * never answers fails the test instead of hanging it. */
+static int connect_from(const char *src, int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in me = { .sin_family = AF_INET };
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { .tv_sec = 20 };
+	inet_pton(AF_INET, src, &me.sin_addr);
+	inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0 ||
+	    connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
 }
 
 /* A minimal HTTP/1.0 GET; returns the status and copies the body. */
 static int http_get(int port, const char *path, char *body, size_t len)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
-	if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
-		close(fd);
+	int fd = connect_from("127.0.0.1", port);
+	if (fd < 0)
 		return -1;
-	}
 	char req[256];
 	int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
 	if (write(fd, req, (size_t)n) != n) {
@@ -930,9 +956,9 @@ static int http_get(int port, const char *path, char *body, size_t len)
 
 static void test_probe_server_http(void **state)
 {
-	gf_engine *e = *state;
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
 	char body[16384];
-	int fds = tu_count_fds();
 	assert_int_equal(gf_engine_set_probe_address(e, "127.0.0.1", 0), 0);
 	assert_int_equal(gf_engine_start_probe_server(e), 0);
 	assert_int_equal(gf_engine_start_probe_server(e), 0); /* already running */
@@ -949,7 +975,7 @@ static void test_probe_server_http(void **state)
 	assert_int_equal(http_get(port, "/state", body, sizeof(body)), 200);
 	assert_non_null(strstr(body, "\"state\":\"standby\""));
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
-	fk.now += 3000 * 1000; /* past the waking timeout */
+	advance_ms(3000); /* past the waking timeout */
 	assert_int_equal(http_get(port, "/live", NULL, 0), 503);
 	assert_int_equal(http_get(port, "/ready", NULL, 0), 200);
 	assert_int_equal(gf_engine_wake_up(e), 0);
@@ -961,13 +987,328 @@ static void test_probe_server_http(void **state)
 	gf_engine_mark_dead(e, "test");
 	assert_int_equal(http_get(port, "/live", NULL, 0), 503);
 	gf_engine_free(e);
-	*state = NULL;
-	assert_int_equal(tu_count_fds(), fds); /* the server's sockets are closed */
+	f->e = NULL;
+	/* The teardown checks that the server's sockets are closed. */
 	assert_int_equal(http_get(port, "/live", NULL, 0), -1);
 }
 
-int main(void)
+/* A slow client: a request begun but never finished. */
+static int slow_client(const char *src, int port)
 {
+	int fd = connect_from(src, port);
+	static const char part[] = "GET /live HTTP/1.1\r\nHost: x\r\n";
+	if (fd >= 0 && write(fd, part, sizeof(part) - 1) != (ssize_t)(sizeof(part) - 1)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Has the server closed @fd (end of file or reset, no answer)? Waits up to 20 s. */
+static bool closed_by_server(int fd)
+{
+	char c;
+	ssize_t r = read(fd, &c, 1);
+	return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+static int standby_with_probe_server(struct fixture *f)
+{
+	assert_int_equal(gf_engine_set_probe_address(f->e, "127.0.0.1", 0), 0);
+	assert_int_equal(gf_engine_start_probe_server(f->e), 0);
+	to_standby(f->e);
+	return gf_engine_probe_port(f->e);
+}
+
+#define SLOW_CLIENTS 70
+
+/* Seventy slow connections from one address: the per-address limit keeps
+ * most out, and /live from another address still answers. */
+static void test_probe_server_slow_clients_one_address(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fds[SLOW_CLIENTS];
+	for (int i = 0; i < SLOW_CLIENTS; i++)
+		fds[i] = slow_client("127.0.0.2", port);
+	assert_int_equal(http_get(port, "/live", NULL, 0), 200);
+	int refused = 0;
+	for (int i = 0; i < SLOW_CLIENTS; i++) {
+		if (fds[i] < 0 || closed_by_server(fds[i]))
+			refused++;
+		if (fds[i] >= 0)
+			close(fds[i]);
+	}
+	assert_int_equal(refused, SLOW_CLIENTS); /* the admitted ones too, at the deadline */
+	assert_int_equal(http_get(port, "/ready", NULL, 0), 200);
+}
+
+/* Seventy slow connections from seventy addresses hold every slot: the
+ * oldest are cut so /live still gets in, and the cuts are counted. */
+static void test_probe_server_full_of_others(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fds[SLOW_CLIENTS];
+	for (int i = 0; i < SLOW_CLIENTS; i++) {
+		char src[32];
+		snprintf(src, sizeof(src), "127.0.1.%d", i + 1);
+		fds[i] = slow_client(src, port);
+		assert_true(fds[i] >= 0);
+	}
+	char body[16384];
+	assert_int_equal(http_get(port, "/live", body, sizeof(body)), 200);
+	assert_non_null(strstr(body, "standby"));
+	/* The oldest were evicted (no answer, closed), and it shows. */
+	assert_true(closed_by_server(fds[0]));
+	assert_int_equal(http_get(port, "/metrics", body, sizeof(body)), 200);
+	unsigned long long evicted = 0;
+	char *p = strstr(body, "gf_engine_probe_connections_cut_total{reason=\"evicted\"} ");
+	assert_non_null(p);
+	sscanf(strchr(p, ' ') + 1, "%llu", &evicted);
+	assert_true(evicted >= SLOW_CLIENTS - 32);
+	for (int i = 0; i < SLOW_CLIENTS; i++)
+		close(fds[i]);
+}
+
+/* A client trickling one byte every 50 ms never goes idle; the request
+ * deadline cuts it long before it could finish, and it shows in /state. */
+static void test_probe_server_request_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int port = standby_with_probe_server(f);
+	int fd = connect_from("127.0.0.3", port);
+	assert_true(fd >= 0);
+	static const char req[] = "GET /live HTTP/1.1\r\nHost: x\r\n";
+	bool cut = false;
+	/* 2,000 bytes of header at 50 ms each would take 100 s. */
+	for (int i = 0; i < 2000 && !cut; i++) {
+		char c = i < (int)sizeof(req) - 1 ? req[i] : 'a';
+		if (i == (int)sizeof(req) - 1)
+			c = 'X';
+		cut = write(fd, &c, 1) != 1;
+		if (!cut) {
+			struct pollfd pfd = { .fd = fd, .events = POLLIN };
+			cut = poll(&pfd, 1, 50) == 1;
+		}
+	}
+	assert_true(cut);
+	close(fd);
+	char body[16384];
+	assert_int_equal(http_get(port, "/state", body, sizeof(body)), 200);
+	json_error_t je;
+	json_t *o = json_loads(body, 0, &je);
+	assert_non_null(o);
+	assert_true(json_integer_value(json_object_get(json_object_get(o, "probe_connections_cut"), "deadline")) >=
+		    1);
+	json_decref(o);
+}
+
+/* ---- startup watchdog ---- */
+
+struct init_call {
+	gf_engine *e;
+	int rc;
+	pthread_t t;
+};
+static void *init_in_thread(void *arg)
+{
+	struct init_call *c = arg;
+	c->rc = gf_engine_init_weights(c->e, NULL, NULL);
+	return NULL;
+}
+
+/* A follower waits in Init for a commit that never comes: at its startup
+ * deadline it is Dead, the loss policy runs with GF_ERR_TIMEOUT, and the
+ * probes, /state and /metrics say why. */
+static void test_startup_deadline(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_startup_deadline(e, 5000), 0);
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, -1), 0);
+	struct init_call c = { .e = e };
+	assert_int_equal(pthread_create(&c.t, NULL, init_in_thread, &c), 0);
+	usleep(100 * 1000);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	advance_ms(5000);
+	EVENTUALLY(gf_engine_state(e) == GF_ENGINE_DEAD);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
+	assert_int_equal(loss.err, GF_ERR_TIMEOUT);
+	assert_non_null(strstr(loss.detail, "startup deadline"));
+	probes_are(e, 503, 503, 503);
+	char *text, *js;
+	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_dead_cause{cause=\"startup_deadline\"} 1\n"));
+	assert_non_null(strstr(text, "gf_engine_startup_deadline_seconds 5.000000\n"));
+	free(text);
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	json_error_t je;
+	json_t *o = json_loads(js, 0, &je);
+	assert_non_null(o);
+	assert_string_equal(json_string_value(json_object_get(o, "dead_cause")), "startup_deadline");
+	assert_non_null(strstr(json_string_value(json_object_get(o, "dead_reason")), "5000 ms"));
+	json_decref(o);
+	free(js);
+	/* The GMS going away ends the blocked init; the engine stays Dead. */
+	for (int i = 0; i < ndev; i++)
+		gt_stop(&f->gms[i]);
+	pthread_join(c.t, NULL);
+	assert_true(c.rc < 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_int_equal(gf_engine_sleep(e), GF_ERR_STATE);
+	assert_int_equal(atomic_load(&loss.calls), 1);
+}
+
+/* An engine that reaches Standby in time is left alone after its deadline. */
+static void test_startup_deadline_met(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_startup_deadline(e, 5000), 0);
+	assert_int_equal(gf_engine_set_startup_deadline(e, INT64_MAX), GF_ERR_INVALID_ARG);
+	to_standby(e);
+	advance_ms(10000);
+	usleep(200 * 1000); /* ten times the watchdog's poll */
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	probes_are(e, 200, 200, 200);
+}
+
+/* ---- memory gate ---- */
+
+#define NEED_BYTES (1u << 20) /* the fixture's private bytes */
+
+static gf_engine *gate_engine;
+static bool gate_seen_waiting;
+
+/* Make every device short of memory for the wake (host: the MemAvailable
+ * knob; cuda: the test driver's total just above what is used). */
+static void close_gate(gf_engine *e)
+{
+	if (kind == GF_MEM_HOST) {
+		setenv("GF_MEM_HOST_AVAILABLE", "4096", 1);
+		return;
+	}
+	uint64_t most_used = 0;
+	for (int i = 0; i < ndev; i++) {
+		uint64_t free_b, total_b;
+		assert_int_equal(gf_mem_info(gf_engine_mem(e, i), &free_b, &total_b), 0);
+		if (total_b - free_b > most_used)
+			most_used = total_b - free_b;
+	}
+	char v[32];
+	snprintf(v, sizeof(v), "%llu", (unsigned long long)(most_used + NEED_BYTES / 2));
+	setenv("FAKECUDA_TOTAL_MEM", v, 1);
+}
+
+static void open_gate(void)
+{
+	unsetenv("GF_MEM_HOST_AVAILABLE");
+	unsetenv("FAKECUDA_TOTAL_MEM");
+}
+
+static void open_gate_after_three(int n)
+{
+	char *js;
+	if (gf_engine_state_json(gate_engine, &js) == 0) {
+		if (strstr(js, "\"memory_gate_waiting\":true"))
+			gate_seen_waiting = true;
+		free(js);
+	}
+	if (n == 3)
+		open_gate();
+}
+
+static void test_memory_gate_opens(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	to_standby(e);
+	close_gate(e);
+	gate_engine = e;
+	gate_seen_waiting = false;
+	on_sleep = open_gate_after_three;
+	/* Holding the lock it waits, still Standby, until the memory is there. */
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	assert_int_equal(sleeps, 3);
+	assert_true(gate_seen_waiting);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
+	char *text;
+	assert_int_equal(gf_engine_metrics_text(e, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_memory_gate_waiting 0\n"));
+	assert_non_null(strstr(text, "gf_engine_memory_need_bytes 1048576\n"));
+	char *p = strstr(text, "gf_engine_last_failover_seconds{phase=\"memory_gate\"} ");
+	assert_non_null(p);
+	assert_true(strtod(strchr(p, ' ') + 1, NULL) * 1000 >= (double)slept_ms);
+	free(text);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
+}
+
+static void test_memory_gate_stays_closed(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e; /* waking timeout 2 s */
+	to_standby(e);
+	close_gate(e);
+	assert_int_equal(gf_engine_acquire(e, -1), GF_ERR_OUT_OF_MEMORY);
+	open_gate();
+	assert_non_null(strstr(gf_error_detail(), "memory gate"));
+	assert_non_null(strstr(gf_error_detail(), "waking timeout"));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_true(slept_ms > 0 && slept_ms <= 2000);
+	assert_int_equal(mapped_count(e), 0);
+	assert_int_equal(private_count(e), 0); /* nothing was allocated */
+	assert_int_equal(gf_engine_probe(e, GF_PROBE_LIVE), 503);
+	char *js;
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	assert_non_null(strstr(js, "\"dead_cause\":\"memory_gate\""));
+	free(js);
+	/* A need of 0 turns the gate off: a second engine wakes on the same
+	 * short machine once this one has gone (and released the lock). */
+	gf_engine_free(e);
+	f->e = new_engine(f);
+	assert_int_equal(gf_engine_set_memory_need(f->e, 0), 0);
+	to_standby(f->e);
+	close_gate(f->e);
+	assert_int_equal(gf_engine_acquire(f->e, -1), 0);
+	open_gate();
+	assert_int_equal(gf_engine_state(f->e), GF_ENGINE_WAKING);
+}
+
+/* A knob that is not a byte count is a clear error, not a guess. */
+static void test_memory_gate_bad_knob(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	to_standby(e);
+	setenv("GF_MEM_HOST_AVAILABLE", "12x", 1);
+	int rc = gf_engine_acquire(e, -1);
+	unsetenv("GF_MEM_HOST_AVAILABLE");
+	assert_int_equal(rc, GF_ERR_INVALID_ARG);
+	assert_non_null(strstr(gf_error_detail(), "GF_MEM_HOST_AVAILABLE"));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_int_equal(gf_engine_probe(e, GF_PROBE_LIVE), 503);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+		kind = GF_MEM_CUDA;
+		ndev = 2;
+		setenv("FAKECUDA_DEVICES", "2", 1);
+	} else if (argc > 1 && strcmp(argv[1], "host") != 0) {
+		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+		return 2;
+	}
+	char *state_dir = NULL;
+	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
+		state_dir = tu_tmpdir();
+		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_legal_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_illegal_transitions, setup, teardown),
@@ -981,9 +1322,6 @@ int main(void)
 		cmocka_unit_test(test_probe_decision_table),
 		cmocka_unit_test_setup_teardown(test_waking_timeout_flips_live, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow_probe_server_and_failure, setup, teardown),
@@ -993,6 +1331,34 @@ int main(void)
 		cmocka_unit_test(test_default_loss_policy),
 		cmocka_unit_test_setup_teardown(test_metrics_text_and_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_http, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_slow_clients_one_address, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_full_of_others, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_request_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_startup_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_startup_deadline_met, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_memory_gate_opens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_memory_gate_stays_closed, setup, teardown),
+		/* Host only. */
+		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
+		/* The driver's fault knobs: cuda only, last. */
+		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	size_t n = sizeof(tests) / sizeof(tests[0]);
+	int rc;
+	if (kind == GF_MEM_CUDA) {
+		/* All but the host-only test before the last three. */
+		struct CMUnitTest cuda_tests[sizeof(tests) / sizeof(tests[0])];
+		memcpy(cuda_tests, tests, sizeof(tests));
+		memmove(&cuda_tests[n - 4], &cuda_tests[n - 3], 3 * sizeof(tests[0]));
+		rc = tu_run_tests(cuda_tests, n - 1, NULL, NULL);
+	} else {
+		rc = tu_run_tests(tests, n - 3, NULL, NULL);
+	}
+	if (state_dir) {
+		gt_rmtree(state_dir);
+		free(state_dir);
+	}
+	return rc;
 }

@@ -1,26 +1,34 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libFuzzer target: the example engine's safetensors reader (it reads files
- * from outside). Whatever parses must describe tensors inside the input. */
+/* libFuzzer target: the library's safetensors reader (it reads files from
+ * outside). Whatever parses must tile the data area inside the input, in
+ * order, with sizes that match dtype and shape. */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../examples/c-engine/safetensors.h"
+#include "gpufailover/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct st_file f;
-	char err[256];
-	if (st_parse(data, size, &f, err, sizeof(err)) != 0)
+	gf_safetensors *st;
+	if (gf_safetensors_parse(&st, data, size) != 0)
 		return 0;
-	for (size_t i = 0; i < f.n; i++) {
-		const struct st_tensor *t = &f.t[i];
-		if (t->begin > t->end || t->end > f.data_len || t->data < data || t->data + (t->end - t->begin) > data + size)
+	uint64_t at = 0, base = gf_safetensors_data_offset(st);
+	for (size_t i = 0; i < gf_safetensors_count(st); i++) {
+		struct gf_safetensors_tensor t;
+		if (gf_safetensors_at(st, i, &t) || t.begin != at || t.end < t.begin ||
+		    (const uint8_t *)t.data != data + base + t.begin)
 			abort();
-		if (i > 0 && t->begin < f.t[i - 1].begin)
+		uint64_t count = 1;
+		for (unsigned d = 0; d < t.ndim; d++)
+			count *= t.shape[d];
+		if (count * t.dtype_bits / 8 != t.end - t.begin)
 			abort();
+		at = t.end;
 	}
-	st_close(&f);
+	if (base + at != size)
+		abort();
+	gf_safetensors_free(st);
 	return 0;
 }

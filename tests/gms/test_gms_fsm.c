@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "fsm.h"
 #include "layout.h"
 
@@ -216,5 +218,5 @@ int main(void)
 		cmocka_unit_test(test_names),        cmocka_unit_test(test_layout_hash),
 		cmocka_unit_test(test_restored),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "listchunk.h"
 #include "wire.h"
 
@@ -209,5 +211,5 @@ int main(void)
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_limits),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

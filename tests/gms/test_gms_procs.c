@@ -458,9 +458,9 @@ int main(int argc, char **argv)
 	int rc;
 	if (strcmp(backend, "host")) {
 		const struct CMUnitTest one[] = {cmocka_unit_test(test_race_one_loads)};
-		rc = cmocka_run_group_tests(one, NULL, NULL);
+		rc = tu_run_group_tests(one, NULL, NULL);
 	} else {
-		rc = cmocka_run_group_tests(all, NULL, NULL);
+		rc = tu_run_group_tests(all, NULL, NULL);
 	}
 	gt_rmtree(dir);
 	free(dir);

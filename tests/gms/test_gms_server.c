@@ -883,5 +883,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -337,7 +337,7 @@ int main(void)
 		cmocka_unit_test(test_symmetric_deadlock_ends_by_timeout),
 		cmocka_unit_test(test_partial_commit),
 	};
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	int rc = tu_run_group_tests(tests, NULL, NULL);
 	gt_rmtree(dir);
 	free(dir);
 	return rc;

@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include <cuda.h>
 
 #include "gpufailover.h"
@@ -320,5 +322,5 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_readonly_refuses_writes),
 		cmocka_unit_test(test_map_many_remap),
 	};
-	return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

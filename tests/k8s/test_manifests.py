@@ -148,3 +148,43 @@ def test_timeouts_are_consistent(pod):
         # A hung wake is caught by /live after the waking timeout, not by the startup probe.
         assert waking > live["periodSeconds"] * live["failureThreshold"]
     assert window > 0
+
+
+def documented_minimum():
+    """The minimum Kubernetes version docs/operations.md states for the example."""
+    text = (K8S_DIR.parents[1] / "docs" / "operations.md").read_text()
+    m = re.search(r"needs Kubernetes ≥ (\d+)\.(\d+)", text)
+    assert m, "docs/operations.md must state the example's minimum Kubernetes version"
+    return int(m.group(1)), int(m.group(2))
+
+
+def schema_errors(docs, version):
+    kv = pytest.importorskip("kubernetes_validate")
+    errors = []
+    for d in docs:
+        try:
+            kv.validate(d, version, strict=True)
+        except Exception as e:  # SchemaNotFoundError (kind unknown there), ValidationError
+            errors.append(f"{d['kind']}/{d['metadata']['name']} @ {version}: {type(e).__name__} {e}")
+    return errors
+
+
+def test_manifests_validate_strictly_against_the_real_schemas(docs):
+    kv = pytest.importorskip("kubernetes_validate")
+    for version in ("1.34", kv.latest_version()):
+        assert schema_errors(docs, version) == []
+
+
+def test_documented_minimum_version_is_the_real_one(docs):
+    major, minor = documented_minimum()
+    assert schema_errors(docs, f"{major}.{minor}") == []
+    assert schema_errors(docs, f"{major}.{minor - 1}") != []
+
+
+def test_dra_claim_is_ga_with_exactly(docs):
+    templates = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    assert templates
+    for t in templates:
+        assert t["apiVersion"] == "resource.k8s.io/v1"
+        for req in t["spec"]["spec"]["devices"]["requests"]:
+            assert "deviceClassName" in req["exactly"]

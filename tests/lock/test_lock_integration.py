@@ -649,3 +649,161 @@ def test_randomized_history(tmp, procs):
     # Every contender alive at the end other than the holder never saw a loss.
     for c in live:
         assert c.proc.poll() is None, f"{c.id} exited with {c.proc.returncode}: {c.proc.stderr.read()}"
+
+
+# ---- revocation (a holder that will not die) ----
+
+def test_revoke(tmp, procs):
+    d = start_lockd(procs, tmp)
+    a = spawn(procs, d.uri, "a")
+    e1 = a.wait_granted()
+    b = spawn(procs, d.uri, "b")
+    wait_waiters(d.uri, 1)
+    # Only the current grant's epoch revokes anything.
+    r = gfctl("lock", "revoke", "--lock", d.uri, "--epoch", str(e1 + 5))
+    assert r.returncode == 1 and "is not the current grant" in r.stderr, r.stderr
+    r = gfctl("lock", "revoke", "--lock", d.uri)
+    assert r.returncode == 2 and "--epoch" in r.stderr
+    r = gfctl("lock", "revoke", "--lock", d.uri, "--epoch", "-1")
+    assert r.returncode == 2
+    # A hung holder (stopped, its socket open) is revoked: b is granted at once,
+    # with no exit wait, and a higher epoch.
+    a.signal(signal.SIGSTOP)
+    r = gfctl("lock", "revoke", "--lock", d.uri, "--epoch", str(e1))
+    assert r.returncode == 0 and f"revoked epoch={e1}" in r.stdout, r.stderr
+    e2 = b.wait_granted()
+    assert e2 is not None and e2 > e1
+    assert alive(a.pid)
+    # When it wakes up it learns that it lost the lock, and never holds it again.
+    a.signal(signal.SIGCONT)
+    assert a.proc.wait(timeout=20) == EXIT_LOST
+    assert status(d.uri)["holder"] == "b"
+    # Revoking the old epoch again changes nothing.
+    r = gfctl("lock", "revoke", "--lock", d.uri, "--epoch", str(e1))
+    assert r.returncode == 1
+    assert status(d.uri)["holder"] == "b"
+    assert f'msg="revoked" id=a epoch={e1}' in d.logtext()
+
+
+def test_revoke_needs_an_admin_uid(tmp, procs):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run gfctl as another uid")
+    os.chmod(tmp, 0o755)
+    d = start_lockd(procs, tmp, "--allow-uid", "0", "--allow-uid", "65534")
+    os.chmod(d.sock, 0o666)  # the uid check under test is the server's, not the file's
+    a = spawn(procs, d.uri, "a")
+    e1 = a.wait_granted()
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", GFCTL, "lock", "revoke",
+                        "--lock", d.uri, "--epoch", str(e1)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == EXIT_PERMISSION, (r.returncode, r.stderr)
+    assert "only root or the server's own uid may revoke" in r.stderr
+    assert status(d.uri)["holder"] == "a"
+
+
+def test_randomized_history_with_revocations(tmp, procs):
+    """Holders are killed, stopped, and stopped-then-revoked at random. At any
+    time at most one contender acts as holder: a new grant is seen only after
+    the previous holder died or was revoked, a revoked holder exits with "lock
+    lost" as soon as it runs again, and epochs strictly increase."""
+    rnd = random.Random(int(os.environ.get("GF_LOCK_SEED", "4242")))
+    d = start_lockd(procs, tmp, "--exit-wait-timeout", "5s")
+    n = [0]
+    live = []
+
+    def new():
+        n[0] += 1
+        c = Contender(d.uri, f"r{n[0]}")
+        procs.append(c)
+        live.append(c)
+
+    for _ in range(3):
+        new()
+    grants = []
+    ended = {}  # contender id -> "killed" | "revoked"
+    revoked = []
+    sel = selectors.DefaultSelector()
+    registered = set()
+    holder = None
+
+    def poll(timeout):
+        nonlocal holder
+        for c in live:
+            if c.pid not in registered and c.proc.poll() is None:
+                sel.register(c.proc.stdout, selectors.EVENT_READ, c)
+                registered.add(c.pid)
+        ready = []
+        for key, _ in sel.select(timeout):
+            c = key.data
+            line = c.proc.stdout.readline().decode()
+            sel.unregister(c.proc.stdout)
+            if line:
+                ready.append((int(line.split("epoch=")[1]), c))
+        for epoch, c in sorted(ready, key=lambda x: x[0]):
+            if grants:
+                prev_epoch, prev = grants[-1]
+                assert epoch > prev_epoch
+                assert prev.id in ended, f"{c.id} granted epoch {epoch} while {prev.id} still held {prev_epoch}"
+                if ended[prev.id] == "killed":
+                    assert not alive(prev.pid)
+            grants.append((epoch, c))
+            holder = c
+
+    end = time.monotonic() + 12
+    while time.monotonic() < end:
+        poll(rnd.uniform(0.02, 0.15))
+        if not holder or holder.id in ended:
+            continue
+        r = rnd.random()
+        if r < 0.4:
+            holder.kill()
+            holder.proc.wait()
+            ended[holder.id] = "killed"
+            live.remove(holder)
+            new()
+        elif r < 0.8:
+            # Hung: stopped, then revoked by epoch; it stays stopped a while.
+            h, epoch = holder, grants[-1][0]
+            h.signal(signal.SIGSTOP)
+            rr = gfctl("lock", "revoke", "--lock", d.uri, "--epoch", str(epoch))
+            assert rr.returncode == 0, rr.stderr
+            ended[h.id] = "revoked"
+            revoked.append(h)
+            live.remove(h)
+            new()
+        for h in list(revoked):
+            if rnd.random() < 0.3:
+                h.signal(signal.SIGCONT)
+    poll(0.5)
+    for h in revoked:
+        h.signal(signal.SIGCONT)
+        assert h.proc.wait(timeout=20) == EXIT_LOST, f"revoked {h.id} did not report the loss"
+    print(f"history: {len(grants)} grants, {len(revoked)} revocations")
+    assert len(grants) >= 5 and revoked, (len(grants), len(revoked))
+    epochs = [e for e, _ in grants]
+    assert epochs == sorted(set(epochs))
+
+
+# ---- boundaries ----
+
+def test_epochs_stop_at_int64_max(tmp, procs):
+    """An epoch past INT64_MAX would be stored negative and read back as a
+    corrupt file (epochs then restart from the wall clock): the last epoch is
+    INT64_MAX, after it a waiter is refused at once, and the file stays valid."""
+    top = (1 << 63) - 1
+    d = Lockd(tmp)
+    with open(d.state, "w") as f:
+        json.dump({"version": 1, "holder": None, "epoch": top - 1, "session_token": None}, f)
+    d.start()
+    procs.append(d)
+    a = spawn(procs, d.uri, "a")
+    assert a.wait_granted() == top
+    a.kill()
+    a.proc.wait()
+    r = gfctl("lock", "acquire", "--lock", d.uri, "--id", "b", "--timeout", "5s", "--", "true")
+    assert r.returncode not in (0, EXIT_TIMEOUT), r
+    assert "INT64_MAX" in r.stderr
+    assert status(d.uri)["epoch"] == top
+    d.stop()
+    d.start()  # the state file still reads back
+    assert status(d.uri)["epoch"] == top
+    assert "corrupt" not in d.logtext()

@@ -593,6 +593,81 @@ static void test_config_validation(void **s)
 	gf_lock_free(NULL);
 }
 
+
+/* Durations that overflow 64-bit microseconds used to become "none": every
+ * setter refuses them, and a huge timeout on the wire means "forever", not
+ * "expired". */
+static void test_durations_do_not_overflow(void **s)
+{
+	(void)s;
+	const int64_t huge = INT64_C(1) << 62;
+	gf_lockd *d;
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(d, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lockd_set_handshake_timeout(d, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lockd_set_lease(d, 1000, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lockd_set_handshake_timeout(d, 86400000), 0);
+	gf_lockd_free(d);
+	gf_gmsd *g;
+	assert_int_equal(gf_gmsd_new(&g), 0);
+	assert_int_equal(gf_gmsd_set_oom_retry(g, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_gmsd_set_handshake_timeout(g, huge), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_gmsd_set_handshake_timeout(g, 0), GF_ERR_INVALID_ARG);
+	gf_gmsd_free(g);
+
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	struct raw a, b;
+	raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(raw_next(&a, 5000), gf_Msg_lock_granted_tag);
+	raw_open(&b, sv.uri, "b");
+	raw_acquire(&b, "b", huge, NULL, 0);
+	assert_int_equal(raw_next(&b, 300), 0); /* still waiting: no TIMEOUT */
+	raw_close(&a);
+	assert_int_equal(raw_next(&b, 5000), gf_Msg_lock_granted_tag);
+	raw_close(&b);
+	srv_stop(&sv);
+}
+
+/* The two servers' loop contracts are the same: a timeout getter, and
+ * process() says 1 once stopped. */
+static void test_servers_symmetric(void **s)
+{
+	(void)s;
+	char *dir = tu_tmpdir();
+	char uri[300];
+	gf_lockd *d;
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_get_timeout_ms(d), -1);
+	snprintf(uri, sizeof(uri), "unix://%s/l.sock", dir);
+	assert_int_equal(gf_lockd_add_listen(d, uri), 0);
+	assert_int_equal(gf_lockd_add_allow_uid(d, 12345), 0);
+	assert_int_equal(gf_lockd_start(d), 0);
+	assert_int_equal(gf_lockd_add_allow_uid(d, 1), GF_ERR_STATE);
+	assert_int_equal(gf_lockd_process(d), 0);
+	gf_lockd_stop(d);
+	assert_int_equal(gf_lockd_process(d), 1);
+	gf_lockd_free(d);
+	gf_gmsd *g;
+	assert_int_equal(gf_gmsd_new(&g), 0);
+	assert_int_equal(gf_gmsd_get_timeout_ms(g), -1);
+	snprintf(uri, sizeof(uri), "unix://%s/g.sock", dir);
+	assert_int_equal(gf_gmsd_add_listen(g, "tcp://127.0.0.1:1"), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_gmsd_add_listen(g, uri), 0);
+	assert_int_equal(gf_gmsd_set_backend(g, GF_MEM_HOST), 0);
+	assert_int_equal(gf_gmsd_add_allow_uid(g, 12345), 0);
+	assert_int_equal(gf_gmsd_start(g), 0);
+	assert_int_equal(gf_gmsd_add_allow_uid(g, 1), GF_ERR_STATE);
+	assert_int_equal(gf_gmsd_process(g), 0);
+	gf_gmsd_stop(g);
+	assert_int_equal(gf_gmsd_process(g), 1);
+	gf_gmsd_free(g);
+	rmdir(dir);
+	free(dir);
+}
+
 static void test_fork_child_does_not_hold(void **s)
 {
 	(void)s;
@@ -636,7 +711,9 @@ int main(void)
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
+		cmocka_unit_test(test_durations_do_not_overflow),
+		cmocka_unit_test(test_servers_symmetric),
 		cmocka_unit_test(test_fork_child_does_not_hold),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

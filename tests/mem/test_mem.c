@@ -644,7 +644,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_map_many_undo_host), /* host only: last */
 	};
 	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 1);
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "mem-cuda" : "mem-host", tests, n, NULL, NULL);
+	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);

@@ -75,7 +75,7 @@ int main(void)
 		cmocka_unit_test(test_no_device),
 		cmocka_unit_test(test_init_failure_then_success),
 	};
-	int rc = cmocka_run_group_tests_name("mem-load", tests, NULL, NULL);
+	int rc = tu_run_group_tests(tests, NULL, NULL);
 	rmdir(dir);
 	free(dir);
 	return rc;

@@ -71,5 +71,5 @@ int main(void)
 		cmocka_unit_test(test_auto_falls_back_to_host),
 		cmocka_unit_test(test_not_a_driver),
 	};
-	return cmocka_run_group_tests_name("mem-nodriver", tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

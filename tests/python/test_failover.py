@@ -28,12 +28,12 @@ def state(probe_port):
         return None
 
 
-def start_engine(cluster, kind, name, role):
+def start_engine(cluster, kind, name, role, *extra):
     port, probe = free_port(), free_port()
     exe = [sys.executable, PY_ENGINE] if kind == "python" else [C_ENGINE]
     p = cluster.spawn(name, exe + ["--lock", cluster.lock_uri, "--gms", cluster.gms_uri(), "--role", role,
                                    "--id", name, "--port", str(port), "--probe-port", str(probe),
-                                   "--probe-address", "127.0.0.1", "--backend", "host"])
+                                   "--probe-address", "127.0.0.1", "--backend", "host", *extra])
     p.port, p.probe = port, probe
     return p
 

@@ -419,3 +419,75 @@ def test_lock_refuses_a_peer_it_cannot_watch(tmp, daemons):
             assert 'reason="no pidfd"' in st_log
         d.stop()
     assert refused, "no connection was refused for want of a pidfd at either limit"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_lock_rate_limits_wrong_secrets_per_source(tmp, daemons):
+    """Wrong secrets were accepted as fast as a peer could send them: after a
+    burst, a source gets about one guess per second; the right secret still
+    works once the source stops guessing."""
+    secret = os.path.join(tmp, "secret")
+    with open(secret, "w") as f:
+        f.write("s3cret")
+    port = free_port()
+    d = start(daemons, "lock", tmp, "--listen", f"tcp://127.0.0.1:{port}", "--secret-file", secret)
+    answered = 0
+    t0 = time.monotonic()
+    for _ in range(30):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(5)
+        try:
+            s.sendall(frame(hello("lock")))
+            m = recv_msg(s)
+            if MSG_WELCOME not in m:
+                continue
+            answered += 1
+            s.sendall(frame(msg(12, field_bytes(1, b"\0" * 32))))  # Auth with a wrong MAC
+            err = error_of(recv_msg(s))
+            assert err and "wrong shared secret" in err[1]
+        except (ConnectionError, OSError):
+            pass  # closed at accept: the source is out of guesses
+        finally:
+            s.close()
+    elapsed = time.monotonic() - t0
+    assert answered <= 5 + int(elapsed) + 1, f"{answered} guesses answered in {elapsed:.1f}s"
+    st = d.status_json()
+    assert st["refused_auth_rate"] >= 1
+    time.sleep(2.5)
+    r = subprocess.run([GFCTL, "lock", "ping", "--lock", f"tcp://127.0.0.1:{port}", "--secret-file", secret],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_peer_ids_follow_the_id_rule(kind, tmp, daemons):
+    """A newline in a peer id forged log lines and invalid UTF-8 hid a
+    client's events from `gfctl gms status`: ids that break the lock's id
+    rule show as "?"."""
+    d = start(daemons, kind, tmp)
+    evil = b"evil\nts=0 level=error component=forged msg=\"forged\" \xff"
+    s = d.connect()
+    d.handshake(s, peer_id=evil)
+    if kind == "gms":
+        s.sendall(frame(msg(40, field_varint(1, 1))))  # GmsConnect RW: an event naming the peer
+        m = recv_msg(s)
+        assert 41 in m, m
+    else:
+        s.sendall(frame(msg(20, field_bytes(1, b"ok-id") + field_varint(2, 1000))))  # a valid acquire
+        recv_msg(s)
+    s.close()
+    time.sleep(0.3)
+    log = open(d.log, "rb").read()
+    assert b"component=forged" not in log
+    assert b"\xff" not in log
+    st = d.status_json()  # parses: valid UTF-8 throughout
+    if kind == "gms":
+        events = " ".join(e["what"] for e in st["events"])
+        assert "peer=? " in events, events

@@ -144,5 +144,5 @@ int main(void)
 		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

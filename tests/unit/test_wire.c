@@ -17,6 +17,8 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <cmocka.h>
 
@@ -497,6 +499,75 @@ static void test_decode_reuse(void **state)
 	gf_msg_free(in);
 }
 
+
+/* A fake TCP server that asks for the client's MAC without proving it knows
+ * the secret itself (or with a wrong proof). */
+struct fake_server {
+	int lfd;
+	bool wrong_proof;
+	size_t hello_challenge; /* what the client's Hello carried */
+};
+
+static void *fake_server(void *arg)
+{
+	struct fake_server *f = arg;
+	int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+	struct gf_frame_reader r;
+	gf_frame_reader_init(&r, 0);
+	gf_Msg *m = gf_msg_new();
+	if (fd >= 0 && gf_msg_recv(&r, fd, m, NULL, NULL, in_ms(2000)) == 0) {
+		f->hello_challenge = m->body.hello.challenge.size;
+		memset(m, 0, sizeof(*m));
+		m->which_body = gf_Msg_welcome_tag;
+		m->body.welcome.version = GF_PROTOCOL_VERSION;
+		m->body.welcome.component = gf_Component_COMPONENT_LOCK;
+		m->body.welcome.challenge.size = 32;
+		if (f->wrong_proof) {
+			m->body.welcome.proof.size = 32;
+			memset(m->body.welcome.proof.bytes, 0x11, 32);
+		}
+		gf_msg_send(fd, m, NULL, 0, in_ms(2000));
+		/* A fake that grants whatever MAC arrives. */
+		if (gf_msg_recv(&r, fd, m, NULL, NULL, in_ms(500)) == 0) {
+			memset(m, 0, sizeof(*m));
+			m->which_body = gf_Msg_auth_ok_tag;
+			gf_msg_send(fd, m, NULL, 0, in_ms(2000));
+		}
+	}
+	gf_msg_free(m);
+	gf_frame_reader_clear(&r);
+	gf_close(fd);
+	return NULL;
+}
+
+static void test_handshake_server_must_prove_secret(void **state)
+{
+	(void)state;
+	for (int wrong = 0; wrong < 2; wrong++) {
+		struct fake_server f = { .wrong_proof = wrong };
+		f.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		socklen_t al = sizeof(a);
+		assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+		assert_int_equal(listen(f.lfd, 1), 0);
+		assert_int_equal(getsockname(f.lfd, (struct sockaddr *)&a, &al), 0);
+		pthread_t t;
+		pthread_create(&t, NULL, fake_server, &f);
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		struct gf_frame_reader r;
+		gf_frame_reader_init(&r, 0);
+		assert_int_equal(gf_handshake_client(fd, &r, gf_Component_COMPONENT_LOCK, "t", (const uint8_t *)"k", 1,
+						     in_ms(2000), NULL), GF_ERR_PERMISSION);
+		assert_non_null(strstr(gf_error_detail(), "did not prove"));
+		close(fd);
+		pthread_join(t, NULL);
+		assert_int_equal(f.hello_challenge, 32);
+		gf_frame_reader_clear(&r);
+		close(f.lfd);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -517,8 +588,9 @@ int main(void)
 		cmocka_unit_test(test_recv_timeout),
 		cmocka_unit_test(test_error_message),
 		cmocka_unit_test(test_handshake),
+		cmocka_unit_test(test_handshake_server_must_prove_secret),
 		cmocka_unit_test(test_auth_mac),
 		cmocka_unit_test(test_decode_reuse),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -40,19 +40,24 @@ from ._gpufailover import (
     UnreachableError,
     __version__,
     gms_status,
+    install_fault_reporter,
     lock_status,
     parse_duration,
+    remove_fault_reporter,
+    safetensors_header,
     strerror,
 )
 from . import _gpufailover
+from typing import Any
 
 
-def torch_allocator_path():
+def torch_allocator_path() -> str:
     """Path of the shared object exporting gf_torch_malloc / gf_torch_free."""
-    return _gpufailover.__file__
+    path: str = _gpufailover.__file__
+    return path
 
 
-def torch_allocator():
+def torch_allocator() -> Any:
     """A torch.cuda.memory.CUDAPluggableAllocator over GMS memory (needs PyTorch with CUDA).
 
     Use it for a torch.cuda.MemPool and allocate inside ``torch_pool(writer)``::
@@ -70,16 +75,15 @@ def torch_allocator():
 class torch_pool:
     """Context manager: allocations through gf_torch_malloc go to ``writer``'s GMS."""
 
-    def __init__(self, writer):
+    def __init__(self, writer: GMSClient) -> None:
         self.writer = writer
 
-    def __enter__(self):
+    def __enter__(self) -> GMSClient:
         _gpufailover._torch_pool_begin(self.writer)
         return self.writer
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         _gpufailover._torch_pool_end()
-        return False
 
 __all__ = [
     "Engine",
@@ -103,8 +107,11 @@ __all__ = [
     "UnreachableError",
     "__version__",
     "gms_status",
+    "install_fault_reporter",
     "lock_status",
     "parse_duration",
+    "remove_fault_reporter",
+    "safetensors_header",
     "strerror",
     "torch_allocator",
     "torch_allocator_path",

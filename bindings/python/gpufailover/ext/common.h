@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Declarations shared by the files of the CPython C-API extension over
+ * libgpufailover, one file per Python type. The thin Python package
+ * (gpufailover/__init__.py) re-exports what is defined here.
+ *
+ * Rules kept throughout: every blocking library call runs with the GIL
+ * released; arguments are checked before anything happens (TypeError /
+ * ValueError, never a crash); library errors become exceptions of the
+ * GpuFailoverError hierarchy carrying the library's detail text.
+ */
+#ifndef GFPY_COMMON_H
+#define GFPY_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpufailover.h"
+#include "../dlpack_abi.h"
+
+typedef struct {
+	PyObject_HEAD
+	gf_mem *mem;
+} MemoryObject;
+
+typedef struct {
+	PyObject_HEAD
+	gf_gms *gms;
+	gf_mem *mem;
+	PyObject *owner_ref; /* the Memory (own clients) or Engine (borrowed clients) kept alive */
+	int borrowed;        /* the gf_gms belongs to an Engine: never freed here */
+	int device;          /* with borrowed: the Engine's device index */
+	Py_ssize_t exports;  /* live buffers / DLPack capsules over the mappings */
+	Py_ssize_t busy;     /* calls running with the GIL released */
+	PyObject *on_lost;
+} GMSObject;
+
+/* Dimensions of a Mapping: as many as a safetensors tensor may have in the C engine. */
+#define GFPY_MAX_DIMS 16
+
+typedef struct {
+	PyObject_HEAD
+	GMSObject *owner;
+	uint64_t addr;
+	Py_ssize_t size;
+	int readonly;
+	int device_type, device_id;
+	gf_DLDataType dtype;
+	int ndim;
+	int64_t shape[GFPY_MAX_DIMS];
+	char format[4];
+	Py_ssize_t itemsize;
+	Py_ssize_t pyshape[GFPY_MAX_DIMS];
+} MappingObject;
+
+/*
+ * In-use counts. A method that uses an object's library handle with the GIL
+ * released counts itself in obj->busy (changed only with the GIL held), so
+ * close() on another thread never frees the handle under it: close()
+ * interrupts a blocked wait and waits for it, or raises StateError.
+ */
+#define BLOCKING_COUNT(busy, stmt)     \
+	do {                           \
+		(*(busy))++;           \
+		Py_BEGIN_ALLOW_THREADS \
+		stmt;                  \
+		Py_END_ALLOW_THREADS   \
+		(*(busy))--;           \
+	} while (0)
+#define BLOCKING(obj, stmt) BLOCKING_COUNT(&(obj)->busy, stmt)
+/* Raise StateError naming what cannot be done while busy > 0; 0 if idle. */
+int refuse_busy(Py_ssize_t busy, const char *type, const char *what);
+/* Release the GIL until *busy drops to 0. */
+void wait_idle(const Py_ssize_t *busy);
+
+/* exceptions (errors.c) */
+extern PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError,
+	*ProtocolError, *GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError,
+	*StateError, *NotFoundError, *InterruptedError_;
+PyObject *raise_gf(int err);
+int errors_add(PyObject *m);
+
+/* helpers (common.c) */
+int timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
+/* PyArg "O&" converter to uint64_t: OverflowError outside 0 .. 2**64-1
+ * (never wrapped, as the "K" format would), TypeError for non-integers. */
+int u64_arg(PyObject *obj, void *out);
+PyObject *json_loads(const char *text);
+void run_hook(PyObject *fn, int err, const char *detail);
+PyObject *hook_get(PyObject *slot);
+int hook_set(PyObject **slot, PyObject *v, const char *what);
+extern unsigned long main_thread_ident;
+/* 1 on the thread that runs Python's signal handlers. */
+int in_main_thread(void);
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t now_ms(void);
+/* wait_interruptible(): a Python exception is set (a signal handler raised). */
+#define GFPY_PYERR 1
+/* wait_interruptible(): a signal handler closed the object (its handle is NULL). */
+#define GFPY_CLOSED 2
+/*
+ * Run call(ctx, ms) with the GIL released, counted in *busy, until it returns
+ * something other than GF_ERR_INTERRUPTED; a signal with a Python handler
+ * runs intr(handle(obj)) (async-signal-safe) to wake it, then the handlers run
+ * and the wait goes on with the time that remains. An interrupted call whose
+ * *stop is set (close() on another thread) is not resumed: GF_ERR_INTERRUPTED
+ * is returned. Returns call()'s result, GFPY_PYERR or GFPY_CLOSED.
+ */
+int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
+		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms);
+
+/* the types, each in its own file */
+extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;
+int backend_arg(PyObject *obj, int *kind);
+int memory_ready(MemoryObject *self);
+int lock_add_grant(PyObject *m);
+int gms_ready(GMSObject *self);
+int no_exports(GMSObject *self, const char *what);
+void engine_forget_view(PyObject *engine, GMSObject *view);
+PyObject *py_install_fault_reporter(PyObject *self, PyObject *arg);
+PyObject *py_remove_fault_reporter(PyObject *self, PyObject *args);
+
+#endif

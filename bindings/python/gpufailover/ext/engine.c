@@ -1,0 +1,640 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Engine: the engine state machine. */
+#include "common.h"
+
+typedef struct {
+	PyObject_HEAD
+	gf_engine *engine;
+	PyObject *on_loss;   /* callable or NULL: NULL keeps the library's default (terminate) */
+	PyObject *health;    /* callable or NULL */
+	PyObject *pending;   /* exception raised inside a callback, re-raised by the step */
+	/* GMSClient views of the engine's own clients, made on first use. Not
+	 * references: each view holds a reference to the engine, so the engine
+	 * (and the memory the views expose) outlives every view. */
+	GMSObject *views[16];
+	Py_ssize_t busy; /* calls running with the GIL released */
+	int acquiring;   /* one of them is acquire(), which close() can interrupt */
+	int closing;     /* close() is ending a blocked acquire() */
+} EngineObject;
+
+void engine_forget_view(PyObject *engine, GMSObject *view)
+{
+	EngineObject *e = (EngineObject *)engine;
+	if (e->views[view->device] == view)
+		e->views[view->device] = NULL;
+}
+
+static int engine_ready(EngineObject *self)
+{
+	if (!self->engine) {
+		PyErr_SetString(PyExc_ValueError, "Engine is closed or not initialized");
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *borrowed_gms(EngineObject *self, int device)
+{
+	gf_gms *g = gf_engine_gms(self->engine, device);
+	if (!g || device < 0 || device >= 16)
+		return PyErr_Format(PyExc_IndexError, "no GMS for device %d", device);
+	GMSObject *go = self->views[device];
+	if (go && go->gms == g) {
+		Py_INCREF(go);
+		return (PyObject *)go;
+	}
+	go = (GMSObject *)PyType_GenericNew(&GMSType, NULL, NULL);
+	if (!go)
+		return NULL;
+	go->gms = g;
+	go->mem = gf_engine_mem(self->engine, device);
+	go->borrowed = 1;
+	go->device = device;
+	Py_INCREF(self);
+	go->owner_ref = (PyObject *)self;
+	Py_INCREF(Py_None);
+	go->on_lost = Py_None;
+	self->views[device] = go;
+	return (PyObject *)go;
+}
+
+/* Run a Python callback from a library callback (GIL released around the
+ * library call): a raised exception is kept and the step fails. */
+static int call_back(EngineObject *self, PyObject *fn, PyObject *args)
+{
+	PyObject *r = PyObject_CallObject(fn, args);
+	if (!r) {
+		if (!self->pending) {
+			PyObject *t, *v, *tb;
+			PyErr_Fetch(&t, &v, &tb);
+			PyErr_NormalizeException(&t, &v, &tb);
+			if (tb)
+				PyException_SetTraceback(v, tb);
+			self->pending = v;
+			Py_XDECREF(t);
+			Py_XDECREF(tb);
+		} else {
+			PyErr_Clear();
+		}
+		return GF_ERR_INTERRUPTED;
+	}
+	Py_DECREF(r);
+	return 0;
+}
+
+struct step_ctx {
+	EngineObject *self;
+	PyObject *fn;
+};
+
+static int load_trampoline(gf_engine *e, int device, gf_gms *gms, void *ud)
+{
+	struct step_ctx *c = ud;
+	PyGILState_STATE st = PyGILState_Ensure();
+	int rc;
+	PyObject *g = borrowed_gms(c->self, device);
+	if (!g) {
+		rc = call_back(c->self, Py_None, NULL); /* records the pending error */
+	} else {
+		PyObject *args = Py_BuildValue("(iO)", device, g);
+		rc = args ? call_back(c->self, c->fn, args) : GF_ERR_NOMEM;
+		Py_XDECREF(args);
+		Py_DECREF(g);
+	}
+	PyGILState_Release(st);
+	return rc;
+}
+
+static int step_trampoline(gf_engine *e, void *ud)
+{
+	struct step_ctx *c = ud;
+	PyGILState_STATE st = PyGILState_Ensure();
+	int rc = call_back(c->self, c->fn, NULL);
+	PyGILState_Release(st);
+	return rc;
+}
+
+static int health_trampoline(gf_engine *e, void *ud)
+{
+	EngineObject *self = ud;
+	PyGILState_STATE st = PyGILState_Ensure();
+	int healthy = 0;
+	if (self->health) {
+		PyObject *r = PyObject_CallNoArgs(self->health);
+		if (r)
+			healthy = PyObject_IsTrue(r) == 1;
+		else
+			PyErr_WriteUnraisable(self->health);
+		Py_XDECREF(r);
+	}
+	PyGILState_Release(st);
+	return healthy;
+}
+
+static void loss_trampoline(gf_engine *e, int err, const char *detail, void *ud)
+{
+	run_hook(((EngineObject *)ud)->on_loss, err, detail);
+}
+
+/* After a step: re-raise an exception from a callback, else the library error. */
+static PyObject *step_result(EngineObject *self, int rc)
+{
+	if (self->pending) {
+		PyObject *v = self->pending;
+		self->pending = NULL;
+		PyErr_SetObject((PyObject *)Py_TYPE(v), v);
+		Py_DECREF(v);
+		return NULL;
+	}
+	if (rc == GF_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
+		return NULL;
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static int role_arg(PyObject *obj, int *role)
+{
+	const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+	if (!s) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "role must be 'loader' or 'follower', not %.100s", Py_TYPE(obj)->tp_name);
+		return -1;
+	}
+	if (!strcmp(s, "loader"))
+		*role = GF_ENGINE_LOADER;
+	else if (!strcmp(s, "follower"))
+		*role = GF_ENGINE_FOLLOWER;
+	else {
+		PyErr_Format(PyExc_ValueError, "role must be 'loader' or 'follower', not '%s'", s);
+		return -1;
+	}
+	return 0;
+}
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
+				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
+	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
+	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None, *pobj = Py_None;
+	uint64_t priv = 0;
+	long probe_port = -1; /* -1: no probe server */
+	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
+	int64_t waking = -2, remap = -2, init_ms = -1;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&Oz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
+					 &bobj, &wobj, &robj, &iobj, u64_arg, &priv, &pobj, &probe_addr))
+		return -1;
+	if (self->engine) {
+		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
+		return -1;
+	}
+	if ((roleobj && role_arg(roleobj, &role) < 0) || backend_arg(bobj, &kind) < 0 ||
+	    (wobj && timeout_arg(wobj, &waking, 0) < 0) || (robj && timeout_arg(robj, &remap, 0) < 0) ||
+	    timeout_arg(iobj, &init_ms, 1) < 0)
+		return -1;
+	if (pobj != Py_None) {
+		PyObject *idx = PyNumber_Index(pobj);
+		probe_port = idx ? PyLong_AsLong(idx) : -1; /* OverflowError beyond a long */
+		Py_XDECREF(idx);
+		if (PyErr_Occurred())
+			return -1;
+		if (probe_port < 0 || probe_port > 65535) {
+			PyErr_SetString(PyExc_ValueError, "probe_port must be 0..65535 (0: any free port) or None");
+			return -1;
+		}
+	}
+	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
+	if (!seq)
+		return -1;
+	if (PySequence_Fast_GET_SIZE(seq) < 1) {
+		Py_DECREF(seq);
+		PyErr_SetString(PyExc_ValueError, "gms must name at least one GMS URI");
+		return -1;
+	}
+	gf_engine *e = NULL;
+	int rc = gf_engine_new(&e);
+	if (rc == 0)
+		rc = gf_engine_set_lock(e, lock_uri, id);
+	for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *u = PySequence_Fast_GET_ITEM(seq, i);
+		const char *us = PyUnicode_Check(u) ? PyUnicode_AsUTF8(u) : NULL;
+		if (!us) {
+			Py_DECREF(seq);
+			gf_engine_free(e);
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_TypeError, "gms entries must be str URIs");
+			return -1;
+		}
+		rc = gf_engine_add_gms(e, us);
+	}
+	Py_DECREF(seq);
+	if (rc == 0)
+		rc = gf_engine_set_role(e, role);
+	if (rc == 0)
+		rc = gf_engine_set_backend(e, kind);
+	if (rc == 0 && waking != -2)
+		rc = gf_engine_set_waking_timeout(e, waking);
+	if (rc == 0 && remap != -2)
+		rc = gf_engine_set_remap_timeout(e, remap);
+	if (rc == 0)
+		rc = gf_engine_set_init_timeout(e, init_ms);
+	if (rc == 0 && priv)
+		rc = gf_engine_set_private_bytes(e, priv);
+	if (rc == 0 && probe_port >= 0)
+		rc = gf_engine_set_probe_address(e, probe_addr, (int)probe_port);
+	if (rc == 0)
+		rc = gf_engine_set_health_fn(e, health_trampoline, self);
+	if (rc == 0 && probe_port >= 0)
+		rc = gf_engine_start_probe_server(e);
+	if (rc < 0) {
+		gf_engine_free(e);
+		raise_gf(rc);
+		return -1;
+	}
+	self->engine = e;
+	return 0;
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+	gf_engine *e = self->engine;
+	self->engine = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_engine_free(e);
+	Py_END_ALLOW_THREADS
+	Py_XDECREF(self->on_loss);
+	Py_XDECREF(self->health);
+	Py_XDECREF(self->pending);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "load", NULL };
+	PyObject *fn = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &fn))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	if (fn != Py_None && !PyCallable_Check(fn))
+		return PyErr_Format(PyExc_TypeError, "load must be callable(device, gms) or None");
+	struct step_ctx ctx = { self, fn };
+	int rc;
+	BLOCKING(self, rc = gf_engine_init_weights(self->engine, fn == Py_None ? NULL : load_trampoline, &ctx));
+	return step_result(self, rc);
+}
+
+#define ENGINE_STEP(name, call)                                                 \
+	static PyObject *Engine_##name(EngineObject *self, PyObject *unused)    \
+	{                                                                       \
+		if (engine_ready(self) < 0)                                     \
+			return NULL;                                            \
+		int rc;                                                         \
+		BLOCKING(self, rc = call);                                      \
+		return step_result(self, rc);                                   \
+	}
+ENGINE_STEP(sleep, gf_engine_sleep(self->engine))
+ENGINE_STEP(wake_up, gf_engine_wake_up(self->engine))
+#undef ENGINE_STEP
+
+static PyObject *Engine_sleep_checked(EngineObject *self, PyObject *unused)
+{
+	/* Sleep unmaps the weights: refuse while Python still holds views on them. */
+	for (int i = 0; i < 16; i++)
+		if (self->views[i] && no_exports(self->views[i], "sleep") < 0)
+			return NULL;
+	return Engine_sleep(self, unused);
+}
+
+static void engine_interrupt_cb(void *arg)
+{
+	gf_engine_interrupt(arg);
+}
+
+static void *engine_handle(PyObject *obj)
+{
+	return ((EngineObject *)obj)->engine;
+}
+
+static int engine_acquire_call(void *ctx, int64_t ms)
+{
+	return gf_engine_acquire(ctx, ms);
+}
+
+static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tobj = Py_None;
+	int64_t ms;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
+		return NULL;
+	if (engine_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
+		return NULL;
+	self->acquiring++;
+	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, engine_handle,
+				    (PyObject *)self, &self->busy, &self->closing, ms);
+	self->acquiring--;
+	if (rc == GFPY_PYERR)
+		return NULL;
+	if (rc == GFPY_CLOSED)
+		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by a signal handler");
+	if (rc == GF_ERR_INTERRUPTED && self->closing)
+		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by another thread");
+	PyObject *r = step_result(self, rc);
+	if (!r)
+		return NULL;
+	Py_DECREF(r);
+	return PyLong_FromUnsignedLongLong(gf_engine_epoch(self->engine));
+}
+
+static PyObject *Engine_serve(EngineObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "serve", NULL };
+	PyObject *fn = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &fn))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	if (fn != Py_None && !PyCallable_Check(fn))
+		return PyErr_Format(PyExc_TypeError, "serve must be callable() or None");
+	struct step_ctx ctx = { self, fn };
+	int rc;
+	BLOCKING(self, rc = gf_engine_serve(self->engine, fn == Py_None ? NULL : step_trampoline, &ctx));
+	return step_result(self, rc);
+}
+
+static PyObject *Engine_mark_dead(EngineObject *self, PyObject *args)
+{
+	const char *reason = "marked dead by the engine";
+	if (!PyArg_ParseTuple(args, "|s", &reason))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_mark_dead(self->engine, reason);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static int probe_arg(PyObject *obj, int *probe)
+{
+	const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+	if (!s) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "probe must be 'live', 'ready' or 'startup'");
+		return -1;
+	}
+	if (!strcmp(s, "live"))
+		*probe = GF_PROBE_LIVE;
+	else if (!strcmp(s, "ready"))
+		*probe = GF_PROBE_READY;
+	else if (!strcmp(s, "startup"))
+		*probe = GF_PROBE_STARTUP;
+	else {
+		PyErr_Format(PyExc_ValueError, "probe must be 'live', 'ready' or 'startup', not '%s'", s);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *Engine_probe(EngineObject *self, PyObject *arg)
+{
+	int probe;
+	if (engine_ready(self) < 0 || probe_arg(arg, &probe) < 0)
+		return NULL;
+	int code;
+	BLOCKING(self, code = gf_engine_probe(self->engine, probe));
+	if (code < 0)
+		return raise_gf(code);
+	return PyLong_FromLong(code);
+}
+
+static PyObject *Engine_get_state(EngineObject *self, void *c)
+{
+	if (engine_ready(self) < 0)
+		return NULL;
+	return PyUnicode_FromString(gf_engine_state_name(gf_engine_state(self->engine)));
+}
+
+static PyObject *Engine_get_metrics(EngineObject *self, void *c)
+{
+	struct gf_engine_metrics m;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_metrics(self->engine, &m);
+	if (rc < 0)
+		return raise_gf(rc);
+	return Py_BuildValue("{s:s,s:L,s:K,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:K}", "state", gf_engine_state_name(m.state),
+			     "time_in_state_us", (long long)m.time_in_state_us, "transitions",
+			     (unsigned long long)m.transitions, "failovers", (unsigned long long)m.failovers, "epoch",
+			     (unsigned long long)m.epoch, "lock_wait_us", (long long)m.lock_wait_us, "remap_us",
+			     (long long)m.remap_us, "private_alloc_us", (long long)m.private_alloc_us, "serve_us",
+			     (long long)m.serve_us, "wake_total_us", (long long)m.wake_total_us, "private_alloc_retries",
+			     (unsigned long long)m.private_alloc_retries);
+}
+
+static PyObject *Engine_metrics_text(EngineObject *self, PyObject *unused)
+{
+	char *text = NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_metrics_text(self->engine, &text);
+	if (rc < 0)
+		return raise_gf(rc);
+	PyObject *r = PyUnicode_FromString(text);
+	free(text);
+	return r;
+}
+
+static PyObject *Engine_state_info(EngineObject *self, PyObject *unused)
+{
+	char *text = NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_state_json(self->engine, &text);
+	if (rc < 0)
+		return raise_gf(rc);
+	PyObject *r = json_loads(text);
+	free(text);
+	return r;
+}
+
+static PyObject *Engine_gms(EngineObject *self, PyObject *args)
+{
+	int device = 0;
+	if (!PyArg_ParseTuple(args, "|i", &device))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	if (device < 0 || device >= gf_engine_device_count(self->engine))
+		return PyErr_Format(PyExc_IndexError, "device %d out of range", device);
+	return borrowed_gms(self, device);
+}
+
+static PyObject *Engine_private_memory(EngineObject *self, PyObject *args)
+{
+	int device = 0;
+	uint64_t addr, size;
+	if (!PyArg_ParseTuple(args, "|i", &device))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_private_memory(self->engine, device, &addr, &size);
+	if (rc < 0)
+		return raise_gf(rc);
+	return Py_BuildValue("(KK)", (unsigned long long)addr, (unsigned long long)size);
+}
+
+static PyObject *Engine_get_epoch(EngineObject *self, void *c)
+{
+	return PyLong_FromUnsignedLongLong(self->engine ? gf_engine_epoch(self->engine) : 0);
+}
+
+static PyObject *Engine_get_probe_port(EngineObject *self, void *c)
+{
+	if (engine_ready(self) < 0)
+		return NULL;
+	int p = gf_engine_probe_port(self->engine);
+	if (p <= 0)
+		Py_RETURN_NONE;
+	return PyLong_FromLong(p);
+}
+
+static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
+{
+	return hook_get(self->on_loss);
+}
+
+static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
+{
+	if (engine_ready(self) < 0)
+		return -1;
+	if (v && v != Py_None && !PyCallable_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "on_loss must be callable(code, detail) or None (the default: terminate)");
+		return -1;
+	}
+	int rc;
+	if (!v || v == Py_None) {
+		Py_CLEAR(self->on_loss);
+		rc = gf_engine_set_loss_fn(self->engine, gf_engine_default_loss, NULL);
+	} else {
+		Py_INCREF(v);
+		Py_XSETREF(self->on_loss, v);
+		rc = gf_engine_set_loss_fn(self->engine, loss_trampoline, self);
+	}
+	if (rc < 0) {
+		raise_gf(rc);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *Engine_get_health(EngineObject *self, void *c)
+{
+	return hook_get(self->health);
+}
+
+static int Engine_set_health(EngineObject *self, PyObject *v, void *c)
+{
+	if (v && v != Py_None && !PyCallable_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "health must be callable() -> bool or None");
+		return -1;
+	}
+	Py_XINCREF(v == Py_None ? NULL : v);
+	Py_XSETREF(self->health, v == Py_None ? NULL : v);
+	return 0;
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+	/* acquire() on another thread is interrupted and waited for; any other
+	 * call (wake_up, serve, a view's remap ...) cannot be, so close() raises. */
+	if (self->busy > 0 && self->busy == self->acquiring) {
+		self->closing = 1;
+		gf_engine_interrupt(self->engine);
+		wait_idle(&self->busy);
+		self->closing = 0;
+		if (!self->engine)
+			Py_RETURN_NONE; /* another close() finished meanwhile */
+	}
+	if (refuse_busy(self->busy, "Engine", "close") < 0)
+		return NULL;
+	for (int i = 0; i < 16; i++)
+		if (self->views[i] && (no_exports(self->views[i], "close") < 0 ||
+				       refuse_busy(self->views[i]->busy, "Engine", "close") < 0))
+			return NULL;
+	for (int i = 0; i < 16; i++)
+		if (self->views[i])
+			self->views[i]->gms = NULL;
+	gf_engine *e = self->engine;
+	self->engine = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_engine_free(e);
+	Py_END_ALLOW_THREADS
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef Engine_methods[] = {
+	{ "init_weights", (PyCFunction)(void (*)(void))Engine_init_weights, METH_VARARGS | METH_KEYWORDS,
+	  "init_weights($self, load=None)\n--\n\n"
+	  "init_weights(load=None)\n\nConnect every GMS (loader: rw_or_ro, follower: ro). Where this engine is\n"
+	  "the writer, load(device, gms) is called and must allocate, fill, put metadata and commit;\n"
+	  "elsewhere the committed weights are imported read-only. Stays in Init." },
+	{ "sleep", (PyCFunction)Engine_sleep_checked, METH_NOARGS,
+	  "sleep($self, /)\n--\n\n"
+	  "Unmap the weights (addresses stay reserved) and enter Standby." },
+	{ "acquire", (PyCFunction)(void (*)(void))Engine_acquire, METH_VARARGS | METH_KEYWORDS,
+	  "acquire($self, timeout=None)\n--\n\n"
+	  "acquire(timeout=None) -> epoch\n\nBlock on the lock (GIL released, Ctrl-C works); enter Waking." },
+	{ "wake_up", (PyCFunction)Engine_wake_up, METH_NOARGS,
+	  "wake_up($self, /)\n--\n\n"
+	  "Remap weights, allocate private memory (retrying on OOM within the waking timeout).\n"
+	  "Failure is fatal: the engine is Dead and the caller should exit." },
+	{ "serve", (PyCFunction)(void (*)(void))Engine_serve, METH_VARARGS | METH_KEYWORDS,
+	  "serve($self, serve=None)\n--\n\n"
+	  "serve(serve=None)\n\nRun serve() (register the endpoint), then enter Active." },
+	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead($self, reason='marked dead by the engine', /)\n--\n\n"
+	  "mark_dead(reason='')" },
+	{ "probe", (PyCFunction)Engine_probe, METH_O, "probe($self, probe, /)\n--\n\n"
+	  "probe('live'|'ready'|'startup') -> HTTP status" },
+	{ "metrics_text", (PyCFunction)Engine_metrics_text, METH_NOARGS, "metrics_text($self, /)\n--\n\n"
+	  "Prometheus text of the metrics" },
+	{ "state_info", (PyCFunction)Engine_state_info, METH_NOARGS, "state_info($self, /)\n--\n\n"
+	  "the /state document as a dict" },
+	{ "gms", (PyCFunction)Engine_gms, METH_VARARGS, "gms($self, device=0, /)\n--\n\n"
+	  "gms(device=0) -> GMSClient owned by the engine" },
+	{ "private_memory", (PyCFunction)Engine_private_memory, METH_VARARGS,
+	  "private_memory($self, device=0, /)\n--\n\n"
+	  "private_memory(device=0) -> (addr, size) of the KV memory allocated on wake" },
+	{ "close", (PyCFunction)Engine_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Release everything (and the lock)." },
+	{ NULL },
+};
+
+static PyGetSetDef Engine_getset[] = {
+	{ "state", (getter)Engine_get_state, NULL, "'init', 'standby', 'waking', 'active' or 'dead'", NULL },
+	{ "metrics", (getter)Engine_get_metrics, NULL, "dict of state, transitions, failovers and the last wake's breakdown", NULL },
+	{ "epoch", (getter)Engine_get_epoch, NULL, "fencing epoch of the lock grant", NULL },
+	{ "probe_port", (getter)Engine_get_probe_port, NULL, "port of the built-in probe server, or None", NULL },
+	{ "on_loss", (getter)Engine_get_on_loss, (setter)Engine_set_on_loss,
+	  "callable(code, detail) on lock or GMS loss; None restores the default (log and terminate)", NULL },
+	{ "health", (getter)Engine_get_health, (setter)Engine_set_health,
+	  "callable() -> bool deciding /live and /ready while Active", NULL },
+	{ NULL },
+};
+
+PyTypeObject EngineType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.Engine",
+	.tp_basicsize = sizeof(EngineObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
+		  "       remap_timeout=30, init_timeout=None, private_bytes=0, probe_port=None,\n"
+		  "       probe_address=None)\n\n"
+		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.",
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Engine_init,
+	.tp_dealloc = (destructor)Engine_dealloc,
+	.tp_methods = Engine_methods,
+	.tp_getset = Engine_getset,
+};

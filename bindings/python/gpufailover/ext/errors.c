@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Exceptions: the GpuFailoverError hierarchy and library error -> exception. */
+#include "common.h"
+
+PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError, *ProtocolError,
+	*GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError, *StateError, *NotFoundError,
+	*InterruptedError_;
+
+static PyObject *error_class(int err)
+{
+	switch (err) {
+	case GF_ERR_LOCK_LOST:
+		return LockLostError;
+	case GF_ERR_GMS_LOST:
+		return GMSLostError;
+	case GF_ERR_STALE_LAYOUT:
+		return StaleLayoutError;
+	case GF_ERR_TIMEOUT:
+		return GFTimeoutError;
+	case GF_ERR_PROTOCOL:
+	case GF_ERR_VERSION:
+		return ProtocolError;
+	case GF_ERR_PERMISSION:
+		return GFPermissionError;
+	case GF_ERR_UNREACHABLE:
+	case GF_ERR_CLOSED:
+		return UnreachableError;
+	case GF_ERR_NOT_SUPPORTED:
+		return NotSupportedError;
+	case GF_ERR_OUT_OF_MEMORY:
+		return OutOfMemoryError;
+	case GF_ERR_STATE:
+	case GF_ERR_BUSY:
+		return StateError;
+	case GF_ERR_NOT_FOUND:
+		return NotFoundError;
+	case GF_ERR_INTERRUPTED:
+		return InterruptedError_;
+	default:
+		return GpuFailoverError;
+	}
+}
+
+/* Raise for a library error; the detail must be read on the thread that failed
+ * (it is per-thread), which is this one because calls run on the caller's thread. */
+PyObject *raise_gf(int err)
+{
+	if (err == GF_ERR_NOMEM)
+		return PyErr_NoMemory();
+	if (err == GF_ERR_INVALID_ARG) {
+		PyErr_Format(PyExc_ValueError, "%s", gf_error_detail()[0] ? gf_error_detail() : gf_strerror(err));
+		return NULL;
+	}
+	const char *detail = gf_error_detail();
+	PyObject *exc_args = Py_BuildValue("(s)", detail && *detail ? detail : gf_strerror(err));
+	if (!exc_args)
+		return NULL;
+	PyObject *cls = error_class(err);
+	PyObject *exc = PyObject_Call(cls, exc_args, NULL);
+	Py_DECREF(exc_args);
+	if (!exc)
+		return NULL;
+	PyObject *code = PyLong_FromLong(err);
+	PyObject *name = PyUnicode_FromString(gf_error_name(err) ? gf_error_name(err) : "GF_ERR_UNKNOWN");
+	if (code && name) {
+		PyObject_SetAttrString(exc, "code", code);
+		PyObject_SetAttrString(exc, "name", name);
+	}
+	Py_XDECREF(code);
+	Py_XDECREF(name);
+	PyErr_SetObject(cls, exc);
+	Py_DECREF(exc);
+	return NULL;
+}
+
+static int add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases, const char *doc)
+{
+	char full[128];
+	snprintf(full, sizeof(full), "gpufailover.%s", name);
+	*slot = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+	if (!*slot)
+		return -1;
+	Py_INCREF(*slot);
+	return PyModule_AddObject(m, name, *slot);
+}
+
+/* Create the exception classes and add them to module m. */
+int errors_add(PyObject *m)
+{
+	if (add_exc(m, &GpuFailoverError, "GpuFailoverError", NULL, "Base of every libgpufailover error.") < 0)
+		return -1;
+#define SUB(slot, name, extra, doc)                                                            \
+	do {                                                                                   \
+		PyObject *b = (extra) ? PyTuple_Pack(2, GpuFailoverError, (extra))             \
+				      : PyTuple_Pack(1, GpuFailoverError);                     \
+		if (!b || add_exc(m, &slot, name, b, doc) < 0) {                               \
+			Py_XDECREF(b);                                                         \
+			return -1;                                                             \
+		}                                                                              \
+		Py_DECREF(b);                                                                  \
+	} while (0)
+	SUB(LockLostError, "LockLostError", NULL, "The lock was held and is lost.");
+	SUB(GMSLostError, "GMSLostError", NULL, "The GPU memory service went away while connected.");
+	SUB(StaleLayoutError, "StaleLayoutError", NULL, "The GMS holds a different committed layout.");
+	SUB(GFTimeoutError, "TimeoutError", PyExc_TimeoutError, "The deadline passed (also a builtin TimeoutError).");
+	SUB(ProtocolError, "ProtocolError", NULL, "The peer violated the protocol or speaks another version.");
+	SUB(GFPermissionError, "PermissionError", PyExc_PermissionError, "Refused (also a builtin PermissionError).");
+	SUB(UnreachableError, "UnreachableError", PyExc_ConnectionError, "The server could not be reached.");
+	SUB(NotSupportedError, "NotSupportedError", NULL, "Not available here (backend, device, feature).");
+	SUB(OutOfMemoryError, "OutOfMemoryError", NULL, "Device (or backend) memory exhausted.");
+	SUB(StateError, "StateError", NULL, "The call is not valid in the object's current state.");
+	SUB(NotFoundError, "NotFoundError", PyExc_LookupError, "Unknown id, key or device.");
+	SUB(InterruptedError_, "InterruptedError", NULL, "A blocking call was interrupted.");
+#undef SUB
+	return 0;
+}

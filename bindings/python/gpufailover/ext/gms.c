@@ -1,0 +1,556 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* GMSClient: client of one GPU Memory Service. */
+#include "common.h"
+
+int gms_ready(GMSObject *self)
+{
+	if (!self->gms) {
+		PyErr_SetString(PyExc_ValueError, "GMSClient is closed or not initialized");
+		return -1;
+	}
+	return 0;
+}
+
+/* Ready, and no other thread is in a call on it (the library object is not
+ * for concurrent use). */
+static int gms_idle(GMSObject *self, const char *what)
+{
+	return gms_ready(self) < 0 || refuse_busy(self->busy, "GMSClient", what) < 0 ? -1 : 0;
+}
+
+static int mode_arg(PyObject *obj, int *mode)
+{
+	if (!PyUnicode_Check(obj)) {
+		PyErr_Format(PyExc_TypeError, "mode must be 'rw', 'ro' or 'rw_or_ro', not %.100s", Py_TYPE(obj)->tp_name);
+		return -1;
+	}
+	const char *s = PyUnicode_AsUTF8(obj);
+	if (!s)
+		return -1;
+	if (!strcmp(s, "rw"))
+		*mode = GF_GMS_RW;
+	else if (!strcmp(s, "ro"))
+		*mode = GF_GMS_RO;
+	else if (!strcmp(s, "rw_or_ro"))
+		*mode = GF_GMS_RW_OR_RO;
+	else {
+		PyErr_Format(PyExc_ValueError, "mode must be 'rw', 'ro' or 'rw_or_ro', not '%s'", s);
+		return -1;
+	}
+	return 0;
+}
+
+static void gms_lost_trampoline(gf_gms *g, int err, const char *detail, void *ud)
+{
+	run_hook(((GMSObject *)ud)->on_lost, err, detail);
+}
+
+static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "memory", "mode", "timeout", NULL };
+	const char *uri;
+	PyObject *mobj, *modeobj = NULL, *tobj = Py_None;
+	int mode = GF_GMS_RO;
+	int64_t ms;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO", kwlist, &uri, &MemoryType, &mobj, &modeobj, &tobj))
+		return -1;
+	if (self->gms) {
+		PyErr_SetString(PyExc_RuntimeError, "GMSClient is already initialized");
+		return -1;
+	}
+	if ((modeobj && mode_arg(modeobj, &mode) < 0) || timeout_arg(tobj, &ms, 1) < 0)
+		return -1;
+	if (memory_ready((MemoryObject *)mobj) < 0)
+		return -1;
+	gf_gms *g = NULL;
+	int rc;
+	gf_mem *mem = ((MemoryObject *)mobj)->mem;
+	Py_BEGIN_ALLOW_THREADS
+	rc = gf_gms_connect(&g, uri, mem, mode, ms);
+	Py_END_ALLOW_THREADS
+	if (rc < 0) {
+		raise_gf(rc);
+		return -1;
+	}
+	self->gms = g;
+	self->mem = mem;
+	Py_INCREF(mobj);
+	self->owner_ref = mobj;
+	Py_INCREF(Py_None);
+	self->on_lost = Py_None;
+	gf_gms_set_lost_fn(g, gms_lost_trampoline, self);
+	return 0;
+}
+
+static void GMS_dealloc(GMSObject *self)
+{
+	gf_gms *g = self->borrowed ? NULL : self->gms;
+	self->gms = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_gms_free(g);
+	Py_END_ALLOW_THREADS
+	if (self->borrowed && self->owner_ref)
+		engine_forget_view(self->owner_ref, self);
+	Py_XDECREF(self->owner_ref);
+	Py_XDECREF(self->on_lost);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Unmapping under a live numpy array or tensor would leave it pointing at
+ * inaccessible memory, so (like mmap.close()) refuse while exports exist. */
+int no_exports(GMSObject *self, const char *what)
+{
+	if (self->exports > 0) {
+		PyErr_Format(PyExc_BufferError, "cannot %s: %zd exported buffer(s)/tensor(s) still refer to the mappings",
+			     what, self->exports);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *GMS_allocate(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "size", "tag", NULL };
+	long long size;
+	const char *tag = "";
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "L|s", kwlist, &size, &tag))
+		return NULL;
+	if (gms_idle(self, "allocate") < 0)
+		return NULL;
+	if (size <= 0)
+		return PyErr_Format(PyExc_ValueError, "size must be > 0, not %lld", size);
+	uint64_t id;
+	int rc;
+	BLOCKING(self, rc = gf_gms_allocate(self->gms, (uint64_t)size, tag, &id));
+	if (rc < 0)
+		return raise_gf(rc);
+	return PyLong_FromUnsignedLongLong(id);
+}
+
+static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "key", "alloc_id", "offset", "value", NULL };
+	const char *key;
+	uint64_t aid, off = 0;
+	Py_buffer value = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O&y*", kwlist, &key, u64_arg, &aid, u64_arg, &off, &value))
+		return NULL;
+	if (gms_idle(self, "put_meta") < 0) {
+		PyBuffer_Release(&value);
+		return NULL;
+	}
+	int rc;
+	BLOCKING(self, rc = gf_gms_put_meta(self->gms, key, aid, off, value.buf, (size_t)value.len));
+	PyBuffer_Release(&value);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
+{
+	if (gms_idle(self, "commit") < 0)
+		return NULL;
+	uint64_t gen;
+	int rc;
+	BLOCKING(self, rc = gf_gms_commit(self->gms, &gen));
+	if (rc < 0)
+		return raise_gf(rc);
+	return PyLong_FromUnsignedLongLong(gen);
+}
+
+static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
+{
+	if (gms_idle(self, "map_all") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_gms_map_all(self->gms));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_unmap(GMSObject *self, PyObject *unused)
+{
+	if (gms_idle(self, "unmap") < 0 || no_exports(self, "unmap") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_gms_unmap(self->gms));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+/* The library cannot interrupt a GMS wait, so on the main thread remap()
+ * waits in slices and runs the signal handlers between them (PEP 475): a
+ * handler that raises ends the call, else the wait goes on. */
+#define REMAP_SLICE_MS 200
+
+static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tobj;
+	int64_t ms;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwlist, &tobj))
+		return NULL;
+	if (gms_idle(self, "remap") < 0 || timeout_arg(tobj, &ms, 0) < 0)
+		return NULL;
+	const int64_t deadline = now_ms() + ms;
+	int rc;
+	for (;;) {
+		int64_t left = deadline - now_ms();
+		if (left < 0)
+			left = 0;
+		int64_t slice = in_main_thread() && left > REMAP_SLICE_MS ? REMAP_SLICE_MS : left;
+		BLOCKING(self, rc = gf_gms_remap(self->gms, slice));
+		if (rc != GF_ERR_TIMEOUT || slice == left)
+			break;
+		/* A handler may close this client: check it again before going on. */
+		if (PyErr_CheckSignals() < 0 || gms_idle(self, "remap") < 0)
+			return NULL;
+	}
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_close(GMSObject *self, PyObject *unused)
+{
+	/* No library call of a GMS client can be interrupted: a close() while
+	 * another thread waits in one (remap) raises instead of freeing under it. */
+	if (no_exports(self, "close") < 0 || refuse_busy(self->busy, "GMSClient", "close") < 0)
+		return NULL;
+	if (self->borrowed) {
+		self->gms = NULL; /* the Engine closes its own clients */
+		Py_RETURN_NONE;
+	}
+	gf_gms *g = self->gms;
+	self->gms = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_gms_free(g);
+	Py_END_ALLOW_THREADS
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_process(GMSObject *self, PyObject *unused)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	int rc = gf_gms_process(self->gms);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_start_watch(GMSObject *self, PyObject *unused)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	int rc = gf_gms_start_watch(self->gms);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_fileno(GMSObject *self, PyObject *unused)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	return PyLong_FromLong(gf_gms_get_fd(self->gms));
+}
+
+static PyObject *GMS_get_mode(GMSObject *self, void *c)
+{
+	if (!self->gms)
+		Py_RETURN_NONE;
+	switch (gf_gms_granted_mode(self->gms)) {
+	case GF_GMS_RW:
+		return PyUnicode_FromString("rw");
+	case GF_GMS_RO:
+		return PyUnicode_FromString("ro");
+	default:
+		Py_RETURN_NONE; /* asleep */
+	}
+}
+
+static PyObject *GMS_get_allocations(GMSObject *self, void *c)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	size_t n = gf_gms_alloc_count(self->gms);
+	PyObject *list = PyList_New((Py_ssize_t)n);
+	for (size_t i = 0; list && i < n; i++) {
+		struct gf_gms_alloc_info a;
+		int rc = gf_gms_alloc_at(self->gms, i, &a);
+		if (rc < 0) {
+			Py_DECREF(list);
+			return raise_gf(rc);
+		}
+		PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:s}", "id", (unsigned long long)a.id, "size",
+					    (unsigned long long)a.size, "addr", (unsigned long long)a.addr, "tag", a.tag);
+		if (!d) {
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+	}
+	return list;
+}
+
+static PyObject *meta_dict(const struct gf_gms_meta *m)
+{
+	return Py_BuildValue("{s:K,s:K,s:K,s:y#}", "alloc_id", (unsigned long long)m->alloc_id, "offset",
+			     (unsigned long long)m->offset, "addr", (unsigned long long)m->addr, "value",
+			     (const char *)m->value, (Py_ssize_t)m->value_len);
+}
+
+static PyObject *GMS_get_metadata(GMSObject *self, void *c)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	size_t n = gf_gms_meta_count(self->gms);
+	PyObject *d = PyDict_New();
+	for (size_t i = 0; d && i < n; i++) {
+		struct gf_gms_meta m;
+		int rc = gf_gms_meta_at(self->gms, i, &m);
+		if (rc < 0) {
+			Py_DECREF(d);
+			return raise_gf(rc);
+		}
+		PyObject *v = meta_dict(&m);
+		if (!v || PyDict_SetItemString(d, m.key, v) < 0) {
+			Py_XDECREF(v);
+			Py_DECREF(d);
+			return NULL;
+		}
+		Py_DECREF(v);
+	}
+	return d;
+}
+
+static PyObject *GMS_get_layout(GMSObject *self, void *c)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	uint8_t hash[16];
+	uint64_t gen;
+	int rc = gf_gms_layout(self->gms, hash, &gen);
+	if (rc < 0)
+		return raise_gf(rc);
+	return Py_BuildValue("(y#K)", (const char *)hash, (Py_ssize_t)16, (unsigned long long)gen);
+}
+
+static PyObject *GMS_get_on_lost(GMSObject *self, void *c)
+{
+	return hook_get(self->on_lost);
+}
+
+static int GMS_set_on_lost(GMSObject *self, PyObject *v, void *c)
+{
+	return hook_set(&self->on_lost, v, "on_lost");
+}
+
+/* dtype names accepted by buffer(): numpy's spelling. */
+static const struct {
+	const char *name;
+	const char *format;
+	uint8_t code, bits;
+} dtypes[] = {
+	{ "uint8", "B", GF_DL_UINT, 8 },    { "int8", "b", GF_DL_INT, 8 },      { "int16", "h", GF_DL_INT, 16 },
+	{ "int32", "i", GF_DL_INT, 32 },    { "int64", "q", GF_DL_INT, 64 },    { "uint16", "H", GF_DL_UINT, 16 },
+	{ "uint32", "I", GF_DL_UINT, 32 },  { "uint64", "Q", GF_DL_UINT, 64 },  { "float16", "e", GF_DL_FLOAT, 16 },
+	{ "float32", "f", GF_DL_FLOAT, 32 }, { "float64", "d", GF_DL_FLOAT, 64 }, { "bfloat16", "", GF_DL_BFLOAT, 16 },
+};
+
+static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "key", "alloc_id", "offset", "size", "dtype", "shape", NULL };
+	const char *key = NULL, *dtype = "uint8";
+	PyObject *aidobj = Py_None, *shapeobj = Py_None;
+	uint64_t off = 0;
+	long long size = -1;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$OO&LsO", kwlist, &key, &aidobj, u64_arg, &off, &size, &dtype,
+					 &shapeobj))
+		return NULL;
+	if (gms_ready(self) < 0)
+		return NULL;
+	size_t di;
+	for (di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++)
+		if (!strcmp(dtypes[di].name, dtype))
+			break;
+	if (di == sizeof(dtypes) / sizeof(dtypes[0]))
+		return PyErr_Format(PyExc_ValueError, "unknown dtype '%s'", dtype);
+	Py_ssize_t itemsize = dtypes[di].bits / 8;
+
+	uint64_t start = 0, limit = 0; /* the view's first byte before offset=, the allocation's end */
+	if (key) {
+		struct gf_gms_meta m;
+		int rc = gf_gms_meta_get(self->gms, key, &m);
+		if (rc < 0)
+			return raise_gf(rc);
+		start = m.addr;
+		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
+			struct gf_gms_alloc_info a;
+			if (gf_gms_alloc_at(self->gms, i, &a) == 0 && a.id == m.alloc_id)
+				limit = a.addr + a.size;
+		}
+	} else {
+		if (aidobj == Py_None)
+			return PyErr_Format(PyExc_TypeError, "buffer() needs a metadata key or alloc_id=");
+		uint64_t aid;
+		if (!u64_arg(aidobj, &aid))
+			return NULL;
+		int found = 0;
+		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
+			struct gf_gms_alloc_info a;
+			if (gf_gms_alloc_at(self->gms, i, &a) == 0 && a.id == aid) {
+				start = a.addr;
+				limit = a.addr + a.size;
+				found = 1;
+			}
+		}
+		if (!found)
+			return PyErr_Format(NotFoundError, "no allocation with id %llu", (unsigned long long)aid);
+	}
+	if (gf_gms_granted_mode(self->gms) == 0 || start == 0)
+		return PyErr_Format(StateError, "the weights are not mapped (asleep? call remap() or map_all())");
+	/* Compared before adding, so a huge offset cannot wrap around into range. */
+	if (start >= limit || off >= limit - start)
+		return PyErr_Format(PyExc_ValueError, "offset beyond the end of the allocation");
+	const uint64_t base = start + off;
+
+	MappingObject *mo = PyObject_New(MappingObject, &MappingType);
+	if (!mo)
+		return NULL;
+	mo->owner = self;
+	Py_INCREF(self);
+	mo->addr = base;
+	mo->readonly = gf_gms_granted_mode(self->gms) != GF_GMS_RW;
+	mo->device_type = gf_mem_kind(self->mem) == GF_MEM_CUDA ? GF_DL_CUDA : GF_DL_CPU;
+	mo->device_id = gf_mem_device(self->mem);
+	mo->dtype = (gf_DLDataType){ dtypes[di].code, dtypes[di].bits, 1 };
+	snprintf(mo->format, sizeof(mo->format), "%s", dtypes[di].format);
+	mo->itemsize = itemsize;
+	Py_ssize_t avail = (Py_ssize_t)(limit - base);
+	if (shapeobj != Py_None) {
+		PyObject *seq = PySequence_Fast(shapeobj, "shape must be a sequence of ints");
+		if (!seq)
+			goto fail;
+		Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+		if (nd > GFPY_MAX_DIMS) { /* 0 dimensions: a scalar, one item */
+			Py_DECREF(seq);
+			PyErr_Format(PyExc_ValueError, "shape must have at most %d dimensions", GFPY_MAX_DIMS);
+			goto fail;
+		}
+		Py_ssize_t count = 1;
+		for (Py_ssize_t i = 0; i < nd; i++) {
+			Py_ssize_t v = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i), PyExc_OverflowError);
+			if (v < 0 || (v == -1 && PyErr_Occurred())) {
+				Py_DECREF(seq);
+				if (!PyErr_Occurred())
+					PyErr_SetString(PyExc_ValueError, "shape entries must be >= 0");
+				goto fail;
+			}
+			mo->shape[i] = v;
+			mo->pyshape[i] = v;
+			if (v && count > PY_SSIZE_T_MAX / v) {
+				Py_DECREF(seq);
+				PyErr_SetString(PyExc_ValueError, "shape too large");
+				goto fail;
+			}
+			count *= v;
+		}
+		Py_DECREF(seq);
+		mo->ndim = (int)nd;
+		mo->size = count * itemsize;
+	} else {
+		Py_ssize_t bytes = size >= 0 ? (Py_ssize_t)size : avail;
+		mo->ndim = 1;
+		mo->shape[0] = bytes / itemsize;
+		mo->pyshape[0] = (Py_ssize_t)mo->shape[0];
+		mo->size = mo->shape[0] * itemsize;
+	}
+	if (mo->size > avail) {
+		PyErr_Format(PyExc_ValueError, "%zd bytes requested but only %zd remain in the allocation", mo->size, avail);
+		goto fail;
+	}
+	return (PyObject *)mo;
+fail:
+	Py_DECREF(mo);
+	return NULL;
+}
+
+static PyObject *GMS_enter(PyObject *self, PyObject *unused)
+{
+	Py_INCREF(self);
+	return self;
+}
+
+static PyObject *GMS_exit(GMSObject *self, PyObject *args)
+{
+	return GMS_close(self, NULL);
+}
+
+static PyMethodDef GMS_methods[] = {
+	{ "allocate", (PyCFunction)(void (*)(void))GMS_allocate, METH_VARARGS | METH_KEYWORDS,
+	  "allocate($self, size, tag='')\n--\n\n"
+	  "allocate(size, tag='') -> id\n\nWriter: allocate in the GMS, import and map read-write." },
+	{ "put_meta", (PyCFunction)(void (*)(void))GMS_put_meta, METH_VARARGS | METH_KEYWORDS,
+	  "put_meta($self, key, alloc_id, offset=0, value=b'')\n--\n\n"
+	  "put_meta(key, alloc_id, offset=0, value=b'')\n\nWriter: record a metadata entry." },
+	{ "commit", (PyCFunction)GMS_commit, METH_NOARGS,
+	  "commit($self, /)\n--\n\n"
+	  "commit() -> generation\n\nWriter: validate, hash the layout, commit; the client becomes a reader." },
+	{ "map_all", (PyCFunction)GMS_map_all, METH_NOARGS,
+	  "map_all($self, /)\n--\n\n"
+	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },
+	{ "unmap", (PyCFunction)GMS_unmap, METH_NOARGS,
+	  "unmap($self, /)\n--\n\n"
+	  "Sleep: unmap everything, keep the addresses reserved, close the connection.\n"
+	  "Raises BufferError while buffers/tensors over the mappings are alive." },
+	{ "remap", (PyCFunction)(void (*)(void))GMS_remap, METH_VARARGS | METH_KEYWORDS,
+	  "remap($self, timeout)\n--\n\n"
+	  "remap(timeout)\n\nWake: reconnect read-only within timeout seconds, check the layout, map at\n"
+	  "the same addresses. Raises TimeoutError or StaleLayoutError." },
+	{ "close", (PyCFunction)GMS_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Unmap, release and close." },
+	{ "process", (PyCFunction)GMS_process, METH_NOARGS, "process($self, /)\n--\n\n"
+	  "Notice a lost GMS; raises GMSLostError." },
+	{ "start_watch", (PyCFunction)GMS_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
+	  "Start the loss watcher thread." },
+	{ "fileno", (PyCFunction)GMS_fileno, METH_NOARGS, "fileno($self, /)\n--\n\n"
+	  "fd of the GMS connection, -1 while asleep." },
+	{ "buffer", (PyCFunction)(void (*)(void))GMS_buffer, METH_VARARGS | METH_KEYWORDS,
+	  "buffer($self, key=None, *, alloc_id=None, offset=0, size=-1, dtype='uint8', shape=None)\n--\n\n"
+	  "buffer(key=None, *, alloc_id=None, offset=0, size=-1, dtype='uint8', shape=None) -> Mapping\n\n"
+	  "A zero-copy view of mapped memory (buffer protocol on host, __dlpack__ on both backends).\n"
+	  "Read-only unless this client is the writer." },
+	{ "__enter__", (PyCFunction)GMS_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)GMS_exit, METH_VARARGS, NULL },
+	{ NULL },
+};
+
+static PyGetSetDef GMS_getset[] = {
+	{ "mode", (getter)GMS_get_mode, NULL, "'rw', 'ro', or None while asleep", NULL },
+	{ "allocations", (getter)GMS_get_allocations, NULL, "list of {id, size, addr, tag}", NULL },
+	{ "metadata", (getter)GMS_get_metadata, NULL, "dict key -> {alloc_id, offset, addr, value}", NULL },
+	{ "layout", (getter)GMS_get_layout, NULL, "(layout_hash: bytes, generation: int)", NULL },
+	{ "on_lost", (getter)GMS_get_on_lost, (setter)GMS_set_on_lost,
+	  "callable(code, detail) run when the GMS is lost while connected", NULL },
+	{ NULL },
+};
+
+PyTypeObject GMSType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
+	.tp_basicsize = sizeof(GMSObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None)\n--\n\n"
+		  "Client of one GPU Memory Service; the connection is the RW/RO lock.",
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)GMS_init,
+	.tp_dealloc = (destructor)GMS_dealloc,
+	.tp_methods = GMS_methods,
+	.tp_getset = GMS_getset,
+};
+
+/* --- Mapping: buffer protocol and DLPack --- */

@@ -1,0 +1,293 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* LockClient: the connection is the lock. */
+#include "common.h"
+
+typedef struct {
+	PyObject_HEAD
+	gf_lock *lock;
+	PyObject *on_lost; /* callable or None */
+	Py_ssize_t busy;   /* calls running with the GIL released */
+	int closing;       /* close() is ending a blocked acquire() */
+} LockObject;
+
+static PyObject *GrantType; /* a namedtuple made in module exec */
+
+static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
+{
+	run_hook(((LockObject *)ud)->on_lost, err, detail);
+}
+
+static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "engine_id", "reconnect_timeout", "secret", NULL };
+	const char *uri, *id;
+	PyObject *robj = NULL;
+	Py_buffer secret = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$y*", kwlist, &uri, &id, &robj, &secret))
+		return -1;
+	if (self->lock) {
+		PyBuffer_Release(&secret);
+		PyErr_SetString(PyExc_RuntimeError, "LockClient is already initialized");
+		return -1;
+	}
+	gf_lock *l = NULL;
+	int rc = gf_lock_new(&l, uri, id);
+	if (rc == 0 && robj && robj != Py_None) {
+		int64_t ms;
+		if (timeout_arg(robj, &ms, 0) < 0) {
+			gf_lock_free(l);
+			PyBuffer_Release(&secret);
+			return -1;
+		}
+		rc = gf_lock_set_reconnect_timeout(l, ms);
+	}
+	if (rc == 0 && secret.buf && secret.len > 0)
+		rc = gf_lock_set_secret(l, secret.buf, (size_t)secret.len);
+	PyBuffer_Release(&secret);
+	if (rc < 0) {
+		gf_lock_free(l);
+		raise_gf(rc);
+		return -1;
+	}
+	self->lock = l;
+	Py_INCREF(Py_None);
+	self->on_lost = Py_None;
+	gf_lock_set_lost_fn(l, lock_lost_trampoline, self);
+	return 0;
+}
+
+static void Lock_dealloc(LockObject *self)
+{
+	gf_lock *l = self->lock;
+	self->lock = NULL;
+	/* Stopping the watcher may wait for a hook that needs the GIL. */
+	Py_BEGIN_ALLOW_THREADS
+	gf_lock_free(l);
+	Py_END_ALLOW_THREADS
+	Py_XDECREF(self->on_lost);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int lock_ready(LockObject *self)
+{
+	if (!self->lock) {
+		PyErr_SetString(PyExc_ValueError, "LockClient is closed or not initialized");
+		return -1;
+	}
+	return 0;
+}
+
+/* Ready, and no other thread is in a call on it (the library object is
+ * not for concurrent use: an acquire owns the connection while it waits). */
+static int lock_idle(LockObject *self, const char *what)
+{
+	return lock_ready(self) < 0 || refuse_busy(self->busy, "LockClient", what) < 0 ? -1 : 0;
+}
+
+static void lock_interrupt_cb(void *arg)
+{
+	gf_lock_interrupt(arg);
+}
+
+static void *lock_handle(PyObject *obj)
+{
+	return ((LockObject *)obj)->lock;
+}
+
+struct acquire_ctx {
+	gf_lock *lock;
+	struct gf_lock_grant grant;
+};
+
+static int acquire_call(void *ctx, int64_t ms)
+{
+	struct acquire_ctx *c = ctx;
+	return gf_lock_acquire(c->lock, ms, &c->grant);
+}
+
+static PyObject *make_grant(const struct gf_lock_grant *g)
+{
+	return PyObject_CallFunction(GrantType, "Ky#dO", (unsigned long long)g->epoch,
+				     (const char *)g->session_token, (Py_ssize_t)sizeof(g->session_token),
+				     (double)g->granted_at_us / 1e6, g->reclaimed ? Py_True : Py_False);
+}
+
+static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tobj = Py_None;
+	int64_t ms;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
+		return NULL;
+	if (lock_idle(self, "acquire") < 0 || timeout_arg(tobj, &ms, 1) < 0)
+		return NULL;
+	/* A signal whose handler raises abandons the wait (nothing is held);
+	 * one whose handler returns re-queues with the time that remains. */
+	struct acquire_ctx c = { .lock = self->lock };
+	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, lock_handle, (PyObject *)self,
+				    &self->busy, &self->closing, ms);
+	if (rc == GFPY_PYERR)
+		return NULL;
+	if (rc == GFPY_CLOSED)
+		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by a signal handler");
+	if (rc == GF_ERR_INTERRUPTED && self->closing)
+		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by another thread");
+	if (rc < 0)
+		return raise_gf(rc);
+	return make_grant(&c.grant);
+}
+
+static PyObject *Lock_release(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "release") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_lock_release(self->lock));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_close(LockObject *self, PyObject *unused)
+{
+	if (self->busy > 0) {
+		/* End a blocked acquire() on another thread and let it return
+		 * before the connection is freed. */
+		self->closing = 1;
+		gf_lock_interrupt(self->lock);
+		wait_idle(&self->busy);
+		self->closing = 0;
+	}
+	gf_lock *l = self->lock;
+	self->lock = NULL;
+	Py_BEGIN_ALLOW_THREADS
+	gf_lock_free(l);
+	Py_END_ALLOW_THREADS
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_fileno(LockObject *self, PyObject *unused)
+{
+	if (lock_ready(self) < 0)
+		return NULL;
+	return PyLong_FromLong(gf_lock_get_fd(self->lock));
+}
+
+static PyObject *Lock_process(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "process") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_lock_process(self->lock));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "start_watch") < 0)
+		return NULL;
+	int rc = gf_lock_start_watch(self->lock);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_stop_watch(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "stop_watch") < 0)
+		return NULL;
+	BLOCKING(self, gf_lock_stop_watch(self->lock));
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_get_held(LockObject *self, void *c)
+{
+	return PyBool_FromLong(self->lock && gf_lock_is_held(self->lock));
+}
+
+static PyObject *Lock_get_epoch(LockObject *self, void *c)
+{
+	return PyLong_FromUnsignedLongLong(self->lock ? gf_lock_epoch(self->lock) : 0);
+}
+
+static PyObject *Lock_get_on_lost(LockObject *self, void *c)
+{
+	return hook_get(self->on_lost);
+}
+
+static int Lock_set_on_lost(LockObject *self, PyObject *v, void *c)
+{
+	return hook_set(&self->on_lost, v, "on_lost");
+}
+
+static PyObject *Lock_enter(PyObject *self, PyObject *unused)
+{
+	Py_INCREF(self);
+	return self;
+}
+
+static PyObject *Lock_exit(LockObject *self, PyObject *args)
+{
+	return Lock_close(self, NULL);
+}
+
+static PyMethodDef Lock_methods[] = {
+	{ "acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS,
+	  "acquire($self, timeout=None)\n--\n\n"
+	  "acquire(timeout=None) -> Grant\n\nBlock until this connection holds the lock (GIL released; Ctrl-C\n"
+	  "raises KeyboardInterrupt and abandons the wait). Raises TimeoutError,\nUnreachableError, PermissionError." },
+	{ "release", (PyCFunction)Lock_release, METH_NOARGS, "release($self, /)\n--\n\n"
+	  "Release the lock (clean shutdown)." },
+	{ "close", (PyCFunction)Lock_close, METH_NOARGS, "close($self, /)\n--\n\n"
+	  "Close the connection (releases a held lock)." },
+	{ "fileno", (PyCFunction)Lock_fileno, METH_NOARGS, "fileno($self, /)\n--\n\n"
+	  "fd to watch for readability in an event loop, -1 if none." },
+	{ "process", (PyCFunction)Lock_process, METH_NOARGS,
+	  "process($self, /)\n--\n\n"
+	  "Handle events on fileno(); raises LockLostError once the lock is lost." },
+	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
+	  "Start the built-in watcher thread." },
+	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "stop_watch($self, /)\n--\n\n"
+	  "Stop the watcher thread." },
+	{ "__enter__", (PyCFunction)Lock_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL },
+	{ NULL },
+};
+
+static PyGetSetDef Lock_getset[] = {
+	{ "held", (getter)Lock_get_held, NULL, "True while this client holds the lock", NULL },
+	{ "epoch", (getter)Lock_get_epoch, NULL, "fencing epoch of the current grant (0 if never granted)", NULL },
+	{ "on_lost", (getter)Lock_get_on_lost, (setter)Lock_set_on_lost,
+	  "callable(code, detail) run (on the watcher thread) when a held lock is lost", NULL },
+	{ NULL },
+};
+
+PyTypeObject LockType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.LockClient",
+	.tp_basicsize = sizeof(LockObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "LockClient(uri, engine_id, reconnect_timeout=None, *, secret=None)\n--\n\n"
+		  "Client of the lock server where the connection is the lock.",
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Lock_init,
+	.tp_dealloc = (destructor)Lock_dealloc,
+	.tp_methods = Lock_methods,
+	.tp_getset = Lock_getset,
+};
+
+/* Create the Grant namedtuple and add it to module m. */
+int lock_add_grant(PyObject *m)
+{
+	PyObject *collections = PyImport_ImportModule("collections");
+	if (!collections)
+		return -1;
+	GrantType = PyObject_CallMethod(collections, "namedtuple", "s[ssss]", "Grant", "epoch", "session_token",
+					"granted_at", "reclaimed");
+	Py_DECREF(collections);
+	if (!GrantType)
+		return -1;
+	Py_INCREF(GrantType);
+	return PyModule_AddObject(m, "Grant", GrantType);
+}

@@ -1,0 +1,251 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM sleep-mode backend ``gpufailover``: sleep unmaps the weights the GPU
+Memory Service lends (they stay resident there) and wake maps them again at
+the same addresses, so a standby vLLM worker wakes without copying weights.
+
+vLLM finds it through the ``vllm.general_plugins`` entry point
+(``gpufailover = "gpufailover.vllm:register"``), which registers the class
+with ``SleepModeBackendFactory`` under the name ``gpufailover``; a model
+config with ``sleep_mode_backend = "gpufailover"`` selects it. The worker
+hands the backend its GMS clients with :func:`attach` after loading the
+weights (see examples/vllm/).
+
+This module imports without vLLM; :data:`GpuFailoverBackend` and
+:func:`register` need it and raise ImportError naming the missing package.
+The engine lifecycle for a vLLM deployment (the lock, probes, the loss
+policy) is :class:`Engine` and :class:`LockClient`, re-exported here.
+"""
+import threading
+
+from . import _gpufailover as _gf
+from ._gpufailover import Engine, GMSClient, LockClient
+
+BACKEND_NAME = "gpufailover"
+# vLLM's tags: weights live in the GMS; the KV cache is the engine's private memory.
+TAGS = ("weights", "kv_cache")
+
+__all__ = ["BACKEND_NAME", "Engine", "GpuFailoverBackend", "LockClient", "TAGS", "attach", "attached", "detach",
+           "register"]
+
+
+class _Attachment:
+    def __init__(self, clients, remap_timeout, kv_release, kv_restore):
+        self.clients = clients
+        self.remap_timeout = remap_timeout
+        self.kv_release = kv_release
+        self.kv_restore = kv_restore
+        # Per-resource state (no double release, no half-done wake).
+        self.weights_mapped = True
+        self.kv_held = True
+
+
+_lock = threading.Lock()
+_attachment = None
+
+
+def attach(gms, *, remap_timeout=30.0, kv_release=None, kv_restore=None):
+    """Give this process's sleep-mode backend its GMS clients.
+
+    ``gms``: a :class:`GMSClient` (or a list, one per device) whose weights are
+    mapped now. ``remap_timeout``: seconds a wake waits for the GMS (finite:
+    a fresh GMS without weights must fail the wake, not hang it).
+    ``kv_release()`` / ``kv_restore()``: optional callables that free and
+    re-create the engine's private memory (the KV cache) on sleep and wake.
+    Replaces an earlier attachment.
+    """
+    clients = list(gms) if isinstance(gms, (list, tuple)) else [gms]
+    if not clients or not all(isinstance(c, GMSClient) for c in clients):
+        raise TypeError("attach() needs a GMSClient or a non-empty list of them")
+    if not isinstance(remap_timeout, (int, float)) or isinstance(remap_timeout, bool) or not (
+            0 < remap_timeout < float("inf")):
+        raise ValueError("remap_timeout must be a finite number of seconds > 0")
+    for name, fn in (("kv_release", kv_release), ("kv_restore", kv_restore)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable or None")
+    global _attachment
+    with _lock:
+        _attachment = _Attachment(clients, float(remap_timeout), kv_release, kv_restore)
+
+
+def detach():
+    """Forget the attachment (the backend then refuses to sleep or wake)."""
+    global _attachment
+    with _lock:
+        _attachment = None
+
+
+def attached():
+    """The attached GMS clients, or an empty list."""
+    with _lock:
+        return list(_attachment.clients) if _attachment else []
+
+
+def _tags(tags):
+    chosen = TAGS if tags is None else tuple(tags)
+    unknown = [t for t in chosen if t not in TAGS]
+    if unknown:
+        raise ValueError(f"unknown sleep-mode tag(s) {unknown}: the gpufailover backend knows {list(TAGS)}")
+    return chosen
+
+
+def _current():
+    with _lock:
+        a = _attachment
+    if a is None:
+        raise _gf.StateError("the gpufailover sleep-mode backend has no GMS clients: call "
+                             "gpufailover.vllm.attach(gms) in the worker after loading the weights")
+    return a
+
+
+def _unmap(a):
+    if a.weights_mapped:
+        done = []
+        try:
+            for c in a.clients:
+                c.unmap()
+                done.append(c)
+        except BaseException:
+            # All or nothing: map again what this call unmapped.
+            for c in done:
+                c.remap(a.remap_timeout)
+            raise
+        a.weights_mapped = False
+
+
+def _remap(a):
+    if not a.weights_mapped:
+        done = []
+        try:
+            for c in a.clients:
+                c.remap(a.remap_timeout)
+                done.append(c)
+        except BaseException:
+            for c in done:
+                c.unmap()
+            raise
+        a.weights_mapped = True
+
+
+def _release_kv(a):
+    if a.kv_held:
+        if a.kv_release is not None:
+            a.kv_release()
+        a.kv_held = False
+
+
+def _restore_kv(a):
+    if not a.kv_held:
+        if a.kv_restore is not None:
+            a.kv_restore()
+        a.kv_held = True
+
+
+def _make_backend_class():
+    try:
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackend
+    except ImportError as e:
+        raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
+
+    class GpuFailoverBackend(SleepModeBackend):
+        """Sleep unmaps the GMS weights and frees the private memory; wake
+        remaps at the same addresses (fail-fast: StaleLayoutError when the GMS
+        holds other weights, TimeoutError when it has none in time) and
+        re-creates the private memory. All-or-nothing: a failed call leaves the
+        state it found."""
+
+        def suspend(self, level: int = 1) -> None:
+            # Both levels keep the weights resident in the GMS: there is
+            # nothing to copy out (level 1) or to reload (level 2).
+            if level not in (1, 2):
+                raise ValueError(f"sleep level must be 1 or 2, not {level!r}")
+            a = _current()
+            _unmap(a)
+            _release_kv(a)
+            self._state = "SUSPENDED"
+
+        def resume(self, tags=None) -> None:
+            chosen = _tags(tags)
+            a = _current()
+            before, remapped = self._state, False
+            self._state = "RESUMING"
+            try:
+                if "weights" in chosen and not a.weights_mapped:
+                    _remap(a)
+                    remapped = True
+                if "kv_cache" in chosen:
+                    _restore_kv(a)
+            except BaseException:
+                if remapped:
+                    _unmap(a)
+                self._state = before
+                raise
+            self._state = "RUNNING" if a.weights_mapped and a.kv_held else "SUSPENDED"
+
+        def discard(self, tags) -> None:
+            chosen = _tags(tags)
+            a = _current()
+            # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
+            if "weights" in chosen:
+                _unmap(a)
+            if "kv_cache" in chosen:
+                _release_kv(a)
+            self._state = "SUSPENDED"
+
+        @classmethod
+        def is_supported(cls) -> bool:
+            # The library is linked into the extension; the host and cuda
+            # backends are chosen when the GMS clients are made.
+            return True
+
+        @classmethod
+        def preserves_communicators(cls) -> bool:
+            # Sleep touches only GMS weights and private memory, never NCCL.
+            return True
+
+        @classmethod
+        def preserves_compiled_artifacts(cls) -> bool:
+            # The process lives on and the weights come back at the same addresses.
+            return True
+
+        @classmethod
+        def preserves_graphs_with_communicators(cls) -> bool:
+            # Graphs also hold KV-cache addresses, and the private memory is
+            # re-created by the engine, not promised at the same addresses.
+            return False
+
+        @classmethod
+        def supports_durable_storage(cls) -> bool:
+            # The GMS keeps weights across process restarts on the node, but
+            # nothing here persists suspended state to disk or object storage.
+            return False
+
+    GpuFailoverBackend.__module__ = __name__
+    GpuFailoverBackend.__qualname__ = "GpuFailoverBackend"
+    return GpuFailoverBackend
+
+
+_backend_class = None
+
+
+def __getattr__(name):
+    # vLLM's factory resolves the class with getattr(module, "GpuFailoverBackend"),
+    # so the vLLM import happens only then.
+    global _backend_class
+    if name == "GpuFailoverBackend":
+        if _backend_class is None:
+            _backend_class = _make_backend_class()
+        return _backend_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register():
+    """The ``vllm.general_plugins`` entry point: register the backend as
+    ``gpufailover``. Runs in every vLLM process, possibly more than once."""
+    try:
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+    except ImportError as e:
+        raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
+    try:
+        SleepModeBackendFactory.register_backend(BACKEND_NAME, __name__, "GpuFailoverBackend")
+    except ValueError:
+        pass  # registered by an earlier call in this process

@@ -1,0 +1,931 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The supervisor's I/O around the pure policy (policy.c): spawning with
+ * posix_spawn into a process group of its own, exits seen through pidfds,
+ * HTTP probes through libcurl's multi interface (so one slow engine never
+ * delays the probes of another), and the lock revocation. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "common.h"
+#include "gpufailover/lock.h"
+#include "gpufailover/supervise.h"
+
+#define SV_MAX_ENGINES 64
+#define SV_MAX_TERMINAL 64
+
+extern char **environ;
+
+struct sv_engine {
+	char *name;
+	char **argv;
+	char **envp; /* NULL: inherit */
+	char *cwd;
+	char *probe_url; /* base, e.g. http://127.0.0.1:8081 */
+	char *lock_id;   /* the engine id it holds the lock as (for revocation) */
+	struct gf_sv_periods periods;
+	struct gf_sv_engine pol;
+
+	pid_t pid;
+	int pidfd;
+	/* Processes that would not die after SIGKILL and were given up on: reaped when they do. */
+	pid_t lingering_pid;
+	int lingering_fd;
+
+	/* One probe round = /startup and /live in flight together. */
+	CURL *h_startup, *h_live;
+	int inflight;
+	struct gf_sv_probe round;
+	int64_t next_probe_us;
+	int64_t last_revoked_epoch;
+	int64_t revocations;
+	/* After an exit: when to look whether the lock is still held under this
+	 * engine's id by something that is not the engine (0: no look pending). */
+	int64_t lock_check_at;
+};
+
+struct gf_supervisor {
+	pthread_mutex_t mu; /* guards the engines' policy state against status readers */
+	int loaded, started;
+	int stop_fd;
+	int stop_seen;
+	char *lock_uri;
+	char *lock_secret;
+	size_t lock_secret_len;
+	int64_t probe_interval_ms, probe_timeout_ms;
+	int terminal[SV_MAX_TERMINAL];
+	size_t n_terminal;
+	struct sv_engine *eng;
+	size_t n;
+	CURLM *multi;
+};
+
+static void free_strv(char **v)
+{
+	if (!v)
+		return;
+	for (char **p = v; *p; p++)
+		free(*p);
+	free(v);
+}
+
+int gf_supervisor_new(gf_supervisor **out)
+{
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "out is NULL");
+	gf_supervisor *sv = calloc(1, sizeof(*sv));
+	if (!sv)
+		return gf_err(GF_ERR_NOMEM, "supervisor");
+	pthread_mutex_init(&sv->mu, NULL);
+	sv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (sv->stop_fd < 0) {
+		int e = errno;
+		free(sv);
+		return gf_err_errno(GF_ERR_IO, e, "eventfd");
+	}
+	sv->probe_interval_ms = 1000;
+	sv->probe_timeout_ms = 1000;
+	/* Usage and configuration errors: a restart would fail the same way. */
+	sv->terminal[0] = 2;
+	sv->terminal[1] = 64;
+	sv->terminal[2] = 78;
+	sv->n_terminal = 3;
+	*out = sv;
+	return 0;
+}
+
+static void engine_clear(struct sv_engine *e)
+{
+	free(e->name);
+	free_strv(e->argv);
+	free_strv(e->envp);
+	free(e->cwd);
+	free(e->probe_url);
+	free(e->lock_id);
+	if (e->h_startup)
+		curl_easy_cleanup(e->h_startup);
+	if (e->h_live)
+		curl_easy_cleanup(e->h_live);
+	gf_close(e->pidfd);
+	gf_close(e->lingering_fd);
+}
+
+void gf_supervisor_free(gf_supervisor *sv)
+{
+	if (!sv)
+		return;
+	for (size_t i = 0; i < sv->n; i++) {
+		if (sv->multi) {
+			if (sv->eng[i].h_startup)
+				curl_multi_remove_handle(sv->multi, sv->eng[i].h_startup);
+			if (sv->eng[i].h_live)
+				curl_multi_remove_handle(sv->multi, sv->eng[i].h_live);
+		}
+		engine_clear(&sv->eng[i]);
+	}
+	free(sv->eng);
+	if (sv->multi)
+		curl_multi_cleanup(sv->multi);
+	free(sv->lock_uri);
+	if (sv->lock_secret) {
+		memset(sv->lock_secret, 0, sv->lock_secret_len);
+		free(sv->lock_secret);
+	}
+	gf_close(sv->stop_fd);
+	pthread_mutex_destroy(&sv->mu);
+	free(sv);
+}
+
+/* ---- configuration ---------------------------------------------------- */
+
+static int cfg_err(const char *where, const char *fmt, const char *arg)
+{
+	return gf_err(GF_ERR_INVALID_ARG, "%s: %s%s", where, fmt, arg ? arg : "");
+}
+
+/* A duration is a string the project's parser takes ("90s", "5m") or a
+ * non-negative integer of milliseconds. */
+static int cfg_duration(json_t *v, const char *where, int64_t *out)
+{
+	uint64_t ms;
+	if (json_is_integer(v)) {
+		if (json_integer_value(v) < 0)
+			return cfg_err(where, "must not be negative", NULL);
+		*out = json_integer_value(v);
+		return 0;
+	}
+	if (!json_is_string(v))
+		return cfg_err(where, "expected a duration (\"90s\") or milliseconds", NULL);
+	const char *s = json_string_value(v);
+	if (s[0] == '-')
+		return cfg_err(where, "must not be negative", NULL);
+	if (gf_parse_duration_ms(s, &ms) < 0 || ms > INT64_MAX / 1000)
+		return cfg_err(where, "not a duration: ", s);
+	*out = (int64_t)ms;
+	return 0;
+}
+
+static int cfg_known_keys(json_t *obj, const char *where, const char *const *keys)
+{
+	const char *k;
+	json_t *v;
+	json_object_foreach(obj, k, v) {
+		int ok = 0;
+		for (const char *const *p = keys; *p; p++)
+			ok |= strcmp(*p, k) == 0;
+		if (!ok)
+			return gf_err(GF_ERR_INVALID_ARG, "%s%s%s: unknown key", where, *where ? "." : "", k);
+	}
+	return 0;
+}
+
+static int cfg_periods(json_t *obj, const char *where, struct gf_sv_periods *p)
+{
+	static const char *const keys[] = { "admission", "warmup", "failure_grace", "retry_pause", "retry_limit",
+					    "term_grace", "forceful_grace", "stable", "maximum", NULL };
+	struct {
+		const char *key;
+		int64_t *v;
+	} f[] = {
+		{ "admission", &p->admission_ms },         { "warmup", &p->warmup_ms },
+		{ "failure_grace", &p->failure_grace_ms }, { "retry_pause", &p->retry_pause_ms },
+		{ "term_grace", &p->term_grace_ms },       { "forceful_grace", &p->forceful_grace_ms },
+		{ "stable", &p->stable_ms },               { "maximum", &p->maximum_ms },
+	};
+	char at[160];
+	if (!json_is_object(obj))
+		return cfg_err(where, "expected an object", NULL);
+	int r = cfg_known_keys(obj, where, keys);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < GF_ARRAY_SIZE(f); i++) {
+		json_t *v = json_object_get(obj, f[i].key);
+		snprintf(at, sizeof(at), "%s.%s", where, f[i].key);
+		if (v && (r = cfg_duration(v, at, f[i].v)) < 0)
+			return r;
+	}
+	json_t *lim = json_object_get(obj, "retry_limit");
+	if (lim) {
+		if (!json_is_integer(lim) || json_integer_value(lim) < 0)
+			return gf_err(GF_ERR_INVALID_ARG, "%s.retry_limit: expected a non-negative integer", where);
+		p->retry_limit = json_integer_value(lim);
+	}
+	return 0;
+}
+
+static int cfg_strv(json_t *arr, const char *where, char ***out, int need_one)
+{
+	if (!json_is_array(arr) || (need_one && json_array_size(arr) == 0))
+		return cfg_err(where, need_one ? "expected a non-empty array of strings" : "expected an array of strings",
+			       NULL);
+	size_t n = json_array_size(arr);
+	char **v = calloc(n + 1, sizeof(*v));
+	if (!v)
+		return gf_err(GF_ERR_NOMEM, "config");
+	for (size_t i = 0; i < n; i++) {
+		json_t *s = json_array_get(arr, i);
+		if (!json_is_string(s) || !(v[i] = strdup(json_string_value(s)))) {
+			free_strv(v);
+			return json_is_string(s) ? gf_err(GF_ERR_NOMEM, "config")
+						 : cfg_err(where, "expected an array of strings", NULL);
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+/* The child's environment: ours plus the config's entries (which win). */
+static int cfg_env(json_t *obj, const char *where, char ***out)
+{
+	if (!json_is_object(obj))
+		return cfg_err(where, "expected an object of strings", NULL);
+	size_t base = 0;
+	while (environ[base])
+		base++;
+	char **v = calloc(base + json_object_size(obj) + 1, sizeof(*v));
+	if (!v)
+		return gf_err(GF_ERR_NOMEM, "config");
+	size_t n = 0;
+	const char *k;
+	json_t *val;
+	for (size_t i = 0; i < base; i++) {
+		const char *eq = strchr(environ[i], '=');
+		size_t kl = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
+		int overridden = 0;
+		json_object_foreach(obj, k, val) {
+			overridden |= strlen(k) == kl && strncmp(k, environ[i], kl) == 0;
+		}
+		if (!overridden && !(v[n++] = strdup(environ[i])))
+			goto nomem;
+	}
+	json_object_foreach(obj, k, val) {
+		if (!json_is_string(val) || !*k || strchr(k, '=')) {
+			free_strv(v);
+			return gf_err(GF_ERR_INVALID_ARG, "%s.%s: expected a string value and a name without '='", where, k);
+		}
+		if (asprintf(&v[n++], "%s=%s", k, json_string_value(val)) < 0) {
+			v[n - 1] = NULL;
+			goto nomem;
+		}
+	}
+	*out = v;
+	return 0;
+nomem:
+	free_strv(v);
+	return gf_err(GF_ERR_NOMEM, "config");
+}
+
+static int cfg_string(json_t *v, const char *where, char **out)
+{
+	if (!json_is_string(v) || !*json_string_value(v))
+		return cfg_err(where, "expected a non-empty string", NULL);
+	if (!(*out = strdup(json_string_value(v))))
+		return gf_err(GF_ERR_NOMEM, "config");
+	return 0;
+}
+
+static int read_secret_file(const char *path, char **out, size_t *len)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return gf_err_errno(GF_ERR_IO, errno, "lock.secret_file %s", path);
+	char *buf = malloc(4097);
+	size_t n = buf ? fread(buf, 1, 4096, f) : 0;
+	fclose(f);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n == 0) {
+		free(buf);
+		return gf_err(GF_ERR_INVALID_ARG, "lock.secret_file %s: empty", path);
+	}
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+static int cfg_engine(gf_supervisor *sv, json_t *obj, size_t idx, const struct gf_sv_periods *defaults,
+		      struct sv_engine *e)
+{
+	static const char *const keys[] = { "name", "argv", "env", "cwd", "probe_url", "lock_id", "periods", NULL };
+	char where[64], at[96];
+	int r;
+	snprintf(where, sizeof(where), "engines[%zu]", idx);
+	memset(e, 0, sizeof(*e));
+	e->pidfd = e->lingering_fd = -1;
+	if (!json_is_object(obj))
+		return cfg_err(where, "expected an object", NULL);
+	if ((r = cfg_known_keys(obj, where, keys)) < 0)
+		return r;
+	snprintf(at, sizeof(at), "%s.name", where);
+	if ((r = cfg_string(json_object_get(obj, "name"), at, &e->name)) < 0)
+		return r;
+	/* Names become metric labels and log values: keep them plain. */
+	if (strlen(e->name) > 63 || strspn(e->name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+					    strlen(e->name))
+		return cfg_err(at, "expected 1..63 characters of A-Z a-z 0-9 _ . -, got ", e->name);
+	snprintf(at, sizeof(at), "%s.argv", where);
+	if ((r = cfg_strv(json_object_get(obj, "argv"), at, &e->argv, 1)) < 0)
+		return r;
+	if (json_object_get(obj, "env")) {
+		snprintf(at, sizeof(at), "%s.env", where);
+		if ((r = cfg_env(json_object_get(obj, "env"), at, &e->envp)) < 0)
+			return r;
+	}
+	if (json_object_get(obj, "cwd")) {
+		snprintf(at, sizeof(at), "%s.cwd", where);
+		if ((r = cfg_string(json_object_get(obj, "cwd"), at, &e->cwd)) < 0)
+			return r;
+	}
+	snprintf(at, sizeof(at), "%s.probe_url", where);
+	if ((r = cfg_string(json_object_get(obj, "probe_url"), at, &e->probe_url)) < 0)
+		return r;
+	if (strncmp(e->probe_url, "http://", 7) != 0)
+		return cfg_err(at, "expected an http:// URL, got ", e->probe_url);
+	size_t ul = strlen(e->probe_url);
+	while (ul > 7 && e->probe_url[ul - 1] == '/')
+		e->probe_url[--ul] = '\0';
+	if (json_object_get(obj, "lock_id")) {
+		snprintf(at, sizeof(at), "%s.lock_id", where);
+		if ((r = cfg_string(json_object_get(obj, "lock_id"), at, &e->lock_id)) < 0)
+			return r;
+	}
+	e->periods = *defaults;
+	if (json_object_get(obj, "periods")) {
+		snprintf(at, sizeof(at), "%s.periods", where);
+		if ((r = cfg_periods(json_object_get(obj, "periods"), at, &e->periods)) < 0)
+			return r;
+		/* An engine may shorten its periods, never lift the operator's maximum. */
+		e->periods.maximum_ms = defaults->maximum_ms;
+		char note[256];
+		if ((r = gf_sv_periods_validate(&e->periods, note, sizeof(note))) < 0)
+			return gf_err(r, "%s.%s", at, gf_error_detail());
+		if (note[0])
+			gf_log(GF_LOG_WARN, "supervise", "engine=%s %s", e->name, note);
+	}
+	(void)sv;
+	gf_sv_init(&e->pol);
+	return 0;
+}
+
+static int load(gf_supervisor *sv, json_t *root)
+{
+	static const char *const keys[] = { "lock", "periods", "terminal_exit_codes", "probe", "engines", NULL };
+	int r;
+	if (!json_is_object(root))
+		return gf_err(GF_ERR_INVALID_ARG, "config: expected a JSON object at the top");
+	if ((r = cfg_known_keys(root, "", keys)) < 0)
+		return r;
+
+	struct gf_sv_periods defaults;
+	gf_sv_periods_default(&defaults);
+	if (json_object_get(root, "periods")) {
+		if ((r = cfg_periods(json_object_get(root, "periods"), "periods", &defaults)) < 0)
+			return r;
+	}
+	char note[256];
+	if ((r = gf_sv_periods_validate(&defaults, note, sizeof(note))) < 0)
+		return gf_err(r, "periods.%s", gf_error_detail());
+	if (note[0])
+		gf_log(GF_LOG_WARN, "supervise", "%s", note);
+
+	json_t *term = json_object_get(root, "terminal_exit_codes");
+	if (term) {
+		if (!json_is_array(term) || json_array_size(term) > SV_MAX_TERMINAL)
+			return gf_err(GF_ERR_INVALID_ARG, "terminal_exit_codes: expected an array of at most %d exit codes",
+				      SV_MAX_TERMINAL);
+		sv->n_terminal = 0;
+		for (size_t i = 0; i < json_array_size(term); i++) {
+			json_t *c = json_array_get(term, i);
+			if (!json_is_integer(c) || json_integer_value(c) < 1 || json_integer_value(c) > 255)
+				return gf_err(GF_ERR_INVALID_ARG, "terminal_exit_codes[%zu]: expected an exit code 1..255", i);
+			sv->terminal[sv->n_terminal++] = (int)json_integer_value(c);
+		}
+	}
+
+	json_t *probe = json_object_get(root, "probe");
+	if (probe) {
+		static const char *const pkeys[] = { "interval", "timeout", NULL };
+		if (!json_is_object(probe))
+			return gf_err(GF_ERR_INVALID_ARG, "probe: expected an object");
+		if ((r = cfg_known_keys(probe, "probe", pkeys)) < 0)
+			return r;
+		if (json_object_get(probe, "interval") &&
+		    (r = cfg_duration(json_object_get(probe, "interval"), "probe.interval", &sv->probe_interval_ms)) < 0)
+			return r;
+		if (json_object_get(probe, "timeout") &&
+		    (r = cfg_duration(json_object_get(probe, "timeout"), "probe.timeout", &sv->probe_timeout_ms)) < 0)
+			return r;
+		if (sv->probe_interval_ms < 10 || sv->probe_interval_ms > 3600 * 1000)
+			return gf_err(GF_ERR_INVALID_ARG, "probe.interval: must be between 10ms and 1h");
+		if (sv->probe_timeout_ms < 10 || sv->probe_timeout_ms > 3600 * 1000)
+			return gf_err(GF_ERR_INVALID_ARG, "probe.timeout: must be between 10ms and 1h");
+	}
+
+	json_t *lock = json_object_get(root, "lock");
+	if (lock) {
+		static const char *const lkeys[] = { "uri", "secret_file", NULL };
+		if (!json_is_object(lock))
+			return gf_err(GF_ERR_INVALID_ARG, "lock: expected an object");
+		if ((r = cfg_known_keys(lock, "lock", lkeys)) < 0)
+			return r;
+		if ((r = cfg_string(json_object_get(lock, "uri"), "lock.uri", &sv->lock_uri)) < 0)
+			return r;
+		json_t *sf = json_object_get(lock, "secret_file");
+		if (sf) {
+			if (!json_is_string(sf))
+				return gf_err(GF_ERR_INVALID_ARG, "lock.secret_file: expected a path");
+			if ((r = read_secret_file(json_string_value(sf), &sv->lock_secret, &sv->lock_secret_len)) < 0)
+				return r;
+		}
+	}
+
+	json_t *engines = json_object_get(root, "engines");
+	if (!json_is_array(engines) || json_array_size(engines) == 0 || json_array_size(engines) > SV_MAX_ENGINES)
+		return gf_err(GF_ERR_INVALID_ARG, "engines: expected an array of 1..%d engines", SV_MAX_ENGINES);
+	sv->eng = calloc(json_array_size(engines), sizeof(*sv->eng));
+	if (!sv->eng)
+		return gf_err(GF_ERR_NOMEM, "config");
+	for (size_t i = 0; i < json_array_size(engines); i++) {
+		r = cfg_engine(sv, json_array_get(engines, i), i, &defaults, &sv->eng[i]);
+		sv->n = i + 1;
+		if (r < 0)
+			return r;
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(sv->eng[j].name, sv->eng[i].name) == 0)
+				return gf_err(GF_ERR_INVALID_ARG, "engines[%zu].name: \"%s\" is used twice", i,
+					      sv->eng[i].name);
+		if (sv->eng[i].lock_id && !sv->lock_uri)
+			return gf_err(GF_ERR_INVALID_ARG, "engines[%zu].lock_id: needs lock.uri", i);
+	}
+	return 0;
+}
+
+int gf_supervisor_load_config(gf_supervisor *sv, const char *path, const char *json)
+{
+	if (!sv || (!path && !json))
+		return gf_err(GF_ERR_INVALID_ARG, "supervisor config: no path and no text");
+	if (sv->loaded)
+		return gf_err(GF_ERR_STATE, "supervisor config already loaded");
+	json_error_t jerr;
+	json_t *root = path ? json_load_file(path, JSON_REJECT_DUPLICATES, &jerr)
+			    : json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return gf_err(GF_ERR_INVALID_ARG, "%s:%d:%d: %s", path ? path : "config", jerr.line, jerr.column,
+			      jerr.text);
+	int r = load(sv, root);
+	json_decref(root);
+	if (r < 0) {
+		for (size_t i = 0; i < sv->n; i++)
+			engine_clear(&sv->eng[i]);
+		free(sv->eng);
+		sv->eng = NULL;
+		sv->n = 0;
+		return r;
+	}
+	sv->loaded = 1;
+	return 0;
+}
+
+/* ---- actions ------------------------------------------------------------ */
+
+static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
+{
+	posix_spawnattr_t attr;
+	posix_spawn_file_actions_t fa;
+	sigset_t empty, dfl;
+	int r;
+	(void)sv;
+	sigemptyset(&empty);
+	sigfillset(&dfl);
+	posix_spawnattr_init(&attr);
+	posix_spawn_file_actions_init(&fa);
+	/* A process group of its own, so SIGKILL reaches the engine's helpers too;
+	 * default signal dispositions and an empty mask, whatever ours are. */
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+	posix_spawnattr_setpgroup(&attr, 0);
+	posix_spawnattr_setsigmask(&attr, &empty);
+	posix_spawnattr_setsigdefault(&attr, &dfl);
+	if (e->cwd)
+		posix_spawn_file_actions_addchdir_np(&fa, e->cwd);
+	pid_t pid;
+	r = posix_spawnp(&pid, e->argv[0], &fa, &attr, e->argv, e->envp ? e->envp : environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&attr);
+	if (r != 0)
+		return gf_err_errno(GF_ERR_IO, r, "engine=%s spawn %s", e->name, e->argv[0]);
+	int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (fd < 0) {
+		int en = errno;
+		kill(-pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		return gf_err_errno(GF_ERR_IO, en, "engine=%s pidfd_open", e->name);
+	}
+	e->pid = pid;
+	e->pidfd = fd;
+	e->next_probe_us = 0;
+	gf_log(GF_LOG_INFO, "supervise", "engine=%s started pid=%d", e->name, (int)pid);
+	return 0;
+}
+
+/*
+ * Revoke the lock when it is held under this engine's id by a process that is
+ * not the engine's current one (a process that would not die, or a socket
+ * that outlived its process in another one). The request names the epoch, so
+ * it can never hit a holder granted in the meantime.
+ */
+static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
+{
+	if (!sv->lock_uri || !e->lock_id) {
+		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
+		return;
+	}
+	char *js = NULL;
+	int r = gf_lock_status_json(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, 2000, &js);
+	if (r < 0) {
+		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+		return;
+	}
+	json_t *root = json_loads(js, 0, NULL);
+	free(js);
+	const char *hid = root ? json_string_value(json_object_get(root, "holder")) : NULL;
+	uint64_t epoch = root ? (uint64_t)json_integer_value(json_object_get(root, "epoch")) : 0;
+	pid_t hpid = root ? (pid_t)json_integer_value(json_object_get(root, "holder_pid")) : 0;
+	if (!hid || strcmp(hid, e->lock_id) != 0 || (e->pid > 0 && hpid == e->pid)) {
+		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
+		json_decref(root);
+		return;
+	}
+	r = gf_lock_revoke(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, epoch, 2000);
+	if (r < 0) {
+		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
+		       gf_error_detail());
+	} else {
+		pthread_mutex_lock(&sv->mu);
+		e->last_revoked_epoch = (int64_t)epoch;
+		e->revocations++;
+		pthread_mutex_unlock(&sv->mu);
+		gf_log(GF_LOG_WARN, "supervise", "engine=%s lock epoch=%" PRIu64 " held by pid=%d revoked", e->name, epoch,
+		       (int)hpid);
+	}
+	json_decref(root);
+}
+
+static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t now);
+
+static void feed(gf_supervisor *sv, struct sv_engine *e, int ev, const struct gf_sv_probe *probe, int status,
+		 int sig, int64_t now)
+{
+	pthread_mutex_lock(&sv->mu);
+	int before = e->pol.state;
+	int act = gf_sv_step(&e->pol, &e->periods, ev, probe, status, sig, sv->terminal, sv->n_terminal, now);
+	int after = e->pol.state;
+	pthread_mutex_unlock(&sv->mu);
+	if (before != after)
+		gf_log(after == GF_SV_FAILED || after == GF_SV_UNHEALTHY ? GF_LOG_WARN : GF_LOG_INFO, "supervise",
+		       "engine=%s state=%s from=%s reason=\"%s\" retries=%" PRId64, e->name, gf_sv_state_name(after),
+		       gf_sv_state_name(before), e->pol.reason, e->pol.retries);
+	carry_out(sv, e, act, now);
+}
+
+static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t now)
+{
+	if (act & GF_SV_ACT_TERM && e->pid > 0)
+		kill(e->pid, SIGTERM);
+	if (act & GF_SV_ACT_KILL && e->pid > 0)
+		kill(-e->pid, SIGKILL);
+	if (act & GF_SV_ACT_REVOKE) {
+		/* Keep reaping it in the background; the policy has moved on, and
+		 * the process is no longer "the engine" when the grant is judged. */
+		gf_close(e->lingering_fd);
+		e->lingering_pid = e->pid;
+		e->lingering_fd = e->pidfd;
+		e->pid = 0;
+		e->pidfd = -1;
+		do_revoke(sv, e);
+	}
+	if (act & GF_SV_ACT_SPAWN) {
+		if (do_spawn(sv, e) < 0) {
+			gf_log(GF_LOG_ERR, "supervise", "%s", gf_error_detail());
+			feed(sv, e, GF_SV_EV_SPAWN_FAILED, NULL, -1, 0, now);
+		}
+	}
+}
+
+/* ---- probes ------------------------------------------------------------- */
+
+static size_t discard_body(char *p, size_t size, size_t n, void *u)
+{
+	(void)p;
+	(void)u;
+	return size * n;
+}
+
+static CURL *probe_handle(gf_supervisor *sv, struct sv_engine *e, const char *path)
+{
+	char url[512];
+	CURL *h = curl_easy_init();
+	if (!h)
+		return NULL;
+	snprintf(url, sizeof(url), "%s%s", e->probe_url, path);
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)sv->probe_timeout_ms);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)sv->probe_timeout_ms);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard_body);
+	curl_easy_setopt(h, CURLOPT_PRIVATE, e);
+	return h;
+}
+
+static void probe_start(gf_supervisor *sv, struct sv_engine *e, int64_t now)
+{
+	e->next_probe_us = now + sv->probe_interval_ms * 1000;
+	memset(&e->round, 0, sizeof(e->round));
+	e->h_startup = probe_handle(sv, e, "/startup");
+	e->h_live = probe_handle(sv, e, "/live");
+	if (!e->h_startup || !e->h_live) {
+		if (e->h_startup)
+			curl_easy_cleanup(e->h_startup);
+		if (e->h_live)
+			curl_easy_cleanup(e->h_live);
+		e->h_startup = e->h_live = NULL;
+		return;
+	}
+	curl_multi_add_handle(sv->multi, e->h_startup);
+	curl_multi_add_handle(sv->multi, e->h_live);
+	e->inflight = 2;
+}
+
+static void probes_collect(gf_supervisor *sv, int64_t now)
+{
+	CURLMsg *m;
+	int left;
+	while ((m = curl_multi_info_read(sv->multi, &left))) {
+		if (m->msg != CURLMSG_DONE)
+			continue;
+		CURL *h = m->easy_handle;
+		struct sv_engine *e = NULL;
+		long code = 0;
+		curl_easy_getinfo(h, CURLINFO_PRIVATE, (char **)&e);
+		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+		if (m->data.result == CURLE_OK && code > 0)
+			e->round.reachable = 1;
+		if (h == e->h_startup) {
+			e->round.startup_ok = m->data.result == CURLE_OK && code == 200;
+			e->h_startup = NULL;
+		} else {
+			e->round.live_ok = m->data.result == CURLE_OK && code == 200;
+			e->h_live = NULL;
+		}
+		curl_multi_remove_handle(sv->multi, h);
+		curl_easy_cleanup(h);
+		if (--e->inflight == 0 && e->pid > 0)
+			feed(sv, e, GF_SV_EV_PROBE, &e->round, 0, 0, now);
+	}
+}
+
+/* ---- the loop ----------------------------------------------------------- */
+
+static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
+{
+	siginfo_t si;
+	memset(&si, 0, sizeof(si));
+	if (waitid(P_PIDFD, (id_t)e->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
+		return;
+	int status = si.si_code == CLD_EXITED ? si.si_status : -1;
+	int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
+	gf_log(GF_LOG_INFO, "supervise", "engine=%s pid=%d exited status=%d signal=%d", e->name, (int)e->pid, status,
+	       sig);
+	/* Whatever its helpers still do, the group goes with the engine. */
+	kill(-e->pid, SIGKILL);
+	gf_close(e->pidfd);
+	e->pidfd = -1;
+	e->pid = 0;
+	/* Normally the lock server sees the exit and grants the next waiter; if
+	 * the grant outlives the process (its socket kept open elsewhere), the
+	 * forceful grace bounds the wait before the grant is revoked. */
+	if (e->lock_id && sv->lock_uri)
+		e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+	feed(sv, e, GF_SV_EV_EXITED, NULL, status, sig, now);
+}
+
+static void reap_lingering(struct sv_engine *e)
+{
+	siginfo_t si;
+	memset(&si, 0, sizeof(si));
+	if (waitid(P_PIDFD, (id_t)e->lingering_fd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
+		return;
+	gf_log(GF_LOG_INFO, "supervise", "engine=%s revoked pid=%d finally exited", e->name, (int)e->lingering_pid);
+	gf_close(e->lingering_fd);
+	e->lingering_fd = -1;
+	e->lingering_pid = 0;
+}
+
+int gf_supervisor_start(gf_supervisor *sv)
+{
+	if (!sv)
+		return gf_err(GF_ERR_INVALID_ARG, "sv is NULL");
+	if (!sv->loaded || sv->started)
+		return gf_err(GF_ERR_STATE, sv->loaded ? "supervisor already started" : "no config loaded");
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0 || !(sv->multi = curl_multi_init()))
+		return gf_err(GF_ERR_NOMEM, "libcurl init");
+	sv->started = 1;
+	int64_t now = gf_now_us();
+	for (size_t i = 0; i < sv->n; i++)
+		feed(sv, &sv->eng[i], GF_SV_EV_START, NULL, 0, 0, now);
+	return 0;
+}
+
+void gf_supervisor_request_stop(gf_supervisor *sv)
+{
+	uint64_t one = 1;
+	if (sv && write(sv->stop_fd, &one, sizeof(one)) < 0) {
+		/* The counter is already non-zero: the stop is pending anyway. */
+	}
+}
+
+int gf_supervisor_run(gf_supervisor *sv)
+{
+	if (!sv || !sv->started)
+		return gf_err(GF_ERR_STATE, "supervisor not started");
+	struct curl_waitfd wfd[1 + 2 * SV_MAX_ENGINES];
+	struct sv_engine *owner[1 + 2 * SV_MAX_ENGINES];
+	int lingering[1 + 2 * SV_MAX_ENGINES];
+	for (;;) {
+		int64_t now = gf_now_us();
+		int alive = 0;
+		int64_t deadline = INT64_MAX;
+		for (size_t i = 0; i < sv->n; i++) {
+			struct sv_engine *e = &sv->eng[i];
+			if (gf_sv_next_deadline(&e->pol, &e->periods) <= now)
+				feed(sv, e, GF_SV_EV_TICK, NULL, 0, 0, now);
+			if (e->pid > 0 && !e->inflight && gf_sv_wants_probes(&e->pol) && e->next_probe_us <= now)
+				probe_start(sv, e, now);
+			if (e->lock_check_at && e->lock_check_at <= now && !sv->stop_seen) {
+				e->lock_check_at = 0;
+				do_revoke(sv, e);
+			}
+			if (e->lock_check_at && e->lock_check_at < deadline)
+				deadline = e->lock_check_at;
+			int64_t d = gf_sv_next_deadline(&e->pol, &e->periods);
+			if (d < deadline)
+				deadline = d;
+			if (e->pid > 0 && gf_sv_wants_probes(&e->pol) && !e->inflight && e->next_probe_us < deadline)
+				deadline = e->next_probe_us;
+			alive |= e->pid > 0 || e->pol.alive;
+		}
+		if (sv->stop_seen && !alive)
+			return 0;
+
+		unsigned n = 0;
+		wfd[n] = (struct curl_waitfd){ .fd = sv->stop_fd, .events = CURL_WAIT_POLLIN };
+		owner[n] = NULL;
+		lingering[n++] = 0;
+		for (size_t i = 0; i < sv->n; i++) {
+			if (sv->eng[i].pidfd >= 0) {
+				wfd[n] = (struct curl_waitfd){ .fd = sv->eng[i].pidfd, .events = CURL_WAIT_POLLIN };
+				owner[n] = &sv->eng[i];
+				lingering[n++] = 0;
+			}
+			if (sv->eng[i].lingering_fd >= 0) {
+				wfd[n] = (struct curl_waitfd){ .fd = sv->eng[i].lingering_fd, .events = CURL_WAIT_POLLIN };
+				owner[n] = &sv->eng[i];
+				lingering[n++] = 1;
+			}
+		}
+		int timeout = gf_poll_timeout_ms(deadline);
+		if (timeout < 0 || timeout > 1000)
+			timeout = 1000;
+		int numfds = 0;
+		CURLMcode mc = curl_multi_poll(sv->multi, wfd, n, timeout, &numfds);
+		if (mc != CURLM_OK)
+			return gf_err(GF_ERR_IO, "curl_multi_poll: %s", curl_multi_strerror(mc));
+		int running;
+		curl_multi_perform(sv->multi, &running);
+		now = gf_now_us();
+		probes_collect(sv, now);
+		for (unsigned k = 0; k < n; k++) {
+			if (!(wfd[k].revents & CURL_WAIT_POLLIN))
+				continue;
+			if (!owner[k]) {
+				uint64_t v;
+				if (read(sv->stop_fd, &v, sizeof(v)) == sizeof(v) && !sv->stop_seen) {
+					sv->stop_seen = 1;
+					gf_log(GF_LOG_INFO, "supervise", "stopping every engine");
+					for (size_t i = 0; i < sv->n; i++)
+						feed(sv, &sv->eng[i], GF_SV_EV_STOP, NULL, 0, 0, now);
+				}
+			} else if (lingering[k]) {
+				reap_lingering(owner[k]);
+			} else {
+				reap(sv, owner[k], now);
+			}
+		}
+	}
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+int gf_supervisor_status_json(gf_supervisor *sv, char **json)
+{
+	if (!sv || !json)
+		return gf_err(GF_ERR_INVALID_ARG, "NULL argument");
+	json_t *root = json_object(), *arr = json_array();
+	int64_t now = gf_now_us();
+	pthread_mutex_lock(&sv->mu);
+	for (size_t i = 0; i < sv->n; i++) {
+		struct sv_engine *e = &sv->eng[i];
+		const struct gf_sv_engine *p = &e->pol;
+		int64_t left = e->periods.retry_limit - p->retries;
+		json_t *o = json_pack(
+			"{s:s, s:s, s:s, s:i, s:I, s:I, s:I, s:I, s:i, s:i, s:s, s:f, s:b, s:I}", "name", e->name,
+			"state", gf_sv_state_name(p->state), "reason", p->reason, "pid", (int)e->pid, "retries",
+			(json_int_t)p->retries, "retries_left", (json_int_t)(left > 0 ? left : 0), "retry_limit",
+			(json_int_t)e->periods.retry_limit, "restarts", (json_int_t)p->restarts, "last_exit_status",
+			p->last_exit_status, "last_exit_signal", p->last_exit_signal, "last_exit_class",
+			gf_sv_exit_class_name(p->last_exit_class), "seconds_in_state",
+			p->since_us ? (double)(now - p->since_us) / 1e6 : 0.0, "revoked", p->revoked,
+			"revoked_epoch", (json_int_t)e->last_revoked_epoch);
+		if (o && e->lingering_pid)
+			json_object_set_new(o, "lingering_pid", json_integer(e->lingering_pid));
+		if (o)
+			json_array_append_new(arr, o);
+	}
+	pthread_mutex_unlock(&sv->mu);
+	json_object_set_new(root, "engines", arr);
+	*json = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	return *json ? 0 : gf_err(GF_ERR_NOMEM, "status");
+}
+
+int gf_supervisor_metrics(gf_supervisor *sv, char **text)
+{
+	if (!sv || !text)
+		return gf_err(GF_ERR_INVALID_ARG, "NULL argument");
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f)
+		return gf_err(GF_ERR_NOMEM, "metrics");
+	int64_t now = gf_now_us();
+	pthread_mutex_lock(&sv->mu);
+	fputs("# HELP gf_supervisor_engine_state Current state of a supervised engine (1 for the current state).\n"
+	      "# TYPE gf_supervisor_engine_state gauge\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++)
+		for (int s = GF_SV_STOPPED; s <= GF_SV_SUCCEEDED; s++)
+			fprintf(f, "gf_supervisor_engine_state{engine=\"%s\",state=\"%s\"} %d\n", sv->eng[i].name,
+				gf_sv_state_name(s), sv->eng[i].pol.state == s);
+	fputs("# HELP gf_supervisor_engine_state_seconds Time spent in the current state.\n"
+	      "# TYPE gf_supervisor_engine_state_seconds gauge\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++)
+		fprintf(f, "gf_supervisor_engine_state_seconds{engine=\"%s\"} %.6f\n", sv->eng[i].name,
+			sv->eng[i].pol.since_us ? (double)(now - sv->eng[i].pol.since_us) / 1e6 : 0.0);
+	fputs("# HELP gf_supervisor_engine_restarts_total Processes started after the first.\n"
+	      "# TYPE gf_supervisor_engine_restarts_total counter\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++)
+		fprintf(f, "gf_supervisor_engine_restarts_total{engine=\"%s\"} %" PRId64 "\n", sv->eng[i].name,
+			sv->eng[i].pol.restarts);
+	fputs("# HELP gf_supervisor_engine_retries_left Resets left before the engine is Failed.\n"
+	      "# TYPE gf_supervisor_engine_retries_left gauge\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++) {
+		int64_t left = sv->eng[i].periods.retry_limit - sv->eng[i].pol.retries;
+		fprintf(f, "gf_supervisor_engine_retries_left{engine=\"%s\"} %" PRId64 "\n", sv->eng[i].name,
+			left > 0 ? left : 0);
+	}
+	fputs("# HELP gf_supervisor_engine_last_exit_status Exit status of the last exit (-1: none or a signal).\n"
+	      "# TYPE gf_supervisor_engine_last_exit_status gauge\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++)
+		fprintf(f, "gf_supervisor_engine_last_exit_status{engine=\"%s\",class=\"%s\"} %d\n", sv->eng[i].name,
+			gf_sv_exit_class_name(sv->eng[i].pol.last_exit_class), sv->eng[i].pol.last_exit_status);
+	fputs("# HELP gf_supervisor_engine_revocations_total Lock revocations of engines that would not exit.\n"
+	      "# TYPE gf_supervisor_engine_revocations_total counter\n",
+	      f);
+	for (size_t i = 0; i < sv->n; i++)
+		fprintf(f, "gf_supervisor_engine_revocations_total{engine=\"%s\"} %" PRId64 "\n", sv->eng[i].name,
+			sv->eng[i].revocations);
+	pthread_mutex_unlock(&sv->mu);
+	if (fclose(f) != 0) {
+		free(buf);
+		return gf_err(GF_ERR_NOMEM, "metrics");
+	}
+	*text = buf;
+	return 0;
+}

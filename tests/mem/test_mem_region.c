@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gf_mem_region on one backend (argv[1] "host" or "cuda"; cuda runs on the
+ * test driver tests/fakecuda): a usable read-write region, and on cuda every
+ * failing step (create, reserve, map) unwinds to nothing, seen through the
+ * driver's own accounting of used memory and through the fd count.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../common/testutil.h"
+#include "gpufailover.h"
+
+static int kind = GF_MEM_HOST;
+
+static gf_mem *open_mem(void)
+{
+	gf_mem *m = NULL;
+	int rc = gf_mem_open(&m, kind, 0);
+	if (rc < 0)
+		fail_msg("gf_mem_open(%s): %s: %s", gf_mem_kind_name(kind), gf_error_name(rc), gf_error_detail());
+	return m;
+}
+
+static void test_region_read_write(void **state)
+{
+	(void)state;
+	int fds = tu_count_fds();
+	gf_mem *m = open_mem();
+	size_t minimum, recommended;
+	assert_int_equal(gf_mem_granularity(m, &minimum, &recommended), 0);
+	gf_mem_region *r = NULL;
+	assert_int_equal(gf_mem_region_new(&r, m, minimum + 1), 0);
+	/* Rounded up to whole granules. */
+	assert_int_equal(gf_mem_region_size(r), 2 * minimum);
+	uint64_t addr = gf_mem_region_addr(r);
+	assert_true(addr != 0);
+	uint8_t *p = (uint8_t *)(uintptr_t)addr;
+	memset(p, 0xa5, gf_mem_region_size(r));
+	assert_int_equal(p[0], 0xa5);
+	assert_int_equal(p[gf_mem_region_size(r) - 1], 0xa5);
+	gf_mem_region_free(r);
+	gf_mem_region_free(NULL);
+	gf_mem_free(m);
+	assert_int_equal(tu_count_fds(), fds);
+}
+
+static void test_region_bad_args(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	gf_mem_region *r = (gf_mem_region *)&r;
+	assert_int_equal(gf_mem_region_new(NULL, m, 4096), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_new(&r, NULL, 4096), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_new(&r, m, 0), GF_ERR_INVALID_ARG);
+	assert_ptr_equal(r, (gf_mem_region *)&r); /* untouched on failure */
+	assert_int_equal(gf_mem_region_addr(NULL), 0);
+	assert_int_equal(gf_mem_region_size(NULL), 0);
+	gf_mem_free(m);
+}
+
+static uint64_t used_bytes(gf_mem *m)
+{
+	uint64_t free_b, total_b;
+	assert_int_equal(gf_mem_info(m, &free_b, &total_b), 0);
+	return total_b - free_b;
+}
+
+/* A step of the region fails (the driver knob @knob=@value); nothing the
+ * call made survives, and the error is the failing step's. */
+static void expect_unwound(const char *knob, const char *value, int want_rc)
+{
+	gf_mem *m = open_mem();
+	uint64_t used = used_bytes(m);
+	int fds = tu_count_fds();
+	gf_mem_region *r = NULL;
+	setenv(knob, value, 1);
+	int rc = gf_mem_region_new(&r, m, 4u << 20);
+	unsetenv(knob);
+	assert_int_equal(rc, want_rc);
+	assert_true(strlen(gf_error_detail()) > 0);
+	assert_null(r);
+	assert_int_equal(used_bytes(m), used);
+	assert_int_equal(tu_count_fds(), fds);
+	/* And the backend is still usable. */
+	assert_int_equal(gf_mem_region_new(&r, m, 4u << 20), 0);
+	assert_true(used_bytes(m) > used);
+	gf_mem_region_free(r);
+	assert_int_equal(used_bytes(m), used);
+	gf_mem_free(m);
+}
+
+static void test_region_oom(void **state)
+{
+	(void)state;
+	expect_unwound("FAKECUDA_OOM_AFTER_BYTES", "0", GF_ERR_OUT_OF_MEMORY);
+}
+
+static void test_region_reserve_fails(void **state)
+{
+	(void)state;
+	expect_unwound("FAKECUDA_FAIL", "cuMemAddressReserve:1", GF_ERR_DRIVER);
+}
+
+static void test_region_map_fails(void **state)
+{
+	(void)state;
+	expect_unwound("FAKECUDA_FAIL", "cuMemMap:1", GF_ERR_DRIVER);
+}
+
+static void test_region_access_fails(void **state)
+{
+	(void)state;
+	expect_unwound("FAKECUDA_FAIL", "cuMemSetAccess:1", GF_ERR_DRIVER);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
+		kind = GF_MEM_CUDA;
+	else if (argc > 1 && strcmp(argv[1], "host") != 0) {
+		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+		return 2;
+	}
+	char *state_dir = NULL;
+	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
+		state_dir = tu_tmpdir();
+		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_region_read_write), cmocka_unit_test(test_region_bad_args),
+		cmocka_unit_test(test_region_oom),        cmocka_unit_test(test_region_reserve_fails),
+		cmocka_unit_test(test_region_map_fails),  cmocka_unit_test(test_region_access_fails),
+	};
+	/* The host backend has no fault knobs: it runs the first two only. */
+	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 2;
+	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "mem-region-cuda" : "mem-region-host", tests, n,
+					 NULL, NULL);
+	if (state_dir) {
+		char cmd[512];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not remove %s\n", state_dir);
+		free(state_dir);
+	}
+	return rc;
+}

@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The forking test runner (tests/common/runner.h): each test in its own
+child, a leaked fd fails the test that leaked it, a crash or a hang fails only
+that test (by name) and the others still run."""
+import os
+import subprocess
+import sys
+
+SAMPLE = os.environ["GF_RUNNER_SAMPLE"]
+
+
+def run(**env):
+    return subprocess.run([SAMPLE], capture_output=True, text=True, timeout=120, env=dict(os.environ, **env))
+
+
+def test_forked_outcomes_are_reported_per_test():
+    r = run(GF_TEST_TIMEOUT="1")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "1..5"
+    assert lines[1] == "ok 1 - test_clean"
+    assert lines[2] == "not ok 2 - test_leaks_fd"
+    assert lines[3].startswith("not ok 3 - test_crashes # Killed")
+    assert lines[4] == "not ok 4 - test_hangs # timed out"
+    assert lines[5] == "ok 5 - test_after_the_others"
+    assert r.returncode == 1
+    assert "fd leak: test_leaks_fd: " in r.stderr
+    assert "timeout: test_hangs still running after 1s" in r.stderr
+
+
+def test_in_process_mode_still_checks_fds():
+    # Without fork a crash would end the program, so only the first two run here.
+    r = run(GF_TEST_NOFORK="1")
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["1..5", "ok 1 - test_clean", "not ok 2 - test_leaks_fd"]
+    assert "fd leak: test_leaks_fd: " in r.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(subprocess.call([sys.executable, "-m", "pytest", "-q", __file__]))

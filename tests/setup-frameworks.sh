@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the frameworks the framework tests run against, into the virtual
+# environment tests/setup.sh made: PyPI's torch (its CPU path is enough; the
+# wheel also carries CUDA libraries, so it is large) and vLLM, whose
+# sleep-mode backend seam gpufailover.vllm plugs into. Versions are pinned:
+# vllm 0.32.0 is the newest that installs from the registry here (0.33.0
+# needs a newer certifi), and torch is the version it requires. About 8 GB
+# and several minutes the first time; a no-op once installed. Only the test
+# command (tests/run-all.sh) and the demo's `--engine torch` need this.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${GF_VENV:-$here/.venv}"
+torch_version=2.13.0
+vllm_version=0.32.0
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup-frameworks: no virtual environment at $venv: run tests/setup.sh first" >&2
+  exit 1
+fi
+if "$venv/bin/python" - "$torch_version" "$vllm_version" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(0 if (version("torch").split("+")[0], version("vllm")) == tuple(sys.argv[1:]) else 1)
+PY
+then
+  exit 0
+fi
+echo "setup-frameworks: installing torch $torch_version and vllm $vllm_version (large; takes minutes)" >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version" "vllm==$vllm_version"
+echo "setup-frameworks: ok" >&2

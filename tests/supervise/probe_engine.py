@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A stand-in engine process for the supervisor tests: serves /startup and
+/live like the engine's probe server and misbehaves on request.
+
+  probe_engine.py PORT [--live-fail] [--ignore-term] [--crash-runs N COUNTER_FILE]
+                       [--exit CODE] [--start-delay SEC]
+"""
+import argparse
+import http.server
+import os
+import signal
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("port", type=int)
+ap.add_argument("--live-fail", action="store_true")
+ap.add_argument("--ignore-term", action="store_true")
+ap.add_argument("--crash-runs", nargs=2, metavar=("N", "COUNTER"))
+ap.add_argument("--exit", type=int)
+ap.add_argument("--start-delay", type=float, default=0.0)
+a = ap.parse_args()
+
+if a.exit is not None:
+    sys.exit(a.exit)
+if a.crash_runs:
+    n, path = int(a.crash_runs[0]), a.crash_runs[1]
+    runs = int(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "w") as f:
+        f.write(str(runs + 1))
+    if runs < n:
+        sys.exit(1)
+if a.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(a.start_delay)
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == "/startup" or (self.path == "/live" and not a.live_fail)
+        self.send_response(200 if ok else 503)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", a.port), H).serve_forever()

@@ -1,0 +1,330 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gf-supervise with real processes: crash loops, terminal exits, the stable
+period, SIGTERM ignored, a SIGSTOPped primary forced out so the standby takes
+over, and bad configs refused with the key named. Binaries from meson:
+GF_SUPERVISE, GF_LOCKD, GF_GMSD, GF_C_ENGINE."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+SUPERVISE = os.environ.get("GF_SUPERVISE")
+LOCKD = os.environ.get("GF_LOCKD")
+GMSD = os.environ.get("GF_GMSD")
+ENGINE = os.environ.get("GF_C_ENGINE")
+GFCTL = os.environ.get("GF_GFCTL")
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE = [sys.executable, os.path.join(HERE, "probe_engine.py")]
+
+pytestmark = pytest.mark.skipif(not SUPERVISE, reason="GF_SUPERVISE must point at gf-supervise")
+
+HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_for(pred, what, timeout=HANG_GUARD):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def get(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+class Supervisor:
+    def __init__(self, tmp, config):
+        self.port = free_port()
+        self.cfg = os.path.join(tmp, "supervise.json")
+        with open(self.cfg, "w") as f:
+            json.dump(config, f)
+        self.log_path = os.path.join(tmp, "supervise.log")
+        self.log = open(self.log_path, "wb")
+        self.p = subprocess.Popen([SUPERVISE, "--config", self.cfg, "--http", f"127.0.0.1:{self.port}"],
+                                  stdout=self.log, stderr=subprocess.STDOUT)
+
+    def status(self):
+        code, body = get(f"http://127.0.0.1:{self.port}/status")
+        return json.loads(body) if code == 200 else None
+
+    def engine(self, name):
+        st = self.status()
+        if not st:
+            return None
+        return next(e for e in st["engines"] if e["name"] == name)
+
+    def wait_state(self, name, state, timeout=HANG_GUARD):
+        return wait_for(lambda: (e := self.engine(name)) and e["state"] == state and e,
+                        f"{name} {state}; log:\n{self.text()}", timeout)
+
+    def metrics(self):
+        return get(f"http://127.0.0.1:{self.port}/metrics")[1]
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+                raise AssertionError("gf-supervise did not stop on SIGTERM:\n" + self.text())
+        self.log.close()
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="gf-supervise-it-")
+    yield d
+    subprocess.run(["rm", "-rf", d])
+
+
+@pytest.fixture
+def sups():
+    started = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+FAST = {"admission": "5s", "warmup": "10s", "failure_grace": "1s", "retry_pause": "100ms",
+        "retry_limit": 2, "term_grace": "1s", "forceful_grace": "2s", "stable": "1h"}
+
+
+def fake(name, *args, port=None):
+    port = port or free_port()
+    return {"name": name, "argv": FAKE + [str(port), *args], "probe_url": f"http://127.0.0.1:{port}"}
+
+
+def test_crash_loop_reaches_retry_limit(tmp, sups):
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("crasher", "--exit", "1")]})
+    sups.append(s)
+    e = s.wait_state("crasher", "failed")
+    assert e["restarts"] == 2 and e["retries"] == 2 and e["retries_left"] == 0
+    assert e["last_exit_status"] == 1 and e["last_exit_class"] == "retryable"
+    assert "retry limit 2" in e["reason"]
+    m = s.metrics()
+    assert 'gf_supervisor_engine_state{engine="crasher",state="failed"} 1' in m
+    assert 'gf_supervisor_engine_restarts_total{engine="crasher"} 2' in m
+    if GFCTL:
+        url = f"http://127.0.0.1:{s.port}"
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", url], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.startswith("crasher"))
+        assert "failed" in row and "status 1 (retryable)" in row and "retry limit 2" in row, r.stdout
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", url, "--json"], capture_output=True, text=True,
+                           timeout=20)
+        assert json.loads(r.stdout)["engines"][0]["state"] == "failed"
+        r = subprocess.run([GFCTL, "supervise", "status", "--url", f"http://127.0.0.1:{free_port()}"],
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 5, r.stderr
+
+
+def test_terminal_exit_is_not_retried(tmp, sups):
+    s = Supervisor(tmp, {"periods": FAST, "terminal_exit_codes": [78],
+                         "engines": [fake("badcfg", "--exit", "78")]})
+    sups.append(s)
+    e = s.wait_state("badcfg", "failed")
+    assert e["restarts"] == 0 and e["last_exit_class"] == "terminal"
+
+
+def test_retry_counter_resets_after_stable_period(tmp, sups):
+    counter = os.path.join(tmp, "runs")
+    periods = dict(FAST, stable="1s", retry_limit=3)
+    s = Supervisor(tmp, {"periods": periods, "engines": [fake("flaky", "--crash-runs", "2", counter)]})
+    sups.append(s)
+    e = s.wait_state("flaky", "running")
+    assert e["retries"] == 2 and e["restarts"] == 2
+    e = wait_for(lambda: (x := s.engine("flaky")) and x["retries"] == 0 and x, "retries reset")
+    assert e["state"] == "running" and e["restarts"] == 2 and e["retries_left"] == 3
+
+
+def test_sigterm_ignored_is_killed_after_the_grace(tmp, sups):
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("stubborn", "--ignore-term", "--live-fail")]})
+    sups.append(s)
+    s.wait_state("stubborn", "unhealthy")
+    s.wait_state("stubborn", "terminating")
+    e = wait_for(lambda: (x := s.engine("stubborn")) and x["last_exit_signal"] == signal.SIGKILL and x,
+                 "SIGKILL after the term grace")
+    assert e["retries"] >= 1
+    assert "SIGKILL" in s.text()
+
+
+def test_stop_terminates_children(tmp, sups):
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("a"), fake("b")]})
+    s.wait_state("a", "running")
+    s.wait_state("b", "running")
+    pids = [s.engine(n)["pid"] for n in ("a", "b")]
+    s.stop()
+    assert s.p.returncode == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("config,key", [
+    ({"engines": [dict(fake("x"), colour="red")]}, "engines[0].colour: unknown key"),
+    ({"periods": {"retry_pause": "-5s"}, "engines": [fake("x")]}, "periods.retry_pause: must not be negative"),
+    ({"periods": {"admission": "10m", "warmup": "1m"}, "engines": [fake("x")]}, "admission: must not exceed warmup"),
+    ({"periods": {"warmup": "soon"}, "engines": [fake("x")]}, "periods.warmup: not a duration"),
+    ({"engines": [{"name": "x", "argv": [], "probe_url": "http://127.0.0.1:1"}]}, "engines[0].argv"),
+    ({"engines": [fake("x"), fake("x")]}, "engines[1].name"),
+    ({"engines": [dict(fake("x"), lock_id="e")]}, "needs lock.uri"),
+    ({"engines": []}, "engines"),
+    ({"periods": {"retry_limit": -1}, "engines": [fake("x")]}, "retry_limit"),
+])
+def test_bad_config_names_the_key(tmp, config, key):
+    path = os.path.join(tmp, "bad.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2, r.stderr
+    assert key in r.stderr, r.stderr
+
+
+def test_not_json_is_a_clear_error(tmp):
+    path = os.path.join(tmp, "bad.json")
+    with open(path, "w") as f:
+        f.write("{ engines: ")
+    r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "bad.json:1" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not (LOCKD and GMSD and ENGINE), reason="needs gf-lockd, gf-gmsd, gf-c-engine")
+def test_sigstopped_primary_is_forced_out(tmp, sups):
+    lock_uri, gms_uri = f"unix://{tmp}/lock.sock", f"unix://{tmp}/gms.sock"
+    side = []
+    try:
+        for argv in ([LOCKD, "--listen", lock_uri, "--state-file", f"{tmp}/lock.state"],
+                     [GMSD, "--listen", gms_uri, "--backend", "host"]):
+            side.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock") and os.path.exists(f"{tmp}/gms.sock"), "sockets")
+        engines, ports = [], {}
+        for name in ("engine-a", "engine-b"):
+            probe, serve = free_port(), free_port()
+            ports[name] = serve
+            engines.append({"name": name, "lock_id": name, "probe_url": f"http://127.0.0.1:{probe}",
+                            "argv": [ENGINE, "--lock", lock_uri, "--gms", gms_uri, "--id", name,
+                                     "--port", str(serve), "--probe-port", str(probe),
+                                     "--probe-address", "127.0.0.1", "--kv-bytes", "4M"]})
+        periods = dict(FAST, retry_pause="5s", retry_limit=3)
+        s = Supervisor(tmp, {"periods": periods, "lock": {"uri": lock_uri}, "engines": engines})
+        sups.append(s)
+        s.wait_state("engine-a", "running")
+        s.wait_state("engine-b", "running")
+
+        def active():
+            for name, port in ports.items():
+                code, body = get(f"http://127.0.0.1:{port}/infer?seed=1", timeout=0.5)
+                if code == 200:
+                    return name, json.loads(body)
+            return None
+        primary, first = wait_for(active, "an active engine")
+        standby = "engine-b" if primary == "engine-a" else "engine-a"
+        os.kill(s.engine(primary)["pid"], signal.SIGSTOP)
+        s.wait_state(primary, "unhealthy")
+        # The stopped primary is killed, the standby takes over with a higher epoch.
+        e = wait_for(lambda: (x := s.engine(primary)) and x["last_exit_signal"] == signal.SIGKILL and x,
+                     "primary killed")
+        assert e["retries"] == 1
+        code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
+                              and r, "standby serving")
+        after = json.loads(body)
+        assert after["epoch"] > first["epoch"]
+        assert after["checksum"] == first["checksum"]
+    finally:
+        for p in side:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def test_shipped_example_config_is_valid():
+    path = os.path.join(HERE, "..", "..", "examples", "gf-supervise", "supervise.json")
+    r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+
+
+
+@pytest.mark.skipif(not (LOCKD and GFCTL), reason="needs gf-lockd and gfctl")
+def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
+    """The engine is killed, but its grant lives on in another process (as a
+    process stuck in the driver keeps its socket): after the forceful grace
+    the supervisor revokes exactly that epoch, the standby is granted a
+    higher one, and the old holder learns it lost the lock."""
+    lock_uri = f"unix://{tmp}/lock.sock"
+    lockd = subprocess.Popen([LOCKD, "--listen", lock_uri], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    holder = standby = None
+    try:
+        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock"), "lock socket")
+        holder = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "primary"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = holder.stdout.readline()
+        assert first.startswith("granted id=primary epoch="), first
+        epoch1 = int(first.split("epoch=")[1])
+        standby = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "standby"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        engine = dict(fake("primary", "--live-fail"), lock_id="primary")
+        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
+                             "engines": [engine]})
+        sups.append(s)
+        # Killed for failing /live; the grant survives it until the revocation.
+        e = wait_for(lambda: (x := s.engine("primary")) and x["revoked_epoch"] == epoch1 and x,
+                     "revocation\n" + s.text())
+        assert e["state"] == "paused" and e["retries"] == 1
+        line = standby.stdout.readline()
+        assert line.startswith("granted id=standby epoch="), line
+        assert int(line.split("epoch=")[1]) > epoch1
+        # The revoked holder is told: it exits with "lock lost" (4).
+        assert holder.wait(timeout=HANG_GUARD) == 4
+        assert 'gf_supervisor_engine_revocations_total{engine="primary"} 1' in s.metrics()
+        r = subprocess.run([GFCTL, "lock", "status", "--lock", lock_uri, "--json"], capture_output=True,
+                           text=True, timeout=20)
+        assert json.loads(r.stdout)["holder"] == "standby"
+        assert f"revoked\" id=primary epoch={epoch1}" in lockd_text(lockd)
+    finally:
+        for p in (holder, standby):
+            if p and p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+        lockd.terminate()
+        lockd.wait(timeout=10)
+
+
+def lockd_text(p):
+    p.terminate()
+    try:
+        _, err = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    return err.decode(errors="replace")
