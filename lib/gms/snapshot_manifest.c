@@ -145,6 +145,7 @@ static int bad_field(const char *where, const char *what)
 static int get_u64(json_t *o, const char *k, const char *where, uint64_t *out)
 {
 	json_t *v = json_object_get(o, k);
+	*out = 0;
 	if (!json_is_integer(v) || json_integer_value(v) < 0)
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %s: \"%s\" missing or not a non-negative integer", where, k);
 	*out = (uint64_t)json_integer_value(v);
