@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -438,12 +441,30 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	return n;
 }
 
+/* Whether nobody listens on @port of the loopback now. */
+static bool port_free(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_ANY) };
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
 static int pick_port(void)
 {
-	/* Ports from a per-process range so parallel demos (tests) do not collide. */
+	/* A per-process range below the kernel's ephemeral ports (32768 and up by
+	 * default), so neither parallel demos nor outgoing connections, the
+	 * demo's own client's included, take an engine's port; one found taken
+	 * now is skipped. */
 	static int next;
 	if (!next)
-		next = 20000 + (int)(getpid() % 2000) * 16;
+		next = 10000 + (int)(getpid() % 1000) * 16;
+	for (int i = 0; i < 64; i++, next++)
+		if (port_free(next))
+			return next++;
 	return next++;
 }
 
