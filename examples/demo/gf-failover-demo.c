@@ -2,7 +2,9 @@
 /*
  * The failover demo: gf-lockd, one gf-gmsd per device, a primary and a
  * shadow example engine, and a client sending inference requests without
- * pause. It SIGKILLs the primary, watches the shadow take over, checks that
+ * pause. It SIGKILLs the primary (or, with --gms-crash, the GMS: it comes
+ * back from its WARM snapshot, the primary dies with its GMS connection and
+ * the shadow remaps the restored layout), watches the shadow take over, checks that
  * every answer after the failover equals the one before, restarts the
  * killed engine as the new standby, prints a timeline and exits non-zero if
  * anything did not happen as it should. Every process it starts is reaped.
@@ -10,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,6 +58,7 @@ struct options {
 	int devices;
 	bool short_mode;
 	bool keep;
+	bool gms_crash;       /* kill gf-gmsd instead of the primary; it restarts from WARM */
 };
 
 static int64_t now_us(void)
@@ -230,6 +236,10 @@ struct client {
 	int64_t first_ok_after_us;
 	char first_ok_engine[64];
 	uint64_t epoch_before, epoch_after;
+	/* --gms-crash: the primary keeps answering from its mapping until it notices
+	 * its GMS is gone; only answers from this engine count as the failover's. */
+	char after_from[64];
+	long ok_old_primary;
 };
 
 static void *client_main(void *p)
@@ -272,6 +282,10 @@ static void *client_main(void *p)
 				c->mismatched++;
 			c->ok_before++;
 			c->epoch_before = (uint64_t)epoch;
+		} else if (c->after_from[0] && who && strcmp(who, c->after_from)) {
+			if (c->reference[seed][0] && strcmp(c->reference[seed], sum))
+				c->mismatched++;
+			c->ok_old_primary++;
 		} else {
 			if (!c->first_ok_after_us) {
 				c->first_ok_after_us = now_us();
@@ -289,6 +303,39 @@ static void *client_main(void *p)
 	}
 	curl_easy_cleanup(h);
 	return NULL;
+}
+
+/* Whether @log contains @what anywhere. */
+static bool log_has(const char *log, const char *what)
+{
+	FILE *f = fopen(log, "r");
+	char line[2048];
+	bool found = false;
+	while (f && !found && fgets(line, sizeof(line), f))
+		found = strstr(line, what) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+/* Wait until the GMS at @uri reports a Checkpointed snapshot operation. */
+static bool wait_warm(const char *uri, int64_t timeout_ms)
+{
+	int64_t end = now_us() + timeout_ms * 1000;
+	while (now_us() < end && !stop_requested) {
+		char *text = NULL;
+		if (gf_gms_status_json(uri, 500, &text) == 0) {
+			json_t *st = json_loads(text, 0, NULL);
+			const char *phase = json_string_value(json_object_get(json_object_get(st, "operation"), "phase"));
+			bool done = phase && !strcmp(phase, "Checkpointed");
+			json_decref(st);
+			free(text);
+			if (done)
+				return true;
+		}
+		usleep(20000);
+	}
+	return false;
 }
 
 /* ---- timeline from the logs ---- */
@@ -343,9 +390,11 @@ static void usage(FILE *f)
 	fputs("usage: gf-failover-demo [--engine c|python|torch] [--weights FILE.safetensors] [--devices N]\n"
 	      "                        [--backend auto|host|cuda] [--short] [--keep] [--bindir DIR]\n"
 	      "                        [--python-engine PATH] [--torch-engine PATH] [--lockd PATH] [--gmsd PATH]\n"
-	      "                        [--c-engine PATH] [--json FILE]\n"
+	      "                        [--c-engine PATH] [--json FILE] [--gms-crash]\n"
 	      "Starts gf-lockd, gf-gmsd per device, a primary and a shadow engine and a client;\n"
-	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n",
+	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n"
+	      "--gms-crash: kill gf-gmsd during service instead; it restarts from its WARM snapshot\n"
+	      "(docs/tiers.md) and the shadow serves the same answers without a reload.\n",
 	      f);
 }
 
@@ -392,12 +441,30 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	return n;
 }
 
+/* Whether nobody listens on @port of the loopback now. */
+static bool port_free(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_ANY) };
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
 static int pick_port(void)
 {
-	/* Ports from a per-process range so parallel demos (tests) do not collide. */
+	/* A per-process range below the kernel's ephemeral ports (32768 and up by
+	 * default), so neither parallel demos nor outgoing connections, the
+	 * demo's own client's included, take an engine's port; one found taken
+	 * now is skipped. */
 	static int next;
 	if (!next)
-		next = 20000 + (int)(getpid() % 2000) * 16;
+		next = 10000 + (int)(getpid() % 1000) * 16;
+	for (int i = 0; i < 64; i++, next++)
+		if (port_free(next))
+			return next++;
 	return next++;
 }
 
@@ -414,6 +481,7 @@ int main(int argc, char **argv)
 		{ "json", required_argument, NULL, 'J' },
 		{ "lockd", required_argument, NULL, 'L' },   { "gmsd", required_argument, NULL, 'G' },
 		{ "c-engine", required_argument, NULL, 'C' }, { "torch-engine", required_argument, NULL, 'T' },
+		{ "gms-crash", no_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -458,6 +526,9 @@ int main(int argc, char **argv)
 			break;
 		case 'C':
 			snprintf(o.c_engine, sizeof(o.c_engine), "%s", optarg);
+			break;
+		case 'X':
+			o.gms_crash = true;
 			break;
 		case 'h':
 			usage(stdout);
@@ -543,17 +614,29 @@ int main(int argc, char **argv)
 	CHECK(gf_lock_ping(lock_uri, NULL, 0, 500) == 0, "gf-lockd did not come up (see %s)", lockd->log);
 	say("  lock server ready        %s\n", lock_uri);
 
+	struct child *gms0 = NULL;
+	char gms0_args[5][600];
 	for (int d = 0; d < o.devices; d++) {
-		char gms_uri[400], g1[600], g2[600], g3[64], g4[64], name[32];
+		char gms_uri[400], g1[600], g2[600], g3[64], g4[64], g5[600], name[32];
 		snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms%d.sock", rundir, d);
 		snprintf(g1, sizeof(g1), "%s", o.gmsd);
 		snprintf(g2, sizeof(g2), "--listen=%s", gms_uri);
 		snprintf(g3, sizeof(g3), "--device=%d", d);
 		snprintf(g4, sizeof(g4), "--backend=%s", o.backend);
+		/* WARM lives in the run directory, on /dev/shm when there is one. */
+		snprintf(g5, sizeof(g5), "--warm=%s/warm%d", rundir, d);
 		snprintf(name, sizeof(name), "gf-gmsd-%d", d);
-		char *gargv[] = { g1, g2, g3, g4, NULL };
+		char *gargv[] = { g1, g2, g3, g4, o.gms_crash ? g5 : NULL, NULL };
 		struct child *g = spawn(name, gargv);
 		CHECK(g, "could not start %s", name);
+		if (d == 0) {
+			gms0 = g;
+			memcpy(gms0_args[0], g1, sizeof(g1));
+			memcpy(gms0_args[1], g2, sizeof(g2));
+			snprintf(gms0_args[2], sizeof(gms0_args[2]), "%s", g3);
+			snprintf(gms0_args[3], sizeof(gms0_args[3]), "%s", g4);
+			memcpy(gms0_args[4], g5, sizeof(g5));
+		}
 		char *json = NULL;
 		end = now_us() + 10000000;
 		while (gf_gms_status_json(gms_uri, 200, &json) < 0 && now_us() < end)
@@ -582,17 +665,37 @@ int main(int argc, char **argv)
 	CHECK(wait_state(h, cl.eng[1].probe_port, "standby", 30000), "engine-b did not reach Standby (see %s)", eb->log);
 	say("  engine-b                 Standby (imported the same weights, slept, waits on the lock)\n");
 
+	if (o.gms_crash) {
+		char gms_uri[400];
+		snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms0.sock", rundir);
+		CHECK(wait_warm(gms_uri, 60000), "gf-gmsd did not write its WARM snapshot (see %s)", gms0->log);
+		say("  GMS WARM snapshot        %s/warm0 (Checkpointed)\n", rundir);
+	}
+	if (o.gms_crash)
+		snprintf(cl.after_from, sizeof(cl.after_from), "engine-b");
 	pthread_create(&cl.thread, NULL, client_main, &cl);
 	usleep(o.short_mode ? 300000 : 1500000);
 	pthread_mutex_lock(&cl.mu);
 	long before = cl.ok_before;
 	int64_t kill_at = now_us();
-	kill(ea->pid, SIGKILL);
+	struct child *victim = o.gms_crash ? gms0 : ea;
+	kill(victim->pid, SIGKILL);
 	cl.kill_at_us = kill_at;
 	pthread_mutex_unlock(&cl.mu);
-	waitpid(ea->pid, NULL, 0);
-	ea->pid = 0;
-	say("\n== SIGKILL engine-a after %ld good responses\n", before);
+	waitpid(victim->pid, NULL, 0);
+	victim->pid = 0;
+	struct child *gms0b = NULL;
+	int64_t t_gms_spawn = 0;
+	if (o.gms_crash) {
+		/* Restart at once, as a supervisor would: it restores from WARM before it says ready. */
+		char *gargv[] = { gms0_args[0], gms0_args[1], gms0_args[2], gms0_args[3], gms0_args[4], NULL };
+		gms0b = spawn("gf-gmsd-0-restarted", gargv);
+		t_gms_spawn = now_us();
+		CHECK(gms0b, "could not restart gf-gmsd");
+		say("\n== SIGKILL gf-gmsd after %ld good responses; restarted it with --warm\n", before);
+	} else {
+		say("\n== SIGKILL engine-a after %ld good responses\n", before);
+	}
 
 	end = now_us() + 30000000;
 	for (;;) {
@@ -617,7 +720,7 @@ int main(int argc, char **argv)
 	if (t_grant)
 		field(line, "epoch", v, sizeof(v));
 	say("\n== timeline (from the kill, monotonic clock)\n");
-	say("  %-34s %10s\n", "primary killed (SIGKILL)", "0 us");
+	say("  %-34s %10s\n", o.gms_crash ? "gf-gmsd killed (SIGKILL)" : "primary killed (SIGKILL)", "0 us");
 #define ROW(label, t)                                                                           \
 	do {                                                                                    \
 		if (t)                                                                          \
@@ -625,6 +728,14 @@ int main(int argc, char **argv)
 		else                                                                            \
 			say("  %-34s %10s\n", label, "(not logged)");                           \
 	} while (0)
+	int64_t t_restored = 0, t_lost = 0;
+	if (o.gms_crash) {
+		t_restored = find_event(gms0b->log, kill_at, "phase=Restored", NULL, NULL, 0);
+		t_lost = find_event(ea->log, kill_at, "engine_lost", NULL, NULL, 0);
+		ROW("gf-gmsd restarted", t_gms_spawn);
+		ROW("layout restored from WARM", t_restored);
+		ROW("engine-a saw its GMS lost", t_lost);
+	}
 	ROW("lock released (holder exit seen)", t_release);
 	ROW("lock granted to engine-b", t_grant);
 	ROW("weights remapped", t_remap);
@@ -634,6 +745,8 @@ int main(int argc, char **argv)
 	say("\n  epoch before %llu -> after %llu (%s)\n", (unsigned long long)cl.epoch_before,
 	    (unsigned long long)cl.epoch_after, v[0] ? "from the grant" : "from responses");
 	say("  requests failed during the gap: %ld\n", cl.failed_after_kill);
+	if (o.gms_crash)
+		say("  answered by engine-a from its mapping before it saw the GMS lost: %ld\n", cl.ok_old_primary);
 	say("  responses after failover: %ld, all identical to before: %s\n", cl.ok_after,
 	    cl.mismatched ? "NO" : "yes");
 	if (o.json_path) {
@@ -654,6 +767,17 @@ int main(int argc, char **argv)
 	      (unsigned long long)cl.epoch_before, (unsigned long long)cl.epoch_after);
 	CHECK(cl.mismatched == 0, "%ld responses differ from the ones before the failover", cl.mismatched);
 	CHECK(t_grant && (!t_release || t_release <= t_grant), "the lock server's log shows no grant to engine-b");
+	if (o.gms_crash) {
+		CHECK(t_restored, "the restarted gf-gmsd did not restore from WARM (see %s)", gms0b->log);
+		/* Nobody loaded: the layout came from the snapshot, not from the model files. */
+		CHECK(!log_has(gms0b->log, "granted=RW"), "a writer loaded the weights again (see %s)", gms0b->log);
+		say("  weights reloaded from the model files: no (restored from WARM, no writer since)\n");
+		/* engine-a ends itself (its loss policy); reap it before restarting it. */
+		int64_t until = now_us() + 20000000;
+		while (ea->pid && waitpid(ea->pid, NULL, WNOHANG) == 0 && now_us() < until)
+			usleep(10000);
+		ea->pid = 0;
+	}
 
 	/* The killed engine comes back as the new standby. */
 	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].port, cl.eng[0].probe_port);

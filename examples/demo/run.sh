@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds libgpufailover and runs the failover demo. Arguments go to the demo:
-#   --engine c|python|torch   --weights FILE.safetensors   --devices N   --short   --keep
+#   --engine c|python|torch   --weights FILE.safetensors   --devices N   --short   --keep   --gms-crash
 # (--engine torch needs PyTorch: bash tests/setup-frameworks.sh installs it)
 set -euo pipefail
 . "$(dirname "$0")/../../tests/build-env.sh"

@@ -37,6 +37,13 @@ static void usage(FILE *f)
 	      "                        request that would drop it is granted only to the\n"
 	      "                        lock's current holder (recommended; docs/gms.md)\n"
 	      "  --lock-secret-file PATH  the shared secret of a tcp:// lock server\n"
+	      "  --warm DIR            keep a WARM tier: every committed layout is snapshotted\n"
+	      "                        to DIR (a tmpfs directory such as /dev/shm/gf-warm)\n"
+	      "  --cold DIR            keep a COLD tier: ... and then to DIR on disk\n"
+	      "  --restore DIR         at start, restore the snapshot in DIR (without it, with\n"
+	      "                        --warm/--cold: from the best tier present, WARM before\n"
+	      "                        COLD); a refused snapshot is logged and the GMS stays\n"
+	      "                        EMPTY for the loader (docs/tiers.md)\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Logs key=value lines on stderr; prints msg=\"ready\" (and sd_notify READY=1)\n"
@@ -59,10 +66,12 @@ int main(int argc, char **argv)
 		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
 		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
 		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
-		{"help", no_argument, NULL, 'h'},
+		{"warm", required_argument, NULL, 'W'},    {"cold", required_argument, NULL, 'C'},
+		{"restore", required_argument, NULL, 'R'}, {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
 	};
 	const char *listen_uri = NULL, *device = "0", *lock_uri = NULL, *lock_secret_file = NULL;
+	const char *warm = NULL, *cold = NULL, *restore = NULL;
 	int kind = GF_MEM_AUTO;
 	uint64_t oom_ms = 0, handshake_ms = 3000;
 	uint32_t uids[64];
@@ -118,6 +127,15 @@ int main(int argc, char **argv)
 		case 'S':
 			lock_secret_file = optarg;
 			break;
+		case 'W':
+		case 'C':
+		case 'R':
+			if (!*optarg) {
+				fprintf(stderr, "gf-gmsd: --%s needs a directory\n", c == 'W' ? "warm" : c == 'C' ? "cold" : "restore");
+				return 2;
+			}
+			*(c == 'W' ? &warm : c == 'C' ? &cold : &restore) = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -168,7 +186,8 @@ int main(int argc, char **argv)
 		return fail(rc, "init");
 	if ((rc = gf_gmsd_add_listen(d, listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
 	    (rc = gf_gmsd_set_backend(d, kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)oom_ms)) < 0 ||
-	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)handshake_ms)) < 0) {
+	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)handshake_ms)) < 0 ||
+	    (rc = gf_gmsd_set_tiers(d, warm, cold)) < 0) {
 		gf_gmsd_free(d);
 		return fail(rc, "configuration");
 	}
@@ -204,9 +223,20 @@ int main(int argc, char **argv)
 		gf_gmsd_free(d);
 		return fail(rc, "start");
 	}
+	char line[512];
+	/* Before "ready": a restored layout is COMMITTED when clients are told to come. */
+	if (restore || warm || cold) {
+		rc = gf_gmsd_restore(d, restore);
+		if (rc < 0) {
+			snprintf(line, sizeof(line), "msg=\"%s\" error=%s detail=\"%s\"",
+				 rc == GF_ERR_NOT_FOUND && !restore ? "no tier to restore from: waiting for the loader"
+								    : "restore refused: staying EMPTY for the loader",
+				 gf_error_name(rc), gf_error_detail());
+			gf_log_stderr(rc == GF_ERR_NOT_FOUND && !restore ? GF_LOG_INFO : GF_LOG_WARN, "gms", line, (void *)prog);
+		}
+	}
 	char uuid[64] = "";
 	gf_mem_device_uuid(gf_gmsd_mem(d), uuid, sizeof(uuid));
-	char line[512];
 	snprintf(line, sizeof(line), "msg=\"ready\" listen=%s backend=%s device=%d uuid=%s pid=%d", listen_uri,
 		 gf_mem_kind_name(gf_mem_kind(gf_gmsd_mem(d))), index, uuid, (int)getpid());
 	gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* gfctl gms status | ping | wait-committed: GMS status and probes. */
+/* gfctl gms status | ping | wait-committed | snapshot | restore | tiers: GMS status, probes, residency tiers. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "gfctl.h"
 #include "gpufailover.h"
@@ -53,6 +55,7 @@ static void print_human(const char *json)
 
 struct gms_opts {
 	const char *uri;
+	const char *dir;
 	bool json;
 	int64_t timeout_ms; /* -1 when not given */
 };
@@ -64,6 +67,7 @@ static int parse_opts(int argc, char **argv, struct gms_opts *o)
 		{ "gms", required_argument, NULL, 'g' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "timeout", required_argument, NULL, 't' },
+		{ "dir", required_argument, NULL, 'd' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -76,6 +80,9 @@ static int parse_opts(int argc, char **argv, struct gms_opts *o)
 			break;
 		case 'j':
 			o->json = true;
+			break;
+		case 'd':
+			o->dir = optarg;
 			break;
 		case 't':
 			if (gfctl_duration("gms", "--timeout", optarg, &o->timeout_ms) < 0)
@@ -142,6 +149,82 @@ static int run_wait_committed(int argc, char **argv)
 	return GFCTL_OK;
 }
 
+static int run_snapshot_restore(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	bool snap = !strcmp(argv[0], "snapshot");
+	/* Copies take as long as the bytes need: a minute unless told otherwise. */
+	int64_t t = o.timeout_ms >= 0 ? o.timeout_ms : 60000;
+	int rc = snap ? gf_gms_snapshot(o.uri, o.dir, t) : gf_gms_restore(o.uri, o.dir, t);
+	if (rc < 0)
+		return gfctl_fail("gms", argv[0], rc);
+	printf("%s ok%s%s\n", snap ? "Checkpointed" : "Restored", o.dir ? " dir=" : "", o.dir ? o.dir : "");
+	return GFCTL_OK;
+}
+
+static const char *str_or(json_t *o, const char *key, const char *dflt)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+	return s ? s : dflt;
+}
+
+/* The tiers and the last operation from the status, one line each (same names as the status JSON). */
+static int run_tiers(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	char *text;
+	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
+	if (rc < 0)
+		return gfctl_fail("gms", "tiers", rc);
+	json_t *st = json_loads(text, 0, NULL);
+	free(text);
+	json_t *tiers = json_object_get(st, "tiers"), *op = json_object_get(st, "operation");
+	if (!st || !json_is_object(tiers)) {
+		json_decref(st);
+		fprintf(stderr, "gfctl gms tiers: the GMS reports no tiers (an older gf-gmsd?)\n");
+		return GFCTL_EXIT_FAILURE;
+	}
+	if (o.json) {
+		json_t *out = json_pack("{s:O, s:O, s:O, s:O}", "state", json_object_get(st, "state"), "generation",
+					json_object_get(st, "generation"), "tiers", tiers, "operation", op ? op : json_null());
+		char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
+		if (s)
+			puts(s);
+		free(s);
+		json_decref(out);
+		json_decref(st);
+		return GFCTL_OK;
+	}
+	printf("hot: state=%s generation=%lld\n", str_or(st, "state", "?"),
+	       (long long)json_integer_value(json_object_get(st, "generation")));
+	const char *names[] = { "warm", "cold" };
+	for (size_t i = 0; i < 2; i++) {
+		json_t *t = json_object_get(tiers, names[i]);
+		if (!t) {
+			printf("%s: not kept\n", names[i]);
+			continue;
+		}
+		const char *err = str_or(t, "error", "");
+		printf("%s: dir=%s present=%s bytes=%lld generation=%lld age_seconds=%.1f%s%s%s\n", names[i],
+		       str_or(t, "dir", "?"), json_is_true(json_object_get(t, "present")) ? "yes" : "no",
+		       (long long)json_integer_value(json_object_get(t, "bytes")),
+		       (long long)json_integer_value(json_object_get(t, "generation")),
+		       json_real_value(json_object_get(t, "age_seconds")), *err ? " error=\"" : "", err, *err ? "\"" : "");
+	}
+	if (json_is_object(op))
+		printf("operation: kind=%s phase=%s bytes=%lld seconds=%.3f reason=\"%s\"\n", str_or(op, "kind", "?"),
+		       str_or(op, "phase", "?"), (long long)json_integer_value(json_object_get(op, "bytes")),
+		       json_real_value(json_object_get(op, "seconds")), str_or(op, "reason", ""));
+	else
+		printf("operation: none\n");
+	json_decref(st);
+	return GFCTL_OK;
+}
+
 #define GMS_OPT "  --gms URI              the GMS socket (unix:///path)\n"
 
 static const struct gfctl_cmd gms_cmds[] = {
@@ -157,6 +240,23 @@ static const struct gfctl_cmd gms_cmds[] = {
 	  "Wait for committed weights; print 'committed generation=N'.", NULL,
 	  GMS_OPT "  --timeout DUR          give up after DUR (default: wait forever)\n",
 	  ", 3 timeout, 5 unreachable, 6 refused", run_wait_committed },
+	{ "snapshot", "--gms URI [--dir DIR] [--timeout DUR]",
+	  "Snapshot the committed layout to DIR or the kept WARM and COLD tiers; wait until written.",
+	  "See docs/tiers.md. DIR is a path on the GMS's host.\n",
+	  GMS_OPT "  --dir DIR              where to write (default: the tiers given to gf-gmsd --warm/--cold)\n"
+		  "  --timeout DUR          how long to wait (default 60s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_snapshot_restore },
+	{ "restore", "--gms URI [--dir DIR] [--timeout DUR]",
+	  "Restore an EMPTY GMS from DIR or its best tier; every checksum is verified first.",
+	  "See docs/tiers.md. On any error the GMS stays EMPTY.\n",
+	  GMS_OPT "  --dir DIR              the snapshot (default: the best of the --warm/--cold tiers)\n"
+		  "  --timeout DUR          how long to wait (default 60s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_snapshot_restore },
+	{ "tiers", "--gms URI [--json] [--timeout DUR]",
+	  "Show the WARM and COLD tiers (present, bytes, generation, age) and the last snapshot or restore.", NULL,
+	  GMS_OPT "  --json                 state, generation, tiers and operation as one JSON object\n"
+		  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused", run_tiers },
 	{ 0 },
 };
 

@@ -153,8 +153,9 @@ GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *gener
 /** Sleep: synchronize, unmap all, release imports, keep the address range, close the connection. */
 GF_EXPORT int gf_gms_unmap(gf_gms *gms);
 /**
- * Wake: connect RO within @p timeout_ms (finite), check the layout hash,
- * re-import and map at the same addresses; all-or-nothing.
+ * Wake: connect RO within @p timeout_ms (finite; an unreachable GMS, e.g.
+ * one restarting from a snapshot, is retried every 50 ms until then), check
+ * the layout hash, re-import and map at the same addresses; all-or-nothing.
  * Errors: GF_ERR_TIMEOUT (e.g. a fresh GMS with no commit),
  * GF_ERR_STALE_LAYOUT (another layout was committed), GF_ERR_UNREACHABLE.
  */
@@ -245,6 +246,30 @@ GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
  */
 GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
 
+/**
+ * Ask the GMS at @p uri to snapshot its committed layout to directory @p dir
+ * (on the GMS's host), or to its kept WARM and COLD tiers when @p dir is NULL
+ * or empty (docs/tiers.md), and wait for it to be written, within
+ * @p timeout_ms. Any allowed client may ask; takes no lock; the GMS keeps
+ * serving meanwhile (the layout cannot be replaced until it is written).
+ * Errors: GF_ERR_STATE (nothing committed), GF_ERR_BUSY (a snapshot is being
+ * written), GF_ERR_INVALID_ARG (no directory and no tier kept, path too
+ * long), GF_ERR_IO (the write failed: detail names why), GF_ERR_TIMEOUT,
+ * GF_ERR_UNREACHABLE. Blocks.
+ */
+GF_EXPORT int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_ms);
+/**
+ * Ask an EMPTY GMS at @p uri to restore the snapshot in @p dir, or from its
+ * best kept tier (WARM, then COLD) when @p dir is NULL or empty: every
+ * checksum is verified before it becomes COMMITTED with the snapshot's layout
+ * hash and generation, so sleeping readers remap without a reload. Blocks
+ * (the GMS restores before it answers). Errors: GF_ERR_STATE (not EMPTY),
+ * GF_ERR_NOT_FOUND (no snapshot), GF_ERR_VERSION, GF_ERR_PROTOCOL (corrupt or
+ * truncated), GF_ERR_INVALID_ARG (other backend or granularity),
+ * GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE; on any error the GMS stays EMPTY.
+ */
+GF_EXPORT int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms);
+
 /** @} */
 
 /** @defgroup gmsd GMS server
@@ -300,11 +325,38 @@ GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
  */
 GF_EXPORT int gf_gmsd_set_lock(gf_gmsd *d, const char *uri, const void *secret, size_t secret_len);
 /**
+ * Keep residency tiers: snapshot every committed layout to @p warm_dir (a
+ * tmpfs directory, e.g. under /dev/shm) and then @p cold_dir (on disk);
+ * either may be NULL. Restoring from them is gf_gmsd_restore(). Before
+ * gf_gmsd_start() only (GF_ERR_STATE after).
+ */
+GF_EXPORT int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir);
+/**
  * Open the backend and listen; raises the process's soft RLIMIT_NOFILE to
  * its hard limit (peers and host allocations are fds). The socket accepts
  * connections when this returns 0.
  */
 GF_EXPORT int gf_gmsd_start(gf_gmsd *d);
+/**
+ * Restore into this EMPTY, started server from the snapshot in @p dir, or
+ * from the best kept tier (WARM, then COLD; a refused WARM copy falls back to
+ * COLD) when @p dir is NULL: allocate, fill, verify every checksum, then
+ * become COMMITTED with the snapshot's layout hash and generation. Blocks the
+ * server's loop for the copy. On any error nothing is kept and the server
+ * stays EMPTY (the loader path still works). Errors: GF_ERR_STATE (not
+ * started, not EMPTY), GF_ERR_NOT_FOUND (no usable snapshot), GF_ERR_VERSION,
+ * GF_ERR_PROTOCOL, GF_ERR_INVALID_ARG, GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_gmsd_restore(gf_gmsd *d, const char *dir);
+/**
+ * Start a snapshot of the committed layout to @p dir (NULL: the kept tiers)
+ * on a thread of the server; returns once started. Progress and the result
+ * are in the status (operation phase) and the events. While it runs the
+ * snapshot counts as a reader, so no writer replaces the layout. Errors:
+ * GF_ERR_STATE (not started, nothing committed), GF_ERR_BUSY,
+ * GF_ERR_INVALID_ARG (no directory and no tier kept).
+ */
+GF_EXPORT int gf_gmsd_snapshot(gf_gmsd *d, const char *dir);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
 GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
 /** An fd that becomes readable when gf_gmsd_process() has work (an epoll fd). */

@@ -872,7 +872,18 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
 	atomic_store(&gms->lost, false);
 	atomic_store(&gms->lost_reported, false);
-	int rc = do_connect(gms, GF_GMS_RO, timeout_ms);
+	/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
+	 * the layout from a snapshot), so an absent socket is retried until the
+	 * deadline instead of failing the wake at once. */
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int rc;
+	for (;;) {
+		int64_t left = (deadline - gf_now_us()) / 1000;
+		rc = do_connect(gms, GF_GMS_RO, left > 0 ? left : 0);
+		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
+			break;
+		usleep(50000);
+	}
 	if (rc < 0)
 		return rc;
 	if (memcmp(gms->connected_hash, gms->hash, 16)) {

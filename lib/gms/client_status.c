@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * GMS client: the one-shot status calls (status JSON, ping, waiting for a
- * commit). Each opens its own short session; none takes the GMS lock.
+ * GMS client: the one-shot calls (status JSON, ping, waiting for a commit,
+ * snapshot and restore requests). Each opens its own short session; none
+ * takes the GMS lock.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,60 @@
 #include "client_session.h"
 #include "common.h"
 #include "gpufailover.h"
+
+/* One request on a session of its own; *m holds the reply (checked for errors and for @want). */
+static int one_shot(const char *uri, int64_t timeout_ms, gf_Msg *m, pb_size_t want)
+{
+	struct gf_uri u;
+	struct gf_frame_reader rd;
+	int fd, rc;
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	if (!uri)
+		return gf_err(GF_ERR_INVALID_ARG, "%s: URI is NULL", gf_msg_name(m));
+	if ((rc = gf_uri_parse(uri, &u)) < 0)
+		return rc;
+	if ((rc = gf_gms_open_session(uri, &u, deadline, &fd, &rd, 0)) < 0)
+		return rc;
+	m->seq = 1;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	if (rc == 0)
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+	if (rc == 0 && (rc = gf_msg_error_code(m)) == 0 && m->which_body != want)
+		rc = gf_err(GF_ERR_PROTOCOL, "expected another reply, got %s", gf_msg_name(m));
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}
+
+static int tier_request(const char *uri, const char *dir, int64_t timeout_ms, bool snapshot)
+{
+	if (dir && strlen(dir) >= sizeof(((gf_GmsSnapshot *)0)->dir))
+		return gf_err(GF_ERR_INVALID_ARG, "%s: directory path longer than %zu bytes", snapshot ? "snapshot" : "restore",
+			      sizeof(((gf_GmsSnapshot *)0)->dir) - 1);
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "out of memory");
+	if (snapshot) {
+		m->which_body = gf_Msg_gms_snapshot_tag;
+		snprintf(m->body.gms_snapshot.dir, sizeof(m->body.gms_snapshot.dir), "%s", dir ? dir : "");
+	} else {
+		m->which_body = gf_Msg_gms_restore_tag;
+		snprintf(m->body.gms_restore.dir, sizeof(m->body.gms_restore.dir), "%s", dir ? dir : "");
+	}
+	int rc = one_shot(uri, timeout_ms, m, gf_Msg_ok_tag);
+	gf_msg_free(m);
+	return rc;
+}
+
+int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_ms)
+{
+	return tier_request(uri, dir, timeout_ms, true);
+}
+
+int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms)
+{
+	return tier_request(uri, dir, timeout_ms, false);
+}
 
 static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
 {
@@ -73,6 +128,27 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)
 		json_array_append_new(evs, json_pack("{s:I, s:s}", "at_us", (json_int_t)s->events[i].at_us, "what",
 						     s->events[i].what));
+	json_t *tiers = json_object();
+	for (pb_size_t i = 0; o && tiers && i < s->tiers_count; i++) {
+		const gf_GmsTier *t = &s->tiers[i];
+		json_object_set_new(tiers, t->name,
+				    json_pack("{s:s, s:b, s:I, s:I, s:I, s:f, s:s}", "dir", t->dir, "present", (int)t->present,
+					      "bytes", (json_int_t)t->bytes, "allocations", (json_int_t)t->allocations,
+					      "generation", (json_int_t)t->generation, "age_seconds", t->age_seconds,
+					      "error", t->error));
+	}
+	if (o && tiers) {
+		json_object_set_new(o, "tiers", tiers);
+		tiers = NULL;
+		const gf_GmsOperation *op = &s->operation;
+		json_object_set_new(o, "operation",
+				    s->has_operation
+					    ? json_pack("{s:s, s:s, s:s, s:I, s:f}", "kind", op->kind, "phase", op->phase,
+							"reason", op->reason, "bytes", (json_int_t)op->bytes, "seconds",
+							op->seconds)
+					    : json_null());
+	}
+	json_decref(tiers);
 	char *text = NULL;
 	if (o && evs) {
 		json_object_set_new(o, "events", evs);

@@ -4,6 +4,7 @@
  * feeds it events and asks it who may be granted. See docs/gms.md.
  *
  *   EMPTY --RW grant--> RW --commit--> RO(1) --last reader leaves--> COMMITTED
+ *   EMPTY --restore (verified snapshot)--> COMMITTED
  *   RW --writer leaves before commit--> EMPTY          (RW_ABORT)
  *   COMMITTED --RO grant--> RO(n)
  *   COMMITTED --RW grant (no readers)--> RW            (old layout dropped)
@@ -48,6 +49,8 @@ enum gms_decision gms_fsm_decide(const struct gms_fsm *f, int mode, bool other_r
 void gms_fsm_apply(struct gms_fsm *f, enum gms_decision d);
 /* The writer committed: RW -> RO with the writer as the only reader. Returns false in any other state. */
 bool gms_fsm_commit(struct gms_fsm *f);
+/* A verified snapshot was restored into an EMPTY GMS: EMPTY -> COMMITTED. Returns false in any other state. */
+bool gms_fsm_restored(struct gms_fsm *f);
 /* The writer left before committing: RW -> EMPTY (RW_ABORT). Returns false in any other state. */
 bool gms_fsm_writer_left(struct gms_fsm *f);
 /* A reader left: RO(n) -> RO(n-1), RO(1) -> COMMITTED. Returns false when no reader was counted. */

@@ -22,6 +22,8 @@
 #include "layout.h"
 #include "listchunk.h"
 #include "server.h"
+#include "snapshot.h"
+#include "tierd.h"
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
@@ -54,6 +56,9 @@ struct client {
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
+	/* a GmsSnapshot request answered when the job ends */
+	bool snap_waiting;
+	uint32_t snap_seq;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
@@ -119,7 +124,16 @@ struct gf_gmsd {
 	void *lock_secret;
 	size_t lock_secret_len;
 	uint64_t fence_refusals;
+	/* residency tiers (docs/tiers.md) */
+	char *warm_dir, *cold_dir;
+	struct gms_tierd *tierd;       /* NULL until needed */
+	struct gf_srv_watch tier_watch;
+	bool snap_hold;                /* a snapshot job counts as a reader: the layout stays */
 };
+
+/* Residency tiers, defined with the request handlers below. */
+static int start_snapshot(gf_gmsd *d, const char *dir);
+static void status_tiers(gf_gmsd *d, gf_GmsStatus *s);
 
 /* ---------------------------------------------------------------- events */
 
@@ -623,6 +637,9 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	d->out->body.gms_committed.layout_hash.size = 16;
 	send_msg(d, c, NULL, 0);
 	d->changed = true;
+	/* Keep the tiers current: every new layout goes to WARM, then COLD. */
+	if ((d->warm_dir || d->cold_dir) && start_snapshot(d, NULL) < 0)
+		event(d, "event=snapshot phase=Failed reason=\"%s\"", gf_error_detail());
 }
 
 static void close_owned(const int *fds, const bool *owned, size_t n)
@@ -758,13 +775,315 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
 		s->events_count++;
 	}
+	status_tiers(d, s);
 	send_msg(d, c, NULL, 0);
+}
+
+/* ---------------------------------------------------------------- tiers */
+
+static void on_tier_done(void *ctx, struct gf_srv_watch *w);
+
+static int tierd_ready(gf_gmsd *d)
+{
+	if (d->tierd)
+		return 0;
+	int rc = gms_tierd_new(&d->tierd, gf_mem_kind(d->mem), d->device);
+	if (rc == 0)
+		rc = gms_tierd_set_dirs(d->tierd, d->warm_dir, d->cold_dir);
+	if (rc == 0) {
+		d->tier_watch.fn = on_tier_done;
+		rc = gf_srv_watch_add(d->srv, gms_tierd_get_fd(d->tierd), &d->tier_watch);
+	}
+	if (rc < 0) {
+		gms_tierd_free(d->tierd);
+		d->tierd = NULL;
+	}
+	return rc;
+}
+
+/* The committed layout as a snapshot job: a manifest and one exported fd per allocation. */
+static int snapshot_job(gf_gmsd *d, struct gms_manifest **out, int **out_fds)
+{
+	struct gms_manifest *mf = gms_manifest_new();
+	int *fds = malloc((d->nallocs ? d->nallocs : 1) * sizeof(*fds));
+	int rc = 0;
+	if (!mf || !fds || !(mf->allocs = calloc(d->nallocs ? d->nallocs : 1, sizeof(*mf->allocs))) ||
+	    !(mf->meta = calloc(d->nmeta ? d->nmeta : 1, sizeof(*mf->meta))))
+		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+	size_t nfds = 0;
+	for (size_t i = 0; rc == 0 && i < d->nallocs; i++) {
+		mf->allocs[i].id = d->allocs[i].id;
+		mf->allocs[i].size = d->allocs[i].size;
+		memcpy(mf->allocs[i].tag, d->allocs[i].tag, sizeof(mf->allocs[i].tag));
+		mf->nallocs = i + 1;
+		rc = gf_mem_export(d->allocs[i].a, &fds[i]);
+		nfds += rc == 0;
+	}
+	for (size_t i = 0; rc == 0 && i < d->nmeta; i++) {
+		struct gms_snap_meta *e = &mf->meta[i];
+		e->key = strdup(d->meta[i].key);
+		e->value = malloc(d->meta[i].value_len ? d->meta[i].value_len : 1);
+		mf->nmeta = i + 1;
+		if (!e->key || !e->value) {
+			rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+			break;
+		}
+		memcpy(e->value, d->meta[i].value, d->meta[i].value_len);
+		e->value_len = d->meta[i].value_len;
+		e->alloc_id = d->meta[i].alloc_id;
+		e->offset = d->meta[i].offset;
+	}
+	if (rc < 0) {
+		gf_close_fds(fds, nfds);
+		free(fds);
+		gms_manifest_free(mf);
+		return rc;
+	}
+	mf->generation = d->generation;
+	memcpy(mf->layout_hash, d->hash, 16);
+	*out = mf;
+	*out_fds = fds;
+	return 0;
+}
+
+/* Start writing the committed layout to @dir (NULL: the kept tiers) on the tier worker's thread. */
+static int start_snapshot(gf_gmsd *d, const char *dir)
+{
+	if (d->fsm.state != GMS_COMMITTED && d->fsm.state != GMS_RO)
+		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", gms_state_name(d->fsm.state));
+	if (!dir && !d->warm_dir && !d->cold_dir)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: no directory given and no --warm/--cold tier kept");
+	int rc = tierd_ready(d);
+	if (rc < 0)
+		return rc;
+	if (gms_tierd_busy(d->tierd))
+		return gf_err(GF_ERR_BUSY, "snapshot: one is already being written");
+	struct gms_manifest *mf;
+	int *fds;
+	if ((rc = snapshot_job(d, &mf, &fds)) < 0)
+		return rc;
+	if ((rc = gms_tierd_snapshot_start(d->tierd, dir, mf, fds)) < 0)
+		return rc;
+	/* Hold the layout like a reader until the job ends, so no writer replaces it meanwhile. */
+	gms_fsm_apply(&d->fsm, GMS_GRANT_RO);
+	d->snap_hold = true;
+	event(d, "event=snapshot phase=Pending generation=%llu dir=%s", (unsigned long long)d->generation,
+	      dir ? dir : d->warm_dir ? d->warm_dir : d->cold_dir);
+	return 0;
+}
+
+static void on_tier_done(void *ctx, struct gf_srv_watch *w)
+{
+	gf_gmsd *d = ctx;
+	(void)w;
+	if (!gms_tierd_collect(d->tierd))
+		return;
+	struct gms_op op;
+	gms_tierd_op(d->tierd, &op);
+	if (d->snap_hold) {
+		d->snap_hold = false;
+		gms_fsm_reader_left(&d->fsm);
+		d->changed = true;
+	}
+	event(d, "event=snapshot phase=%s reason=\"%s\"", gms_phase_name(op.phase), op.reason);
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
+		if (!c->snap_waiting)
+			continue;
+		c->snap_waiting = false;
+		if (op.phase != GMS_PHASE_CHECKPOINTED) {
+			reply_error(d, c, c->snap_seq, GF_ERR_IO, "snapshot failed: %s", op.reason);
+			continue;
+		}
+		memset(d->out, 0, sizeof(*d->out));
+		d->out->seq = c->snap_seq;
+		d->out->which_body = gf_Msg_ok_tag;
+		send_msg(d, c, NULL, 0);
+	}
+}
+
+/* Adopt a verified restore: allocations, metadata, generation and hash exactly as snapshotted; EMPTY -> COMMITTED. */
+static int adopt(gf_gmsd *d, struct gms_manifest *mf, gf_mem_alloc **allocs)
+{
+	struct galloc *ga = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ga));
+	struct gmeta *gm = calloc(mf->nmeta ? mf->nmeta : 1, sizeof(*gm));
+	if (!ga || !gm) {
+		free(ga);
+		free(gm);
+		return gf_err(GF_ERR_NOMEM, "restore: out of memory");
+	}
+	/* Final bytes, as after a commit (host: sealed; cuda cannot enforce it). */
+	for (size_t i = 0; i < mf->nallocs; i++) {
+		int src = gf_mem_seal(allocs[i]);
+		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
+			free(ga);
+			free(gm);
+			return src;
+		}
+	}
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < mf->nallocs; i++) {
+		ga[i] = (struct galloc){ .id = mf->allocs[i].id, .a = allocs[i], .size = mf->allocs[i].size,
+					 .requested = mf->allocs[i].size };
+		memcpy(ga[i].tag, mf->allocs[i].tag, sizeof(ga[i].tag));
+		bytes += mf->allocs[i].size;
+	}
+	for (size_t i = 0; i < mf->nmeta; i++) {
+		/* Taken over from the manifest, which is freed without them. */
+		gm[i] = (struct gmeta){ .key = mf->meta[i].key, .alloc_id = mf->meta[i].alloc_id,
+					.offset = mf->meta[i].offset, .value = mf->meta[i].value,
+					.value_len = mf->meta[i].value_len };
+		mf->meta[i].key = NULL;
+		mf->meta[i].value = NULL;
+	}
+	free(d->allocs);
+	free(d->meta);
+	d->allocs = ga;
+	d->nallocs = d->allocs_cap = mf->nallocs;
+	d->meta = gm;
+	d->nmeta = d->meta_cap = mf->nmeta;
+	d->next_alloc_id = mf->nallocs + 1;
+	d->alloc_bytes = bytes;
+	size_t cap = 512;
+	while (cap < 2 * d->nmeta)
+		cap *= 2;
+	if (index_rebuild(d, cap) < 0) {
+		drop_layout(d);
+		return gf_err(GF_ERR_NOMEM, "restore: out of memory");
+	}
+	d->generation = mf->generation;
+	memcpy(d->hash, mf->layout_hash, 16);
+	gms_fsm_restored(&d->fsm);
+	d->changed = true;
+	return 0;
+}
+
+int gf_gmsd_restore(gf_gmsd *d, const char *dir)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	if (d->fsm.state != GMS_EMPTY)
+		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", gms_state_name(d->fsm.state));
+	if (!dir && !d->warm_dir && !d->cold_dir)
+		return gf_err(GF_ERR_INVALID_ARG, "restore: no directory given and no --warm/--cold tier kept");
+	int rc = tierd_ready(d);
+	if (rc < 0)
+		return rc;
+	struct gms_manifest *mf;
+	gf_mem_alloc **allocs;
+	enum gms_tier from = GMS_TIER_LOADER;
+	event(d, "event=restore phase=Restoring from=%s", dir ? dir : "best tier");
+	rc = gms_tierd_restore(d->tierd, dir, d->mem, &mf, &allocs, &from);
+	if (rc < 0) {
+		event(d, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed",
+		      gf_error_detail());
+		return rc;
+	}
+	/* The allocations are now the server's; the arrays and the manifest are not. */
+	rc = adopt(d, mf, allocs);
+	if (rc < 0) {
+		gms_snapshot_restored_free(mf, allocs);
+		return rc;
+	}
+	char hex[33];
+	gf_hex(d->hash, 16, hex);
+	event(d, "event=restore phase=Restored tier=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
+	      dir ? "dir" : gms_tier_name(from), (unsigned long long)d->generation, hex, d->nallocs,
+	      (unsigned long long)d->alloc_bytes);
+	free(allocs);
+	gms_manifest_free(mf);
+	return 0;
+}
+
+int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	return start_snapshot(d, dir && *dir ? dir : NULL);
+}
+
+int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir)
+{
+	if (!d)
+		return gf_err(GF_ERR_INVALID_ARG, "gmsd is NULL");
+	if (d->started)
+		return gf_err(GF_ERR_STATE, "gmsd: settings are fixed once started");
+	char *w = warm_dir && *warm_dir ? strdup(warm_dir) : NULL, *c = cold_dir && *cold_dir ? strdup(cold_dir) : NULL;
+	if ((warm_dir && *warm_dir && !w) || (cold_dir && *cold_dir && !c)) {
+		free(w);
+		free(c);
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	}
+	free(d->warm_dir);
+	free(d->cold_dir);
+	d->warm_dir = w;
+	d->cold_dir = c;
+	return 0;
+}
+
+static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
+	int rc = start_snapshot(d, dir);
+	if (rc < 0) {
+		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
+		return;
+	}
+	c->snap_waiting = true;
+	c->snap_seq = m->seq;
+}
+
+static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const char *dir = m->body.gms_restore.dir[0] ? m->body.gms_restore.dir : NULL;
+	int rc = gf_gmsd_restore(d, dir);
+	if (rc < 0) {
+		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
+		return;
+	}
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_ok_tag;
+	send_msg(d, c, NULL, 0);
+}
+
+/* Tiers and the last operation into the status reply. */
+static void status_tiers(gf_gmsd *d, gf_GmsStatus *s)
+{
+	if (!d->tierd)
+		return;
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+		const char *dir = gms_tierd_dir(d->tierd, (enum gms_tier)i);
+		if (!dir)
+			continue;
+		struct gms_snap_probe p;
+		gms_tierd_probe(d->tierd, (enum gms_tier)i, &p);
+		gf_GmsTier *t = &s->tiers[s->tiers_count++];
+		snprintf(t->name, sizeof(t->name), "%s", gms_tier_name((enum gms_tier)i));
+		snprintf(t->dir, sizeof(t->dir), "%s", dir);
+		t->present = p.present;
+		t->bytes = p.bytes;
+		t->allocations = p.allocations;
+		t->generation = p.generation;
+		int64_t ms = gf_wall_us() / 1000 - p.created_unix_ms;
+		t->age_seconds = p.present && ms > 0 ? ms / 1000.0 : 0;
+		snprintf(t->error, sizeof(t->error), "%s", p.error);
+	}
+	struct gms_op op;
+	gms_tierd_op(d->tierd, &op);
+	if (op.phase == GMS_PHASE_NONE)
+		return;
+	s->has_operation = true;
+	snprintf(s->operation.kind, sizeof(s->operation.kind), "%s", gms_op_name(op.kind));
+	snprintf(s->operation.phase, sizeof(s->operation.phase), "%s", gms_phase_name(op.phase));
+	snprintf(s->operation.reason, sizeof(s->operation.reason), "%s", op.reason);
+	s->operation.bytes = op.bytes;
+	s->operation.seconds = ((op.ended_us ? op.ended_us : gf_wall_us()) - op.started_us) / 1e6;
 }
 
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing) {
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->snap_waiting) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
 		client_close(d, c, "request while waiting");
@@ -788,6 +1107,12 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		break;
 	case gf_Msg_gms_status_request_tag:
 		handle_status(d, c, m);
+		break;
+	case gf_Msg_gms_snapshot_tag:
+		handle_snapshot(d, c, m);
+		break;
+	case gf_Msg_gms_restore_tag:
+		handle_restore(d, c, m);
 		break;
 	default:
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
@@ -1078,7 +1403,11 @@ void gf_gmsd_free(gf_gmsd *d)
 {
 	if (!d)
 		return;
+	/* A running snapshot job reads the allocations through its own imports; let it finish. */
+	gms_tierd_free(d->tierd);
 	gf_srv_free(d->srv);
+	free(d->warm_dir);
+	free(d->cold_dir);
 	drop_layout(d);
 	free(d->allocs);
 	free(d->meta);

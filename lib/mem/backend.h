@@ -79,6 +79,19 @@ struct gf_mem_backend {
 	int (*unmap)(gf_mem *m, uint64_t addr, size_t size);
 	/* unmap() also takes a range covering several adjacent mappings (host). */
 	bool unmap_spans;
+
+	/* Optional staged copies (cuda; NULL on host, whose mappings are host
+	 * memory): pinned host buffers, one ordered stream, events to wait on. */
+	int (*host_alloc)(gf_mem *m, size_t size, void **p);
+	void (*host_free)(gf_mem *m, void *p);
+	int (*stream_new)(gf_mem *m, void **stream);
+	void (*stream_free)(gf_mem *m, void *stream);
+	int (*event_new)(gf_mem *m, void **event);
+	void (*event_free)(gf_mem *m, void *event);
+	int (*copy_dtoh)(gf_mem *m, void *dst, uint64_t src, size_t n, void *stream);
+	int (*copy_htod)(gf_mem *m, uint64_t dst, const void *src, size_t n, void *stream);
+	int (*event_record)(gf_mem *m, void *event, void *stream);
+	int (*event_wait)(gf_mem *m, void *event);
 };
 
 struct gf_mem {

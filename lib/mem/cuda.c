@@ -137,6 +137,48 @@ static int cu_err(CUresult r, const char *fmt, ...)
 		      name, (int)r, *text ? ": " : "", text);
 }
 
+/* Staged copies (lib/mem/xfer.c): optional, so a driver without them still
+ * serves everything else; the backend ops then say what is missing. */
+struct cu_copy_api {
+	CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
+	CUresult (*MemFreeHost)(void *);
+	CUresult (*StreamCreate)(CUstream *, unsigned int);
+	CUresult (*StreamDestroy)(CUstream);
+	CUresult (*EventCreate)(CUevent *, unsigned int);
+	CUresult (*EventDestroy)(CUevent);
+	CUresult (*EventRecord)(CUevent, CUstream);
+	CUresult (*EventSynchronize)(CUevent);
+	CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+	CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+};
+static struct cu_copy_api cuc;
+static bool have_copy;
+
+static void load_copy_api(get_proc_v1_fn gp1, get_proc_v2_fn gp2)
+{
+	struct cu_copy_api api = { 0 };
+	struct {
+		const char *name;
+		void **slot;
+	} table[] = {
+#define E(n) { "cu" #n, (void **)&api.n }
+		E(MemHostAlloc), E(MemFreeHost), E(StreamCreate), E(StreamDestroy), E(EventCreate), E(EventDestroy),
+		E(EventRecord), E(EventSynchronize), E(MemcpyDtoHAsync), E(MemcpyHtoDAsync),
+#undef E
+	};
+	for (size_t i = 0; i < GF_ARRAY_SIZE(table); i++) {
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+		CUresult r = gp2 ? gp2(table[i].name, table[i].slot, GF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &st)
+				 : gp1(table[i].name, table[i].slot, GF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT);
+		if (r != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS || !*table[i].slot) {
+			gf_log(GF_LOG_DEBUG, "mem", "backend=cuda msg=\"no staged copies: driver lacks %s\"", table[i].name);
+			return;
+		}
+	}
+	cuc = api;
+	have_copy = true;
+}
+
 static int load_driver_locked(void)
 {
 	const char *path = getenv("GF_LIBCUDA");
@@ -190,6 +232,7 @@ static int load_driver_locked(void)
 				      table[i].name, (int)r, (int)st);
 		}
 	}
+	load_copy_api(gp1, gp2);
 	CUresult r = api.Init(0);
 	if (r != CUDA_SUCCESS) {
 		const char *name = NULL;
@@ -679,6 +722,82 @@ static int cuda_unmap(gf_mem *m, uint64_t addr, size_t size)
 	return rc;
 }
 
+/* ---- staged copies (xfer.c): pinned buffers, one stream, events ---- */
+
+static int copy_check(void)
+{
+	if (!have_copy)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "cuda backend: the driver lacks the copy and stream entry points");
+	return 0;
+}
+
+static int cuda_host_alloc(gf_mem *m, size_t size, void **p)
+{
+	int rc = copy_check();
+	if (rc == 0)
+		rc = CU_CALL(m, cuc.MemHostAlloc(p, size, 0), "cuMemHostAlloc(%zu bytes, pinned)", size);
+	return rc;
+}
+
+static void cuda_host_free(gf_mem *m, void *p)
+{
+	(void)CU_CALL(m, cuc.MemFreeHost(p), "cuMemFreeHost");
+}
+
+static int cuda_stream_new(gf_mem *m, void **stream)
+{
+	CUstream s = NULL;
+	int rc = copy_check();
+	if (rc == 0)
+		rc = CU_CALL(m, cuc.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate on device %d", m->device);
+	if (rc == 0)
+		*stream = s;
+	return rc;
+}
+
+static void cuda_stream_free(gf_mem *m, void *stream)
+{
+	(void)CU_CALL(m, cuc.StreamDestroy(stream), "cuStreamDestroy");
+}
+
+static int cuda_event_new(gf_mem *m, void **event)
+{
+	CUevent e = NULL;
+	int rc = copy_check();
+	if (rc == 0)
+		rc = CU_CALL(m, cuc.EventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate on device %d", m->device);
+	if (rc == 0)
+		*event = e;
+	return rc;
+}
+
+static void cuda_event_free(gf_mem *m, void *event)
+{
+	(void)CU_CALL(m, cuc.EventDestroy(event), "cuEventDestroy");
+}
+
+static int cuda_copy_dtoh(gf_mem *m, void *dst, uint64_t src, size_t n, void *stream)
+{
+	return CU_CALL(m, cuc.MemcpyDtoHAsync(dst, src, n, stream), "cuMemcpyDtoHAsync(0x%llx, %zu bytes)",
+		       (unsigned long long)src, n);
+}
+
+static int cuda_copy_htod(gf_mem *m, uint64_t dst, const void *src, size_t n, void *stream)
+{
+	return CU_CALL(m, cuc.MemcpyHtoDAsync(dst, src, n, stream), "cuMemcpyHtoDAsync(0x%llx, %zu bytes)",
+		       (unsigned long long)dst, n);
+}
+
+static int cuda_event_record(gf_mem *m, void *event, void *stream)
+{
+	return CU_CALL(m, cuc.EventRecord(event, stream), "cuEventRecord");
+}
+
+static int cuda_event_wait(gf_mem *m, void *event)
+{
+	return CU_CALL(m, cuc.EventSynchronize(event), "cuEventSynchronize");
+}
+
 const struct gf_mem_backend gf_mem_cuda_backend = {
 	.name = "cuda",
 	.kind = GF_MEM_CUDA,
@@ -703,4 +822,14 @@ const struct gf_mem_backend gf_mem_cuda_backend = {
 	.map = cuda_map,
 	.set_access = cuda_set_access,
 	.unmap = cuda_unmap,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.stream_new = cuda_stream_new,
+	.stream_free = cuda_stream_free,
+	.event_new = cuda_event_new,
+	.event_free = cuda_event_free,
+	.copy_dtoh = cuda_copy_dtoh,
+	.copy_htod = cuda_copy_htod,
+	.event_record = cuda_event_record,
+	.event_wait = cuda_event_wait,
 };

@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--lock-trials", type=int, default=500)
     ap.add_argument("--waiters", type=int, default=10000)
     ap.add_argument("--standbys", type=int, default=1000)
+    ap.add_argument("--snapshot-mib", type=int, default=1024)
+    ap.add_argument("--snapshot-allocs", type=int, default=256)
     a = ap.parse_args()
     b = pathlib.Path(a.build)
     rows, raw = [], {}
@@ -78,6 +80,20 @@ def main():
     for g in gms:
         row("gms remap", f"N={g['allocations']} M={g['metadata']} ({g['remap_round_trips']} round trips)",
             g["remap_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_vs_raw"])
+
+    print("running GMS snapshot/restore (WARM /dev/shm, COLD $TMPDIR) vs a plain write/read loop ...", file=sys.stderr)
+    snaps = json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, a.snapshot_allocs, 3], 1800)
+    raw["snapshot"] = snaps
+    for t in snaps:
+        tier = "WARM" if t["dir"].startswith("/dev/shm") else "COLD"
+        size = f"{t['bytes'] >> 20} MiB/{t['allocations']} allocs"
+        # Time ratios like every other row; throughput ratio = 1 / ratio (goal >= 0.9).
+        row(f"gms snapshot {tier}", f"{size}, {t['snapshot_gbps']:.2f} vs {t['plain_write_gbps']:.2f} GB/s",
+            t["snapshot_us"], None, "write loop+fsync", t["plain_write_us"],
+            round(t["snapshot_us"] / t["plain_write_us"], 2) if t["plain_write_us"] else None)
+        row(f"gms restore {tier}", f"{size}, {t['restore_gbps']:.2f} vs {t['plain_read_gbps']:.2f} GB/s",
+            t["restore_us"], None, "read loop", t["plain_read_us"],
+            round(t["restore_us"] / t["plain_read_us"], 2) if t["plain_read_us"] else None)
 
     print(f"running the failover demo {a.demo_runs} times ...", file=sys.stderr)
     runs = []

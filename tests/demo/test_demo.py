@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The failover demo in short mode, with the example engines (C, Python, PyTorch): it must report
-a failover with identical answers, exit 0, and leave no process behind."""
+a failover with identical answers, exit 0, and leave no process behind; with
+--gms-crash the GMS is killed instead and comes back from its WARM snapshot."""
 import os
 import pathlib
 import re
@@ -27,8 +28,9 @@ def processes_mentioning(text):
     return found
 
 
-@pytest.mark.parametrize("engine,weights", [("c", False), ("python", False), ("c", True), ("torch", False)])
-def test_demo_short(engine, weights, tmp_path):
+@pytest.mark.parametrize("engine,weights,gms_crash", [("c", False, False), ("python", False, False), ("c", True, False),
+                                                     ("torch", False, False), ("c", True, True)])
+def test_demo_short(engine, weights, gms_crash, tmp_path):
     # The demo starts the Python engine as `python3`: the interpreter running
     # this test (which has numpy), even when its venv is not on PATH.
     env = dict(os.environ, PYTHONPATH=str(BUILD / "bindings" / "python"),
@@ -38,6 +40,8 @@ def test_demo_short(engine, weights, tmp_path):
         path = tmp_path / "model.safetensors"
         subprocess.run([BUILD / "examples" / "c-engine" / "gf-c-engine", "--write-weights", path], check=True)
         extra = ["--weights", str(path)]
+    if gms_crash:
+        extra.append("--gms-crash")
     out = subprocess.run(
         [BUILD / "examples" / "demo" / "gf-failover-demo", "--short", "--engine", engine,
          "--lockd", BUILD / "examples" / "gf-lockd" / "gf-lockd",
@@ -50,6 +54,9 @@ def test_demo_short(engine, weights, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "RESULT: OK" in out.stdout
     assert "all identical to before: yes" in out.stdout
+    if gms_crash:
+        assert "layout restored from WARM" in out.stdout and "(not logged)" not in out.stdout
+        assert "weights reloaded from the model files: no" in out.stdout
     m = re.search(r"run dir: (\S+)\)", out.stdout)
     assert m
     rundir = m.group(1)

@@ -72,6 +72,7 @@
 #include <unistd.h>
 
 #include "fakecuda.h"
+#include "fakecuda_copy.h"
 
 #undef cuGetProcAddress
 
@@ -1048,11 +1049,15 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, CUdriverPr
 	if (&fk_copy_nprocs)
 		lookup(fk_copy_procs, fk_copy_nprocs, symbol, version, &best, &seen);
 	*pfn = best ? best->fn : NULL;
+	/* The copy calls (fakecuda_copy.c) answer for themselves. */
+	bool found = best != NULL;
+	if (!found && !seen && (*pfn = fakecuda_copy_proc(symbol)) != NULL)
+		found = true;
 	if (status)
-		*status = best   ? CU_GET_PROC_ADDRESS_SUCCESS
+		*status = found  ? CU_GET_PROC_ADDRESS_SUCCESS
 			  : seen ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
 				 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-	return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+	return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 FK_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,

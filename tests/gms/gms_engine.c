@@ -36,6 +36,21 @@ static int die(const char *what, int rc)
 	return 1;
 }
 
+static bool verify(gf_gms *g, int seed)
+{
+	for (size_t i = 0; i < gf_gms_alloc_count(g); i++) {
+		struct gf_gms_alloc_info ai;
+		gf_gms_alloc_at(g, i, &ai);
+		const uint8_t *p = (const uint8_t *)(uintptr_t)ai.addr;
+		if (p[0] != ((seed + (int)i) & 0xff) || p[ai.size - 1] != ((seed + (int)i) & 0xff)) {
+			say("mismatch alloc=%zu got=%d", i, p[0]);
+			return false;
+		}
+	}
+	say("verified allocs=%zu", gf_gms_alloc_count(g));
+	return true;
+}
+
 static bool wait_line(void)
 {
 	char buf[64];
@@ -125,16 +140,8 @@ int main(int argc, char **argv)
 		say("mapped allocs=%zu meta=%zu", gf_gms_alloc_count(g), gf_gms_meta_count(g));
 	}
 	/* Everyone checks the bytes: a reader sees the writer's memory, not a copy of its own. */
-	for (size_t i = 0; i < gf_gms_alloc_count(g); i++) {
-		struct gf_gms_alloc_info ai;
-		gf_gms_alloc_at(g, i, &ai);
-		const uint8_t *p = (const uint8_t *)(uintptr_t)ai.addr;
-		if (p[0] != ((seed + (int)i) & 0xff) || p[ai.size - 1] != ((seed + (int)i) & 0xff)) {
-			say("mismatch alloc=%zu got=%d", i, p[0]);
-			return 1;
-		}
-	}
-	say("verified allocs=%zu", gf_gms_alloc_count(g));
+	if (!verify(g, seed))
+		return 1;
 	if (sleep_wake) {
 		if ((rc = gf_gms_unmap(g)) < 0)
 			return die("unmap", rc);
@@ -153,6 +160,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		say("awake ms=%ld", ms);
+		/* The same bytes after the remap (e.g. from a GMS restored from a snapshot). */
+		if (!verify(g, seed))
+			return 1;
 	}
 	if (hold) {
 		gf_gms_set_lost_fn(g, on_lost, NULL);

@@ -149,6 +149,24 @@ static void test_lifecycle(void **state)
 	assert_int_equal(f.state, GMS_EMPTY);
 }
 
+/* A verified restore: only EMPTY becomes COMMITTED; readers are then granted as after a commit. */
+static void test_restored(void **state)
+{
+	(void)state;
+	enum gms_state from[] = { GMS_EMPTY, GMS_RW, GMS_COMMITTED, GMS_RO };
+	for (size_t i = 0; i < sizeof(from) / sizeof(from[0]); i++) {
+		struct gms_fsm f = in_state(from[i], from[i] == GMS_RO ? 2 : 0);
+		bool ok = gms_fsm_restored(&f);
+		assert_int_equal(ok, from[i] == GMS_EMPTY);
+		assert_int_equal(f.state, from[i] == GMS_EMPTY ? GMS_COMMITTED : from[i]);
+	}
+	struct gms_fsm f = in_state(GMS_EMPTY, 0);
+	assert_true(gms_fsm_restored(&f));
+	assert_int_equal(f.readers, 0);
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RO, false), GMS_GRANT_RO);
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RW_OR_RO, false), GMS_GRANT_RO);
+}
+
 static void test_names(void **state)
 {
 	(void)state;
@@ -198,6 +216,7 @@ int main(void)
 		cmocka_unit_test(test_decide_table), cmocka_unit_test(test_apply),
 		cmocka_unit_test(test_transitions),  cmocka_unit_test(test_lifecycle),
 		cmocka_unit_test(test_names),        cmocka_unit_test(test_layout_hash),
+		cmocka_unit_test(test_restored),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * XXH3-64 of a byte stream computed on a helper thread, so that hashing a
+ * chunk overlaps the file I/O of the same (snapshot) or the next (restore)
+ * chunk instead of adding to it. Chunks are hashed in submission order; a
+ * submitted buffer must stay readable and unchanged until the next
+ * gms_hasher_submit(), gms_hasher_wait() or gms_hasher_digest() returns.
+ * When the thread cannot be started, every call hashes inline instead.
+ * One user thread at a time.
+ */
+#ifndef GF_GMS_HASHER_H
+#define GF_GMS_HASHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct gms_hasher;
+
+/* 0 or GF_ERR_NOMEM. */
+int gms_hasher_new(struct gms_hasher **out);
+/* Waits for the last chunk and stops the thread. NULL is a no-op. */
+void gms_hasher_free(struct gms_hasher *h);
+/* Start a new stream (waits for the previous one's last chunk). */
+void gms_hasher_reset(struct gms_hasher *h);
+/* Wait until the previous chunk is hashed, then hand over @buf. */
+void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n);
+/* Wait until every submitted chunk is hashed. */
+void gms_hasher_wait(struct gms_hasher *h);
+/* gms_hasher_wait(), then the digest of the stream so far. */
+uint64_t gms_hasher_digest(struct gms_hasher *h);
+
+#endif

@@ -1,0 +1,577 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Snapshot directories: crash-consistent writer, checking reader, verified restore (snapshot.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "common.h"
+#include "hasher.h"
+#include "snapshot.h"
+#include "xfer.h"
+
+/* errno → error code for file operations: the generic mapping calls ENOENT "unreachable". */
+static int file_err(int e, const char *fmt, const char *path)
+{
+	int code = e == EACCES || e == EPERM ? GF_ERR_PERMISSION
+		   : e == ENOENT		 ? GF_ERR_NOT_FOUND
+		   : e == ENOMEM		 ? GF_ERR_NOMEM
+					 : GF_ERR_IO;
+	return gf_err_errno(code, e, fmt, path);
+}
+
+static int64_t wall_ms(void)
+{
+	return gf_wall_us() / 1000;
+}
+
+/* Split @dir into its parent (for the temporary and the rename) and its last component. */
+static int split_dir(const char *dir, char *parent, size_t plen, char *base, size_t blen)
+{
+	char a[4096], b[4096];
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	if (n == 0 || n >= sizeof(a))
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: directory path empty or too long");
+	memcpy(a, dir, n);
+	a[n] = 0;
+	memcpy(b, a, n + 1);
+	const char *bn = basename(a), *dn = dirname(b);
+	if (!strcmp(bn, "/") || !strcmp(bn, ".") || !strcmp(bn, ".."))
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: \"%s\" cannot be a snapshot directory", dir);
+	if ((size_t)snprintf(parent, plen, "%s", dn) >= plen || (size_t)snprintf(base, blen, "%s", bn) >= blen)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: directory path too long");
+	return 0;
+}
+
+/* Remove a snapshot-shaped directory (our two files, then the directory). Best effort. */
+static void remove_snapshot_dir(int parentfd, const char *name)
+{
+	int fd = openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd >= 0) {
+		unlinkat(fd, GMS_SNAP_MANIFEST, 0);
+		unlinkat(fd, GMS_SNAP_DATA, 0);
+		close(fd);
+	}
+	unlinkat(parentfd, name, AT_REMOVEDIR);
+}
+
+/* Temporaries of writers that died (SIGKILL, power loss) would pile up: remove those whose pid is gone. */
+static void remove_stale_temps(int parentfd, const char *base)
+{
+	int fd = dup(parentfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		gf_close(fd);
+		return;
+	}
+	char prefix[300];
+	snprintf(prefix, sizeof(prefix), ".%s.tmp-", base);
+	size_t pl = strlen(prefix);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, pl) != 0)
+			continue;
+		long pid = strtol(e->d_name + pl, NULL, 10);
+		if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
+			continue;
+		gf_log(GF_LOG_INFO, "gms", "snapshot=%s msg=\"removing the temporary of a writer that died\" tmp=%s", base,
+		       e->d_name);
+		remove_snapshot_dir(parentfd, e->d_name);
+	}
+	closedir(d);
+}
+
+static int write_all(int fd, const void *buf, size_t n, const char *path)
+{
+	const uint8_t *p = buf;
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+			return gf_err_errno(GF_ERR_IO, errno, "snapshot: write %s: no space left", path);
+		if (w < 0)
+			return file_err(errno, "snapshot: write %s", path);
+		if (w == 0)
+			return gf_err_errno(GF_ERR_IO, ENOSPC, "snapshot: write %s: no space left", path);
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+struct hash_io {
+	int fd;
+	const char *path;
+	struct gms_hasher *h;
+	uint64_t file_off; /* restore: where the next read starts */
+};
+
+static int sink_write(void *ud, const void *buf, size_t n)
+{
+	struct hash_io *io = ud;
+	/* Hash on the helper thread while this thread writes the same bytes;
+	 * both are done before the buffer goes back to the transfer. */
+	gms_hasher_submit(io->h, buf, n);
+	int rc = write_all(io->fd, buf, n, io->path);
+	gms_hasher_wait(io->h);
+	return rc;
+}
+
+/* Map @n allocations back to back in one reservation of @total bytes with @access. */
+static int map_all(gf_mem *m, gf_mem_alloc *const *allocs, size_t n, uint64_t total, int access, gf_mem_va **out)
+{
+	gf_mem_va *va = NULL;
+	struct gf_mem_mapping *maps = calloc(n ? n : 1, sizeof(*maps));
+	if (!maps)
+		return gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+	int rc = gf_mem_reserve(m, total ? total : 1, 0, &va);
+	size_t at = 0;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		maps[i] = (struct gf_mem_mapping){ .offset = at, .alloc = allocs[i] };
+		at += gf_mem_alloc_size(allocs[i]);
+	}
+	if (rc == 0 && n)
+		rc = gf_mem_map_many(va, maps, n, access);
+	free(maps);
+	if (rc < 0) {
+		gf_mem_va_free(va);
+		return rc;
+	}
+	*out = va;
+	return 0;
+}
+
+static int fill_identity(gf_mem *m, struct gms_manifest *mf)
+{
+	size_t gmin, grec;
+	int rc = gf_mem_granularity(m, &gmin, &grec);
+	if (rc == 0)
+		rc = gf_mem_device_uuid(m, mf->device_uuid, sizeof(mf->device_uuid));
+	if (rc < 0)
+		return rc;
+	snprintf(mf->backend, sizeof(mf->backend), "%s", gf_mem_kind_name(gf_mem_kind(m)));
+	mf->version = GMS_SNAP_VERSION;
+	mf->granularity = gmin;
+	mf->created_unix_ms = wall_ms();
+	return 0;
+}
+
+/* Write both files into the open temporary directory @tfd. */
+static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", tmpname, GMS_SNAP_DATA);
+	int fd = openat(tfd, GMS_SNAP_DATA, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return file_err(errno, "snapshot: create %s", path);
+	/* A file system that clearly cannot hold the data fails here, before any
+	 * copy. (Not fallocate: on tmpfs, the WARM tier, it zeroes every page
+	 * the copy then overwrites.) A write that still runs out is caught too. */
+	int rc = 0;
+	struct statvfs vfs;
+	if (fstatvfs(fd, &vfs) == 0 && vfs.f_blocks && (uint64_t)vfs.f_bavail * vfs.f_frsize < mf->total_bytes)
+		rc = gf_err(GF_ERR_IO, "snapshot: %s: no space left on device: %" PRIu64 " bytes needed, %" PRIu64 " available",
+			    path, mf->total_bytes, (uint64_t)vfs.f_bavail * vfs.f_frsize);
+	gf_mem_va *va = NULL;
+	gf_mem_xfer *x = NULL;
+	struct gms_hasher *h = NULL;
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
+	if (rc == 0)
+		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READ, &va);
+	if (rc == 0)
+		rc = gf_mem_xfer_new(m, 0, &x);
+	uint64_t at = 0;
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		struct hash_io io = { .fd = fd, .path = path, .h = h };
+		gms_hasher_reset(h);
+		rc = gf_mem_xfer_read(x, gf_mem_va_addr(va) + at, mf->allocs[i].size, sink_write, &io);
+		mf->allocs[i].xxh3 = gms_hasher_digest(h);
+		at += mf->allocs[i].size;
+	}
+	gf_mem_xfer_free(x);
+	gf_mem_va_free(va);
+	gms_hasher_free(h);
+	if (rc == 0 && fsync(fd) < 0)
+		rc = file_err(errno, "snapshot: fsync %s", path);
+	if (close(fd) < 0 && rc == 0)
+		rc = file_err(errno, "snapshot: close %s", path);
+	if (rc < 0)
+		return rc;
+
+	char *text = NULL;
+	size_t len = 0;
+	snprintf(path, sizeof(path), "%s/%s", tmpname, GMS_SNAP_MANIFEST);
+	rc = gms_manifest_format(mf, &text, &len);
+	if (rc < 0)
+		return rc;
+	fd = openat(tfd, GMS_SNAP_MANIFEST, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		rc = file_err(errno, "snapshot: create %s", path);
+	if (rc == 0)
+		rc = write_all(fd, text, len, path);
+	if (rc == 0 && fsync(fd) < 0)
+		rc = file_err(errno, "snapshot: fsync %s", path);
+	if (fd >= 0 && close(fd) < 0 && rc == 0)
+		rc = file_err(errno, "snapshot: close %s", path);
+	free(text);
+	if (rc == 0 && fsync(tfd) < 0)
+		rc = file_err(errno, "snapshot: fsync directory %s", tmpname);
+	return rc;
+}
+
+/* Put the complete temporary in place of @base: a plain rename when nothing
+ * (or an empty directory) is there, else an atomic exchange with the old
+ * snapshot, which is removed afterwards. */
+static int install(int pfd, const char *tmpname, const char *base, const char *dir)
+{
+	if (renameat(pfd, tmpname, pfd, base) == 0)
+		return 0;
+	if (errno != ENOTEMPTY && errno != EEXIST)
+		return file_err(errno, "snapshot: rename into %s", dir);
+	/* Only ever displace a snapshot, never some other directory that happens to be there. */
+	int ofd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (ofd < 0)
+		return file_err(errno, "snapshot: open %s", dir);
+	bool is_snapshot = faccessat(ofd, GMS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, GMS_SNAP_DATA, F_OK, 0) == 0;
+	close(ofd);
+	if (!is_snapshot)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s exists and is not a snapshot directory; not replacing it", dir);
+	if (renameat2(pfd, tmpname, pfd, base, RENAME_EXCHANGE) < 0)
+		return file_err(errno, "snapshot: exchange with the previous snapshot at %s", dir);
+	remove_snapshot_dir(pfd, tmpname);
+	return 0;
+}
+
+int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
+		       struct gms_snap_stats *stats)
+{
+	if (!dir || !m || !mf || (mf->nallocs && !allocs))
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
+	int64_t t0 = gf_now_us();
+	char parent[4096], base[256], tmpname[320];
+	int rc = split_dir(dir, parent, sizeof(parent), base, sizeof(base));
+	if (rc == 0)
+		rc = fill_identity(m, mf);
+	if (rc < 0)
+		return rc;
+	mf->total_bytes = 0;
+	for (size_t i = 0; i < mf->nallocs; i++) {
+		if (!allocs[i] || gf_mem_alloc_size(allocs[i]) != mf->allocs[i].size)
+			return gf_err(GF_ERR_INVALID_ARG, "snapshot: allocation %zu: size %zu does not match the manifest's %" PRIu64,
+				      i, allocs[i] ? gf_mem_alloc_size(allocs[i]) : 0, mf->allocs[i].size);
+		if (mf->allocs[i].id != i + 1)
+			return gf_err(GF_ERR_INVALID_ARG, "snapshot: allocation %zu has id %" PRIu64 ", expected %zu", i,
+				      mf->allocs[i].id, i + 1);
+		mf->allocs[i].offset = mf->total_bytes;
+		mf->total_bytes += mf->allocs[i].size;
+	}
+	int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (pfd < 0)
+		return file_err(errno, "snapshot: open parent directory %s", parent);
+	remove_stale_temps(pfd, base);
+	uint32_t rnd = 0;
+	gf_random_bytes(&rnd, sizeof(rnd));
+	snprintf(tmpname, sizeof(tmpname), ".%s.tmp-%ld-%08x", base, (long)getpid(), rnd);
+	if (mkdirat(pfd, tmpname, 0755) < 0) {
+		rc = file_err(errno, "snapshot: create temporary directory in %s", parent);
+		close(pfd);
+		return rc;
+	}
+	int tfd = openat(pfd, tmpname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	rc = tfd < 0 ? file_err(errno, "snapshot: open temporary directory %s", tmpname)
+		     : write_files(tfd, tmpname, m, mf, allocs);
+	gf_close(tfd);
+	if (rc == 0)
+		rc = install(pfd, tmpname, base, dir);
+	if (rc == 0 && fsync(pfd) < 0)
+		rc = file_err(errno, "snapshot: fsync directory %s", parent);
+	if (rc < 0) {
+		/* Keep the detail of the real failure across the clean-up. */
+		remove_snapshot_dir(pfd, tmpname);
+		close(pfd);
+		return rc;
+	}
+	close(pfd);
+	if (stats) {
+		stats->bytes = mf->total_bytes;
+		stats->elapsed_us = gf_now_us() - t0;
+	}
+	gf_log(GF_LOG_INFO, "gms", "snapshot=%s bytes=%" PRIu64 " allocations=%zu generation=%" PRIu64 " msg=\"snapshot written\"",
+	       dir, mf->total_bytes, mf->nallocs, mf->generation);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+/* Open and check the snapshot at @dir; *@data_fd is its data file, open for reading. */
+static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_fd)
+{
+	if (!dir || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
+	/* Both files through one directory fd: a snapshot replaced meanwhile is
+	 * read whole (old) or fails, never mixed with the new one's data. */
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return file_err(errno, "snapshot: open %s", dir);
+	int mfd = openat(dfd, GMS_SNAP_MANIFEST, O_RDONLY | O_CLOEXEC);
+	if (mfd < 0) {
+		int rc = file_err(errno, "snapshot: %s/" GMS_SNAP_MANIFEST, dir);
+		close(dfd);
+		return rc;
+	}
+	struct stat st;
+	char *text = NULL;
+	int rc = 0;
+	if (fstat(mfd, &st) < 0)
+		rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_MANIFEST, dir);
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > GMS_SNAP_MAX_MANIFEST)
+		rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_MANIFEST " is not a regular file of at most %llu bytes",
+			    dir, GMS_SNAP_MAX_MANIFEST);
+	else if (!(text = malloc((size_t)st.st_size + 1)))
+		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory for a %lld-byte manifest", (long long)st.st_size);
+	size_t got = 0;
+	while (rc == 0 && got < (size_t)st.st_size) {
+		ssize_t r = read(mfd, text + got, (size_t)st.st_size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			rc = file_err(errno, "snapshot: read %s/" GMS_SNAP_MANIFEST, dir);
+		else if (r == 0)
+			break;
+		else
+			got += (size_t)r;
+	}
+	close(mfd);
+	struct gms_manifest *mf = NULL;
+	if (rc == 0)
+		rc = gms_manifest_parse(text, got, &mf);
+	free(text);
+	int fd = -1;
+	if (rc == 0) {
+		fd = openat(dfd, GMS_SNAP_DATA, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			rc = file_err(errno, "snapshot: %s/" GMS_SNAP_DATA, dir);
+		else if (fstat(fd, &st) < 0)
+			rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_DATA, dir);
+		else if ((uint64_t)st.st_size != mf->total_bytes)
+			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_DATA " has %lld bytes, the manifest says %" PRIu64
+				    " (%s)", dir, (long long)st.st_size, mf->total_bytes,
+				    (uint64_t)st.st_size < mf->total_bytes ? "truncated" : "trailing bytes");
+	}
+	close(dfd);
+	if (rc < 0) {
+		gf_close(fd);
+		gms_manifest_free(mf);
+		return rc;
+	}
+	if (data_fd) {
+		posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+		*data_fd = fd;
+	} else {
+		close(fd);
+	}
+	*out = mf;
+	return 0;
+}
+
+int gms_snapshot_open(const char *dir, struct gms_manifest **out)
+{
+	return open_snapshot(dir, out, NULL);
+}
+
+static int source_read(void *ud, void *buf, size_t n)
+{
+	struct hash_io *io = ud;
+	uint8_t *p = buf;
+	size_t left = n;
+	while (left) {
+		ssize_t r = pread(io->fd, p, left, (off_t)io->file_off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return file_err(errno, "snapshot: read %s", io->path);
+		if (r == 0)
+			return gf_err(GF_ERR_PROTOCOL, "snapshot: %s ends at byte %" PRIu64 " (truncated while reading)",
+				      io->path, io->file_off);
+		p += r;
+		left -= (size_t)r;
+		io->file_off += (uint64_t)r;
+	}
+	/* Hashed on the helper thread while the next chunk is read; the buffer
+	 * is refilled only after a later submit, wait or digest returned. */
+	gms_hasher_submit(io->h, buf, n);
+	return 0;
+}
+
+static int checksum_mismatch(const char *dir, const struct gms_snap_alloc *a, uint64_t got)
+{
+	return gf_err(GF_ERR_PROTOCOL,
+		      "snapshot: %s: checksum mismatch in allocation %" PRIu64 " (tag \"%s\", %" PRIu64
+		      " bytes): manifest %016" PRIx64 ", data %016" PRIx64,
+		      dir, a->id, a->tag, a->size, a->xxh3, got);
+}
+
+int gms_snapshot_verify(const char *dir, struct gms_manifest **out)
+{
+	struct gms_manifest *mf;
+	int fd;
+	int rc = open_snapshot(dir, &mf, &fd);
+	if (rc < 0)
+		return rc;
+	struct gms_hasher *h = NULL;
+	size_t bufsize = GF_MEM_XFER_CHUNK;
+	/* Two buffers: one is read into while the other is hashed. */
+	uint8_t *buf = malloc(2 * bufsize);
+	if (!buf)
+		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
+	struct hash_io io = { .fd = fd, .path = dir, .h = h };
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		gms_hasher_reset(h);
+		size_t k = 0;
+		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += bufsize, k++) {
+			uint64_t left = mf->allocs[i].size - off;
+			rc = source_read(&io, buf + (k & 1) * bufsize, left < bufsize ? (size_t)left : bufsize);
+		}
+		uint64_t got = gms_hasher_digest(h);
+		if (rc == 0 && got != mf->allocs[i].xxh3)
+			rc = checksum_mismatch(dir, &mf->allocs[i], got);
+	}
+	gms_hasher_free(h);
+	free(buf);
+	close(fd);
+	if (rc < 0 || !out)
+		gms_manifest_free(mf);
+	else
+		*out = mf;
+	return rc;
+}
+
+void gms_snapshot_restored_free(struct gms_manifest *mf, gf_mem_alloc **allocs)
+{
+	if (allocs && mf)
+		for (size_t i = 0; i < mf->nallocs; i++)
+			gf_mem_alloc_free(allocs[i]);
+	free(allocs);
+	gms_manifest_free(mf);
+}
+
+/* Refuse a snapshot another backend or granularity wrote; a node move (other UUID) is fine. */
+static int check_compatible(const char *dir, gf_mem *m, const struct gms_manifest *mf)
+{
+	size_t gmin, grec;
+	char uuid[64];
+	const char *kind = gf_mem_kind_name(gf_mem_kind(m));
+	if (strcmp(mf->backend, kind) != 0)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s was written by the %s backend, this GMS runs %s", dir,
+			      mf->backend, kind);
+	int rc = gf_mem_granularity(m, &gmin, &grec);
+	if (rc < 0)
+		return rc;
+	if (mf->granularity != gmin)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s has granularity %" PRIu64 ", this device's is %zu", dir,
+			      mf->granularity, gmin);
+	if (gf_mem_device_uuid(m, uuid, sizeof(uuid)) == 0 && strcmp(uuid, mf->device_uuid) != 0)
+		gf_log(GF_LOG_INFO, "gms", "snapshot=%s from=%s to=%s msg=\"restoring onto another device\"", dir,
+		       mf->device_uuid, uuid);
+	return 0;
+}
+
+int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_out, gf_mem_alloc ***allocs_out,
+			 struct gms_snap_stats *stats)
+{
+	if (!m || !mf_out || !allocs_out)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot restore: NULL argument");
+	int64_t t0 = gf_now_us();
+	struct gms_manifest *mf;
+	int fd;
+	int rc = open_snapshot(dir, &mf, &fd);
+	if (rc < 0)
+		return rc;
+	rc = check_compatible(dir, m, mf);
+	gf_mem_alloc **allocs = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*allocs));
+	if (rc == 0 && !allocs)
+		rc = gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		rc = gf_mem_create(m, mf->allocs[i].size, &allocs[i]);
+		if (rc == 0 && gf_mem_alloc_size(allocs[i]) != mf->allocs[i].size)
+			rc = gf_err(GF_ERR_INVALID_ARG, "snapshot restore: allocation %zu came out %zu bytes, not %" PRIu64, i + 1,
+				    gf_mem_alloc_size(allocs[i]), mf->allocs[i].size);
+	}
+	gf_mem_va *va = NULL;
+	gf_mem_xfer *x = NULL;
+	struct gms_hasher *h = NULL;
+	if (rc == 0)
+		rc = gms_hasher_new(&h);
+	if (rc == 0)
+		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READWRITE, &va);
+	if (rc == 0)
+		rc = gf_mem_xfer_new(m, 0, &x);
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/" GMS_SNAP_DATA, dir);
+	struct hash_io io = { .fd = fd, .path = path, .h = h };
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		gms_hasher_reset(h);
+		rc = gf_mem_xfer_write(x, gf_mem_va_addr(va) + mf->allocs[i].offset, mf->allocs[i].size, source_read, &io);
+		uint64_t got = gms_hasher_digest(h);
+		if (rc == 0 && got != mf->allocs[i].xxh3)
+			rc = checksum_mismatch(dir, &mf->allocs[i], got);
+	}
+	/* The hasher may still read the last chunk's buffer: done before the transfer frees it. */
+	gms_hasher_free(h);
+	gf_mem_xfer_free(x);
+	/* The device must hold every byte before anyone may map it read-only. */
+	if (rc == 0)
+		rc = gf_mem_synchronize(m);
+	gf_mem_va_free(va);
+	close(fd);
+	if (rc < 0) {
+		gms_snapshot_restored_free(mf, allocs);
+		return rc;
+	}
+	if (stats) {
+		stats->bytes = mf->total_bytes;
+		stats->elapsed_us = gf_now_us() - t0;
+	}
+	*mf_out = mf;
+	*allocs_out = allocs;
+	return 0;
+}
+
+void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out)
+{
+	memset(out, 0, sizeof(*out));
+	struct gms_manifest *mf;
+	int rc = dir ? gms_snapshot_open(dir, &mf) : GF_ERR_NOT_FOUND;
+	if (rc < 0) {
+		/* A tier that was never written is simply absent; anything else is worth saying. */
+		if (rc != GF_ERR_NOT_FOUND)
+			snprintf(out->error, sizeof(out->error), "%s", gf_error_detail());
+		return;
+	}
+	out->present = true;
+	out->bytes = mf->total_bytes;
+	out->allocations = mf->nallocs;
+	out->generation = mf->generation;
+	memcpy(out->layout_hash, mf->layout_hash, 16);
+	out->created_unix_ms = mf->created_unix_ms;
+	int64_t age = wall_ms() - mf->created_unix_ms;
+	out->age_ms = age > 0 ? age : 0;
+	snprintf(out->backend, sizeof(out->backend), "%s", mf->backend);
+	gms_manifest_free(mf);
+}

@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The GMS's tier worker (tierd.h): snapshot jobs on a thread, restore from the best tier, status. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "tierd.h"
+
+struct gms_tierd {
+	gf_mem *m;     /* the worker's own backend handle: imports never share objects with the server's */
+	int efd;
+	char *dir[3];  /* indexed by enum gms_tier: WARM, COLD */
+	pthread_mutex_t lock;
+	struct gms_op op;        /* under lock */
+	char op_dir[512];        /* under lock */
+	struct gms_snap_probe probe[3]; /* under lock */
+	bool running;            /* a thread was started and not joined (loop thread only) */
+	pthread_t thread;
+	/* the job */
+	char *job_dir;
+	struct gms_manifest *job_mf;
+	int *job_fds;
+};
+
+static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
+{
+	char reason[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&t->lock);
+	gms_op_step(&t->op, to, reason, gf_wall_us());
+	if (bytes)
+		t->op.bytes = bytes;
+	pthread_mutex_unlock(&t->lock);
+	gf_log(to == GMS_PHASE_FAILED ? GF_LOG_WARN : GF_LOG_INFO, "gms", "operation=%s phase=%s reason=\"%s\"",
+	       gms_op_name(t->op.kind), gms_phase_name(to), reason);
+}
+
+/* Begin an operation (Pending); false when one is still running. */
+static bool begin(struct gms_tierd *t, enum gms_op_kind kind, const char *dir)
+{
+	pthread_mutex_lock(&t->lock);
+	bool ok = gms_op_begin(&t->op, kind, gf_wall_us());
+	if (ok)
+		snprintf(t->op_dir, sizeof(t->op_dir), "%s", dir ? dir : "");
+	pthread_mutex_unlock(&t->lock);
+	return ok;
+}
+
+static void reprobe(struct gms_tierd *t)
+{
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+		struct gms_snap_probe p;
+		memset(&p, 0, sizeof(p));
+		if (t->dir[i])
+			gms_snapshot_probe(t->dir[i], &p);
+		pthread_mutex_lock(&t->lock);
+		t->probe[i] = p;
+		pthread_mutex_unlock(&t->lock);
+	}
+}
+
+int gms_tierd_new(struct gms_tierd **out, int kind, int device)
+{
+	struct gms_tierd *t = calloc(1, sizeof(*t));
+	if (!t)
+		return gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+	int rc = gf_mem_open(&t->m, kind, device);
+	if (rc < 0) {
+		free(t);
+		return rc;
+	}
+	t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (t->efd < 0) {
+		rc = gf_err_errno(GF_ERR_IO, errno, "tiers: eventfd");
+		gf_mem_free(t->m);
+		free(t);
+		return rc;
+	}
+	pthread_mutex_init(&t->lock, NULL);
+	*out = t;
+	return 0;
+}
+
+void gms_tierd_wait(struct gms_tierd *t)
+{
+	if (t->running) {
+		pthread_join(t->thread, NULL);
+		t->running = false;
+	}
+}
+
+void gms_tierd_free(struct gms_tierd *t)
+{
+	if (!t)
+		return;
+	gms_tierd_wait(t);
+	for (int i = 0; i < 3; i++)
+		free(t->dir[i]);
+	close(t->efd);
+	pthread_mutex_destroy(&t->lock);
+	gf_mem_free(t->m);
+	free(t);
+}
+
+int gms_tierd_set_dirs(struct gms_tierd *t, const char *warm, const char *cold)
+{
+	if (t->running)
+		return gf_err(GF_ERR_BUSY, "tiers: a snapshot is being written");
+	char *w = warm && *warm ? strdup(warm) : NULL, *c = cold && *cold ? strdup(cold) : NULL;
+	if ((warm && *warm && !w) || (cold && *cold && !c)) {
+		free(w);
+		free(c);
+		return gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+	}
+	free(t->dir[GMS_TIER_WARM]);
+	free(t->dir[GMS_TIER_COLD]);
+	t->dir[GMS_TIER_WARM] = w;
+	t->dir[GMS_TIER_COLD] = c;
+	reprobe(t);
+	return 0;
+}
+
+const char *gms_tierd_dir(const struct gms_tierd *t, enum gms_tier tier)
+{
+	return tier == GMS_TIER_WARM || tier == GMS_TIER_COLD ? t->dir[tier] : NULL;
+}
+
+int gms_tierd_get_fd(const struct gms_tierd *t)
+{
+	return t->efd;
+}
+
+bool gms_tierd_busy(struct gms_tierd *t)
+{
+	return t->running;
+}
+
+static void *job_main(void *arg)
+{
+	struct gms_tierd *t = arg;
+	struct gms_manifest *mf = t->job_mf;
+	gf_mem_alloc **allocs = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*allocs));
+	int rc = allocs ? 0 : gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+	set_phase(t, GMS_PHASE_CHECKPOINTING, 0, "writing %" PRIu64 " bytes in %zu allocations", mf->total_bytes,
+		  mf->nallocs);
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
+		rc = gf_mem_import(t->m, t->job_fds[i], mf->allocs[i].size, &allocs[i]);
+	const char *targets[2] = { t->job_dir, NULL };
+	if (!t->job_dir) {
+		targets[0] = t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_WARM] : t->dir[GMS_TIER_COLD];
+		targets[1] = t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_COLD] : NULL;
+	}
+	struct gms_snap_stats st = { 0 };
+	int64_t us = 0;
+	for (int i = 0; rc == 0 && i < 2 && targets[i]; i++) {
+		rc = gms_snapshot_write(targets[i], t->m, mf, allocs, &st);
+		us += st.elapsed_us;
+	}
+	if (rc == 0)
+		set_phase(t, GMS_PHASE_CHECKPOINTED, mf->total_bytes, "generation %" PRIu64 " written to %s%s%s in %.3f s",
+			  mf->generation, targets[0], targets[1] ? " and " : "", targets[1] ? targets[1] : "", us / 1e6);
+	else
+		set_phase(t, GMS_PHASE_FAILED, 0, "%s", gf_error_detail());
+	for (size_t i = 0; allocs && i < mf->nallocs; i++)
+		gf_mem_alloc_free(allocs[i]);
+	free(allocs);
+	for (size_t i = 0; i < mf->nallocs; i++)
+		gf_close(t->job_fds[i]);
+	free(t->job_fds);
+	gms_manifest_free(mf);
+	free(t->job_dir);
+	t->job_fds = NULL;
+	t->job_mf = NULL;
+	t->job_dir = NULL;
+	reprobe(t);
+	uint64_t one = 1;
+	if (write(t->efd, &one, sizeof(one)) < 0)
+		gf_log(GF_LOG_WARN, "gms", "msg=\"tiers: cannot signal the end of a snapshot\"");
+	return NULL;
+}
+
+int gms_tierd_snapshot_start(struct gms_tierd *t, const char *dir, struct gms_manifest *mf, int *fds)
+{
+	int rc = 0;
+	if (t->running)
+		rc = gf_err(GF_ERR_BUSY, "tiers: a snapshot is already being written");
+	else if (!dir && !t->dir[GMS_TIER_WARM] && !t->dir[GMS_TIER_COLD])
+		rc = gf_err(GF_ERR_INVALID_ARG, "tiers: no directory given and no WARM or COLD directory kept");
+	else if (!begin(t, GMS_OP_SNAPSHOT, dir ? dir : t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_WARM] : t->dir[GMS_TIER_COLD]))
+		rc = gf_err(GF_ERR_BUSY, "tiers: another operation is running");
+	if (rc == 0) {
+		t->job_dir = dir ? strdup(dir) : NULL;
+		t->job_mf = mf;
+		t->job_fds = fds;
+		if (dir && !t->job_dir)
+			rc = gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+		else if (pthread_create(&t->thread, NULL, job_main, t) != 0)
+			rc = gf_err(GF_ERR_NOMEM, "tiers: cannot start the snapshot thread");
+		if (rc < 0) {
+			free(t->job_dir);
+			t->job_dir = NULL;
+			t->job_mf = NULL;
+			t->job_fds = NULL;
+			set_phase(t, GMS_PHASE_FAILED, 0, "%s", gf_error_detail());
+		}
+	}
+	if (rc < 0) {
+		for (size_t i = 0; i < mf->nallocs; i++)
+			gf_close(fds[i]);
+		free(fds);
+		gms_manifest_free(mf);
+		return rc;
+	}
+	t->running = true;
+	return 0;
+}
+
+bool gms_tierd_collect(struct gms_tierd *t)
+{
+	uint64_t n;
+	if (read(t->efd, &n, sizeof(n)) != sizeof(n))
+		return false;
+	gms_tierd_wait(t);
+	return true;
+}
+
+int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gms_manifest **mf_out,
+		      gf_mem_alloc ***allocs_out, enum gms_tier *from)
+{
+	if (t->running)
+		return gf_err(GF_ERR_BUSY, "tiers: a snapshot is being written");
+	const char *cands[2];
+	enum gms_tier tiers[2];
+	int n = 0;
+	if (dir) {
+		cands[n] = dir;
+		tiers[n++] = GMS_TIER_LOADER; /* an explicit directory belongs to no kept tier */
+	} else {
+		reprobe(t);
+		/* Best first: WARM, then COLD (gms_tier_restore_source's order). */
+		for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+			struct gms_snap_probe p;
+			gms_tierd_probe(t, (enum gms_tier)i, &p);
+			if (p.present) {
+				cands[n] = t->dir[i];
+				tiers[n++] = (enum gms_tier)i;
+			}
+		}
+		if (n == 0)
+			return gf_err(GF_ERR_NOT_FOUND, "tiers: no usable snapshot in WARM (%s) or COLD (%s): wait for the loader",
+				      t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_WARM] : "not kept",
+				      t->dir[GMS_TIER_COLD] ? t->dir[GMS_TIER_COLD] : "not kept");
+	}
+	if (!begin(t, GMS_OP_RESTORE, cands[0]))
+		return gf_err(GF_ERR_BUSY, "tiers: another operation is running");
+	set_phase(t, GMS_PHASE_RESTORING, 0, "from %s", cands[0]);
+	char refused[256] = "";
+	int rc = 0;
+	for (int i = 0; i < n; i++) {
+		struct gms_snap_stats st = { 0 };
+		rc = gms_snapshot_restore(cands[i], m, mf_out, allocs_out, &st);
+		if (rc == 0) {
+			if (from)
+				*from = tiers[i];
+			set_phase(t, GMS_PHASE_RESTORED, st.bytes, "generation %" PRIu64 " from %s%s in %.3f s%s%s",
+				  (*mf_out)->generation, cands[i], i ? " (fallback)" : "", st.elapsed_us / 1e6,
+				  *refused ? "; refused before: " : "", refused);
+			return 0;
+		}
+		snprintf(refused, sizeof(refused), "%s", gf_error_detail());
+		gf_log(GF_LOG_WARN, "gms", "snapshot=%s msg=\"restore refused\" reason=\"%s\"", cands[i], refused);
+	}
+	set_phase(t, GMS_PHASE_FAILED, 0, "%s", refused);
+	gf_err(rc, "%s", refused);
+	return rc;
+}
+
+void gms_tierd_op(struct gms_tierd *t, struct gms_op *out)
+{
+	pthread_mutex_lock(&t->lock);
+	*out = t->op;
+	pthread_mutex_unlock(&t->lock);
+}
+
+void gms_tierd_probe(struct gms_tierd *t, enum gms_tier tier, struct gms_snap_probe *out)
+{
+	pthread_mutex_lock(&t->lock);
+	if (tier == GMS_TIER_WARM || tier == GMS_TIER_COLD)
+		*out = t->probe[tier];
+	else
+		memset(out, 0, sizeof(*out));
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* Age at the time of asking: probes are refreshed only after jobs, not per status request. */
+static double age_seconds(const struct gms_snap_probe *p)
+{
+	int64_t ms = gf_wall_us() / 1000 - p->created_unix_ms;
+	return p->present && ms > 0 ? ms / 1000.0 : 0;
+}
+
+json_t *gms_tierd_status_json(struct gms_tierd *t)
+{
+	json_t *o = json_object();
+	if (!o)
+		return NULL;
+	int bad = 0;
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+		struct gms_snap_probe p;
+		gms_tierd_probe(t, (enum gms_tier)i, &p);
+		json_t *tj = t->dir[i] ? json_pack("{s:s, s:b, s:I, s:I, s:I, s:f, s:s}", "dir", t->dir[i], "present",
+						   p.present, "bytes", (json_int_t)p.bytes, "allocations",
+						   (json_int_t)p.allocations, "generation", (json_int_t)p.generation,
+						   "age_seconds", age_seconds(&p), "error", p.error)
+				       : json_null();
+		bad |= json_object_set_new(o, gms_tier_name((enum gms_tier)i), tj);
+	}
+	struct gms_op op;
+	char dir[512];
+	pthread_mutex_lock(&t->lock);
+	op = t->op;
+	snprintf(dir, sizeof(dir), "%s", t->op_dir);
+	pthread_mutex_unlock(&t->lock);
+	int64_t end = op.ended_us ? op.ended_us : gf_wall_us();
+	json_t *oj = op.phase == GMS_PHASE_NONE
+			     ? json_null()
+			     : json_pack("{s:s, s:s, s:s, s:s, s:I, s:f}", "kind", gms_op_name(op.kind), "phase",
+					 gms_phase_name(op.phase), "reason", op.reason, "dir", dir, "bytes",
+					 (json_int_t)op.bytes, "seconds", (end - op.started_us) / 1e6);
+	bad |= json_object_set_new(o, "operation", oj);
+	if (bad) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+static void add(char *buf, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+	if (*len >= cap)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+	va_end(ap);
+	*len = n < 0 ? *len : *len + (size_t)n > cap ? cap : *len + (size_t)n;
+}
+
+void gms_tierd_metrics(struct gms_tierd *t, char *buf, size_t cap, size_t *len)
+{
+	add(buf, cap, len, "# HELP gf_gms_tier_present Whether the tier holds a usable snapshot.\n"
+			   "# TYPE gf_gms_tier_present gauge\n");
+	struct gms_snap_probe p[3];
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+		gms_tierd_probe(t, (enum gms_tier)i, &p[i]);
+		if (t->dir[i])
+			add(buf, cap, len, "gf_gms_tier_present{tier=\"%s\"} %d\n", gms_tier_name((enum gms_tier)i), p[i].present);
+	}
+	add(buf, cap, len, "# HELP gf_gms_tier_bytes Size of the tier's snapshot.\n# TYPE gf_gms_tier_bytes gauge\n");
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++)
+		if (t->dir[i])
+			add(buf, cap, len, "gf_gms_tier_bytes{tier=\"%s\"} %" PRIu64 "\n", gms_tier_name((enum gms_tier)i),
+			    p[i].bytes);
+	add(buf, cap, len, "# HELP gf_gms_tier_age_seconds Age of the tier's snapshot.\n"
+			   "# TYPE gf_gms_tier_age_seconds gauge\n");
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++)
+		if (t->dir[i])
+			add(buf, cap, len, "gf_gms_tier_age_seconds{tier=\"%s\"} %.3f\n", gms_tier_name((enum gms_tier)i),
+			    age_seconds(&p[i]));
+	struct gms_op op;
+	gms_tierd_op(t, &op);
+	if (op.phase == GMS_PHASE_NONE)
+		return;
+	add(buf, cap, len, "# HELP gf_gms_operation_phase Phase of the current or last snapshot or restore (1 = current).\n"
+			   "# TYPE gf_gms_operation_phase gauge\n");
+	for (int ph = GMS_PHASE_PENDING; ph <= GMS_PHASE_FAILED; ph++)
+		add(buf, cap, len, "gf_gms_operation_phase{operation=\"%s\",phase=\"%s\"} %d\n", gms_op_name(op.kind),
+		    gms_phase_name((enum gms_phase)ph), op.phase == (enum gms_phase)ph);
+	int64_t end = op.ended_us ? op.ended_us : gf_wall_us();
+	add(buf, cap, len, "# HELP gf_gms_operation_bytes Bytes moved by the last completed operation.\n"
+			   "# TYPE gf_gms_operation_bytes gauge\ngf_gms_operation_bytes %" PRIu64 "\n"
+			   "# HELP gf_gms_operation_seconds Duration of the current or last operation.\n"
+			   "# TYPE gf_gms_operation_seconds gauge\ngf_gms_operation_seconds %.6f\n",
+	    op.bytes, (end - op.started_us) / 1e6);
+}

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tier choice, demotion policy and operation phases (tiers.h): pure functions. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tiers.h"
+
+const char *gms_tier_name(enum gms_tier t)
+{
+	switch (t) {
+	case GMS_TIER_HOT:
+		return "hot";
+	case GMS_TIER_WARM:
+		return "warm";
+	case GMS_TIER_COLD:
+		return "cold";
+	case GMS_TIER_LOADER:
+		return "loader";
+	}
+	return "unknown";
+}
+
+enum gms_tier gms_tier_restore_source(const struct gms_tier_view *v)
+{
+	if (v->hot)
+		return GMS_TIER_HOT;
+	if (v->warm)
+		return GMS_TIER_WARM;
+	if (v->cold)
+		return GMS_TIER_COLD;
+	return GMS_TIER_LOADER;
+}
+
+void gms_tier_demote(const struct gms_demote_in *in, struct gms_demote_out *out)
+{
+	out->to = in->at;
+	if (in->at != GMS_TIER_HOT && in->at != GMS_TIER_WARM) {
+		out->reason = in->at == GMS_TIER_COLD ? "cold is the last tier that holds the bytes" : "nothing to demote";
+		return;
+	}
+	if (in->pinned) {
+		out->reason = "pinned";
+		return;
+	}
+	if (!in->pressure) {
+		out->reason = "no pressure";
+		return;
+	}
+	if (in->resident_us < in->min_resident_us) {
+		out->reason = "min_resident not reached";
+		return;
+	}
+	if (in->at == GMS_TIER_HOT && in->warm_room) {
+		out->to = GMS_TIER_WARM;
+		out->reason = "pressure after min_resident: hot to warm";
+	} else if (in->cold_room) {
+		out->to = GMS_TIER_COLD;
+		out->reason = in->at == GMS_TIER_HOT ? "pressure after min_resident, no room in warm: hot to cold"
+						     : "pressure after min_resident: warm to cold";
+	} else {
+		out->reason = "no room in a lower tier";
+	}
+}
+
+const char *gms_phase_name(enum gms_phase p)
+{
+	static const char *const names[] = { "None", "Pending", "Checkpointing", "Checkpointed", "Restoring", "Restored", "Failed" };
+	return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "unknown";
+}
+
+const char *gms_op_name(enum gms_op_kind k)
+{
+	return k == GMS_OP_SNAPSHOT ? "snapshot" : k == GMS_OP_RESTORE ? "restore" : "unknown";
+}
+
+bool gms_phase_final(enum gms_phase p)
+{
+	return p == GMS_PHASE_NONE || p == GMS_PHASE_CHECKPOINTED || p == GMS_PHASE_RESTORED || p == GMS_PHASE_FAILED;
+}
+
+bool gms_op_begin(struct gms_op *op, enum gms_op_kind kind, int64_t now_us)
+{
+	if ((kind != GMS_OP_SNAPSHOT && kind != GMS_OP_RESTORE) || !gms_phase_final(op->phase))
+		return false;
+	memset(op, 0, sizeof(*op));
+	op->kind = kind;
+	op->phase = GMS_PHASE_PENDING;
+	op->started_us = now_us;
+	return true;
+}
+
+bool gms_op_step(struct gms_op *op, enum gms_phase to, const char *reason, int64_t now_us)
+{
+	enum gms_phase working = op->kind == GMS_OP_SNAPSHOT ? GMS_PHASE_CHECKPOINTING : GMS_PHASE_RESTORING;
+	enum gms_phase done = op->kind == GMS_OP_SNAPSHOT ? GMS_PHASE_CHECKPOINTED : GMS_PHASE_RESTORED;
+	bool ok = (op->phase == GMS_PHASE_PENDING && to == working) || (op->phase == working && to == done) ||
+		  (!gms_phase_final(op->phase) && to == GMS_PHASE_FAILED);
+	if (!ok)
+		return false;
+	op->phase = to;
+	snprintf(op->reason, sizeof(op->reason), "%s", reason ? reason : "");
+	if (gms_phase_final(to))
+		op->ended_us = now_us;
+	return true;
+}

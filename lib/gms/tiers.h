@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Residency tiers and operation phases as pure decisions (no I/O), like
+ * fsm.c: the server feeds facts in and acts on the answer. See docs/tiers.md.
+ *
+ * Tiers, best first, modelled on NDIF's candidate levels (a lower level is a
+ * cheaper way to have the weights in the GMS):
+ *   HOT    the layout is committed in the GMS
+ *   WARM   a snapshot in host memory that outlives the GMS process (tmpfs)
+ *   COLD   a snapshot on disk
+ *   LOADER nothing usable: wait for an engine to load from the model files
+ */
+#ifndef GF_GMS_TIERS_H
+#define GF_GMS_TIERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum gms_tier { GMS_TIER_HOT = 0, GMS_TIER_WARM = 1, GMS_TIER_COLD = 2, GMS_TIER_LOADER = 3 };
+
+/* "hot", "warm", "cold", "loader" ("unknown" otherwise). */
+const char *gms_tier_name(enum gms_tier t);
+
+/* What is present, as checked by gms_snapshot_open() (present = a snapshot
+ * whose manifest and data size check out, compatible with this device). */
+struct gms_tier_view {
+	bool hot;
+	bool warm;
+	bool cold;
+};
+
+/* Where a GMS starting EMPTY restores from: the best present tier below HOT
+ * (WARM before COLD), else GMS_TIER_LOADER. A HOT layout needs no restore:
+ * the answer is then GMS_TIER_HOT. */
+enum gms_tier gms_tier_restore_source(const struct gms_tier_view *v);
+
+/* One demotion question: should the weights at tier @at move down? */
+struct gms_demote_in {
+	enum gms_tier at;        /* where they are now (HOT, WARM or COLD) */
+	bool pinned;             /* never demoted while pinned */
+	bool pressure;           /* the tier above needs the room (eviction requested) */
+	int64_t resident_us;     /* how long they have been at @at */
+	int64_t min_resident_us; /* anti-thrash hysteresis: no demotion before this */
+	bool warm_room;          /* the WARM tier can take them */
+	bool cold_room;          /* the COLD tier can take them */
+};
+
+struct gms_demote_out {
+	enum gms_tier to;   /* == in->at when they stay */
+	const char *reason; /* static text: why they move or stay */
+};
+
+/*
+ * Decide a demotion: stay when pinned, without pressure, or before
+ * min_resident; else move one step down to the first tier below with room
+ * (HOT → WARM, or COLD when WARM has none; WARM → COLD); stay when no tier
+ * below has room. COLD is the last tier that holds bytes: it stays.
+ */
+void gms_tier_demote(const struct gms_demote_in *in, struct gms_demote_out *out);
+
+/* Phases of one snapshot or restore (seed 004's vocabulary). */
+enum gms_phase {
+	GMS_PHASE_NONE = 0, /* no operation yet */
+	GMS_PHASE_PENDING,
+	GMS_PHASE_CHECKPOINTING,
+	GMS_PHASE_CHECKPOINTED,
+	GMS_PHASE_RESTORING,
+	GMS_PHASE_RESTORED,
+	GMS_PHASE_FAILED,
+};
+enum gms_op_kind { GMS_OP_SNAPSHOT = 1, GMS_OP_RESTORE = 2 };
+
+/* "None", "Pending", "Checkpointing", "Checkpointed", "Restoring", "Restored", "Failed". */
+const char *gms_phase_name(enum gms_phase p);
+/* "snapshot" / "restore". */
+const char *gms_op_name(enum gms_op_kind k);
+
+struct gms_op {
+	enum gms_op_kind kind;
+	enum gms_phase phase;
+	char reason[256];
+	int64_t started_us, ended_us; /* wall clock; ended_us 0 until a final phase */
+	uint64_t bytes;
+};
+
+/*
+ * Start operation @kind at @now_us: phase Pending. Refused (false) while
+ * another operation is in a non-final phase.
+ */
+bool gms_op_begin(struct gms_op *op, enum gms_op_kind kind, int64_t now_us);
+/*
+ * Move to phase @to with @reason (may be NULL), at @now_us. Allowed:
+ * snapshot Pending → Checkpointing → Checkpointed, restore Pending →
+ * Restoring → Restored, and any non-final phase → Failed. Returns false
+ * (nothing changed) for any other step.
+ */
+bool gms_op_step(struct gms_op *op, enum gms_phase to, const char *reason, int64_t now_us);
+/* Whether @p ends an operation (Checkpointed, Restored, Failed) or none runs. */
+bool gms_phase_final(enum gms_phase p);
+
+#endif
