@@ -55,6 +55,9 @@ struct gf_lock {
 	int watch_stop_fd;
 	gf_Msg *msg;
 	struct gf_lock *lnext, *lprev;
+	/* The listeners that came with the grant (unix only); ours, closed on release. */
+	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
+	size_t nlsn;
 };
 
 /* ---- fork safety: a fork of the holder must never hold the lock ---- */
@@ -131,7 +134,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	l->reconnect_ms = 12000;
 	l->hb_ms = 1000;
 	l->fence_ms = 3000;
-	gf_frame_reader_init(&l->rd, 0);
+	gf_frame_reader_init(&l->rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 	pthread_once(&atfork_once, register_atfork);
 	pthread_mutex_lock(&list_mu);
@@ -149,8 +152,29 @@ static void drop_conn(gf_lock *l)
 	gf_close(l->fd);
 	l->fd = -1;
 	gf_frame_reader_clear(&l->rd);
-	gf_frame_reader_init(&l->rd, 0);
+	gf_frame_reader_init(&l->rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
+}
+
+static void drop_listeners(gf_lock *l)
+{
+	for (size_t i = 0; i < l->nlsn; i++)
+		gf_close(l->lsn[i].fd);
+	l->nlsn = 0;
+}
+
+/* A new grant's listeners replace the old ones; @fds are taken. */
+static void take_listeners(gf_lock *l, const gf_LockGranted *g, int *fds, size_t nfds)
+{
+	drop_listeners(l);
+	for (size_t i = 0; i < nfds; i++) {
+		if (i < g->listeners_count && l->nlsn < GF_LIMIT_LISTENERS) {
+			snprintf(l->lsn[l->nlsn].name, sizeof(l->lsn[l->nlsn].name), "%s", g->listeners[i]);
+			l->lsn[l->nlsn++].fd = fds[i];
+		} else {
+			gf_close(fds[i]);
+		}
+	}
 }
 
 void gf_lock_free(gf_lock *l)
@@ -167,6 +191,7 @@ void gf_lock_free(gf_lock *l)
 		l->lnext->lprev = l->lprev;
 	pthread_mutex_unlock(&list_mu);
 	drop_conn(l);
+	drop_listeners(l);
 	gf_frame_reader_clear(&l->rd);
 	gf_close(l->intr_fd);
 	gf_close(l->watch_stop_fd);
@@ -248,7 +273,7 @@ static int connect_once(gf_lock *l, int64_t deadline)
 		setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
 	}
 	struct gf_frame_reader rd;
-	gf_frame_reader_init(&rd, 0);
+	gf_frame_reader_init(&rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&rd, GF_LOCK_MAX_FRAME);
 	rc = gf_handshake_client(fd, &rd, gf_Component_COMPONENT_LOCK, l->id, l->secret, l->secret_len, deadline,
 				 NULL);
@@ -274,12 +299,21 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	m->which_body = gf_Msg_lock_acquire_tag;
 	snprintf(m->body.lock_acquire.engine_id, sizeof(m->body.lock_acquire.engine_id), "%s", l->id);
 	m->body.lock_acquire.timeout_ms = timeout_ms;
+	int fds[GF_LIMIT_LISTENERS];
+	size_t nfds = 0;
 	if (reclaim) {
 		memcpy(m->body.lock_acquire.session_token.bytes, l->grant.session_token, GF_LOCK_TOKEN_LEN);
 		m->body.lock_acquire.session_token.size = GF_LOCK_TOKEN_LEN;
 		m->body.lock_acquire.epoch = l->grant.epoch;
+		/* A restarted server could not bind the sockets we still listen on: hand them back. */
+		for (; !is_tcp(l) && nfds < l->nlsn; nfds++) {
+			snprintf(m->body.lock_acquire.listeners[nfds], sizeof(m->body.lock_acquire.listeners[nfds]), "%s",
+				 l->lsn[nfds].name);
+			fds[nfds] = l->lsn[nfds].fd;
+		}
+		m->body.lock_acquire.listeners_count = (pb_size_t)nfds;
 	}
-	return gf_msg_send(l->fd, m, NULL, 0, deadline);
+	return gf_msg_send(l->fd, m, fds, nfds, deadline);
 }
 
 static void send_heartbeat(gf_lock *l)
@@ -333,6 +367,7 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 	if (st == C_WAITING)
 		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", l->id);
 	atomic_store(&l->state, C_WAITING);
+	drop_listeners(l);
 	/* 0 means ask once: one connection attempt, and the server answers the
 	 * acquire at once (granted, or timed out when the lock is held). */
 	const bool once = timeout_ms == 0;
@@ -415,7 +450,9 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 		bool granted = false, lost_conn = false;
 		rc = 0;
 		for (;;) {
-			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
+			int *fds = NULL;
+			size_t nfds = 0;
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, &fds, &nfds);
 			if (r == GF_ERR_AGAIN)
 				break;
 			if (r < 0) {
@@ -425,10 +462,14 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 			l->last_heard = gf_now_us();
 			gf_Msg *m = l->msg;
 			if (m->which_body == gf_Msg_lock_granted_tag) {
+				take_listeners(l, &m->body.lock_granted, fds, nfds);
+				free(fds);
 				take_grant(l, &m->body.lock_granted);
 				granted = true;
 				break;
 			}
+			gf_close_fds(fds, nfds);
+			free(fds);
 			if (m->which_body == gf_Msg_error_tag) {
 				rc = gf_msg_error_code(m);
 				break;
@@ -495,8 +536,14 @@ static int reclaim_once(gf_lock *l)
 	if (rc < 0)
 		return 0;
 	rc = send_acquire(l, 0, true, d);
+	int *fds = NULL;
+	size_t nfds = 0;
 	if (rc == 0)
-		rc = gf_msg_recv(&l->rd, l->fd, l->msg, NULL, NULL, d);
+		rc = gf_msg_recv(&l->rd, l->fd, l->msg, &fds, &nfds, d);
+	/* The listeners we kept are the same sockets (handed back, or still busy
+	 * for the server): the engine goes on serving from the fds it has. */
+	gf_close_fds(fds, nfds);
+	free(fds);
 	if (rc < 0) {
 		drop_conn(l);
 		return 0;
@@ -608,9 +655,25 @@ int gf_lock_release(gf_lock *l)
 		rc = gf_err(GF_ERR_STATE, "lock %s: not held", l->id);
 	}
 	drop_conn(l);
+	drop_listeners(l);
 	atomic_store(&l->state, C_IDLE);
 	pthread_mutex_unlock(&l->mu);
 	return rc;
+}
+
+int gf_lock_listeners(const gf_lock *l, const struct gf_lock_listener **out, size_t *n)
+{
+	if (!l || !out || !n)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
+	if (is_tcp(l))
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "lock %s: listeners travel as file descriptors, over unix:// lock servers only", l->id);
+	int st = atomic_load(&((gf_lock *)l)->state);
+	if (st != C_HELD && st != C_RECONNECTING)
+		return gf_err(GF_ERR_STATE, "lock %s: listeners come with a grant; not held", l->id);
+	*out = l->lsn;
+	*n = l->nlsn;
+	return 0;
 }
 
 void gf_lock_interrupt(gf_lock *l)

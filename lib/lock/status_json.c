@@ -38,6 +38,11 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 	json_object_set_new(root, "refused_no_pidfd", json_integer((json_int_t)s->refused_no_pidfd));
 	json_object_set_new(root, "accept_paused", json_integer((json_int_t)s->accept_paused));
 	json_object_set_new(root, "refused_auth_rate", json_integer((json_int_t)s->refused_auth_rate));
+	json_t *ls = json_array();
+	for (pb_size_t i = 0; ls && i < s->listeners_count; i++)
+		json_array_append_new(ls, json_string(s->listeners[i]));
+	json_object_set_new(root, "listeners", ls ? ls : json_null());
+	json_object_set_new(root, "listeners_pending", json_integer(s->listeners_pending));
 	char *text = json_dumps(root, JSON_COMPACT);
 	json_decref(root);
 	if (!text)
