@@ -41,6 +41,14 @@ extern "C" {
 /** @defgroup engine Engine state machine
  *  @{ */
 
+/**
+ * Exit status of an engine that stepped down for a planned switchover
+ * (gfctl switchover): it stopped accepting, drained, released the lock and
+ * exited. EX_TEMPFAIL: a supervisor restarts it at once as a Standby and
+ * counts no retry (gf-supervise does).
+ */
+#define GF_ENGINE_EXIT_SWITCHOVER 75
+
 /** Engine states, in the only order they can be visited. */
 enum gf_engine_state {
 	GF_ENGINE_INIT = 0,    /**< loading weights, capturing graphs */
