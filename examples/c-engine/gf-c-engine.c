@@ -52,6 +52,7 @@ struct app {
 	const char *id;
 	const char *weights_path;
 	int port;
+	const char *listener; /* serve from the lock's listener of this name, not --port */
 	struct model src;  /* what the loader writes (file or generated) */
 	gf_safetensors *file; /* the loader's weights file, when one is given */
 	void *gen_buf;
@@ -91,6 +92,9 @@ static void usage(FILE *to)
 		"  --weights FILE         safetensors file to load (loader; default: generated\n"
 		"                         deterministic weights, 4 layers of F32 256x256 + biases)\n"
 		"  --port N               inference HTTP port, served once active (default 8080; 0: any)\n"
+		"  --listener NAME        serve from the listening socket the lock carries under NAME\n"
+		"                         (gf-lockd --listener NAME=URI) instead of --port: connections\n"
+		"                         wait in its backlog during a failover instead of being refused\n"
 		"  --probe-port N         probe server port: /live /ready /startup /state /metrics\n"
 		"                         (default 8081; 0: any; -1: off)\n"
 		"  --probe-address ADDR   probe server IPv4 address (default 0.0.0.0)\n"
@@ -452,11 +456,29 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		if (wait_stop(a, (int)hang_ms))
 			return GF_ERR_INTERRUPTED;
 	}
-	a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
-				   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
-	if (!a->http) {
-		logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
-		return GF_ERR_IO;
+	if (a->listener) {
+		/* Ours to give: the daemon closes it when it stops. */
+		int fd, rc = gf_engine_listener(e, a->listener, &fd);
+		if (rc < 0) {
+			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, gf_error_detail());
+			return rc;
+		}
+		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, 0, NULL, NULL, handle_http, a,
+					   MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+					   MHD_OPTION_END);
+		if (!a->http) {
+			close(fd);
+			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"the HTTP server refused the socket\"",
+			      a->listener);
+			return GF_ERR_IO;
+		}
+	} else {
+		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
+					   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+		if (!a->http) {
+			logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
+			return GF_ERR_IO;
+		}
 	}
 	atomic_store(&a->serving, 1);
 	const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
@@ -545,6 +567,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "lock-reconnect-timeout", required_argument, NULL, 'L' },
 		{ "startup-deadline", required_argument, NULL, 'D' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
+		{ "listener", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -594,6 +617,9 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'A':
 			o->probe_addr = optarg;
+			break;
+		case 'S':
+			a->listener = optarg;
 			break;
 		case 'b':
 			if (!strcmp(optarg, "cuda")) {

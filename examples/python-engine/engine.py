@@ -196,6 +196,20 @@ def parse_bytes(text):
     return int(num) * units[text[len(num):]]
 
 
+def http_server(eng, port, listener, handler):
+    """The inference HTTP server: on the lock's listener when one is named
+    (connections that arrived during the failover wait in its backlog and are
+    served now; only the holder has it, so a standby never accepts), else on
+    127.0.0.1:port."""
+    if not listener:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = eng.listener(listener)
+    server.server_address = server.socket.getsockname()
+    return server
+
+
 def parse_duration(text):
     try:
         return gf.parse_duration(text)
@@ -211,6 +225,9 @@ def main(argv=None):
     p.add_argument("--id", default=f"python-engine-{os.getpid()}")
     p.add_argument("--weights", help="safetensors file (loader); default: generated weights")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--listener", metavar="NAME",
+                   help="serve from the listening socket the lock carries under NAME (gf-lockd --listener "
+                        "NAME=URI) instead of --port: no connection is refused during a failover")
     p.add_argument("--probe-port", type=int, default=8081)
     p.add_argument("--probe-address", default="0.0.0.0")
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host")
@@ -278,7 +295,7 @@ def main(argv=None):
                 self.wfile.write(data)
 
         def serve_endpoint():
-            server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+            server = http_server(eng, a.port, a.listener, Handler)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             log("endpoint_listening", port=server.server_address[1], epoch=epoch)
 

@@ -258,6 +258,15 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *engine);
  * fails the engine becomes Dead and its error is returned.
  */
 GF_EXPORT int gf_engine_serve(gf_engine *engine, gf_engine_step_fn serve, void *userdata);
+/**
+ * The lock-carried listening socket @p name (gf-lockd --listener NAME=URI),
+ * for the serve step: *@p fd_out is a new close-on-exec duplicate the caller
+ * owns (an HTTP server may close it when it stops). Only the holder has it,
+ * so a Standby never accepts. Waking or Active (while the lock is held).
+ * Errors: GF_ERR_STATE (not held), GF_ERR_NOT_FOUND (no such listener),
+ * GF_ERR_NOT_SUPPORTED (a tcp:// lock carries none), GF_ERR_IO, GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_out);
 /** Enter Dead (from any state; no-op when already Dead). @p reason is logged. Any thread. */
 GF_EXPORT int gf_engine_mark_dead(gf_engine *engine, const char *reason);
 /**

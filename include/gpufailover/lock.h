@@ -112,7 +112,9 @@ struct gf_lock_listener {
  * gf_lock_release(), gf_lock_free() or the next gf_lock_acquire(); dup() an fd
  * to keep it longer. A reclaim after a server restart keeps them (the server
  * adopts the same sockets). The file status flags are shared with the server
- * and every other holder's copy: do not make them non-blocking; use poll().
+ * and every other holder's copy: the server makes them blocking, but an
+ * earlier holder may have made them non-blocking (libmicrohttpd does), so
+ * wait with poll() and treat EAGAIN from accept() as nothing to accept.
  * Call from the thread that acquired. Errors: GF_ERR_NOT_SUPPORTED on a
  * tcp:// lock (fds cannot cross hosts), GF_ERR_STATE when not held,
  * GF_ERR_INVALID_ARG.

@@ -472,6 +472,25 @@ static PyObject *Engine_gms(EngineObject *self, PyObject *args)
 	return borrowed_gms(self, device);
 }
 
+/* socket.socket over a duplicate of the lock's listener @name: the caller owns it. */
+static PyObject *Engine_listener(EngineObject *self, PyObject *args)
+{
+	const char *name;
+	if (!PyArg_ParseTuple(args, "s", &name))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int fd, rc = gf_engine_listener(self->engine, name, &fd);
+	if (rc < 0)
+		return raise_gf(rc);
+	PyObject *mod = PyImport_ImportModule("socket");
+	PyObject *sock = mod ? PyObject_CallMethod(mod, "socket", "iiii", -1, -1, -1, fd) : NULL;
+	Py_XDECREF(mod);
+	if (!sock)
+		close(fd);
+	return sock;
+}
+
 static PyObject *Engine_private_memory(EngineObject *self, PyObject *args)
 {
 	int device = 0;
@@ -602,6 +621,12 @@ static PyMethodDef Engine_methods[] = {
 	  "Prometheus text of the metrics" },
 	{ "state_info", (PyCFunction)Engine_state_info, METH_NOARGS, "state_info($self, /)\n--\n\n"
 	  "the /state document as a dict" },
+	{ "listener", (PyCFunction)Engine_listener, METH_VARARGS, "listener($self, name, /)\n--\n\n"
+	  "listener(name) -> socket.socket\n\nThe listening socket the lock carries under @name (gf-lockd --listener\n"
+	  "NAME=URI), for the serve step: a new duplicate the caller owns. Connections\n"
+	  "that arrived while no engine was Active wait in its backlog. Raises\n"
+	  "StateError when the lock is not held, NotFoundError for an unknown name,\n"
+	  "NotSupportedError on a tcp:// lock." },
 	{ "gms", (PyCFunction)Engine_gms, METH_VARARGS, "gms($self, device=0, /)\n--\n\n"
 	  "gms(device=0) -> GMSClient owned by the engine" },
 	{ "private_memory", (PyCFunction)Engine_private_memory, METH_VARARGS,
