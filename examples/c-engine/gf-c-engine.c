@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -63,7 +64,13 @@ struct app {
 	volatile sig_atomic_t stopping;
 	volatile sig_atomic_t lost; /* the loss policy ran */
 	volatile sig_atomic_t weights_mapped; /* init_weights is over */
+	atomic_int stepping_down; /* a planned switchover asked us to step down */
 };
+
+/* Set while draining for a switchover: answers close their connection. */
+static atomic_int draining;
+/* How long in-flight requests may take to finish before a switchover releases anyway. */
+#define DRAIN_TIMEOUT_MS 30000
 
 static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(int level, const char *fmt, ...)
@@ -114,6 +121,7 @@ static void usage(FILE *to)
 		"          \"epoch\": lock epoch, \"engine\": id}\n"
 		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
+		"      75 after a planned switchover (gfctl switchover: drained, lock released),\n"
 		"      70 when the lock or GMS was lost or the startup deadline passed\n"
 		"      (default loss policy).\n"
 		"Memory gate: the wake waits, up to the waking timeout, for --kv-bytes of\n"
@@ -383,6 +391,8 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
 		return MHD_NO;
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	if (atomic_load(&draining))
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 	enum MHD_Result ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
@@ -463,7 +473,9 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, gf_error_detail());
 			return rc;
 		}
-		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, 0, NULL, NULL, handle_http, a,
+		/* ITC: a switchover quiesces the daemon (stops accepting) while it runs. */
+		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL,
+					   handle_http, a,
 					   MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
 					   MHD_OPTION_END);
 		if (!a->http) {
@@ -494,6 +506,49 @@ static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
 	struct app *a = userdata;
 	a->lost = 1;
 	gf_engine_default_loss(e, err, detail, NULL);
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* On the lock's watcher thread: the main thread drains and steps down. */
+static void on_step_down(gf_engine *e, void *userdata)
+{
+	struct app *a = userdata;
+	(void)e;
+	atomic_store(&a->stepping_down, 1);
+	if (write(a->stop_pipe[1], "s", 1) < 0) {
+		/* The pipe is never full before the first stop; nothing to do. */
+	}
+}
+
+/*
+ * Planned switchover: stop accepting (the lock's listener keeps new
+ * connections in its backlog for the next holder), let the requests in
+ * flight finish, release the lock, exit GF_ENGINE_EXIT_SWITCHOVER.
+ */
+static int step_down(struct app *a)
+{
+	int64_t t0 = mono_ms();
+	atomic_store(&draining, 1);
+	if (a->http) {
+		MHD_socket lfd = MHD_quiesce_daemon(a->http);
+		if (lfd != MHD_INVALID_SOCKET)
+			close(lfd); /* our duplicate: the lock server keeps the socket */
+		for (;;) {
+			const union MHD_DaemonInfo *i = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+			if (!i || i->num_connections == 0 || mono_ms() - t0 > DRAIN_TIMEOUT_MS)
+				break;
+			usleep(1000);
+		}
+	}
+	int rc = gf_engine_step_down(a->engine);
+	logf_(rc ? GF_LOG_ERR : GF_LOG_INFO, "event=stepped_down drain_ms=%lld rc=%d", (long long)(mono_ms() - t0), rc);
+	return rc ? 1 : GF_ENGINE_EXIT_SWITCHOVER;
 }
 
 static int healthy(gf_engine *e, void *userdata)
@@ -794,6 +849,8 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_health_fn(e, healthy, a);
 	if (!rc)
 		rc = gf_engine_set_loss_fn(e, on_loss, a);
+	if (!rc)
+		rc = gf_engine_set_step_down_fn(e, on_step_down, a);
 	return rc;
 }
 
@@ -817,6 +874,8 @@ static int run(struct app *a)
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
 		while (!wait_stop(a, -1))
 			;
+		if (atomic_load(&a->stepping_down) && !a->stopping && !a->lost)
+			status = step_down(a);
 	} else if (a->stopping) {
 		logf_(GF_LOG_INFO, "event=stopped_before_active state=%s",
 		      gf_engine_state_name(gf_engine_state(e)));

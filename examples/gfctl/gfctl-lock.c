@@ -367,7 +367,7 @@ static int cmd_status(struct lock_opts *o)
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
 				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "connections",
-				       "listeners", "listeners_pending",
+				       "listeners", "listeners_pending", "step_down_requested",
 				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters" };
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 			char pat[64];
@@ -415,6 +415,16 @@ static int cmd_revoke(struct lock_opts *o, char **extra)
 	if (rc < 0)
 		return fail("revoke", rc);
 	printf("revoked epoch=%" PRIu64 "\n", o->epoch);
+	return GFCTL_OK;
+}
+
+static int cmd_switchover(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	int rc = gf_lock_switchover(o->uri, o->secret, o->secret_len, o->epoch, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc < 0)
+		return fail("switchover", rc);
+	printf("switchover requested: the holder steps down, the first standby takes over\n");
 	return GFCTL_OK;
 }
 
@@ -467,6 +477,11 @@ static int run_revoke(int argc, char **argv)
 	return run_lock_cmd(argc, argv, cmd_revoke, 0);
 }
 
+static int run_switchover(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_switchover, 0);
+}
+
 #define LOCK_OPT "  --lock URI             the lock server (unix:///path or tcp://host:port)\n"
 #define SECRET_OPT "  --secret-file PATH     the shared secret of a tcp:// server\n"
 
@@ -501,6 +516,18 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  LOCK_OPT "  --epoch N              the grant to revoke (see 'gfctl lock status')\n"
 		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
 	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when N is not the current grant", run_revoke },
+	{ "switchover", "--lock URI [--epoch N] [--timeout DUR]",
+	  "Planned switchover: the holder steps down, the first standby takes over (also 'gfctl switchover').",
+	  "The server asks the holder to step down; an engine built on the library stops\n"
+	  "accepting (with the lock's listener new connections wait in its backlog), lets\n"
+	  "in-flight requests finish, releases the lock and exits with status 75, which\n"
+	  "gf-supervise restarts at once without counting a retry. Returns once the holder\n"
+	  "was asked. Refused when nobody holds the lock or no standby waits. Allowed for\n"
+	  "root or the server's own uid (unix), or with the shared secret (tcp).",
+	  LOCK_OPT "  --epoch N              only if the holder's grant is N (default: whoever holds it)\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when nobody holds the lock or no standby waits",
+	  run_switchover },
 	{ 0 },
 };
 

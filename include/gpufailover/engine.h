@@ -267,6 +267,26 @@ GF_EXPORT int gf_engine_serve(gf_engine *engine, gf_engine_step_fn serve, void *
  * GF_ERR_NOT_SUPPORTED (a tcp:// lock carries none), GF_ERR_IO, GF_ERR_INVALID_ARG.
  */
 GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_out);
+
+/**
+ * Called when a planned switchover (gfctl switchover) asks this engine, the
+ * lock's holder, to step down. The application stops accepting (with the
+ * lock-carried listener nothing is refused: new connections wait in its
+ * backlog for the next holder), lets in-flight requests finish, then calls
+ * gf_engine_step_down() and exits with GF_ENGINE_EXIT_SWITCHOVER. Runs on
+ * the lock's watcher thread: hand the work to another thread, return soon.
+ */
+typedef void (*gf_engine_step_down_fn)(gf_engine *engine, void *userdata);
+/** Install the step-down hook (NULL: a switchover request is logged and ignored). Any time, any thread. */
+GF_EXPORT int gf_engine_set_step_down_fn(gf_engine *engine, gf_engine_step_down_fn fn, void *userdata);
+/**
+ * Finish a planned switchover: release the lock explicitly (the server grants
+ * the first waiter at once, without waiting for this process to exit) and
+ * enter Dead with cause "switchover" (no loss policy runs). Then exit with
+ * GF_ENGINE_EXIT_SWITCHOVER. Not from the step-down hook's thread (it joins
+ * the lock watcher). Errors: GF_ERR_STATE (the lock is not held), GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_engine_step_down(gf_engine *engine);
 /** Enter Dead (from any state; no-op when already Dead). @p reason is logged. Any thread. */
 GF_EXPORT int gf_engine_mark_dead(gf_engine *engine, const char *reason);
 /**

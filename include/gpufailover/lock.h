@@ -69,6 +69,19 @@ GF_EXPORT int gf_lock_set_lease(gf_lock *lock, int64_t heartbeat_ms, int64_t fen
 GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);
 
 /**
+ * Called when the server asks this holder to step down for a planned
+ * switchover (gf_lock_switchover()): stop accepting new work, finish what is
+ * in flight, then gf_lock_release(); the first waiter is granted next. The
+ * lock stays held until then. Runs on the thread that runs
+ * gf_lock_process() (the watcher thread), so it must not call
+ * gf_lock_release(), gf_lock_free() or gf_lock_stop_watch() itself: hand the
+ * work to another thread. Without a hook the request is ignored (logged).
+ */
+typedef void (*gf_lock_step_down_fn)(gf_lock *lock, uint64_t epoch, void *userdata);
+/** Install the step-down hook (NULL removes it). */
+GF_EXPORT void gf_lock_set_step_down_fn(gf_lock *lock, gf_lock_step_down_fn fn, void *userdata);
+
+/**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
  * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most
  * 1 s and GF_ERR_TIMEOUT at once when the lock is held), or
@@ -159,6 +172,18 @@ GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t se
  */
 GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
 			     int64_t timeout_ms);
+/**
+ * Admin request: planned switchover. The server asks the holder (the grant
+ * of @p epoch; 0: whoever holds the lock) to step down (its
+ * gf_lock_step_down_fn), which then drains and releases, and the first
+ * waiter is granted: no kill, no failure counted. Returns once the holder was
+ * asked, not when it has released. Same permissions as gf_lock_revoke().
+ * Blocks up to @p timeout_ms. Errors: GF_ERR_STATE (nobody holds the lock,
+ * @p epoch is not the current grant, or no waiter would take over),
+ * GF_ERR_PERMISSION, GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+				 int64_t timeout_ms);
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 

@@ -42,6 +42,8 @@ struct gf_lock {
 	int64_t eff_hb_ms, eff_fence_ms; /* after the server's advice at grant time */
 	gf_lock_lost_fn lost_fn;
 	void *lost_ud;
+	gf_lock_step_down_fn step_down_fn;
+	void *step_down_ud;
 	int fd;
 	struct gf_frame_reader rd;
 	_Atomic int state;
@@ -247,6 +249,16 @@ void gf_lock_set_lost_fn(gf_lock *l, gf_lock_lost_fn fn, void *userdata)
 	pthread_mutex_lock(&l->mu);
 	l->lost_fn = fn;
 	l->lost_ud = userdata;
+	pthread_mutex_unlock(&l->mu);
+}
+
+void gf_lock_set_step_down_fn(gf_lock *l, gf_lock_step_down_fn fn, void *userdata)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->step_down_fn = fn;
+	l->step_down_ud = userdata;
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -568,6 +580,7 @@ int gf_lock_process(gf_lock *l)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
 	char detail[512] = "";
 	int rc = 0;
+	uint64_t step_down = 0;
 	pthread_mutex_lock(&l->mu);
 	int64_t now = gf_now_us();
 	int st = atomic_load(&l->state);
@@ -596,6 +609,12 @@ int gf_lock_process(gf_lock *l)
 				start_reconnect(l, gf_error_detail());
 				break;
 			}
+			if (l->msg->which_body == gf_Msg_lock_step_down_tag &&
+			    l->msg->body.lock_step_down.epoch == l->grant.epoch) {
+				gf_log(GF_LOG_INFO, "lock", "msg=\"asked to step down (planned switchover)\" id=%s epoch=%llu",
+				       l->id, (unsigned long long)l->grant.epoch);
+				step_down = l->grant.epoch;
+			}
 		}
 		if (atomic_load(&l->state) == C_HELD && is_tcp(l) && now >= l->next_hb) {
 			send_heartbeat(l);
@@ -623,7 +642,13 @@ int gf_lock_process(gf_lock *l)
 out:;
 	gf_lock_lost_fn fn = l->lost_fn;
 	void *ud = l->lost_ud;
+	gf_lock_step_down_fn sfn = l->step_down_fn;
+	void *sud = l->step_down_ud;
 	pthread_mutex_unlock(&l->mu);
+	if (step_down && rc == 0 && sfn)
+		sfn(l, step_down, sud);
+	else if (step_down && rc == 0)
+		gf_log(GF_LOG_WARN, "lock", "msg=\"step-down request ignored: no hook installed\" id=%s", l->id);
 	if (rc == GF_ERR_LOCK_LOST) {
 		if (fn)
 			fn(l, GF_ERR_LOCK_LOST, detail, ud);
@@ -856,6 +881,43 @@ out:
 	gf_msg_free(m);
 	gf_frame_reader_clear(&rd);
 	gf_close(fd);
+	return rc;
+}
+
+/* An admin request whose answer is Ok or an Error; @m is the request (seq set here) and scratch for the reply. */
+static int admin_request(const char *uri, const void *secret, size_t secret_len, gf_Msg *m, int64_t timeout_ms,
+			 const char *what)
+{
+	struct gf_frame_reader rd;
+	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
+	if (rc < 0)
+		return rc;
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	m->seq = 1;
+	rc = gf_msg_send(fd, m, NULL, 0, deadline);
+	while (rc == 0) {
+		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
+		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
+			break;
+		if (m->which_body == gf_Msg_ok_tag)
+			break;
+		if (m->which_body != gf_Msg_heartbeat_tag)
+			rc = gf_err(GF_ERR_PROTOCOL, "%s: unexpected reply %s", what, gf_msg_name(m));
+	}
+	gf_frame_reader_clear(&rd);
+	gf_close(fd);
+	return rc;
+}
+
+int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
+	m->which_body = gf_Msg_lock_switchover_tag;
+	m->body.lock_switchover.epoch = epoch;
+	int rc = admin_request(uri, secret, secret_len, m, timeout_ms, "switchover");
+	gf_msg_free(m);
 	return rc;
 }
 

@@ -103,6 +103,8 @@ struct gf_lockd {
 	/* listening sockets handed to each holder (listeners.h) */
 	struct gf_lsn_set *lsn;
 	int64_t lsn_retry_at; /* a pending listener is bound again then (0: none) */
+	/* a switchover asked this grant's holder to step down (0: none) */
+	uint64_t step_down_epoch;
 };
 
 static void flush_release_log(gf_lockd *d);
@@ -628,6 +630,7 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->accept_paused = st.accept_paused;
 	s->refused_auth_rate = st.refused_auth_rate;
 	gf_lsn_fill_status(d->lsn, s);
+	s->step_down_requested = d->holder && d->step_down_epoch == d->epoch;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -912,6 +915,48 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 	reply(d, c, d->msg);
 }
 
+/*
+ * Planned switchover: the holder is asked to step down (stop accepting,
+ * drain, release); the lock's FIFO then grants the first waiter as usual.
+ * Without a waiter nobody would serve afterwards, so that is refused.
+ */
+static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
+		return;
+	}
+	if (!d->holder || (epoch && epoch != d->epoch)) {
+		snprintf(det, sizeof(det), "switchover: epoch %llu does not hold the lock (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	if (!d->whead) {
+		reply_error(d, c, GF_ERR_STATE, "switchover: no standby is waiting for the lock", false);
+		return;
+	}
+	struct conn *h = d->holder;
+	gf_Msg *m = d->msg;
+	memset(m, 0, sizeof(*m));
+	m->which_body = gf_Msg_lock_step_down_tag;
+	m->body.lock_step_down.epoch = d->epoch;
+	if (reply(d, h, m) < 0) {
+		reply_error(d, c, GF_ERR_UNREACHABLE, "switchover: the holder's connection failed", false);
+		return;
+	}
+	d->step_down_epoch = d->epoch;
+	gf_log(GF_LOG_INFO, "lock", "msg=\"switchover: holder asked to step down\" id=%s epoch=%llu next=%s by=%s",
+	       h->peer->id, (unsigned long long)d->epoch, d->whead->peer->id, p->id);
+	memset(m, 0, sizeof(*m));
+	m->seq = c->seq;
+	m->which_body = gf_Msg_ok_tag;
+	reply(d, c, m);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -949,6 +994,9 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		return;
 	case gf_Msg_lock_revoke_tag:
 		handle_revoke(d, c, m->body.lock_revoke.epoch);
+		return;
+	case gf_Msg_lock_switchover_tag:
+		handle_switchover(d, c, m->body.lock_switchover.epoch);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {
