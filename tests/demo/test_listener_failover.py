@@ -187,7 +187,8 @@ def test_no_connection_refused_through_failovers(engine):
 GFCTL = BUILD / "examples" / "gfctl" / "gfctl"
 
 
-def test_planned_switchover_loses_no_request():
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_planned_switchover_loses_no_request(engine):
     """gfctl switchover: the Active engine stops accepting, drains, releases and
     exits 75; the standby takes over; clients opening a connection per request
     see no refusal and no failure."""
@@ -211,9 +212,10 @@ def test_planned_switchover_loses_no_request():
 
         def start_engine(name, role):
             probe = free_port()
-            p = spawn(name, [C_ENGINE, "--lock", lock_uri, "--gms", gms_uri, "--role", role, "--id", name,
-                             "--listener", "http", "--probe-port", str(probe), "--probe-address", "127.0.0.1",
-                             "--backend", "host"])
+            head = [C_ENGINE] if engine == "c" else [sys.executable, PY_ENGINE]
+            p = spawn(name, head + ["--lock", lock_uri, "--gms", gms_uri, "--role", role, "--id", name,
+                                    "--listener", "http", "--probe-port", str(probe), "--probe-address", "127.0.0.1",
+                                    "--backend", "host"])
             return p, probe
 
         try:
@@ -256,6 +258,6 @@ def test_planned_switchover_loses_no_request():
         for c in clients:
             for seed, sums in c.answers.items():
                 answers.setdefault(seed, set()).update(sums)
-        print(f"switchover: ok={ok} refused={refused} failed={failed}")
+        print(f"switchover engine={engine}: ok={ok} refused={refused} failed={failed}")
         assert refused == 0 and failed == 0
         assert ok > 0 and all(len(s) == 1 for s in answers.values())

@@ -6,6 +6,7 @@ typedef struct {
 	PyObject_HEAD
 	gf_engine *engine;
 	PyObject *on_loss;   /* callable or NULL: NULL keeps the library's default (terminate) */
+	PyObject *on_step_down; /* callable() or NULL: a planned switchover asks this engine to step down */
 	PyObject *health;    /* callable or NULL */
 	PyObject *pending;   /* exception raised inside a callback, re-raised by the step */
 	/* GMSClient views of the engine's own clients, made on first use. Not
@@ -264,6 +265,7 @@ static void Engine_dealloc(EngineObject *self)
 	gf_engine_free(e);
 	Py_END_ALLOW_THREADS
 	Py_XDECREF(self->on_loss);
+	Py_XDECREF(self->on_step_down);
 	Py_XDECREF(self->health);
 	Py_XDECREF(self->pending);
 	Py_TYPE(self)->tp_free((PyObject *)self);
@@ -520,6 +522,56 @@ static PyObject *Engine_get_probe_port(EngineObject *self, void *c)
 	return PyLong_FromLong(p);
 }
 
+/* On the lock's watcher thread: the callable should only hand the work to another thread. */
+static void step_down_trampoline(gf_engine *e, void *ud)
+{
+	(void)e;
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *fn = ((EngineObject *)ud)->on_step_down;
+	if (fn) {
+		PyObject *r = PyObject_CallNoArgs(fn);
+		if (!r)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(r);
+	}
+	PyGILState_Release(g);
+}
+
+static PyObject *Engine_get_on_step_down(EngineObject *self, void *c)
+{
+	return hook_get(self->on_step_down);
+}
+
+static int Engine_set_on_step_down(EngineObject *self, PyObject *v, void *c)
+{
+	if (engine_ready(self) < 0)
+		return -1;
+	if (v && v != Py_None && !PyCallable_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "on_step_down must be callable() or None");
+		return -1;
+	}
+	if (!v || v == Py_None) {
+		Py_CLEAR(self->on_step_down);
+		gf_engine_set_step_down_fn(self->engine, NULL, NULL);
+	} else {
+		Py_INCREF(v);
+		Py_XSETREF(self->on_step_down, v);
+		gf_engine_set_step_down_fn(self->engine, step_down_trampoline, self);
+	}
+	return 0;
+}
+
+static PyObject *Engine_step_down(EngineObject *self, PyObject *unused)
+{
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_engine_step_down(self->engine));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
 {
 	return hook_get(self->on_loss);
@@ -613,6 +665,10 @@ static PyMethodDef Engine_methods[] = {
 	{ "serve", (PyCFunction)(void (*)(void))Engine_serve, METH_VARARGS | METH_KEYWORDS,
 	  "serve($self, serve=None)\n--\n\n"
 	  "serve(serve=None)\n\nRun serve() (register the endpoint), then enter Active." },
+	{ "step_down", (PyCFunction)Engine_step_down, METH_NOARGS, "step_down($self, /)\n--\n\n"
+	  "Finish a planned switchover (after on_step_down, once in-flight requests are done):\n"
+	  "release the lock (the standby is granted at once) and enter 'dead'; then exit with\n"
+	  "status 75. Raises StateError when the lock is not held." },
 	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead($self, reason='marked dead by the engine', /)\n--\n\n"
 	  "mark_dead(reason='')" },
 	{ "probe", (PyCFunction)Engine_probe, METH_O, "probe($self, probe, /)\n--\n\n"
@@ -644,6 +700,10 @@ static PyGetSetDef Engine_getset[] = {
 	{ "probe_port", (getter)Engine_get_probe_port, NULL, "port of the built-in probe server, or None", NULL },
 	{ "on_loss", (getter)Engine_get_on_loss, (setter)Engine_set_on_loss,
 	  "callable(code, detail) on lock or GMS loss; None restores the default (log and terminate)", NULL },
+	{ "on_step_down", (getter)Engine_get_on_step_down, (setter)Engine_set_on_step_down,
+	  "callable() when a planned switchover asks this engine to step down (runs on the lock's\n"
+	  "watcher thread: signal the main thread, which stops accepting, drains and calls step_down())",
+	  NULL },
 	{ "health", (getter)Engine_get_health, (setter)Engine_set_health,
 	  "callable() -> bool deciding /live and /ready while Active", NULL },
 	{ NULL },
