@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -52,6 +53,7 @@ struct app {
 	const char *id;
 	const char *weights_path;
 	int port;
+	const char *listener; /* serve from the lock's listener of this name, not --port */
 	struct model src;  /* what the loader writes (file or generated) */
 	gf_safetensors *file; /* the loader's weights file, when one is given */
 	void *gen_buf;
@@ -62,7 +64,13 @@ struct app {
 	volatile sig_atomic_t stopping;
 	volatile sig_atomic_t lost; /* the loss policy ran */
 	volatile sig_atomic_t weights_mapped; /* init_weights is over */
+	atomic_int stepping_down; /* a planned switchover asked us to step down */
 };
+
+/* Set while draining for a switchover: answers close their connection. */
+static atomic_int draining;
+/* How long in-flight requests may take to finish before a switchover releases anyway. */
+#define DRAIN_TIMEOUT_MS 30000
 
 static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(int level, const char *fmt, ...)
@@ -91,6 +99,9 @@ static void usage(FILE *to)
 		"  --weights FILE         safetensors file to load (loader; default: generated\n"
 		"                         deterministic weights, 4 layers of F32 256x256 + biases)\n"
 		"  --port N               inference HTTP port, served once active (default 8080; 0: any)\n"
+		"  --listener NAME        serve from the listening socket the lock carries under NAME\n"
+		"                         (gf-lockd --listener NAME=URI) instead of --port: connections\n"
+		"                         wait in its backlog during a failover instead of being refused\n"
 		"  --probe-port N         probe server port: /live /ready /startup /state /metrics\n"
 		"                         (default 8081; 0: any; -1: off)\n"
 		"  --probe-address ADDR   probe server IPv4 address (default 0.0.0.0)\n"
@@ -115,6 +126,7 @@ static void usage(FILE *to)
 		"          \"epoch\": lock epoch, \"engine\": id}\n"
 		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
+		"      75 after a planned switchover (gfctl switchover: drained, lock released),\n"
 		"      70 when the lock or GMS was lost or the startup deadline passed\n"
 		"      (default loss policy), 73 when the lock server evicted this standby\n"
 		"      to keep a GPU's standby budget (not a crash: do not restart).\n"
@@ -385,6 +397,8 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
 		return MHD_NO;
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	if (atomic_load(&draining))
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 	enum MHD_Result ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
@@ -458,11 +472,31 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		if (wait_stop(a, (int)hang_ms))
 			return GF_ERR_INTERRUPTED;
 	}
-	a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
-				   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
-	if (!a->http) {
-		logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
-		return GF_ERR_IO;
+	if (a->listener) {
+		/* Ours to give: the daemon closes it when it stops. */
+		int fd, rc = gf_engine_listener(e, a->listener, &fd);
+		if (rc < 0) {
+			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, gf_error_detail());
+			return rc;
+		}
+		/* ITC: a switchover quiesces the daemon (stops accepting) while it runs. */
+		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL,
+					   handle_http, a,
+					   MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+					   MHD_OPTION_END);
+		if (!a->http) {
+			close(fd);
+			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"the HTTP server refused the socket\"",
+			      a->listener);
+			return GF_ERR_IO;
+		}
+	} else {
+		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
+					   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+		if (!a->http) {
+			logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
+			return GF_ERR_IO;
+		}
 	}
 	atomic_store(&a->serving, 1);
 	const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
@@ -478,6 +512,49 @@ static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
 	struct app *a = userdata;
 	a->lost = 1;
 	gf_engine_default_loss(e, err, detail, NULL);
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* On the lock's watcher thread: the main thread drains and steps down. */
+static void on_step_down(gf_engine *e, void *userdata)
+{
+	struct app *a = userdata;
+	(void)e;
+	atomic_store(&a->stepping_down, 1);
+	if (write(a->stop_pipe[1], "s", 1) < 0) {
+		/* The pipe is never full before the first stop; nothing to do. */
+	}
+}
+
+/*
+ * Planned switchover: stop accepting (the lock's listener keeps new
+ * connections in its backlog for the next holder), let the requests in
+ * flight finish, release the lock, exit GF_ENGINE_EXIT_SWITCHOVER.
+ */
+static int step_down(struct app *a)
+{
+	int64_t t0 = mono_ms();
+	atomic_store(&draining, 1);
+	if (a->http) {
+		MHD_socket lfd = MHD_quiesce_daemon(a->http);
+		if (lfd != MHD_INVALID_SOCKET)
+			close(lfd); /* our duplicate: the lock server keeps the socket */
+		for (;;) {
+			const union MHD_DaemonInfo *i = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+			if (!i || i->num_connections == 0 || mono_ms() - t0 > DRAIN_TIMEOUT_MS)
+				break;
+			usleep(1000);
+		}
+	}
+	int rc = gf_engine_step_down(a->engine);
+	logf_(rc ? GF_LOG_ERR : GF_LOG_INFO, "event=stepped_down drain_ms=%lld rc=%d", (long long)(mono_ms() - t0), rc);
+	return rc ? 1 : GF_ENGINE_EXIT_SWITCHOVER;
 }
 
 static int healthy(gf_engine *e, void *userdata)
@@ -559,6 +636,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "gpu", required_argument, NULL, 'G' },       { "asleep-bytes", required_argument, NULL, 'a' },
 		{ "pin", no_argument, NULL, 'n' },             { "model", required_argument, NULL, 'm' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
+		{ "listener", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -608,6 +686,9 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'A':
 			o->probe_addr = optarg;
+			break;
+		case 'S':
+			a->listener = optarg;
 			break;
 		case 'b':
 			if (!strcmp(optarg, "cuda")) {
@@ -810,6 +891,8 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_health_fn(e, healthy, a);
 	if (!rc)
 		rc = gf_engine_set_loss_fn(e, on_loss, a);
+	if (!rc)
+		rc = gf_engine_set_step_down_fn(e, on_step_down, a);
 	return rc;
 }
 
@@ -833,6 +916,8 @@ static int run(struct app *a)
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
 		while (!wait_stop(a, -1))
 			;
+		if (atomic_load(&a->stepping_down) && !a->stopping && !a->lost)
+			status = step_down(a);
 	} else if (rc == GF_ERR_EVICTED) {
 		/* Not a failure: the lock server made room on a GPU. */
 		logf_(GF_LOG_WARN, "event=evicted status=%d detail=\"%s\"", GF_ENGINE_EXIT_EVICTED, gf_error_detail());

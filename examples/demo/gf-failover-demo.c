@@ -2,9 +2,12 @@
 /*
  * The failover demo: gf-lockd, one gf-gmsd per device, a primary and a
  * shadow example engine, and a client sending inference requests without
- * pause. It SIGKILLs the primary (or, with --gms-crash, the GMS: it comes
- * back from its WARM snapshot, the primary dies with its GMS connection and
- * the shadow remaps the restored layout), watches the shadow take over, checks that
+ * pause, each on a new connection, to the one port the lock carries
+ * (gf-lockd --listener): whoever holds the lock serves it, and connections
+ * made while nobody does wait in its backlog. It SIGKILLs the primary (or,
+ * with --gms-crash, the GMS: it comes back from its WARM snapshot, the
+ * primary dies with its GMS connection and the shadow remaps the restored
+ * layout), watches the shadow take over, checks that
  * every answer after the failover equals the one before, restarts the
  * killed engine as the new standby, prints a timeline and exits non-zero if
  * anything did not happen as it should. Every process it starts is reaped.
@@ -21,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -173,8 +178,8 @@ static size_t collect(char *p, size_t sz, size_t n, void *ud)
 	return sz * n;
 }
 
-/* GET http://127.0.0.1:port/path → HTTP status (0 when nothing answered). */
-static long http_get(CURL *h, int port, const char *path, struct buf *out, long timeout_ms)
+/* GET http://127.0.0.1:port/path → HTTP status (0 when nothing answered; *@cres says why). */
+static long http_get_res(CURL *h, int port, const char *path, struct buf *out, long timeout_ms, CURLcode *cres)
 {
 	char url[256];
 	long code = 0;
@@ -187,10 +192,17 @@ static long http_get(CURL *h, int port, const char *path, struct buf *out, long 
 	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	if (curl_easy_perform(h) != CURLE_OK)
+	*cres = curl_easy_perform(h);
+	if (*cres != CURLE_OK)
 		return 0;
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
 	return code;
+}
+
+static long http_get(CURL *h, int port, const char *path, struct buf *out, long timeout_ms)
+{
+	CURLcode res;
+	return http_get_res(h, port, path, out, timeout_ms, &res);
 }
 
 static char *engine_state(CURL *h, int probe_port)
@@ -222,17 +234,23 @@ static bool wait_state(CURL *h, int probe_port, const char *want, int64_t timeou
 /* ---- the client ---- */
 
 struct engine_ports {
-	int port, probe_port;
+	int probe_port;
 };
+
+/* A request waiting in the listener's backlog through a failover must not time out. */
+#define REQUEST_TIMEOUT_MS 30000
 
 struct client {
 	pthread_t thread;
 	struct engine_ports eng[2];
+	int serve_port; /* the lock's listener */
 	volatile int stop;
 	pthread_mutex_t mu;
 	char reference[MAX_SEEDS][80]; /* checksum per seed before the failover */
-	int64_t kill_at_us;            /* 0 until the primary is killed */
-	long ok_before, ok_after, failed_after_kill, mismatched;
+	long ok_before, ok_after, mismatched;
+	long refused;          /* connections refused (nobody listening) */
+	long failed_in_flight; /* connected, then broken: the killed engine had accepted it */
+	int64_t longest_wait_us; /* the slowest answered request, connection included */
 	int64_t first_ok_after_us;
 	char first_ok_engine[64];
 	uint64_t epoch_before, epoch_after;
@@ -246,16 +264,18 @@ static void *client_main(void *p)
 {
 	struct client *c = p;
 	CURL *h = curl_easy_init();
-	int target = 0;
+	/* A new connection per request, as a client behind a load balancer makes. */
+	curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+	curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
 	for (long n = 0; !c->stop; n++) {
 		int seed = (int)(n % MAX_SEEDS);
 		char path[64];
 		struct buf b;
 		snprintf(path, sizeof(path), "/infer?seed=%d", seed);
-		pthread_mutex_lock(&c->mu);
-		bool sent_after_kill = c->kill_at_us != 0;
-		pthread_mutex_unlock(&c->mu);
-		long code = http_get(h, c->eng[target].port, path, &b, 300);
+		CURLcode res = CURLE_OK;
+		int64_t t0 = now_us();
+		long code = http_get_res(h, c->serve_port, path, &b, REQUEST_TIMEOUT_MS, &res);
+		int64_t waited = now_us() - t0;
 		json_t *j = NULL;
 		const char *sum = NULL, *who = NULL;
 		json_int_t epoch = 0;
@@ -267,15 +287,17 @@ static void *client_main(void *p)
 			epoch = j ? json_integer_value(json_object_get(j, "epoch")) : 0;
 		}
 		pthread_mutex_lock(&c->mu);
-		/* A request counts as "after" only if it was sent after the kill: one
-		 * in flight across the kill may still be answered by the primary. */
+		/* One port for both engines: the answer says who served it. Before
+		 * means the primary's, after the standby's (it may answer before
+		 * this process has even reaped the primary). */
+		if (sum && waited > c->longest_wait_us)
+			c->longest_wait_us = waited;
 		if (!sum) {
-			/* No answer: a real client would be routed elsewhere by the
-			 * service; here it tries the other engine next. */
-			if (c->kill_at_us)
-				c->failed_after_kill++;
-			target = 1 - target;
-		} else if (!sent_after_kill) {
+			if (res == CURLE_COULDNT_CONNECT)
+				c->refused++;
+			else
+				c->failed_in_flight++;
+		} else if (who && !strcmp(who, "engine-a")) {
 			if (!c->reference[seed][0])
 				snprintf(c->reference[seed], sizeof(c->reference[seed]), "%s", sum);
 			else if (strcmp(c->reference[seed], sum))
@@ -299,7 +321,7 @@ static void *client_main(void *p)
 		pthread_mutex_unlock(&c->mu);
 		json_decref(j);
 		if (!sum)
-			usleep(200); /* retry soon: the gap is what the demo measures */
+			usleep(200); /* retry soon: a refused connection would show the gap */
 	}
 	curl_easy_cleanup(h);
 	return NULL;
@@ -399,7 +421,7 @@ static void usage(FILE *f)
 }
 
 static int engine_argv(const struct options *o, char **argv, char *store, size_t storelen, const char *id,
-		       const char *role, int port, int probe_port)
+		       const char *role, int probe_port)
 {
 	int n = 0;
 	char *p = store;
@@ -426,8 +448,8 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	ARG("%s", role);
 	ARG("--id");
 	ARG("%s", id);
-	ARG("--port");
-	ARG("%d", port);
+	ARG("--listener");
+	ARG("http");
 	ARG("--probe-port");
 	ARG("%d", probe_port);
 	ARG("--backend");
@@ -441,31 +463,31 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	return n;
 }
 
-/* Whether nobody listens on @port of the loopback now. */
-static bool port_free(int port)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				 .sin_addr.s_addr = htonl(INADDR_ANY) };
-	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
+/*
+ * A port below the usual ephemeral range (so no outgoing connection takes it
+ * between now and its use), found free on every address: engines bind their
+ * probe servers on 0.0.0.0. Starts at a per-process offset so parallel demos
+ * do not race for the same one.
+ */
 static int pick_port(void)
 {
-	/* A per-process range below the kernel's ephemeral ports (32768 and up by
-	 * default), so neither parallel demos nor outgoing connections, the
-	 * demo's own client's included, take an engine's port; one found taken
-	 * now is skipped. */
 	static int next;
 	if (!next)
-		next = 10000 + (int)(getpid() % 1000) * 16;
-	for (int i = 0; i < 64; i++, next++)
-		if (port_free(next))
-			return next++;
-	return next++;
+		next = 20000 + (int)(getpid() % 800) * 16;
+	for (int tries = 0; tries < 12000; tries++) {
+		int port = next++;
+		if (next >= 32700)
+			next = 20000;
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+					  .sin_addr.s_addr = htonl(INADDR_ANY) };
+		bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		if (fd >= 0)
+			close(fd);
+		if (ok)
+			return port;
+	}
+	return -1;
 }
 
 int main(int argc, char **argv)
@@ -600,19 +622,23 @@ int main(int argc, char **argv)
 
 	say("== libgpufailover failover demo (engine: %s, devices: %d, run dir: %s)\n", o.engine, o.devices, rundir);
 
-	char lock_uri[400], a1[600], a2[600], a3[600];
+	struct client cl = { .mu = PTHREAD_MUTEX_INITIALIZER };
+	cl.serve_port = pick_port();
+	CHECK(cl.serve_port > 0, "no free TCP port");
+	char lock_uri[400], a1[600], a2[600], a3[600], a4[128];
 	snprintf(lock_uri, sizeof(lock_uri), "unix://%s/lock.sock", rundir);
 	snprintf(a1, sizeof(a1), "%s", o.lockd);
 	snprintf(a2, sizeof(a2), "--state-file=%s/lock.state", rundir);
 	snprintf(a3, sizeof(a3), "--listen=%s", lock_uri);
-	char *lockd_argv[] = { a1, a3, a2, "--reconnect-window=2s", "--exit-wait-timeout=5s", NULL };
+	snprintf(a4, sizeof(a4), "--listener=http=tcp://127.0.0.1:%d", cl.serve_port);
+	char *lockd_argv[] = { a1, a3, a2, a4, "--reconnect-window=2s", "--exit-wait-timeout=5s", NULL };
 	struct child *lockd = spawn("gf-lockd", lockd_argv);
 	CHECK(lockd, "could not start gf-lockd");
 	int64_t end = now_us() + 10000000;
 	while (gf_lock_ping(lock_uri, NULL, 0, 200) < 0 && now_us() < end)
 		usleep(10000);
 	CHECK(gf_lock_ping(lock_uri, NULL, 0, 500) == 0, "gf-lockd did not come up (see %s)", lockd->log);
-	say("  lock server ready        %s\n", lock_uri);
+	say("  lock server ready        %s, carrying the listener http=127.0.0.1:%d\n", lock_uri, cl.serve_port);
 
 	struct child *gms0 = NULL;
 	char gms0_args[5][600];
@@ -646,20 +672,17 @@ int main(int argc, char **argv)
 		say("  GMS ready                %s\n", gms_uri);
 	}
 
-	struct client cl = { .mu = PTHREAD_MUTEX_INITIALIZER };
-	for (int i = 0; i < 2; i++) {
-		cl.eng[i].port = pick_port();
+	for (int i = 0; i < 2; i++)
 		cl.eng[i].probe_port = pick_port();
-	}
 	char *eargv[64], store[8192];
 	/* The primary starts first so that it, not the shadow, takes the lock;
 	 * engines started together work as well, but either may win. */
-	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].port, cl.eng[0].probe_port);
+	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].probe_port);
 	struct child *ea = spawn("engine-a", eargv);
 	CHECK(ea, "could not start engine-a");
 	CHECK(wait_state(h, cl.eng[0].probe_port, "active", 30000), "engine-a did not become Active (see %s)", ea->log);
 	say("  engine-a                 Active (loaded the weights, holds the lock)\n");
-	engine_argv(&o, eargv, store, sizeof(store), "engine-b", "follower", cl.eng[1].port, cl.eng[1].probe_port);
+	engine_argv(&o, eargv, store, sizeof(store), "engine-b", "follower", cl.eng[1].probe_port);
 	struct child *eb = spawn("engine-b", eargv);
 	CHECK(eb, "could not start engine-b");
 	CHECK(wait_state(h, cl.eng[1].probe_port, "standby", 30000), "engine-b did not reach Standby (see %s)", eb->log);
@@ -680,7 +703,6 @@ int main(int argc, char **argv)
 	int64_t kill_at = now_us();
 	struct child *victim = o.gms_crash ? gms0 : ea;
 	kill(victim->pid, SIGKILL);
-	cl.kill_at_us = kill_at;
 	pthread_mutex_unlock(&cl.mu);
 	waitpid(victim->pid, NULL, 0);
 	victim->pid = 0;
@@ -744,20 +766,23 @@ int main(int argc, char **argv)
 	ROW("first response served", cl.first_ok_after_us);
 	say("\n  epoch before %llu -> after %llu (%s)\n", (unsigned long long)cl.epoch_before,
 	    (unsigned long long)cl.epoch_after, v[0] ? "from the grant" : "from responses");
-	say("  requests failed during the gap: %ld\n", cl.failed_after_kill);
+	say("  connections refused: %ld\n", cl.refused);
+	say("  requests failed in flight (accepted by the killed engine): %ld\n", cl.failed_in_flight);
+	say("  longest wait a client saw: %.1f ms\n", (double)cl.longest_wait_us / 1000.0);
 	if (o.gms_crash)
 		say("  answered by engine-a from its mapping before it saw the GMS lost: %ld\n", cl.ok_old_primary);
 	say("  responses after failover: %ld, all identical to before: %s\n", cl.ok_after,
 	    cl.mismatched ? "NO" : "yes");
 	if (o.json_path) {
-		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "engine", o.engine,
+		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "engine", o.engine,
 				      "release_us", (json_int_t)(t_release ? t_release - kill_at : -1),
 				      "grant_us", (json_int_t)(t_grant ? t_grant - kill_at : -1),
 				      "remapped_us", (json_int_t)(t_remap ? t_remap - kill_at : -1),
 				      "kv_allocated_us", (json_int_t)(t_kv ? t_kv - kill_at : -1),
 				      "serving_us", (json_int_t)(t_serve ? t_serve - kill_at : -1),
 				      "first_response_us", (json_int_t)(cl.first_ok_after_us - kill_at),
-				      "failed_requests", (json_int_t)cl.failed_after_kill, "mismatched", (json_int_t)cl.mismatched);
+				      "refused", (json_int_t)cl.refused, "failed_in_flight", (json_int_t)cl.failed_in_flight,
+				      "longest_wait_us", (json_int_t)cl.longest_wait_us, "mismatched", (json_int_t)cl.mismatched);
 		if (!j || json_dump_file(j, o.json_path, JSON_COMPACT) != 0)
 			say("demo: could not write %s\n", o.json_path);
 		json_decref(j);
@@ -766,6 +791,9 @@ int main(int argc, char **argv)
 	CHECK(cl.epoch_after > cl.epoch_before, "epoch did not increase (%llu -> %llu)",
 	      (unsigned long long)cl.epoch_before, (unsigned long long)cl.epoch_after);
 	CHECK(cl.mismatched == 0, "%ld responses differ from the ones before the failover", cl.mismatched);
+	CHECK(cl.refused == 0, "%ld connections refused: the listener the lock carries should keep them", cl.refused);
+	/* One client, one connection at a time: the killed engine had at most one of its requests. */
+	CHECK(cl.failed_in_flight <= 1, "%ld requests failed in flight with one client", cl.failed_in_flight);
 	CHECK(t_grant && (!t_release || t_release <= t_grant), "the lock server's log shows no grant to engine-b");
 	if (o.gms_crash) {
 		CHECK(t_restored, "the restarted gf-gmsd did not restore from WARM (see %s)", gms0b->log);
@@ -780,7 +808,7 @@ int main(int argc, char **argv)
 	}
 
 	/* The killed engine comes back as the new standby. */
-	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].port, cl.eng[0].probe_port);
+	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].probe_port);
 	int64_t t_restart = now_us();
 	ea = spawn("engine-a-restarted", eargv);
 	CHECK(ea, "could not restart engine-a");

@@ -25,6 +25,11 @@ static void usage(FILE *f)
 	      "The lock server: the connection is the lock; grants carry fencing epochs.\n"
 	      "\n"
 	      "  --listen URI               unix:///path/lock.sock or tcp://host:port (repeatable)\n"
+	      "  --listener NAME=URI        a listening socket (tcp://host:port or unix:///path) that the\n"
+	      "                             lock carries: passed to every holder with its grant, so no\n"
+	      "                             connection is refused during a failover (repeatable). Under\n"
+	      "                             systemd socket activation, an inherited socket named NAME\n"
+	      "                             (FileDescriptorName=) is used instead of binding URI\n"
 	      "  --state-file PATH          persist grants here (put it on tmpfs); strongly advised\n"
 	      "  --reconnect-window DUR     after a restart, keep the lock for the holder on record (default 10s)\n"
 	      "  --exit-wait-timeout DUR    wait this long for a released holder's process to exit (default 10s)\n"
@@ -45,6 +50,45 @@ static void usage(FILE *f)
 	      "\n"
 	      "Durations: 250ms, 10s, 2m. Logs: key=value lines on stderr.\n",
 	      f);
+}
+
+/*
+ * sd_listen_fds(3) without libsystemd: the fd systemd passed under @name
+ * (LISTEN_FDS fds from 3, LISTEN_FDNAMES colon-separated), or -1. Only for
+ * this process (LISTEN_PID), so a child never mistakes its parent's fds.
+ */
+static int inherited_fd(const char *name)
+{
+	const char *pid = getenv("LISTEN_PID"), *nfds = getenv("LISTEN_FDS"), *names = getenv("LISTEN_FDNAMES");
+	if (!pid || !nfds || !names || strtol(pid, NULL, 10) != (long)getpid())
+		return -1;
+	long n = strtol(nfds, NULL, 10);
+	size_t len = strlen(name);
+	const char *p = names;
+	for (long i = 0; i < n && p; i++) {
+		const char *end = strchr(p, ':');
+		size_t l = end ? (size_t)(end - p) : strlen(p);
+		if (l == len && !strncmp(p, name, len))
+			return 3 + (int)i;
+		p = end ? end + 1 : NULL;
+	}
+	return -1;
+}
+
+static void add_listener(gf_lockd *d, const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+	char name[64];
+	if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof(name)) {
+		fprintf(stderr, "gf-lockd: --listener: expected NAME=URI (NAME 1..63 characters), got '%s'\n", arg);
+		exit(2);
+	}
+	snprintf(name, sizeof(name), "%.*s", (int)(eq - arg), arg);
+	int fd = inherited_fd(name);
+	if ((fd >= 0 ? gf_lockd_add_listener_fd(d, name, fd) : gf_lockd_add_listener(d, name, eq + 1)) < 0) {
+		fprintf(stderr, "gf-lockd: --listener %s: %s\n", arg, gf_error_detail());
+		exit(2);
+	}
 }
 
 static int read_secret(const char *path, char **out, size_t *len)
@@ -90,10 +134,11 @@ static void die_cfg(const char *what)
 
 int main(int argc, char **argv)
 {
-	enum { O_LISTEN = 1, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP, O_VERSION,
-	       O_MAXSTANDBY, O_MINAGE, O_METRICS };
+	enum { O_LISTEN = 1, O_LISTENER, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP,
+	       O_VERSION, O_MAXSTANDBY, O_MINAGE, O_METRICS };
 	static const struct option opts[] = {
 		{ "listen", required_argument, NULL, O_LISTEN },
+		{ "listener", required_argument, NULL, O_LISTENER },
 		{ "state-file", required_argument, NULL, O_STATE },
 		{ "reconnect-window", required_argument, NULL, O_WINDOW },
 		{ "exit-wait-timeout", required_argument, NULL, O_EXITWAIT },
@@ -122,6 +167,9 @@ int main(int argc, char **argv)
 			if (gf_lockd_add_listen(d, optarg) < 0)
 				die_cfg("--listen");
 			nlisten++;
+			break;
+		case O_LISTENER:
+			add_listener(d, optarg);
 			break;
 		case O_STATE:
 			if (gf_lockd_set_state_file(d, optarg) < 0)

@@ -225,6 +225,41 @@ static void take_terminal(pid_t to, pid_t from)
 }
 
 /*
+ * In CMD's process, before exec: the lock's listeners as systemd passes
+ * sockets (sd_listen_fds(3)): fds 3.. without close-on-exec, LISTEN_FDS,
+ * LISTEN_FDNAMES and LISTEN_PID. Without listeners the variables are unset, so
+ * CMD never takes someone else's for its own.
+ */
+static void export_listeners(const struct gf_lock_listener *ls, size_t n)
+{
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	unsetenv("LISTEN_PID");
+	if (n == 0)
+		return;
+	int tmp[64];
+	char names[64 * 65] = "", num[32];
+	/* First above the targets, so no dup2() below overwrites a source. */
+	for (size_t i = 0; i < n; i++)
+		tmp[i] = fcntl(ls[i].fd, F_DUPFD_CLOEXEC, 3 + (int)n);
+	for (size_t i = 0; i < n; i++) {
+		if (tmp[i] < 0 || dup2(tmp[i], 3 + (int)i) < 0) {
+			fprintf(stderr, "gfctl lock acquire: passing listener %s: %s\n", ls[i].name, strerror(errno));
+			_exit(GFCTL_EXIT_FAILURE);
+		}
+		close(tmp[i]);
+		if (i)
+			strcat(names, ":");
+		strcat(names, ls[i].name);
+	}
+	snprintf(num, sizeof(num), "%zu", n);
+	setenv("LISTEN_FDS", num, 1);
+	setenv("LISTEN_FDNAMES", names, 1);
+	snprintf(num, sizeof(num), "%d", (int)getpid());
+	setenv("LISTEN_PID", num, 1);
+}
+
+/*
  * The guard: gfctl's child, leader of a new process group in which CMD runs.
  * It exists so CMD never outlives the lock: when gfctl dies, even by SIGKILL,
  * the kernel sends the guard SIGTERM (PR_SET_PDEATHSIG) and the guard kills
@@ -232,7 +267,8 @@ static void take_terminal(pid_t to, pid_t from)
  * handles them as it likes; the guard ignores them while gfctl lives. The
  * guard exits with CMD's status (128+N when a signal N ended it).
  */
-static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask)
+static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, const struct gf_lock_listener *ls,
+		      size_t nls)
 {
 	sigset_t mask;
 	sigemptyset(&mask);
@@ -252,6 +288,7 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask)
 	if (child == 0) {
 		sigprocmask(SIG_SETMASK, old_mask, NULL);
 		signal(SIGPIPE, SIG_DFL);
+		export_listeners(ls, nls);
 		execvp(cmd[0], cmd);
 		fprintf(stderr, "gfctl lock acquire: exec %s: %s\n", cmd[0], strerror(errno));
 		_exit(127);
@@ -272,7 +309,7 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask)
 }
 
 /* Step 3: start the guard (and CMD under it); the group id, or -1. */
-static pid_t start_command(char **cmd, const sigset_t *old_mask)
+static pid_t start_command(char **cmd, const sigset_t *old_mask, const struct gf_lock_listener *ls, size_t nls)
 {
 	pid_t self = getpid();
 	pid_t guard = fork();
@@ -281,7 +318,7 @@ static pid_t start_command(char **cmd, const sigset_t *old_mask)
 		return -1;
 	}
 	if (guard == 0)
-		run_guard(cmd, self, old_mask);
+		run_guard(cmd, self, old_mask, ls, nls);
 	setpgid(guard, guard); /* also here: no signal may find the group missing */
 	take_terminal(guard, getpgrp());
 	return guard;
@@ -356,7 +393,12 @@ static int cmd_acquire(struct lock_opts *o, char **cmd)
 	printf("granted id=%s epoch=%" PRIu64 "\n", o->id, g.epoch);
 	fflush(stdout);
 
-	pid_t group = cmd && cmd[0] ? start_command(cmd, &old) : 0;
+	/* A tcp:// lock carries no listeners (GF_ERR_NOT_SUPPORTED): CMD gets none. */
+	const struct gf_lock_listener *ls = NULL;
+	size_t nls = 0;
+	if (gf_lock_listeners(lock, &ls, &nls) < 0)
+		nls = 0;
+	pid_t group = cmd && cmd[0] ? start_command(cmd, &old, ls, nls) : 0;
 	int code = group < 0 ? GFCTL_EXIT_FAILURE : hold(lock, sfd, group);
 	/* Whatever CMD left running in its group goes before the lock does. */
 	if (group > 0) {
@@ -382,6 +424,7 @@ static int cmd_status(struct lock_opts *o)
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
 				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "uptime_ms", "connections",
+				       "listeners", "listeners_pending", "step_down_requested",
 				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters",
 				       "holder_info", "pool" };
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -446,6 +489,16 @@ static int cmd_ready(struct lock_opts *o, char **extra)
 	return rc == 1 ? GFCTL_OK : GFCTL_EXIT_FAILURE;
 }
 
+static int cmd_switchover(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	int rc = gf_lock_switchover(o->uri, o->secret, o->secret_len, o->epoch, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc < 0)
+		return fail("switchover", rc);
+	printf("switchover requested: the holder steps down, the first standby takes over\n");
+	return GFCTL_OK;
+}
+
 static int run_lock_cmd(int argc, char **argv, int (*cmd)(struct lock_opts *, char **), int takes_cmd)
 {
 	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
@@ -500,6 +553,11 @@ static int run_revoke(int argc, char **argv)
 	return run_lock_cmd(argc, argv, cmd_revoke, 0);
 }
 
+static int run_switchover(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, cmd_switchover, 0);
+}
+
 #define LOCK_OPT "  --lock URI             the lock server (unix:///path or tcp://host:port)\n"
 #define SECRET_OPT "  --secret-file PATH     the shared secret of a tcp:// server\n"
 
@@ -511,7 +569,8 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  "ended it). CMD never outlives the lock: it runs in its own process group, which is\n"
 	  "killed when gfctl dies (even by SIGKILL) or loses the lock, and whatever CMD leaves\n"
 	  "running there is killed before the lock is released. Signals sent to gfctl are\n"
-	  "passed to the group.",
+	  "passed to the group. The listening sockets the lock carries (gf-lockd --listener)\n"
+	  "are passed to CMD as systemd does: fds from 3, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID.",
 	  LOCK_OPT "  --id ID                this holder's id (shown in status)\n"
 		   "  --timeout DUR          give up after DUR (default: wait forever; 0: ask once)\n"
 		   "  --reconnect-timeout DUR  how long to keep trying an unreachable server\n" SECRET_OPT
@@ -549,6 +608,18 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  LOCK_OPT "  --epoch N              the grant to revoke (see 'gfctl lock status')\n"
 		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
 	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when N is not the current grant", run_revoke },
+	{ "switchover", "--lock URI [--epoch N] [--timeout DUR]",
+	  "Planned switchover: the holder steps down, the first standby takes over (also 'gfctl switchover').",
+	  "The server asks the holder to step down; an engine built on the library stops\n"
+	  "accepting (with the lock's listener new connections wait in its backlog), lets\n"
+	  "in-flight requests finish, releases the lock and exits with status 75, which\n"
+	  "gf-supervise restarts at once without counting a retry. Returns once the holder\n"
+	  "was asked. Refused when nobody holds the lock or no standby waits. Allowed for\n"
+	  "root or the server's own uid (unix), or with the shared secret (tcp).",
+	  LOCK_OPT "  --epoch N              only if the holder's grant is N (default: whoever holds it)\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when nobody holds the lock or no standby waits",
+	  run_switchover },
 	{ 0 },
 };
 

@@ -134,6 +134,16 @@ int main(int argc, char **argv)
 		printf("gfctl (libgpufailover) %s\n", gf_version());
 		return GFCTL_OK;
 	}
+	/* "gfctl switchover ..." is short for "gfctl lock switchover ...". */
+	char *alias[argc + 2];
+	if (!strcmp(argv[1], "switchover")) {
+		alias[0] = argv[0];
+		alias[1] = (char *)"lock";
+		for (int i = 1; i <= argc; i++)
+			alias[i + 1] = argv[i];
+		argv = alias;
+		argc++;
+	}
 	const struct gfctl_group *g = find_group(argv[1]);
 	if (!g) {
 		fprintf(stderr, "gfctl: unknown command '%s' (see gfctl --help)\n", argv[1]);

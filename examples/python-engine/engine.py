@@ -196,6 +196,24 @@ def parse_bytes(text):
     return int(num) * units[text[len(num):]]
 
 
+# gfctl switchover: stepped down, drained, lock released (GF_ENGINE_EXIT_SWITCHOVER).
+EXIT_SWITCHOVER = 75
+
+
+def http_server(eng, port, listener, handler):
+    """The inference HTTP server: on the lock's listener when one is named
+    (connections that arrived during the failover wait in its backlog and are
+    served now; only the holder has it, so a standby never accepts), else on
+    127.0.0.1:port."""
+    if not listener:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = eng.listener(listener)
+    server.server_address = server.socket.getsockname()
+    return server
+
+
 def parse_duration(text):
     try:
         return gf.parse_duration(text)
@@ -211,6 +229,9 @@ def main(argv=None):
     p.add_argument("--id", default=f"python-engine-{os.getpid()}")
     p.add_argument("--weights", help="safetensors file (loader); default: generated weights")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--listener", metavar="NAME",
+                   help="serve from the listening socket the lock carries under NAME (gf-lockd --listener "
+                        "NAME=URI) instead of --port: no connection is refused during a failover")
     p.add_argument("--probe-port", type=int, default=8081)
     p.add_argument("--probe-address", default="0.0.0.0")
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host")
@@ -237,6 +258,10 @@ def main(argv=None):
     # Until it serves, a signal simply ends the engine (a standby has nothing
     # to clean up, and Ctrl-C interrupts the blocking acquire()).
     stop = threading.Event()
+    stepping_down = threading.Event()
+    # Requests being served, for the drain of a planned switchover.
+    inflight = [0]
+    idle = threading.Condition()
 
     eng = gf.Engine(a.lock, a.id, a.gms, role=a.role, backend=a.backend, waking_timeout=a.waking_timeout,
                     remap_timeout=a.remap_timeout, init_timeout=a.init_timeout, private_bytes=a.kv_bytes,
@@ -254,6 +279,14 @@ def main(argv=None):
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def finish(self):
+                try:
+                    super().finish()
+                finally:
+                    with idle:
+                        inflight[0] -= 1
+                        idle.notify_all()
 
             def do_GET(self):
                 url = urlparse(self.path)
@@ -278,15 +311,41 @@ def main(argv=None):
                 self.wfile.write(data)
 
         def serve_endpoint():
-            server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+            server = http_server(eng, a.port, a.listener, Handler)
+            accept = server.process_request
+
+            def counted(request, client_address):
+                # Counted in the accepting thread, so a drain never misses one.
+                with idle:
+                    inflight[0] += 1
+                accept(request, client_address)
+
+            server.process_request = counted
+            state["server"] = server
             threading.Thread(target=server.serve_forever, daemon=True).start()
             log("endpoint_listening", port=server.server_address[1], epoch=epoch)
 
+        def on_step_down():
+            stepping_down.set()
+            stop.set()
+
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+        eng.on_step_down = on_step_down
         eng.serve(serve=serve_endpoint)
         log("active", epoch=epoch, **{k: v for k, v in eng.metrics.items() if k.endswith("_us")})
         stop.wait()
+        if stepping_down.is_set():
+            # Planned switchover: stop accepting (the lock's listener keeps new
+            # connections for the next holder), drain, release, exit 75.
+            t0 = time.monotonic()
+            state["server"].shutdown()
+            with idle:
+                idle.wait_for(lambda: inflight[0] == 0, timeout=30)
+            eng.step_down()
+            log("stepped_down", drain_ms=round((time.monotonic() - t0) * 1000, 1))
+            log("exit", status=EXIT_SWITCHOVER)
+            return EXIT_SWITCHOVER
         log("exit", status=0)
         return 0
     except gf.GpuFailoverError as e:

@@ -25,7 +25,7 @@ import pathlib
 import signal
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -190,6 +190,9 @@ def main(argv=None):
     p.add_argument("--id", default=f"torch-engine-{os.getpid()}")
     p.add_argument("--weights", help="safetensors file of this model (loader); default: generated weights")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--listener", metavar="NAME",
+                   help="serve from the listening socket the lock carries under NAME (gf-lockd --listener "
+                        "NAME=URI) instead of --port: no connection is refused during a failover")
     p.add_argument("--probe-port", type=int, default=8081)
     p.add_argument("--probe-address", default="0.0.0.0")
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host",
@@ -268,7 +271,7 @@ def main(argv=None):
                 self.wfile.write(data)
 
         def serve_endpoint():
-            server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+            server = pyeng.http_server(eng, a.port, a.listener, Handler)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             log("endpoint_listening", port=server.server_address[1], epoch=epoch)
 

@@ -37,6 +37,14 @@ extern "C" {
 /** @defgroup engine Engine state machine
  *  @{ */
 
+/**
+ * Exit status of an engine that stepped down for a planned switchover
+ * (gfctl switchover): it stopped accepting, drained, released the lock and
+ * exited. EX_TEMPFAIL: a supervisor restarts it at once as a Standby and
+ * counts no retry (gf-supervise does).
+ */
+#define GF_ENGINE_EXIT_SWITCHOVER 75
+
 /** Engine states, in the only order they can be visited. */
 enum gf_engine_state {
 	GF_ENGINE_INIT = 0,    /**< loading weights, capturing graphs */
@@ -271,6 +279,35 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *engine);
  * fails the engine becomes Dead and its error is returned.
  */
 GF_EXPORT int gf_engine_serve(gf_engine *engine, gf_engine_step_fn serve, void *userdata);
+/**
+ * The lock-carried listening socket @p name (gf-lockd --listener NAME=URI),
+ * for the serve step: *@p fd_out is a new close-on-exec duplicate the caller
+ * owns (an HTTP server may close it when it stops). Only the holder has it,
+ * so a Standby never accepts. Waking or Active (while the lock is held).
+ * Errors: GF_ERR_STATE (not held), GF_ERR_NOT_FOUND (no such listener),
+ * GF_ERR_NOT_SUPPORTED (a tcp:// lock carries none), GF_ERR_IO, GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_out);
+
+/**
+ * Called when a planned switchover (gfctl switchover) asks this engine, the
+ * lock's holder, to step down. The application stops accepting (with the
+ * lock-carried listener nothing is refused: new connections wait in its
+ * backlog for the next holder), lets in-flight requests finish, then calls
+ * gf_engine_step_down() and exits with GF_ENGINE_EXIT_SWITCHOVER. Runs on
+ * the lock's watcher thread: hand the work to another thread, return soon.
+ */
+typedef void (*gf_engine_step_down_fn)(gf_engine *engine, void *userdata);
+/** Install the step-down hook (NULL: a switchover request is logged and ignored). Any time, any thread. */
+GF_EXPORT int gf_engine_set_step_down_fn(gf_engine *engine, gf_engine_step_down_fn fn, void *userdata);
+/**
+ * Finish a planned switchover: release the lock explicitly (the server grants
+ * the first waiter at once, without waiting for this process to exit) and
+ * enter Dead with cause "switchover" (no loss policy runs). Then exit with
+ * GF_ENGINE_EXIT_SWITCHOVER. Not from the step-down hook's thread (it joins
+ * the lock watcher). Errors: GF_ERR_STATE (the lock is not held), GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_engine_step_down(gf_engine *engine);
 /** Enter Dead (from any state; no-op when already Dead). @p reason is logged. Any thread. */
 GF_EXPORT int gf_engine_mark_dead(gf_engine *engine, const char *reason);
 /**

@@ -90,6 +90,19 @@ GF_EXPORT int gf_lock_set_pinned(gf_lock *lock, int pinned);
 GF_EXPORT int gf_lock_set_model(gf_lock *lock, const char *model);
 
 /**
+ * Called when the server asks this holder to step down for a planned
+ * switchover (gf_lock_switchover()): stop accepting new work, finish what is
+ * in flight, then gf_lock_release(); the first waiter is granted next. The
+ * lock stays held until then. Runs on the thread that runs
+ * gf_lock_process() (the watcher thread), so it must not call
+ * gf_lock_release(), gf_lock_free() or gf_lock_stop_watch() itself: hand the
+ * work to another thread. Without a hook the request is ignored (logged).
+ */
+typedef void (*gf_lock_step_down_fn)(gf_lock *lock, uint64_t epoch, void *userdata);
+/** Install the step-down hook (NULL removes it). */
+GF_EXPORT void gf_lock_set_step_down_fn(gf_lock *lock, gf_lock_step_down_fn fn, void *userdata);
+
+/**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
  * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most
  * 1 s and GF_ERR_TIMEOUT at once when the lock is held), or
@@ -117,6 +130,30 @@ GF_EXPORT void gf_lock_interrupt(gf_lock *lock);
 GF_EXPORT int gf_lock_is_held(const gf_lock *lock);
 /** Epoch of the current grant (0 when never granted). */
 GF_EXPORT uint64_t gf_lock_epoch(const gf_lock *lock);
+
+/** A listening socket carried by the lock (see gf_lock_listeners()). */
+struct gf_lock_listener {
+	char name[64]; /**< the name given to the server (gf-lockd --listener NAME=URI) */
+	int fd;        /**< a listening stream socket, blocking, close-on-exec */
+};
+
+/**
+ * The listening sockets that came with the grant: duplicates of the lock
+ * server's own (gf_lockd_add_listener()), so connections that arrived while
+ * nobody held the lock wait in their backlog for this holder to accept them.
+ * Sets *@p out to an array of *@p n entries (n is 0 when the server has none).
+ * The lock object owns the array and the fds: they stay valid until
+ * gf_lock_release(), gf_lock_free() or the next gf_lock_acquire(); dup() an fd
+ * to keep it longer. A reclaim after a server restart keeps them (the server
+ * adopts the same sockets). The file status flags are shared with the server
+ * and every other holder's copy: the server makes them blocking, but an
+ * earlier holder may have made them non-blocking (libmicrohttpd does), so
+ * wait with poll() and treat EAGAIN from accept() as nothing to accept.
+ * Call from the thread that acquired. Errors: GF_ERR_NOT_SUPPORTED on a
+ * tcp:// lock (fds cannot cross hosts), GF_ERR_STATE when not held,
+ * GF_ERR_INVALID_ARG.
+ */
+GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listener **out, size_t *n);
 
 /** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);
@@ -169,6 +206,18 @@ GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_
  */
 GF_EXPORT int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, const char *const *gpus,
 				size_t ngpus, const char *model, int64_t timeout_ms, char **json);
+/**
+ * Admin request: planned switchover. The server asks the holder (the grant
+ * of @p epoch; 0: whoever holds the lock) to step down (its
+ * gf_lock_step_down_fn), which then drains and releases, and the first
+ * waiter is granted: no kill, no failure counted. Returns once the holder was
+ * asked, not when it has released. Same permissions as gf_lock_revoke().
+ * Blocks up to @p timeout_ms. Errors: GF_ERR_STATE (nobody holds the lock,
+ * @p epoch is not the current grant, or no waiter would take over),
+ * GF_ERR_PERMISSION, GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+				 int64_t timeout_ms);
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 
@@ -199,6 +248,27 @@ GF_EXPORT int gf_lockd_new(gf_lockd **out);
 GF_EXPORT void gf_lockd_free(gf_lockd *d);
 /** Listen on @p uri ("unix:///path" or "tcp://host:port"); repeatable; before start. */
 GF_EXPORT int gf_lockd_add_listen(gf_lockd *d, const char *uri);
+/**
+ * A listening socket carried by the lock: the server binds @p uri
+ * ("tcp://host:port" or "unix:///path") at gf_lockd_start(), keeps it for its
+ * lifetime and passes a duplicate with every grant over a unix connection
+ * (gf_lock_listeners()), so a failover refuses no connection: they wait in
+ * the backlog for the next holder. @p name: 1..63 of letters, digits, '.',
+ * '_', '-' (an sd_listen_fds name); unique; at most 16 listeners. A unix
+ * listener's socket file is not removed when the server exits (a holder may
+ * still serve from it). Restart: a listener still held by the holder on
+ * record (busy) is adopted back from that holder's reclaim, or bound again
+ * once the reconnect window ends. Before start. Errors: GF_ERR_INVALID_ARG,
+ * GF_ERR_STATE (after start).
+ */
+GF_EXPORT int gf_lockd_add_listener(gf_lockd *d, const char *name, const char *uri);
+/**
+ * Like gf_lockd_add_listener() with an already listening stream socket
+ * (e.g. from systemd socket activation, which keeps it across server
+ * restarts); the server takes @p fd on success and makes it blocking and
+ * close-on-exec. Errors: GF_ERR_INVALID_ARG (bad name, not a listening stream socket), GF_ERR_STATE.
+ */
+GF_EXPORT int gf_lockd_add_listener_fd(gf_lockd *d, const char *name, int fd);
 /** Persist grants to @p path (JSON, written atomically before every grant); before start. */
 GF_EXPORT int gf_lockd_set_state_file(gf_lockd *d, const char *path);
 /** After a restart with a holder on record, only that holder may re-acquire for @p ms (default 10000; at most a year). */
@@ -243,7 +313,8 @@ GF_EXPORT int gf_lockd_set_min_standby_age(gf_lockd *d, int64_t ms);
  * Read the state file, open the listeners; raises the process's soft
  * RLIMIT_NOFILE to its hard limit (every peer is an fd, two for unix peers).
  * After this returns the sockets accept connections. Errors: GF_ERR_INVALID_ARG (no listener, TCP without
- * secret), GF_ERR_BUSY (another server uses the state file or socket),
+ * secret), GF_ERR_BUSY (another server uses the state file or socket, or a
+ * listener's address while no holder is on record that could hand it back),
  * GF_ERR_IO, GF_ERR_PERMISSION.
  */
 GF_EXPORT int gf_lockd_start(gf_lockd *d);

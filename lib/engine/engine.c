@@ -334,6 +334,7 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		}
 		/* The hook is in place before the lock can be held. */
 		gf_lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
+		gf_lock_set_step_down_fn(lock, gf_engine_lock_step_down_hook, e);
 		atomic_store(&e->lock, lock);
 	}
 	if (atomic_exchange(&e->interrupted, false))

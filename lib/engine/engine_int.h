@@ -69,6 +69,9 @@ struct gf_engine {
 	void *health_ud;
 	gf_engine_loss_fn loss;
 	void *loss_ud;
+	/* planned switchover (stepdown.c) */
+	_Atomic(gf_engine_step_down_fn) step_down;
+	void *_Atomic step_down_ud;
 
 	char *lock_uri;
 	char *id;
@@ -144,6 +147,8 @@ void gf_engine_record_failover(gf_engine *e);
 
 /* The hooks the engine installs into the lock and GMS clients (loss.c). */
 void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *userdata);
+/* The lock client's step-down hook: passes a planned switchover to the application. */
+void gf_engine_lock_step_down_hook(gf_lock *lock, uint64_t epoch, void *userdata);
 void gf_engine_gms_lost_hook(gf_gms *gms, int err, const char *detail, void *userdata);
 
 /* Probe decision for a state, the pure table of DESIGN §7. @waking_expired

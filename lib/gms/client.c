@@ -51,6 +51,10 @@ struct gf_gms {
 	gf_mem *mem;
 	int fd;
 	struct gf_frame_reader rd;
+	/* Asleep as a reader: the session, handshaken, without a lock, so that
+	 * a wake is one request (GmsConnect with the list). -1 when none. */
+	int parked_fd;
+	struct gf_frame_reader parked_rd;
 	uint32_t seq;
 	gf_Msg *msg;
 	int granted;
@@ -185,21 +189,11 @@ int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t de
 	return 0;
 }
 
-/* Connect and take the lock in @mode; fills granted, connected_hash. */
-static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
+/* The reply to GmsConnect in @g->msg: check it and record the grant. */
+static int take_connected(gf_gms *g)
 {
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
-	if (rc < 0)
-		return rc;
-	memset(g->msg, 0, sizeof(*g->msg));
-	g->msg->which_body = gf_Msg_gms_connect_tag;
-	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
-	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
-	g->msg->body.gms_connect.lock_epoch = g->lock_epoch;
-	rc = request(g, NULL, NULL, reply_deadline);
-	if (rc == 0 && g->msg->which_body != gf_Msg_gms_connected_tag)
+	int rc = 0;
+	if (g->msg->which_body != gf_Msg_gms_connected_tag)
 		rc = gf_err(GF_ERR_PROTOCOL, "connect: expected gms_connected, got %s", gf_msg_name(g->msg));
 	if (rc == 0) {
 		const gf_GmsConnected *c = &g->msg->body.gms_connected;
@@ -228,6 +222,31 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 					  : c->oom_retry_ms > GF_MAX_DURATION_MS ? GF_MAX_DURATION_MS : c->oom_retry_ms;
 		}
 	}
+	return rc;
+}
+
+static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list)
+{
+	memset(g->msg, 0, sizeof(*g->msg));
+	g->msg->which_body = gf_Msg_gms_connect_tag;
+	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
+	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
+	g->msg->body.gms_connect.with_list = with_list;
+	g->msg->body.gms_connect.lock_epoch = g->lock_epoch;
+}
+
+/* Connect and take the lock in @mode; fills granted, connected_hash. */
+static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
+{
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
+	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
+	if (rc < 0)
+		return rc;
+	fill_connect(g, mode, timeout_ms, false);
+	rc = request(g, NULL, NULL, reply_deadline);
+	if (rc == 0)
+		rc = take_connected(g);
 	if (rc < 0) {
 		/* A lost server during connect is "unreachable", not a loss of a held lock. */
 		if (rc == GF_ERR_GMS_LOST) {
@@ -258,6 +277,7 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 		return gf_err(GF_ERR_NOMEM, "gf_gms_connect: out of memory");
 	}
 	g->fd = -1;
+	g->parked_fd = -1;
 	g->stop_fd = -1;
 	g->mem = mem;
 	g->lock_epoch = lock_epoch;
@@ -308,6 +328,10 @@ void gf_gms_free(gf_gms *gms)
 	gf_mem_va_free(gms->va);
 	if (gms->fd >= 0)
 		close_conn(gms);
+	if (gms->parked_fd >= 0) {
+		gf_close(gms->parked_fd);
+		gf_frame_reader_clear(&gms->parked_rd);
+	}
 	for (size_t i = 0; i < gms->nmeta; i++) {
 		free(gms->meta[i].key);
 	}
@@ -550,19 +574,23 @@ static void listed_free(struct listed *l)
  * allocations while the server prepares the next; when anything fails, the
  * caller undoes what it did.
  */
-static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk)
+static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk, bool already_asked)
 {
 	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
 	memset(l, 0, sizeof(*l));
-	memset(g->msg, 0, sizeof(*g->msg));
-	g->msg->which_body = gf_Msg_gms_list_tag;
-	g->msg->body.gms_list.with_fds = true;
-	g->msg->body.gms_list.without_metadata = !with_meta;
-	g->msg->seq = ++g->seq;
-	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
-	if (rc < 0)
-		return io_failed(g, rc);
-	g->round_trips++;
+	int rc;
+	/* A wake's GmsConnect asked for the list with the grant: the chunks are on their way. */
+	if (!already_asked) {
+		memset(g->msg, 0, sizeof(*g->msg));
+		g->msg->which_body = gf_Msg_gms_list_tag;
+		g->msg->body.gms_list.with_fds = true;
+		g->msg->body.gms_list.without_metadata = !with_meta;
+		g->msg->seq = ++g->seq;
+		rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+		if (rc < 0)
+			return io_failed(g, rc);
+		g->round_trips++;
+	}
 	for (bool first = true;; first = false) {
 		int *fds = NULL;
 		size_t nfds = 0;
@@ -685,7 +713,7 @@ int gf_gms_map_all(gf_gms *gms)
 		return 0; /* the writer that committed, or already mapped */
 	struct listed l;
 	size_t meta_before = gms->nmeta;
-	if ((rc = list_all(gms, true, &l, NULL)) < 0)
+	if ((rc = list_all(gms, true, &l, NULL, false)) < 0)
 		goto fail_meta;
 	if (memcmp(l.hash, gms->connected_hash, 16)) {
 		listed_free(&l);
@@ -806,6 +834,68 @@ int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
 
 /* ---------------------------------------------------------------- sleep / wake */
 
+/*
+ * Sleep: a reader gives the RO lock back (GmsDisconnect) but keeps the
+ * session, so its wake needs no connect, handshake or second request. Any
+ * failure just closes the connection: the wake then connects afresh. No
+ * loss is reported here (the engine is going to sleep, not losing its GMS).
+ */
+static void park_conn(gf_gms *g)
+{
+	if (g->granted != GF_GMS_RO || !g->have_layout) {
+		close_conn(g);
+		return;
+	}
+	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
+	memset(g->msg, 0, sizeof(*g->msg));
+	g->msg->which_body = gf_Msg_gms_disconnect_tag;
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+	if (rc == 0)
+		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, deadline);
+	if (rc < 0 || g->msg->which_body != gf_Msg_ok_tag) {
+		close_conn(g);
+		return;
+	}
+	g->parked_fd = g->fd;
+	g->parked_rd = g->rd;
+	g->fd = -1;
+	g->granted = 0;
+	gf_frame_reader_init(&g->rd, GF_MSG_MAX_FDS);
+}
+
+/*
+ * Wake over the parked session: one GmsConnect(RO, with the list). 1 when
+ * granted (the list follows), 0 when the session is gone (connect afresh),
+ * < 0 when the server refused (e.g. the timeout passed).
+ */
+static int wake_parked(gf_gms *g, int64_t timeout_ms)
+{
+	gf_frame_reader_clear(&g->rd);
+	g->fd = g->parked_fd;
+	g->rd = g->parked_rd;
+	g->parked_fd = -1;
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
+	fill_connect(g, GF_GMS_RO, timeout_ms, true);
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, reply_deadline);
+	if (rc == 0)
+		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, reply_deadline);
+	if (rc < 0) {
+		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
+		       gf_error_detail());
+		close_conn(g);
+		return 0;
+	}
+	g->round_trips++;
+	if ((rc = gf_msg_error_code(g->msg)) < 0 || (rc = take_connected(g)) < 0) {
+		close_conn(g);
+		return rc;
+	}
+	return 1;
+}
+
 int gf_gms_unmap(gf_gms *gms)
 {
 	if (!gms)
@@ -818,7 +908,7 @@ int gf_gms_unmap(gf_gms *gms)
 	/* Kernels still running on the weights must finish before the mappings go. */
 	int rc = gf_mem_synchronize(gms->mem);
 	release_imports(gms);
-	close_conn(gms);
+	park_conn(gms);
 	if (!gms->have_layout) {
 		/* A writer that sleeps before commit aborted its layout: nothing to come back to. */
 		gms->nallocs = 0;
@@ -872,14 +962,17 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
 	atomic_store(&gms->lost, false);
 	atomic_store(&gms->lost_reported, false);
+	int rc = gms->parked_fd >= 0 ? wake_parked(gms, timeout_ms) : 0;
+	if (rc < 0)
+		return rc;
+	bool listed = rc == 1;
 	/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
 	 * the layout from a snapshot), so an absent socket is retried until the
 	 * deadline instead of failing the wake at once. */
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int rc;
-	for (;;) {
+	while (!listed) {
 		int64_t left = (deadline - gf_now_us()) / 1000;
-		rc = do_connect(gms, GF_GMS_RO, left > 0 ? left : 0);
+		rc = do_connect(gms, GF_GMS_RO, timeout_ms < 0 ? -1 : (left > 0 ? left : 0));
 		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
 			break;
 		usleep(50000);
@@ -895,7 +988,7 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 			      want);
 	}
 	struct listed l;
-	rc = list_all(gms, false, &l, remap_chunk);
+	rc = list_all(gms, false, &l, remap_chunk, listed);
 	if (rc == 0 && l.n != gms->nallocs)
 		rc = gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
 	if (rc < 0) {

@@ -62,6 +62,7 @@ struct client {
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
+	bool connect_list; /* the pending GmsConnect asked for the list with the grant */
 };
 
 struct galloc {
@@ -321,6 +322,8 @@ static int fence_check(gf_gmsd *d, struct client *c)
 	return rc;
 }
 
+static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
+
 /* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
 static int try_grant(gf_gmsd *d, struct client *c)
 {
@@ -345,7 +348,13 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	d->out->seq = c->seq;
 	d->out->which_body = gf_Msg_gms_connected_tag;
 	fill_connected(d, &d->out->body.gms_connected, granted);
-	return send_msg(d, c, NULL, 0) < 0 ? -1 : 1;
+	if (send_msg(d, c, NULL, 0) < 0)
+		return -1;
+	/* A reader waking asked for the list with the grant: no second round trip. */
+	if (c->connect_list && granted == GMS_MODE_RO)
+		start_list(d, c, c->seq, true, false);
+	c->connect_list = false;
+	return 1;
 }
 
 /* Every state change: walk the waiters in FIFO order and grant whoever can go now. */
@@ -392,6 +401,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	c->mode = r->mode;
 	c->lock_epoch = r->lock_epoch;
+	c->connect_list = r->with_list;
 	c->seq = m->seq;
 	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
 	c->order = ++d->next_order;
@@ -716,14 +726,10 @@ static void list_pump(gf_gmsd *d, struct client *c)
 	gf_srv_want_write(d->srv, c->p, false);
 }
 
-static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
+static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta)
 {
-	if (c->phase != C_READER && c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
-		return;
-	}
-	c->list_fds = m->body.gms_list.with_fds;
-	c->list_meta = !m->body.gms_list.without_metadata;
+	c->list_fds = with_fds;
+	c->list_meta = with_meta;
 	size_t nm = c->list_meta ? d->nmeta : 0;
 	size_t chunks_a = (d->nallocs + GMSD_CHUNK_ALLOCS - 1) / GMSD_CHUNK_ALLOCS;
 	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
@@ -731,9 +737,36 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (c->list_chunks == 0)
 		c->list_chunks = 1;
 	c->list_next = 0;
-	c->seq = m->seq;
+	c->seq = seq;
 	c->listing = true;
 	list_pump(d, c);
+}
+
+static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	if (c->phase != C_READER && c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
+		return;
+	}
+	start_list(d, c, m->seq, m->body.gms_list.with_fds, !m->body.gms_list.without_metadata);
+}
+
+/* A reader going to sleep gives the RO lock back but keeps its session. */
+static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	if (c->phase != C_READER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "disconnect: only a reader keeps its session without a lock");
+		return;
+	}
+	gms_fsm_reader_left(&d->fsm);
+	c->phase = C_IDLE;
+	d->changed = true;
+	event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s session=kept", c->peer, c->pid,
+	      d->fsm.readers, gms_state_name(d->fsm.state));
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_ok_tag;
+	send_msg(d, c, NULL, 0);
 }
 
 static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -1113,6 +1146,9 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		break;
 	case gf_Msg_gms_restore_tag:
 		handle_restore(d, c, m);
+		break;
+	case gf_Msg_gms_disconnect_tag:
+		handle_disconnect(d, c, m);
 		break;
 	default:
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));

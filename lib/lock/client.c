@@ -44,6 +44,8 @@ struct gf_lock {
 	gf_lock_lost_fn lost_fn;
 	void *lost_ud;
 	struct gf_pool_decl decl; /* sent with every acquire */
+	gf_lock_step_down_fn step_down_fn;
+	void *step_down_ud;
 	int fd;
 	struct gf_frame_reader rd;
 	_Atomic int state;
@@ -57,6 +59,9 @@ struct gf_lock {
 	int watch_stop_fd;
 	gf_Msg *msg;
 	struct gf_lock *lnext, *lprev;
+	/* The listeners that came with the grant (unix only); ours, closed on release. */
+	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
+	size_t nlsn;
 };
 
 /* ---- fork safety: a fork of the holder must never hold the lock ---- */
@@ -133,7 +138,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	l->reconnect_ms = 12000;
 	l->hb_ms = 1000;
 	l->fence_ms = 3000;
-	gf_frame_reader_init(&l->rd, 0);
+	gf_frame_reader_init(&l->rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
 	pthread_once(&atfork_once, register_atfork);
 	pthread_mutex_lock(&list_mu);
@@ -151,8 +156,29 @@ static void drop_conn(gf_lock *l)
 	gf_close(l->fd);
 	l->fd = -1;
 	gf_frame_reader_clear(&l->rd);
-	gf_frame_reader_init(&l->rd, 0);
+	gf_frame_reader_init(&l->rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&l->rd, GF_LOCK_MAX_FRAME);
+}
+
+static void drop_listeners(gf_lock *l)
+{
+	for (size_t i = 0; i < l->nlsn; i++)
+		gf_close(l->lsn[i].fd);
+	l->nlsn = 0;
+}
+
+/* A new grant's listeners replace the old ones; @fds are taken. */
+static void take_listeners(gf_lock *l, const gf_LockGranted *g, int *fds, size_t nfds)
+{
+	drop_listeners(l);
+	for (size_t i = 0; i < nfds; i++) {
+		if (i < g->listeners_count && l->nlsn < GF_LIMIT_LISTENERS) {
+			snprintf(l->lsn[l->nlsn].name, sizeof(l->lsn[l->nlsn].name), "%s", g->listeners[i]);
+			l->lsn[l->nlsn++].fd = fds[i];
+		} else {
+			gf_close(fds[i]);
+		}
+	}
 }
 
 void gf_lock_free(gf_lock *l)
@@ -169,6 +195,7 @@ void gf_lock_free(gf_lock *l)
 		l->lnext->lprev = l->lprev;
 	pthread_mutex_unlock(&list_mu);
 	drop_conn(l);
+	drop_listeners(l);
 	gf_frame_reader_clear(&l->rd);
 	gf_close(l->intr_fd);
 	gf_close(l->watch_stop_fd);
@@ -278,6 +305,16 @@ int gf_lock_set_model(gf_lock *l, const char *model)
 	return 0;
 }
 
+void gf_lock_set_step_down_fn(gf_lock *l, gf_lock_step_down_fn fn, void *userdata)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->step_down_fn = fn;
+	l->step_down_ud = userdata;
+	pthread_mutex_unlock(&l->mu);
+}
+
 static bool is_tcp(const gf_lock *l)
 {
 	return l->uri.kind == GF_URI_TCP;
@@ -301,7 +338,7 @@ static int connect_once(gf_lock *l, int64_t deadline)
 		setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
 	}
 	struct gf_frame_reader rd;
-	gf_frame_reader_init(&rd, 0);
+	gf_frame_reader_init(&rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&rd, GF_LOCK_MAX_FRAME);
 	rc = gf_handshake_client(fd, &rd, gf_Component_COMPONENT_LOCK, l->id, l->secret, l->secret_len, deadline,
 				 NULL);
@@ -334,12 +371,21 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	a->asleep_bytes = l->decl.asleep_bytes;
 	a->pinned = l->decl.pinned;
 	memcpy(a->model, l->decl.model, sizeof(a->model));
+	int fds[GF_LIMIT_LISTENERS];
+	size_t nfds = 0;
 	if (reclaim) {
 		memcpy(m->body.lock_acquire.session_token.bytes, l->grant.session_token, GF_LOCK_TOKEN_LEN);
 		m->body.lock_acquire.session_token.size = GF_LOCK_TOKEN_LEN;
 		m->body.lock_acquire.epoch = l->grant.epoch;
+		/* A restarted server could not bind the sockets we still listen on: hand them back. */
+		for (; !is_tcp(l) && nfds < l->nlsn; nfds++) {
+			snprintf(m->body.lock_acquire.listeners[nfds], sizeof(m->body.lock_acquire.listeners[nfds]), "%s",
+				 l->lsn[nfds].name);
+			fds[nfds] = l->lsn[nfds].fd;
+		}
+		m->body.lock_acquire.listeners_count = (pb_size_t)nfds;
 	}
-	return gf_msg_send(l->fd, m, NULL, 0, deadline);
+	return gf_msg_send(l->fd, m, fds, nfds, deadline);
 }
 
 static void send_heartbeat(gf_lock *l)
@@ -393,6 +439,7 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 	if (st == C_WAITING)
 		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", l->id);
 	atomic_store(&l->state, C_WAITING);
+	drop_listeners(l);
 	/* 0 means ask once: one connection attempt, and the server answers the
 	 * acquire at once (granted, or timed out when the lock is held). */
 	const bool once = timeout_ms == 0;
@@ -475,7 +522,9 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 		bool granted = false, lost_conn = false;
 		rc = 0;
 		for (;;) {
-			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, NULL, NULL);
+			int *fds = NULL;
+			size_t nfds = 0;
+			int r = gf_msg_try_recv(&l->rd, l->fd, l->msg, &fds, &nfds);
 			if (r == GF_ERR_AGAIN)
 				break;
 			if (r < 0) {
@@ -485,10 +534,14 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 			l->last_heard = gf_now_us();
 			gf_Msg *m = l->msg;
 			if (m->which_body == gf_Msg_lock_granted_tag) {
+				take_listeners(l, &m->body.lock_granted, fds, nfds);
+				free(fds);
 				take_grant(l, &m->body.lock_granted);
 				granted = true;
 				break;
 			}
+			gf_close_fds(fds, nfds);
+			free(fds);
 			if (m->which_body == gf_Msg_error_tag) {
 				rc = gf_msg_error_code(m);
 				break;
@@ -555,8 +608,14 @@ static int reclaim_once(gf_lock *l)
 	if (rc < 0)
 		return 0;
 	rc = send_acquire(l, 0, true, d);
+	int *fds = NULL;
+	size_t nfds = 0;
 	if (rc == 0)
-		rc = gf_msg_recv(&l->rd, l->fd, l->msg, NULL, NULL, d);
+		rc = gf_msg_recv(&l->rd, l->fd, l->msg, &fds, &nfds, d);
+	/* The listeners we kept are the same sockets (handed back, or still busy
+	 * for the server): the engine goes on serving from the fds it has. */
+	gf_close_fds(fds, nfds);
+	free(fds);
 	if (rc < 0) {
 		drop_conn(l);
 		return 0;
@@ -581,6 +640,7 @@ int gf_lock_process(gf_lock *l)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
 	char detail[512] = "";
 	int rc = 0;
+	uint64_t step_down = 0;
 	pthread_mutex_lock(&l->mu);
 	int64_t now = gf_now_us();
 	int st = atomic_load(&l->state);
@@ -609,6 +669,12 @@ int gf_lock_process(gf_lock *l)
 				start_reconnect(l, gf_error_detail());
 				break;
 			}
+			if (l->msg->which_body == gf_Msg_lock_step_down_tag &&
+			    l->msg->body.lock_step_down.epoch == l->grant.epoch) {
+				gf_log(GF_LOG_INFO, "lock", "msg=\"asked to step down (planned switchover)\" id=%s epoch=%llu",
+				       l->id, (unsigned long long)l->grant.epoch);
+				step_down = l->grant.epoch;
+			}
 		}
 		if (atomic_load(&l->state) == C_HELD && is_tcp(l) && now >= l->next_hb) {
 			send_heartbeat(l);
@@ -636,7 +702,13 @@ int gf_lock_process(gf_lock *l)
 out:;
 	gf_lock_lost_fn fn = l->lost_fn;
 	void *ud = l->lost_ud;
+	gf_lock_step_down_fn sfn = l->step_down_fn;
+	void *sud = l->step_down_ud;
 	pthread_mutex_unlock(&l->mu);
+	if (step_down && rc == 0 && sfn)
+		sfn(l, step_down, sud);
+	else if (step_down && rc == 0)
+		gf_log(GF_LOG_WARN, "lock", "msg=\"step-down request ignored: no hook installed\" id=%s", l->id);
 	if (rc == GF_ERR_LOCK_LOST) {
 		if (fn)
 			fn(l, GF_ERR_LOCK_LOST, detail, ud);
@@ -668,9 +740,25 @@ int gf_lock_release(gf_lock *l)
 		rc = gf_err(GF_ERR_STATE, "lock %s: not held", l->id);
 	}
 	drop_conn(l);
+	drop_listeners(l);
 	atomic_store(&l->state, C_IDLE);
 	pthread_mutex_unlock(&l->mu);
 	return rc;
+}
+
+int gf_lock_listeners(const gf_lock *l, const struct gf_lock_listener **out, size_t *n)
+{
+	if (!l || !out || !n)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
+	if (is_tcp(l))
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "lock %s: listeners travel as file descriptors, over unix:// lock servers only", l->id);
+	int st = atomic_load(&((gf_lock *)l)->state);
+	if (st != C_HELD && st != C_RECONNECTING)
+		return gf_err(GF_ERR_STATE, "lock %s: listeners come with a grant; not held", l->id);
+	*out = l->lsn;
+	*n = l->nlsn;
+	return 0;
 }
 
 void gf_lock_interrupt(gf_lock *l)
@@ -821,38 +909,66 @@ int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t
 	return 0;
 }
 
-int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json)
+/*
+ * One request on a connection of its own (status, readiness, admin): send
+ * @m (filled by the caller; seq set here) and wait for the reply @want (an
+ * Error reply becomes its code). @m then holds the reply.
+ */
+static int oneshot_call(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, gf_Msg *m,
+			pb_size_t want, const char *what)
 {
-	if (!json)
-		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL json");
 	struct gf_frame_reader rd;
 	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
 	if (rc < 0)
 		return rc;
-	gf_Msg *m = gf_msg_new();
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	if (!m) {
-		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
-		goto out;
-	}
 	m->seq = 1;
-	m->which_body = gf_Msg_lock_status_request_tag;
 	rc = gf_msg_send(fd, m, NULL, 0, deadline);
 	while (rc == 0) {
 		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
 		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
 			break;
-		if (m->which_body == gf_Msg_lock_status_tag) {
-			rc = gf_lock_status_to_json(&m->body.lock_status, json);
+		if (m->which_body == want)
 			break;
-		}
 		if (m->which_body != gf_Msg_heartbeat_tag)
-			rc = gf_err(GF_ERR_PROTOCOL, "status: unexpected reply %s", gf_msg_name(m));
+			rc = gf_err(GF_ERR_PROTOCOL, "%s: unexpected reply %s", what, gf_msg_name(m));
 	}
-out:
-	gf_msg_free(m);
 	gf_frame_reader_clear(&rd);
 	gf_close(fd);
+	return rc;
+}
+
+/* A request whose body is only its tag (and an epoch for the admin ones). */
+static int simple_call(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, pb_size_t tag,
+		       uint64_t epoch, pb_size_t want, const char *what, gf_Msg **reply)
+{
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
+	m->which_body = tag;
+	if (tag == gf_Msg_lock_revoke_tag)
+		m->body.lock_revoke.epoch = epoch;
+	else if (tag == gf_Msg_lock_switchover_tag)
+		m->body.lock_switchover.epoch = epoch;
+	int rc = oneshot_call(uri, secret, secret_len, timeout_ms, m, want, what);
+	if (rc == 0 && reply)
+		*reply = m;
+	else
+		gf_msg_free(m);
+	return rc;
+}
+
+int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json)
+{
+	if (!json)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL json");
+	gf_Msg *m;
+	int rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0,
+			     gf_Msg_lock_status_tag, "status", &m);
+	if (rc < 0)
+		return rc;
+	rc = gf_lock_status_to_json(&m->body.lock_status, json);
+	gf_msg_free(m);
 	return rc;
 }
 
@@ -869,68 +985,26 @@ int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, co
 	free(empty);
 	if (rc < 0)
 		return rc;
-	struct gf_frame_reader rd;
-	int fd;
-	rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
+	gf_Msg *m;
+	rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0, gf_Msg_lock_status_tag,
+			 "ready", &m);
 	if (rc < 0)
 		return rc;
-	gf_Msg *m = gf_msg_new();
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	if (!m) {
-		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
-		goto out;
-	}
-	m->seq = 1;
-	m->which_body = gf_Msg_lock_status_request_tag;
-	rc = gf_msg_send(fd, m, NULL, 0, deadline);
-	while (rc == 0) {
-		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
-		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
-			break;
-		if (m->which_body == gf_Msg_lock_status_tag) {
-			rc = gf_lock_ready_from_status(&m->body.lock_status, gpus, ngpus, model, json);
-			break;
-		}
-		if (m->which_body != gf_Msg_heartbeat_tag)
-			rc = gf_err(GF_ERR_PROTOCOL, "ready: unexpected reply %s", gf_msg_name(m));
-	}
-out:
+	rc = gf_lock_ready_from_status(&m->body.lock_status, gpus, ngpus, model, json);
 	gf_msg_free(m);
-	gf_frame_reader_clear(&rd);
-	gf_close(fd);
 	return rc;
+}
+
+int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_switchover_tag, epoch, gf_Msg_ok_tag,
+			   "switchover", NULL);
 }
 
 int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
 {
 	if (epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
-	struct gf_frame_reader rd;
-	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
-	if (rc < 0)
-		return rc;
-	gf_Msg *m = gf_msg_new();
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	if (!m) {
-		rc = gf_err(GF_ERR_NOMEM, "lock: out of memory");
-		goto out;
-	}
-	m->seq = 1;
-	m->which_body = gf_Msg_lock_revoke_tag;
-	m->body.lock_revoke.epoch = epoch;
-	rc = gf_msg_send(fd, m, NULL, 0, deadline);
-	while (rc == 0) {
-		rc = gf_msg_recv(&rd, fd, m, NULL, NULL, deadline);
-		if (rc < 0 || (rc = gf_msg_error_code(m)) < 0)
-			break;
-		if (m->which_body == gf_Msg_ok_tag)
-			break;
-		if (m->which_body != gf_Msg_heartbeat_tag)
-			rc = gf_err(GF_ERR_PROTOCOL, "revoke: unexpected reply %s", gf_msg_name(m));
-	}
-out:
-	gf_msg_free(m);
-	gf_frame_reader_clear(&rd);
-	gf_close(fd);
-	return rc;
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_revoke_tag, epoch, gf_Msg_ok_tag, "revoke",
+			   NULL);
 }

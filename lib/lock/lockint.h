@@ -13,7 +13,7 @@
 #define GF_LOCK_TOKEN_LEN GF_LIMIT_TOKEN
 #define GF_LOCK_ID_MAX GF_LIMIT_ID /* engine id buffer, including the NUL */
 /* Lock messages are tiny: anything larger is refused before allocating. */
-#define GF_LOCK_MAX_FRAME 1024
+#define GF_LOCK_MAX_FRAME 2048
 
 /* What the state file records (seed 000, Decision 8). */
 struct gf_lock_state {

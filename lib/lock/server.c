@@ -22,6 +22,7 @@
 
 #include "gpufailover/lock.h"
 #include "grant.h"
+#include "listeners.h"
 #include "lockint.h"
 #include "pool.h"
 #include "server.h"
@@ -115,6 +116,11 @@ struct gf_lockd {
 		int64_t last_active_us;
 	} *seen;
 	size_t nseen;
+	/* listening sockets handed to each holder (listeners.h) */
+	struct gf_lsn_set *lsn;
+	int64_t lsn_retry_at; /* a pending listener is bound again then (0: none) */
+	/* a switchover asked this grant's holder to step down (0: none) */
+	uint64_t step_down_epoch;
 };
 
 #define SEEN_MAX 1024
@@ -169,12 +175,13 @@ int gf_lockd_new(gf_lockd **out)
 		.component = gf_Component_COMPONENT_LOCK,
 		.want_pidfd = true,
 		.max_body = GF_LOCK_MAX_FRAME, /* lock messages are tiny: refuse more before allocating */
-		.max_fds = 0,
+		.max_fds = GF_LSN_MAX, /* a reclaiming holder hands its listeners back */
 		.backlog = 1024,
 		.peer_data_size = sizeof(struct conn),
 	};
 	d->msg = gf_msg_new();
-	int rc = d->msg ? gf_srv_new(&d->srv, &cfg, &h, d) : gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	int rc = d->msg ? gf_lsn_new(&d->lsn) : GF_ERR_NOMEM;
+	rc = rc == 0 ? gf_srv_new(&d->srv, &cfg, &h, d) : gf_err(GF_ERR_NOMEM, "lockd: out of memory");
 	if (rc < 0) {
 		gf_lockd_free(d);
 		return rc;
@@ -205,6 +212,7 @@ void gf_lockd_free(gf_lockd *d)
 	free(d->state_path);
 	gf_msg_free(d->msg);
 	free(d->seen);
+	gf_lsn_free(d->lsn);
 	free(d);
 }
 
@@ -221,6 +229,18 @@ int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
 	CHECK_CONFIG(d);
 	return gf_srv_add_listen(d->srv, uri, false);
+}
+
+int gf_lockd_add_listener(gf_lockd *d, const char *name, const char *uri)
+{
+	CHECK_CONFIG(d);
+	return gf_lsn_add(d->lsn, name, uri);
+}
+
+int gf_lockd_add_listener_fd(gf_lockd *d, const char *name, int fd)
+{
+	CHECK_CONFIG(d);
+	return gf_lsn_add_fd(d->lsn, name, fd);
 }
 
 int gf_lockd_set_state_file(gf_lockd *d, const char *path)
@@ -387,6 +407,10 @@ int gf_lockd_start(gf_lockd *d)
 	int rc = load_state(d);
 	if (rc < 0)
 		return rc;
+	/* A holder on record may still serve from the listeners: they come back with its reclaim. */
+	rc = gf_lsn_open(d->lsn, d->window);
+	if (rc < 0)
+		return rc;
 	rc = gf_srv_start(d->srv);
 	if (rc < 0)
 		return rc;
@@ -439,6 +463,8 @@ static int64_t next_deadline(void *ctx)
 		t = min64(t, d->exit_deadline);
 	if (d->store_retry_at)
 		t = min64(t, d->store_retry_at);
+	if (d->lsn_retry_at)
+		t = min64(t, d->lsn_retry_at);
 	for (struct gf_srv_peer *p = gf_srv_next_peer(d->srv, NULL); p; p = gf_srv_next_peer(d->srv, p)) {
 		const struct conn *c = p->data;
 		if (c->role == R_WAITER)
@@ -631,6 +657,8 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->accept_paused = st.accept_paused;
 	s->refused_auth_rate = st.refused_auth_rate;
 	pool_fill_status(d, s);
+	gf_lsn_fill_status(d->lsn, s);
+	s->step_down_requested = d->holder && d->step_down_epoch == d->epoch;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -689,14 +717,18 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	memcpy(m->body.lock_granted.session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN);
 	m->body.lock_granted.granted_at_us = d->granted_at_wall;
 	m->body.lock_granted.reclaimed = reclaimed;
+	int lfds[GF_LSN_MAX];
+	size_t nl = 0;
 	if (p->tcp) {
 		m->body.lock_granted.heartbeat_ms = d->heartbeat_ms;
 		m->body.lock_granted.fence_ms = d->detect_ms / 2;
+	} else {
+		nl = gf_lsn_fill_grant(d->lsn, &m->body.lock_granted, lfds);
 	}
 	/* Logging and watching the new holder's process wait until the grant
 	 * is on its way: the pidfd is level-triggered, an exit in between is
 	 * still reported. A failed send closes the connection (on_close). */
-	int sent = reply(d, c, m);
+	int sent = gf_srv_send(d->srv, c->peer, m, lfds, nl);
 	flush_release_log(d);
 	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
 	       c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix");
@@ -743,7 +775,16 @@ static void settle(void *ctx)
 		d->next_token_ready = true;
 }
 
-static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
+/* Listeners still pending once no holder can hand them back are bound afresh, retried while busy. */
+static void schedule_listener_retry(gf_lockd *d)
+{
+	if (!d->window && gf_lsn_pending(d->lsn) > 0 && gf_lsn_retry(d->lsn) > 0)
+		d->lsn_retry_at = gf_now_us() + GF_LSN_RETRY_US;
+	else
+		d->lsn_retry_at = 0;
+}
+
+static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a, int *fds, size_t nfds)
 {
 	bool token_ok = a->session_token.size == GF_LOCK_TOKEN_LEN &&
 			!memcmp(a->session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN) && a->epoch == d->rec.epoch;
@@ -791,7 +832,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 		return;
 	}
 	case GF_LOCK_RECLAIM:
+		gf_lsn_adopt(d->lsn, a, fds, nfds);
 		d->window = false;
+		schedule_listener_retry(d);
 		if (grant(d, c, true) < 0) {
 			d->window = true;
 			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
@@ -906,19 +949,63 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 	reply(d, c, d->msg);
 }
 
+/*
+ * Planned switchover: the holder is asked to step down (stop accepting,
+ * drain, release); the lock's FIFO then grants the first waiter as usual.
+ * Without a waiter nobody would serve afterwards, so that is refused.
+ */
+static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
+		return;
+	}
+	if (!d->holder || (epoch && epoch != d->epoch)) {
+		snprintf(det, sizeof(det), "switchover: epoch %llu does not hold the lock (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	if (!d->whead) {
+		reply_error(d, c, GF_ERR_STATE, "switchover: no standby is waiting for the lock", false);
+		return;
+	}
+	struct conn *h = d->holder;
+	gf_Msg *m = d->msg;
+	memset(m, 0, sizeof(*m));
+	m->which_body = gf_Msg_lock_step_down_tag;
+	m->body.lock_step_down.epoch = d->epoch;
+	if (reply(d, h, m) < 0) {
+		reply_error(d, c, GF_ERR_UNREACHABLE, "switchover: the holder's connection failed", false);
+		return;
+	}
+	d->step_down_epoch = d->epoch;
+	gf_log(GF_LOG_INFO, "lock", "msg=\"switchover: holder asked to step down\" id=%s epoch=%llu next=%s by=%s",
+	       h->peer->id, (unsigned long long)d->epoch, d->whead->peer->id, p->id);
+	memset(m, 0, sizeof(*m));
+	m->seq = c->seq;
+	m->which_body = gf_Msg_ok_tag;
+	reply(d, c, m);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
 	struct conn *c = p->data;
-	gf_close_fds(fds, nfds); /* max_fds is 0: never any */
-	free(fds);
 	c->seq = m->seq;
-	switch (m->which_body) {
-	case gf_Msg_lock_acquire_tag: {
+	if (m->which_body == gf_Msg_lock_acquire_tag) {
+		/* Only a reclaim hands listeners back; every fd not adopted is closed. */
 		gf_LockAcquire a = m->body.lock_acquire;
-		handle_acquire(d, c, &a);
-		return;
+		handle_acquire(d, c, &a, fds, nfds);
 	}
+	gf_close_fds(fds, nfds);
+	free(fds);
+	switch (m->which_body) {
+	case gf_Msg_lock_acquire_tag:
+		return;
 	case gf_Msg_lock_release_tag:
 		if (c->role == R_HOLDER) {
 			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->peer->id,
@@ -941,6 +1028,9 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		return;
 	case gf_Msg_lock_revoke_tag:
 		handle_revoke(d, c, m->body.lock_revoke.epoch);
+		return;
+	case gf_Msg_lock_switchover_tag:
+		handle_switchover(d, c, m->body.lock_switchover.epoch);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {
@@ -979,7 +1069,10 @@ static void on_timer(void *ctx, int64_t now)
 		       d->prev.holder, (unsigned long long)d->prev.epoch, tok_short(d->prev.token, t));
 		d->rec.has_holder = false;
 		d->release_unsaved = true;
+		schedule_listener_retry(d);
 	}
+	if (d->lsn_retry_at && now >= d->lsn_retry_at)
+		schedule_listener_retry(d);
 	if (d->exit_pidfd >= 0 && now >= d->exit_deadline) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"released holder's process still alive after the exit-wait timeout; granting anyway\" id=%s pid=%u",
 		       d->exit_id, d->exit_pid);

@@ -114,6 +114,12 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 		json_object_set_new(root, "holder_info", json_null());
 	}
 	json_object_set_new(root, "pool", pool_json(s));
+	json_t *ls = json_array();
+	for (pb_size_t i = 0; ls && i < s->listeners_count; i++)
+		json_array_append_new(ls, json_string(s->listeners[i]));
+	json_object_set_new(root, "listeners", ls ? ls : json_null());
+	json_object_set_new(root, "listeners_pending", json_integer(s->listeners_pending));
+	json_object_set_new(root, "step_down_requested", json_boolean(s->step_down_requested));
 	char *text = json_dumps(root, JSON_COMPACT);
 	json_decref(root);
 	if (!text)

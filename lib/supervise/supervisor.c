@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "common.h"
+#include "gpufailover/engine.h"
 #include "gpufailover/lock.h"
 #include "gpufailover/supervise.h"
 
@@ -722,6 +723,9 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	 * forceful grace bounds the wait before the grant is revoked. */
 	if (e->lock_id && sv->lock_uri)
 		e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+	/* The engine stepped down on request (gfctl switchover): a restart, not a failure. */
+	if (status == GF_ENGINE_EXIT_SWITCHOVER)
+		feed(sv, e, GF_SV_EV_SWITCHOVER, NULL, 0, 0, now);
 	feed(sv, e, GF_SV_EV_EXITED, NULL, status, sig, now);
 }
 

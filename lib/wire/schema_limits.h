@@ -29,6 +29,9 @@
 #define GF_LIMIT_CHUNK_META 32          /* GmsListChunk.metadata */
 #define GF_LIMIT_EVENTS 32              /* GmsStatus.events */
 #define GF_LIMIT_EVENT_TEXT 160         /* GmsEvent.what */
+#define GF_LIMIT_LISTENERS 16           /* LockGranted.listeners, LockAcquire.listeners, LockStatus.listeners */
+#define GF_LIMIT_LISTENER_NAME 64       /* listener names */
+#define GF_LIMIT_LISTENER_STATUS 400    /* LockStatus.listeners entries: "name=uri" */
 
 #define GF_FIELD_SIZE(type, field) sizeof(((type *)0)->field)
 #define GF_FIELD_COUNT(type, field) (sizeof(((type *)0)->field) / sizeof(((type *)0)->field[0]))
@@ -66,5 +69,11 @@ _Static_assert(GF_FIELD_COUNT(gf_GmsListChunk, allocations) == GF_LIMIT_CHUNK_AL
 _Static_assert(GF_FIELD_COUNT(gf_GmsListChunk, metadata) == GF_LIMIT_CHUNK_META, "gf.GmsListChunk.metadata");
 _Static_assert(GF_FIELD_COUNT(gf_GmsStatus, events) == GF_LIMIT_EVENTS, "gf.GmsStatus.events");
 _Static_assert(GF_FIELD_SIZE(gf_GmsEvent, what) == GF_LIMIT_EVENT_TEXT, "gf.GmsEvent.what");
+_Static_assert(GF_FIELD_COUNT(gf_LockGranted, listeners) == GF_LIMIT_LISTENERS, "gf.LockGranted.listeners");
+_Static_assert(GF_FIELD_SIZE(gf_LockGranted, listeners[0]) == GF_LIMIT_LISTENER_NAME, "gf.LockGranted.listeners");
+_Static_assert(GF_FIELD_COUNT(gf_LockAcquire, listeners) == GF_LIMIT_LISTENERS, "gf.LockAcquire.listeners");
+_Static_assert(GF_FIELD_SIZE(gf_LockAcquire, listeners[0]) == GF_LIMIT_LISTENER_NAME, "gf.LockAcquire.listeners");
+_Static_assert(GF_FIELD_COUNT(gf_LockStatus, listeners) == GF_LIMIT_LISTENERS, "gf.LockStatus.listeners");
+_Static_assert(GF_FIELD_SIZE(gf_LockStatus, listeners[0]) == GF_LIMIT_LISTENER_STATUS, "gf.LockStatus.listeners");
 
 #endif

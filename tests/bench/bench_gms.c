@@ -194,8 +194,9 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	       ma.med, raw.med, raw.med > 0 ? rm.med / raw.med : 0.0, reps, rm.min, rm.max, ma.min, ma.max, raw.min,
 	       raw.max, um.med);
 	fflush(stdout);
-	/* connect + one bulk list, whatever N and M */
-	return remap_rt == 2 && map_all_rt == 2 ? 0 : 1;
+	/* map_all: connect + one bulk list; remap over the kept session: one
+	 * GmsConnect that brings the list, whatever N and M */
+	return remap_rt == 1 && map_all_rt == 2 ? 0 : 1;
 }
 
 int main(int argc, char **argv)

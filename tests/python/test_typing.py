@@ -25,6 +25,8 @@ def start_http_server() -> None: ...
 def load_model_weights() -> Any: ...
 def describe(p: Any) -> bytes:
     return repr(p).encode()
+# The fault-reporter snippet continues from the engine of an earlier one.
+eng: gf.Engine
 '''
 
 

@@ -3,7 +3,7 @@
 /live like the engine's probe server and misbehaves on request.
 
   probe_engine.py PORT [--live-fail] [--ignore-term] [--crash-runs N COUNTER_FILE]
-                       [--exit CODE] [--start-delay SEC]
+                       [--crash-code CODE] [--exit CODE] [--start-delay SEC]
 """
 import argparse
 import http.server
@@ -17,6 +17,7 @@ ap.add_argument("port", type=int)
 ap.add_argument("--live-fail", action="store_true")
 ap.add_argument("--ignore-term", action="store_true")
 ap.add_argument("--crash-runs", nargs=2, metavar=("N", "COUNTER"))
+ap.add_argument("--crash-code", type=int, default=1, help="exit status of the --crash-runs runs")
 ap.add_argument("--exit", type=int)
 ap.add_argument("--start-delay", type=float, default=0.0)
 a = ap.parse_args()
@@ -29,7 +30,7 @@ if a.crash_runs:
     with open(path, "w") as f:
         f.write(str(runs + 1))
     if runs < n:
-        sys.exit(1)
+        sys.exit(a.crash_code)
 if a.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:

@@ -177,6 +177,19 @@ def test_retry_counter_resets_after_stable_period(tmp, sups):
     assert e["state"] == "running" and e["restarts"] == 2 and e["retries_left"] == 3
 
 
+def test_switchover_exit_restarts_without_a_retry(tmp, sups):
+    """Status 75 (GF_ENGINE_EXIT_SWITCHOVER) is a planned switchover: the
+    engine is restarted at once and no retry is counted, so three of them
+    pass a retry limit of 2 that three crashes would not."""
+    counter = os.path.join(tmp, "runs")
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("switcher", "--crash-runs", "3", counter,
+                                                           "--crash-code", "75")]})
+    sups.append(s)
+    e = s.wait_state("switcher", "running")
+    assert e["restarts"] == 3 and e["retries"] == 0 and e["retries_left"] == 2, e
+    assert e["last_exit_status"] == 75
+
+
 def test_sigterm_ignored_is_killed_after_the_grace(tmp, sups):
     s = Supervisor(tmp, {"periods": FAST, "engines": [fake("stubborn", "--ignore-term", "--live-fail")]})
     sups.append(s)

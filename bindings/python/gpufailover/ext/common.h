@@ -17,6 +17,8 @@
 #include <structmember.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>

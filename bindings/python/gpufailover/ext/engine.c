@@ -6,6 +6,7 @@ typedef struct {
 	PyObject_HEAD
 	gf_engine *engine;
 	PyObject *on_loss;   /* callable or NULL: NULL keeps the library's default (terminate) */
+	PyObject *on_step_down; /* callable() or NULL: a planned switchover asks this engine to step down */
 	PyObject *health;    /* callable or NULL */
 	PyObject *pending;   /* exception raised inside a callback, re-raised by the step */
 	/* GMSClient views of the engine's own clients, made on first use. Not
@@ -264,6 +265,7 @@ static void Engine_dealloc(EngineObject *self)
 	gf_engine_free(e);
 	Py_END_ALLOW_THREADS
 	Py_XDECREF(self->on_loss);
+	Py_XDECREF(self->on_step_down);
 	Py_XDECREF(self->health);
 	Py_XDECREF(self->pending);
 	Py_TYPE(self)->tp_free((PyObject *)self);
@@ -472,6 +474,25 @@ static PyObject *Engine_gms(EngineObject *self, PyObject *args)
 	return borrowed_gms(self, device);
 }
 
+/* socket.socket over a duplicate of the lock's listener @name: the caller owns it. */
+static PyObject *Engine_listener(EngineObject *self, PyObject *args)
+{
+	const char *name;
+	if (!PyArg_ParseTuple(args, "s", &name))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	int fd, rc = gf_engine_listener(self->engine, name, &fd);
+	if (rc < 0)
+		return raise_gf(rc);
+	PyObject *mod = PyImport_ImportModule("socket");
+	PyObject *sock = mod ? PyObject_CallMethod(mod, "socket", "iiii", -1, -1, -1, fd) : NULL;
+	Py_XDECREF(mod);
+	if (!sock)
+		close(fd);
+	return sock;
+}
+
 static PyObject *Engine_private_memory(EngineObject *self, PyObject *args)
 {
 	int device = 0;
@@ -499,6 +520,56 @@ static PyObject *Engine_get_probe_port(EngineObject *self, void *c)
 	if (p <= 0)
 		Py_RETURN_NONE;
 	return PyLong_FromLong(p);
+}
+
+/* On the lock's watcher thread: the callable should only hand the work to another thread. */
+static void step_down_trampoline(gf_engine *e, void *ud)
+{
+	(void)e;
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *fn = ((EngineObject *)ud)->on_step_down;
+	if (fn) {
+		PyObject *r = PyObject_CallNoArgs(fn);
+		if (!r)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(r);
+	}
+	PyGILState_Release(g);
+}
+
+static PyObject *Engine_get_on_step_down(EngineObject *self, void *c)
+{
+	return hook_get(self->on_step_down);
+}
+
+static int Engine_set_on_step_down(EngineObject *self, PyObject *v, void *c)
+{
+	if (engine_ready(self) < 0)
+		return -1;
+	if (v && v != Py_None && !PyCallable_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "on_step_down must be callable() or None");
+		return -1;
+	}
+	if (!v || v == Py_None) {
+		Py_CLEAR(self->on_step_down);
+		gf_engine_set_step_down_fn(self->engine, NULL, NULL);
+	} else {
+		Py_INCREF(v);
+		Py_XSETREF(self->on_step_down, v);
+		gf_engine_set_step_down_fn(self->engine, step_down_trampoline, self);
+	}
+	return 0;
+}
+
+static PyObject *Engine_step_down(EngineObject *self, PyObject *unused)
+{
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_engine_step_down(self->engine));
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
 }
 
 static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
@@ -594,6 +665,10 @@ static PyMethodDef Engine_methods[] = {
 	{ "serve", (PyCFunction)(void (*)(void))Engine_serve, METH_VARARGS | METH_KEYWORDS,
 	  "serve($self, serve=None)\n--\n\n"
 	  "serve(serve=None)\n\nRun serve() (register the endpoint), then enter Active." },
+	{ "step_down", (PyCFunction)Engine_step_down, METH_NOARGS, "step_down($self, /)\n--\n\n"
+	  "Finish a planned switchover (after on_step_down, once in-flight requests are done):\n"
+	  "release the lock (the standby is granted at once) and enter 'dead'; then exit with\n"
+	  "status 75. Raises StateError when the lock is not held." },
 	{ "mark_dead", (PyCFunction)Engine_mark_dead, METH_VARARGS, "mark_dead($self, reason='marked dead by the engine', /)\n--\n\n"
 	  "mark_dead(reason='')" },
 	{ "probe", (PyCFunction)Engine_probe, METH_O, "probe($self, probe, /)\n--\n\n"
@@ -602,6 +677,12 @@ static PyMethodDef Engine_methods[] = {
 	  "Prometheus text of the metrics" },
 	{ "state_info", (PyCFunction)Engine_state_info, METH_NOARGS, "state_info($self, /)\n--\n\n"
 	  "the /state document as a dict" },
+	{ "listener", (PyCFunction)Engine_listener, METH_VARARGS, "listener($self, name, /)\n--\n\n"
+	  "listener(name) -> socket.socket\n\nThe listening socket the lock carries under @name (gf-lockd --listener\n"
+	  "NAME=URI), for the serve step: a new duplicate the caller owns. Connections\n"
+	  "that arrived while no engine was Active wait in its backlog. Raises\n"
+	  "StateError when the lock is not held, NotFoundError for an unknown name,\n"
+	  "NotSupportedError on a tcp:// lock." },
 	{ "gms", (PyCFunction)Engine_gms, METH_VARARGS, "gms($self, device=0, /)\n--\n\n"
 	  "gms(device=0) -> GMSClient owned by the engine" },
 	{ "private_memory", (PyCFunction)Engine_private_memory, METH_VARARGS,
@@ -619,6 +700,10 @@ static PyGetSetDef Engine_getset[] = {
 	{ "probe_port", (getter)Engine_get_probe_port, NULL, "port of the built-in probe server, or None", NULL },
 	{ "on_loss", (getter)Engine_get_on_loss, (setter)Engine_set_on_loss,
 	  "callable(code, detail) on lock or GMS loss; None restores the default (log and terminate)", NULL },
+	{ "on_step_down", (getter)Engine_get_on_step_down, (setter)Engine_set_on_step_down,
+	  "callable() when a planned switchover asks this engine to step down (runs on the lock's\n"
+	  "watcher thread: signal the main thread, which stops accepting, drains and calls step_down())",
+	  NULL },
 	{ "health", (getter)Engine_get_health, (setter)Engine_set_health,
 	  "callable() -> bool deciding /live and /ready while Active", NULL },
 	{ NULL },

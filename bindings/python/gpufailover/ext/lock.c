@@ -202,6 +202,46 @@ static PyObject *Lock_stop_watch(LockObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* {name: socket.socket} over duplicates of the grant's listeners: Python owns its copies. */
+static PyObject *Lock_listeners(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "listeners") < 0)
+		return NULL;
+	const struct gf_lock_listener *ls;
+	size_t n;
+	int rc = gf_lock_listeners(self->lock, &ls, &n);
+	if (rc < 0)
+		return raise_gf(rc);
+	PyObject *mod = PyImport_ImportModule("socket");
+	PyObject *cls = mod ? PyObject_GetAttrString(mod, "socket") : NULL;
+	Py_XDECREF(mod);
+	PyObject *d = cls ? PyDict_New() : NULL;
+	for (size_t i = 0; d && i < n; i++) {
+		int fd = fcntl(ls[i].fd, F_DUPFD_CLOEXEC, 3);
+		if (fd < 0) {
+			PyErr_SetFromErrno(PyExc_OSError);
+			Py_CLEAR(d);
+			break;
+		}
+		PyObject *kw = Py_BuildValue("{s:i}", "fileno", fd);
+		PyObject *empty = PyTuple_New(0);
+		PyObject *sock = kw && empty ? PyObject_Call(cls, empty, kw) : NULL;
+		Py_XDECREF(kw);
+		Py_XDECREF(empty);
+		if (!sock) {
+			close(fd);
+			Py_CLEAR(d);
+			break;
+		}
+		int r = PyDict_SetItemString(d, ls[i].name, sock);
+		Py_DECREF(sock); /* a socket dropped here closes its fd */
+		if (r < 0)
+			Py_CLEAR(d);
+	}
+	Py_XDECREF(cls);
+	return d;
+}
+
 static PyObject *Lock_get_held(LockObject *self, void *c)
 {
 	return PyBool_FromLong(self->lock && gf_lock_is_held(self->lock));
@@ -247,6 +287,11 @@ static PyMethodDef Lock_methods[] = {
 	{ "process", (PyCFunction)Lock_process, METH_NOARGS,
 	  "process($self, /)\n--\n\n"
 	  "Handle events on fileno(); raises LockLostError once the lock is lost." },
+	{ "listeners", (PyCFunction)Lock_listeners, METH_NOARGS, "listeners($self, /)\n--\n\n"
+	  "listeners() -> dict[str, socket.socket]\n\nThe listening sockets that came with the grant (gf-lockd --listener),\n"
+	  "by name: new duplicates each call, owned by the caller. Connections that\n"
+	  "arrived while nobody held the lock are waiting in their backlog. Raises\n"
+	  "NotSupportedError on a tcp:// lock, StateError when not held." },
 	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
 	  "Start the built-in watcher thread." },
 	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "stop_watch($self, /)\n--\n\n"
