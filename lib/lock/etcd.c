@@ -920,10 +920,49 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	return rc;
 }
 
+/*
+ * After a delete seen at revision @min_rev: the same question as
+ * predecessor(), answered by one serializable range on any member that has
+ * applied @min_rev. That is enough: no key can get a create revision below
+ * ours later, so "none older than ours" at any revision >= @min_rev stays
+ * true. Returns like predecessor(), or 2 when the member is behind.
+ */
+static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadline, int intr_fd, char **pred,
+			     int64_t *rev)
+{
+	char b[24];
+	char *end = prefix_end(e->prefix);
+	json_t *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b}", "key", jkey(e->prefix), "range_end", end ? jkey(end) : NULL,
+				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "2", "max_create_revision",
+				 i64s(e->myrev, b), "serializable", 1);
+	free(end);
+	if (!body)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	json_t *out = NULL;
+	int rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	*rev = jint(json_object_get(out, "header"), "revision");
+	json_t *kvs = json_object_get(out, "kvs");
+	json_t *mine = json_array_get(kvs, 0), *kv = json_array_get(kvs, 1);
+	if (*rev < min_rev)
+		rc = 2;
+	else if (jint(mine, "create_revision") != e->myrev)
+		rc = GF_ERR_NOT_FOUND;
+	else if (kv) {
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		*pred = kb ? strdup(kb) : NULL;
+		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
+	}
+	json_decref(out);
+	return rc;
+}
+
 struct watch_ctx {
 	char *buf;
 	size_t len, cap;
 	bool done;
+	int64_t del_rev; /* revision of the delete seen, 0 if none */
 };
 
 static void watch_line(struct watch_ctx *w, const char *line, size_t n)
@@ -937,8 +976,10 @@ static void watch_line(struct watch_ctx *w, const char *line, size_t n)
 	size_t i;
 	json_array_foreach(json_object_get(res, "events"), i, ev) {
 		const char *t = json_string_value(json_object_get(ev, "type"));
-		if (t && !strcmp(t, "DELETE"))
+		if (t && !strcmp(t, "DELETE")) {
 			w->done = true;
+			w->del_rev = jint(json_object_get(ev, "kv"), "mod_revision");
+		}
 	}
 	json_decref(j);
 }
@@ -977,7 +1018,8 @@ static size_t on_watch(char *p, size_t sz, size_t n, void *ud)
  * @until. 0 in all those cases (the caller re-checks), GF_ERR_INTERRUPTED.
  * A stream that ends at once (member down) costs a short pause, not a spin.
  */
-static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_rev, int64_t until, int intr_fd)
+static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_rev, int64_t until, int intr_fd,
+			int64_t *del_rev)
 {
 	char b[24];
 	json_t *body = json_pack("{s:{s:s,s:s}}", "create_request", "key", pred_b64, "start_revision", i64s(from_rev, b));
@@ -1023,6 +1065,7 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	curl_slist_free_all(hdrs);
 	free(text);
 	free(w.buf);
+	*del_rev = w.del_rev;
 	return rc;
 }
 
@@ -1050,6 +1093,7 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 	int64_t reach_by = gf_now_us() + e->reconnect_ms * 1000;
 	int rc;
 	char *pred = NULL;
+	int64_t del_rev = 0;
 	for (;;) {
 		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
 		if (poll(&p, 1, 0) > 0 && read(intr_fd, &v, sizeof(v)) == sizeof(v)) {
@@ -1077,7 +1121,12 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 			int64_t rev = 0;
 			free(pred);
 			pred = NULL;
-			rc = predecessor(e, d, intr_fd, &pred, &rev);
+			rc = 2;
+			if (del_rev > 0)
+				rc = predecessor_after(e, del_rev, d, intr_fd, &pred, &rev);
+			del_rev = 0;
+			if (rc == 2)
+				rc = predecessor(e, d, intr_fd, &pred, &rev);
 			if (rc == 0)
 				break;
 			if (rc == GF_ERR_NOT_FOUND) {
@@ -1086,7 +1135,7 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 			}
 			if (rc == 1) {
 				int64_t until = gf_now_us() + WATCH_CHUNK_US;
-				rc = watch_delete(e, pred, rev + 1, until < deadline ? until : deadline, intr_fd);
+				rc = watch_delete(e, pred, rev + 1, until < deadline ? until : deadline, intr_fd, &del_rev);
 				if (rc == 0)
 					reach_by = gf_now_us() + e->reconnect_ms * 1000;
 			}
