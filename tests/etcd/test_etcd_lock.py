@@ -477,3 +477,42 @@ def test_randomized_history(env):
         if end is None:
             continue  # the last lines of a killed helper may be lost with it
         assert end < t_cur, f"epoch {prev} ({id_prev}) held until {end} but {cur} ({id_cur}) granted at {t_cur}"
+
+
+# ---- authentication and errors ----
+
+def test_auth_password_from_file(env):
+    c = cluster(env, 1)
+    ep = f"127.0.0.1:{c.members[0].cport}"
+    ctl = [shutil.which("etcdctl") or "etcdctl", f"--endpoints={ep}"]
+    envv = dict(os.environ, ETCDCTL_API="3")
+    for args in (["user", "add", "root:s3cret", "--interactive=false"], ["auth", "enable"]):
+        r = subprocess.run(ctl + args, capture_output=True, text=True, env=envv, timeout=20)
+        assert r.returncode == 0, r.stderr
+    pw = os.path.join(env["tmp"], "pw")
+    with open(pw, "w") as f:
+        f.write("s3cret\n")
+    bad = os.path.join(env["tmp"], "bad")
+    with open(bad, "w") as f:
+        f.write("wrong\n")
+    uri = c.uri("auth", 3) + "&user=root&password-file=" + pw
+    # Without a password, with a wrong one: refused, never granted.
+    r = gfctl("lock", "acquire", "--lock", c.uri("auth", 3), "--id", "x", "--timeout", "3s")
+    assert r.returncode != 0 and "granted" not in r.stdout, r.stdout
+    r = gfctl("lock", "acquire", "--lock", c.uri("auth", 3) + "&user=root", "--id", "x", "--timeout", "3s",
+              "--secret-file", bad)
+    assert r.returncode == 6 and "PERMISSION" in r.stderr, r.stderr
+    a = gfctl_acquire(env, uri, "a")
+    ea = epoch_of(a, 10)
+    # The password also comes from gfctl's --secret-file (never from argv).
+    b = gfctl_acquire(env, c.uri("auth", 3) + "&user=root", "b", "--secret-file", pw)
+    wait_until(lambda: json.loads(gfctl("lock", "status", "--lock", uri, "--json").stdout)["waiter_count"] == 1,
+               10, "b waiting")
+    a.signal(signal.SIGTERM)
+    assert epoch_of(b, 5) > ea
+
+
+def test_acquire_unreachable(env):
+    r = gfctl("lock", "acquire", "--lock", f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}/x", "--id", "a",
+              "--reconnect-timeout", "1s", "--timeout", "20s")
+    assert r.returncode == 5 and "UNREACHABLE" in r.stderr, (r.returncode, r.stderr)
