@@ -14,6 +14,7 @@ packages=(
   libsystemd-dev                                            # sd_notify readiness
   libcurl4-openssl-dev                                      # HTTP client: failover demo, etcd lock backend
   etcd-server etcd-client                                   # etcd lock backend tests and benchmark (own members on loopback)
+  openssl                                                   # certificates for the etcds:// test
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
 )
