@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -569,3 +570,33 @@ def test_tls_client_certificates(env):
     wait_waiters(uri, 1)
     a.signal(signal.SIGTERM)
     assert epoch_of(b, 5) > ea
+
+
+def test_python_bindings_unchanged(env):
+    pydir = os.environ.get("GF_PYTHON_DIR", "build/bindings/python")
+    if not os.path.isdir(os.path.join(pydir, "gpufailover")):
+        pytest.skip("python bindings not built")
+    c = cluster(env, 1)
+    uri = c.uri("py", 3)
+    code = f"""
+import sys
+sys.path.insert(0, {pydir!r})
+import gpufailover as gf
+a = gf.LockClient({uri!r}, "pa")
+g = a.acquire(timeout=10)
+assert a.held and a.epoch == g.epoch > 0
+b = gf.LockClient({uri!r}, "pb")
+try:
+    b.acquire(timeout=0.3)
+    raise SystemExit("pb granted while pa holds")
+except gf.TimeoutError:
+    pass
+assert gf.lock_status({uri!r})["holder"] == "pa"
+a.release()
+assert not a.held
+g2 = b.acquire(timeout=5)
+assert g2.epoch > g.epoch, (g2.epoch, g.epoch)
+print("ok", g.epoch, g2.epoch)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
