@@ -140,7 +140,9 @@ class Proc:
     """A contender: `gfctl lock acquire` or the test helper."""
 
     def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        # Unbuffered: the selector must see every line that has not been read.
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                     bufsize=0)
         self.pid = self.proc.pid
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -223,7 +225,7 @@ def status(uri):
 
 def epoch_of(p, timeout):
     ln = p.wait_line("granted", timeout)
-    assert ln, f"not granted; stderr: {p.proc.stderr.read1().decode() if p.proc.poll() is not None else ''}"
+    assert ln, f"not granted; stderr: {p.proc.stderr.read().decode() if p.proc.poll() is not None else ''}"
     return int(field(ln, "epoch"))
 
 
