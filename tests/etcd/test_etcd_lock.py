@@ -381,6 +381,31 @@ def test_cluster_leader_sigkill_keeps_lock(env):
     assert st["holder"] == "a" and st["epoch"] == ea
 
 
+def test_cluster_stopped_member_endpoint_failover(env):
+    c = cluster(env, 3)
+    m0, m1, m2 = c.members
+    uri = c.uri("failover", 6, [m0, m1, m2])
+    a = helper(env, uri, "a", "hold")
+    ea = epoch_of(a, 15)
+    b = gfctl_acquire(env, c.uri("failover", 6, [m1, m2, m0]), "b")
+    wait_until(lambda: status(c.uri("failover", 6, [m1, m2]))["waiter_count"] == 1, 10, "b waiting")
+    # m0 stops answering (its sockets stay open): the holder's requests to it
+    # time out and it moves on, renewing through m1/m2 for longer than the TTL.
+    m0.signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 8:
+        ln = a.line(0.5)
+        assert ln is None or not ln.startswith("lost"), ln
+    assert b.line(0) is None
+    st = status(c.uri("failover", 6, [m1, m2]))
+    assert st["holder"] == "a" and st["epoch"] == ea
+    # Killed, the holder's lease (kept alive through m1/m2) runs out and b,
+    # waiting through m1, gets the lock.
+    a.signal(signal.SIGKILL)
+    m0.signal(signal.SIGCONT)
+    assert epoch_of(b, 15) > ea
+
+
 def test_cluster_quorum_lost_reports_within_fence(env):
     c = cluster(env, 3)
     uri = c.uri("quorum", 6)
