@@ -29,7 +29,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -51,6 +55,7 @@ enum estate { E_IDLE, E_WAITING, E_HELD, E_LOST };
 
 struct hconn {
 	CURL *h;
+	CURLM *m; /* its own multi handle: curl_easy_perform() would make a hidden one */
 	char *buf;
 	size_t len, cap;
 	bool overflow;
@@ -73,7 +78,6 @@ struct gf_etcd {
 
 	int64_t reconnect_ms, ka_ms, fence_ms;
 	struct hconn req, kac, wc;
-	CURLM *multi;
 
 	_Atomic int state;
 	int64_t lease_id;
@@ -354,15 +358,104 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ud)
 static int hconn_init(struct hconn *c)
 {
 	c->h = curl_easy_init();
-	return c->h ? 0 : gf_err(GF_ERR_NOMEM, "etcd: curl_easy_init failed");
+	c->m = curl_multi_init();
+	return c->h && c->m ? 0 : gf_err(GF_ERR_NOMEM, "etcd: curl_easy_init failed");
 }
 
 static void hconn_free(struct hconn *c)
 {
+	if (c->m)
+		curl_multi_cleanup(c->m);
 	if (c->h)
 		curl_easy_cleanup(c->h);
 	free(c->buf);
 	memset(c, 0, sizeof(*c));
+}
+
+/* curl's own sockets would survive exec: every fd of the library is close-on-exec. */
+static curl_socket_t open_cloexec(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	(void)ud;
+	(void)purpose;
+	return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
+/* The open fds of this process, sorted (malloc'd; NULL when /proc is missing). */
+static int *list_fds(size_t *n)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return NULL;
+	int *v = NULL;
+	size_t cap = 0;
+	*n = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] < '0' || de->d_name[0] > '9' || atoi(de->d_name) == dirfd(d))
+			continue;
+		if (*n == cap) {
+			int *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(int));
+			if (!nv)
+				break;
+			v = nv;
+		}
+		v[(*n)++] = atoi(de->d_name);
+	}
+	closedir(d);
+	return v;
+}
+
+static bool has_fd(const int *v, size_t n, int fd)
+{
+	for (size_t i = 0; i < n; i++)
+		if (v[i] == fd)
+			return true;
+	return false;
+}
+
+/*
+ * Every multi handle makes a wake-up socketpair without close-on-exec (curl
+ * 7.88 has no option for it): mark the sockets that appeared while the
+ * handles were made, so an exec'd child of the holder inherits none.
+ */
+static void cloexec_new_sockets(const int *before, size_t nb)
+{
+	size_t na = 0;
+	int *after = list_fds(&na);
+	for (size_t i = 0; after && i < na; i++) {
+		struct stat st;
+		int fd = after[i], fl = fcntl(fd, F_GETFD);
+		if (has_fd(before, nb, fd) || fl < 0 || (fl & FD_CLOEXEC) || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+			continue;
+		fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+	}
+	free(after);
+}
+
+/* Run one transfer on @c's own multi handle (blocking, bounded by the handle's timeout). */
+static CURLcode perform(struct hconn *c)
+{
+	CURLcode res = CURLE_OK;
+	if (curl_multi_add_handle(c->m, c->h) != CURLM_OK)
+		return CURLE_OUT_OF_MEMORY;
+	for (;;) {
+		int running = 0;
+		if (curl_multi_perform(c->m, &running) != CURLM_OK) {
+			res = CURLE_RECV_ERROR;
+			break;
+		}
+		if (!running) {
+			int q;
+			CURLMsg *msg;
+			while ((msg = curl_multi_info_read(c->m, &q)))
+				if (msg->msg == CURLMSG_DONE)
+					res = msg->data.result;
+			break;
+		}
+		curl_multi_poll(c->m, NULL, 0, 1000, NULL);
+	}
+	curl_multi_remove_handle(c->m, c->h);
+	return res;
 }
 
 /* Options every request shares; the caller adds the body and callbacks. */
@@ -377,6 +470,7 @@ static void setup_handle(struct gf_etcd *e, CURL *h, const char *url, struct cur
 	if (timeout_ms > 0)
 		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
 	curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
 	if (e->tls) {
 		if (e->cacert[0])
 			curl_easy_setopt(h, CURLOPT_CAINFO, e->cacert);
@@ -426,7 +520,7 @@ static int post_one(struct gf_etcd *e, struct hconn *c, int ep, const char *path
 	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
 	c->len = 0;
 	c->overflow = false;
-	CURLcode cc = curl_easy_perform(c->h);
+	CURLcode cc = perform(c);
 	curl_slist_free_all(hdrs);
 	long code = 0;
 	curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &code);
@@ -629,9 +723,13 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 		if (pw && *pw && !(e->password = strdup(pw)))
 			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	}
-	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0 ||
-			!(e->multi = curl_multi_init())))
+	size_t nfds = 0;
+	int *fds = rc == 0 ? list_fds(&nfds) : NULL;
+	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0))
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	if (fds)
+		cloexec_new_sockets(fds, nfds);
+	free(fds);
 	if (rc == 0) {
 		e->ka_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		e->notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -686,8 +784,6 @@ void gf_etcd_free(struct gf_etcd *e)
 		stop_keepalive(e);
 		revoke_lease(e, 1000);
 	}
-	if (e->multi)
-		curl_multi_cleanup(e->multi);
 	hconn_free(&e->req);
 	hconn_free(&e->kac);
 	hconn_free(&e->wc);
@@ -1038,25 +1134,25 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	curl_easy_setopt(e->wc.h, CURLOPT_POSTFIELDS, text);
 	curl_easy_setopt(e->wc.h, CURLOPT_WRITEFUNCTION, on_watch);
 	curl_easy_setopt(e->wc.h, CURLOPT_WRITEDATA, &w);
-	curl_multi_add_handle(e->multi, e->wc.h);
+	curl_multi_add_handle(e->wc.m, e->wc.h);
 	int rc = 0;
 	for (;;) {
 		int running = 0;
-		curl_multi_perform(e->multi, &running);
+		curl_multi_perform(e->wc.m, &running);
 		if (w.done || !running)
 			break;
 		int to = gf_poll_timeout_ms(until);
 		if (to == 0)
 			break;
 		struct curl_waitfd wf = { .fd = intr_fd, .events = CURL_WAIT_POLLIN };
-		curl_multi_poll(e->multi, &wf, 1, to < 0 || to > 1000 ? 1000 : to, NULL);
+		curl_multi_poll(e->wc.m, &wf, 1, to < 0 || to > 1000 ? 1000 : to, NULL);
 		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
 		if (poll(&p, 1, 0) > 0) {
 			rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
 			break;
 		}
 	}
-	curl_multi_remove_handle(e->multi, e->wc.h);
+	curl_multi_remove_handle(e->wc.m, e->wc.h);
 	if (rc == 0 && !w.done && gf_now_us() - t0 < RETRY_US) {
 		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
 		if (poll(&p, 1, (int)(RETRY_US / 1000)) > 0)

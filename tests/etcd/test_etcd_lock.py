@@ -627,3 +627,10 @@ print("ok", g.epoch, g2.epoch)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
+
+
+def test_command_inherits_no_socket(env):
+    c = cluster(env, 1)
+    r = gfctl("lock", "acquire", "--lock", c.uri("exec", 2), "--id", "a", "--", "sh", "-c", "ls -l /proc/$$/fd")
+    assert r.returncode == 0, r.stderr
+    assert "granted" in r.stdout and "socket:" not in r.stdout, r.stdout
