@@ -432,8 +432,9 @@ static void cloexec_new_sockets(const int *before, size_t nb)
 	free(after);
 }
 
-/* Run one transfer on @c's own multi handle (blocking, bounded by the handle's timeout). */
-static CURLcode perform(struct hconn *c)
+/* Run one transfer on @c's own multi handle (blocking, bounded by the
+ * handle's timeout); @intr_fd (if >= 0) becoming readable aborts it. */
+static CURLcode perform(struct hconn *c, int intr_fd)
 {
 	CURLcode res = CURLE_OK;
 	if (curl_multi_add_handle(c->m, c->h) != CURLM_OK)
@@ -452,7 +453,13 @@ static CURLcode perform(struct hconn *c)
 					res = msg->data.result;
 			break;
 		}
-		curl_multi_poll(c->m, NULL, 0, 1000, NULL);
+		struct curl_waitfd wf = { .fd = intr_fd, .events = CURL_WAIT_POLLIN };
+		curl_multi_poll(c->m, &wf, intr_fd >= 0 ? 1 : 0, 1000, NULL);
+		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+		if (intr_fd >= 0 && poll(&p, 1, 0) > 0) {
+			res = CURLE_ABORTED_BY_CALLBACK;
+			break;
+		}
 	}
 	curl_multi_remove_handle(c->m, c->h);
 	return res;
@@ -505,7 +512,7 @@ enum { HR_OK, HR_NEXT, HR_AUTH, HR_FAIL };
 /* One POST to one member. HR_OK with *out, HR_NEXT (try another member),
  * HR_AUTH (token refused), HR_FAIL (rc set). */
 static int post_one(struct gf_etcd *e, struct hconn *c, int ep, const char *path, const char *body,
-		    int64_t timeout_ms, json_t **out, int *rc)
+		    int64_t timeout_ms, int intr_fd, json_t **out, int *rc)
 {
 	char url[400];
 	snprintf(url, sizeof(url), "%s%s", e->ep[ep], path);
@@ -520,11 +527,15 @@ static int post_one(struct gf_etcd *e, struct hconn *c, int ep, const char *path
 	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
 	c->len = 0;
 	c->overflow = false;
-	CURLcode cc = perform(c);
+	CURLcode cc = perform(c, intr_fd);
 	curl_slist_free_all(hdrs);
 	long code = 0;
 	curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &code);
 	if (cc != CURLE_OK) {
+		if (cc == CURLE_ABORTED_BY_CALLBACK) {
+			*rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+			return HR_FAIL;
+		}
 		if (c->overflow) {
 			*rc = gf_err(GF_ERR_PROTOCOL, "etcd %s: answer larger than %d bytes", e->ep[ep], MAX_RESP);
 			return HR_FAIL;
@@ -579,7 +590,7 @@ static int authenticate(struct gf_etcd *e, struct hconn *c, int ep, int64_t time
 	e->token[0] = 0;
 	pthread_mutex_unlock(&e->mu);
 	json_t *out = NULL;
-	int rc = 0, r = post_one(e, c, ep, "/v3/auth/authenticate", body, timeout_ms, &out, &rc);
+	int rc = 0, r = post_one(e, c, ep, "/v3/auth/authenticate", body, timeout_ms, -1, &out, &rc);
 	memset(body, 0, strlen(body));
 	free(body);
 	if (r == HR_AUTH || r == HR_FAIL)
@@ -643,7 +654,7 @@ static int call(struct gf_etcd *e, struct hconn *c, const char *path, json_t *bo
 				}
 			}
 			int64_t t0 = gf_now_us();
-			int r = post_one(e, c, ep, path, text, t, out, &rc);
+			int r = post_one(e, c, ep, path, text, t, intr_fd, out, &rc);
 			if (r == HR_OK) {
 				atomic_store(&e->cur, ep);
 				rc = 0;
@@ -881,7 +892,9 @@ static void *keepalive_main(void *arg)
 			deadline = now + try_ms * 1000;
 		json_t *out = NULL;
 		int rc = call(e, &e->kac, "/v3/lease/keepalive", json_pack("{s:s}", "ID", b), deadline,
-			      try_ms < 100 ? 100 : try_ms, -1, &out);
+			      try_ms < 100 ? 100 : try_ms, e->ka_stop_fd, &out);
+		if (rc == GF_ERR_INTERRUPTED)
+			return NULL;
 		if (rc == 0) {
 			json_t *res = json_object_get(out, "result");
 			int64_t ttl = jint(res, "TTL");
@@ -1248,6 +1261,11 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 		break;
 	}
 	free(pred);
+	if (rc == GF_ERR_INTERRUPTED) {
+		/* Consumed here, not left to interrupt the next acquire. */
+		while (read(intr_fd, &v, sizeof(v)) > 0)
+			;
+	}
 	if (rc < 0) {
 		char keep[512];
 		snprintf(keep, sizeof(keep), "%s", gf_error_detail());

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The etcd lock backend without an etcd: URI parsing, lease validation,
  * unreachable members, interrupts (through the public gf_lock_* API). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +28,13 @@ static int dead_port(void)
 	assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
 	close(s);
 	return ntohs(a.sin_port);
+}
+
+static void *interrupt_later(void *arg)
+{
+	usleep(300000);
+	gf_lock_interrupt(arg);
+	return NULL;
 }
 
 static void test_uris(void **state)
@@ -88,6 +96,15 @@ static void test_unreachable(void **state)
 	/* An interrupt sent before the acquire makes it return at once. */
 	gf_lock_interrupt(l);
 	assert_int_equal(gf_lock_acquire(l, 10000, &g), GF_ERR_INTERRUPTED);
+	/* An interrupt while the members are being tried ends the acquire and
+	 * is used up: the next acquire is not interrupted by it. */
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, interrupt_later, l), 0);
+	t0 = gf_now_us();
+	assert_int_equal(gf_lock_acquire(l, 20000, &g), GF_ERR_INTERRUPTED);
+	assert_true(gf_now_us() - t0 < 10000000);
+	pthread_join(th, NULL);
+	assert_int_equal(gf_lock_acquire(l, 300, &g), GF_ERR_TIMEOUT);
 	gf_lock_free(l);
 	char *json = NULL;
 	assert_int_equal(gf_lock_status_json(uri, NULL, 0, 300, &json), GF_ERR_UNREACHABLE);
