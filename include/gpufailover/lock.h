@@ -125,12 +125,12 @@ GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
 /**
  * One-shot status query: a JSON object with holder, epoch, waiters,
  * reconnect window and uptime (on etcd: holder, epoch, waiters, waiter_count,
- * prefix, revision, backend "etcd"; @p secret is the etcd password).
- * *json is malloc'd; free() it.
+ * prefix, revision, backend "etcd"; @p secret is the etcd password; ping on
+ * etcd checks that a quorum answers a read). *json is malloc'd; free() it.
  */
 GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len,
 				  int64_t timeout_ms, char **json);
-/** Check that the server answers a handshake (etcd: a quorum answers a read) within @p timeout_ms. */
+/** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 
 /** @} */

@@ -135,10 +135,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 		return rc;
 	}
 	pthread_mutex_init(&l->mu, NULL);
-	if (l->etcd)
-		snprintf(l->uristr, sizeof(l->uristr), "%s", uri);
-	else
-		gf_uri_format(&l->uri, l->uristr, sizeof(l->uristr));
+	gf_uri_format(&l->uri, l->uristr, sizeof(l->uristr));
 	memcpy(l->id, engine_id, idl + 1);
 	l->fd = -1;
 	l->reconnect_ms = 12000;
