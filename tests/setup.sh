@@ -12,11 +12,11 @@ packages=(
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness
-  libcurl4-openssl-dev                                      # HTTP client: failover demo, etcd lock backend
-  etcd-server etcd-client                                   # etcd lock backend tests and benchmark (own members on loopback)
-  openssl                                                   # certificates for the etcds:// test
+  libcurl4-openssl-dev                                      # HTTP client of the failover demo
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
+  etcd-server etcd-client                                   # etcd lock backend (libcurl) tests, benchmark: own members on loopback
+  openssl                                                   # certificates for the etcds:// test
 )
 
 missing=()
