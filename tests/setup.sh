@@ -9,14 +9,14 @@ packages=(
   libcmocka-dev                                             # C test framework
   libjansson-dev                                            # JSON: lock state file, status
   libxxhash-dev                                             # GMS layout hash
+  etcd-server etcd-client                                   # etcd lock backend (libcurl) tests, benchmark: own members on loopback
+  openssl                                                   # certificates for the etcds:// test
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness
   libcurl4-openssl-dev                                      # HTTP client of the failover demo
   python3 python3-dev python3-venv                          # bindings and their tests
   valgrind procps util-linux
-  etcd-server etcd-client                                   # etcd lock backend (libcurl) tests, benchmark: own members on loopback
-  openssl                                                   # certificates for the etcds:// test
 )
 
 missing=()
