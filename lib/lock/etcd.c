@@ -48,6 +48,7 @@
 #define TRY_MAX_MS 1000       /* one request to one member at most */
 #define WATCH_CHUNK_US 2000000 /* re-check the predecessor at least this often */
 #define RETRY_US 50000        /* pause after every member failed */
+#define ONCE_US 2000000       /* an acquire with timeout 0: one try, this long at most */
 #define MARGIN_MIN_MS 500
 #define STATUS_MAX_WAITERS 64
 
@@ -1198,7 +1199,9 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 	uint64_t v;
 	while (read(e->notify_fd, &v, sizeof(v)) > 0)
 		;
-	const int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	/* 0: try once: queue, look, and leave at once when someone holds it. */
+	const bool once = timeout_ms == 0;
+	const int64_t deadline = once ? gf_now_us() + ONCE_US : gf_deadline_from_ms(timeout_ms);
 	int64_t reach_by = gf_now_us() + e->reconnect_ms * 1000;
 	int rc;
 	char *pred = NULL;
@@ -1241,6 +1244,10 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 			if (rc == GF_ERR_NOT_FOUND) {
 				atomic_store(&e->lease_gone, 1);
 				continue;
+			}
+			if (rc == 1 && once) {
+				rc = gf_err(GF_ERR_TIMEOUT, "lock %s: held by another (single try)", e->id);
+				break;
 			}
 			if (rc == 1) {
 				int64_t until = gf_now_us() + WATCH_CHUNK_US;

@@ -5,6 +5,8 @@
  *   etcd-helper URI ID hold         acquire, start the watcher, then every
  *                                   20 ms "act" while gf_lock_is_held()
  *                                   says so; the loss hook prints "lost"
+ *   etcd-helper URI ID once         one acquire with timeout 0: "granted"
+ *                                   or "error NAME"
  *   etcd-helper URI ID loop N MS    N times: acquire, hold up to MS ms
  *                                   (checking is_held), release; prints
  *                                   "granted" and "end" (last held check)
@@ -53,6 +55,15 @@ int main(int argc, char **argv)
 				printf("act epoch=%llu t=%lld\n", (unsigned long long)g.epoch, mono_us());
 			usleep(20000);
 		}
+	}
+	if (!strcmp(argv[3], "once")) {
+		int rc = gf_lock_acquire(l, 0, &g);
+		if (rc == 0)
+			printf("granted id=%s epoch=%llu t=%lld\n", argv[2], (unsigned long long)g.epoch, mono_us());
+		else
+			printf("error %s\n", gf_error_name(rc));
+		gf_lock_free(l);
+		return 0;
 	}
 	if (!strcmp(argv[3], "loop") && argc > 5) {
 		int n = atoi(argv[4]), ms = atoi(argv[5]);

@@ -634,3 +634,18 @@ def test_command_inherits_no_socket(env):
     r = gfctl("lock", "acquire", "--lock", c.uri("exec", 2), "--id", "a", "--", "sh", "-c", "ls -l /proc/$$/fd")
     assert r.returncode == 0, r.stderr
     assert "granted" in r.stdout and "socket:" not in r.stdout, r.stdout
+
+
+def test_timeout_zero_tries_once(env):
+    c = cluster(env, 1)
+    uri = c.uri("once", 3)
+    r = subprocess.run([HELPER, uri, "a", "once"], capture_output=True, text=True, timeout=30)
+    assert r.stdout.startswith("granted"), r.stdout + r.stderr
+    h = gfctl_acquire(env, uri, "h")
+    epoch_of(h, 10)
+    t0 = time.monotonic()
+    r = subprocess.run([HELPER, uri, "b", "once"], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "error GF_ERR_TIMEOUT", r.stdout + r.stderr
+    assert time.monotonic() - t0 < 5
+    # The single try left the line: nobody waits behind the holder.
+    wait_until(lambda: status(uri)["waiter_count"] == 0, 5, "no waiter left")
