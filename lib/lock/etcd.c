@@ -85,6 +85,7 @@ struct gf_etcd {
 	int64_t granted_ttl_ms;
 	_Atomic int64_t last_ok_us; /* send time of the last answered keepalive */
 	_Atomic int lease_gone;
+	_Atomic int revoked;       /* the lease is gone already: no revoke at release */
 	_Atomic uint64_t epoch;
 	char mykey[600];
 	int64_t myrev;
@@ -776,8 +777,10 @@ static void stop_keepalive(struct gf_etcd *e)
 /* Revoke our lease (its keys go with it): best effort within @ms. */
 static void revoke_lease(struct gf_etcd *e, int64_t ms)
 {
-	if (!e->lease_id)
+	if (!e->lease_id || atomic_load(&e->revoked)) {
+		e->lease_id = 0;
 		return;
+	}
 	char b[24];
 	json_t *out = NULL;
 	if (call(e, &e->req, "/v3/lease/revoke", json_pack("{s:s}", "ID", i64s(e->lease_id, b)),
@@ -866,6 +869,19 @@ static bool fence_passed(const struct gf_etcd *e, int64_t now)
 	return now - atomic_load(&e->last_ok_us) >= e->fence_ms * 1000;
 }
 
+/*
+ * On the keepalive thread, once the holder counts as lost: stop renewing and
+ * wake the owner's loop. No revoke here: the hook must run before anyone
+ * else can be granted, and it runs on the owner's thread; gf_lock_release()
+ * or gf_lock_free() after it revokes, else the lease runs out.
+ */
+static void *give_up(struct gf_etcd *e)
+{
+	atomic_store(&e->lease_gone, 1);
+	notify(e);
+	return NULL;
+}
+
 static void *keepalive_main(void *arg)
 {
 	struct gf_etcd *e = arg;
@@ -877,14 +893,11 @@ static void *keepalive_main(void *arg)
 		if (poll(&p, 1, gf_poll_timeout_ms(next)) > 0)
 			return NULL;
 		int64_t now = gf_now_us();
-		/* A holder past T_fence must not renew: it has reported (or is
-		 * about to report) the loss, and the next waiter may be granted
-		 * once the lease runs out. */
-		if (atomic_load(&e->state) == E_HELD && fence_passed(e, now)) {
-			atomic_store(&e->lease_gone, 1);
-			notify(e);
-			return NULL;
-		}
+		/* A holder past T_fence (or already reported lost) must not
+		 * renew: the next waiter may be granted once the lease is gone. */
+		int st = atomic_load(&e->state);
+		if (st == E_LOST || (st == E_HELD && fence_passed(e, now)))
+			return give_up(e);
 		int64_t try_ms = e->fence_ms / 3 < TRY_MAX_MS ? e->fence_ms / 3 : TRY_MAX_MS;
 		/* Give up on this round before T_fence runs out, so the check
 		 * above runs in time. */
@@ -903,6 +916,7 @@ static void *keepalive_main(void *arg)
 			if (ttl <= 0) {
 				gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease expired\" id=%s lease=%llx", e->id,
 				       (unsigned long long)e->lease_id);
+				atomic_store(&e->revoked, 1);
 				atomic_store(&e->lease_gone, 1);
 				notify(e);
 				return NULL;
@@ -916,11 +930,9 @@ static void *keepalive_main(void *arg)
 		next = (rc == 0 ? now + e->ka_ms * 1000 : gf_now_us() + RETRY_US);
 		if (rc == 0)
 			continue;
-		if (atomic_load(&e->state) == E_HELD && fence_passed(e, gf_now_us())) {
-			atomic_store(&e->lease_gone, 1);
-			notify(e);
-			return NULL;
-		}
+		st = atomic_load(&e->state);
+		if (st == E_LOST || (st == E_HELD && fence_passed(e, gf_now_us())))
+			return give_up(e);
 	}
 }
 
@@ -943,6 +955,7 @@ static int grant_lease(struct gf_etcd *e, int64_t deadline, int intr_fd)
 	e->granted_ttl_ms = ttl * 1000;
 	atomic_store(&e->last_ok_us, sent);
 	atomic_store(&e->lease_gone, 0);
+	atomic_store(&e->revoked, 0);
 	snprintf(e->mykey, sizeof(e->mykey), "%s%llx", e->prefix, (unsigned long long)id);
 	/* Signals are the application's business: they go to its own threads. */
 	sigset_t all, old;

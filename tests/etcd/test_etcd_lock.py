@@ -424,6 +424,14 @@ def test_cluster_quorum_lost_reports_within_fence(env):
     assert dt < 5.0, dt
     assert dt > 1.5, dt
     assert "T_fence" in ln
+    # Quorum back: the lost holder, still running, does not renew its lease
+    # again, so a new contender gets the lock once that lease has run out.
+    c.members[1].signal(signal.SIGCONT)
+    c.members[2].signal(signal.SIGCONT)
+    b = gfctl_acquire(env, uri, "b", "--reconnect-timeout", "30s")
+    eb = epoch_of(b, 6 + 15)
+    assert a.proc.poll() is None
+    assert eb > 0 and status(uri)["holder"] == "b"
 
 
 def test_cluster_fifo_and_kill(env):
