@@ -53,7 +53,9 @@ typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void
  * New client for the lock server at @p uri ("unix:///path" or
  * "tcp://host:port") or for the lock on etcd
  * ("etcd://host:port[,host:port...]/prefix/name[?ttl=S&user=U&password-file=F]",
- * "etcds://" adds cacert=, cert=, key= files; docs/lock.md) acting as
+ * "etcds://" adds cacert=, cert=, key= files; docs/lock.md; on etcd
+ * gf_lock_set_lease() sets the keepalive interval and T_fence, which must
+ * leave max(TTL/4, 500 ms) of the TTL: defaults TTL/6 and TTL/2) acting as
  * @p engine_id (1..127 bytes of printable
  * ASCII without spaces, quotes, backslash or '='; it appears in logs and
  * status). Does not connect yet. Caller frees with gf_lock_free().
@@ -66,12 +68,7 @@ GF_EXPORT void gf_lock_free(gf_lock *lock);
 GF_EXPORT int gf_lock_set_reconnect_timeout(gf_lock *lock, int64_t ms);
 /** Shared secret for TCP servers that require one, or the etcd user's password (copied). */
 GF_EXPORT int gf_lock_set_secret(gf_lock *lock, const void *secret, size_t len);
-/**
- * TCP lease: heartbeat interval and T_fence (report LOCK_LOST after this long
- * without hearing the server). On etcd: keepalive interval and T_fence counted
- * from the last answered keepalive; GF_ERR_INVALID_ARG unless T_fence +
- * max(TTL/4, 500ms) <= TTL (defaults TTL/6 and TTL/2).
- */
+/** TCP lease: heartbeat interval and T_fence (report LOCK_LOST after this long without hearing the server). */
 GF_EXPORT int gf_lock_set_lease(gf_lock *lock, int64_t heartbeat_ms, int64_t fence_ms);
 /** Install the lock-lost hook (NULL removes it). */
 GF_EXPORT void gf_lock_set_lost_fn(gf_lock *lock, gf_lock_lost_fn fn, void *userdata);

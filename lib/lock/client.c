@@ -193,11 +193,11 @@ int gf_lock_set_reconnect_timeout(gf_lock *l, int64_t ms)
 {
 	if (!l || ms < 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: bad reconnect timeout");
-	if (l->etcd)
-		return gf_etcd_set_reconnect_timeout(l->etcd, ms);
 	pthread_mutex_lock(&l->mu);
 	l->reconnect_ms = ms;
 	pthread_mutex_unlock(&l->mu);
+	if (l->etcd)
+		return gf_etcd_set_reconnect_timeout(l->etcd, ms);
 	return 0;
 }
 
@@ -223,12 +223,13 @@ int gf_lock_set_lease(gf_lock *l, int64_t heartbeat_ms, int64_t fence_ms)
 {
 	if (!l || heartbeat_ms <= 0 || fence_ms <= heartbeat_ms)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: lease needs 0 < heartbeat < fence");
-	if (l->etcd)
-		return gf_etcd_set_lease(l->etcd, heartbeat_ms, fence_ms);
 	pthread_mutex_lock(&l->mu);
 	l->hb_ms = heartbeat_ms;
 	l->fence_ms = fence_ms;
 	pthread_mutex_unlock(&l->mu);
+	/* The TCP fields above stay unused on etcd. */
+	if (l->etcd)
+		return gf_etcd_set_lease(l->etcd, heartbeat_ms, fence_ms);
 	return 0;
 }
 
