@@ -374,12 +374,21 @@ static void hconn_free(struct hconn *c)
 	memset(c, 0, sizeof(*c));
 }
 
-/* curl's own sockets would survive exec: every fd of the library is close-on-exec. */
+/*
+ * curl's own sockets would survive exec: every fd of the library is
+ * close-on-exec. A connection is closed only after its answer was read (or
+ * to abandon a watch), so it closes with a reset: short-lived clients such
+ * as `gfctl lock status` leave no TIME_WAIT ports behind.
+ */
 static curl_socket_t open_cloexec(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
 {
 	(void)ud;
 	(void)purpose;
-	return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+	int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+	if (fd >= 0)
+		setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	return fd;
 }
 
 /* The open fds of this process, sorted (malloc'd; NULL when /proc is missing). */
