@@ -51,6 +51,14 @@ def main():
     row("lock idle waiter memory", f"{lock['idle_waiters']} waiters", lock["rss_bytes_per_waiter"], None, "", None,
         None, unit="bytes")
 
+    print("running host backend import+map vs raw syscalls ...", file=sys.stderr)
+    mem = json_lines([b / "tests/bench/bench-mem"], 900)
+    raw["mem"] = mem
+    for m in mem:
+        for r in m["results"]:
+            row("mem import+map", f"N={r['n']}", r["lib_median_us"], None, "dup+fstat+mmap", r["raw_median_us"],
+                r["ratio"])
+
     print("running etcd lock hand-off vs etcdctl lock ...", file=sys.stderr)
     here = pathlib.Path(__file__).resolve().parent
     etcd = json_lines([sys.executable, here / "bench_etcd.py", "--gfctl", b / "examples/gfctl/gfctl"], 900)
@@ -64,14 +72,6 @@ def main():
         row("etcd waiter memory (RSS)", f"{e['waiter_connections']} conns (etcdctl {e['etcdctl_waiter_connections']})",
             e["waiter_rss_bytes"], None, "etcdctl lock", e["etcdctl_waiter_rss_bytes"],
             round(e["waiter_rss_bytes"] / e["etcdctl_waiter_rss_bytes"], 2), unit="bytes")
-
-    print("running host backend import+map vs raw syscalls ...", file=sys.stderr)
-    mem = json_lines([b / "tests/bench/bench-mem"], 900)
-    raw["mem"] = mem
-    for m in mem:
-        for r in m["results"]:
-            row("mem import+map", f"N={r['n']}", r["lib_median_us"], None, "dup+fstat+mmap", r["raw_median_us"],
-                r["ratio"])
 
     print("running GMS remap vs raw fd receive+mmap ...", file=sys.stderr)
     gms = json_lines([b / "tests/bench/bench-gms"], 900)
