@@ -9,6 +9,8 @@ packages=(
   libcmocka-dev                                             # C test framework
   libjansson-dev                                            # JSON: lock state file, status
   libxxhash-dev                                             # GMS layout hash
+  etcd-server etcd-client                                   # etcd lock backend (libcurl) tests, benchmark: own members on loopback
+  openssl                                                   # certificates for the etcds:// test
   libmicrohttpd-dev                                         # engine probe server
   libssl-dev                                                # HMAC-SHA256 for the TCP secret
   libsystemd-dev                                            # sd_notify readiness

@@ -51,7 +51,12 @@ typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void
 
 /**
  * New client for the lock server at @p uri ("unix:///path" or
- * "tcp://host:port") acting as @p engine_id (1..127 bytes of printable
+ * "tcp://host:port") or for the lock on etcd
+ * ("etcd://host:port[,host:port...]/prefix/name[?ttl=S&user=U&password-file=F]",
+ * "etcds://" adds cacert=, cert=, key= files; docs/lock.md; on etcd
+ * gf_lock_set_lease() sets the keepalive interval and T_fence, which must
+ * leave max(TTL/4, 500 ms) of the TTL: defaults TTL/6 and TTL/2) acting as
+ * @p engine_id (1..127 bytes of printable
  * ASCII without spaces, quotes, backslash or '='; it appears in logs and
  * status). Does not connect yet. Caller frees with gf_lock_free().
  * Errors: GF_ERR_INVALID_ARG (bad URI or id), GF_ERR_NOMEM, GF_ERR_IO.
@@ -61,7 +66,7 @@ GF_EXPORT int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 GF_EXPORT void gf_lock_free(gf_lock *lock);
 /** How long to try reconnecting after the server is lost (default 12s: a bit longer than the server's default 10s reconnect window; at most a year, GF_ERR_INVALID_ARG beyond). */
 GF_EXPORT int gf_lock_set_reconnect_timeout(gf_lock *lock, int64_t ms);
-/** Shared secret for TCP servers that require one (copied). */
+/** Shared secret for TCP servers that require one, or the etcd user's password (copied). */
 GF_EXPORT int gf_lock_set_secret(gf_lock *lock, const void *secret, size_t len);
 /** TCP lease: heartbeat interval and T_fence (report LOCK_LOST after this long without hearing the server); 0 < heartbeat < fence <= a year, else GF_ERR_INVALID_ARG. */
 GF_EXPORT int gf_lock_set_lease(gf_lock *lock, int64_t heartbeat_ms, int64_t fence_ms);
@@ -176,7 +181,9 @@ GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
 
 /**
  * One-shot status query: a JSON object with holder, epoch, waiters,
- * reconnect window and uptime. *json is malloc'd; free() it.
+ * reconnect window and uptime (on etcd: holder, epoch, waiters, waiter_count,
+ * prefix, revision, backend "etcd"; @p secret is the etcd password; ping on
+ * etcd checks that a quorum answers a read). *json is malloc'd; free() it.
  */
 GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len,
 				  int64_t timeout_ms, char **json);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
+#include "etcd.h"
 #include "lockint.h"
 #include "pool.h"
 #include "wire.h"
@@ -58,6 +59,7 @@ struct gf_lock {
 	bool watching;
 	int watch_stop_fd;
 	gf_Msg *msg;
+	struct gf_etcd *etcd; /* etcd:// and etcds:// URIs: every call goes there */
 	struct gf_lock *lnext, *lprev;
 	/* The listeners that came with the grant (unix only); ours, closed on release. */
 	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
@@ -93,6 +95,8 @@ static void fork_child(void)
 		if (l->fd >= 0)
 			close(l->fd);
 		l->fd = -1;
+		if (l->etcd)
+			gf_etcd_forked(l->etcd);
 		atomic_store(&l->state, C_IDLE);
 		l->watching = false;
 		pthread_mutex_init(&l->mu, NULL);
@@ -115,7 +119,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	gf_lock *l = calloc(1, sizeof(*l));
 	if (!l)
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
-	int rc = gf_uri_parse(uri, &l->uri);
+	int rc = gf_etcd_is_uri(uri) ? gf_etcd_new(&l->etcd, uri, engine_id) : gf_uri_parse(uri, &l->uri);
 	if (rc < 0) {
 		free(l);
 		return rc;
@@ -128,6 +132,7 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 		gf_close(l->intr_fd);
 		gf_close(l->watch_stop_fd);
 		gf_msg_free(l->msg);
+		gf_etcd_free(l->etcd);
 		free(l);
 		return rc;
 	}
@@ -196,6 +201,7 @@ void gf_lock_free(gf_lock *l)
 	pthread_mutex_unlock(&list_mu);
 	drop_conn(l);
 	drop_listeners(l);
+	gf_etcd_free(l->etcd);
 	gf_frame_reader_clear(&l->rd);
 	gf_close(l->intr_fd);
 	gf_close(l->watch_stop_fd);
@@ -214,6 +220,8 @@ int gf_lock_set_reconnect_timeout(gf_lock *l, int64_t ms)
 	pthread_mutex_lock(&l->mu);
 	l->reconnect_ms = ms;
 	pthread_mutex_unlock(&l->mu);
+	if (l->etcd)
+		return gf_etcd_set_reconnect_timeout(l->etcd, ms);
 	return 0;
 }
 
@@ -221,6 +229,8 @@ int gf_lock_set_secret(gf_lock *l, const void *secret, size_t len)
 {
 	if (!l || !secret || len == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: empty secret");
+	if (l->etcd)
+		return gf_etcd_set_password(l->etcd, secret, len);
 	uint8_t *s = malloc(len);
 	if (!s)
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
@@ -241,6 +251,9 @@ int gf_lock_set_lease(gf_lock *l, int64_t heartbeat_ms, int64_t fence_ms)
 	l->hb_ms = heartbeat_ms;
 	l->fence_ms = fence_ms;
 	pthread_mutex_unlock(&l->mu);
+	/* The TCP fields above stay unused on etcd. */
+	if (l->etcd)
+		return gf_etcd_set_lease(l->etcd, heartbeat_ms, fence_ms);
 	return 0;
 }
 
@@ -433,6 +446,8 @@ int gf_lock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 {
 	if (!l)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	if (l->etcd)
+		return gf_etcd_acquire(l->etcd, timeout_ms, grant, l->intr_fd);
 	int st = atomic_load(&l->state);
 	if (st == C_HELD || st == C_RECONNECTING)
 		return gf_err(GF_ERR_STATE, "lock %s: already held", l->id);
@@ -641,6 +656,17 @@ int gf_lock_process(gf_lock *l)
 	char detail[512] = "";
 	int rc = 0;
 	uint64_t step_down = 0;
+	if (l->etcd) {
+		bool newly;
+		pthread_mutex_lock(&l->mu);
+		rc = gf_etcd_process(l->etcd, &newly, detail, sizeof(detail));
+		gf_lock_lost_fn fn = newly ? l->lost_fn : NULL;
+		void *ud = l->lost_ud;
+		pthread_mutex_unlock(&l->mu);
+		if (fn)
+			fn(l, GF_ERR_LOCK_LOST, detail, ud);
+		return newly ? gf_err(GF_ERR_LOCK_LOST, "%s", detail) : rc;
+	}
 	pthread_mutex_lock(&l->mu);
 	int64_t now = gf_now_us();
 	int st = atomic_load(&l->state);
@@ -722,6 +748,8 @@ int gf_lock_release(gf_lock *l)
 	if (!l)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
 	gf_lock_stop_watch(l);
+	if (l->etcd)
+		return gf_etcd_release(l->etcd);
 	pthread_mutex_lock(&l->mu);
 	int st = atomic_load(&l->state), rc = 0;
 	if (st == C_HELD && l->fd >= 0) {
@@ -750,7 +778,7 @@ int gf_lock_listeners(const gf_lock *l, const struct gf_lock_listener **out, siz
 {
 	if (!l || !out || !n)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
-	if (is_tcp(l))
+	if (is_tcp(l) || l->etcd)
 		return gf_err(GF_ERR_NOT_SUPPORTED,
 			      "lock %s: listeners travel as file descriptors, over unix:// lock servers only", l->id);
 	int st = atomic_load(&((gf_lock *)l)->state);
@@ -774,12 +802,16 @@ int gf_lock_is_held(const gf_lock *l)
 {
 	if (!l)
 		return 0;
+	if (l->etcd)
+		return gf_etcd_is_held(l->etcd);
 	int st = atomic_load(&((gf_lock *)l)->state);
 	return st == C_HELD || st == C_RECONNECTING;
 }
 
 uint64_t gf_lock_epoch(const gf_lock *l)
 {
+	if (l && l->etcd)
+		return gf_etcd_epoch(l->etcd);
 	return l ? atomic_load(&((gf_lock *)l)->epoch) : 0;
 }
 
@@ -787,6 +819,8 @@ int gf_lock_get_fd(const gf_lock *l)
 {
 	if (!l)
 		return -1;
+	if (l->etcd)
+		return gf_etcd_get_fd(l->etcd);
 	pthread_mutex_lock(&((gf_lock *)l)->mu);
 	int fd = atomic_load(&((gf_lock *)l)->state) == C_HELD ? l->fd : -1;
 	pthread_mutex_unlock(&((gf_lock *)l)->mu);
@@ -803,6 +837,8 @@ int gf_lock_get_timeout_ms(const gf_lock *l)
 {
 	if (!l)
 		return -1;
+	if (l->etcd)
+		return gf_etcd_get_timeout_ms(l->etcd);
 	gf_lock *m = (gf_lock *)l;
 	pthread_mutex_lock(&m->mu);
 	int64_t t = INT64_MAX;
@@ -825,9 +861,13 @@ static void *watch_main(void *arg)
 {
 	gf_lock *l = arg;
 	for (;;) {
-		int st = atomic_load(&l->state);
-		if (st != C_HELD && st != C_RECONNECTING)
+		if (!gf_lock_is_held(l)) {
+			/* An etcd holder stops counting as held at T_fence, before
+			 * anything was read: let process() report it. */
+			if (l->etcd)
+				gf_lock_process(l);
 			break;
+		}
 		struct pollfd p[2] = { { .fd = gf_lock_get_fd(l), .events = POLLIN },
 				       { .fd = l->watch_stop_fd, .events = POLLIN } };
 		int n = poll(p, 2, gf_lock_get_timeout_ms(l));
@@ -900,6 +940,8 @@ static int oneshot(const char *uri, const void *secret, size_t secret_len, int64
 
 int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms)
 {
+	if (gf_etcd_is_uri(uri))
+		return gf_etcd_ping(uri, secret, secret_len, timeout_ms);
 	struct gf_frame_reader rd;
 	int fd, rc = oneshot(uri, secret, secret_len, timeout_ms, &fd, &rd);
 	if (rc < 0)
@@ -942,6 +984,10 @@ static int oneshot_call(const char *uri, const void *secret, size_t secret_len, 
 static int simple_call(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, pb_size_t tag,
 		       uint64_t epoch, pb_size_t want, const char *what, gf_Msg **reply)
 {
+	/* etcd holds no server of ours to ask: readiness and admin requests are
+	 * this lock server's (status has its own etcd path). */
+	if (gf_etcd_is_uri(uri))
+		return gf_err(GF_ERR_NOT_SUPPORTED, "%s: not available on etcd:// locks (only on gf-lockd)", what);
 	gf_Msg *m = gf_msg_new();
 	if (!m)
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
@@ -962,6 +1008,8 @@ int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, 
 {
 	if (!json)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL json");
+	if (gf_etcd_is_uri(uri))
+		return gf_etcd_status_json(uri, secret, secret_len, timeout_ms, json);
 	gf_Msg *m;
 	int rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0,
 			     gf_Msg_lock_status_tag, "status", &m);

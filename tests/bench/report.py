@@ -75,6 +75,20 @@ def main():
             row("mem import+map", f"N={r['n']}", r["lib_median_us"], None, "dup+fstat+mmap", r["raw_median_us"],
                 r["ratio"])
 
+    print("running etcd lock hand-off vs etcdctl lock ...", file=sys.stderr)
+    here = pathlib.Path(__file__).resolve().parent
+    etcd = json_lines([sys.executable, here / "bench_etcd.py", "--gfctl", b / "examples/gfctl/gfctl"], 900)
+    if etcd:
+        e = etcd[-1]
+        raw["etcd"] = e
+        row("etcd lock clean hand-off", f"{e['trials']} releases, ttl {e['ttl_s']}s", e["clean_median_us"], None,
+            "etcdctl lock", e["etcdctl_clean_median_us"], e["clean_ratio"])
+        row("etcd lock hand-off after kill", f"{e['kill_trials']} SIGKILLs, ttl {e['ttl_s']}s", e["kill_median_us"],
+            None, "etcdctl lock", e["etcdctl_kill_median_us"], e["kill_ratio"])
+        row("etcd waiter memory (RSS)", f"{e['waiter_connections']} conns (etcdctl {e['etcdctl_waiter_connections']})",
+            e["waiter_rss_bytes"], None, "etcdctl lock", e["etcdctl_waiter_rss_bytes"],
+            round(e["waiter_rss_bytes"] / e["etcdctl_waiter_rss_bytes"], 2), unit="bytes")
+
     print("running GMS remap vs raw fd receive+mmap ...", file=sys.stderr)
     gms = json_lines([b / "tests/bench/bench-gms"], 900)
     raw["gms"] = gms
@@ -148,7 +162,7 @@ def main():
     print("-" * len(header))
     for r in rows:
         print(f"{r['benchmark']:<32} {r['case']:<36} {fmt(r['median'], r['unit']):>12} {fmt(r['p99'], r['unit']):>12} "
-              f"{r['baseline']:>16} {fmt(r['baseline_median']):>12} {('%.2fx' % r['ratio']) if r['ratio'] else '-':>7}")
+              f"{r['baseline']:>16} {fmt(r['baseline_median'], r['unit']):>12} {('%.2fx' % r['ratio']) if r['ratio'] else '-':>7}")
     pathlib.Path(a.out).write_text(json.dumps({"rows": rows, "raw": raw}, indent=1))
     print(f"\nJSON: {a.out}")
 

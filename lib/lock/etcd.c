@@ -1,0 +1,1471 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The lock on etcd, over the v3 JSON gateway (libcurl + jansson).
+ *
+ * The recipe of etcd's own concurrency package (Mutex): a lease with a TTL,
+ * kept alive by a thread of ours while waiting and holding; the waiter's key
+ * PREFIX/<lease-id-hex> created in a transaction only if it does not exist;
+ * the grant once no key under the prefix with a lower create revision
+ * remains, watching only the nearest predecessor so a release wakes one
+ * waiter. The fencing epoch is the holder key's create revision: etcd's
+ * revision only grows, across restarts and member changes.
+ *
+ * Fencing: the lease cannot expire earlier than TTL after the send time of
+ * the last keepalive it answered. The holder counts T_fence from that send
+ * time and, past it, stops renewing and reports the loss; T_fence + margin
+ * <= TTL, so the report comes before anyone else can be granted.
+ *
+ * Threads: gf_etcd_acquire() and gf_etcd_release() run on the caller's
+ * thread with their own curl handles; the keepalive thread has its own. They
+ * share only atomics and the auth token (under mu).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "common.h"
+#include "etcd.h"
+#include "lockint.h"
+
+#define MAX_EP 16
+#define MAX_RESP (4 << 20)    /* a status range of a busy prefix stays far below */
+#define TRY_MAX_MS 1000       /* one request to one member at most */
+#define WATCH_CHUNK_US 2000000 /* re-check the predecessor at least this often */
+#define RETRY_US 50000        /* pause after every member failed */
+#define ONCE_US 2000000       /* an acquire with timeout 0: one try, this long at most */
+#define MARGIN_MIN_MS 500
+#define STATUS_MAX_WAITERS 64
+
+enum estate { E_IDLE, E_WAITING, E_HELD, E_LOST };
+
+struct hconn {
+	CURL *h;
+	CURLM *m; /* its own multi handle: curl_easy_perform() would make a hidden one */
+	char *buf;
+	size_t len, cap;
+	bool overflow;
+};
+
+struct gf_etcd {
+	char id[GF_LOCK_ID_MAX];
+	bool tls;
+	int n_ep;
+	char ep[MAX_EP][280];   /* "http://host:port" */
+	char prefix[512];       /* "/prefix/name/" */
+	int64_t ttl_s;
+	char user[128];
+	char *password;
+	char cacert[PATH_MAX], cert[PATH_MAX], key[PATH_MAX];
+
+	pthread_mutex_t mu;     /* token */
+	char token[512];
+	_Atomic int cur;        /* the member that answered last */
+
+	int64_t reconnect_ms, ka_ms, fence_ms;
+	struct hconn req, kac, wc;
+
+	_Atomic int state;
+	int64_t lease_id;
+	int64_t granted_ttl_ms;
+	_Atomic int64_t last_ok_us; /* send time of the last answered keepalive */
+	_Atomic int lease_gone;
+	_Atomic int revoked;       /* the lease is gone already: no revoke at release */
+	_Atomic uint64_t epoch;
+	char mykey[600];
+	int64_t myrev;
+
+	pthread_t ka;
+	bool ka_running;
+	int ka_stop_fd;
+	int notify_fd;
+	bool forked;
+};
+
+/* ---- small helpers ---- */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static char *b64enc(const char *in, size_t n)
+{
+	char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
+	if (!out)
+		return NULL;
+	const unsigned char *s = (const unsigned char *)in;
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
+		*o++ = b64chars[v >> 18 & 63];
+		*o++ = b64chars[v >> 12 & 63];
+		*o++ = i + 1 < n ? b64chars[v >> 6 & 63] : '=';
+		*o++ = i + 2 < n ? b64chars[v & 63] : '=';
+	}
+	*o = 0;
+	return out;
+}
+
+/* Decode into @out (cap bytes incl. NUL); -1 when malformed or too long. */
+static int b64dec(const char *in, char *out, size_t cap)
+{
+	size_t n = 0;
+	uint32_t acc = 0;
+	int bits = 0;
+	for (const char *p = in; *p && *p != '='; p++) {
+		const char *c = strchr(b64chars, *p);
+		if (!c || !*p)
+			return -1;
+		acc = acc << 6 | (uint32_t)(c - b64chars);
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			if (n + 1 >= cap)
+				return -1;
+			out[n++] = (char)(acc >> bits & 0xff);
+		}
+	}
+	out[n] = 0;
+	return (int)n;
+}
+
+/* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
+static int64_t jint(const json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+	if (json_is_integer(v))
+		return json_integer_value(v);
+	if (json_is_string(v)) {
+		char *end;
+		errno = 0;
+		long long x = strtoll(json_string_value(v), &end, 10);
+		if (!errno && *end == 0)
+			return x;
+	}
+	return -1;
+}
+
+static json_t *jkey(const char *k)
+{
+	char *b = b64enc(k, strlen(k));
+	json_t *s = b ? json_string(b) : NULL;
+	free(b);
+	return s;
+}
+
+static char *i64s(int64_t v, char buf[24])
+{
+	snprintf(buf, 24, "%" PRId64, v);
+	return buf;
+}
+
+/* The key right after every key that starts with @prefix. */
+static char *prefix_end(const char *prefix)
+{
+	char *e = strdup(prefix);
+	if (e && *e)
+		e[strlen(e) - 1]++;
+	return e;
+}
+
+/* ---- URI ---- */
+
+static int read_file_secret(const char *path, char **out)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return gf_err_errno(GF_ERR_INVALID_ARG, errno, "etcd: password file %s", path);
+	char buf[1024];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	buf[n] = 0;
+	if (!n)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: password file %s is empty", path);
+	*out = strdup(buf);
+	memset(buf, 0, sizeof(buf));
+	return *out ? 0 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+}
+
+static int set_param(struct gf_etcd *e, const char *k, size_t kl, const char *v)
+{
+#define IS(name) (kl == strlen(name) && !strncmp(k, name, kl))
+	size_t vl = strlen(v);
+	if (IS("ttl")) {
+		char *end;
+		long t = strtol(v, &end, 10);
+		if (*end || t < 1 || t > 3600)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: ttl=%s must be 1..3600 seconds", v);
+		e->ttl_s = t;
+		return 0;
+	}
+	char *dst = NULL;
+	size_t cap = 0;
+	if (IS("user")) {
+		dst = e->user;
+		cap = sizeof(e->user);
+	} else if (IS("cacert")) {
+		dst = e->cacert;
+		cap = sizeof(e->cacert);
+	} else if (IS("cert")) {
+		dst = e->cert;
+		cap = sizeof(e->cert);
+	} else if (IS("key")) {
+		dst = e->key;
+		cap = sizeof(e->key);
+	} else if (IS("password-file")) {
+		free(e->password);
+		e->password = NULL;
+		return read_file_secret(v, &e->password);
+	} else {
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: unknown URI parameter '%.*s' (ttl, user, password-file, cacert, cert, key)",
+			      (int)kl, k);
+	}
+#undef IS
+	if (vl == 0 || vl >= cap)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%.*s' is empty or too long", (int)kl, k);
+	memcpy(dst, v, vl + 1);
+	return 0;
+}
+
+static int parse_uri(struct gf_etcd *e, const char *uri)
+{
+	const char *p;
+	if (!strncmp(uri, "etcd://", 7)) {
+		p = uri + 7;
+	} else if (!strncmp(uri, "etcds://", 8)) {
+		p = uri + 8;
+		e->tls = true;
+	} else {
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' is not an etcd:// or etcds:// URI", uri);
+	}
+	for (const unsigned char *q = (const unsigned char *)uri; *q; q++)
+		if (*q <= ' ' || *q >= 0x7f)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: URI must be printable ASCII without spaces");
+	const char *slash = strchr(p, '/');
+	if (!slash || slash == p)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs host:port[,host:port...]/prefix/name", uri);
+	/* Endpoints. */
+	const char *h = p;
+	while (h < slash) {
+		const char *comma = memchr(h, ',', (size_t)(slash - h));
+		const char *end = comma ? comma : slash;
+		size_t len = (size_t)(end - h);
+		const char *colon = NULL;
+		for (const char *c = h; c < end; c++)
+			if (*c == ':')
+				colon = c;
+		if (!len || !colon || colon == h || colon + 1 == end)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, h);
+		long port = 0;
+		for (const char *c = colon + 1; c < end; c++) {
+			if (*c < '0' || *c > '9' || port > 65535)
+				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
+			port = port * 10 + (*c - '0');
+		}
+		if (port < 1 || port > 65535)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
+		for (const char *c = h; c < colon; c++)
+			if (!(*c == '.' || *c == '-' || *c == ':' || *c == '[' || *c == ']' || (*c >= '0' && *c <= '9') ||
+			      (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
+				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad host in '%.*s'", (int)len, h);
+		if (e->n_ep == MAX_EP)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: at most %d endpoints", MAX_EP);
+		snprintf(e->ep[e->n_ep++], sizeof(e->ep[0]), "%s://%.*s", e->tls ? "https" : "http", (int)len, h);
+		h = end + (comma ? 1 : 0);
+		if (comma && h == slash)
+			return gf_err(GF_ERR_INVALID_ARG, "etcd: empty endpoint in '%s'", uri);
+	}
+	/* Key prefix and parameters. */
+	const char *qm = strchr(slash, '?');
+	size_t plen = qm ? (size_t)(qm - slash) : strlen(slash);
+	while (plen > 1 && slash[plen - 1] == '/')
+		plen--;
+	if (plen < 2 || plen + 2 > sizeof(e->prefix))
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs a lock name after the endpoints", uri);
+	snprintf(e->prefix, sizeof(e->prefix), "%.*s/", (int)plen, slash);
+	if (qm) {
+		char *params = strdup(qm + 1), *save = NULL;
+		if (!params)
+			return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+		int rc = 0;
+		for (char *kv = strtok_r(params, "&", &save); kv && rc == 0; kv = strtok_r(NULL, "&", &save)) {
+			char *eq = strchr(kv, '=');
+			rc = eq ? set_param(e, kv, (size_t)(eq - kv), eq + 1)
+				: gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%s' needs a value", kv);
+		}
+		free(params);
+		if (rc < 0)
+			return rc;
+	}
+	if ((e->cert[0] != 0) != (e->key[0] != 0))
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: cert= and key= go together");
+	if (!e->tls && (e->cacert[0] || e->cert[0]))
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: TLS files need an etcds:// URI");
+	return 0;
+}
+
+bool gf_etcd_is_uri(const char *uri)
+{
+	return uri && (!strncmp(uri, "etcd://", 7) || !strncmp(uri, "etcds://", 8));
+}
+
+/* ---- HTTP ---- */
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+{
+	struct hconn *c = ud;
+	size_t len = sz * n;
+	if (c->len + len + 1 > MAX_RESP) {
+		c->overflow = true;
+		return 0;
+	}
+	if (c->len + len + 1 > c->cap) {
+		size_t cap = c->cap ? c->cap : 4096;
+		while (cap < c->len + len + 1)
+			cap *= 2;
+		char *b = realloc(c->buf, cap);
+		if (!b)
+			return 0;
+		c->buf = b;
+		c->cap = cap;
+	}
+	memcpy(c->buf + c->len, p, len);
+	c->len += len;
+	c->buf[c->len] = 0;
+	return len;
+}
+
+static int hconn_init(struct hconn *c)
+{
+	c->h = curl_easy_init();
+	c->m = curl_multi_init();
+	return c->h && c->m ? 0 : gf_err(GF_ERR_NOMEM, "etcd: curl_easy_init failed");
+}
+
+static void hconn_free(struct hconn *c)
+{
+	if (c->m)
+		curl_multi_cleanup(c->m);
+	if (c->h)
+		curl_easy_cleanup(c->h);
+	free(c->buf);
+	memset(c, 0, sizeof(*c));
+}
+
+/*
+ * curl's own sockets would survive exec: every fd of the library is
+ * close-on-exec. A connection is closed only after its answer was read (or
+ * to abandon a watch), so it closes with a reset: short-lived clients such
+ * as `gfctl lock status` leave no TIME_WAIT ports behind.
+ */
+static curl_socket_t open_cloexec(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	(void)ud;
+	(void)purpose;
+	int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+	if (fd >= 0)
+		setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	return fd;
+}
+
+/* The open fds of this process, sorted (malloc'd; NULL when /proc is missing). */
+static int *list_fds(size_t *n)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return NULL;
+	int *v = NULL;
+	size_t cap = 0;
+	*n = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] < '0' || de->d_name[0] > '9' || atoi(de->d_name) == dirfd(d))
+			continue;
+		if (*n == cap) {
+			int *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(int));
+			if (!nv)
+				break;
+			v = nv;
+		}
+		v[(*n)++] = atoi(de->d_name);
+	}
+	closedir(d);
+	return v;
+}
+
+static bool has_fd(const int *v, size_t n, int fd)
+{
+	for (size_t i = 0; i < n; i++)
+		if (v[i] == fd)
+			return true;
+	return false;
+}
+
+/*
+ * Every multi handle makes a wake-up socketpair without close-on-exec (curl
+ * 7.88 has no option for it): mark the sockets that appeared while the
+ * handles were made, so an exec'd child of the holder inherits none.
+ */
+static void cloexec_new_sockets(const int *before, size_t nb)
+{
+	size_t na = 0;
+	int *after = list_fds(&na);
+	for (size_t i = 0; after && i < na; i++) {
+		struct stat st;
+		int fd = after[i], fl = fcntl(fd, F_GETFD);
+		if (has_fd(before, nb, fd) || fl < 0 || (fl & FD_CLOEXEC) || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+			continue;
+		fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+	}
+	free(after);
+}
+
+/* Run one transfer on @c's own multi handle (blocking, bounded by the
+ * handle's timeout); @intr_fd (if >= 0) becoming readable aborts it. */
+static CURLcode perform(struct hconn *c, int intr_fd)
+{
+	CURLcode res = CURLE_OK;
+	if (curl_multi_add_handle(c->m, c->h) != CURLM_OK)
+		return CURLE_OUT_OF_MEMORY;
+	for (;;) {
+		int running = 0;
+		if (curl_multi_perform(c->m, &running) != CURLM_OK) {
+			res = CURLE_RECV_ERROR;
+			break;
+		}
+		if (!running) {
+			int q;
+			CURLMsg *msg;
+			while ((msg = curl_multi_info_read(c->m, &q)))
+				if (msg->msg == CURLMSG_DONE)
+					res = msg->data.result;
+			break;
+		}
+		struct curl_waitfd wf = { .fd = intr_fd, .events = CURL_WAIT_POLLIN };
+		curl_multi_poll(c->m, &wf, intr_fd >= 0 ? 1 : 0, 1000, NULL);
+		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+		if (intr_fd >= 0 && poll(&p, 1, 0) > 0) {
+			res = CURLE_ABORTED_BY_CALLBACK;
+			break;
+		}
+	}
+	curl_multi_remove_handle(c->m, c->h);
+	return res;
+}
+
+/* Options every request shares; the caller adds the body and callbacks. */
+static void setup_handle(struct gf_etcd *e, CURL *h, const char *url, struct curl_slist *hdrs, int64_t timeout_ms)
+{
+	curl_easy_reset(h);
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 1 || timeout_ms > TRY_MAX_MS ? TRY_MAX_MS : timeout_ms));
+	if (timeout_ms > 0)
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+	curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
+	if (e->tls) {
+		if (e->cacert[0])
+			curl_easy_setopt(h, CURLOPT_CAINFO, e->cacert);
+		if (e->cert[0]) {
+			curl_easy_setopt(h, CURLOPT_SSLCERT, e->cert);
+			curl_easy_setopt(h, CURLOPT_SSLKEY, e->key);
+		}
+	}
+}
+
+static struct curl_slist *headers(struct gf_etcd *e)
+{
+	struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+	pthread_mutex_lock(&e->mu);
+	if (e->token[0] && hdrs) {
+		char line[560];
+		snprintf(line, sizeof(line), "Authorization: %s", e->token);
+		struct curl_slist *n = curl_slist_append(hdrs, line);
+		if (!n) {
+			curl_slist_free_all(hdrs);
+			hdrs = NULL;
+		} else {
+			hdrs = n;
+		}
+	}
+	pthread_mutex_unlock(&e->mu);
+	return hdrs;
+}
+
+enum { HR_OK, HR_NEXT, HR_AUTH, HR_FAIL };
+
+/* One POST to one member. HR_OK with *out, HR_NEXT (try another member),
+ * HR_AUTH (token refused), HR_FAIL (rc set). */
+static int post_one(struct gf_etcd *e, struct hconn *c, int ep, const char *path, const char *body,
+		    int64_t timeout_ms, int intr_fd, json_t **out, int *rc)
+{
+	char url[400];
+	snprintf(url, sizeof(url), "%s%s", e->ep[ep], path);
+	struct curl_slist *hdrs = headers(e);
+	if (!hdrs) {
+		*rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+		return HR_FAIL;
+	}
+	setup_handle(e, c->h, url, hdrs, timeout_ms);
+	curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
+	c->len = 0;
+	c->overflow = false;
+	CURLcode cc = perform(c, intr_fd);
+	curl_slist_free_all(hdrs);
+	long code = 0;
+	curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &code);
+	if (cc != CURLE_OK) {
+		if (cc == CURLE_ABORTED_BY_CALLBACK) {
+			*rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+			return HR_FAIL;
+		}
+		if (c->overflow) {
+			*rc = gf_err(GF_ERR_PROTOCOL, "etcd %s: answer larger than %d bytes", e->ep[ep], MAX_RESP);
+			return HR_FAIL;
+		}
+		if (cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_CACERT_BADFILE || cc == CURLE_PEER_FAILED_VERIFICATION) {
+			*rc = gf_err(GF_ERR_PERMISSION, "etcd %s: TLS: %s", e->ep[ep], curl_easy_strerror(cc));
+			return HR_FAIL;
+		}
+		gf_err(GF_ERR_UNREACHABLE, "etcd %s: %s", e->ep[ep], curl_easy_strerror(cc));
+		return HR_NEXT;
+	}
+	json_error_t je;
+	json_t *j = c->len ? json_loadb(c->buf, c->len, 0, &je) : NULL;
+	if (code == 200 && json_is_object(j)) {
+		*out = j;
+		return HR_OK;
+	}
+	const char *msg = j ? json_string_value(json_object_get(j, "error")) : NULL;
+	int64_t gcode = j ? jint(j, "code") : -1;
+	char detail[300];
+	snprintf(detail, sizeof(detail), "%s", msg ? msg : (c->len ? "unreadable answer" : "empty answer"));
+	json_decref(j);
+	/* gRPC codes: 14 unavailable (no leader, leader changed, timeout), 4
+	 * deadline, 16 unauthenticated, 7 permission denied. */
+	if (gcode == 16 || code == 401) {
+		gf_err(GF_ERR_PERMISSION, "etcd %s: %s", e->ep[ep], detail);
+		return HR_AUTH;
+	}
+	if (gcode == 7 || code == 403) {
+		*rc = gf_err(GF_ERR_PERMISSION, "etcd %s: %s", e->ep[ep], detail);
+		return HR_FAIL;
+	}
+	if (gcode == 14 || gcode == 4 || code >= 500 || code == 0) {
+		gf_err(GF_ERR_UNREACHABLE, "etcd %s: HTTP %ld: %s", e->ep[ep], code, detail);
+		return HR_NEXT;
+	}
+	*rc = gf_err(GF_ERR_PROTOCOL, "etcd %s %s: HTTP %ld: %s", e->ep[ep], path, code, detail);
+	return HR_FAIL;
+}
+
+static int authenticate(struct gf_etcd *e, struct hconn *c, int ep, int64_t timeout_ms)
+{
+	if (!e->password)
+		return gf_err(GF_ERR_PERMISSION, "etcd: user %s needs a password (password-file=, GF_ETCD_PASSWORD or a secret file)",
+			      e->user);
+	json_t *b = json_pack("{s:s,s:s}", "name", e->user, "password", e->password);
+	char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+	json_decref(b);
+	if (!body)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	pthread_mutex_lock(&e->mu);
+	e->token[0] = 0;
+	pthread_mutex_unlock(&e->mu);
+	json_t *out = NULL;
+	int rc = 0, r = post_one(e, c, ep, "/v3/auth/authenticate", body, timeout_ms, -1, &out, &rc);
+	memset(body, 0, strlen(body));
+	free(body);
+	if (r == HR_AUTH || r == HR_FAIL)
+		return gf_err(GF_ERR_PERMISSION, "etcd: authentication of user %s refused: %s", e->user, gf_error_detail());
+	if (r == HR_NEXT)
+		return GF_ERR_UNREACHABLE;
+	const char *tok = json_string_value(json_object_get(out, "token"));
+	rc = tok && strlen(tok) < sizeof(e->token) ? 0 : gf_err(GF_ERR_PROTOCOL, "etcd: authenticate returned no token");
+	if (rc == 0) {
+		pthread_mutex_lock(&e->mu);
+		snprintf(e->token, sizeof(e->token), "%s", tok);
+		pthread_mutex_unlock(&e->mu);
+	}
+	json_decref(out);
+	return rc;
+}
+
+/*
+ * POST @body (stolen) to @path, trying the members in turn from the one that
+ * answered last, each for at most @try_ms, until one answers or @deadline.
+ * Returns 0 with *out, GF_ERR_UNREACHABLE, GF_ERR_PERMISSION, GF_ERR_PROTOCOL,
+ * GF_ERR_INTERRUPTED (when @intr_fd >= 0 became readable between tries).
+ */
+static int call(struct gf_etcd *e, struct hconn *c, const char *path, json_t *body, int64_t deadline, int64_t try_ms,
+		int intr_fd, json_t **out)
+{
+	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	json_decref(body);
+	if (!text)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = GF_ERR_UNREACHABLE;
+	bool reauthed = false;
+	char last[300] = "no member tried";
+	for (int round = 0;; round++) {
+		int start = atomic_load(&e->cur);
+		bool any_fast_fail = false;
+		for (int i = 0; i < e->n_ep; i++) {
+			int ep = (start + i) % e->n_ep;
+			int64_t now = gf_now_us();
+			if (now >= deadline)
+				goto out;
+			int64_t t = (deadline - now) / 1000;
+			if (t > try_ms)
+				t = try_ms;
+			if (t < 1)
+				t = 1;
+			if (e->user[0]) {
+				pthread_mutex_lock(&e->mu);
+				bool have = e->token[0] != 0;
+				pthread_mutex_unlock(&e->mu);
+				if (!have) {
+					int a = authenticate(e, c, ep, t);
+					if (a == GF_ERR_UNREACHABLE) {
+						snprintf(last, sizeof(last), "%s", gf_error_detail());
+						continue;
+					}
+					if (a < 0) {
+						rc = a;
+						goto fail;
+					}
+				}
+			}
+			int64_t t0 = gf_now_us();
+			int r = post_one(e, c, ep, path, text, t, intr_fd, out, &rc);
+			if (r == HR_OK) {
+				atomic_store(&e->cur, ep);
+				rc = 0;
+				goto done;
+			}
+			if (r == HR_FAIL)
+				goto fail;
+			if (r == HR_AUTH) {
+				if (reauthed || !e->user[0]) {
+					rc = GF_ERR_PERMISSION;
+					goto fail;
+				}
+				/* Simple tokens expire: authenticate again once. */
+				reauthed = true;
+				pthread_mutex_lock(&e->mu);
+				e->token[0] = 0;
+				pthread_mutex_unlock(&e->mu);
+				i--;
+				continue;
+			}
+			snprintf(last, sizeof(last), "%s", gf_error_detail());
+			if (gf_now_us() - t0 < 100000)
+				any_fast_fail = true;
+			if (intr_fd >= 0) {
+				struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+				if (poll(&p, 1, 0) > 0) {
+					free(text);
+					return gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+				}
+			}
+		}
+		/* Every member refused at once (all down, or no leader yet): do
+		 * not spin; an interrupt cuts the pause short. */
+		if (any_fast_fail) {
+			int64_t until = gf_now_us() + RETRY_US;
+			if (until > deadline)
+				until = deadline;
+			struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+			if (intr_fd >= 0 && poll(&p, 1, gf_poll_timeout_ms(until)) > 0) {
+				free(text);
+				return gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+			}
+			if (intr_fd < 0)
+				usleep((useconds_t)(until > gf_now_us() ? until - gf_now_us() : 0));
+		}
+	}
+out:
+	rc = gf_err(GF_ERR_UNREACHABLE, "etcd %s: no member answered in time (%s)", path, last);
+fail:
+done:
+	free(text);
+	return rc;
+}
+
+/* ---- object ---- */
+
+int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
+{
+	pthread_once(&curl_once, curl_init);
+	if (curl_init_rc != CURLE_OK)
+		return gf_err(GF_ERR_IO, "etcd: curl_global_init failed");
+	struct gf_etcd *e = calloc(1, sizeof(*e));
+	if (!e)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	e->ttl_s = 10;
+	e->ka_stop_fd = e->notify_fd = -1;
+	pthread_mutex_init(&e->mu, NULL);
+	snprintf(e->id, sizeof(e->id), "%s", engine_id);
+	int rc = parse_uri(e, uri);
+	if (rc == 0 && !e->user[0]) {
+		const char *u = getenv("GF_ETCD_USER");
+		if (u && *u)
+			snprintf(e->user, sizeof(e->user), "%s", u);
+	}
+	if (rc == 0 && !e->password) {
+		const char *pw = getenv("GF_ETCD_PASSWORD");
+		if (pw && *pw && !(e->password = strdup(pw)))
+			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	size_t nfds = 0;
+	int *fds = rc == 0 ? list_fds(&nfds) : NULL;
+	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0))
+		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	if (fds)
+		cloexec_new_sockets(fds, nfds);
+	free(fds);
+	if (rc == 0) {
+		e->ka_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		e->notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (e->ka_stop_fd < 0 || e->notify_fd < 0)
+			rc = gf_err_errno(GF_ERR_IO, errno, "etcd: eventfd");
+	}
+	if (rc < 0) {
+		gf_etcd_free(e);
+		return rc;
+	}
+	e->reconnect_ms = 12000;
+	e->ka_ms = e->ttl_s * 1000 / 6;
+	e->fence_ms = e->ttl_s * 1000 / 2;
+	*out = e;
+	return 0;
+}
+
+static void stop_keepalive(struct gf_etcd *e)
+{
+	if (!e->ka_running)
+		return;
+	uint64_t one = 1;
+	ssize_t w = write(e->ka_stop_fd, &one, sizeof(one));
+	(void)w;
+	pthread_join(e->ka, NULL);
+	uint64_t v;
+	while (read(e->ka_stop_fd, &v, sizeof(v)) > 0)
+		;
+	e->ka_running = false;
+}
+
+/* Revoke our lease (its keys go with it): best effort within @ms. */
+static void revoke_lease(struct gf_etcd *e, int64_t ms)
+{
+	if (!e->lease_id || atomic_load(&e->revoked)) {
+		e->lease_id = 0;
+		return;
+	}
+	char b[24];
+	json_t *out = NULL;
+	if (call(e, &e->req, "/v3/lease/revoke", json_pack("{s:s}", "ID", i64s(e->lease_id, b)),
+		 gf_now_us() + ms * 1000, TRY_MAX_MS, -1, &out) < 0)
+		gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease revoke failed; it expires after its TTL\" id=%s lease=%llx detail=\"%s\"",
+		       e->id, (unsigned long long)e->lease_id, gf_error_detail());
+	json_decref(out);
+	e->lease_id = 0;
+}
+
+void gf_etcd_free(struct gf_etcd *e)
+{
+	if (!e)
+		return;
+	if (!e->forked) {
+		stop_keepalive(e);
+		revoke_lease(e, 1000);
+	}
+	hconn_free(&e->req);
+	hconn_free(&e->kac);
+	hconn_free(&e->wc);
+	gf_close(e->ka_stop_fd);
+	gf_close(e->notify_fd);
+	if (e->password) {
+		memset(e->password, 0, strlen(e->password));
+		free(e->password);
+	}
+	memset(e->token, 0, sizeof(e->token));
+	pthread_mutex_destroy(&e->mu);
+	free(e);
+}
+
+int gf_etcd_set_password(struct gf_etcd *e, const void *pw, size_t len)
+{
+	if (!pw || len == 0 || len > 1000 || memchr(pw, 0, len))
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: password must be 1..1000 bytes without NUL");
+	char *p = malloc(len + 1);
+	if (!p)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	memcpy(p, pw, len);
+	while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
+		len--;
+	p[len] = 0;
+	if (e->password) {
+		memset(e->password, 0, strlen(e->password));
+		free(e->password);
+	}
+	e->password = p;
+	return 0;
+}
+
+int gf_etcd_set_reconnect_timeout(struct gf_etcd *e, int64_t ms)
+{
+	e->reconnect_ms = ms;
+	return 0;
+}
+
+static int64_t margin_ms(int64_t ttl_ms)
+{
+	return ttl_ms / 4 > MARGIN_MIN_MS ? ttl_ms / 4 : MARGIN_MIN_MS;
+}
+
+int gf_etcd_set_lease(struct gf_etcd *e, int64_t keepalive_ms, int64_t fence_ms)
+{
+	int64_t ttl = e->ttl_s * 1000;
+	if (fence_ms + margin_ms(ttl) > ttl)
+		return gf_err(GF_ERR_INVALID_ARG,
+			      "etcd: T_fence %lldms + margin %lldms must not exceed the lease TTL %llds (set ttl= in the URI)",
+			      (long long)fence_ms, (long long)margin_ms(ttl), (long long)e->ttl_s);
+	e->ka_ms = keepalive_ms;
+	e->fence_ms = fence_ms;
+	return 0;
+}
+
+/* ---- keepalive ---- */
+
+static void notify(struct gf_etcd *e)
+{
+	uint64_t one = 1;
+	ssize_t w = write(e->notify_fd, &one, sizeof(one));
+	(void)w;
+}
+
+static bool fence_passed(const struct gf_etcd *e, int64_t now)
+{
+	return now - atomic_load(&e->last_ok_us) >= e->fence_ms * 1000;
+}
+
+/*
+ * On the keepalive thread, once the holder counts as lost: stop renewing and
+ * wake the owner's loop. No revoke here: the hook must run before anyone
+ * else can be granted, and it runs on the owner's thread; gf_lock_release()
+ * or gf_lock_free() after it revokes, else the lease runs out.
+ */
+static void *give_up(struct gf_etcd *e)
+{
+	atomic_store(&e->lease_gone, 1);
+	notify(e);
+	return NULL;
+}
+
+static void *keepalive_main(void *arg)
+{
+	struct gf_etcd *e = arg;
+	char b[24];
+	i64s(e->lease_id, b);
+	int64_t next = gf_now_us() + e->ka_ms * 1000;
+	for (;;) {
+		struct pollfd p = { .fd = e->ka_stop_fd, .events = POLLIN };
+		if (poll(&p, 1, gf_poll_timeout_ms(next)) > 0)
+			return NULL;
+		int64_t now = gf_now_us();
+		/* A holder past T_fence (or already reported lost) must not
+		 * renew: the next waiter may be granted once the lease is gone. */
+		int st = atomic_load(&e->state);
+		if (st == E_LOST || (st == E_HELD && fence_passed(e, now)))
+			return give_up(e);
+		int64_t try_ms = e->fence_ms / 3 < TRY_MAX_MS ? e->fence_ms / 3 : TRY_MAX_MS;
+		/* Give up on this round before T_fence runs out, so the check
+		 * above runs in time. */
+		int64_t deadline = atomic_load(&e->last_ok_us) + e->fence_ms * 1000;
+		if (deadline < now + try_ms * 1000)
+			deadline = now + try_ms * 1000;
+		json_t *out = NULL;
+		int rc = call(e, &e->kac, "/v3/lease/keepalive", json_pack("{s:s}", "ID", b), deadline,
+			      try_ms < 100 ? 100 : try_ms, e->ka_stop_fd, &out);
+		if (rc == GF_ERR_INTERRUPTED)
+			return NULL;
+		if (rc == 0) {
+			json_t *res = json_object_get(out, "result");
+			int64_t ttl = jint(res, "TTL");
+			json_decref(out);
+			if (ttl <= 0) {
+				gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease expired\" id=%s lease=%llx", e->id,
+				       (unsigned long long)e->lease_id);
+				atomic_store(&e->revoked, 1);
+				atomic_store(&e->lease_gone, 1);
+				notify(e);
+				return NULL;
+			}
+			/* A stale answer after T_fence does not revive a held lock. */
+			if (!(atomic_load(&e->state) == E_HELD && fence_passed(e, gf_now_us())))
+				atomic_store(&e->last_ok_us, now);
+		} else {
+			gf_log(GF_LOG_WARN, "lock", "msg=\"etcd keepalive failed\" id=%s detail=\"%s\"", e->id, gf_error_detail());
+		}
+		next = (rc == 0 ? now + e->ka_ms * 1000 : gf_now_us() + RETRY_US);
+		if (rc == 0)
+			continue;
+		st = atomic_load(&e->state);
+		if (st == E_LOST || (st == E_HELD && fence_passed(e, gf_now_us())))
+			return give_up(e);
+	}
+}
+
+/* ---- acquire ---- */
+
+static int grant_lease(struct gf_etcd *e, int64_t deadline, int intr_fd)
+{
+	json_t *out = NULL;
+	int64_t sent = gf_now_us();
+	int rc = call(e, &e->req, "/v3/lease/grant", json_pack("{s:I}", "TTL", (json_int_t)e->ttl_s), deadline,
+		      TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	int64_t id = jint(out, "ID"), ttl = jint(out, "TTL");
+	const char *err = json_string_value(json_object_get(out, "error"));
+	json_decref(out);
+	if (id <= 0 || ttl <= 0)
+		return gf_err(GF_ERR_PROTOCOL, "etcd: lease grant refused: %s", err ? err : "no lease in the answer");
+	e->lease_id = id;
+	e->granted_ttl_ms = ttl * 1000;
+	atomic_store(&e->last_ok_us, sent);
+	atomic_store(&e->lease_gone, 0);
+	atomic_store(&e->revoked, 0);
+	snprintf(e->mykey, sizeof(e->mykey), "%s%llx", e->prefix, (unsigned long long)id);
+	/* Signals are the application's business: they go to its own threads. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int er = pthread_create(&e->ka, NULL, keepalive_main, e);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (er) {
+		revoke_lease(e, 1000);
+		return gf_err_errno(GF_ERR_IO, er, "etcd: pthread_create");
+	}
+	e->ka_running = true;
+	return 0;
+}
+
+/* Create our key unless it exists; its create revision is our place in line. */
+static int put_key(struct gf_etcd *e, int64_t deadline, int intr_fd)
+{
+	char b[24];
+	json_t *k = jkey(e->mykey);
+	char *v = b64enc(e->id, strlen(e->id));
+	json_t *body = json_pack("{s:[{s:s,s:O,s:s}],s:[{s:{s:O,s:s,s:s}}],s:[{s:{s:o}}]}", "compare", "target", "CREATE",
+				 "key", k, "create_revision", "0", "success", "request_put", "key", k, "value", v ? v : "",
+				 "lease", i64s(e->lease_id, b), "failure", "request_range", "key", k);
+	free(v);
+	if (!body) {
+		json_decref(k);
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	json_t *out = NULL;
+	int rc = call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	int64_t rev = -1;
+	if (json_is_true(json_object_get(out, "succeeded"))) {
+		rev = jint(json_object_get(out, "header"), "revision");
+	} else {
+		json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
+		json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
+		if (jint(kv, "lease") == e->lease_id)
+			rev = jint(kv, "create_revision");
+	}
+	json_decref(out);
+	if (rev <= 0)
+		return gf_err(GF_ERR_PROTOCOL, "etcd: could not create the waiter key %s", e->mykey);
+	e->myrev = rev;
+	return 0;
+}
+
+/*
+ * Our key still there and the nearest key created before it: 1 and *pred
+ * (malloc'd) with *rev the revision it was seen at; 0 when none (granted);
+ * GF_ERR_NOT_FOUND when our key is gone (lease expired).
+ */
+static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **pred, int64_t *rev)
+{
+	char b[24];
+	char *end = prefix_end(e->prefix);
+	json_t *k = jkey(e->mykey), *pk = jkey(e->prefix), *pe = end ? jkey(end) : NULL;
+	free(end);
+	json_t *body = json_pack("{s:[{s:s,s:o,s:s}],s:[{s:{s:o,s:o,s:s,s:s,s:s,s:s}}]}", "compare", "target", "CREATE",
+				 "key", k, "create_revision", i64s(e->myrev, b), "success", "request_range", "key", pk,
+				 "range_end", pe, "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "1",
+				 "max_create_revision", i64s(e->myrev - 1, (char[24]){ 0 }));
+	if (!body)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	json_t *out = NULL;
+	int rc = call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	if (!json_is_true(json_object_get(out, "succeeded"))) {
+		json_decref(out);
+		return GF_ERR_NOT_FOUND;
+	}
+	*rev = jint(json_object_get(out, "header"), "revision");
+	json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
+	json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
+	rc = 0;
+	if (kv) {
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		*pred = kb ? strdup(kb) : NULL;
+		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
+	}
+	json_decref(out);
+	return rc;
+}
+
+/*
+ * After a delete seen at revision @min_rev: the same question as
+ * predecessor(), answered by one serializable range on any member that has
+ * applied @min_rev. That is enough: no key can get a create revision below
+ * ours later, so "none older than ours" at any revision >= @min_rev stays
+ * true. Returns like predecessor(), or 2 when the member is behind.
+ */
+static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadline, int intr_fd, char **pred,
+			     int64_t *rev)
+{
+	char b[24];
+	char *end = prefix_end(e->prefix);
+	json_t *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b}", "key", jkey(e->prefix), "range_end", end ? jkey(end) : NULL,
+				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "2", "max_create_revision",
+				 i64s(e->myrev, b), "serializable", 1);
+	free(end);
+	if (!body)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	json_t *out = NULL;
+	int rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	*rev = jint(json_object_get(out, "header"), "revision");
+	json_t *kvs = json_object_get(out, "kvs");
+	json_t *mine = json_array_get(kvs, 0), *kv = json_array_get(kvs, 1);
+	if (*rev < min_rev)
+		rc = 2;
+	else if (jint(mine, "create_revision") != e->myrev)
+		rc = GF_ERR_NOT_FOUND;
+	else if (kv) {
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		*pred = kb ? strdup(kb) : NULL;
+		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
+	}
+	json_decref(out);
+	return rc;
+}
+
+struct watch_ctx {
+	char *buf;
+	size_t len, cap;
+	bool done;
+	int64_t del_rev; /* revision of the delete seen, 0 if none */
+};
+
+static void watch_line(struct watch_ctx *w, const char *line, size_t n)
+{
+	json_t *j = json_loadb(line, n, 0, NULL);
+	json_t *res = json_object_get(j, "result");
+	if (!j || json_object_get(j, "error") || json_is_true(json_object_get(res, "canceled")) ||
+	    jint(res, "compact_revision") > 0)
+		w->done = true; /* re-check by range */
+	json_t *ev;
+	size_t i;
+	json_array_foreach(json_object_get(res, "events"), i, ev) {
+		const char *t = json_string_value(json_object_get(ev, "type"));
+		if (t && !strcmp(t, "DELETE")) {
+			w->done = true;
+			w->del_rev = jint(json_object_get(ev, "kv"), "mod_revision");
+		}
+	}
+	json_decref(j);
+}
+
+static size_t on_watch(char *p, size_t sz, size_t n, void *ud)
+{
+	struct watch_ctx *w = ud;
+	size_t len = sz * n;
+	if (w->len + len + 1 > MAX_RESP)
+		return 0;
+	if (w->len + len + 1 > w->cap) {
+		size_t cap = w->cap ? w->cap : 4096;
+		while (cap < w->len + len + 1)
+			cap *= 2;
+		char *b = realloc(w->buf, cap);
+		if (!b)
+			return 0;
+		w->buf = b;
+		w->cap = cap;
+	}
+	memcpy(w->buf + w->len, p, len);
+	w->len += len;
+	char *nl;
+	while ((nl = memchr(w->buf, '\n', w->len))) {
+		size_t ln = (size_t)(nl - w->buf);
+		if (ln)
+			watch_line(w, w->buf, ln);
+		memmove(w->buf, nl + 1, w->len - ln - 1);
+		w->len -= ln + 1;
+	}
+	return len;
+}
+
+/*
+ * Watch @pred_b64 from @from_rev until it is deleted, the stream ends, or
+ * @until. 0 in all those cases (the caller re-checks), GF_ERR_INTERRUPTED.
+ * A stream that ends at once (member down) costs a short pause, not a spin.
+ */
+static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_rev, int64_t until, int intr_fd,
+			int64_t *del_rev)
+{
+	char b[24];
+	json_t *body = json_pack("{s:{s:s,s:s}}", "create_request", "key", pred_b64, "start_revision", i64s(from_rev, b));
+	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	json_decref(body);
+	struct curl_slist *hdrs = text ? headers(e) : NULL;
+	if (!hdrs) {
+		free(text);
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	char url[400];
+	snprintf(url, sizeof(url), "%s/v3/watch", e->ep[atomic_load(&e->cur)]);
+	struct watch_ctx w = { 0 };
+	int64_t t0 = gf_now_us();
+	setup_handle(e, e->wc.h, url, hdrs, 0);
+	curl_easy_setopt(e->wc.h, CURLOPT_POSTFIELDS, text);
+	curl_easy_setopt(e->wc.h, CURLOPT_WRITEFUNCTION, on_watch);
+	curl_easy_setopt(e->wc.h, CURLOPT_WRITEDATA, &w);
+	curl_multi_add_handle(e->wc.m, e->wc.h);
+	int rc = 0;
+	for (;;) {
+		int running = 0;
+		curl_multi_perform(e->wc.m, &running);
+		if (w.done || !running)
+			break;
+		int to = gf_poll_timeout_ms(until);
+		if (to == 0)
+			break;
+		struct curl_waitfd wf = { .fd = intr_fd, .events = CURL_WAIT_POLLIN };
+		curl_multi_poll(e->wc.m, &wf, 1, to < 0 || to > 1000 ? 1000 : to, NULL);
+		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+		if (poll(&p, 1, 0) > 0) {
+			rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+			break;
+		}
+	}
+	curl_multi_remove_handle(e->wc.m, e->wc.h);
+	if (rc == 0 && !w.done && gf_now_us() - t0 < RETRY_US) {
+		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+		if (poll(&p, 1, (int)(RETRY_US / 1000)) > 0)
+			rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
+	}
+	curl_slist_free_all(hdrs);
+	free(text);
+	free(w.buf);
+	*del_rev = w.del_rev;
+	return rc;
+}
+
+static void end_session(struct gf_etcd *e)
+{
+	stop_keepalive(e);
+	revoke_lease(e, 1000);
+	atomic_store(&e->state, E_IDLE);
+}
+
+int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant *grant, int intr_fd)
+{
+	int st = atomic_load(&e->state);
+	if (st == E_HELD)
+		return gf_err(GF_ERR_STATE, "lock %s: already held", e->id);
+	if (st == E_WAITING)
+		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", e->id);
+	if (st == E_LOST)
+		end_session(e);
+	atomic_store(&e->state, E_WAITING);
+	uint64_t v;
+	while (read(e->notify_fd, &v, sizeof(v)) > 0)
+		;
+	/* 0: try once: queue, look, and leave at once when someone holds it. */
+	const bool once = timeout_ms == 0;
+	const int64_t deadline = once ? gf_now_us() + ONCE_US : gf_deadline_from_ms(timeout_ms);
+	int64_t reach_by = gf_now_us() + e->reconnect_ms * 1000;
+	int rc;
+	char *pred = NULL;
+	int64_t del_rev = 0;
+	for (;;) {
+		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
+		if (poll(&p, 1, 0) > 0 && read(intr_fd, &v, sizeof(v)) == sizeof(v)) {
+			rc = gf_err(GF_ERR_INTERRUPTED, "lock %s: acquire interrupted", e->id);
+			break;
+		}
+		int64_t d = deadline < reach_by ? deadline : reach_by;
+		if (gf_now_us() >= deadline) {
+			rc = gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", e->id, (long long)timeout_ms);
+			break;
+		}
+		if (e->lease_id && atomic_load(&e->lease_gone)) {
+			/* Our lease ran out while waiting (etcd unreachable for a
+			 * TTL): start over at the back of the line. */
+			gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease lost while waiting; queueing again\" id=%s", e->id);
+			stop_keepalive(e);
+			e->lease_id = 0;
+			e->myrev = 0;
+		}
+		if (!e->lease_id)
+			rc = grant_lease(e, d, intr_fd);
+		else if (!e->myrev)
+			rc = put_key(e, d, intr_fd);
+		else {
+			int64_t rev = 0;
+			free(pred);
+			pred = NULL;
+			rc = 2;
+			if (del_rev > 0)
+				rc = predecessor_after(e, del_rev, d, intr_fd, &pred, &rev);
+			del_rev = 0;
+			if (rc == 2)
+				rc = predecessor(e, d, intr_fd, &pred, &rev);
+			if (rc == 0)
+				break;
+			if (rc == GF_ERR_NOT_FOUND) {
+				atomic_store(&e->lease_gone, 1);
+				continue;
+			}
+			if (rc == 1 && once) {
+				rc = gf_err(GF_ERR_TIMEOUT, "lock %s: held by another (single try)", e->id);
+				break;
+			}
+			if (rc == 1) {
+				int64_t until = gf_now_us() + WATCH_CHUNK_US;
+				rc = watch_delete(e, pred, rev + 1, until < deadline ? until : deadline, intr_fd, &del_rev);
+				if (rc == 0)
+					reach_by = gf_now_us() + e->reconnect_ms * 1000;
+			}
+		}
+		if (rc == 0) {
+			reach_by = gf_now_us() + e->reconnect_ms * 1000;
+			continue;
+		}
+		if (rc == GF_ERR_UNREACHABLE && gf_now_us() < d)
+			continue;
+		if (rc == GF_ERR_UNREACHABLE && gf_now_us() >= deadline)
+			rc = gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms (%s)", e->id, (long long)timeout_ms,
+				    gf_error_detail());
+		break;
+	}
+	free(pred);
+	if (rc == GF_ERR_INTERRUPTED) {
+		/* Consumed here, not left to interrupt the next acquire. */
+		while (read(intr_fd, &v, sizeof(v)) > 0)
+			;
+	}
+	if (rc < 0) {
+		char keep[512];
+		snprintf(keep, sizeof(keep), "%s", gf_error_detail());
+		end_session(e);
+		e->myrev = 0;
+		return gf_err(rc, "%s", keep);
+	}
+	if (fence_passed(e, gf_now_us())) {
+		/* Granted on paper, but the lease is not known to outlive T_fence. */
+		end_session(e);
+		e->myrev = 0;
+		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
+	}
+	atomic_store(&e->epoch, (uint64_t)e->myrev);
+	atomic_store(&e->state, E_HELD);
+	if (grant) {
+		memset(grant, 0, sizeof(*grant));
+		grant->epoch = (uint64_t)e->myrev;
+		for (int i = 0; i < 8; i++)
+			grant->session_token[i] = (uint8_t)((uint64_t)e->lease_id >> (8 * i));
+		grant->granted_at_us = gf_wall_us();
+	}
+	gf_log(GF_LOG_INFO, "lock", "msg=\"granted\" backend=etcd id=%s epoch=%lld key=%s ttl_ms=%lld fence_ms=%lld", e->id,
+	       (long long)e->myrev, e->mykey, (long long)e->granted_ttl_ms, (long long)e->fence_ms);
+	return 0;
+}
+
+int gf_etcd_release(struct gf_etcd *e)
+{
+	int st = atomic_load(&e->state);
+	if (st == E_IDLE || st == E_WAITING)
+		return gf_err(GF_ERR_STATE, "lock %s: not held", e->id);
+	end_session(e);
+	e->myrev = 0;
+	return st == E_HELD ? 0 : gf_err(GF_ERR_STATE, "lock %s: lost before the release", e->id);
+}
+
+int gf_etcd_is_held(const struct gf_etcd *e)
+{
+	return atomic_load(&e->state) == E_HELD && !atomic_load(&e->lease_gone) && !fence_passed(e, gf_now_us());
+}
+
+uint64_t gf_etcd_epoch(const struct gf_etcd *e)
+{
+	return atomic_load(&e->epoch);
+}
+
+int gf_etcd_get_fd(const struct gf_etcd *e)
+{
+	return atomic_load(&e->state) == E_HELD ? e->notify_fd : -1;
+}
+
+int gf_etcd_get_timeout_ms(const struct gf_etcd *e)
+{
+	if (atomic_load(&e->state) != E_HELD)
+		return -1;
+	int64_t left = atomic_load(&e->last_ok_us) + e->fence_ms * 1000 - gf_now_us();
+	return left <= 0 ? 0 : (int)((left + 999) / 1000);
+}
+
+int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen)
+{
+	*newly = false;
+	int st = atomic_load(&e->state);
+	if (st == E_LOST)
+		return gf_err(GF_ERR_LOCK_LOST, "lock %s: lost", e->id);
+	if (st != E_HELD)
+		return 0;
+	uint64_t v;
+	while (read(e->notify_fd, &v, sizeof(v)) > 0)
+		;
+	bool gone = atomic_load(&e->lease_gone);
+	if (!gone && !fence_passed(e, gf_now_us()))
+		return 0;
+	atomic_store(&e->state, E_LOST);
+	*newly = true;
+	const char *why = gone && !fence_passed(e, gf_now_us()) ? "the etcd lease expired"
+								 : "no keepalive answered by an etcd quorum for T_fence";
+	snprintf(detail, dlen, "lock %s epoch %lld lost: %s", e->id, (long long)e->myrev, why);
+	gf_log(GF_LOG_ERR, "lock", "msg=\"lock lost\" backend=etcd id=%s epoch=%lld reason=\"%s\" fence_ms=%lld", e->id,
+	       (long long)e->myrev, why, (long long)e->fence_ms);
+	return gf_err(GF_ERR_LOCK_LOST, "%s", detail);
+}
+
+void gf_etcd_forked(struct gf_etcd *e)
+{
+	e->forked = true;
+	e->ka_running = false;
+	e->lease_id = 0;
+	atomic_store(&e->state, E_IDLE);
+	pthread_mutex_init(&e->mu, NULL);
+}
+
+/* ---- one-shot queries ---- */
+
+int gf_etcd_ping(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms)
+{
+	struct gf_etcd *e;
+	int rc = gf_etcd_new(&e, uri, "gfctl");
+	if (rc < 0)
+		return rc;
+	if (pw && pw_len && (rc = gf_etcd_set_password(e, pw, pw_len)) < 0)
+		goto out;
+	json_t *o = NULL;
+	/* A linearizable read needs a quorum: what the lock needs too. */
+	json_t *body = json_pack("{s:o,s:s}", "key", jkey(e->prefix), "limit", "1");
+	rc = call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
+	json_decref(o);
+out:
+	gf_etcd_free(e);
+	return rc;
+}
+
+int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, char **json)
+{
+	struct gf_etcd *e;
+	int rc = gf_etcd_new(&e, uri, "gfctl");
+	if (rc < 0)
+		return rc;
+	json_t *o = NULL, *root = NULL;
+	char *end = NULL;
+	if (pw && pw_len && (rc = gf_etcd_set_password(e, pw, pw_len)) < 0)
+		goto out;
+	end = prefix_end(e->prefix);
+	json_t *body = json_pack("{s:o,s:o,s:s,s:s}", "key", jkey(e->prefix), "range_end", jkey(end), "sort_order",
+				 "ASCEND", "sort_target", "CREATE");
+	rc = call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
+	if (rc < 0)
+		goto out;
+	json_t *kvs = json_object_get(o, "kvs"), *w = json_array(), *kv;
+	root = json_object();
+	if (!w || !root) {
+		json_decref(w);
+		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+		goto out;
+	}
+	size_t i, n = json_array_size(kvs);
+	json_object_set_new(root, "backend", json_string("etcd"));
+	json_object_set_new(root, "prefix", json_string(e->prefix));
+	json_object_set_new(root, "holder", json_null());
+	json_object_set_new(root, "epoch", json_integer(0));
+	json_array_foreach(kvs, i, kv) {
+		char idb[GF_LOCK_ID_MAX * 2] = "", keyb[700] = "";
+		const char *vb = json_string_value(json_object_get(kv, "value"));
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		if (!vb || b64dec(vb, idb, sizeof(idb)) < 0)
+			idb[0] = 0;
+		if (!kb || b64dec(kb, keyb, sizeof(keyb)) < 0)
+			keyb[0] = 0;
+		int64_t rev = jint(kv, "create_revision");
+		if (i == 0) {
+			json_object_set_new(root, "holder", json_string(idb[0] ? idb : keyb));
+			json_object_set_new(root, "epoch", json_integer(rev));
+			json_object_set_new(root, "holder_key", json_string(keyb));
+		} else if (i <= STATUS_MAX_WAITERS) {
+			json_t *x = json_object();
+			json_object_set_new(x, "id", json_string(idb[0] ? idb : keyb));
+			json_object_set_new(x, "key", json_string(keyb));
+			json_object_set_new(x, "create_revision", json_integer(rev));
+			json_array_append_new(w, x);
+		}
+	}
+	json_object_set_new(root, "waiters", w);
+	json_object_set_new(root, "waiter_count", json_integer(n > 0 ? (json_int_t)n - 1 : 0));
+	json_object_set_new(root, "revision", json_integer(jint(json_object_get(o, "header"), "revision")));
+	*json = json_dumps(root, JSON_COMPACT);
+	rc = *json ? 0 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+out:
+	free(end);
+	json_decref(root);
+	json_decref(o);
+	gf_etcd_free(e);
+	return rc;
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The lock on etcd (etcd:// and etcds:// URIs): what lib/lock/client.c
+ * dispatches to. Same contract as the gf_lock_* functions of the same name;
+ * docs/lock.md describes the recipe and the lease arithmetic.
+ */
+#ifndef GF_LOCK_ETCD_H
+#define GF_LOCK_ETCD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpufailover/lock.h"
+
+struct gf_etcd;
+
+/* True when @uri names the etcd backend (etcd:// or etcds://). */
+bool gf_etcd_is_uri(const char *uri);
+int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id);
+void gf_etcd_free(struct gf_etcd *e);
+/* The etcd password (when the URI names a user and no password file). */
+int gf_etcd_set_password(struct gf_etcd *e, const void *pw, size_t len);
+int gf_etcd_set_reconnect_timeout(struct gf_etcd *e, int64_t ms);
+/* Keepalive interval and T_fence; GF_ERR_INVALID_ARG unless fence + margin <= TTL. */
+int gf_etcd_set_lease(struct gf_etcd *e, int64_t keepalive_ms, int64_t fence_ms);
+/* Blocks; @intr_fd is the owner's interrupt eventfd. */
+int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant *grant, int intr_fd);
+int gf_etcd_release(struct gf_etcd *e);
+int gf_etcd_is_held(const struct gf_etcd *e);
+uint64_t gf_etcd_epoch(const struct gf_etcd *e);
+int gf_etcd_get_fd(const struct gf_etcd *e);
+int gf_etcd_get_timeout_ms(const struct gf_etcd *e);
+/*
+ * 0 while held or idle, GF_ERR_LOCK_LOST once lost. *@newly is set true
+ * (and @detail filled) only on the call that noticed the loss, so the
+ * caller runs the hook once.
+ */
+int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen);
+/* In a fork child: forget the parent's lease without touching it. */
+void gf_etcd_forked(struct gf_etcd *e);
+int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, char **json);
+int gf_etcd_ping(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms);
+
+#endif
