@@ -104,6 +104,36 @@ static void put_histogram(const gf_engine *e, FILE *f)
 	}
 }
 
+/* The least protected answer across the devices ("untested" before any
+ * backend is open): one device with writable weights is one too many. */
+static const char *read_protection(const gf_engine *e)
+{
+	static const int worst_first[] = { GF_MEM_READ_PROT_IGNORED, GF_MEM_READ_PROT_REJECTED,
+					   GF_MEM_READ_PROT_UNTESTED, GF_MEM_READ_PROT_ENFORCED };
+	int seen[GF_ARRAY_SIZE(worst_first)] = { 0 }, any = 0;
+	for (int i = 0; i < e->ndev; i++) {
+		if (!e->dev[i].mem)
+			continue;
+		int p = gf_mem_read_protection(e->dev[i].mem);
+		any = 1;
+		for (size_t k = 0; k < GF_ARRAY_SIZE(worst_first); k++)
+			seen[k] |= p == worst_first[k];
+	}
+	for (size_t k = 0; any && k < GF_ARRAY_SIZE(worst_first); k++)
+		if (seen[k])
+			return gf_mem_read_protection_name(worst_first[k]);
+	return gf_mem_read_protection_name(GF_MEM_READ_PROT_UNTESTED);
+}
+
+/* Whether a sticky fault lost the context of any device. */
+static int device_lost(const gf_engine *e)
+{
+	for (int i = 0; i < e->ndev; i++)
+		if (e->dev[i].mem && gf_mem_device_lost(e->dev[i].mem))
+			return 1;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 {
 	struct gf_engine_metrics m;
@@ -159,6 +189,18 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 			   "# TYPE gf_engine_dead_cause gauge\n"
 			   "gf_engine_dead_cause{cause=\"%s\"} 1\n",
 			x.dead_cause);
+	/* The device's answers to the driver questions (docs/memory.md): whether
+	 * read-only weights are really read-only, and whether a sticky fault
+	 * has lost the context (the engine must exit to recover). */
+	fprintf(f, "# HELP gf_engine_read_protection How the device treats read-only weight mappings (1 for the current "
+		   "answer).\n"
+		   "# TYPE gf_engine_read_protection gauge\n"
+		   "gf_engine_read_protection{mode=\"%s\"} 1\n",
+		read_protection(e));
+	fprintf(f, "# HELP gf_engine_device_lost 1 once a sticky device error lost the GPU context in this process.\n"
+		   "# TYPE gf_engine_device_lost gauge\n"
+		   "gf_engine_device_lost %d\n",
+		device_lost(e));
 	fprintf(f, "# HELP gf_engine_memory_need_bytes Free memory every device needs before the engine wakes (0: no "
 		   "gate).\n"
 		   "# TYPE gf_engine_memory_need_bytes gauge\n"
@@ -240,6 +282,8 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 		json_object_set_new(o, "memory_need_bytes", json_integer((json_int_t)gf_engine_memory_need(e)));
 		json_object_set_new(o, "memory_gate_waiting", json_boolean(x.gate_waiting));
 		json_object_set_new(o, "startup_deadline_ms", json_integer(e->startup_deadline_ms));
+		json_object_set_new(o, "read_protection", json_string(read_protection(e)));
+		json_object_set_new(o, "device_lost", json_boolean(device_lost(e)));
 	}
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);

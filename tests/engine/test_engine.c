@@ -948,6 +948,14 @@ static void test_metrics_text_and_json(void **state)
 	assert_int_equal(atoi(strchr(line, '}') + 2), m.wake_total_us <= 1000 ? 1 : 0);
 	snprintf(want, sizeof(want), "gf_engine_lock_epoch %llu\n", (unsigned long long)m.epoch);
 	assert_non_null(strstr(text, want));
+	/* The device's answers: read-only weights protected (always on the host
+	 * backend; on the test driver as its default knob says), context intact. */
+	const char *prot = gf_mem_read_protection_name(gf_mem_read_protection(gf_engine_mem(e, 0)));
+	if (kind == GF_MEM_HOST)
+		assert_string_equal(prot, "enforced");
+	snprintf(want, sizeof(want), "gf_engine_read_protection{mode=\"%s\"} 1\n", prot);
+	assert_non_null(strstr(text, want));
+	assert_non_null(strstr(text, "gf_engine_device_lost 0\n"));
 	free(text);
 	assert_int_equal(gf_engine_state_json(e, &js), 0);
 	json_error_t je;
@@ -955,6 +963,8 @@ static void test_metrics_text_and_json(void **state)
 	assert_non_null(o);
 	assert_string_equal(json_string_value(json_object_get(o, "state")), "active");
 	assert_string_equal(json_string_value(json_object_get(o, "id")), "eng-a");
+	assert_string_equal(json_string_value(json_object_get(o, "read_protection")), prot);
+	assert_true(json_is_false(json_object_get(o, "device_lost")));
 	assert_int_equal(json_integer_value(json_object_get(o, "epoch")), m.epoch);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "last_failover"), "lock_wait_us")),
 			 m.lock_wait_us);
