@@ -12,6 +12,7 @@
 
 #include "gf-config.h"
 #include "gpufailover.h"
+#include "sidecar_http.h"
 #if GF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -37,6 +38,7 @@ static void usage(FILE *f)
 	      "                        request that would drop it is granted only to the\n"
 	      "                        lock's current holder (recommended; docs/gms.md)\n"
 	      "  --lock-secret-file PATH  the shared secret of a tcp:// lock server\n"
+	      "  --metrics ADDR:PORT   serve /metrics (Prometheus) and /status (JSON) over HTTP\n"
 	      "  --warm DIR            keep a WARM tier: every committed layout is snapshotted\n"
 	      "                        to DIR (a tmpfs directory such as /dev/shm/gf-warm)\n"
 	      "  --cold DIR            keep a COLD tier: ... and then to DIR on disk\n"
@@ -53,6 +55,19 @@ static void usage(FILE *f)
 
 static const char *prog = "gf-gmsd";
 
+/* What gf-gmsd --metrics answers. */
+static int http_metrics(void *d, char **text)
+{
+	return gf_gmsd_metrics(d, text);
+}
+
+static int http_status(void *d, char **json)
+{
+	return gf_gmsd_status_json(d, json);
+}
+
+static const struct sidecar_http_ops gmsd_http_ops = { http_metrics, http_status, NULL };
+
 static int fail(int rc, const char *what)
 {
 	fprintf(stderr, "gf-gmsd: %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
@@ -66,12 +81,13 @@ int main(int argc, char **argv)
 		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
 		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
 		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
+		{"metrics", required_argument, NULL, 'M'},
 		{"warm", required_argument, NULL, 'W'},    {"cold", required_argument, NULL, 'C'},
 		{"restore", required_argument, NULL, 'R'}, {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
 	};
 	const char *listen_uri = NULL, *device = "0", *lock_uri = NULL, *lock_secret_file = NULL;
-	const char *warm = NULL, *cold = NULL, *restore = NULL;
+	const char *warm = NULL, *cold = NULL, *restore = NULL, *metrics_addr = NULL;
 	int kind = GF_MEM_AUTO;
 	uint64_t oom_ms = 0, handshake_ms = 3000;
 	uint32_t uids[64];
@@ -123,6 +139,9 @@ int main(int argc, char **argv)
 		}
 		case 'L':
 			lock_uri = optarg;
+			break;
+		case 'M':
+			metrics_addr = optarg;
 			break;
 		case 'S':
 			lock_secret_file = optarg;
@@ -235,6 +254,16 @@ int main(int argc, char **argv)
 			gf_log_stderr(rc == GF_ERR_NOT_FOUND && !restore ? GF_LOG_INFO : GF_LOG_WARN, "gms", line, (void *)prog);
 		}
 	}
+	struct sidecar_http *http = NULL;
+	if (metrics_addr && sidecar_http_start(&http, prog, &gmsd_http_ops, d, metrics_addr) < 0) {
+		gf_gmsd_free(d);
+		return 2;
+	}
+	if (http) {
+		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", metrics_addr,
+			 sidecar_http_port(http));
+		gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
+	}
 	char uuid[64] = "";
 	gf_mem_device_uuid(gf_gmsd_mem(d), uuid, sizeof(uuid));
 	snprintf(line, sizeof(line), "msg=\"ready\" listen=%s backend=%s device=%d uuid=%s pid=%d", listen_uri,
@@ -243,9 +272,16 @@ int main(int argc, char **argv)
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "READY=1");
 #endif
-	struct pollfd p[2] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+	struct pollfd p[3] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN},
+			      {.fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN}};
 	for (;;) {
-		if (poll(p, 2, gf_gmsd_get_timeout_ms(d)) < 0 && errno != EINTR) {
+		int timeout = gf_gmsd_get_timeout_ms(d);
+		if (http) {
+			int ht = sidecar_http_timeout_ms(http);
+			if (ht >= 0 && (timeout < 0 || ht < timeout))
+				timeout = ht;
+		}
+		if (poll(p, 3, timeout) < 0 && errno != EINTR) {
 			rc = GF_ERR_IO;
 			break;
 		}
@@ -261,7 +297,10 @@ int main(int argc, char **argv)
 		if ((rc = gf_gmsd_process(d)) < 0)
 			break;
 		rc = 0;
+		if (http)
+			sidecar_http_process(http);
 	}
+	sidecar_http_free(http);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");
 #endif

@@ -13,7 +13,7 @@
 
 #include "gf-config.h"
 #include "gpufailover.h"
-#include "lockd_http.h"
+#include "sidecar_http.h"
 #if GF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -131,6 +131,24 @@ static void die_cfg(const char *what)
 	fprintf(stderr, "gf-lockd: %s: %s\n", what, gf_error_detail());
 	exit(2);
 }
+
+/* What gf-lockd --metrics answers. */
+static int http_metrics(void *d, char **text)
+{
+	return gf_lockd_metrics(d, text);
+}
+
+static int http_status(void *d, char **json)
+{
+	return gf_lockd_status_json(d, json);
+}
+
+static int http_ready(void *d, const char *const *gpus, size_t ngpus, const char *model, char **json)
+{
+	return gf_lockd_ready_json(d, gpus, ngpus, model, json);
+}
+
+static const struct sidecar_http_ops lockd_http_ops = { http_metrics, http_status, http_ready };
 
 int main(int argc, char **argv)
 {
@@ -279,15 +297,15 @@ int main(int argc, char **argv)
 		gf_lockd_free(d);
 		return 1;
 	}
-	struct lockd_http *http = NULL;
-	if (metrics_addr && lockd_http_start(&http, d, metrics_addr) < 0) {
+	struct sidecar_http *http = NULL;
+	if (metrics_addr && sidecar_http_start(&http, "gf-lockd", &lockd_http_ops, d, metrics_addr) < 0) {
 		gf_lockd_free(d);
 		return 2;
 	}
 	char line[256];
 	if (http) {
 		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", metrics_addr,
-			 lockd_http_port(http));
+			 sidecar_http_port(http));
 		gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
 	}
 	snprintf(line, sizeof(line), "msg=\"ready\" pid=%d listeners=%d", (int)getpid(), nlisten);
@@ -299,10 +317,10 @@ int main(int argc, char **argv)
 	for (;;) {
 		struct pollfd p[3] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN },
 				       { .fd = sfd, .events = POLLIN },
-				       { .fd = http ? lockd_http_fd(http) : -1, .events = POLLIN } };
+				       { .fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN } };
 		int timeout = gf_lockd_get_timeout_ms(d);
 		if (http) {
-			int ht = lockd_http_timeout_ms(http);
+			int ht = sidecar_http_timeout_ms(http);
 			if (ht >= 0 && (timeout < 0 || ht < timeout))
 				timeout = ht;
 		}
@@ -327,9 +345,9 @@ int main(int argc, char **argv)
 			break;
 		}
 		if (http)
-			lockd_http_process(http);
+			sidecar_http_process(http);
 	}
-	lockd_http_free(http);
+	sidecar_http_free(http);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");
 #endif

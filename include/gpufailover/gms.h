@@ -332,6 +332,20 @@ GF_EXPORT int gf_gmsd_set_lock(gf_gmsd *d, const char *uri, const void *secret, 
  */
 GF_EXPORT int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir);
 /**
+ * The server's status as JSON (the same object gf_gms_status_json() returns
+ * over the wire). *json is malloc'd; free() it. On the thread that drives the
+ * server only. Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_gmsd_status_json(gf_gmsd *d, char **json);
+/**
+ * Prometheus text of the server: lock state, generation, readers, waiters,
+ * allocations, connections, fd limit, the lock fence, and the residency
+ * tiers (presence, bytes, age, the last operation's phase) when kept.
+ * *text is malloc'd; free() it. On the thread that drives the server only.
+ * Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_gmsd_metrics(gf_gmsd *d, char **text);
+/**
  * Open the backend and listen; raises the process's soft RLIMIT_NOFILE to
  * its hard limit (peers and host allocations are fds). The socket accepts
  * connections when this returns 0.

@@ -94,19 +94,8 @@ static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
 	return rc;
 }
 
-int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
+int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 {
-	if (!json)
-		return gf_err(GF_ERR_INVALID_ARG, "status_json: json is NULL");
-	gf_Msg *m = gf_msg_new();
-	if (!m)
-		return gf_err(GF_ERR_NOMEM, "status: out of memory");
-	int rc = fetch_status(uri, timeout_ms, m);
-	if (rc < 0) {
-		gf_msg_free(m);
-		return rc;
-	}
-	const gf_GmsStatus *s = &m->body.gms_status;
 	char hex[33] = "";
 	if (s->layout_hash.size == 16)
 		gf_hex(s->layout_hash.bytes, 16, hex);
@@ -157,11 +146,24 @@ int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
 	}
 	json_decref(evs);
 	json_decref(o);
-	gf_msg_free(m);
 	if (!text)
 		return gf_err(GF_ERR_NOMEM, "status: JSON encoding failed");
 	*json = text;
 	return 0;
+}
+
+int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json)
+{
+	if (!json)
+		return gf_err(GF_ERR_INVALID_ARG, "status_json: json is NULL");
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "status: out of memory");
+	int rc = fetch_status(uri, timeout_ms, m);
+	if (rc == 0)
+		rc = gf_gms_status_to_json(&m->body.gms_status, json);
+	gf_msg_free(m);
+	return rc;
 }
 
 int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us)

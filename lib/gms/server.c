@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "mem_int.h"
+#include "client_session.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
@@ -769,12 +770,10 @@ static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	send_msg(d, c, NULL, 0);
 }
 
-static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
+/* Everything status reports, for the wire, the JSON and the metrics. */
+static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 {
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
-	d->out->which_body = gf_Msg_gms_status_tag;
-	gf_GmsStatus *s = &d->out->body.gms_status;
+	memset(s, 0, sizeof(*s));
 	s->state = (gf_GmsState)d->fsm.state;
 	s->generation = d->generation;
 	if (d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO) {
@@ -809,7 +808,79 @@ static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		s->events_count++;
 	}
 	status_tiers(d, s);
+}
+
+static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_gms_status_tag;
+	fill_status(d, &d->out->body.gms_status);
 	send_msg(d, c, NULL, 0);
+}
+
+int gf_gmsd_status_json(gf_gmsd *d, char **json)
+{
+	if (!d || !json)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_status_json: NULL argument");
+	gf_GmsStatus *s = malloc(sizeof(*s));
+	if (!s)
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	fill_status(d, s);
+	int rc = gf_gms_status_to_json(s, json);
+	free(s);
+	return rc;
+}
+
+int gf_gmsd_metrics(gf_gmsd *d, char **text)
+{
+	if (!d || !text)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_metrics: NULL argument");
+	gf_GmsStatus *s = malloc(sizeof(*s));
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = s ? open_memstream(&buf, &len) : NULL;
+	if (!f) {
+		free(s);
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	}
+	fill_status(d, s);
+	fputs("# HELP gf_gms_state Lock state of the GMS: 1 for the current state, 0 for the others.\n"
+	      "# TYPE gf_gms_state gauge\n", f);
+	for (int st = GF_GMS_STATE_EMPTY; st <= GF_GMS_STATE_RO; st++)
+		fprintf(f, "gf_gms_state{state=\"%s\"} %d\n", gf_gms_state_name(st), (int)s->state == st);
+	fprintf(f, "# HELP gf_gms_generation Generation of the committed layout (0: none).\n"
+		   "# TYPE gf_gms_generation gauge\ngf_gms_generation %llu\n"
+		   "# HELP gf_gms_readers Readers holding the RO lock.\n# TYPE gf_gms_readers gauge\ngf_gms_readers %u\n"
+		   "# HELP gf_gms_waiters Connections waiting for a lock.\n# TYPE gf_gms_waiters gauge\ngf_gms_waiters %u\n"
+		   "# HELP gf_gms_allocations Allocations in the layout.\n"
+		   "# TYPE gf_gms_allocations gauge\ngf_gms_allocations %u\n"
+		   "# HELP gf_gms_allocation_bytes Bytes allocated for the layout.\n"
+		   "# TYPE gf_gms_allocation_bytes gauge\ngf_gms_allocation_bytes %llu\n"
+		   "# HELP gf_gms_connections Open connections.\n"
+		   "# TYPE gf_gms_connections gauge\ngf_gms_connections %u\n"
+		   "# HELP gf_gms_fd_limit The soft RLIMIT_NOFILE: bounds connections and host allocations.\n"
+		   "# TYPE gf_gms_fd_limit gauge\ngf_gms_fd_limit %llu\n"
+		   "# HELP gf_gms_fenced 1 when a layout drop needs the lock's current epoch (gf-gmsd --lock).\n"
+		   "# TYPE gf_gms_fenced gauge\ngf_gms_fenced %d\n"
+		   "# HELP gf_gms_fence_refusals_total RW requests refused by the lock fence.\n"
+		   "# TYPE gf_gms_fence_refusals_total counter\ngf_gms_fence_refusals_total %llu\n",
+		(unsigned long long)s->generation, s->readers, s->waiters, s->allocation_count,
+		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
+		(unsigned long long)s->fence_refusals);
+	free(s);
+	if (d->tierd) {
+		char tiers[4096];
+		size_t tl = 0;
+		gms_tierd_metrics(d->tierd, tiers, sizeof(tiers), &tl);
+		fwrite(tiers, 1, tl, f);
+	}
+	if (fclose(f) != 0) {
+		free(buf);
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	}
+	*text = buf;
+	return 0;
 }
 
 /* ---------------------------------------------------------------- tiers */

@@ -412,3 +412,56 @@ def test_loader_and_restore_agree_byte_for_byte(tmp):
         g.stop()
         lockd.terminate()
         lockd.wait(30)
+
+
+def http_get(port, path):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_metrics_endpoint_reports_tiers(tmp):
+    """gf-gmsd --metrics: the lock state, the layout and each tier's presence,
+    size, age and the last operation's phase, in Prometheus text that
+    promtool accepts; /status is the status JSON."""
+    import re
+    d, warm = tmp
+    g = Gmsd(os.path.join(d, "g.sock"), "--warm", warm, "--metrics", "127.0.0.1:0")
+    try:
+        port = int(re.search(r'msg="metrics listening" address=\S+ port=(\d+)', g.text()).group(1))
+        code, text = http_get(port, "/metrics")
+        assert code == 200
+        assert 'gf_gms_state{state="EMPTY"} 1' in text, text
+        assert 'gf_gms_tier_present{tier="warm"} 0' in text
+        load(g, 3)
+        wait_phase(g, ["Checkpointed"])
+        code, text = http_get(port, "/metrics")
+        assert 'gf_gms_state{state="COMMITTED"} 1' in text, text
+        assert "gf_gms_allocations 8\n" in text
+        assert 'gf_gms_tier_present{tier="warm"} 1' in text
+        size = int(re.search(r'gf_gms_tier_bytes\{tier="warm"\} (\d+)', text).group(1))
+        assert size >= 8 * 4 * MIB
+        assert 'gf_gms_operation_phase{operation="snapshot",phase="Checkpointed"} 1' in text
+        assert "gf_gms_tier_age_seconds" in text
+        promtool = shutil.which("promtool")
+        if promtool:
+            r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+        code, body = http_get(port, "/status")
+        st = json.loads(body)
+        assert code == 200 and st["state"] == "COMMITTED" and st["tiers"]["warm"]["present"]
+        assert http_get(port, "/ready")[0] == 404
+    finally:
+        g.stop()
+
+
+def test_metrics_bad_address_is_a_usage_error(tmp):
+    d, _ = tmp
+    r = subprocess.run([GMSD, "--listen", "unix://" + os.path.join(d, "g.sock"), "--backend", "host",
+                        "--metrics", "localhost"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--metrics: expected ADDR:PORT" in r.stderr, r.stderr

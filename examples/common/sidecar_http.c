@@ -1,14 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The lock server's HTTP face (libmicrohttpd, as the engine's probe server):
- * run in gf-lockd's single loop (MHD's epoll fd polled next to the lock
- * server's), so every answer reads the lock server's state on the one
- * thread that owns it.
- *   GET /metrics                      Prometheus text (gf_lockd_metrics)
- *   GET /status                       the status JSON (gf_lockd_status_json)
- *   GET /ready?gpu=UUID&model=NAME    200 when an engine holds the lock for
- *                                     those GPUs (repeatable) and model,
- *                                     503 when not, 400 on a malformed query
+ * The sidecars' HTTP face (libmicrohttpd, as the engine's probe server): run
+ * in the daemon's single loop (MHD's epoll fd polled next to the server's),
+ * so every answer reads the server's state on the one thread that owns it.
+ *   GET /metrics                      Prometheus text
+ *   GET /status                       the status JSON
+ *   GET /ready?gpu=UUID&model=NAME    (gf-lockd) 200 when an engine holds the
+ *                                     lock for those GPUs (repeatable) and
+ *                                     model, 503 when not, 400 on a malformed query
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,16 +18,18 @@
 
 #include <microhttpd.h>
 
-#include "lockd_http.h"
+#include "gpufailover.h"
+#include "sidecar_http.h"
 
 /* Few clients (a scraper, a router): a small bound keeps a flood from taking the server's fds. */
 #define HTTP_CONN_LIMIT 32
 #define HTTP_IDLE_TIMEOUT_S 10
 #define READY_MAX_GPUS 8
 
-struct lockd_http {
+struct sidecar_http {
 	struct MHD_Daemon *daemon;
-	gf_lockd *d;
+	const struct sidecar_http_ops *ops;
+	void *ctx;
 	int port;
 };
 
@@ -87,7 +88,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 {
 	(void)version;
 	(void)upload_data;
-	struct lockd_http *h = cls;
+	struct sidecar_http *h = cls;
 	static int first;
 	if (!*ctx) {
 		*ctx = &first; /* headers only; answer on the next call */
@@ -99,31 +100,33 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 		return respond_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET");
 	char *text = NULL;
 	if (!strcmp(url, "/metrics")) {
-		if (gf_lockd_metrics(h->d, &text) < 0)
+		if (h->ops->metrics(h->ctx, &text) < 0)
 			return respond_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, gf_error_detail());
 		return respond(c, MHD_HTTP_OK, "text/plain; version=0.0.4", text);
 	}
 	if (!strcmp(url, "/status")) {
-		if (gf_lockd_status_json(h->d, &text) < 0)
+		if (h->ops->status(h->ctx, &text) < 0)
 			return respond_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, gf_error_detail());
 		return respond(c, MHD_HTTP_OK, "application/json", text);
 	}
-	if (!strcmp(url, "/ready")) {
+	if (!strcmp(url, "/ready") && h->ops->ready) {
 		struct ready_query q = { .ngpus = 0 };
 		MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_gpu, &q);
 		if (q.too_many)
 			return respond_error(c, MHD_HTTP_BAD_REQUEST, "ready: at most 8 gpu= parameters");
 		const char *model = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
-		int rc = gf_lockd_ready_json(h->d, q.gpus, q.ngpus, model, &text);
+		int rc = h->ops->ready(h->ctx, q.gpus, q.ngpus, model, &text);
 		if (rc < 0)
 			return respond_error(c, rc == GF_ERR_INVALID_ARG ? MHD_HTTP_BAD_REQUEST : MHD_HTTP_INTERNAL_SERVER_ERROR,
 					     gf_error_detail());
 		return respond(c, rc == 1 ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, "application/json", text);
 	}
-	return respond_error(c, MHD_HTTP_NOT_FOUND, "not found: /metrics, /status, /ready");
+	return respond_error(c, MHD_HTTP_NOT_FOUND, h->ops->ready ? "not found: /metrics, /status, /ready"
+								  : "not found: /metrics, /status");
 }
 
-int lockd_http_start(struct lockd_http **out, gf_lockd *d, const char *addrport)
+int sidecar_http_start(struct sidecar_http **out, const char *prog, const struct sidecar_http_ops *ops, void *ctx,
+		       const char *addrport)
 {
 	const char *colon = strrchr(addrport, ':');
 	char addr[64];
@@ -132,27 +135,29 @@ int lockd_http_start(struct lockd_http **out, gf_lockd *d, const char *addrport)
 	struct sockaddr_in sin = { .sin_family = AF_INET };
 	if (!colon || colon == addrport || (size_t)(colon - addrport) >= sizeof(addr) || !colon[1] || *end || port < 0 ||
 	    port > 65535) {
-		fprintf(stderr, "gf-lockd: --metrics: expected ADDR:PORT (IPv4, e.g. 127.0.0.1:9100), got '%s'\n", addrport);
+		fprintf(stderr, "%s: --metrics: expected ADDR:PORT (IPv4, e.g. 127.0.0.1:9100), got '%s'\n", prog,
+			addrport);
 		return -1;
 	}
 	memcpy(addr, addrport, (size_t)(colon - addrport));
 	addr[colon - addrport] = '\0';
 	if (inet_pton(AF_INET, addr, &sin.sin_addr) != 1) {
-		fprintf(stderr, "gf-lockd: --metrics: '%s' is not an IPv4 address\n", addr);
+		fprintf(stderr, "%s: --metrics: '%s' is not an IPv4 address\n", prog, addr);
 		return -1;
 	}
 	sin.sin_port = htons((uint16_t)port);
-	struct lockd_http *h = calloc(1, sizeof(*h));
+	struct sidecar_http *h = calloc(1, sizeof(*h));
 	if (!h) {
-		fprintf(stderr, "gf-lockd: out of memory\n");
+		fprintf(stderr, "%s: out of memory\n", prog);
 		return -1;
 	}
-	h->d = d;
+	h->ops = ops;
+	h->ctx = ctx;
 	h->daemon = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR,
 				     (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT,
 				     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_END);
 	if (!h->daemon) {
-		fprintf(stderr, "gf-lockd: --metrics %s: cannot listen (in use, or not an address of this host)\n",
+		fprintf(stderr, "%s: --metrics %s: cannot listen (in use, or not an address of this host)\n", prog,
 			addrport);
 		free(h);
 		return -1;
@@ -163,13 +168,13 @@ int lockd_http_start(struct lockd_http **out, gf_lockd *d, const char *addrport)
 	return 0;
 }
 
-int lockd_http_fd(const struct lockd_http *h)
+int sidecar_http_fd(const struct sidecar_http *h)
 {
 	const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD);
 	return i ? i->epoll_fd : -1;
 }
 
-int lockd_http_timeout_ms(const struct lockd_http *h)
+int sidecar_http_timeout_ms(const struct sidecar_http *h)
 {
 	MHD_UNSIGNED_LONG_LONG t;
 	if (MHD_get_timeout(h->daemon, &t) != MHD_YES)
@@ -177,17 +182,17 @@ int lockd_http_timeout_ms(const struct lockd_http *h)
 	return t > 60000 ? 60000 : (int)t;
 }
 
-int lockd_http_port(const struct lockd_http *h)
+int sidecar_http_port(const struct sidecar_http *h)
 {
 	return h->port;
 }
 
-void lockd_http_process(struct lockd_http *h)
+void sidecar_http_process(struct sidecar_http *h)
 {
 	MHD_run(h->daemon);
 }
 
-void lockd_http_free(struct lockd_http *h)
+void sidecar_http_free(struct sidecar_http *h)
 {
 	if (!h)
 		return;
