@@ -490,112 +490,453 @@ static int pick_port(void)
 	return -1;
 }
 
-int main(int argc, char **argv)
+/* parse_args() result when --help or --version was answered: exit 0. */
+#define EXIT_DONE (-1)
+
+/* Apply one flag: 0, an exit code, or EXIT_DONE. */
+static int apply_option(int opt, const char *arg, struct options *o)
 {
-	/* The example engines compute on the CPU over host pointers, so the GMS
-	 * they share uses the host backend unless told otherwise. */
-	struct options o = { .engine = "c", .backend = "host", .devices = 1 };
+	switch (opt) {
+	case 'e':
+		o->engine = arg;
+		return 0;
+	case 'w':
+		o->weights = arg;
+		return 0;
+	case 'd':
+		o->devices = atoi(arg);
+		return 0;
+	case 'b':
+		o->backend = arg;
+		return 0;
+	case 's':
+		o->short_mode = true;
+		return 0;
+	case 'k':
+		o->keep = true;
+		return 0;
+	case 'B':
+		o->bindir = arg;
+		return 0;
+	case 'P':
+		o->python_engine = arg;
+		return 0;
+	case 'T':
+		o->torch_engine = arg;
+		return 0;
+	case 'J':
+		o->json_path = arg;
+		return 0;
+	case 'L':
+		snprintf(o->lockd, sizeof(o->lockd), "%s", arg);
+		return 0;
+	case 'G':
+		snprintf(o->gmsd, sizeof(o->gmsd), "%s", arg);
+		return 0;
+	case 'C':
+		snprintf(o->c_engine, sizeof(o->c_engine), "%s", arg);
+		return 0;
+	case 'X':
+		o->gms_crash = true;
+		return 0;
+	case 'h':
+		usage(stdout);
+		return EXIT_DONE;
+	case 'V':
+		printf("gf-failover-demo (libgpufailover) %s\n", gf_version());
+		return EXIT_DONE;
+	default:
+		usage(stderr);
+		return 2;
+	}
+}
+
+/* Check the combination of options and fill in the program paths: 0 or an exit code. */
+static int validate_options(struct options *o)
+{
+	if ((strcmp(o->engine, "c") && strcmp(o->engine, "python") && strcmp(o->engine, "torch")) || o->devices < 1 || o->devices > 8 ||
+	    (strcmp(o->backend, "auto") && strcmp(o->backend, "host") && strcmp(o->backend, "cuda"))) {
+		usage(stderr);
+		return 2;
+	}
+	if (o->devices > 1 && !strcmp(o->backend, "host")) {
+		fprintf(stderr, "demo: the host backend has one device; --devices N > 1 needs --backend cuda and N GPUs\n");
+		return 2;
+	}
+	if (!o->bindir)
+		o->bindir = GF_BINDIR;
+	if (!o->lockd[0])
+		snprintf(o->lockd, sizeof(o->lockd), "%s/gf-lockd", o->bindir);
+	if (!o->gmsd[0])
+		snprintf(o->gmsd, sizeof(o->gmsd), "%s/gf-gmsd", o->bindir);
+	if (!o->c_engine[0])
+		snprintf(o->c_engine, sizeof(o->c_engine), "%s/gf-c-engine", o->bindir);
+	if (!strcmp(o->engine, "python") && !o->python_engine) {
+		fprintf(stderr, "demo: --engine python needs --python-engine PATH\n");
+		return 2;
+	}
+	if (!strcmp(o->engine, "torch") && !o->torch_engine) {
+		fprintf(stderr, "demo: --engine torch needs --torch-engine PATH\n");
+		return 2;
+	}
+	if (!strcmp(o->engine, "torch") && o->devices != 1) {
+		fprintf(stderr, "demo: the torch engine computes on the CPU over one host GMS: --devices 1\n");
+		return 2;
+	}
+	if (o->weights && access(o->weights, R_OK) != 0) {
+		fprintf(stderr, "demo: cannot read weights file %s: %s\n", o->weights, strerror(errno));
+		return 2;
+	}
+	return 0;
+}
+
+/* Parse argv into @o: 0, an exit code, or EXIT_DONE. */
+static int parse_args(int argc, char **argv, struct options *o)
+{
 	static const struct option longopts[] = {
 		{ "engine", required_argument, NULL, 'e' }, { "weights", required_argument, NULL, 'w' },
 		{ "devices", required_argument, NULL, 'd' }, { "backend", required_argument, NULL, 'b' },
-		{ "short", no_argument, NULL, 's' },          { "keep", no_argument, NULL, 'k' },
-		{ "bindir", required_argument, NULL, 'B' },   { "python-engine", required_argument, NULL, 'P' },
+		{ "short", no_argument, NULL, 's' }, { "keep", no_argument, NULL, 'k' },
+		{ "bindir", required_argument, NULL, 'B' }, { "python-engine", required_argument, NULL, 'P' },
 		{ "json", required_argument, NULL, 'J' },
-		{ "lockd", required_argument, NULL, 'L' },   { "gmsd", required_argument, NULL, 'G' },
+		{ "lockd", required_argument, NULL, 'L' }, { "gmsd", required_argument, NULL, 'G' },
 		{ "c-engine", required_argument, NULL, 'C' }, { "torch-engine", required_argument, NULL, 'T' },
 		{ "gms-crash", no_argument, NULL, 'X' },
-		{ "help", no_argument, NULL, 'h' },           { "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int opt;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-		switch (opt) {
-		case 'e':
-			o.engine = optarg;
-			break;
-		case 'w':
-			o.weights = optarg;
-			break;
-		case 'd':
-			o.devices = atoi(optarg);
-			break;
-		case 'b':
-			o.backend = optarg;
-			break;
-		case 's':
-			o.short_mode = true;
-			break;
-		case 'k':
-			o.keep = true;
-			break;
-		case 'B':
-			o.bindir = optarg;
-			break;
-		case 'P':
-			o.python_engine = optarg;
-			break;
-		case 'T':
-			o.torch_engine = optarg;
-			break;
-		case 'J':
-			o.json_path = optarg;
-			break;
-		case 'L':
-			snprintf(o.lockd, sizeof(o.lockd), "%s", optarg);
-			break;
-		case 'G':
-			snprintf(o.gmsd, sizeof(o.gmsd), "%s", optarg);
-			break;
-		case 'C':
-			snprintf(o.c_engine, sizeof(o.c_engine), "%s", optarg);
-			break;
-		case 'X':
-			o.gms_crash = true;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("gf-failover-demo (libgpufailover) %s\n", gf_version());
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+		int rc = apply_option(opt, optarg, o);
+		if (rc)
+			return rc;
 	}
-	if (optind < argc || (strcmp(o.engine, "c") && strcmp(o.engine, "python") && strcmp(o.engine, "torch")) || o.devices < 1 || o.devices > 8 ||
-	    (strcmp(o.backend, "auto") && strcmp(o.backend, "host") && strcmp(o.backend, "cuda"))) {
+	if (optind < argc) {
 		usage(stderr);
 		return 2;
 	}
-	if (o.devices > 1 && !strcmp(o.backend, "host")) {
-		fprintf(stderr, "demo: the host backend has one device; --devices N > 1 needs --backend cuda and N GPUs\n");
-		return 2;
+	return validate_options(o);
+}
+
+/* Everything the steps of one demo run share. */
+struct demo {
+	struct options o;
+	CURL *h;
+	struct client cl;
+	char lock_uri[400];
+	struct child *lockd, *gms0, *gms0b, *ea, *eb;
+	char gms0_args[5][600]; /* to restart gf-gmsd 0 as it was started */
+	int64_t kill_at, t_gms_spawn;
+};
+
+/* What the logs say happened after the kill (mono_us, 0: not logged). */
+struct timeline {
+	int64_t release, grant, remap, kv, serve, restored, lost;
+	char epoch[64];
+};
+
+/* A failed check ends the run: the step reports it and returns false. */
+#define CHECK(cond, ...)                                                                                               \
+	do {                                                                                                           \
+		if (!(cond)) {                                                                                         \
+			say("FAIL: " __VA_ARGS__);                                                                     \
+			say("\n");                                                                                     \
+			return false;                                                                                  \
+		}                                                                                                      \
+	} while (0)
+
+static bool start_lockd(struct demo *s)
+{
+	struct client *cl = &s->cl;
+	cl->serve_port = pick_port();
+	CHECK(cl->serve_port > 0, "no free TCP port");
+	char a1[600], a2[600], a3[600], a4[128];
+	snprintf(s->lock_uri, sizeof(s->lock_uri), "unix://%s/lock.sock", rundir);
+	snprintf(a1, sizeof(a1), "%s", s->o.lockd);
+	snprintf(a2, sizeof(a2), "--state-file=%s/lock.state", rundir);
+	snprintf(a3, sizeof(a3), "--listen=%s", s->lock_uri);
+	snprintf(a4, sizeof(a4), "--listener=http=tcp://127.0.0.1:%d", cl->serve_port);
+	char *lockd_argv[] = { a1, a3, a2, a4, "--reconnect-window=2s", "--exit-wait-timeout=5s", NULL };
+	s->lockd = spawn("gf-lockd", lockd_argv);
+	CHECK(s->lockd, "could not start gf-lockd");
+	int64_t end = now_us() + 10000000;
+	while (gf_lock_ping(s->lock_uri, NULL, 0, 200) < 0 && now_us() < end)
+		usleep(10000);
+	CHECK(gf_lock_ping(s->lock_uri, NULL, 0, 500) == 0, "gf-lockd did not come up (see %s)", s->lockd->log);
+	say("  lock server ready %s, carrying the listener http=127.0.0.1:%d\n", s->lock_uri, cl->serve_port);
+	return true;
+}
+
+static bool start_gms(struct demo *s, int d)
+{
+	char gms_uri[400], g1[600], g2[600], g3[64], g4[64], g5[600], name[32];
+	snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms%d.sock", rundir, d);
+	snprintf(g1, sizeof(g1), "%s", s->o.gmsd);
+	snprintf(g2, sizeof(g2), "--listen=%s", gms_uri);
+	snprintf(g3, sizeof(g3), "--device=%d", d);
+	snprintf(g4, sizeof(g4), "--backend=%s", s->o.backend);
+	/* WARM lives in the run directory, on /dev/shm when there is one. */
+	snprintf(g5, sizeof(g5), "--warm=%s/warm%d", rundir, d);
+	snprintf(name, sizeof(name), "gf-gmsd-%d", d);
+	char *gargv[] = { g1, g2, g3, g4, s->o.gms_crash ? g5 : NULL, NULL };
+	struct child *g = spawn(name, gargv);
+	CHECK(g, "could not start %s", name);
+	if (d == 0) {
+		s->gms0 = g;
+		memcpy(s->gms0_args[0], g1, sizeof(g1));
+		memcpy(s->gms0_args[1], g2, sizeof(g2));
+		snprintf(s->gms0_args[2], sizeof(s->gms0_args[2]), "%s", g3);
+		snprintf(s->gms0_args[3], sizeof(s->gms0_args[3]), "%s", g4);
+		memcpy(s->gms0_args[4], g5, sizeof(g5));
 	}
-	if (!o.bindir)
-		o.bindir = GF_BINDIR;
-	if (!o.lockd[0])
-		snprintf(o.lockd, sizeof(o.lockd), "%s/gf-lockd", o.bindir);
-	if (!o.gmsd[0])
-		snprintf(o.gmsd, sizeof(o.gmsd), "%s/gf-gmsd", o.bindir);
-	if (!o.c_engine[0])
-		snprintf(o.c_engine, sizeof(o.c_engine), "%s/gf-c-engine", o.bindir);
-	if (!strcmp(o.engine, "python") && !o.python_engine) {
-		fprintf(stderr, "demo: --engine python needs --python-engine PATH\n");
-		return 2;
+	char *json = NULL;
+	int64_t end = now_us() + 10000000;
+	while (gf_gms_status_json(gms_uri, 200, &json) < 0 && now_us() < end)
+		usleep(10000);
+	CHECK(json, "gf-gmsd for device %d did not come up (see %s)", d, g->log);
+	free(json);
+	say("  GMS ready %s\n", gms_uri);
+	return true;
+}
+
+static bool start_sidecars(struct demo *s)
+{
+	if (!start_lockd(s))
+		return false;
+	for (int d = 0; d < s->o.devices; d++)
+		if (!start_gms(s, d))
+			return false;
+	return true;
+}
+
+static struct child *spawn_engine(const struct demo *s, const char *name, const char *id, const char *role, int port)
+{
+	char *eargv[64], store[8192];
+	engine_argv(&s->o, eargv, store, sizeof(store), id, role, port);
+	return spawn(name, eargv);
+}
+
+static bool start_engines(struct demo *s)
+{
+	struct client *cl = &s->cl;
+	for (int i = 0; i < 2; i++)
+		cl->eng[i].probe_port = pick_port();
+	/* The primary starts first so that it, not the shadow, takes the lock;
+	 * engines started together work as well, but either may win. */
+	s->ea = spawn_engine(s, "engine-a", "engine-a", "loader", cl->eng[0].probe_port);
+	CHECK(s->ea, "could not start engine-a");
+	CHECK(wait_state(s->h, cl->eng[0].probe_port, "active", 30000), "engine-a did not become Active (see %s)", s->ea->log);
+	say("  engine-a Active (loaded the weights, holds the lock)\n");
+	s->eb = spawn_engine(s, "engine-b", "engine-b", "follower", cl->eng[1].probe_port);
+	CHECK(s->eb, "could not start engine-b");
+	CHECK(wait_state(s->h, cl->eng[1].probe_port, "standby", 30000), "engine-b did not reach Standby (see %s)", s->eb->log);
+	say("  engine-b Standby (imported the same weights, slept, waits on the lock)\n");
+	return true;
+}
+
+static bool await_warm_snapshot(struct demo *s)
+{
+	char gms_uri[400];
+	snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms0.sock", rundir);
+	CHECK(wait_warm(gms_uri, 60000), "gf-gmsd did not write its WARM snapshot (see %s)", s->gms0->log);
+	say("  GMS WARM snapshot %s/warm0 (Checkpointed)\n", rundir);
+	return true;
+}
+
+static void start_client(struct demo *s)
+{
+	if (s->o.gms_crash)
+		snprintf(s->cl.after_from, sizeof(s->cl.after_from), "engine-b");
+	pthread_create(&s->cl.thread, NULL, client_main, &s->cl);
+	usleep(s->o.short_mode ? 300000 : 1500000);
+}
+
+/* SIGKILL the primary (or GMS 0, restarted at once); kill_at is the timeline's zero. */
+static bool kill_victim(struct demo *s)
+{
+	struct client *cl = &s->cl;
+	pthread_mutex_lock(&cl->mu);
+	long before = cl->ok_before;
+	s->kill_at = now_us();
+	struct child *victim = s->o.gms_crash ? s->gms0 : s->ea;
+	kill(victim->pid, SIGKILL);
+	pthread_mutex_unlock(&cl->mu);
+	waitpid(victim->pid, NULL, 0);
+	victim->pid = 0;
+	if (s->o.gms_crash) {
+		/* Restart at once, as a supervisor would: it restores from WARM before it says ready. */
+		char *gargv[] = { s->gms0_args[0], s->gms0_args[1], s->gms0_args[2], s->gms0_args[3], s->gms0_args[4], NULL };
+		s->gms0b = spawn("gf-gmsd-0-restarted", gargv);
+		s->t_gms_spawn = now_us();
+		CHECK(s->gms0b, "could not restart gf-gmsd");
+		say("\n== SIGKILL gf-gmsd after %ld good responses; restarted it with --warm\n", before);
+	} else {
+		say("\n== SIGKILL engine-a after %ld good responses\n", before);
 	}
-	if (!strcmp(o.engine, "torch") && !o.torch_engine) {
-		fprintf(stderr, "demo: --engine torch needs --torch-engine PATH\n");
-		return 2;
+	return true;
+}
+
+/* Let the client run until engine-b has answered enough, then stop it. */
+static bool await_takeover(struct demo *s)
+{
+	struct client *cl = &s->cl;
+	int64_t end = now_us() + 30000000;
+	for (;;) {
+		pthread_mutex_lock(&cl->mu);
+		bool done = cl->first_ok_after_us && cl->ok_after >= (s->o.short_mode ? 20 : 200);
+		pthread_mutex_unlock(&cl->mu);
+		if (done || now_us() > end || stop_requested)
+			break;
+		usleep(10000);
 	}
-	if (!strcmp(o.engine, "torch") && o.devices != 1) {
-		fprintf(stderr, "demo: the torch engine computes on the CPU over one host GMS: --devices 1\n");
-		return 2;
+	cl->stop = 1;
+	pthread_join(cl->thread, NULL);
+	CHECK(cl->first_ok_after_us, "engine-b never answered after the kill (see %s)", s->eb->log);
+	return true;
+}
+
+/* The lock server's and engine-b's log lines carry mono_us. */
+static void collect_timeline(const struct demo *s, struct timeline *tl)
+{
+	char line[2048];
+	tl->release = find_event(s->lockd->log, s->kill_at, "released", NULL, line, sizeof(line));
+	tl->grant = find_event(s->lockd->log, s->kill_at, "granted", "engine-b", line, sizeof(line));
+	tl->remap = find_event(s->eb->log, s->kill_at, "weights_remapped", NULL, NULL, 0);
+	tl->kv = find_event(s->eb->log, s->kill_at, "kv_allocated", NULL, NULL, 0);
+	tl->serve = find_event(s->eb->log, s->kill_at, "event=serving", NULL, NULL, 0);
+	if (tl->grant)
+		field(line, "epoch", tl->epoch, sizeof(tl->epoch));
+	if (s->o.gms_crash) {
+		tl->restored = find_event(s->gms0b->log, s->kill_at, "phase=Restored", NULL, NULL, 0);
+		tl->lost = find_event(s->ea->log, s->kill_at, "engine_lost", NULL, NULL, 0);
 	}
-	if (o.weights && access(o.weights, R_OK) != 0) {
-		fprintf(stderr, "demo: cannot read weights file %s: %s\n", o.weights, strerror(errno));
-		return 2;
+}
+
+static void row(const char *label, int64_t t, int64_t kill_at)
+{
+	if (t)
+		say("  %-34s %7lld us\n", label, (long long)(t - kill_at));
+	else
+		say("  %-34s %10s\n", label, "(not logged)");
+}
+
+static void print_report(const struct demo *s, const struct timeline *tl)
+{
+	const struct client *cl = &s->cl;
+	int64_t k = s->kill_at;
+	say("\n== timeline (from the kill, monotonic clock)\n");
+	say("  %-34s %10s\n", s->o.gms_crash ? "gf-gmsd killed (SIGKILL)" : "primary killed (SIGKILL)", "0 us");
+	if (s->o.gms_crash) {
+		row("gf-gmsd restarted", s->t_gms_spawn, k);
+		row("layout restored from WARM", tl->restored, k);
+		row("engine-a saw its GMS lost", tl->lost, k);
 	}
+	row("lock released (holder exit seen)", tl->release, k);
+	row("lock granted to engine-b", tl->grant, k);
+	row("weights remapped", tl->remap, k);
+	row("private (KV) memory allocated", tl->kv, k);
+	row("serving", tl->serve, k);
+	row("first response served", cl->first_ok_after_us, k);
+	say("\n  epoch before %llu -> after %llu (%s)\n", (unsigned long long)cl->epoch_before,
+	    (unsigned long long)cl->epoch_after, tl->epoch[0] ? "from the grant" : "from responses");
+	say("  connections refused: %ld\n", cl->refused);
+	say("  requests failed in flight (accepted by the killed engine): %ld\n", cl->failed_in_flight);
+	say("  longest wait a client saw: %.1f ms\n", (double)cl->longest_wait_us / 1000.0);
+	if (s->o.gms_crash)
+		say("  answered by engine-a from its mapping before it saw the GMS lost: %ld\n", cl->ok_old_primary);
+	say("  responses after failover: %ld, all identical to before: %s\n", cl->ok_after,
+	    cl->mismatched ? "NO" : "yes");
+}
+
+/* The timeline as JSON, for the benchmark report. */
+static void write_json(const struct demo *s, const struct timeline *tl)
+{
+	const struct client *cl = &s->cl;
+	int64_t k = s->kill_at;
+	json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "engine", s->o.engine,
+			      "release_us", (json_int_t)(tl->release ? tl->release - k : -1),
+			      "grant_us", (json_int_t)(tl->grant ? tl->grant - k : -1),
+			      "remapped_us", (json_int_t)(tl->remap ? tl->remap - k : -1),
+			      "kv_allocated_us", (json_int_t)(tl->kv ? tl->kv - k : -1),
+			      "serving_us", (json_int_t)(tl->serve ? tl->serve - k : -1),
+			      "first_response_us", (json_int_t)(cl->first_ok_after_us - k),
+			      "refused", (json_int_t)cl->refused, "failed_in_flight", (json_int_t)cl->failed_in_flight,
+			      "longest_wait_us", (json_int_t)cl->longest_wait_us, "mismatched", (json_int_t)cl->mismatched);
+	if (!j || json_dump_file(j, s->o.json_path, JSON_COMPACT) != 0)
+		say("demo: could not write %s\n", s->o.json_path);
+	json_decref(j);
+}
+
+static bool check_failover(struct demo *s, const struct timeline *tl)
+{
+	const struct client *cl = &s->cl;
+	CHECK(!strcmp(cl->first_ok_engine, "engine-b"), "the answer after the kill came from '%s'", cl->first_ok_engine);
+	CHECK(cl->epoch_after > cl->epoch_before, "epoch did not increase (%llu -> %llu)",
+	      (unsigned long long)cl->epoch_before, (unsigned long long)cl->epoch_after);
+	CHECK(cl->mismatched == 0, "%ld responses differ from the ones before the failover", cl->mismatched);
+	CHECK(cl->refused == 0, "%ld connections refused: the listener the lock carries should keep them", cl->refused);
+	/* One client, one connection at a time: the killed engine had at most one of its requests. */
+	CHECK(cl->failed_in_flight <= 1, "%ld requests failed in flight with one client", cl->failed_in_flight);
+	CHECK(tl->grant && (!tl->release || tl->release <= tl->grant), "the lock server's log shows no grant to engine-b");
+	if (s->o.gms_crash) {
+		CHECK(tl->restored, "the restarted gf-gmsd did not restore from WARM (see %s)", s->gms0b->log);
+		/* Nobody loaded: the layout came from the snapshot, not from the model files. */
+		CHECK(!log_has(s->gms0b->log, "granted=RW"), "a writer loaded the weights again (see %s)", s->gms0b->log);
+		say("  weights reloaded from the model files: no (restored from WARM, no writer since)\n");
+		/* engine-a ends itself (its loss policy); reap it before restarting it. */
+		int64_t until = now_us() + 20000000;
+		while (s->ea->pid && waitpid(s->ea->pid, NULL, WNOHANG) == 0 && now_us() < until)
+			usleep(10000);
+		s->ea->pid = 0;
+	}
+	return true;
+}
+
+static bool report(struct demo *s)
+{
+	struct timeline tl = { 0 };
+	collect_timeline(s, &tl);
+	print_report(s, &tl);
+	if (s->o.json_path)
+		write_json(s, &tl);
+	return check_failover(s, &tl);
+}
+
+/* The killed engine comes back as the new standby. */
+static bool restart_engine(struct demo *s)
+{
+	int64_t t_restart = now_us();
+	s->ea = spawn_engine(s, "engine-a-restarted", "engine-a", "loader", s->cl.eng[0].probe_port);
+	CHECK(s->ea, "could not restart engine-a");
+	CHECK(wait_state(s->h, s->cl.eng[0].probe_port, "standby", 30000),
+	      "restarted engine-a did not reach Standby (see %s)", s->ea->log);
+	say("\n== engine-a restarted and is the new standby after %lld ms\n", (long long)(now_us() - t_restart) / 1000);
+	CHECK(wait_state(s->h, s->cl.eng[1].probe_port, "active", 1000), "engine-b is no longer Active");
+	return true;
+}
+
+#undef CHECK
+
+/* Every step in order; false after the first that failed. */
+static bool run_demo(struct demo *s)
+{
+	if (!start_sidecars(s) || !start_engines(s))
+		return false;
+	if (s->o.gms_crash && !await_warm_snapshot(s))
+		return false;
+	start_client(s);
+	return kill_victim(s) && await_takeover(s) && report(s) && restart_engine(s);
+}
+
+int main(int argc, char **argv)
+{
+	/* The example engines compute on the CPU over host pointers, so the GMS
+	 * they share uses the host backend unless told otherwise. */
+	struct demo s = { .o = { .engine = "c", .backend = "host", .devices = 1 },
+			  .cl = { .mu = PTHREAD_MUTEX_INITIALIZER } };
+	int rc = parse_args(argc, argv, &s.o);
+	if (rc)
+		return rc == EXIT_DONE ? 0 : rc;
 
 	const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
 	snprintf(rundir, sizeof(rundir), "%s/gf-demo-XXXXXX", base);
@@ -608,221 +949,14 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	CURL *h = curl_easy_init();
-	int failures = 0;
-#define CHECK(cond, ...)                         \
-	do {                                     \
-		if (!(cond)) {                   \
-			say("FAIL: " __VA_ARGS__); \
-			say("\n");               \
-			failures++;              \
-			goto done;               \
-		}                                \
-	} while (0)
+	s.h = curl_easy_init();
+	say("== libgpufailover failover demo (engine: %s, devices: %d, run dir: %s)\n", s.o.engine, s.o.devices, rundir);
 
-	say("== libgpufailover failover demo (engine: %s, devices: %d, run dir: %s)\n", o.engine, o.devices, rundir);
-
-	struct client cl = { .mu = PTHREAD_MUTEX_INITIALIZER };
-	cl.serve_port = pick_port();
-	CHECK(cl.serve_port > 0, "no free TCP port");
-	char lock_uri[400], a1[600], a2[600], a3[600], a4[128];
-	snprintf(lock_uri, sizeof(lock_uri), "unix://%s/lock.sock", rundir);
-	snprintf(a1, sizeof(a1), "%s", o.lockd);
-	snprintf(a2, sizeof(a2), "--state-file=%s/lock.state", rundir);
-	snprintf(a3, sizeof(a3), "--listen=%s", lock_uri);
-	snprintf(a4, sizeof(a4), "--listener=http=tcp://127.0.0.1:%d", cl.serve_port);
-	char *lockd_argv[] = { a1, a3, a2, a4, "--reconnect-window=2s", "--exit-wait-timeout=5s", NULL };
-	struct child *lockd = spawn("gf-lockd", lockd_argv);
-	CHECK(lockd, "could not start gf-lockd");
-	int64_t end = now_us() + 10000000;
-	while (gf_lock_ping(lock_uri, NULL, 0, 200) < 0 && now_us() < end)
-		usleep(10000);
-	CHECK(gf_lock_ping(lock_uri, NULL, 0, 500) == 0, "gf-lockd did not come up (see %s)", lockd->log);
-	say("  lock server ready        %s, carrying the listener http=127.0.0.1:%d\n", lock_uri, cl.serve_port);
-
-	struct child *gms0 = NULL;
-	char gms0_args[5][600];
-	for (int d = 0; d < o.devices; d++) {
-		char gms_uri[400], g1[600], g2[600], g3[64], g4[64], g5[600], name[32];
-		snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms%d.sock", rundir, d);
-		snprintf(g1, sizeof(g1), "%s", o.gmsd);
-		snprintf(g2, sizeof(g2), "--listen=%s", gms_uri);
-		snprintf(g3, sizeof(g3), "--device=%d", d);
-		snprintf(g4, sizeof(g4), "--backend=%s", o.backend);
-		/* WARM lives in the run directory, on /dev/shm when there is one. */
-		snprintf(g5, sizeof(g5), "--warm=%s/warm%d", rundir, d);
-		snprintf(name, sizeof(name), "gf-gmsd-%d", d);
-		char *gargv[] = { g1, g2, g3, g4, o.gms_crash ? g5 : NULL, NULL };
-		struct child *g = spawn(name, gargv);
-		CHECK(g, "could not start %s", name);
-		if (d == 0) {
-			gms0 = g;
-			memcpy(gms0_args[0], g1, sizeof(g1));
-			memcpy(gms0_args[1], g2, sizeof(g2));
-			snprintf(gms0_args[2], sizeof(gms0_args[2]), "%s", g3);
-			snprintf(gms0_args[3], sizeof(gms0_args[3]), "%s", g4);
-			memcpy(gms0_args[4], g5, sizeof(g5));
-		}
-		char *json = NULL;
-		end = now_us() + 10000000;
-		while (gf_gms_status_json(gms_uri, 200, &json) < 0 && now_us() < end)
-			usleep(10000);
-		CHECK(json, "gf-gmsd for device %d did not come up (see %s)", d, g->log);
-		free(json);
-		say("  GMS ready                %s\n", gms_uri);
-	}
-
-	for (int i = 0; i < 2; i++)
-		cl.eng[i].probe_port = pick_port();
-	char *eargv[64], store[8192];
-	/* The primary starts first so that it, not the shadow, takes the lock;
-	 * engines started together work as well, but either may win. */
-	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].probe_port);
-	struct child *ea = spawn("engine-a", eargv);
-	CHECK(ea, "could not start engine-a");
-	CHECK(wait_state(h, cl.eng[0].probe_port, "active", 30000), "engine-a did not become Active (see %s)", ea->log);
-	say("  engine-a                 Active (loaded the weights, holds the lock)\n");
-	engine_argv(&o, eargv, store, sizeof(store), "engine-b", "follower", cl.eng[1].probe_port);
-	struct child *eb = spawn("engine-b", eargv);
-	CHECK(eb, "could not start engine-b");
-	CHECK(wait_state(h, cl.eng[1].probe_port, "standby", 30000), "engine-b did not reach Standby (see %s)", eb->log);
-	say("  engine-b                 Standby (imported the same weights, slept, waits on the lock)\n");
-
-	if (o.gms_crash) {
-		char gms_uri[400];
-		snprintf(gms_uri, sizeof(gms_uri), "unix://%s/gms0.sock", rundir);
-		CHECK(wait_warm(gms_uri, 60000), "gf-gmsd did not write its WARM snapshot (see %s)", gms0->log);
-		say("  GMS WARM snapshot        %s/warm0 (Checkpointed)\n", rundir);
-	}
-	if (o.gms_crash)
-		snprintf(cl.after_from, sizeof(cl.after_from), "engine-b");
-	pthread_create(&cl.thread, NULL, client_main, &cl);
-	usleep(o.short_mode ? 300000 : 1500000);
-	pthread_mutex_lock(&cl.mu);
-	long before = cl.ok_before;
-	int64_t kill_at = now_us();
-	struct child *victim = o.gms_crash ? gms0 : ea;
-	kill(victim->pid, SIGKILL);
-	pthread_mutex_unlock(&cl.mu);
-	waitpid(victim->pid, NULL, 0);
-	victim->pid = 0;
-	struct child *gms0b = NULL;
-	int64_t t_gms_spawn = 0;
-	if (o.gms_crash) {
-		/* Restart at once, as a supervisor would: it restores from WARM before it says ready. */
-		char *gargv[] = { gms0_args[0], gms0_args[1], gms0_args[2], gms0_args[3], gms0_args[4], NULL };
-		gms0b = spawn("gf-gmsd-0-restarted", gargv);
-		t_gms_spawn = now_us();
-		CHECK(gms0b, "could not restart gf-gmsd");
-		say("\n== SIGKILL gf-gmsd after %ld good responses; restarted it with --warm\n", before);
-	} else {
-		say("\n== SIGKILL engine-a after %ld good responses\n", before);
-	}
-
-	end = now_us() + 30000000;
-	for (;;) {
-		pthread_mutex_lock(&cl.mu);
-		bool done = cl.first_ok_after_us && cl.ok_after >= (o.short_mode ? 20 : 200);
-		pthread_mutex_unlock(&cl.mu);
-		if (done || now_us() > end || stop_requested)
-			break;
-		usleep(10000);
-	}
-	cl.stop = 1;
-	pthread_join(cl.thread, NULL);
-	CHECK(cl.first_ok_after_us, "engine-b never answered after the kill (see %s)", eb->log);
-
-	/* Timeline: the lock server's and engine-b's log lines carry mono_us. */
-	char line[2048], v[64];
-	int64_t t_release = find_event(lockd->log, kill_at, "released", NULL, line, sizeof(line));
-	int64_t t_grant = find_event(lockd->log, kill_at, "granted", "engine-b", line, sizeof(line));
-	int64_t t_remap = find_event(eb->log, kill_at, "weights_remapped", NULL, NULL, 0);
-	int64_t t_kv = find_event(eb->log, kill_at, "kv_allocated", NULL, NULL, 0);
-	int64_t t_serve = find_event(eb->log, kill_at, "event=serving", NULL, NULL, 0);
-	if (t_grant)
-		field(line, "epoch", v, sizeof(v));
-	say("\n== timeline (from the kill, monotonic clock)\n");
-	say("  %-34s %10s\n", o.gms_crash ? "gf-gmsd killed (SIGKILL)" : "primary killed (SIGKILL)", "0 us");
-#define ROW(label, t)                                                                           \
-	do {                                                                                    \
-		if (t)                                                                          \
-			say("  %-34s %7lld us\n", label, (long long)((t) - kill_at));           \
-		else                                                                            \
-			say("  %-34s %10s\n", label, "(not logged)");                           \
-	} while (0)
-	int64_t t_restored = 0, t_lost = 0;
-	if (o.gms_crash) {
-		t_restored = find_event(gms0b->log, kill_at, "phase=Restored", NULL, NULL, 0);
-		t_lost = find_event(ea->log, kill_at, "engine_lost", NULL, NULL, 0);
-		ROW("gf-gmsd restarted", t_gms_spawn);
-		ROW("layout restored from WARM", t_restored);
-		ROW("engine-a saw its GMS lost", t_lost);
-	}
-	ROW("lock released (holder exit seen)", t_release);
-	ROW("lock granted to engine-b", t_grant);
-	ROW("weights remapped", t_remap);
-	ROW("private (KV) memory allocated", t_kv);
-	ROW("serving", t_serve);
-	ROW("first response served", cl.first_ok_after_us);
-	say("\n  epoch before %llu -> after %llu (%s)\n", (unsigned long long)cl.epoch_before,
-	    (unsigned long long)cl.epoch_after, v[0] ? "from the grant" : "from responses");
-	say("  connections refused: %ld\n", cl.refused);
-	say("  requests failed in flight (accepted by the killed engine): %ld\n", cl.failed_in_flight);
-	say("  longest wait a client saw: %.1f ms\n", (double)cl.longest_wait_us / 1000.0);
-	if (o.gms_crash)
-		say("  answered by engine-a from its mapping before it saw the GMS lost: %ld\n", cl.ok_old_primary);
-	say("  responses after failover: %ld, all identical to before: %s\n", cl.ok_after,
-	    cl.mismatched ? "NO" : "yes");
-	if (o.json_path) {
-		json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "engine", o.engine,
-				      "release_us", (json_int_t)(t_release ? t_release - kill_at : -1),
-				      "grant_us", (json_int_t)(t_grant ? t_grant - kill_at : -1),
-				      "remapped_us", (json_int_t)(t_remap ? t_remap - kill_at : -1),
-				      "kv_allocated_us", (json_int_t)(t_kv ? t_kv - kill_at : -1),
-				      "serving_us", (json_int_t)(t_serve ? t_serve - kill_at : -1),
-				      "first_response_us", (json_int_t)(cl.first_ok_after_us - kill_at),
-				      "refused", (json_int_t)cl.refused, "failed_in_flight", (json_int_t)cl.failed_in_flight,
-				      "longest_wait_us", (json_int_t)cl.longest_wait_us, "mismatched", (json_int_t)cl.mismatched);
-		if (!j || json_dump_file(j, o.json_path, JSON_COMPACT) != 0)
-			say("demo: could not write %s\n", o.json_path);
-		json_decref(j);
-	}
-	CHECK(!strcmp(cl.first_ok_engine, "engine-b"), "the answer after the kill came from '%s'", cl.first_ok_engine);
-	CHECK(cl.epoch_after > cl.epoch_before, "epoch did not increase (%llu -> %llu)",
-	      (unsigned long long)cl.epoch_before, (unsigned long long)cl.epoch_after);
-	CHECK(cl.mismatched == 0, "%ld responses differ from the ones before the failover", cl.mismatched);
-	CHECK(cl.refused == 0, "%ld connections refused: the listener the lock carries should keep them", cl.refused);
-	/* One client, one connection at a time: the killed engine had at most one of its requests. */
-	CHECK(cl.failed_in_flight <= 1, "%ld requests failed in flight with one client", cl.failed_in_flight);
-	CHECK(t_grant && (!t_release || t_release <= t_grant), "the lock server's log shows no grant to engine-b");
-	if (o.gms_crash) {
-		CHECK(t_restored, "the restarted gf-gmsd did not restore from WARM (see %s)", gms0b->log);
-		/* Nobody loaded: the layout came from the snapshot, not from the model files. */
-		CHECK(!log_has(gms0b->log, "granted=RW"), "a writer loaded the weights again (see %s)", gms0b->log);
-		say("  weights reloaded from the model files: no (restored from WARM, no writer since)\n");
-		/* engine-a ends itself (its loss policy); reap it before restarting it. */
-		int64_t until = now_us() + 20000000;
-		while (ea->pid && waitpid(ea->pid, NULL, WNOHANG) == 0 && now_us() < until)
-			usleep(10000);
-		ea->pid = 0;
-	}
-
-	/* The killed engine comes back as the new standby. */
-	engine_argv(&o, eargv, store, sizeof(store), "engine-a", "loader", cl.eng[0].probe_port);
-	int64_t t_restart = now_us();
-	ea = spawn("engine-a-restarted", eargv);
-	CHECK(ea, "could not restart engine-a");
-	CHECK(wait_state(h, cl.eng[0].probe_port, "standby", 30000), "restarted engine-a did not reach Standby (see %s)",
-	      ea->log);
-	say("\n== engine-a restarted and is the new standby after %lld ms\n",
-	    (long long)(now_us() - t_restart) / 1000);
-	CHECK(wait_state(h, cl.eng[1].probe_port, "active", 1000), "engine-b is no longer Active");
-
-done:
-	curl_easy_cleanup(h);
-	cleanup(&o, failures > 0);
+	bool ok = run_demo(&s);
+	curl_easy_cleanup(s.h);
+	cleanup(&s.o, !ok);
 	curl_global_cleanup();
-	if (failures) {
+	if (!ok) {
 		say("\nRESULT: FAILED\n");
 		return 1;
 	}

@@ -55,6 +55,221 @@ static void usage(FILE *f)
 
 static const char *prog = "gf-gmsd";
 
+static int fail(int rc, const char *what)
+{
+	fprintf(stderr, "gf-gmsd: %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
+	return 1;
+}
+
+/* parse_args() result when --help or --version was answered: exit 0. */
+#define EXIT_DONE (-1)
+
+struct gmsd_opts {
+	const char *listen_uri, *device, *lock_uri, *lock_secret_file, *metrics_addr;
+	const char *warm, *cold, *restore;
+	int kind;
+	uint64_t oom_ms, handshake_ms;
+	uint32_t uids[64];
+	size_t nuids;
+};
+
+static int parse_backend(const char *arg, int *kind)
+{
+	if (!strcmp(arg, "auto"))
+		*kind = GF_MEM_AUTO;
+	else if (!strcmp(arg, "cuda"))
+		*kind = GF_MEM_CUDA;
+	else if (!strcmp(arg, "host"))
+		*kind = GF_MEM_HOST;
+	else {
+		fprintf(stderr, "gf-gmsd: --backend must be auto, cuda or host, not '%s'\n", arg);
+		return 2;
+	}
+	return 0;
+}
+
+static int add_uid(const char *arg, struct gmsd_opts *o)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(arg, &end, 10);
+	if (errno || !*arg || *end || v > UINT32_MAX || o->nuids == 64) {
+		fprintf(stderr, "gf-gmsd: --allow-uid: bad uid '%s'\n", arg);
+		return 2;
+	}
+	o->uids[o->nuids++] = (uint32_t)v;
+	return 0;
+}
+
+/* Apply one flag: 0, an exit code, or EXIT_DONE. */
+static int apply_option(int c, const char *arg, struct gmsd_opts *o)
+{
+	switch (c) {
+	case 'l':
+		o->listen_uri = arg;
+		return 0;
+	case 'd':
+		o->device = arg;
+		return 0;
+	case 'b':
+		return parse_backend(arg, &o->kind);
+	case 'o':
+		if (gf_parse_duration_ms(arg, &o->oom_ms) < 0) {
+			fprintf(stderr, "gf-gmsd: --oom-retry: %s\n", gf_error_detail());
+			return 2;
+		}
+		return 0;
+	case 't':
+		if (gf_parse_duration_ms(arg, &o->handshake_ms) < 0 || o->handshake_ms == 0 || o->handshake_ms > INT64_MAX) {
+			fprintf(stderr, "gf-gmsd: --handshake-timeout: %s\n",
+				o->handshake_ms == 0 ? "must be positive" : gf_error_detail());
+			return 2;
+		}
+		return 0;
+	case 'u':
+		return add_uid(arg, o);
+	case 'L':
+		o->lock_uri = arg;
+		return 0;
+	case 'M':
+		o->metrics_addr = arg;
+		return 0;
+	case 'S':
+		o->lock_secret_file = arg;
+		return 0;
+	case 'W':
+	case 'C':
+	case 'R':
+		if (!*arg) {
+			fprintf(stderr, "gf-gmsd: --%s needs a directory\n", c == 'W' ? "warm" : c == 'C' ? "cold" : "restore");
+			return 2;
+		}
+		*(c == 'W' ? &o->warm : c == 'C' ? &o->cold : &o->restore) = arg;
+		return 0;
+	case 'h':
+		usage(stdout);
+		return EXIT_DONE;
+	case 'V':
+		printf("gf-gmsd (libgpufailover) %s\n", gf_version());
+		return EXIT_DONE;
+	default:
+		usage(stderr);
+		return 2;
+	}
+}
+
+/* Parse argv into @o: 0, an exit code, or EXIT_DONE. */
+static int parse_args(int argc, char **argv, struct gmsd_opts *o)
+{
+	static const struct option opts[] = {
+		{"listen", required_argument, NULL, 'l'},  {"device", required_argument, NULL, 'd'},
+		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
+		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
+		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
+		{"metrics", required_argument, NULL, 'M'},
+		{"warm", required_argument, NULL, 'W'},    {"cold", required_argument, NULL, 'C'},
+		{"restore", required_argument, NULL, 'R'}, {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+	};
+	int c;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		int rc = apply_option(c, optarg, o);
+		if (rc)
+			return rc;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "gf-gmsd: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (o->lock_secret_file && !o->lock_uri) {
+		fprintf(stderr, "gf-gmsd: --lock-secret-file needs --lock\n");
+		return 2;
+	}
+	if (!o->listen_uri) {
+		fprintf(stderr, "gf-gmsd: --listen is required\n");
+		usage(stderr);
+		return 2;
+	}
+	return 0;
+}
+
+/* Signals arrive through a signalfd, so the loop never runs code in a handler. */
+static int block_stop_signals(void)
+{
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0)
+		fprintf(stderr, "gf-gmsd: signalfd: %s\n", strerror(errno));
+	return sfd;
+}
+
+/* Fence by the lock server; the secret is wiped once the server holds its own copy. Exit code; frees @d on failure. */
+static int configure_lock(gf_gmsd *d, const struct gmsd_opts *o)
+{
+	char secret[4097];
+	size_t slen = 0;
+	if (o->lock_secret_file) {
+		FILE *f = fopen(o->lock_secret_file, "re");
+		slen = f ? fread(secret, 1, sizeof(secret) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		while (slen && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
+			slen--;
+		if (!slen) {
+			fprintf(stderr, "gf-gmsd: --lock-secret-file %s: empty or unreadable\n", o->lock_secret_file);
+			gf_gmsd_free(d);
+			return 2;
+		}
+	}
+	int rc = gf_gmsd_set_lock(d, o->lock_uri, slen ? secret : NULL, slen);
+	memset(secret, 0, sizeof(secret));
+	if (rc < 0) {
+		gf_gmsd_free(d);
+		return fail(rc, "--lock");
+	}
+	return 0;
+}
+
+/* Apply the options to @d: an exit code; frees @d on failure. */
+static int configure(gf_gmsd *d, const struct gmsd_opts *o, int index)
+{
+	int rc;
+	if ((rc = gf_gmsd_add_listen(d, o->listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
+	    (rc = gf_gmsd_set_backend(d, o->kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)o->oom_ms)) < 0 ||
+	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)o->handshake_ms)) < 0 ||
+	    (rc = gf_gmsd_set_tiers(d, o->warm, o->cold)) < 0) {
+		gf_gmsd_free(d);
+		return fail(rc, "configuration");
+	}
+	for (size_t i = 0; i < o->nuids; i++)
+		if ((rc = gf_gmsd_add_allow_uid(d, o->uids[i])) < 0) {
+			gf_gmsd_free(d);
+			return fail(rc, "--allow-uid");
+		}
+	return o->lock_uri ? configure_lock(d, o) : 0;
+}
+
+/* Before "ready": a restored layout is COMMITTED when clients are told to come. */
+static void restore_tier(gf_gmsd *d, const struct gmsd_opts *o)
+{
+	if (!o->restore && !o->warm && !o->cold)
+		return;
+	int rc = gf_gmsd_restore(d, o->restore);
+	if (rc < 0) {
+		char line[512];
+		snprintf(line, sizeof(line), "msg=\"%s\" error=%s detail=\"%s\"",
+			 rc == GF_ERR_NOT_FOUND && !o->restore ? "no tier to restore from: waiting for the loader"
+							       : "restore refused: staying EMPTY for the loader",
+			 gf_error_name(rc), gf_error_detail());
+		gf_log_stderr(rc == GF_ERR_NOT_FOUND && !o->restore ? GF_LOG_INFO : GF_LOG_WARN, "gms", line, (void *)prog);
+	}
+}
+
 /* What gf-gmsd --metrics answers. */
 static int http_metrics(void *d, char **text)
 {
@@ -68,210 +283,26 @@ static int http_status(void *d, char **json)
 
 static const struct sidecar_http_ops gmsd_http_ops = { http_metrics, http_status, NULL };
 
-static int fail(int rc, const char *what)
+static void announce_ready(gf_gmsd *d, const struct gmsd_opts *o, int index, struct sidecar_http *http)
 {
-	fprintf(stderr, "gf-gmsd: %s: %s (%s)\n", what, gf_strerror(rc), gf_error_detail());
-	return 1;
-}
-
-int main(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{"listen", required_argument, NULL, 'l'},  {"device", required_argument, NULL, 'd'},
-		{"backend", required_argument, NULL, 'b'}, {"oom-retry", required_argument, NULL, 'o'},
-		{"allow-uid", required_argument, NULL, 'u'}, {"handshake-timeout", required_argument, NULL, 't'},
-		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
-		{"metrics", required_argument, NULL, 'M'},
-		{"warm", required_argument, NULL, 'W'},    {"cold", required_argument, NULL, 'C'},
-		{"restore", required_argument, NULL, 'R'}, {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
-	};
-	const char *listen_uri = NULL, *device = "0", *lock_uri = NULL, *lock_secret_file = NULL;
-	const char *warm = NULL, *cold = NULL, *restore = NULL, *metrics_addr = NULL;
-	int kind = GF_MEM_AUTO;
-	uint64_t oom_ms = 0, handshake_ms = 3000;
-	uint32_t uids[64];
-	size_t nuids = 0;
-	int c;
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'l':
-			listen_uri = optarg;
-			break;
-		case 'd':
-			device = optarg;
-			break;
-		case 'b':
-			if (!strcmp(optarg, "auto"))
-				kind = GF_MEM_AUTO;
-			else if (!strcmp(optarg, "cuda"))
-				kind = GF_MEM_CUDA;
-			else if (!strcmp(optarg, "host"))
-				kind = GF_MEM_HOST;
-			else {
-				fprintf(stderr, "gf-gmsd: --backend must be auto, cuda or host, not '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case 'o':
-			if (gf_parse_duration_ms(optarg, &oom_ms) < 0) {
-				fprintf(stderr, "gf-gmsd: --oom-retry: %s\n", gf_error_detail());
-				return 2;
-			}
-			break;
-		case 't':
-			if (gf_parse_duration_ms(optarg, &handshake_ms) < 0 || handshake_ms == 0 || handshake_ms > INT64_MAX) {
-				fprintf(stderr, "gf-gmsd: --handshake-timeout: %s\n",
-					handshake_ms == 0 ? "must be positive" : gf_error_detail());
-				return 2;
-			}
-			break;
-		case 'u': {
-			char *end;
-			errno = 0;
-			unsigned long v = strtoul(optarg, &end, 10);
-			if (errno || !*optarg || *end || v > UINT32_MAX || nuids == 64) {
-				fprintf(stderr, "gf-gmsd: --allow-uid: bad uid '%s'\n", optarg);
-				return 2;
-			}
-			uids[nuids++] = (uint32_t)v;
-			break;
-		}
-		case 'L':
-			lock_uri = optarg;
-			break;
-		case 'M':
-			metrics_addr = optarg;
-			break;
-		case 'S':
-			lock_secret_file = optarg;
-			break;
-		case 'W':
-		case 'C':
-		case 'R':
-			if (!*optarg) {
-				fprintf(stderr, "gf-gmsd: --%s needs a directory\n", c == 'W' ? "warm" : c == 'C' ? "cold" : "restore");
-				return 2;
-			}
-			*(c == 'W' ? &warm : c == 'C' ? &cold : &restore) = optarg;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("gf-gmsd (libgpufailover) %s\n", gf_version());
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (optind < argc) {
-		fprintf(stderr, "gf-gmsd: unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
-	if (lock_secret_file && !lock_uri) {
-		fprintf(stderr, "gf-gmsd: --lock-secret-file needs --lock\n");
-		return 2;
-	}
-	if (!listen_uri) {
-		fprintf(stderr, "gf-gmsd: --listen is required\n");
-		usage(stderr);
-		return 2;
-	}
-	gf_set_log_fn(gf_log_stderr, (void *)prog);
-
-	int index;
-	int prc = gf_device_parse(kind, device, &index);
-	if (prc < 0)
-		return fail(prc, "--device");
-
-	/* Signals arrive through a signalfd, so the loop never runs code in a handler. */
-	sigset_t mask;
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigprocmask(SIG_BLOCK, &mask, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-	if (sfd < 0) {
-		fprintf(stderr, "gf-gmsd: signalfd: %s\n", strerror(errno));
-		return 1;
-	}
-
-	gf_gmsd *d;
-	int rc = gf_gmsd_new(&d);
-	if (rc < 0)
-		return fail(rc, "init");
-	if ((rc = gf_gmsd_add_listen(d, listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
-	    (rc = gf_gmsd_set_backend(d, kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)oom_ms)) < 0 ||
-	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)handshake_ms)) < 0 ||
-	    (rc = gf_gmsd_set_tiers(d, warm, cold)) < 0) {
-		gf_gmsd_free(d);
-		return fail(rc, "configuration");
-	}
-	for (size_t i = 0; i < nuids; i++)
-		if ((rc = gf_gmsd_add_allow_uid(d, uids[i])) < 0) {
-			gf_gmsd_free(d);
-			return fail(rc, "--allow-uid");
-		}
-	if (lock_uri) {
-		char secret[4097];
-		size_t slen = 0;
-		if (lock_secret_file) {
-			FILE *f = fopen(lock_secret_file, "re");
-			slen = f ? fread(secret, 1, sizeof(secret) - 1, f) : 0;
-			if (f)
-				fclose(f);
-			while (slen && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
-				slen--;
-			if (!slen) {
-				fprintf(stderr, "gf-gmsd: --lock-secret-file %s: empty or unreadable\n", lock_secret_file);
-				gf_gmsd_free(d);
-				return 2;
-			}
-		}
-		rc = gf_gmsd_set_lock(d, lock_uri, slen ? secret : NULL, slen);
-		memset(secret, 0, sizeof(secret));
-		if (rc < 0) {
-			gf_gmsd_free(d);
-			return fail(rc, "--lock");
-		}
-	}
-	if ((rc = gf_gmsd_start(d)) < 0) {
-		gf_gmsd_free(d);
-		return fail(rc, "start");
-	}
-	char line[512];
-	/* Before "ready": a restored layout is COMMITTED when clients are told to come. */
-	if (restore || warm || cold) {
-		rc = gf_gmsd_restore(d, restore);
-		if (rc < 0) {
-			snprintf(line, sizeof(line), "msg=\"%s\" error=%s detail=\"%s\"",
-				 rc == GF_ERR_NOT_FOUND && !restore ? "no tier to restore from: waiting for the loader"
-								    : "restore refused: staying EMPTY for the loader",
-				 gf_error_name(rc), gf_error_detail());
-			gf_log_stderr(rc == GF_ERR_NOT_FOUND && !restore ? GF_LOG_INFO : GF_LOG_WARN, "gms", line, (void *)prog);
-		}
-	}
-	struct sidecar_http *http = NULL;
-	if (metrics_addr && sidecar_http_start(&http, prog, &gmsd_http_ops, d, metrics_addr) < 0) {
-		gf_gmsd_free(d);
-		return 2;
-	}
+	char line[512], uuid[64] = "";
 	if (http) {
-		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", metrics_addr,
+		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", o->metrics_addr,
 			 sidecar_http_port(http));
 		gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
 	}
-	char uuid[64] = "";
 	gf_mem_device_uuid(gf_gmsd_mem(d), uuid, sizeof(uuid));
-	snprintf(line, sizeof(line), "msg=\"ready\" listen=%s backend=%s device=%d uuid=%s pid=%d", listen_uri,
+	snprintf(line, sizeof(line), "msg=\"ready\" listen=%s backend=%s device=%d uuid=%s pid=%d", o->listen_uri,
 		 gf_mem_kind_name(gf_mem_kind(gf_gmsd_mem(d))), index, uuid, (int)getpid());
 	gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "READY=1");
 #endif
+}
+
+/* Serve until a stop signal (0) or an error (negative gf error code). */
+static int run_loop(gf_gmsd *d, int sfd, struct sidecar_http *http)
+{
 	struct pollfd p[3] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN},
 			      {.fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN}};
 	for (;;) {
@@ -281,25 +312,59 @@ int main(int argc, char **argv)
 			if (ht >= 0 && (timeout < 0 || ht < timeout))
 				timeout = ht;
 		}
-		if (poll(p, 3, timeout) < 0 && errno != EINTR) {
-			rc = GF_ERR_IO;
-			break;
-		}
+		if (poll(p, 3, timeout) < 0 && errno != EINTR)
+			return GF_ERR_IO;
 		if (p[1].revents & POLLIN) {
 			struct signalfd_siginfo si;
 			if (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				char line[512];
 				snprintf(line, sizeof(line), "msg=\"stopping\" signal=%s", strsignal((int)si.ssi_signo));
 				gf_log_stderr(GF_LOG_INFO, "gms", line, (void *)prog);
 			}
-			rc = 0;
-			break;
+			return 0;
 		}
-		if ((rc = gf_gmsd_process(d)) < 0)
-			break;
-		rc = 0;
+		int rc = gf_gmsd_process(d);
+		if (rc < 0)
+			return rc;
 		if (http)
 			sidecar_http_process(http);
 	}
+}
+
+int main(int argc, char **argv)
+{
+	struct gmsd_opts o = { .device = "0", .kind = GF_MEM_AUTO, .handshake_ms = 3000 };
+	int rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc == EXIT_DONE ? 0 : rc;
+	gf_set_log_fn(gf_log_stderr, (void *)prog);
+
+	int index;
+	int prc = gf_device_parse(o.kind, o.device, &index);
+	if (prc < 0)
+		return fail(prc, "--device");
+	int sfd = block_stop_signals();
+	if (sfd < 0)
+		return 1;
+
+	gf_gmsd *d;
+	rc = gf_gmsd_new(&d);
+	if (rc < 0)
+		return fail(rc, "init");
+	if ((rc = configure(d, &o, index)) != 0)
+		return rc;
+	if ((rc = gf_gmsd_start(d)) < 0) {
+		gf_gmsd_free(d);
+		return fail(rc, "start");
+	}
+	restore_tier(d, &o);
+	struct sidecar_http *http = NULL;
+	if (o.metrics_addr && sidecar_http_start(&http, prog, &gmsd_http_ops, d, o.metrics_addr) < 0) {
+		gf_gmsd_free(d);
+		return 2;
+	}
+	announce_ready(d, &o, index, http);
+	rc = run_loop(d, sfd, http);
 	sidecar_http_free(http);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");

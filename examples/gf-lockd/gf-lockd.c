@@ -132,28 +132,126 @@ static void die_cfg(const char *what)
 	exit(2);
 }
 
-/* What gf-lockd --metrics answers. */
-static int http_metrics(void *d, char **text)
+/* parse_args() result when --help or --version was answered: exit 0. */
+#define EXIT_DONE (-1)
+
+/* What the flags set that is not applied to the server as it is parsed. */
+struct lockd_opts {
+	int64_t hb, detect;
+	int nlisten;
+	const char *metrics_addr;
+};
+
+enum { O_LISTEN = 1, O_LISTENER, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP,
+       O_VERSION, O_MAXSTANDBY, O_MINAGE, O_METRICS };
+
+static int allow_uid(gf_lockd *d, const char *arg)
 {
-	return gf_lockd_metrics(d, text);
+	char *end;
+	errno = 0;
+	unsigned long u = strtoul(arg, &end, 10);
+	if (errno || *end || !*arg || u > 0xffffffffUL) {
+		fprintf(stderr, "gf-lockd: --allow-uid: '%s' is not a uid\n", arg);
+		return 2;
+	}
+	if (gf_lockd_add_allow_uid(d, (uint32_t)u) < 0)
+		die_cfg("--allow-uid");
+	return 0;
 }
 
-static int http_status(void *d, char **json)
+/* The secret is wiped from this copy as soon as the server holds its own. */
+static int set_secret(gf_lockd *d, const char *path)
 {
-	return gf_lockd_status_json(d, json);
+	char *s;
+	size_t len;
+	if (read_secret(path, &s, &len) < 0) {
+		fprintf(stderr, "gf-lockd: --secret-file %s: %s\n", path, errno == EINVAL ? "empty secret" : strerror(errno));
+		return 2;
+	}
+	gf_lockd_set_secret(d, s, len);
+	memset(s, 0, len);
+	free(s);
+	return 0;
 }
 
-static int http_ready(void *d, const char *const *gpus, size_t ngpus, const char *model, char **json)
+static int max_standby(gf_lockd *d, const char *arg)
 {
-	return gf_lockd_ready_json(d, gpus, ngpus, model, json);
+	char *end;
+	errno = 0;
+	unsigned long n = strtoul(arg, &end, 10);
+	if (errno || *end || !*arg || arg[0] == '-' || n > 1000000) {
+		fprintf(stderr, "gf-lockd: --max-standby-per-gpu: expected 0..1000000, got '%s'\n", arg);
+		return 2;
+	}
+	gf_lockd_set_max_standby_per_gpu(d, (uint32_t)n);
+	return 0;
 }
 
-static const struct sidecar_http_ops lockd_http_ops = { http_metrics, http_status, http_ready };
-
-int main(int argc, char **argv)
+/* Apply one flag: 0, an exit code, or EXIT_DONE. */
+static int apply_option(gf_lockd *d, int opt, const char *arg, struct lockd_opts *o)
 {
-	enum { O_LISTEN = 1, O_LISTENER, O_STATE, O_WINDOW, O_EXITWAIT, O_UID, O_SECRET, O_HB, O_DETECT, O_HS, O_HELP,
-	       O_VERSION, O_MAXSTANDBY, O_MINAGE, O_METRICS };
+	int64_t v;
+	switch (opt) {
+	case O_LISTEN:
+		if (gf_lockd_add_listen(d, arg) < 0)
+			die_cfg("--listen");
+		o->nlisten++;
+		return 0;
+	case O_LISTENER:
+		add_listener(d, arg);
+		return 0;
+	case O_STATE:
+		if (gf_lockd_set_state_file(d, arg) < 0)
+			die_cfg("--state-file");
+		return 0;
+	case O_WINDOW:
+		if (duration(arg, &v) < 0 || gf_lockd_set_reconnect_window(d, v) < 0)
+			die_cfg("--reconnect-window");
+		return 0;
+	case O_EXITWAIT:
+		if (duration(arg, &v) < 0 || gf_lockd_set_exit_wait_timeout(d, v) < 0)
+			die_cfg("--exit-wait-timeout");
+		return 0;
+	case O_UID:
+		return allow_uid(d, arg);
+	case O_SECRET:
+		return set_secret(d, arg);
+	case O_HB:
+		if (duration(arg, &o->hb) < 0)
+			die_cfg("--heartbeat");
+		return 0;
+	case O_DETECT:
+		if (duration(arg, &o->detect) < 0)
+			die_cfg("--detect-timeout");
+		return 0;
+	case O_HS:
+		if (duration(arg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
+			die_cfg("--handshake-timeout");
+		return 0;
+	case O_MAXSTANDBY:
+		return max_standby(d, arg);
+	case O_MINAGE:
+		if (duration(arg, &v) < 0 || gf_lockd_set_min_standby_age(d, v) < 0)
+			die_cfg("--min-standby-age");
+		return 0;
+	case O_METRICS:
+		o->metrics_addr = arg;
+		return 0;
+	case O_HELP:
+		usage(stdout);
+		return EXIT_DONE;
+	case O_VERSION:
+		printf("gf-lockd (libgpufailover) %s\n", gf_version());
+		return EXIT_DONE;
+	default:
+		usage(stderr);
+		return 2;
+	}
+}
+
+/* Parse argv into @d and @o: 0, an exit code, or EXIT_DONE. */
+static int parse_args(int argc, char **argv, gf_lockd *d, struct lockd_opts *o)
+{
 	static const struct option opts[] = {
 		{ "listen", required_argument, NULL, O_LISTEN },
 		{ "listener", required_argument, NULL, O_LISTENER },
@@ -172,115 +270,29 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, O_VERSION },
 		{ 0 },
 	};
-	gf_set_log_fn(gf_log_stderr, (void *)"gf-lockd");
-	gf_lockd *d;
-	if (gf_lockd_new(&d) < 0)
-		die_cfg("init");
-	int64_t hb = 1000, detect = 6000, v;
-	int nlisten = 0, opt;
-	const char *metrics_addr = NULL;
+	int opt;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (opt) {
-		case O_LISTEN:
-			if (gf_lockd_add_listen(d, optarg) < 0)
-				die_cfg("--listen");
-			nlisten++;
-			break;
-		case O_LISTENER:
-			add_listener(d, optarg);
-			break;
-		case O_STATE:
-			if (gf_lockd_set_state_file(d, optarg) < 0)
-				die_cfg("--state-file");
-			break;
-		case O_WINDOW:
-			if (duration(optarg, &v) < 0 || gf_lockd_set_reconnect_window(d, v) < 0)
-				die_cfg("--reconnect-window");
-			break;
-		case O_EXITWAIT:
-			if (duration(optarg, &v) < 0 || gf_lockd_set_exit_wait_timeout(d, v) < 0)
-				die_cfg("--exit-wait-timeout");
-			break;
-		case O_UID: {
-			char *end;
-			errno = 0;
-			unsigned long u = strtoul(optarg, &end, 10);
-			if (errno || *end || !*optarg || u > 0xffffffffUL) {
-				fprintf(stderr, "gf-lockd: --allow-uid: '%s' is not a uid\n", optarg);
-				return 2;
-			}
-			if (gf_lockd_add_allow_uid(d, (uint32_t)u) < 0)
-				die_cfg("--allow-uid");
-			break;
-		}
-		case O_SECRET: {
-			char *s;
-			size_t len;
-			if (read_secret(optarg, &s, &len) < 0) {
-				fprintf(stderr, "gf-lockd: --secret-file %s: %s\n", optarg,
-					errno == EINVAL ? "empty secret" : strerror(errno));
-				return 2;
-			}
-			gf_lockd_set_secret(d, s, len);
-			memset(s, 0, len);
-			free(s);
-			break;
-		}
-		case O_HB:
-			if (duration(optarg, &hb) < 0)
-				die_cfg("--heartbeat");
-			break;
-		case O_DETECT:
-			if (duration(optarg, &detect) < 0)
-				die_cfg("--detect-timeout");
-			break;
-		case O_HS:
-			if (duration(optarg, &v) < 0 || gf_lockd_set_handshake_timeout(d, v) < 0)
-				die_cfg("--handshake-timeout");
-			break;
-		case O_MAXSTANDBY: {
-			char *end;
-			errno = 0;
-			unsigned long n = strtoul(optarg, &end, 10);
-			if (errno || *end || !*optarg || optarg[0] == '-' || n > 1000000) {
-				fprintf(stderr, "gf-lockd: --max-standby-per-gpu: expected 0..1000000, got '%s'\n", optarg);
-				return 2;
-			}
-			gf_lockd_set_max_standby_per_gpu(d, (uint32_t)n);
-			break;
-		}
-		case O_MINAGE:
-			if (duration(optarg, &v) < 0 || gf_lockd_set_min_standby_age(d, v) < 0)
-				die_cfg("--min-standby-age");
-			break;
-		case O_METRICS:
-			metrics_addr = optarg;
-			break;
-		case O_HELP:
-			usage(stdout);
-			gf_lockd_free(d);
-			return 0;
-		case O_VERSION:
-			printf("gf-lockd (libgpufailover) %s\n", gf_version());
-			gf_lockd_free(d);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+		int rc = apply_option(d, opt, optarg, o);
+		if (rc)
+			return rc;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "gf-lockd: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
-	if (nlisten == 0) {
+	if (o->nlisten == 0) {
 		fprintf(stderr, "gf-lockd: --listen URI is required\n");
 		usage(stderr);
 		return 2;
 	}
-	if (gf_lockd_set_lease(d, hb, detect) < 0)
+	if (gf_lockd_set_lease(d, o->hb, o->detect) < 0)
 		die_cfg("--heartbeat/--detect-timeout");
+	return 0;
+}
 
+/* SIGTERM/SIGINT arrive on the returned signalfd so the loop stops cleanly; -1 on failure. */
+static int block_stop_signals(void)
+{
 	sigset_t mask;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
@@ -288,65 +300,120 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-	if (sfd < 0) {
+	if (sfd < 0)
 		perror("gf-lockd: signalfd");
-		return 1;
-	}
-	if (gf_lockd_start(d) < 0) {
-		fprintf(stderr, "gf-lockd: %s\n", gf_error_detail());
-		gf_lockd_free(d);
-		return 1;
-	}
-	struct sidecar_http *http = NULL;
-	if (metrics_addr && sidecar_http_start(&http, "gf-lockd", &lockd_http_ops, d, metrics_addr) < 0) {
-		gf_lockd_free(d);
-		return 2;
-	}
+	return sfd;
+}
+
+static void log_info(const char *line)
+{
+	gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
+}
+
+/* What gf-lockd --metrics answers. */
+static int http_metrics(void *d, char **text)
+{
+	return gf_lockd_metrics(d, text);
+}
+
+static int http_status(void *d, char **json)
+{
+	return gf_lockd_status_json(d, json);
+}
+
+static int http_ready(void *d, const char *const *gpus, size_t ngpus, const char *model, char **json)
+{
+	return gf_lockd_ready_json(d, gpus, ngpus, model, json);
+}
+
+static const struct sidecar_http_ops lockd_http_ops = { http_metrics, http_status, http_ready };
+
+/* Log the metrics address and readiness, and tell systemd. */
+static void announce_ready(const struct lockd_opts *o, struct sidecar_http *http)
+{
 	char line[256];
 	if (http) {
-		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", metrics_addr,
+		snprintf(line, sizeof(line), "msg=\"metrics listening\" address=%s port=%d", o->metrics_addr,
 			 sidecar_http_port(http));
-		gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
+		log_info(line);
 	}
-	snprintf(line, sizeof(line), "msg=\"ready\" pid=%d listeners=%d", (int)getpid(), nlisten);
-	gf_log_stderr(GF_LOG_INFO, "gf-lockd", line, (void *)"gf-lockd");
+	snprintf(line, sizeof(line), "msg=\"ready\" pid=%d listeners=%d", (int)getpid(), o->nlisten);
+	log_info(line);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "READY=1");
 #endif
-	int rc = 0;
+}
+
+/* The earliest deadline of the lock server and the HTTP server, or -1. */
+static int next_timeout_ms(gf_lockd *d, struct sidecar_http *http)
+{
+	int timeout = gf_lockd_get_timeout_ms(d);
+	if (http) {
+		int ht = sidecar_http_timeout_ms(http);
+		if (ht >= 0 && (timeout < 0 || ht < timeout))
+			timeout = ht;
+	}
+	return timeout;
+}
+
+/* Serve until a stop signal (0) or a fatal error (1). */
+static int run_loop(gf_lockd *d, int sfd, struct sidecar_http *http)
+{
 	for (;;) {
 		struct pollfd p[3] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN },
 				       { .fd = sfd, .events = POLLIN },
 				       { .fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN } };
-		int timeout = gf_lockd_get_timeout_ms(d);
-		if (http) {
-			int ht = sidecar_http_timeout_ms(http);
-			if (ht >= 0 && (timeout < 0 || ht < timeout))
-				timeout = ht;
-		}
-		int n = poll(p, 3, timeout);
+		int n = poll(p, 3, next_timeout_ms(d, http));
 		if (n < 0 && errno != EINTR) {
 			perror("gf-lockd: poll");
-			rc = 1;
-			break;
+			return 1;
 		}
 		if (n > 0 && (p[1].revents & POLLIN)) {
 			struct signalfd_siginfo si;
 			if (read(sfd, &si, sizeof(si)) == sizeof(si)) {
 				char sline[128];
 				snprintf(sline, sizeof(sline), "msg=\"stopping\" signal=%s", sigabbrev_np((int)si.ssi_signo));
-				gf_log_stderr(GF_LOG_INFO, "gf-lockd", sline, (void *)"gf-lockd");
-				break;
+				log_info(sline);
+				return 0;
 			}
 		}
 		if (gf_lockd_process(d) < 0) {
 			fprintf(stderr, "gf-lockd: %s\n", gf_error_detail());
-			rc = 1;
-			break;
+			return 1;
 		}
 		if (http)
 			sidecar_http_process(http);
 	}
+}
+
+int main(int argc, char **argv)
+{
+	gf_set_log_fn(gf_log_stderr, (void *)"gf-lockd");
+	gf_lockd *d;
+	if (gf_lockd_new(&d) < 0)
+		die_cfg("init");
+	struct lockd_opts o = { .hb = 1000, .detect = 6000 };
+	int rc = parse_args(argc, argv, d, &o);
+	if (rc) {
+		if (rc == EXIT_DONE)
+			gf_lockd_free(d);
+		return rc == EXIT_DONE ? 0 : rc;
+	}
+	int sfd = block_stop_signals();
+	if (sfd < 0)
+		return 1;
+	if (gf_lockd_start(d) < 0) {
+		fprintf(stderr, "gf-lockd: %s\n", gf_error_detail());
+		gf_lockd_free(d);
+		return 1;
+	}
+	struct sidecar_http *http = NULL;
+	if (o.metrics_addr && sidecar_http_start(&http, "gf-lockd", &lockd_http_ops, d, o.metrics_addr) < 0) {
+		gf_lockd_free(d);
+		return 2;
+	}
+	announce_ready(&o, http);
+	rc = run_loop(d, sfd, http);
 	sidecar_http_free(http);
 #if GF_HAVE_SYSTEMD
 	sd_notify(0, "STOPPING=1");
