@@ -18,9 +18,10 @@ from conftest import BUILD, SOURCE
 
 SOURCE_BUILD_PKG = BUILD / "bindings" / "python"
 
-# What a Linux system always has (the manylinux policy's libraries); anything
-# else the extension needs must come from inside the wheel.
-SYSTEM_LIBS = re.compile(r"^(linux-vdso|ld-linux[-\w]*|libc|libm|libdl|libpthread|librt|libresolv)\.so")
+# What a Linux system always has (the manylinux policy's libraries, which
+# auditwheel leaves out; libz comes in with libcurl, the etcd lock's HTTP
+# client); anything else the extension needs must come from inside the wheel.
+SYSTEM_LIBS = re.compile(r"^(linux-vdso|ld-linux[-\w]*|libc|libm|libdl|libpthread|librt|libresolv|libz|libgcc_s)\.so")
 NOT_REQUIRED = ("libjansson.so", "libmicrohttpd.so", "libcrypto.so", "libgnutls.so")
 
 
