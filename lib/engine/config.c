@@ -9,8 +9,7 @@
 #include "common.h"
 #include "engine_int.h"
 
-
-static int config_check(gf_engine *e, const char *what)
+int gf_engine_config_check(gf_engine *e, const char *what)
 {
 	if (!e)
 		return gf_err(GF_ERR_INVALID_ARG, "%s: NULL engine", what);
@@ -32,7 +31,7 @@ static int set_string(char **dst, const char *src)
 
 GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engine_id)
 {
-	int rc = config_check(e, "gf_engine_set_lock");
+	int rc = gf_engine_config_check(e, "gf_engine_set_lock");
 	if (rc)
 		return rc;
 	if (!uri || !*uri || !engine_id || !*engine_id)
@@ -54,7 +53,7 @@ GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engi
 
 GF_EXPORT int gf_engine_add_gms(gf_engine *e, const char *uri)
 {
-	int rc = config_check(e, "gf_engine_add_gms");
+	int rc = gf_engine_config_check(e, "gf_engine_add_gms");
 	if (rc)
 		return rc;
 	if (!uri || !*uri)
@@ -70,7 +69,7 @@ GF_EXPORT int gf_engine_add_gms(gf_engine *e, const char *uri)
 
 GF_EXPORT int gf_engine_set_role(gf_engine *e, int role)
 {
-	int rc = config_check(e, "gf_engine_set_role");
+	int rc = gf_engine_config_check(e, "gf_engine_set_role");
 	if (rc)
 		return rc;
 	if (role != GF_ENGINE_LOADER && role != GF_ENGINE_FOLLOWER)
@@ -81,7 +80,7 @@ GF_EXPORT int gf_engine_set_role(gf_engine *e, int role)
 
 GF_EXPORT int gf_engine_set_backend(gf_engine *e, int kind)
 {
-	int rc = config_check(e, "gf_engine_set_backend");
+	int rc = gf_engine_config_check(e, "gf_engine_set_backend");
 	if (rc)
 		return rc;
 	if (kind != GF_MEM_AUTO && kind != GF_MEM_CUDA && kind != GF_MEM_HOST)
@@ -92,7 +91,7 @@ GF_EXPORT int gf_engine_set_backend(gf_engine *e, int kind)
 
 GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *e, int64_t ms)
 {
-	int rc = config_check(e, "gf_engine_set_waking_timeout");
+	int rc = gf_engine_config_check(e, "gf_engine_set_waking_timeout");
 	if (rc)
 		return rc;
 	if (ms <= 0 || ms > INT64_MAX / 2000)
@@ -103,7 +102,7 @@ GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *e, int64_t ms)
 
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *e, int64_t ms)
 {
-	int rc = config_check(e, "gf_engine_set_remap_timeout");
+	int rc = gf_engine_config_check(e, "gf_engine_set_remap_timeout");
 	if (rc)
 		return rc;
 	/* Decision 6: an unbounded remap hangs forever on a fresh GMS. */
@@ -115,7 +114,7 @@ GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *e, int64_t ms)
 
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *e, int64_t ms)
 {
-	int rc = config_check(e, "gf_engine_set_lock_reconnect_timeout");
+	int rc = gf_engine_config_check(e, "gf_engine_set_lock_reconnect_timeout");
 	if (rc)
 		return rc;
 	e->lock_reconnect_ms = ms < 0 ? -1 : ms;
@@ -124,7 +123,7 @@ GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *e, int64_t ms)
 
 GF_EXPORT int gf_engine_set_init_timeout(gf_engine *e, int64_t ms)
 {
-	int rc = config_check(e, "gf_engine_set_init_timeout");
+	int rc = gf_engine_config_check(e, "gf_engine_set_init_timeout");
 	if (rc)
 		return rc;
 	e->init_timeout_ms = ms < 0 ? -1 : ms;
@@ -133,7 +132,7 @@ GF_EXPORT int gf_engine_set_init_timeout(gf_engine *e, int64_t ms)
 
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 {
-	int rc = config_check(e, "gf_engine_set_private_bytes");
+	int rc = gf_engine_config_check(e, "gf_engine_set_private_bytes");
 	if (rc)
 		return rc;
 	if (bytes > SIZE_MAX / 2)
@@ -145,7 +144,7 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 
 GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *e, int64_t ms)
 {
-	int rc = config_check(e, "gf_engine_set_startup_deadline");
+	int rc = gf_engine_config_check(e, "gf_engine_set_startup_deadline");
 	if (rc)
 		return rc;
 	if (ms > INT64_MAX / 2000)
@@ -156,7 +155,7 @@ GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *e, int64_t ms)
 
 GF_EXPORT int gf_engine_set_memory_need(gf_engine *e, uint64_t bytes)
 {
-	int rc = config_check(e, "gf_engine_set_memory_need");
+	int rc = gf_engine_config_check(e, "gf_engine_set_memory_need");
 	if (rc)
 		return rc;
 	e->memory_need = bytes;
@@ -166,7 +165,7 @@ GF_EXPORT int gf_engine_set_memory_need(gf_engine *e, uint64_t bytes)
 
 GF_EXPORT int gf_engine_set_probe_address(gf_engine *e, const char *address, int port)
 {
-	int rc = config_check(e, "gf_engine_set_probe_address");
+	int rc = gf_engine_config_check(e, "gf_engine_set_probe_address");
 	if (rc)
 		return rc;
 	if (port < -1 || port > 65535)

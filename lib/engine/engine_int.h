@@ -169,4 +169,8 @@ struct gf_engine_http_stats {
 };
 void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats *out);
 
+/* 0 while @e may still be configured (Init, before init_weights); else the
+ * error for @what (GF_ERR_INVALID_ARG for NULL, GF_ERR_STATE). config.c. */
+int gf_engine_config_check(gf_engine *e, const char *what);
+
 #endif

@@ -11,19 +11,9 @@
 _Static_assert(sizeof(((gf_engine *)0)->pool_gpus[0]) == GF_POOL_UUID_MAX, "engine pool UUID size");
 _Static_assert(GF_ARRAY_SIZE(((gf_engine *)0)->pool_gpus) == GF_POOL_MAX_GPUS, "engine pool GPUs");
 
-static int pool_config_check(gf_engine *e, const char *what)
-{
-	if (!e)
-		return gf_err(GF_ERR_INVALID_ARG, "%s: NULL engine", what);
-	if (gf_engine_state(e) != GF_ENGINE_INIT || e->init_started)
-		return gf_err(GF_ERR_STATE, "%s: configuration is only possible in state init before init_weights",
-			      what);
-	return 0;
-}
-
 GF_EXPORT int gf_engine_set_gpus(gf_engine *e, const char *const *gpus, size_t ngpus)
 {
-	int rc = pool_config_check(e, "gf_engine_set_gpus");
+	int rc = gf_engine_config_check(e, "gf_engine_set_gpus");
 	if (rc)
 		return rc;
 	if (ngpus > GF_ARRAY_SIZE(e->pool_gpus) || (ngpus && !gpus))
@@ -46,7 +36,7 @@ GF_EXPORT int gf_engine_set_gpus(gf_engine *e, const char *const *gpus, size_t n
 
 GF_EXPORT int gf_engine_set_asleep_bytes(gf_engine *e, uint64_t bytes)
 {
-	int rc = pool_config_check(e, "gf_engine_set_asleep_bytes");
+	int rc = gf_engine_config_check(e, "gf_engine_set_asleep_bytes");
 	if (rc)
 		return rc;
 	e->asleep_bytes = bytes;
@@ -55,7 +45,7 @@ GF_EXPORT int gf_engine_set_asleep_bytes(gf_engine *e, uint64_t bytes)
 
 GF_EXPORT int gf_engine_set_pinned(gf_engine *e, int pinned)
 {
-	int rc = pool_config_check(e, "gf_engine_set_pinned");
+	int rc = gf_engine_config_check(e, "gf_engine_set_pinned");
 	if (rc)
 		return rc;
 	e->pinned = pinned != 0;
@@ -64,7 +54,7 @@ GF_EXPORT int gf_engine_set_pinned(gf_engine *e, int pinned)
 
 GF_EXPORT int gf_engine_set_model(gf_engine *e, const char *model)
 {
-	int rc = pool_config_check(e, "gf_engine_set_model");
+	int rc = gf_engine_config_check(e, "gf_engine_set_model");
 	if (rc)
 		return rc;
 	if (model && *model && (rc = gf_id_check(model, "gf_engine_set_model")) < 0)
