@@ -18,6 +18,7 @@ struct gf_mem_alloc {
 	bool released;
 	bool was_mapped;
 	unsigned map_count;  /* live mappings of this handle, in any reservation */
+	int ro_fd;           /* read-only export, opened once and lent to every reader (-1: none yet) */
 };
 
 struct va_map {
@@ -366,6 +367,7 @@ static int new_alloc(gf_mem *m, uint64_t handle, size_t size, int origin, gf_mem
 	a->handle = handle;
 	a->size = size;
 	a->origin = origin;
+	a->ro_fd = -1;
 	atomic_fetch_add(&m->refs, 1);
 	*out = a;
 	return 0;
@@ -458,10 +460,16 @@ int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned)
 		return gf_err(GF_ERR_STATE, "gf_mem_export_readonly: allocation already released");
 	if (!a->m->be->export_readonly)
 		return gf_mem_export_borrowed(a, fd, owned);
-	int rc = a->m->be->export_readonly(a->m, a->handle, fd);
-	if (rc == 0)
-		*owned = true;
-	return rc;
+	/* One read-only description serves every reader and every wake: opening
+	 * a new one per list was the largest per-allocation cost of a remap. */
+	if (a->ro_fd < 0) {
+		int rc = a->m->be->export_readonly(a->m, a->handle, &a->ro_fd);
+		if (rc < 0)
+			return rc;
+	}
+	*fd = a->ro_fd;
+	*owned = false;
+	return 0;
 }
 
 int gf_mem_seal(gf_mem_alloc *a)
@@ -504,6 +512,8 @@ GF_EXPORT int gf_mem_release(gf_mem_alloc *a)
 	int rc = a->m->be->release(a->m, a->handle);
 	if (rc < 0)
 		return rc;
+	gf_close(a->ro_fd);
+	a->ro_fd = -1;
 	a->released = true;
 	return 0;
 }

@@ -24,7 +24,9 @@ int gf_mem_export_borrowed(gf_mem_alloc *a, int *fd, bool *owned);
 /*
  * An fd for a reader: a read-only file description where the backend has
  * one (host: writes, writable shared mappings and truncation through it
- * fail), else as gf_mem_export_borrowed(). Same ownership rule.
+ * fail), else as gf_mem_export_borrowed(). Same ownership rule; the
+ * read-only description is opened once per allocation and lent (*@owned
+ * false) until @a is released.
  */
 int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned);
 
