@@ -666,18 +666,26 @@ static void close_owned(const int *fds, const bool *owned, size_t n)
  * POLLOUT with at least 3/4 of its buffer free, more than one chunk), so a
  * reader that stops reading costs its own connection, not the loop.
  */
+/* A list without metadata (a wake) packs 240 allocations a chunk, one
+ * sendmsg and one recvmsg per 240 fds; with metadata a chunk also carries
+ * up to 32 entries of 1.3 KB, so fewer allocations keep it under 64 KiB. */
+static size_t chunk_allocs(const struct client *c)
+{
+	return c->list_meta ? GF_LIMIT_CHUNK_ALLOCS_WITH_META : GMSD_CHUNK_ALLOCS;
+}
+
 static void list_pump(gf_gmsd *d, struct client *c)
 {
 	int fds[GMSD_CHUNK_ALLOCS];
 	bool owned[GMSD_CHUNK_ALLOCS];
-	size_t nm = c->list_meta ? d->nmeta : 0;
+	size_t nm = c->list_meta ? d->nmeta : 0, per = chunk_allocs(c);
 	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
 		struct pollfd p = {.fd = c->p->fd, .events = POLLOUT};
 		if (budget == 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
 			gf_srv_want_write(d->srv, c->p, true);
 			return;
 		}
-		size_t k = c->list_next, a0 = k * GMSD_CHUNK_ALLOCS, m0 = k * GMSD_CHUNK_META, nfds = 0;
+		size_t k = c->list_next, a0 = k * per, m0 = k * GMSD_CHUNK_META, nfds = 0;
 		struct gf_lc_alloc la[GMSD_CHUNK_ALLOCS];
 		struct gf_lc_meta lm[GMSD_CHUNK_META];
 		struct gf_lc_chunk ch = {
@@ -691,7 +699,7 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			.total_metadata = (uint32_t)nm,
 		};
 		int rc = 0;
-		for (size_t i = a0; i < d->nallocs && i < a0 + GMSD_CHUNK_ALLOCS; i++) {
+		for (size_t i = a0; i < d->nallocs && i < a0 + per; i++) {
 			const struct galloc *g = &d->allocs[i];
 			la[ch.nallocs++] = (struct gf_lc_alloc){g->id, g->size, g->requested, g->tag};
 			/* A reader gets a read-only file description; the writer the
@@ -732,7 +740,7 @@ static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds
 	c->list_fds = with_fds;
 	c->list_meta = with_meta;
 	size_t nm = c->list_meta ? d->nmeta : 0;
-	size_t chunks_a = (d->nallocs + GMSD_CHUNK_ALLOCS - 1) / GMSD_CHUNK_ALLOCS;
+	size_t per = chunk_allocs(c), chunks_a = (d->nallocs + per - 1) / per;
 	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
 	c->list_chunks = chunks_a > chunks_m ? chunks_a : chunks_m;
 	if (c->list_chunks == 0)

@@ -25,7 +25,8 @@
 #define GF_LIMIT_TAG 64                 /* allocation tags */
 #define GF_LIMIT_META_KEY 256           /* metadata keys */
 #define GF_LIMIT_META_VALUE 1024        /* metadata values (bytes, no NUL) */
-#define GF_LIMIT_CHUNK_ALLOCS 64        /* GmsListChunk.allocations */
+#define GF_LIMIT_CHUNK_ALLOCS 240       /* GmsListChunk.allocations (at most 253 fds per message) */
+#define GF_LIMIT_CHUNK_ALLOCS_WITH_META 64 /* ... in a chunk that also carries metadata (fits 64 KiB) */
 #define GF_LIMIT_CHUNK_META 32          /* GmsListChunk.metadata */
 #define GF_LIMIT_EVENTS 32              /* GmsStatus.events */
 #define GF_LIMIT_EVENT_TEXT 160         /* GmsEvent.what */

@@ -184,7 +184,9 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	free(tm);
 	free(tr);
 	free(tu);
-	size_t frames = (n + 63) / 64 > (m + 31) / 32 ? (n + 63) / 64 : (m + 31) / 32;
+	size_t frames = (n + GF_LIMIT_CHUNK_ALLOCS_WITH_META - 1) / GF_LIMIT_CHUNK_ALLOCS_WITH_META > (m + 31) / 32
+				? (n + GF_LIMIT_CHUNK_ALLOCS_WITH_META - 1) / GF_LIMIT_CHUNK_ALLOCS_WITH_META
+				: (m + 31) / 32;
 	printf("{\"bench\":\"gms_remap\",\"allocations\":%zu,\"metadata\":%zu,\"granularity\":%zu,"
 	       "\"remap_round_trips\":%llu,\"map_all_round_trips\":%llu,\"map_all_reply_chunks\":%zu,"
 	       "\"remap_us\":%.1f,\"map_all_us\":%.1f,\"raw_fd_recv_mmap_us\":%.1f,\"remap_vs_raw\":%.2f,"

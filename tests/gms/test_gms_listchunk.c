@@ -45,9 +45,9 @@ static uint64_t pick(void)
 }
 
 struct sample {
-	struct gf_lc_alloc a[64];
+	struct gf_lc_alloc a[GF_LIMIT_CHUNK_ALLOCS];
 	struct gf_lc_meta m[32];
-	char tags[64][64];
+	char tags[GF_LIMIT_CHUNK_ALLOCS][64];
 	char keys[32][256];
 	uint8_t values[32][1024];
 	uint8_t hash[16];
@@ -166,17 +166,27 @@ static void test_random(void **state)
 	for (int round = 0; round < 300; round++) {
 		fill(s, next_rand() % 65, next_rand() % 33, 0, SIZE_MAX, next_rand() % 2);
 		check_same(&s->c);
+		fill(s, next_rand() % (GF_LIMIT_CHUNK_ALLOCS + 1), 0, 0, SIZE_MAX, next_rand() % 2);
+		check_same(&s->c);
 	}
 	free(s);
 }
 
-/* The largest chunk the server builds: 64 allocations, 32 entries of maximum key and value. */
+/* The largest chunks the server builds: 64 allocations with 32 entries of
+ * maximum key and value, and 240 allocations without metadata (a wake). */
 static void test_full(void **state)
 {
 	(void)state;
 	struct sample *s = malloc(sizeof(*s));
 	assert_non_null(s);
-	fill(s, 64, 32, 255, 1024, true);
+	fill(s, GF_LIMIT_CHUNK_ALLOCS_WITH_META, 32, 255, 1024, true);
+	check_same(&s->c);
+	fill(s, GF_LIMIT_CHUNK_ALLOCS, 0, 0, 0, true);
+	for (size_t i = 0; i < GF_LIMIT_CHUNK_ALLOCS; i++) {
+		memset(s->tags[i], 't', GF_LIMIT_TAG - 1);
+		s->tags[i][GF_LIMIT_TAG - 1] = 0;
+		s->a[i] = (struct gf_lc_alloc){UINT64_MAX, UINT64_MAX, UINT64_MAX, s->tags[i]};
+	}
 	check_same(&s->c);
 	fill(s, 64, 32, 1, 0, true); /* empty values are left out */
 	check_same(&s->c);
@@ -192,7 +202,7 @@ static void test_limits(void **state)
 	size_t len = 0;
 	fill(s, 10, 10, 40, 40, true);
 	assert_int_equal(gf_lc_encode(&s->c, small, sizeof(small), &len), GF_ERR_TOO_BIG);
-	s->c.nallocs = 65;
+	s->c.nallocs = GF_LIMIT_CHUNK_ALLOCS + 1;
 	assert_int_equal(gf_lc_encode(&s->c, small, sizeof(small), &len), GF_ERR_INVALID_ARG);
 	s->c.nallocs = 1;
 	s->c.nmeta = 33;
