@@ -7,18 +7,90 @@
 #include <xxhash.h>
 
 #include "common.h"
+#include "gf-config.h"
 #include "hasher.h"
+#include "xfer.h"
+#if GF_HAVE_XXH3_AVX2
+#include "xxh3_fast.h"
+#endif
+
+/* The library's XXH3, or the AVX2 build of the same where the CPU has it. */
+struct xxh3_ops {
+	void *(*create)(void);
+	void (*destroy)(void *st);
+	void (*reset)(void *st);
+	void (*update)(void *st, const void *buf, size_t n);
+	uint64_t (*digest)(void *st);
+};
+
+static void *lib_create(void)
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (st)
+		XXH3_64bits_reset(st);
+	return st;
+}
+
+static void lib_destroy(void *st)
+{
+	XXH3_freeState(st);
+}
+
+static void lib_reset(void *st)
+{
+	XXH3_64bits_reset(st);
+}
+
+static void lib_update(void *st, const void *buf, size_t n)
+{
+	XXH3_64bits_update(st, buf, n);
+}
+
+static uint64_t lib_digest(void *st)
+{
+	return XXH3_64bits_digest(st);
+}
+
+static const struct xxh3_ops lib_ops = {lib_create, lib_destroy, lib_reset, lib_update, lib_digest};
+#if GF_HAVE_XXH3_AVX2
+static const struct xxh3_ops avx2_ops = {gms_xxh3_avx2_new, gms_xxh3_avx2_free, gms_xxh3_avx2_reset,
+					 gms_xxh3_avx2_update, gms_xxh3_avx2_digest};
+#endif
+
+static const struct xxh3_ops *pick_ops(void)
+{
+#if GF_HAVE_XXH3_AVX2
+	if (__builtin_cpu_supports("avx2"))
+		return &avx2_ops;
+#endif
+	return &lib_ops;
+}
 
 struct gms_hasher {
-	XXH3_state_t *st;
+	const struct xxh3_ops *ops;
+	void *st;
 	bool threaded;
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	const void *buf; /* the chunk to hash; NULL when idle */
 	size_t n;
+	bool fault_in;
+	uint64_t *digest_out; /* the chunk ends a stream: its digest goes here */
 	bool quit;
 };
+
+/* One chunk, on whichever thread runs it. */
+static void hash_chunk(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+{
+	if (fault_in)
+		gf_mem_populate((uint64_t)(uintptr_t)buf, n, false);
+	h->ops->update(h->st, buf, n);
+	if (digest_out) {
+		*digest_out = h->ops->digest(h->st);
+		h->ops->reset(h->st);
+	}
+}
 
 static void *hasher_main(void *arg)
 {
@@ -31,8 +103,10 @@ static void *hasher_main(void *arg)
 			break;
 		const void *buf = h->buf;
 		size_t n = h->n;
+		bool fault_in = h->fault_in;
+		uint64_t *out = h->digest_out;
 		pthread_mutex_unlock(&h->lock);
-		XXH3_64bits_update(h->st, buf, n);
+		hash_chunk(h, buf, n, fault_in, out);
 		pthread_mutex_lock(&h->lock);
 		h->buf = NULL;
 		pthread_cond_broadcast(&h->cond);
@@ -44,11 +118,12 @@ static void *hasher_main(void *arg)
 int gms_hasher_new(struct gms_hasher **out)
 {
 	struct gms_hasher *h = calloc(1, sizeof(*h));
-	if (!h || !(h->st = XXH3_createState())) {
+	if (h)
+		h->ops = pick_ops();
+	if (!h || !(h->st = h->ops->create())) {
 		free(h);
 		return gf_err(GF_ERR_NOMEM, "hasher: out of memory");
 	}
-	XXH3_64bits_reset(h->st);
 	pthread_mutex_init(&h->lock, NULL);
 	pthread_cond_init(&h->cond, NULL);
 	h->threaded = pthread_create(&h->thread, NULL, hasher_main, h) == 0;
@@ -82,35 +157,42 @@ void gms_hasher_free(struct gms_hasher *h)
 	}
 	pthread_cond_destroy(&h->cond);
 	pthread_mutex_destroy(&h->lock);
-	XXH3_freeState(h->st);
+	h->ops->destroy(h->st);
 	free(h);
 }
 
 void gms_hasher_reset(struct gms_hasher *h)
 {
 	gms_hasher_wait(h);
-	XXH3_64bits_reset(h->st);
+	h->ops->reset(h->st);
 }
 
-void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n)
+void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
-	if (!n)
-		return;
 	if (!h->threaded) {
-		XXH3_64bits_update(h->st, buf, n);
+		hash_chunk(h, buf, n, fault_in, digest_out);
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
 	while (h->buf)
 		pthread_cond_wait(&h->cond, &h->lock);
-	h->buf = buf;
+	/* An empty chunk that ends a stream still has to deliver its digest. */
+	h->buf = n ? buf : (const void *)h;
 	h->n = n;
+	h->fault_in = fault_in && n;
+	h->digest_out = digest_out;
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
+}
+
+void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n)
+{
+	if (n)
+		gms_hasher_submit_ex(h, buf, n, false, NULL);
 }
 
 uint64_t gms_hasher_digest(struct gms_hasher *h)
 {
 	gms_hasher_wait(h);
-	return XXH3_64bits_digest(h->st);
+	return h->ops->digest(h->st);
 }

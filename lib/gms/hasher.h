@@ -11,6 +11,7 @@
 #ifndef GF_GMS_HASHER_H
 #define GF_GMS_HASHER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,14 @@ void gms_hasher_free(struct gms_hasher *h);
 void gms_hasher_reset(struct gms_hasher *h);
 /* Wait until the previous chunk is hashed, then hand over @buf. */
 void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n);
+/*
+ * As gms_hasher_submit(), and: with @fault_in, @buf is a fresh host mapping
+ * whose page tables the helper fills first (so that work leaves the
+ * caller's thread too); with @digest_out, this chunk ends the stream: the
+ * digest is stored there once hashed (read it after the next wait) and the
+ * next chunk starts a new stream.
+ */
+void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
 /* Wait until every submitted chunk is hashed. */
 void gms_hasher_wait(struct gms_hasher *h);
 /* gms_hasher_wait(), then the digest of the stream so far. */

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The snapshot hasher (lib/gms/hasher.c): every way of feeding it gives the
+ * library's one-shot XXH3-64 of the same bytes: chunked streams, streams
+ * ended by a chunk's digest_out (and the next one starting fresh), chunks
+ * of a fresh mapping faulted in by the helper, and the AVX2 build of XXH3
+ * where this CPU has AVX2.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <xxhash.h>
+
+#include "../common/testutil.h"
+
+#include "gf-config.h"
+#include "hasher.h"
+#if GF_HAVE_XXH3_AVX2
+#include "xxh3_fast.h"
+#endif
+
+static uint8_t *random_bytes(size_t n)
+{
+	uint8_t *p = malloc(n ? n : 1);
+	assert_non_null(p);
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+	return p;
+}
+
+/* Lengths around XXH3's internal boundaries (16, 128, 240, stripes, blocks). */
+static const size_t lengths[] = {0, 1, 16, 17, 128, 129, 240, 241, 1024, 4095, 65536, 1000003};
+
+static void test_stream_equals_oneshot(void **state)
+{
+	(void)state;
+	uint8_t *p = random_bytes(1000003);
+	struct gms_hasher *h;
+	assert_int_equal(gms_hasher_new(&h), 0);
+	for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
+		size_t n = lengths[k];
+		gms_hasher_reset(h);
+		for (size_t off = 0; off < n; off += 7777)
+			gms_hasher_submit(h, p + off, n - off < 7777 ? n - off : 7777);
+		assert_true(gms_hasher_digest(h) == XXH3_64bits(p, n));
+	}
+	gms_hasher_free(h);
+	free(p);
+}
+
+/* Streams ended by digest_out, back to back, over a fresh mapping the helper faults in. */
+static void test_digest_out_and_fault_in(void **state)
+{
+	(void)state;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), n = 64 * page;
+	uint8_t *src = random_bytes(2 * n);
+	int fd = memfd_create("hasher-test", MFD_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, src, 2 * n), (ssize_t)(2 * n));
+	uint8_t *m = mmap(NULL, 2 * n, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	struct gms_hasher *h;
+	assert_int_equal(gms_hasher_new(&h), 0);
+	uint64_t d[3] = {0, 0, 0};
+	gms_hasher_submit_ex(h, m, page, true, NULL);
+	gms_hasher_submit_ex(h, m + page, n - page, true, &d[0]); /* stream 1: the first n bytes */
+	gms_hasher_submit_ex(h, m + n, n, true, &d[1]);          /* stream 2: the next n */
+	gms_hasher_submit_ex(h, m, 0, false, &d[2]);              /* an empty stream */
+	gms_hasher_wait(h);
+	assert_true(d[0] == XXH3_64bits(src, n));
+	assert_true(d[1] == XXH3_64bits(src + n, n));
+	assert_true(d[2] == XXH3_64bits(NULL, 0));
+	gms_hasher_free(h);
+	munmap(m, 2 * n);
+	close(fd);
+	free(src);
+}
+
+static void test_avx2_build_equals_library(void **state)
+{
+	(void)state;
+#if GF_HAVE_XXH3_AVX2
+	if (!__builtin_cpu_supports("avx2"))
+		skip();
+	uint8_t *p = random_bytes(1000003);
+	void *st = gms_xxh3_avx2_new();
+	assert_non_null(st);
+	for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
+		size_t n = lengths[k];
+		gms_xxh3_avx2_reset(st);
+		for (size_t off = 0; off < n; off += 4099)
+			gms_xxh3_avx2_update(st, p + off, n - off < 4099 ? n - off : 4099);
+		assert_true(gms_xxh3_avx2_digest(st) == XXH3_64bits(p, n));
+	}
+	gms_xxh3_avx2_free(st);
+	free(p);
+#else
+	skip();
+#endif
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stream_equals_oneshot),
+		cmocka_unit_test(test_digest_out_and_fault_in),
+		cmocka_unit_test(test_avx2_build_equals_library),
+	};
+	return tu_run_group_tests(tests, NULL, NULL);
+}
