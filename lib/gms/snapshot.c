@@ -169,6 +169,37 @@ static int fill_identity(gf_mem *m, struct gms_manifest *mf)
 	return 0;
 }
 
+/*
+ * Host memory is addressable where it is mapped, so the data file is
+ * written straight from the mapping. The helper thread runs one chunk
+ * ahead: it faults in the next chunk's page tables and hashes it while this
+ * thread writes the chunk before, so the writes find their pages mapped and
+ * neither the faults nor the hash add to the copy's time.
+ */
+static int write_host(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+{
+	const uint8_t *prev = NULL;
+	size_t prev_n = 0;
+	int rc = 0;
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		const uint8_t *p = (const uint8_t *)(uintptr_t)(base + mf->allocs[i].offset);
+		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += GF_MEM_XFER_CHUNK) {
+			uint64_t left = mf->allocs[i].size - off;
+			size_t n = left < GF_MEM_XFER_CHUNK ? (size_t)left : GF_MEM_XFER_CHUNK;
+			/* Returns once the previous chunk is hashed (and so mapped). */
+			gms_hasher_submit_ex(h, p + off, n, true, n == left ? &mf->allocs[i].xxh3 : NULL);
+			if (prev)
+				rc = write_all(fd, prev, prev_n, path);
+			prev = p + off;
+			prev_n = n;
+		}
+	}
+	gms_hasher_wait(h);
+	if (rc == 0 && prev)
+		rc = write_all(fd, prev, prev_n, path);
+	return rc;
+}
+
 /* Write both files into the open temporary directory @tfd. */
 static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs)
 {
@@ -195,7 +226,9 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 	if (rc == 0)
 		rc = gf_mem_xfer_new(m, 0, &x);
 	uint64_t at = 0;
-	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+	if (rc == 0 && !gf_mem_xfer_staged(x))
+		rc = write_host(fd, path, gf_mem_va_addr(va), mf, h);
+	for (size_t i = 0; rc == 0 && gf_mem_xfer_staged(x) && i < mf->nallocs; i++) {
 		struct hash_io io = { .fd = fd, .path = path, .h = h };
 		gms_hasher_reset(h);
 		rc = gf_mem_xfer_read(x, gf_mem_va_addr(va) + at, mf->allocs[i].size, sink_write, &io);
@@ -492,6 +525,40 @@ static int check_compatible(const char *dir, gf_mem *m, const struct gms_manifes
 	return 0;
 }
 
+/*
+ * Where allocations are files (host memfds), the data file is copied into
+ * them file to file: no page of the new memory is zero-filled or faulted
+ * in by the copy. What landed is then hashed through the mapping, on the
+ * helper thread, one chunk behind the copy.
+ */
+static int restore_files(const char *dir, gf_mem_xfer *x, int fd, uint64_t base, const struct gms_manifest *mf,
+			 gf_mem_alloc *const *allocs, struct gms_hasher *h)
+{
+	uint64_t *got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*got));
+	if (!got)
+		return gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
+	uint64_t file_off = 0;
+	int rc = 0;
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+		const uint8_t *p = (const uint8_t *)(uintptr_t)(base + mf->allocs[i].offset);
+		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += GF_MEM_XFER_CHUNK) {
+			uint64_t left = mf->allocs[i].size - off;
+			size_t n = left < GF_MEM_XFER_CHUNK ? (size_t)left : GF_MEM_XFER_CHUNK;
+			rc = gf_mem_xfer_fill_from_file(x, allocs[i], off, fd, &file_off, n);
+			if (rc == 0)
+				gms_hasher_submit_ex(h, p + off, n, true, n == left ? &got[i] : NULL);
+		}
+	}
+	gms_hasher_wait(h);
+	if (rc < 0)
+		rc = gf_err(rc, "snapshot: %s/" GMS_SNAP_DATA ": %s", dir, gf_error_detail());
+	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
+		if (got[i] != mf->allocs[i].xxh3)
+			rc = checksum_mismatch(dir, &mf->allocs[i], got[i]);
+	free(got);
+	return rc;
+}
+
 int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_out, gf_mem_alloc ***allocs_out,
 			 struct gms_snap_stats *stats)
 {
@@ -525,7 +592,9 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	char path[4200];
 	snprintf(path, sizeof(path), "%s/" GMS_SNAP_DATA, dir);
 	struct hash_io io = { .fd = fd, .path = path, .h = h };
-	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
+	if (rc == 0 && gf_mem_xfer_files(x))
+		rc = restore_files(dir, x, fd, gf_mem_va_addr(va), mf, allocs, h);
+	for (size_t i = 0; rc == 0 && !gf_mem_xfer_files(x) && i < mf->nallocs; i++) {
 		gms_hasher_reset(h);
 		rc = gf_mem_xfer_write(x, gf_mem_va_addr(va) + mf->allocs[i].offset, mf->allocs[i].size, source_read, &io);
 		uint64_t got = gms_hasher_digest(h);

@@ -62,6 +62,9 @@ struct gf_mem_backend {
 	int (*export_borrow)(gf_mem *m, uint64_t handle, int *fd);
 	/* Optional: a new fd on a read-only file description of @handle. */
 	int (*export_readonly)(gf_mem *m, uint64_t handle, int *out_fd);
+	/* Optional: the fd export_borrow() lends is a file holding the bytes
+	 * (host: the memfd), so file-to-file copies can fill it. */
+	bool borrow_is_file;
 	/* Optional: refuse later writes and writable mappings of @handle. */
 	int (*seal)(gf_mem *m, uint64_t handle);
 	int (*release)(gf_mem *m, uint64_t handle);

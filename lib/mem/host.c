@@ -342,6 +342,7 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.import_fd = host_import,
 	.import_adopt = host_import_adopt,
 	.export_borrow = host_export_borrow,
+	.borrow_is_file = true,
 	.export_readonly = host_export_readonly,
 	.seal = host_seal,
 	.release = host_release,

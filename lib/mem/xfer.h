@@ -12,6 +12,7 @@
 #ifndef GF_MEM_XFER_H
 #define GF_MEM_XFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,5 +46,26 @@ int gf_mem_xfer_staged(const gf_mem_xfer *x);
 int gf_mem_xfer_read(gf_mem_xfer *x, uint64_t src, size_t n, gf_mem_xfer_sink sink, void *ud);
 /* Fill @n bytes at address @dst (inside a read-write mapping) from @source, in order. Blocks until the last copy landed. */
 int gf_mem_xfer_write(gf_mem_xfer *x, uint64_t dst, size_t n, gf_mem_xfer_source source, void *ud);
+
+/*
+ * Copy @n bytes of file @src_fd, from *@src_off (advanced by what was
+ * copied), into allocation @a at byte @a_off, file to file inside the
+ * kernel (splice through a pipe, else read/write through a buffer): no
+ * mapping, no page faults, and on host no zero-filling of the pages. Only
+ * where the allocation's own fd is a file of its bytes (host);
+ * GF_ERR_NOT_SUPPORTED elsewhere, and the caller copies through a mapping.
+ * Errors: GF_ERR_PROTOCOL when @src_fd ends early, GF_ERR_IO, GF_ERR_NOMEM.
+ */
+/* Whether gf_mem_xfer_fill_from_file() works on @x's backend. */
+bool gf_mem_xfer_files(const gf_mem_xfer *x);
+int gf_mem_xfer_fill_from_file(gf_mem_xfer *x, gf_mem_alloc *a, uint64_t a_off, int src_fd, uint64_t *src_off,
+			       size_t n);
+
+/*
+ * Fault in the page tables of [@addr, @addr + @n) of a host mapping in one
+ * call (MADV_POPULATE_*), several times cheaper than a fault per page. A
+ * hint: kernels without it fault as usual.
+ */
+void gf_mem_populate(uint64_t addr, size_t n, bool write);
 
 #endif
