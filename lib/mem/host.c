@@ -108,7 +108,8 @@ static int host_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
 	FILE *f = fopen("/proc/meminfo", "re");
 	if (!f)
 		return gf_err_errno(GF_ERR_IO, errno, "open /proc/meminfo");
-	while (fgets(line, sizeof(line), f)) {
+	/* Both are among the first lines: stop there (the gate asks on every wake). */
+	while ((!have_total || !have_avail) && fgets(line, sizeof(line), f)) {
 		uint64_t kb;
 		if (sscanf(line, "MemTotal: %" SCNu64 " kB", &kb) == 1) {
 			total = kb * 1024;
