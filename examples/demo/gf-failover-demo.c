@@ -800,6 +800,10 @@ static void collect_timeline(const struct demo *s, struct timeline *tl)
 {
 	char line[2048];
 	tl->release = find_event(s->lockd->log, s->kill_at, "released", NULL, line, sizeof(line));
+	/* The line is written after the next grant is sent; it says when the exit was seen. */
+	char seen[32];
+	if (tl->release && *field(line, "seen_mono_us", seen, sizeof(seen)))
+		tl->release = strtoll(seen, NULL, 10);
 	tl->grant = find_event(s->lockd->log, s->kill_at, "granted", "engine-b", line, sizeof(line));
 	tl->remap = find_event(s->eb->log, s->kill_at, "weights_remapped", NULL, NULL, 0);
 	tl->kv = find_event(s->eb->log, s->kill_at, "kv_allocated", NULL, NULL, 0);

@@ -102,6 +102,7 @@ struct gf_lockd {
 		uint64_t epoch;
 		uint32_t pid;
 		char why[200];
+		int64_t seen_us; /* when the release was seen: the line itself is written later */
 	} release_log;
 
 	gf_Msg *msg; /* scratch reply: gf_Msg is large */
@@ -550,6 +551,7 @@ static void finish_release(gf_lockd *d, const char *why)
 		r->epoch = d->rec.epoch;
 		r->pid = pid;
 		snprintf(r->why, sizeof(r->why), "%s", why);
+		r->seen_us = gf_now_us();
 	}
 }
 
@@ -559,8 +561,8 @@ static void flush_release_log(gf_lockd *d)
 	if (!r->pending)
 		return;
 	r->pending = false;
-	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\"", r->id,
-	       (unsigned long long)r->epoch, r->pid, r->why);
+	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\" seen_mono_us=%lld", r->id,
+	       (unsigned long long)r->epoch, r->pid, r->why, (long long)r->seen_us);
 }
 
 static void end_exit_wait(gf_lockd *d, const char *why)
