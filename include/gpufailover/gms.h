@@ -160,6 +160,19 @@ GF_EXPORT int gf_gms_unmap(gf_gms *gms);
  * GF_ERR_STALE_LAYOUT (another layout was committed), GF_ERR_UNREACHABLE.
  */
 GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
+/**
+ * The first half of a wake, for callers with other wake work to do: send
+ * the request for the RO lock and the allocation list over the session kept
+ * since gf_gms_unmap(), and return without waiting, so the GMS answers
+ * while the caller works; gf_gms_remap() then reads the answer and maps.
+ * The GMS may grant the RO lock as soon as it reads the request: follow
+ * with gf_gms_remap() (or gf_gms_free()) soon. Without a kept session (it
+ * broke, or none was kept) this sends nothing and gf_gms_remap() connects
+ * as usual. Does not block beyond one send. Errors: GF_ERR_INVALID_ARG
+ * (NULL, negative @p timeout_ms), GF_ERR_STATE (connected, or nothing
+ * mapped before).
+ */
+GF_EXPORT int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms);
 
 /* ---- loss detection ---- */
 /**

@@ -55,6 +55,10 @@ struct gf_gms {
 	 * a wake is one request (GmsConnect with the list). -1 when none. */
 	int parked_fd;
 	struct gf_frame_reader parked_rd;
+	/* gf_gms_remap_begin() sent the wake's GmsConnect on the kept session;
+	 * gf_gms_remap() reads the reply by this deadline. */
+	bool wake_sent;
+	int64_t wake_reply_deadline;
 	uint32_t seq;
 	gf_Msg *msg;
 	int granted;
@@ -319,6 +323,14 @@ static void release_imports(gf_gms *g)
 	}
 }
 
+static void drop_parked(gf_gms *g)
+{
+	gf_close(g->parked_fd);
+	g->parked_fd = -1;
+	gf_frame_reader_clear(&g->parked_rd);
+	g->wake_sent = false;
+}
+
 void gf_gms_free(gf_gms *gms)
 {
 	if (!gms)
@@ -328,10 +340,8 @@ void gf_gms_free(gf_gms *gms)
 	gf_mem_va_free(gms->va);
 	if (gms->fd >= 0)
 		close_conn(gms);
-	if (gms->parked_fd >= 0) {
-		gf_close(gms->parked_fd);
-		gf_frame_reader_clear(&gms->parked_rd);
-	}
+	if (gms->parked_fd >= 0)
+		drop_parked(gms);
 	for (size_t i = 0; i < gms->nmeta; i++) {
 		free(gms->meta[i].key);
 	}
@@ -869,19 +879,32 @@ static void park_conn(gf_gms *g)
  * granted (the list follows), 0 when the session is gone (connect afresh),
  * < 0 when the server refused (e.g. the timeout passed).
  */
+/* Send the wake's GmsConnect(RO, with the list) on the kept session. */
+static int send_wake(gf_gms *g, int64_t timeout_ms)
+{
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	g->wake_reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
+	fill_connect(g, GF_GMS_RO, timeout_ms, true);
+	g->msg->seq = ++g->seq;
+	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
+}
+
+/*
+ * Wake over the parked session: one GmsConnect(RO, with the list), unless
+ * gf_gms_remap_begin() sent it already. 1 when granted (the list follows),
+ * 0 when the session is gone (connect afresh), < 0 when the server refused
+ * (e.g. the timeout passed).
+ */
 static int wake_parked(gf_gms *g, int64_t timeout_ms)
 {
+	int rc = g->wake_sent ? 0 : send_wake(g, timeout_ms);
+	g->wake_sent = false;
 	gf_frame_reader_clear(&g->rd);
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	fill_connect(g, GF_GMS_RO, timeout_ms, true);
-	g->msg->seq = ++g->seq;
-	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, reply_deadline);
 	if (rc == 0)
-		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, reply_deadline);
+		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
 	if (rc < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
 		       gf_error_detail());
@@ -894,6 +917,28 @@ static int wake_parked(gf_gms *g, int64_t timeout_ms)
 		return rc;
 	}
 	return 1;
+}
+
+int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	if (timeout_ms < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
+	if (gms->fd >= 0)
+		return gf_err(GF_ERR_STATE, "remap_begin: still connected (call gf_gms_unmap() first)");
+	if (!gms->have_layout || !gms->va)
+		return gf_err(GF_ERR_STATE, "remap_begin: no committed layout was mapped before");
+	if (gms->parked_fd < 0 || gms->wake_sent)
+		return 0; /* nothing to send ahead: gf_gms_remap() connects */
+	if (send_wake(gms, timeout_ms) < 0) {
+		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); the remap connects again",
+		       gms->uri_text, gf_error_detail());
+		drop_parked(gms);
+		return 0;
+	}
+	gms->wake_sent = true;
+	return 0;
 }
 
 int gf_gms_unmap(gf_gms *gms)

@@ -683,12 +683,31 @@ static void replace_weights(struct fixture *f, int device)
 	gf_mem_free(m);
 }
 
-static void test_wake_remap_failure_is_all_or_nothing(void **state)
+/* A writer cannot replace the weights of a waking engine: it waits until the engine sleeps again. */
+static void test_waking_engine_holds_the_layout(void **state)
 {
 	struct fixture *f = *state;
 	gf_engine *e = f->e;
 	to_waking(e);
+	gf_mem *m;
+	gf_gms *g;
+	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
+	assert_int_equal(gf_gms_connect(&g, f->gms[0].uri, m, GF_GMS_RW, 200), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(mapped_count(e), ndev);
+	gf_mem_free(m);
+}
+
+static void test_wake_remap_failure_is_all_or_nothing(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	/* Replaced while the engine sleeps: from the grant on, the waking
+	 * engine holds the GMS's RO lock (its request goes out with the grant),
+	 * so no writer can replace the weights between grant and remap. */
+	to_standby(e);
 	replace_weights(f, ndev - 1);
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STALE_LAYOUT);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	assert_int_equal(mapped_count(e), 0); /* on cuda device 0 was remapped, then unmapped again */
@@ -1388,6 +1407,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_probe_table, setup, teardown),
 		cmocka_unit_test(test_probe_decision_table),
 		cmocka_unit_test_setup_teardown(test_waking_timeout_flips_live, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_waking_engine_holds_the_layout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),

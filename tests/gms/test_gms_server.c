@@ -614,6 +614,16 @@ static void test_unmap_remap(void **state)
 	uint64_t rt = gf_gms_round_trips(r);
 	OK(gf_gms_remap(r, 1000));
 	assert_int_equal(gf_gms_round_trips(r) - rt, 1); /* the kept session: one GmsConnect, the list follows */
+	/* The same wake in two halves: the request goes ahead, remap reads the answer. */
+	OK(gf_gms_unmap(r));
+	assert_int_equal(gf_gms_remap_begin(r, -1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_gms_remap_begin(NULL, 1000), GF_ERR_INVALID_ARG);
+	rt = gf_gms_round_trips(r);
+	OK(gf_gms_remap_begin(r, 1000));
+	OK(gf_gms_remap_begin(r, 1000)); /* already sent: nothing more */
+	OK(gf_gms_remap(r, 1000));
+	assert_int_equal(gf_gms_round_trips(r) - rt, 1);
+	assert_int_equal(gf_gms_remap_begin(r, 1000), GF_ERR_STATE); /* connected */
 	for (size_t i = 0; i < 4; i++) {
 		OK(gf_gms_alloc_at(r, i, &after));
 		assert_int_equal(after.addr, before[i].addr);
@@ -685,29 +695,29 @@ static void perms_at(uint64_t addr, char out[5])
 
 /*
  * remap maps each chunk of the list as it arrives; a failure in a later chunk
- * (here: no fd left for the second chunk's 36 allocations) must undo the
- * first chunk's 64 mappings and imports, leak no fd, and leave a remap that
+ * (here: no fd left for the second chunk's 60 allocations) must undo the
+ * first chunk's 240 mappings and imports, leak no fd, and leave a remap that
  * works once fds are available again.
  */
 static void test_remap_all_or_nothing(void **state)
 {
 	(void)state;
-	gf_gms *w = load(srv.uri, GF_GMS_RW, 100, 4096, 5, 0x30);
+	gf_gms *w = load(srv.uri, GF_GMS_RW, 300, 4096, 5, 0x30);
 	gf_gms_free(w); /* stays committed */
 	gf_gms *r;
 	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
 	OK(gf_gms_map_all(r));
 	struct gf_gms_alloc_info first, last;
 	OK(gf_gms_alloc_at(r, 0, &first));
-	OK(gf_gms_alloc_at(r, 99, &last));
+	OK(gf_gms_alloc_at(r, 299, &last));
 	OK(gf_gms_unmap(r));
 	int base = tu_count_fds();
 
-	/* Room for the client socket, the server's accepted one, the first chunk's 64 fds and 18 more. */
+	/* Room for the client socket, the server's accepted one, the first chunk's 240 fds and 30 more. */
 	struct rlimit old, lim;
 	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
 	int limit = 0;
-	for (int free_slots = 0; free_slots < 2 + 64 + 18; limit++)
+	for (int free_slots = 0; free_slots < 2 + GF_LIMIT_CHUNK_ALLOCS + 30; limit++)
 		if (fcntl(limit, F_GETFD) < 0)
 			free_slots++;
 	lim = old;
@@ -716,7 +726,7 @@ static void test_remap_all_or_nothing(void **state)
 	int rc = gf_gms_remap(r, 1000);
 	assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
 	if (rc == 0) {
-		/* 102 fds cannot fit in 84: the limit was not applied to received fds (valgrind emulates it). */
+		/* 302 fds cannot fit in 272: the limit was not applied to received fds (valgrind emulates it). */
 		gf_gms_free(r);
 		skip();
 	}
@@ -728,7 +738,7 @@ static void test_remap_all_or_nothing(void **state)
 	perms_at(last.addr, p);
 	assert_string_equal(p, "---p");
 	/* The server drops its end of a closed connection on its own loop (base may still count the
-	 * unmap's): no more fds than before, or the first chunk's 64 imports leaked. */
+	 * unmap's): no more fds than before, or the first chunk's 240 imports leaked. */
 	for (int i = 0; i < 200 && tu_count_fds() > base; i++)
 		usleep(10000);
 	assert_true(tu_count_fds() <= base);
