@@ -974,7 +974,8 @@ static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
 		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
 	if (l->n > g->nallocs)
 		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
-	struct gf_mem_mapping maps[64];
+	/* One gf_mem_map_many() per chunk (at most GF_LIMIT_CHUNK_ALLOCS). */
+	struct gf_mem_mapping maps[GF_LIMIT_CHUNK_ALLOCS];
 	size_t k = 0;
 	for (size_t i = first; i < l->n; i++) {
 		if (k == sizeof(maps) / sizeof(maps[0])) {

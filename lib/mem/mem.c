@@ -615,9 +615,12 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 	if (!plan)
 		return gf_err(GF_ERR_NOMEM, "gf_mem_map_many");
 	int rc = 0;
+	bool in_order = true; /* callers map in address order: no sort needed then */
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		gf_mem_alloc *a = maps[i].alloc;
 		size_t off = maps[i].offset;
+		if (i && off < maps[i - 1].offset)
+			in_order = false;
 		if (!a)
 			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu has no allocation", i);
 		else if (a->released)
@@ -635,7 +638,8 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 		plan[i] = (struct va_map){ off, a ? a->size : 0, a };
 	}
 	if (rc == 0) {
-		qsort(plan, n, sizeof(*plan), cmp_map);
+		if (!in_order)
+			qsort(plan, n, sizeof(*plan), cmp_map);
 		for (size_t i = 1; i < n && rc == 0; i++)
 			if (plan[i].offset < plan[i - 1].offset + plan[i - 1].size)
 				rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entries at offsets %zu and %zu overlap",

@@ -97,7 +97,7 @@ def main():
             g["remap_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_vs_raw"])
 
     print("running GMS snapshot/restore (WARM /dev/shm, COLD $TMPDIR) vs a plain write/read loop ...", file=sys.stderr)
-    snaps = json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, a.snapshot_allocs, 3], 1800)
+    snaps = json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, a.snapshot_allocs, 5], 1800)
     raw["snapshot"] = snaps
     for t in snaps:
         tier = "WARM" if t["dir"].startswith("/dev/shm") else "COLD"
