@@ -42,14 +42,15 @@ configure "$asan" -Dtests=enabled -Dpython=auto -Db_sanitize=address,undefined -
 meson compile -C "$asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1
-# The Python tests of threads, signals and hostile integers against the
+# The Python tests of threads, signals, hostile integers and the tier
+# requests (a request thread per call) against the
 # extension built with ASan+UBSan; the interpreter is not, so the runtimes are
 # preloaded (and leak checks left out: CPython keeps memory until exit).
 if compgen -G "$asan/bindings/python/gpufailover/_gpufailover*.so" >/dev/null && python3 -c "import pytest, numpy" 2>/dev/null; then
   GF_BUILD_ROOT="$asan" LD_PRELOAD="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     python3 -m pytest -q -p no:cacheprovider tests/python/test_threads.py tests/python/test_signals.py \
-    tests/python/test_integers.py || status=1
+    tests/python/test_integers.py tests/python/test_tiers.py || status=1
 fi
 
 # One plain closing line for humans and CI: counts over both builds.

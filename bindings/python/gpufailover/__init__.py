@@ -39,6 +39,8 @@ from ._gpufailover import (
     TimeoutError,
     UnreachableError,
     __version__,
+    gms_restore,
+    gms_snapshot,
     gms_status,
     install_fault_reporter,
     lock_status,
@@ -49,6 +51,20 @@ from ._gpufailover import (
 )
 from . import _gpufailover
 from typing import Any
+
+
+def gms_tiers(uri: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The residency-tier part of ``gms_status(uri, timeout)``: ``{"tiers": ..., "operation": ...}``.
+
+    ``tiers`` maps ``"warm"`` and ``"cold"`` to their directory, presence, size
+    and age, or to ``None`` for a tier the GMS does not keep (gms_status() leaves
+    those out); ``operation`` is the current or last snapshot or restore with its
+    phase and reason (``None`` before the first). Errors as gms_status().
+    """
+    status = gms_status(uri, timeout)
+    tiers: dict[str, Any] = {"warm": None, "cold": None}
+    tiers.update(status["tiers"])
+    return {"tiers": tiers, "operation": status["operation"]}
 
 
 def torch_allocator_path() -> str:
@@ -106,7 +122,10 @@ __all__ = [
     "TimeoutError",
     "UnreachableError",
     "__version__",
+    "gms_restore",
+    "gms_snapshot",
     "gms_status",
+    "gms_tiers",
     "install_fault_reporter",
     "lock_status",
     "parse_duration",

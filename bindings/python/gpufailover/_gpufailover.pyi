@@ -2,6 +2,7 @@
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, final
 
 import builtins
+import os
 import socket
 
 __version__: str
@@ -36,6 +37,8 @@ def safetensors_header(
 def strerror(code: int, /) -> str: ...
 def lock_status(uri: str, timeout: float = ..., *, secret: Optional[bytes] = ...) -> dict[str, Any]: ...
 def gms_status(uri: str, timeout: float = ...) -> dict[str, Any]: ...
+def gms_snapshot(uri: str, dir: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None: ...
+def gms_restore(uri: str, dir: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None: ...
 
 @final
 class Memory:

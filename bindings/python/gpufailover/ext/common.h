@@ -88,6 +88,8 @@ extern PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutEr
 	*ProtocolError, *GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError,
 	*StateError, *NotFoundError, *InterruptedError_;
 PyObject *raise_gf(int err);
+/* raise_gf() with a detail text read on another thread (NULL or "": the error's name). */
+PyObject *raise_gf_detail(int err, const char *detail);
 int errors_add(PyObject *m);
 
 /* helpers (common.c) */
@@ -129,5 +131,7 @@ int no_exports(GMSObject *self, const char *what);
 void engine_forget_view(PyObject *engine, GMSObject *view);
 PyObject *py_install_fault_reporter(PyObject *self, PyObject *arg);
 PyObject *py_remove_fault_reporter(PyObject *self, PyObject *args);
+PyObject *py_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *py_gms_restore(PyObject *self, PyObject *args, PyObject *kw);
 
 #endif

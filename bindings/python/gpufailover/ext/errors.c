@@ -45,13 +45,17 @@ static PyObject *error_class(int err)
  * (it is per-thread), which is this one because calls run on the caller's thread. */
 PyObject *raise_gf(int err)
 {
+	return raise_gf_detail(err, gf_error_detail());
+}
+
+PyObject *raise_gf_detail(int err, const char *detail)
+{
 	if (err == GF_ERR_NOMEM)
 		return PyErr_NoMemory();
 	if (err == GF_ERR_INVALID_ARG) {
-		PyErr_Format(PyExc_ValueError, "%s", gf_error_detail()[0] ? gf_error_detail() : gf_strerror(err));
+		PyErr_Format(PyExc_ValueError, "%s", detail && *detail ? detail : gf_strerror(err));
 		return NULL;
 	}
-	const char *detail = gf_error_detail();
 	PyObject *exc_args = Py_BuildValue("(s)", detail && *detail ? detail : gf_strerror(err));
 	if (!exc_args)
 		return NULL;

@@ -122,6 +122,12 @@ static PyMethodDef module_methods[] = {
 	{ "gms_status", (PyCFunction)(void (*)(void))py_gms_status, METH_VARARGS | METH_KEYWORDS,
 	  "gms_status($module, uri, timeout=5.0)\n--\n\n"
 	  "gms_status(uri, timeout=5.0) -> dict" },
+	{ "gms_snapshot", (PyCFunction)(void (*)(void))py_gms_snapshot, METH_VARARGS | METH_KEYWORDS,
+	  "gms_snapshot($module, uri, dir=None, timeout=60.0)\n--\n\n"
+	  "Snapshot the GMS's committed layout to dir (on the GMS's host; None or '': its kept tiers)." },
+	{ "gms_restore", (PyCFunction)(void (*)(void))py_gms_restore, METH_VARARGS | METH_KEYWORDS,
+	  "gms_restore($module, uri, dir=None, timeout=60.0)\n--\n\n"
+	  "Restore an EMPTY GMS from the snapshot in dir (None or '': its best kept tier)." },
 	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "_torch_pool_begin($module, writer, /)\n--\n\n"
 	  "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
