@@ -363,6 +363,12 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	e->m.remap_us = e->m.private_alloc_us = e->m.serve_us = e->m.wake_total_us = -1;
 	e->m.private_alloc_retries = 0;
 	pthread_mutex_unlock(&e->mu);
+	/* The GMS answers the wake's request while this thread does the rest
+	 * of the wake (log, memory gate, lock watcher); wake_up() reads it. A
+	 * refusal here only means the remap connects afresh. */
+	for (int i = 0; i < e->ndev; i++)
+		if (e->dev[i].gms && gf_gms_remap_begin(e->dev[i].gms, e->remap_timeout_ms) < 0)
+			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());
 	gf_log(GF_LOG_INFO, "engine", "event=lock_granted epoch=%" PRIu64 " id=%s wait_us=%" PRId64 "%s", grant.epoch,
 	       e->id, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
 	rc = gf_engine_memory_gate(e, t1 + e->waking_timeout_ms * 1000);
