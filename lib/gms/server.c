@@ -1711,7 +1711,16 @@ static void demote_continue(gf_gmsd *d)
 	struct gms_demote_plan p;
 	gms_demote_plan(&f, &p);
 	if (p.step == GMS_DEMOTE_STAY) {
-		demote_finish(d, p.err, "%s", p.reason);
+		if (p.err == GF_ERR_BUSY)
+			demote_finish(d, p.err, "%s (%u readers, %s)", p.reason, f.holders - (d->fsm.state == GMS_RW),
+				      d->fsm.state == GMS_RW ? "a writer" : "no writer");
+		else if (hot && p.err == GF_ERR_STATE)
+			demote_finish(d, p.err, "%s (hot for %.1f s, min_resident %.1f s%s)", p.reason, f.resident_us / 1e6,
+				      f.min_resident_us / 1e6, d->pinned ? ", pinned" : "");
+		else if (!hot)
+			demote_finish(d, p.err, "%s (state %s)", p.reason, gms_state_name(d->fsm.state));
+		else
+			demote_finish(d, p.err, "%s", p.reason);
 		return;
 	}
 	if (d->snap_hold)
