@@ -374,6 +374,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
 		drop_layout(d);
+		set_resident(d, GMS_TIER_LOADER);
 	}
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
