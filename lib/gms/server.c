@@ -1638,7 +1638,8 @@ static void demote_finish(gf_gmsd *d, int err, const char *fmt, ...)
 	snprintf(d->dem.refusal, sizeof(d->dem.refusal), "%s", err < 0 ? why : "");
 	if (err < 0) {
 		event(d, "event=demote_refused reason=\"%s\" asked=\"%s\"", why, d->dem.why);
-		if (!d->dem.requested)
+		/* A reader that connected meanwhile is looked at again on the next check; a failure waits longer. */
+		if (!d->dem.requested && err != GF_ERR_BUSY)
 			d->pressure_next_us = gf_now_us() + GMSD_PRESSURE_RETRY_US;
 	}
 	d->dem.active = false;

@@ -2,7 +2,8 @@
 /*
  * gf_gmsd_demote() and the demotion setters in process: the test thread
  * drives the server's loop (gf_gmsd_demote() belongs to that thread) while a
- * writer and a reader run on their own threads against its socket.
+ * writer and a reader run on their own threads against its socket. argv[1]:
+ * "host" or "cuda" (the cuda backend runs on tests/fakecuda via GF_LIBCUDA).
  */
 #include <poll.h>
 #include <pthread.h>
@@ -22,7 +23,9 @@
 
 #include "gpufailover.h"
 
-#define ALLOC (1u << 20)
+#define ALLOC (2u << 20) /* the cuda granularity */
+
+static int kind = GF_MEM_HOST;
 
 struct fixture {
 	char dir[64], warm[128], uri[160];
@@ -43,7 +46,7 @@ static void *client_main(void *arg)
 	struct client_job *j = arg;
 	gf_mem *mem = NULL;
 	gf_gms *g = NULL;
-	int rc = gf_mem_open(&mem, GF_MEM_HOST, 0);
+	int rc = gf_mem_open(&mem, kind, 0);
 	if (rc == 0)
 		rc = gf_gms_connect(&g, j->uri, mem, j->writer ? GF_GMS_RW : GF_GMS_RO, 20000);
 	for (int i = 0; rc == 0 && j->writer && i < 2; i++) {
@@ -150,7 +153,7 @@ static void start(struct fixture *f, int pinned)
 {
 	assert_int_equal(gf_gmsd_new(&f->d), 0);
 	assert_int_equal(gf_gmsd_add_listen(f->d, f->uri), 0);
-	assert_int_equal(gf_gmsd_set_backend(f->d, GF_MEM_HOST), 0);
+	assert_int_equal(gf_gmsd_set_backend(f->d, kind), 0);
 	assert_int_equal(gf_gmsd_set_tiers(f->d, f->warm, NULL), 0);
 	assert_int_equal(gf_gmsd_set_min_resident(f->d, -1), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_gmsd_set_min_resident(f->d, 0), 0);
@@ -219,11 +222,29 @@ static void test_pinned_in_process(void **state)
 	json_decref(st);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "cuda"))
+		kind = GF_MEM_CUDA;
+	else if (argc > 1 && strcmp(argv[1], "host")) {
+		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+		return 2;
+	}
+	char state[] = "/tmp/gf-demote-fakecuda-XXXXXX";
+	bool own_state = kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR");
+	if (own_state && (!mkdtemp(state) || setenv("FAKECUDA_STATE_DIR", state, 1)))
+		return 1;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_demote_in_process, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pinned_in_process, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "gms-demote-cuda" : "gms-demote-host", tests,
+					 sizeof(tests) / sizeof(tests[0]), NULL, NULL);
+	if (own_state) {
+		char cmd[128];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state);
+		if (system(cmd) != 0)
+			fprintf(stderr, "# could not remove %s\n", state);
+	}
+	return rc;
 }
