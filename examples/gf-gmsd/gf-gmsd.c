@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,12 @@ static void usage(FILE *f)
 	      "                        --warm/--cold: from the best tier present, WARM before\n"
 	      "                        COLD); a refused snapshot is logged and the GMS stays\n"
 	      "                        EMPTY for the loader (docs/tiers.md)\n"
+	      "  --min-resident DURATION  no demotion before the layout was HOT this long\n"
+	      "                        (anti-thrash hysteresis; default 10m)\n"
+	      "  --pin                 never demote the layout (gfctl gms demote is refused)\n"
+	      "  --demote-below-free BYTES  demote (after --min-resident, when no engine holds\n"
+	      "                        the lock) while free device memory is below BYTES\n"
+	      "                        (e.g. 8G; K, M, G, T suffixes; needs --warm or --cold)\n"
 	      "  --help, --version\n"
 	      "\n"
 	      "Logs key=value lines on stderr; prints msg=\"ready\" (and sd_notify READY=1)\n"
@@ -68,7 +76,8 @@ struct gmsd_opts {
 	const char *listen_uri, *device, *lock_uri, *lock_secret_file, *metrics_addr;
 	const char *warm, *cold, *restore;
 	int kind;
-	uint64_t oom_ms, handshake_ms;
+	uint64_t oom_ms, handshake_ms, min_resident_ms, demote_below_free;
+	bool pin;
 	uint32_t uids[64];
 	size_t nuids;
 };
@@ -85,6 +94,25 @@ static int parse_backend(const char *arg, int *kind)
 		fprintf(stderr, "gf-gmsd: --backend must be auto, cuda or host, not '%s'\n", arg);
 		return 2;
 	}
+	return 0;
+}
+
+/* A byte count: digits with an optional K, M, G or T (binary) suffix; 0 is refused (leave the flag out). */
+static int parse_bytes(const char *opt, const char *text, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(text, &end, 10);
+	unsigned shift = 0;
+	if (*end && !end[1])
+		shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 99;
+	else if (*end)
+		shift = 99;
+	if (errno || end == text || text[0] == '-' || shift == 99 || (shift && v > (UINT64_MAX >> shift)) || v == 0) {
+		fprintf(stderr, "gf-gmsd: %s: expected a positive size such as 1048576, 512M or 8G, got '%s'\n", opt, text);
+		return 2;
+	}
+	*out = (uint64_t)v << shift;
 	return 0;
 }
 
@@ -128,6 +156,17 @@ static int apply_option(int c, const char *arg, struct gmsd_opts *o)
 		return 0;
 	case 'u':
 		return add_uid(arg, o);
+	case 'm':
+		if (gf_parse_duration_ms(arg, &o->min_resident_ms) < 0 || o->min_resident_ms > INT64_MAX) {
+			fprintf(stderr, "gf-gmsd: --min-resident: %s\n", gf_error_detail());
+			return 2;
+		}
+		return 0;
+	case 'p':
+		o->pin = true;
+		return 0;
+	case 'F':
+		return parse_bytes("--demote-below-free", arg, &o->demote_below_free);
 	case 'L':
 		o->lock_uri = arg;
 		return 0;
@@ -168,7 +207,9 @@ static int parse_args(int argc, char **argv, struct gmsd_opts *o)
 		{"lock", required_argument, NULL, 'L'},    {"lock-secret-file", required_argument, NULL, 'S'},
 		{"metrics", required_argument, NULL, 'M'},
 		{"warm", required_argument, NULL, 'W'},    {"cold", required_argument, NULL, 'C'},
-		{"restore", required_argument, NULL, 'R'}, {"help", no_argument, NULL, 'h'},
+		{"restore", required_argument, NULL, 'R'}, {"min-resident", required_argument, NULL, 'm'},
+		{"pin", no_argument, NULL, 'p'},           {"demote-below-free", required_argument, NULL, 'F'},
+		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
 	};
 	int c;
@@ -183,6 +224,14 @@ static int parse_args(int argc, char **argv, struct gmsd_opts *o)
 	}
 	if (o->lock_secret_file && !o->lock_uri) {
 		fprintf(stderr, "gf-gmsd: --lock-secret-file needs --lock\n");
+		return 2;
+	}
+	if (o->demote_below_free && !o->warm && !o->cold) {
+		fprintf(stderr, "gf-gmsd: --demote-below-free needs a tier to demote to (--warm or --cold)\n");
+		return 2;
+	}
+	if (o->demote_below_free && o->pin) {
+		fprintf(stderr, "gf-gmsd: --demote-below-free and --pin contradict each other\n");
 		return 2;
 	}
 	if (!o->listen_uri) {
@@ -242,7 +291,10 @@ static int configure(gf_gmsd *d, const struct gmsd_opts *o, int index)
 	if ((rc = gf_gmsd_add_listen(d, o->listen_uri)) < 0 || (rc = gf_gmsd_set_device(d, index)) < 0 ||
 	    (rc = gf_gmsd_set_backend(d, o->kind)) < 0 || (rc = gf_gmsd_set_oom_retry(d, (int64_t)o->oom_ms)) < 0 ||
 	    (rc = gf_gmsd_set_handshake_timeout(d, (int64_t)o->handshake_ms)) < 0 ||
-	    (rc = gf_gmsd_set_tiers(d, o->warm, o->cold)) < 0) {
+	    (rc = gf_gmsd_set_tiers(d, o->warm, o->cold)) < 0 ||
+	    (rc = gf_gmsd_set_min_resident(d, (int64_t)o->min_resident_ms)) < 0 ||
+	    (rc = gf_gmsd_set_pinned(d, o->pin)) < 0 ||
+	    (rc = gf_gmsd_set_demote_below_free(d, o->demote_below_free)) < 0) {
 		gf_gmsd_free(d);
 		return fail(rc, "configuration");
 	}
@@ -333,7 +385,7 @@ static int run_loop(gf_gmsd *d, int sfd, struct sidecar_http *http)
 
 int main(int argc, char **argv)
 {
-	struct gmsd_opts o = { .device = "0", .kind = GF_MEM_AUTO, .handshake_ms = 3000 };
+	struct gmsd_opts o = { .device = "0", .kind = GF_MEM_AUTO, .handshake_ms = 3000, .min_resident_ms = 600000 };
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
 		return rc == EXIT_DONE ? 0 : rc;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* gfctl gms status | ping | wait-committed | snapshot | restore | tiers: GMS status, probes, residency tiers. */
+/* gfctl gms status | ping | wait-committed | snapshot | restore | tiers | demote: GMS status, probes, residency tiers. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -56,6 +56,7 @@ static void print_human(const char *json)
 struct gms_opts {
 	const char *uri;
 	const char *dir;
+	const char *to;
 	bool json;
 	int64_t timeout_ms; /* -1 when not given */
 };
@@ -68,6 +69,7 @@ static int parse_opts(int argc, char **argv, struct gms_opts *o)
 		{ "json", no_argument, NULL, 'j' },
 		{ "timeout", required_argument, NULL, 't' },
 		{ "dir", required_argument, NULL, 'd' },
+		{ "to", required_argument, NULL, 'T' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -83,6 +85,9 @@ static int parse_opts(int argc, char **argv, struct gms_opts *o)
 			break;
 		case 'd':
 			o->dir = optarg;
+			break;
+		case 'T':
+			o->to = optarg;
 			break;
 		case 't':
 			if (gfctl_duration("gms", "--timeout", optarg, &o->timeout_ms) < 0)
@@ -170,6 +175,30 @@ static const char *str_or(json_t *o, const char *key, const char *dflt)
 	return s ? s : dflt;
 }
 
+/* Where the layout is and the last demotion, with the status JSON's names. */
+static void print_residency(json_t *st)
+{
+	if (!json_object_get(st, "resident_tier"))
+		return; /* an older gf-gmsd */
+	printf("residency: resident_tier=%s resident_seconds=%.1f pinned=%s min_resident_seconds=%.1f "
+	       "demote_below_free_bytes=%lld demotions=%lld\n",
+	       str_or(st, "resident_tier", "?"), json_real_value(json_object_get(st, "resident_seconds")),
+	       json_is_true(json_object_get(st, "pinned")) ? "yes" : "no",
+	       json_real_value(json_object_get(st, "min_resident_seconds")),
+	       (long long)json_integer_value(json_object_get(st, "demote_below_free_bytes")),
+	       (long long)json_integer_value(json_object_get(st, "demotions")));
+	json_t *l = json_object_get(st, "last_demotion");
+	if (!json_is_object(l)) {
+		printf("last_demotion: none\n");
+		return;
+	}
+	printf("last_demotion: from=%s to=%s reason=%s at_unix_ms=%lld generation=%lld bytes=%lld detail=\"%s\"\n",
+	       str_or(l, "from", "?"), str_or(l, "to", "?"), str_or(l, "reason", "?"),
+	       (long long)json_integer_value(json_object_get(l, "at_unix_ms")),
+	       (long long)json_integer_value(json_object_get(l, "generation")),
+	       (long long)json_integer_value(json_object_get(l, "bytes")), str_or(l, "detail", ""));
+}
+
 /* The tiers and the last operation from the status, one line each (same names as the status JSON). */
 static int run_tiers(int argc, char **argv)
 {
@@ -191,6 +220,13 @@ static int run_tiers(int argc, char **argv)
 	if (o.json) {
 		json_t *out = json_pack("{s:O, s:O, s:O, s:O}", "state", json_object_get(st, "state"), "generation",
 					json_object_get(st, "generation"), "tiers", tiers, "operation", op ? op : json_null());
+		static const char *const residency[] = { "resident_tier", "resident_seconds", "pinned", "min_resident_seconds",
+							 "demote_below_free_bytes", "demotions", "last_demotion" };
+		for (size_t i = 0; out && i < sizeof(residency) / sizeof(residency[0]); i++) {
+			json_t *v = json_object_get(st, residency[i]);
+			if (v)
+				json_object_set(out, residency[i], v);
+		}
 		char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
 		if (s)
 			puts(s);
@@ -201,6 +237,7 @@ static int run_tiers(int argc, char **argv)
 	}
 	printf("hot: state=%s generation=%lld\n", str_or(st, "state", "?"),
 	       (long long)json_integer_value(json_object_get(st, "generation")));
+	print_residency(st);
 	const char *names[] = { "warm", "cold" };
 	for (size_t i = 0; i < 2; i++) {
 		json_t *t = json_object_get(tiers, names[i]);
@@ -221,6 +258,37 @@ static int run_tiers(int argc, char **argv)
 		       json_real_value(json_object_get(op, "seconds")), str_or(op, "reason", ""));
 	else
 		printf("operation: none\n");
+	json_decref(st);
+	return GFCTL_OK;
+}
+
+/* Ask for a demotion; on success say where the layout went (the GMS's own record). */
+static int run_demote(int argc, char **argv)
+{
+	struct gms_opts o = { .timeout_ms = -1 };
+	if (parse_opts(argc, argv, &o) < 0)
+		return GFCTL_EXIT_USAGE;
+	int to = GF_GMS_TIER_ANY;
+	if (o.to && !strcmp(o.to, "warm"))
+		to = GF_GMS_TIER_WARM;
+	else if (o.to && !strcmp(o.to, "cold"))
+		to = GF_GMS_TIER_COLD;
+	else if (o.to) {
+		fprintf(stderr, "gfctl gms demote: --to must be warm or cold, not '%s'\n", o.to);
+		return GFCTL_EXIT_USAGE;
+	}
+	/* Writing the snapshot first takes as long as the bytes need: a minute unless told otherwise. */
+	int rc = gf_gms_demote(o.uri, to, o.timeout_ms >= 0 ? o.timeout_ms : 60000);
+	if (rc < 0)
+		return gfctl_fail("gms", "demote", rc);
+	char *text = NULL;
+	json_t *st = NULL;
+	if (gf_gms_status_json(o.uri, 5000, &text) == 0) {
+		st = json_loads(text, 0, NULL);
+		free(text);
+	}
+	json_t *l = json_object_get(st, "last_demotion");
+	printf("demoted to=%s state=%s\n", json_is_object(l) ? str_or(l, "to", "?") : "?", str_or(st, "state", "?"));
 	json_decref(st);
 	return GFCTL_OK;
 }
@@ -257,6 +325,15 @@ static const struct gfctl_cmd gms_cmds[] = {
 	  GMS_OPT "  --json                 state, generation, tiers and operation as one JSON object\n"
 		  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
 	  ", 3 timeout, 5 unreachable, 6 refused", run_tiers },
+	{ "demote", "--gms URI [--to warm|cold] [--timeout DUR]",
+	  "Demote the committed layout to a lower tier and free it in the GMS (admin only).",
+	  "Pressure once: the GMS's policy decides. Refused when pinned (gf-gmsd --pin), before\n"
+	  "--min-resident, while an engine holds the RO or RW lock, or when the snapshot fails (the\n"
+	  "layout then stays). The next engine that connects gets the same layout back from the tier.\n"
+	  "See docs/tiers.md.\n",
+	  GMS_OPT "  --to warm|cold         the tier (default: WARM, or COLD when WARM is not kept or full)\n"
+		  "  --timeout DUR          how long to wait (default 60s)\n",
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when the policy refuses; 2 also when the tier is not kept", run_demote },
 	{ 0 },
 };
 

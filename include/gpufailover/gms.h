@@ -40,6 +40,13 @@ enum gf_gms_state {
 	GF_GMS_STATE_RO = 3,        /**< a committed layout with readers */
 };
 
+/** Where a demotion takes the committed layout (gf_gms_demote(), gf_gmsd_demote(); docs/tiers.md). */
+enum gf_gms_tier {
+	GF_GMS_TIER_ANY = 0,  /**< the policy chooses: WARM, or COLD when WARM is not kept or has no room */
+	GF_GMS_TIER_WARM = 1, /**< the WARM tier (gf-gmsd --warm) */
+	GF_GMS_TIER_COLD = 2, /**< the COLD tier (gf-gmsd --cold) */
+};
+
 /** "EMPTY", "RW", "COMMITTED", "RO"; "?" for other values. Static string. */
 GF_EXPORT const char *gf_gms_state_name(int state);
 /** "RW", "RO", "RW_OR_RO"; "?" for other values. Static string. */
@@ -282,6 +289,23 @@ GF_EXPORT int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_
  * GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE; on any error the GMS stays EMPTY.
  */
 GF_EXPORT int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms);
+/**
+ * Admin request: ask the GMS at @p uri to demote its committed layout to the
+ * tier @p to (enum gf_gms_tier) — pressure once; the GMS's policy decides
+ * (docs/tiers.md). When it agrees and no client holds the RO or RW lock, the
+ * GMS writes the layout to that tier unless it already holds it, then frees
+ * every allocation and becomes EMPTY, "demoted"; the next reader that
+ * connects gets the same layout back, restored from the tier. Returns once
+ * the layout was dropped or the demotion refused. Allowed for root and the
+ * GMS's own uid only. Takes no lock. Blocks up to @p timeout_ms.
+ * Errors: GF_ERR_PERMISSION (not an admin uid), GF_ERR_STATE (nothing
+ * committed, pinned, before min_resident, no room in a lower tier: the
+ * detail says which), GF_ERR_BUSY (a client holds the lock, or a demotion is
+ * under way), GF_ERR_INVALID_ARG (unknown @p to, the tier is not kept),
+ * GF_ERR_IO (the snapshot failed: the layout stays), GF_ERR_TIMEOUT,
+ * GF_ERR_UNREACHABLE.
+ */
+GF_EXPORT int gf_gms_demote(const char *uri, int to, int64_t timeout_ms);
 
 /** @} */
 
@@ -345,6 +369,23 @@ GF_EXPORT int gf_gmsd_set_lock(gf_gmsd *d, const char *uri, const void *secret, 
  */
 GF_EXPORT int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir);
 /**
+ * Anti-thrash hysteresis: the committed layout is not demoted before it has
+ * been HOT (committed or restored) for @p ms milliseconds (default 600000,
+ * 10 minutes; 0..a year, GF_ERR_INVALID_ARG beyond). Before gf_gmsd_start()
+ * only (GF_ERR_STATE after).
+ */
+GF_EXPORT int gf_gmsd_set_min_resident(gf_gmsd *d, int64_t ms);
+/** Never demote the committed layout when @p pinned is non-zero (default 0). Before gf_gmsd_start() only. */
+GF_EXPORT int gf_gmsd_set_pinned(gf_gmsd *d, int pinned);
+/**
+ * Automatic pressure: once a second, while the layout is HOT, past
+ * min_resident and nobody holds the RO or RW lock, the server reads the
+ * device's free memory (gf_mem_info()) and demotes when it is below
+ * @p bytes (0, the default: never on its own). An automatic demotion that
+ * fails is tried again after 30 s. Before gf_gmsd_start() only.
+ */
+GF_EXPORT int gf_gmsd_set_demote_below_free(gf_gmsd *d, uint64_t bytes);
+/**
  * The server's status as JSON (the same object gf_gms_status_json() returns
  * over the wire). *json is malloc'd; free() it. On the thread that drives the
  * server only. Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
@@ -384,6 +425,15 @@ GF_EXPORT int gf_gmsd_restore(gf_gmsd *d, const char *dir);
  * GF_ERR_INVALID_ARG (no directory and no tier kept).
  */
 GF_EXPORT int gf_gmsd_snapshot(gf_gmsd *d, const char *dir);
+/**
+ * Demote the committed layout to tier @p to (enum gf_gms_tier), as
+ * gf_gms_demote() asks over the wire: returns 0 once the layout was dropped,
+ * or when the tier lacked it and its snapshot was started (the drop follows
+ * when it is written; status "resident_tier" and the events tell), else the
+ * refusal with the policy's reason (errors as gf_gms_demote()). On the
+ * thread that drives the server only.
+ */
+GF_EXPORT int gf_gmsd_demote(gf_gmsd *d, int to);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
 GF_EXPORT gf_mem *gf_gmsd_mem(gf_gmsd *d);
 /** An fd that becomes readable when gf_gmsd_process() has work (an epoll fd). */

@@ -69,6 +69,21 @@ int gf_gms_restore(const char *uri, const char *dir, int64_t timeout_ms)
 	return tier_request(uri, dir, timeout_ms, false);
 }
 
+int gf_gms_demote(const char *uri, int to, int64_t timeout_ms)
+{
+	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
+		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "out of memory");
+	m->which_body = gf_Msg_gms_demote_tag;
+	snprintf(m->body.gms_demote.to, sizeof(m->body.gms_demote.to), "%s",
+		 to == GF_GMS_TIER_WARM ? "warm" : to == GF_GMS_TIER_COLD ? "cold" : "");
+	int rc = one_shot(uri, timeout_ms, m, gf_Msg_ok_tag);
+	gf_msg_free(m);
+	return rc;
+}
+
 static int fetch_status(const char *uri, int64_t timeout_ms, gf_Msg *m)
 {
 	struct gf_uri u;
@@ -112,6 +127,20 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));
 		json_object_set_new(o, "fenced", json_boolean(s->fenced));
 		json_object_set_new(o, "fence_refusals", json_integer((json_int_t)s->fence_refusals));
+		json_object_set_new(o, "resident_tier", json_string(s->resident_tier));
+		json_object_set_new(o, "resident_seconds", json_real(s->resident_seconds));
+		json_object_set_new(o, "pinned", json_boolean(s->pinned));
+		json_object_set_new(o, "min_resident_seconds", json_real(s->min_resident_seconds));
+		json_object_set_new(o, "demote_below_free_bytes", json_integer((json_int_t)s->demote_below_free_bytes));
+		json_object_set_new(o, "demotions", json_integer((json_int_t)s->demotions));
+		const gf_GmsDemotion *l = &s->last_demotion;
+		json_object_set_new(o, "last_demotion",
+				    s->has_last_demotion
+					    ? json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I}", "from", l->from, "to", l->to,
+							"reason", l->reason, "detail", l->detail, "at_unix_ms",
+							(json_int_t)l->at_unix_ms, "generation", (json_int_t)l->generation,
+							"bytes", (json_int_t)l->bytes)
+					    : json_null());
 	}
 	json_t *evs = json_array();
 	for (pb_size_t i = 0; o && evs && i < s->events_count; i++)

@@ -67,6 +67,14 @@ bool gms_fsm_restored(struct gms_fsm *f)
 	return true;
 }
 
+bool gms_fsm_demoted(struct gms_fsm *f)
+{
+	if (f->state != GMS_COMMITTED || f->readers != 0)
+		return false;
+	f->state = GMS_EMPTY;
+	return true;
+}
+
 bool gms_fsm_writer_left(struct gms_fsm *f)
 {
 	if (f->state != GMS_RW)

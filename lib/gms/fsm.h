@@ -5,6 +5,7 @@
  *
  *   EMPTY --RW grant--> RW --commit--> RO(1) --last reader leaves--> COMMITTED
  *   EMPTY --restore (verified snapshot)--> COMMITTED
+ *   COMMITTED --demoted (no lock held, snapshot in a lower tier)--> EMPTY
  *   RW --writer leaves before commit--> EMPTY          (RW_ABORT)
  *   COMMITTED --RO grant--> RO(n)
  *   COMMITTED --RW grant (no readers)--> RW            (old layout dropped)
@@ -51,6 +52,12 @@ void gms_fsm_apply(struct gms_fsm *f, enum gms_decision d);
 bool gms_fsm_commit(struct gms_fsm *f);
 /* A verified snapshot was restored into an EMPTY GMS: EMPTY -> COMMITTED. Returns false in any other state. */
 bool gms_fsm_restored(struct gms_fsm *f);
+/*
+ * The committed layout was demoted to a lower tier (docs/tiers.md) and
+ * dropped: COMMITTED -> EMPTY. Only without readers or a writer; returns
+ * false in any other state.
+ */
+bool gms_fsm_demoted(struct gms_fsm *f);
 /* The writer left before committing: RW -> EMPTY (RW_ABORT). Returns false in any other state. */
 bool gms_fsm_writer_left(struct gms_fsm *f);
 /* A reader left: RO(n) -> RO(n-1), RO(1) -> COMMITTED. Returns false when no reader was counted. */

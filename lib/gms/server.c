@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -32,6 +33,9 @@
 #define GMSD_MAX_META 1000000
 #define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
 #define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
+#define GMSD_MIN_RESIDENT_US (600 * 1000000ll) /* default hysteresis: 10 minutes */
+#define GMSD_PRESSURE_CHECK_US 1000000          /* free memory is looked at once a second */
+#define GMSD_PRESSURE_RETRY_US 30000000         /* after an automatic demotion failed */
 
 enum cphase {
 	C_IDLE = 0,   /* no lock (the core did the handshake) */
@@ -60,6 +64,9 @@ struct client {
 	/* a GmsSnapshot request answered when the job ends */
 	bool snap_waiting;
 	uint32_t snap_seq;
+	/* a GmsDemote request answered when the layout is dropped or the demotion refused */
+	bool demote_waiting;
+	uint32_t demote_seq;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
@@ -131,11 +138,39 @@ struct gf_gmsd {
 	struct gms_tierd *tierd;       /* NULL until needed */
 	struct gf_srv_watch tier_watch;
 	bool snap_hold;                /* a snapshot job counts as a reader: the layout stays */
+	/* demotion (docs/tiers.md, "Demotion") */
+	int64_t min_resident_us;
+	bool pinned;
+	uint64_t demote_below_free;    /* 0: no automatic pressure */
+	enum gms_tier resident;        /* HOT, WARM or COLD after a demotion, LOADER when nothing is kept */
+	int64_t resident_since_us;     /* monotonic, when it got there */
+	uint8_t demoted_hash[16];      /* the layout a demotion dropped: what a restore must bring back */
+	struct {
+		bool active;           /* planned, waiting for its snapshot */
+		bool requested;        /* GmsDemote / gf_gmsd_demote(), not free memory */
+		bool wrote;            /* its own snapshot job was started */
+		enum gms_tier want;    /* HOT: the policy chooses */
+		char why[160];
+		int result;            /* how the last one ended: 0 or its error */
+		char refusal[256];
+	} dem;
+	int64_t pressure_next_us;      /* next free-memory check */
+	uint64_t demotions;
+	bool has_last;
+	gf_GmsDemotion last;
 };
 
 /* Residency tiers, defined with the request handlers below. */
 static int start_snapshot(gf_gmsd *d, const char *dir);
 static void status_tiers(gf_gmsd *d, gf_GmsStatus *s);
+static void demote_continue(gf_gmsd *d);
+static void restore_demoted(gf_gmsd *d);
+static void set_resident(gf_gmsd *d, enum gms_tier t);
+static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m);
+static void pressure_check(gf_gmsd *d, int64_t now);
+static int64_t pressure_deadline(gf_gmsd *d);
+static void status_demotion(gf_gmsd *d, gf_GmsStatus *s);
+static void metrics_demotion(const gf_GmsStatus *s, FILE *f);
 
 /* ---------------------------------------------------------------- events */
 
@@ -339,6 +374,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
 		drop_layout(d);
+		set_resident(d, GMS_TIER_LOADER);
 	}
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
@@ -407,6 +443,10 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
 	c->order = ++d->next_order;
 	c->phase = C_WAIT;
+	/* A reader waking after a demotion: bring the same layout back from its tier, then grant. */
+	if (d->fsm.state == GMS_EMPTY && (d->resident == GMS_TIER_WARM || d->resident == GMS_TIER_COLD) &&
+	    c->mode != GMS_MODE_RW)
+		restore_demoted(d);
 	int g = try_grant(d, c);
 	if (g != 0)
 		return;
@@ -635,6 +675,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
+	set_resident(d, GMS_TIER_HOT);
 	c->phase = C_READER;
 	char hex[33];
 	gf_hex(d->hash, 16, hex);
@@ -816,6 +857,7 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 		s->events_count++;
 	}
 	status_tiers(d, s);
+	status_demotion(d, s);
 }
 
 static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -876,6 +918,7 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		(unsigned long long)s->generation, s->readers, s->waiters, s->allocation_count,
 		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
 		(unsigned long long)s->fence_refusals);
+	metrics_demotion(s, f);
 	free(s);
 	if (d->tierd) {
 		char tiers[4096];
@@ -1011,6 +1054,8 @@ static void on_tier_done(void *ctx, struct gf_srv_watch *w)
 		d->out->which_body = gf_Msg_ok_tag;
 		send_msg(d, c, NULL, 0);
 	}
+	if (d->dem.active)
+		demote_continue(d);
 }
 
 /* Adopt a verified restore: allocations, metadata, generation and hash exactly as snapshotted; EMPTY -> COMMITTED. */
@@ -1065,6 +1110,7 @@ static int adopt(gf_gmsd *d, struct gms_manifest *mf, gf_mem_alloc **allocs)
 	d->generation = mf->generation;
 	memcpy(d->hash, mf->layout_hash, 16);
 	gms_fsm_restored(&d->fsm);
+	set_resident(d, GMS_TIER_HOT);
 	d->changed = true;
 	return 0;
 }
@@ -1195,7 +1241,7 @@ static void status_tiers(gf_gmsd *d, gf_GmsStatus *s)
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->snap_waiting) {
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->snap_waiting || c->demote_waiting) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
 		client_close(d, c, "request while waiting");
@@ -1228,6 +1274,9 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		break;
 	case gf_Msg_gms_disconnect_tag:
 		handle_disconnect(d, c, m);
+		break;
+	case gf_Msg_gms_demote_tag:
+		handle_demote(d, c, m);
 		break;
 	default:
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
@@ -1321,6 +1370,7 @@ static void on_timer(void *ctx, int64_t now)
 			do_allocate(d, c, c->seq);
 		}
 	}
+	pressure_check(d, now);
 }
 
 static int64_t next_deadline(void *ctx)
@@ -1333,7 +1383,8 @@ static int64_t next_deadline(void *ctx)
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 	}
-	return next;
+	int64_t p = pressure_deadline(d);
+	return p < next ? p : next;
 }
 
 /* ---------------------------------------------------------------- public */
@@ -1368,6 +1419,8 @@ int gf_gmsd_new(gf_gmsd **out)
 	}
 	d->kind = GF_MEM_AUTO;
 	d->next_alloc_id = 1;
+	d->min_resident_us = GMSD_MIN_RESIDENT_US;
+	d->resident = GMS_TIER_LOADER;
 	gms_fsm_init(&d->fsm);
 	*out = d;
 	return 0;
@@ -1474,6 +1527,7 @@ int gf_gmsd_start(gf_gmsd *d)
 		return rc;
 	d->started = true;
 	d->started_us = gf_now_us();
+	d->resident_since_us = d->started_us;
 	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
 	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);
 	return 0;
@@ -1533,4 +1587,345 @@ void gf_gmsd_free(gf_gmsd *d)
 	free(d->lock_uri);
 	free(d->lock_secret);
 	free(d);
+}
+
+/* ---------------------------------------------------------------- demotion */
+
+static void set_resident(gf_gmsd *d, enum gms_tier t)
+{
+	d->resident = t;
+	d->resident_since_us = gf_now_us();
+}
+
+/* Whether @dir's file system can take @bytes more (the snapshot writer checks again, exactly). */
+static bool tier_room(const char *dir, uint64_t bytes)
+{
+	struct statvfs v;
+	char parent[4096];
+	if (statvfs(dir, &v) != 0) {
+		/* Not created yet: the snapshot goes into its parent's file system. */
+		snprintf(parent, sizeof(parent), "%s", dir);
+		char *slash = strrchr(parent, '/');
+		if (slash == parent)
+			slash[1] = 0;
+		else if (slash)
+			*slash = 0;
+		else
+			snprintf(parent, sizeof(parent), ".");
+		if (statvfs(parent, &v) != 0)
+			return false;
+	}
+	return (uint64_t)v.f_bavail * v.f_frsize >= bytes;
+}
+
+/* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
+static bool tier_holds(const char *dir, const uint8_t hash[16])
+{
+	struct gms_snap_probe p;
+	if (!dir)
+		return false;
+	gms_snapshot_probe(dir, &p);
+	return p.present && !memcmp(p.layout_hash, hash, 16);
+}
+
+static const char *tier_dir(gf_gmsd *d, enum gms_tier t)
+{
+	return t == GMS_TIER_WARM ? d->warm_dir : t == GMS_TIER_COLD ? d->cold_dir : NULL;
+}
+
+/* Reply to the waiting request (if any) and end the demotion; an error also goes to the events. */
+static void demote_finish(gf_gmsd *d, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void demote_finish(gf_gmsd *d, int err, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	d->dem.result = err;
+	snprintf(d->dem.refusal, sizeof(d->dem.refusal), "%s", err < 0 ? why : "");
+	if (err < 0) {
+		event(d, "event=demote_refused reason=\"%s\" asked=\"%s\"", why, d->dem.why);
+		/* A reader that connected meanwhile is looked at again on the next check; a failure waits longer. */
+		if (!d->dem.requested && err != GF_ERR_BUSY)
+			d->pressure_next_us = gf_now_us() + GMSD_PRESSURE_RETRY_US;
+	}
+	d->dem.active = false;
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
+		if (!c->demote_waiting)
+			continue;
+		c->demote_waiting = false;
+		if (err < 0) {
+			reply_error(d, c, c->demote_seq, err, "demote: %s", why);
+			continue;
+		}
+		memset(d->out, 0, sizeof(*d->out));
+		d->out->seq = c->demote_seq;
+		d->out->which_body = gf_Msg_ok_tag;
+		send_msg(d, c, NULL, 0);
+	}
+}
+
+/* Free every allocation of the layout now kept in @to: the GMS becomes EMPTY, "demoted to @to". */
+static void demote_drop(gf_gmsd *d, enum gms_tier to, const char *policy)
+{
+	uint64_t bytes = d->alloc_bytes;
+	size_t n = d->nallocs;
+	if (!gms_fsm_demoted(&d->fsm)) {
+		demote_finish(d, GF_ERR_BUSY, "the layout is in use (state %s)", gms_state_name(d->fsm.state));
+		return;
+	}
+	memcpy(d->demoted_hash, d->hash, 16);
+	drop_layout(d);
+	set_resident(d, to);
+	d->demotions++;
+	d->has_last = true;
+	gf_GmsDemotion *l = &d->last;
+	memset(l, 0, sizeof(*l));
+	snprintf(l->from, sizeof(l->from), "%s", gms_tier_name(GMS_TIER_HOT));
+	snprintf(l->to, sizeof(l->to), "%s", gms_tier_name(to));
+	snprintf(l->reason, sizeof(l->reason), "%s", d->dem.requested ? "request" : "free_memory");
+	snprintf(l->detail, sizeof(l->detail), "%s; %s", policy, d->dem.why);
+	l->at_unix_ms = gf_wall_us() / 1000;
+	l->generation = d->generation;
+	l->bytes = bytes;
+	char hex[33];
+	gf_hex(d->demoted_hash, 16, hex);
+	event(d, "event=demoted from=hot to=%s reason=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
+	      l->to, l->reason, (unsigned long long)d->generation, hex, n, (unsigned long long)bytes);
+	d->changed = true;
+	demote_finish(d, 0, "%s", policy);
+}
+
+/* Plan the next step of the active demotion and take it (see gms_demote_plan()). */
+static void demote_continue(gf_gmsd *d)
+{
+	bool hot = d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO;
+	struct gms_demote_facts f = {
+		.committed = hot,
+		.holders = d->fsm.readers - (d->snap_hold ? 1 : 0) + (d->fsm.state == GMS_RW),
+		.pinned = d->pinned,
+		.pressure = true,
+		.resident_us = gf_now_us() - d->resident_since_us,
+		.min_resident_us = d->min_resident_us,
+		.want = d->dem.want,
+		.warm_kept = d->warm_dir != NULL,
+		.cold_kept = d->cold_dir != NULL,
+	};
+	if (hot) {
+		f.warm_current = tier_holds(d->warm_dir, d->hash);
+		f.cold_current = tier_holds(d->cold_dir, d->hash);
+		f.warm_room = f.warm_current || (d->warm_dir && tier_room(d->warm_dir, d->alloc_bytes));
+		f.cold_room = f.cold_current || (d->cold_dir && tier_room(d->cold_dir, d->alloc_bytes));
+	}
+	struct gms_demote_plan p;
+	gms_demote_plan(&f, &p);
+	if (p.step == GMS_DEMOTE_STAY) {
+		if (p.err == GF_ERR_BUSY)
+			demote_finish(d, p.err, "%s (%u readers, %s)", p.reason, f.holders - (d->fsm.state == GMS_RW),
+				      d->fsm.state == GMS_RW ? "a writer" : "no writer");
+		else if (hot && p.err == GF_ERR_STATE)
+			demote_finish(d, p.err, "%s (hot for %.1f s, min_resident %.1f s%s)", p.reason, f.resident_us / 1e6,
+				      f.min_resident_us / 1e6, d->pinned ? ", pinned" : "");
+		else if (!hot)
+			demote_finish(d, p.err, "%s (state %s)", p.reason, gms_state_name(d->fsm.state));
+		else
+			demote_finish(d, p.err, "%s", p.reason);
+		return;
+	}
+	if (d->snap_hold)
+		return; /* a snapshot (a commit's) is being written from the layout: plan again when it ends */
+	if (p.step == GMS_DEMOTE_DROP) {
+		demote_drop(d, p.to, p.reason);
+		return;
+	}
+	if (d->dem.wrote) {
+		/* Never drop what is not safely below: the snapshot failed, the layout stays HOT. */
+		struct gms_op op;
+		gms_tierd_op(d->tierd, &op);
+		demote_finish(d, GF_ERR_IO, "the snapshot to %s failed, staying hot: %s", gms_tier_name(p.to),
+			      op.phase == GMS_PHASE_FAILED ? op.reason : "the tier does not hold this layout");
+		return;
+	}
+	int rc = start_snapshot(d, tier_dir(d, p.to));
+	if (rc < 0) {
+		demote_finish(d, rc, "snapshot to %s: %s", gms_tier_name(p.to), gf_error_detail());
+		return;
+	}
+	d->dem.wrote = true;
+	event(d, "event=demote phase=snapshot to=%s generation=%llu", gms_tier_name(p.to),
+	      (unsigned long long)d->generation);
+}
+
+/* Start a demotion (pressure once): 0 when it is done or under way, else the refusal. */
+static int demote_begin(gf_gmsd *d, enum gms_tier want, bool requested, const char *why)
+{
+	if (d->dem.active)
+		return gf_err(GF_ERR_BUSY, "demote: a demotion is already under way (%s)", d->dem.why);
+	memset(&d->dem, 0, sizeof(d->dem));
+	d->dem.active = true;
+	d->dem.requested = requested;
+	d->dem.want = want;
+	snprintf(d->dem.why, sizeof(d->dem.why), "%s", why);
+	return 0;
+}
+
+static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const char *to = m->body.gms_demote.to;
+	/* Dropping the weights every engine sleeps on is an admin's decision, like
+	 * revoking a lock: root or the server's own uid, not every allowed engine. */
+	if (c->p->uid != 0 && c->p->uid != (uint32_t)geteuid()) {
+		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
+		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
+		return;
+	}
+	enum gms_tier want = !*to ? GMS_TIER_HOT : !strcmp(to, "warm") ? GMS_TIER_WARM : !strcmp(to, "cold") ? GMS_TIER_COLD
+													     : GMS_TIER_LOADER;
+	if (want == GMS_TIER_LOADER) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "demote: to must be warm, cold or empty, not '%s'", to);
+		return;
+	}
+	char why[160];
+	snprintf(why, sizeof(why), "requested by peer=%s pid=%u", c->peer, c->pid);
+	if (demote_begin(d, want, true, why) < 0) {
+		reply_error(d, c, m->seq, GF_ERR_BUSY, "%s", gf_error_detail());
+		return;
+	}
+	c->demote_waiting = true;
+	c->demote_seq = m->seq;
+	demote_continue(d);
+}
+
+int gf_gmsd_demote(gf_gmsd *d, int to)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
+		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
+	int rc = demote_begin(d, (enum gms_tier)to, true, "requested in process");
+	if (rc < 0)
+		return rc;
+	demote_continue(d);
+	if (!d->dem.active && d->dem.result < 0)
+		return gf_err(d->dem.result, "demote: %s", d->dem.refusal);
+	return 0;
+}
+
+/* A reader connects to a demoted GMS: restore the dropped layout from its tier (the other one if it holds the same). */
+static void restore_demoted(gf_gmsd *d)
+{
+	enum gms_tier from = d->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
+	enum gms_tier order[2] = { from, other };
+	int64_t t0 = gf_now_us();
+	for (int i = 0; i < 2; i++) {
+		const char *dir = tier_dir(d, order[i]);
+		if (!tier_holds(dir, d->demoted_hash))
+			continue;
+		if (gf_gmsd_restore(d, dir) == 0) {
+			event(d, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
+			      (unsigned long long)d->generation, (gf_now_us() - t0) / 1e6);
+			return;
+		}
+	}
+	/* Nothing usable below: readers wait for a loader, as on a GMS without tiers. */
+	event(d, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
+	      gms_tier_name(from), gf_error_detail());
+	set_resident(d, GMS_TIER_LOADER);
+}
+
+static int64_t pressure_deadline(gf_gmsd *d)
+{
+	if (!d->demote_below_free || d->pinned || d->resident != GMS_TIER_HOT || d->dem.active)
+		return INT64_MAX;
+	int64_t at = d->resident_since_us + d->min_resident_us;
+	return at > d->pressure_next_us ? at : d->pressure_next_us;
+}
+
+/* Free memory below the threshold is pressure: demote once min_resident passed and nobody holds the lock. */
+static void pressure_check(gf_gmsd *d, int64_t now)
+{
+	if (now < pressure_deadline(d))
+		return;
+	d->pressure_next_us = now + GMSD_PRESSURE_CHECK_US;
+	if (d->fsm.state != GMS_COMMITTED || d->snap_hold)
+		return; /* readers hold the layout (or a snapshot is written): look again later */
+	uint64_t free_b = 0;
+	if (gf_mem_info(d->mem, &free_b, NULL) < 0) {
+		gf_log(GF_LOG_WARN, "gms", "msg=\"free memory unknown: no automatic demotion\" detail=\"%s\"",
+		       gf_error_detail());
+		return;
+	}
+	if (free_b >= d->demote_below_free)
+		return;
+	char why[160];
+	snprintf(why, sizeof(why), "free memory %llu bytes below %llu", (unsigned long long)free_b,
+		 (unsigned long long)d->demote_below_free);
+	if (demote_begin(d, GMS_TIER_HOT, false, why) == 0)
+		demote_continue(d);
+}
+
+static void status_demotion(gf_gmsd *d, gf_GmsStatus *s)
+{
+	snprintf(s->resident_tier, sizeof(s->resident_tier), "%s", gms_tier_name(d->resident));
+	s->resident_seconds = d->started ? (gf_now_us() - d->resident_since_us) / 1e6 : 0;
+	s->pinned = d->pinned;
+	s->min_resident_seconds = d->min_resident_us / 1e6;
+	s->demote_below_free_bytes = d->demote_below_free;
+	s->demotions = d->demotions;
+	s->has_last_demotion = d->has_last;
+	if (d->has_last)
+		s->last_demotion = d->last;
+}
+
+static void metrics_demotion(const gf_GmsStatus *s, FILE *f)
+{
+	fputs("# HELP gf_gms_resident_tier Where the layout is: 1 for the current tier (loader: nowhere).\n"
+	      "# TYPE gf_gms_resident_tier gauge\n", f);
+	for (int t = GMS_TIER_HOT; t <= GMS_TIER_LOADER; t++)
+		fprintf(f, "gf_gms_resident_tier{tier=\"%s\"} %d\n", gms_tier_name((enum gms_tier)t),
+			!strcmp(s->resident_tier, gms_tier_name((enum gms_tier)t)));
+	fprintf(f, "# HELP gf_gms_resident_seconds Time the layout has been at its resident tier.\n"
+		   "# TYPE gf_gms_resident_seconds gauge\ngf_gms_resident_seconds %.3f\n"
+		   "# HELP gf_gms_pinned 1 when the layout is never demoted (gf-gmsd --pin).\n"
+		   "# TYPE gf_gms_pinned gauge\ngf_gms_pinned %d\n"
+		   "# HELP gf_gms_min_resident_seconds No demotion before the layout was HOT this long.\n"
+		   "# TYPE gf_gms_min_resident_seconds gauge\ngf_gms_min_resident_seconds %.3f\n"
+		   "# HELP gf_gms_demote_below_free_bytes Free device memory below which the GMS demotes (0: off).\n"
+		   "# TYPE gf_gms_demote_below_free_bytes gauge\ngf_gms_demote_below_free_bytes %llu\n"
+		   "# HELP gf_gms_demotions_total Demotions done (layout dropped to a lower tier).\n"
+		   "# TYPE gf_gms_demotions_total counter\ngf_gms_demotions_total %llu\n",
+		s->resident_seconds, s->pinned ? 1 : 0, s->min_resident_seconds,
+		(unsigned long long)s->demote_below_free_bytes, (unsigned long long)s->demotions);
+	if (!s->has_last_demotion)
+		return;
+	const gf_GmsDemotion *l = &s->last_demotion;
+	fprintf(f, "# HELP gf_gms_last_demotion_timestamp_seconds When the last demotion happened (unix time).\n"
+		   "# TYPE gf_gms_last_demotion_timestamp_seconds gauge\n"
+		   "gf_gms_last_demotion_timestamp_seconds{from=\"%s\",to=\"%s\",reason=\"%s\"} %.3f\n",
+		l->from, l->to, l->reason, l->at_unix_ms / 1e3);
+}
+
+int gf_gmsd_set_min_resident(gf_gmsd *d, int64_t ms)
+{
+	NOT_STARTED(d);
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "min resident %lldms outside 0..%lldms", (long long)ms,
+			      (long long)GF_MAX_DURATION_MS);
+	d->min_resident_us = ms * 1000;
+	return 0;
+}
+
+int gf_gmsd_set_pinned(gf_gmsd *d, int pinned)
+{
+	NOT_STARTED(d);
+	d->pinned = pinned != 0;
+	return 0;
+}
+
+int gf_gmsd_set_demote_below_free(gf_gmsd *d, uint64_t bytes)
+{
+	NOT_STARTED(d);
+	d->demote_below_free = bytes;
+	return 0;
 }

@@ -62,6 +62,50 @@ void gms_tier_demote(const struct gms_demote_in *in, struct gms_demote_out *out)
 	}
 }
 
+void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *out)
+{
+	*out = (struct gms_demote_plan){ .step = GMS_DEMOTE_STAY, .to = GMS_TIER_HOT, .err = GF_ERR_STATE };
+	if (!f->committed) {
+		out->reason = "no committed layout is resident";
+		return;
+	}
+	if ((f->want == GMS_TIER_WARM && !f->warm_kept) || (f->want == GMS_TIER_COLD && !f->cold_kept)) {
+		out->err = GF_ERR_INVALID_ARG;
+		out->reason = f->want == GMS_TIER_WARM ? "no WARM tier kept (gf-gmsd --warm)" : "no COLD tier kept (gf-gmsd --cold)";
+		return;
+	}
+	if (f->want != GMS_TIER_HOT && f->want != GMS_TIER_WARM && f->want != GMS_TIER_COLD) {
+		out->err = GF_ERR_INVALID_ARG;
+		out->reason = "a demotion goes to warm or cold";
+		return;
+	}
+	struct gms_demote_in in = {
+		.at = GMS_TIER_HOT,
+		.pinned = f->pinned,
+		.pressure = f->pressure,
+		.resident_us = f->resident_us,
+		.min_resident_us = f->min_resident_us,
+		.warm_room = f->warm_kept && f->warm_room && f->want != GMS_TIER_COLD,
+		.cold_room = f->cold_kept && f->cold_room && f->want != GMS_TIER_WARM,
+	};
+	struct gms_demote_out d;
+	gms_tier_demote(&in, &d);
+	if (d.to == GMS_TIER_HOT) {
+		out->reason = d.reason;
+		return;
+	}
+	if (f->holders) {
+		out->err = GF_ERR_BUSY;
+		out->reason = "a client holds the RO or RW lock";
+		return;
+	}
+	out->to = d.to;
+	out->err = 0;
+	out->reason = d.reason;
+	bool current = d.to == GMS_TIER_WARM ? f->warm_current : f->cold_current;
+	out->step = current ? GMS_DEMOTE_DROP : GMS_DEMOTE_SNAPSHOT;
+}
+
 const char *gms_phase_name(enum gms_phase p)
 {
 	static const char *const names[] = { "None", "Pending", "Checkpointing", "Checkpointed", "Restoring", "Restored", "Failed" };

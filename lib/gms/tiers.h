@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpufailover/base.h"
+
 enum gms_tier { GMS_TIER_HOT = 0, GMS_TIER_WARM = 1, GMS_TIER_COLD = 2, GMS_TIER_LOADER = 3 };
 
 /* "hot", "warm", "cold", "loader" ("unknown" otherwise). */
@@ -58,6 +60,45 @@ struct gms_demote_out {
  * below has room. COLD is the last tier that holds bytes: it stays.
  */
 void gms_tier_demote(const struct gms_demote_in *in, struct gms_demote_out *out);
+
+/*
+ * What a GMS does about one demotion question for its HOT layout, around
+ * gms_tier_demote(): the facts the server has, the step it takes next.
+ */
+struct gms_demote_facts {
+	bool committed;          /* a layout is HOT (COMMITTED or RO) */
+	unsigned holders;        /* connections holding the RO or RW lock (a snapshot job is not one) */
+	bool pinned;
+	bool pressure;           /* an explicit request, or free memory below the threshold */
+	int64_t resident_us, min_resident_us;
+	enum gms_tier want;      /* GMS_TIER_WARM or GMS_TIER_COLD as asked, GMS_TIER_HOT: the policy chooses */
+	bool warm_kept, cold_kept;   /* the tier's directory is configured */
+	bool warm_room, cold_room;   /* its file system can take the layout (or already holds it) */
+	bool warm_current, cold_current; /* it holds a snapshot of exactly this layout (generation and hash) */
+};
+
+enum gms_demote_step {
+	GMS_DEMOTE_STAY = 0,     /* nothing to do now: @reason (and @err for a request) says why */
+	GMS_DEMOTE_SNAPSHOT = 1, /* write the layout to @to first, then ask again */
+	GMS_DEMOTE_DROP = 2,     /* @to holds this layout: drop it from the GMS */
+};
+
+struct gms_demote_plan {
+	enum gms_demote_step step;
+	enum gms_tier to;   /* target (HOT when staying) */
+	int err;            /* STAY: the error a request gets (GF_ERR_STATE, GF_ERR_BUSY, GF_ERR_INVALID_ARG) */
+	const char *reason; /* static text */
+};
+
+/*
+ * Plan a demotion of the HOT layout: stay when nothing is committed, when
+ * the asked tier is not kept (GF_ERR_INVALID_ARG), when gms_tier_demote()
+ * says stay (pinned, no pressure, before min_resident, no room below:
+ * GF_ERR_STATE) or while any connection holds the lock (GF_ERR_BUSY);
+ * otherwise drop when the target tier already holds this layout, else write
+ * it there first. A tier asked for by name is the only candidate.
+ */
+void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *out);
 
 /* Phases of one snapshot or restore (seed 004's vocabulary). */
 enum gms_phase {

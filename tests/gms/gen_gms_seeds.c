@@ -97,6 +97,16 @@ int main(int argc, char **argv)
 	m->which_body = gf_Msg_gms_status_request_tag;
 	put(m);
 	flush_to(argv[1], "wrong-mode");
+	/* demotion requests: an unknown tier, a named one, the policy's choice, then a reader */
+	hello(m);
+	const char *tos[] = { "lukewarm", "warm", "" };
+	for (size_t i = 0; i < sizeof(tos) / sizeof(tos[0]); i++) {
+		m->which_body = gf_Msg_gms_demote_tag;
+		snprintf(m->body.gms_demote.to, sizeof(m->body.gms_demote.to), "%s", tos[i]);
+		put(m);
+	}
+	gms_connect(m, gf_GmsMode_GMS_MODE_RO);
+	flush_to(argv[1], "demote");
 	gf_msg_free(m);
 	return 0;
 }

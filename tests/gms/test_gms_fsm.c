@@ -167,6 +167,24 @@ static void test_restored(void **state)
 	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RW_OR_RO, false), GMS_GRANT_RO);
 }
 
+/* A demotion drops the layout only from COMMITTED without readers; a restore brings it back. */
+static void test_demoted(void **state)
+{
+	(void)state;
+	enum gms_state from[] = { GMS_EMPTY, GMS_RW, GMS_COMMITTED, GMS_RO };
+	for (size_t i = 0; i < sizeof(from) / sizeof(from[0]); i++) {
+		struct gms_fsm f = in_state(from[i], from[i] == GMS_RO ? 1 : 0);
+		bool ok = gms_fsm_demoted(&f);
+		assert_int_equal(ok, from[i] == GMS_COMMITTED);
+		assert_int_equal(f.state, from[i] == GMS_COMMITTED ? GMS_EMPTY : from[i]);
+	}
+	struct gms_fsm f = in_state(GMS_COMMITTED, 0);
+	assert_true(gms_fsm_demoted(&f));
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RO, false), GMS_WAIT);
+	assert_true(gms_fsm_restored(&f));
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RO, false), GMS_GRANT_RO);
+}
+
 static void test_names(void **state)
 {
 	(void)state;
@@ -217,6 +235,7 @@ int main(void)
 		cmocka_unit_test(test_transitions),  cmocka_unit_test(test_lifecycle),
 		cmocka_unit_test(test_names),        cmocka_unit_test(test_layout_hash),
 		cmocka_unit_test(test_restored),
+		cmocka_unit_test(test_demoted),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

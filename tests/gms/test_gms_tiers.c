@@ -68,6 +68,67 @@ static void test_demote(void **state)
 	}
 }
 
+/* The server's plan around the policy: refusals with their error, snapshot first, or drop. */
+static void test_demote_plan(void **state)
+{
+	(void)state;
+	const int64_t min = 10000000;
+	const struct gms_demote_facts base = {
+		.committed = true, .pressure = true, .resident_us = min, .min_resident_us = min, .want = GMS_TIER_HOT,
+		.warm_kept = true, .cold_kept = true, .warm_room = true, .cold_room = true,
+	};
+	struct {
+		struct gms_demote_facts f;
+		enum gms_demote_step step;
+		enum gms_tier to;
+		int err;
+		const char *why;
+	} t[] = {
+		{ base, GMS_DEMOTE_SNAPSHOT, GMS_TIER_WARM, 0, "hot to warm" },
+		{ base, GMS_DEMOTE_SNAPSHOT, GMS_TIER_WARM, 0, "" },
+		{ base, GMS_DEMOTE_DROP, GMS_TIER_WARM, 0, "hot to warm" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "no committed layout" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "pinned" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "min_resident not reached" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "no pressure" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_BUSY, "holds the RO or RW lock" },
+		{ base, GMS_DEMOTE_DROP, GMS_TIER_COLD, 0, "no room in warm: hot to cold" },
+		{ base, GMS_DEMOTE_SNAPSHOT, GMS_TIER_COLD, 0, "hot to cold" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_INVALID_ARG, "no WARM tier kept" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_INVALID_ARG, "no COLD tier kept" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "no room in a lower tier" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_STATE, "min_resident not reached" },
+		{ base, GMS_DEMOTE_STAY, GMS_TIER_HOT, GF_ERR_INVALID_ARG, "warm or cold" },
+	};
+	t[1].f.cold_current = true;                      /* only WARM counts for hot to warm */
+	t[2].f.warm_current = true;
+	t[3].f.committed = false;
+	t[4].f.pinned = true;
+	t[5].f.resident_us = min - 1;                    /* hysteresis, even when asked */
+	t[6].f.pressure = false;
+	t[7].f.holders = 1;
+	t[8].f.want = GMS_TIER_COLD;                     /* asked by name: WARM is no candidate */
+	t[8].f.cold_current = true;
+	t[8].f.warm_current = true;
+	t[9].f.warm_room = false;                        /* WARM's file system is too small */
+	t[10].f.want = GMS_TIER_WARM;
+	t[10].f.warm_kept = false;
+	t[11].f.want = GMS_TIER_COLD;
+	t[11].f.cold_kept = false;
+	t[12].f.want = GMS_TIER_WARM;                    /* asked by name: no fallback to COLD */
+	t[12].f.warm_room = false;
+	t[13].f.holders = 2;                             /* the policy's refusal comes first */
+	t[13].f.resident_us = 0;
+	t[14].f.want = GMS_TIER_LOADER;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct gms_demote_plan p;
+		gms_demote_plan(&t[i].f, &p);
+		if (p.step != t[i].step || p.to != t[i].to || p.err != t[i].err || !strstr(p.reason, t[i].why))
+			fail_msg("row %zu: got step %d to %s err %d (%s)", i, (int)p.step, gms_tier_name(p.to), p.err,
+				 p.reason);
+	}
+}
+
 /* Every (kind, from, to) step: only the documented ones are accepted. */
 static void test_phases(void **state)
 {
@@ -115,6 +176,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_restore_source),
 		cmocka_unit_test(test_demote),
+		cmocka_unit_test(test_demote_plan),
 		cmocka_unit_test(test_phases),
 	};
 	return cmocka_run_group_tests_name("gms-tiers", tests, NULL, NULL);
