@@ -147,28 +147,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 
 static int parse_bytes(const char *s, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	if (!*s || *s == '-')
-		return -1;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	uint64_t mul = 1;
-	if (!strcmp(end, "") || !strcmp(end, "B"))
-		mul = 1;
-	else if (!strcmp(end, "K") || !strcmp(end, "k") || !strcmp(end, "KiB"))
-		mul = 1ull << 10;
-	else if (!strcmp(end, "M") || !strcmp(end, "MiB"))
-		mul = 1ull << 20;
-	else if (!strcmp(end, "G") || !strcmp(end, "GiB"))
-		mul = 1ull << 30;
-	else
-		return -1;
-	if (v > UINT64_MAX / mul)
-		return -1;
-	*out = v * mul;
-	return 0;
+	return gf_parse_bytes(s, out) < 0 ? -1 : 0;
 }
 
 static int parse_duration(const char *opt, const char *s, int64_t *out)

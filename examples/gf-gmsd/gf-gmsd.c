@@ -97,22 +97,13 @@ static int parse_backend(const char *arg, int *kind)
 	return 0;
 }
 
-/* A byte count: digits with an optional K, M, G or T (binary) suffix; 0 is refused (leave the flag out). */
+/* A byte count (gf_parse_bytes: 512M, 8G, ...); 0 is refused (leave the flag out). */
 static int parse_bytes(const char *opt, const char *text, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(text, &end, 10);
-	unsigned shift = 0;
-	if (*end && !end[1])
-		shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 99;
-	else if (*end)
-		shift = 99;
-	if (errno || end == text || text[0] == '-' || shift == 99 || (shift && v > (UINT64_MAX >> shift)) || v == 0) {
+	if (gf_parse_bytes(text, out) < 0 || *out == 0) {
 		fprintf(stderr, "gf-gmsd: %s: expected a positive size such as 1048576, 512M or 8G, got '%s'\n", opt, text);
 		return 2;
 	}
-	*out = (uint64_t)v << shift;
 	return 0;
 }
 

@@ -33,23 +33,14 @@ struct lock_opts {
 	const char *model;
 };
 
-/* A byte count: digits with an optional K, M, G or T (binary) suffix. */
+/* A byte count (gf_parse_bytes: 512M, 2G, ...). */
 static int parse_size(const char *cmd, const char *opt, const char *text, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(text, &end, 10);
-	unsigned shift = 0;
-	if (*end && !end[1])
-		shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 99;
-	else if (*end)
-		shift = 99;
-	if (errno || end == text || text[0] == '-' || shift == 99 || (shift && v > (UINT64_MAX >> shift))) {
+	if (gf_parse_bytes(text, out) < 0) {
 		fprintf(stderr, "gfctl lock %s: %s: expected a size such as 1048576, 512M or 2G, got '%s'\n", cmd, opt,
 			text);
 		return -1;
 	}
-	*out = (uint64_t)v << shift;
 	return 0;
 }
 

@@ -126,6 +126,13 @@ GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, 
  * detail message on anything else (negative, overflow, unknown unit).
  */
 GF_EXPORT int gf_parse_duration_ms(const char *text, uint64_t *out_ms);
+/**
+ * Parse a byte count as the tools write them: digits with an optional
+ * binary suffix, "B", "K"/"k"/"KiB", "M"/"MiB", "G"/"GiB" or "T"/"TiB"
+ * ("512M" is 536870912). Returns GF_ERR_INVALID_ARG with a detail message on
+ * anything else (empty, negative, overflow, unknown suffix).
+ */
+GF_EXPORT int gf_parse_bytes(const char *text, uint64_t *out);
 /** @} */
 
 #ifdef __cplusplus

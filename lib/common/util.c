@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -204,4 +205,29 @@ bool gf_pool_uuid_parse(const char *s, char out[GF_POOL_UUID_MAX])
 	buf[o] = '\0';
 	memcpy(out, buf, o + 1);
 	return true;
+}
+
+GF_EXPORT int gf_parse_bytes(const char *text, uint64_t *out)
+{
+	if (!text || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "size: NULL argument");
+	static const struct {
+		const char *suffix;
+		unsigned shift;
+	} units[] = {{"", 0}, {"B", 0}, {"K", 10}, {"k", 10}, {"KiB", 10}, {"M", 20}, {"MiB", 20},
+		     {"G", 30}, {"GiB", 30}, {"T", 40}, {"TiB", 40}};
+	char *end;
+	errno = 0;
+	unsigned long long v = text[0] >= '0' && text[0] <= '9' ? strtoull(text, &end, 10) : 0;
+	if (text[0] < '0' || text[0] > '9' || errno)
+		return gf_err(GF_ERR_INVALID_ARG, "size \"%.64s\": expected digits with an optional K, M, G or T", text);
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(end, units[i].suffix) != 0)
+			continue;
+		if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
+			return gf_err(GF_ERR_INVALID_ARG, "size \"%.64s\" is too large", text);
+		*out = (uint64_t)v << units[i].shift;
+		return 0;
+	}
+	return gf_err(GF_ERR_INVALID_ARG, "size \"%.64s\": unknown suffix (use K, M, G or T)", text);
 }

@@ -78,6 +78,29 @@ static void test_uri_listen_connect(void **state)
 	assert_int_equal(gf_uri_connect(&u, gf_now_us() + 500000, &c), GF_ERR_UNREACHABLE);
 }
 
+static void test_bytes(void **state)
+{
+	(void)state;
+	uint64_t b = 7;
+	static const struct {
+		const char *text;
+		uint64_t want;
+	} ok[] = {{"0", 0}, {"1048576", 1048576}, {"16B", 16}, {"4k", 4096}, {"4K", 4096}, {"4KiB", 4096},
+		  {"512M", 512ull << 20}, {"2MiB", 2ull << 20}, {"8G", 8ull << 30}, {"1GiB", 1ull << 30},
+		  {"3T", 3ull << 40}, {"16777215T", 16777215ull << 40}, {"18446744073709551615", UINT64_MAX}};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		assert_int_equal(gf_parse_bytes(ok[i].text, &b), 0);
+		assert_true(b == ok[i].want);
+	}
+	b = 7;
+	static const char *bad[] = {"", "-1", " 1", "1 ", "M", "1.5G", "1X", "1MB", "16777216T",
+				    "18446744073709551616", "1KK", "+1"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(gf_parse_bytes(bad[i], &b), GF_ERR_INVALID_ARG);
+	assert_true(b == 7); /* nothing written on failure */
+	assert_int_equal(gf_parse_bytes(NULL, &b), GF_ERR_INVALID_ARG);
+}
+
 static void test_duration(void **state)
 {
 	uint64_t ms = 7;
@@ -141,7 +164,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_uri_ok),       cmocka_unit_test(test_uri_bad),
-		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration),
+		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration), cmocka_unit_test(test_bytes),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
