@@ -269,7 +269,7 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 /* Put the complete temporary in place of @base: a plain rename when nothing
  * (or an empty directory) is there, else an atomic exchange with the old
  * snapshot, which is removed afterwards. */
-static int install(int pfd, const char *tmpname, const char *base, const char *dir)
+static int install(int pfd, const char *tmpname, const char *base, const char *dir, bool *displaced)
 {
 	if (renameat(pfd, tmpname, pfd, base) == 0)
 		return 0;
@@ -285,7 +285,7 @@ static int install(int pfd, const char *tmpname, const char *base, const char *d
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s exists and is not a snapshot directory; not replacing it", dir);
 	if (renameat2(pfd, tmpname, pfd, base, RENAME_EXCHANGE) < 0)
 		return file_err(errno, "snapshot: exchange with the previous snapshot at %s", dir);
-	remove_snapshot_dir(pfd, tmpname);
+	*displaced = true; /* the old snapshot is now at tmpname: removed once the new one is durable */
 	return 0;
 }
 
@@ -328,8 +328,9 @@ int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_m
 	rc = tfd < 0 ? file_err(errno, "snapshot: open temporary directory %s", tmpname)
 		     : write_files(tfd, tmpname, m, mf, allocs);
 	gf_close(tfd);
+	bool displaced = false;
 	if (rc == 0)
-		rc = install(pfd, tmpname, base, dir);
+		rc = install(pfd, tmpname, base, dir, &displaced);
 	if (rc == 0 && fsync(pfd) < 0)
 		rc = file_err(errno, "snapshot: fsync directory %s", parent);
 	if (rc < 0) {
@@ -338,11 +339,15 @@ int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_m
 		close(pfd);
 		return rc;
 	}
-	close(pfd);
+	/* The new snapshot is in place and durable: the time it took. Freeing
+	 * the previous one's blocks (a second on some disks) is clean-up. */
 	if (stats) {
 		stats->bytes = mf->total_bytes;
 		stats->elapsed_us = gf_now_us() - t0;
 	}
+	if (displaced)
+		remove_snapshot_dir(pfd, tmpname);
+	close(pfd);
 	gf_log(GF_LOG_INFO, "gms", "snapshot=%s bytes=%" PRIu64 " allocations=%zu generation=%" PRIu64 " msg=\"snapshot written\"",
 	       dir, mf->total_bytes, mf->nallocs, mf->generation);
 	return 0;

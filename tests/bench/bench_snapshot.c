@@ -5,7 +5,10 @@
  * same run: a write loop from the same mapped memory into a file beside the
  * snapshot plus fsync (what a snapshot must at least do), and a read loop of
  * that file into a fresh memfd (what a restore must at least do: the host
- * backend's allocations are memfds).
+ * backend's allocations are memfds). Each timed copy starts from the same
+ * state (sync, then half a second for the disk), and neither side's figure
+ * includes freeing its previous copy. Every round's times are in the JSON
+ * line too: on a virtual disk they can swing several-fold between rounds.
  *
  * usage: bench-snapshot [TOTAL_MIB [NALLOCS [ROUNDS [DIR...]]]]
  *   defaults: 1024 MiB in 256 allocations, 3 rounds, WARM=/dev/shm and
@@ -47,9 +50,21 @@ static void die(const char *what, int rc)
 	exit(1);
 }
 
-/* Baseline write: the mapped bytes into one file with a plain write loop, then fsync. */
+/* No dirty pages, and a moment for the disk to finish what the last copy
+ * (and its deletions) queued, so each timed copy starts from the same state. */
+static void settle(void)
+{
+	sync();
+	usleep(500000);
+}
+
+/* Baseline write: the mapped bytes into a new file with a plain write loop,
+ * then fsync. Like the snapshot's figure, it excludes freeing the previous
+ * copy (unlinked before the clock starts). */
 static int64_t plain_write(const char *path, const uint8_t *p, size_t n)
 {
+	unlink(path);
+	settle();
 	int64_t t0 = gf_now_us();
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
@@ -146,15 +161,20 @@ int main(int argc, char **argv)
 		snprintf(plain, sizeof(plain), "%s/gf-bench-plain-%ld", dirs[d], (long)getpid());
 		int64_t sw[99], pw[99], sr[99], pr[99];
 		for (int r = 0; r < rounds; r++) {
-			/* Alternate the order so neither side always gets the warmer cache. */
+			/* Alternate the order so neither side always gets the warmer cache,
+			 * and start each timed copy with no dirty pages left by the one
+			 * before (sync, untimed): on a disk, write-back of the previous
+			 * gigabyte otherwise lands on whichever copy runs second. */
 			struct gms_snap_stats st;
 			if (r % 2)
 				pw[r] = plain_write(plain, p, bytes);
+			settle();
 			if ((rc = gms_snapshot_write(snap, m, mf, allocs, &st)) < 0)
 				die("snapshot", rc);
 			sw[r] = st.elapsed_us;
 			if (!(r % 2))
 				pw[r] = plain_write(plain, p, bytes);
+			settle();
 
 			struct gms_manifest *back;
 			gf_mem_alloc **got;
@@ -171,6 +191,13 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		}
+		char per[4][99 * 12];
+		const int64_t *series[4] = {sw, pw, sr, pr};
+		for (int k = 0; k < 4; k++) {
+			size_t at = 0;
+			for (int r = 0; r < rounds; r++)
+				at += (size_t)snprintf(per[k] + at, sizeof(per[k]) - at, "%s%lld", r ? "," : "", (long long)series[k][r]);
+		}
 		int64_t msw = median(sw, rounds), mpw = median(pw, rounds), msr = median(sr, rounds), mpr = median(pr, rounds);
 		printf("%-24s %10zu %12s %12.2f %12.2f %8.2f\n", dirs[d], bytes >> 20, "snapshot", gbps(bytes, msw),
 		       gbps(bytes, mpw), (double)mpw / (double)msw);
@@ -179,10 +206,11 @@ int main(int argc, char **argv)
 		printf("{\"dir\": \"%s\", \"bytes\": %zu, \"allocations\": %zu, \"rounds\": %d, "
 		       "\"snapshot_us\": %lld, \"plain_write_us\": %lld, \"restore_us\": %lld, \"plain_read_us\": %lld, "
 		       "\"snapshot_gbps\": %.3f, \"plain_write_gbps\": %.3f, \"restore_gbps\": %.3f, \"plain_read_gbps\": %.3f, "
-		       "\"snapshot_ratio\": %.3f, \"restore_ratio\": %.3f}\n",
+		       "\"snapshot_ratio\": %.3f, \"restore_ratio\": %.3f, \"snapshot_rounds_us\": [%s], "
+		       "\"plain_write_rounds_us\": [%s], \"restore_rounds_us\": [%s], \"plain_read_rounds_us\": [%s]}\n",
 		       dirs[d], bytes, nallocs, rounds, (long long)msw, (long long)mpw, (long long)msr, (long long)mpr,
 		       gbps(bytes, msw), gbps(bytes, mpw), gbps(bytes, msr), gbps(bytes, mpr), (double)mpw / (double)msw,
-		       (double)mpr / (double)msr);
+		       (double)mpr / (double)msr, per[0], per[1], per[2], per[3]);
 		fflush(stdout);
 		char cmd[2200];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", snap, plain);
