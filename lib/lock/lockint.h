@@ -53,6 +53,14 @@ int gf_lock_state_open_dir(const char *path, int *dirfd, char **name, char **tmp
 /* gf_lock_state_store() relative to an open directory: temp file @tmpname,
  * fdatasync, rename to @name, fsync of @dirfd. */
 int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, const struct gf_lock_state *st);
+/* Create (empty) the temp file gf_lock_state_store_at() writes next: a fd,
+ * or a negative error. A server opens it ahead so a grant's write skips the
+ * file creation. */
+int gf_lock_state_prepare(int dirfd, const char *tmpname);
+/* gf_lock_state_store_at() into @fd, a temp file from gf_lock_state_prepare()
+ * (-1: create it now). Closes @fd. */
+int gf_lock_state_store_prepared(int dirfd, const char *name, const char *tmpname, int fd,
+				 const struct gf_lock_state *st);
 
 /* A LockStatus message as a JSON object (malloc'd text); status_json.c. */
 int gf_lock_status_to_json(const gf_LockStatus *s, char **json);

@@ -63,6 +63,7 @@ struct gf_lockd {
 	/* Kept open so a write does not resolve the path again (a grant's latency). */
 	int state_dirfd;
 	char *state_name, *state_tmpname;
+	int state_next_fd; /* the next store's temp file, created ahead (-1: none) */
 	/* The next grant's session token, drawn while idle, not between a
 	 * holder's exit and the next grant. */
 	uint8_t next_token[GF_LOCK_TOKEN_LEN];
@@ -157,6 +158,7 @@ int gf_lockd_new(gf_lockd **out)
 		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
 	d->state_lock_fd = -1;
 	d->state_dirfd = -1;
+	d->state_next_fd = -1;
 	d->exit_pidfd = -1;
 	d->reconnect_window_ms = 10000;
 	d->exit_wait_ms = 10000;
@@ -207,6 +209,7 @@ void gf_lockd_free(gf_lockd *d)
 	gf_srv_free(d->srv);
 	gf_close(d->exit_pidfd);
 	gf_close(d->state_lock_fd);
+	gf_close(d->state_next_fd);
 	gf_close(d->state_dirfd);
 	free(d->state_name);
 	free(d->state_tmpname);
@@ -322,12 +325,24 @@ static const char *tok_short(const uint8_t *t, char *buf)
 	return buf;
 }
 
+/* Create the next store's temp file now, off the grant's path (a grant
+ * then writes, syncs and renames; creating the file was half its cost).
+ * Best effort: without it the store creates the file itself. */
+static void prepare_store(gf_lockd *d)
+{
+	if (d->state_path && d->state_next_fd < 0) {
+		int fd = gf_lock_state_prepare(d->state_dirfd, d->state_tmpname);
+		d->state_next_fd = fd >= 0 ? fd : -1;
+	}
+}
+
 /* Persist d->rec. On failure grants stop until a retry succeeds. */
 static int store(gf_lockd *d)
 {
 	if (!d->state_path)
 		return 0;
-	int rc = gf_lock_state_store_at(d->state_dirfd, d->state_name, d->state_tmpname, &d->rec);
+	int rc = gf_lock_state_store_prepared(d->state_dirfd, d->state_name, d->state_tmpname, d->state_next_fd, &d->rec);
+	d->state_next_fd = -1;
 	if (rc < 0) {
 		flush_release_log(d);
 		gf_log(GF_LOG_ERR, "lock", "msg=\"cannot write the state file; holding grants\" path=%s error=\"%s\"",
@@ -773,8 +788,10 @@ static void settle(void *ctx)
 	flush_release_log(d);
 	if (d->release_unsaved && !d->holder && store(d) == 0)
 		d->release_unsaved = false;
+	/* Ready for the next grant: its token, and its state file's temp file. */
 	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
 		d->next_token_ready = true;
+	prepare_store(d);
 }
 
 /* Listeners still pending once no holder can hand them back are bound afresh, retried while busy. */

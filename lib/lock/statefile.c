@@ -212,16 +212,32 @@ static int write_all(int fd, const char *p, size_t len)
 	return 0;
 }
 
+int gf_lock_state_prepare(int dirfd, const char *tmpname)
+{
+	int fd = openat(dirfd, tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmpname);
+	return fd;
+}
+
 int gf_lock_state_store_at(int dirfd, const char *name, const char *tmpname, const struct gf_lock_state *st)
+{
+	return gf_lock_state_store_prepared(dirfd, name, tmpname, -1, st);
+}
+
+int gf_lock_state_store_prepared(int dirfd, const char *name, const char *tmpname, int fd,
+				 const struct gf_lock_state *st)
 {
 	char text[GF_LOCK_STATE_TEXT_MAX + 1];
 	int len = gf_lock_state_format_buf(st, text, sizeof(text) - 1);
-	if (len < 0)
+	if (len < 0) {
+		gf_close(fd);
 		return len;
+	}
 	text[len++] = '\n';
-	int rc, fd = openat(dirfd, tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "state file: create %s", tmpname);
+	int rc;
+	if (fd < 0 && (fd = gf_lock_state_prepare(dirfd, tmpname)) < 0)
+		return fd;
 	/* fdatasync: the temp file is new, so its size (the only metadata
 	 * needed to read the data back) is flushed with the data. */
 	if (write_all(fd, text, (size_t)len) < 0 || fdatasync(fd) < 0) {
