@@ -805,6 +805,8 @@ static void collect_timeline(const struct demo *s, struct timeline *tl)
 	if (tl->release && *field(line, "seen_mono_us", seen, sizeof(seen)))
 		tl->release = strtoll(seen, NULL, 10);
 	tl->grant = find_event(s->lockd->log, s->kill_at, "granted", "engine-b", line, sizeof(line));
+	if (tl->grant && *field(line, "send_mono_us", seen, sizeof(seen)))
+		tl->grant = strtoll(seen, NULL, 10); /* the line, like the release's, is written after the send */
 	tl->remap = find_event(s->eb->log, s->kill_at, "weights_remapped", NULL, NULL, 0);
 	tl->kv = find_event(s->eb->log, s->kill_at, "kv_allocated", NULL, NULL, 0);
 	tl->serve = find_event(s->eb->log, s->kill_at, "event=serving", NULL, NULL, 0);

@@ -745,10 +745,14 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	/* Logging and watching the new holder's process wait until the grant
 	 * is on its way: the pidfd is level-triggered, an exit in between is
 	 * still reported. A failed send closes the connection (on_close). */
+	/* When the grant is handed to the socket: sendmsg wakes the new holder,
+	 * which may run before this thread does again. */
+	int64_t send_at = gf_now_us();
 	int sent = gf_srv_send(d->srv, c->peer, m, lfds, nl);
 	flush_release_log(d);
-	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s", reclaimed ? "reclaimed" : "granted",
-	       c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix");
+	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s send_mono_us=%lld",
+	       reclaimed ? "reclaimed" : "granted", c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix",
+	       (long long)send_at);
 	if (sent == 0 && p->pidfd >= 0)
 		c->pid_watched = gf_srv_watch_add(d->srv, p->pidfd, &c->pid_watch) == 0;
 	return 0;
