@@ -176,27 +176,53 @@ static int fill_identity(gf_mem *m, struct gms_manifest *mf)
  * thread writes the chunk before, so the writes find their pages mapped and
  * neither the faults nor the hash add to the copy's time.
  */
-static int write_host(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+/* Every allocation of @mf in chunks of at most GF_MEM_XFER_CHUNK, in data
+ * file order: @fn gets the allocation's index, the chunk's address in the
+ * mapping at @base, its offset in the allocation and length, and whether it
+ * is the allocation's last. Stops at the first error. */
+typedef int (*chunk_fn)(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last);
+static int each_chunk(const struct gms_manifest *mf, uint64_t base, chunk_fn fn, void *ud)
 {
-	const uint8_t *prev = NULL;
-	size_t prev_n = 0;
 	int rc = 0;
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
 		const uint8_t *p = (const uint8_t *)(uintptr_t)(base + mf->allocs[i].offset);
 		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += GF_MEM_XFER_CHUNK) {
 			uint64_t left = mf->allocs[i].size - off;
 			size_t n = left < GF_MEM_XFER_CHUNK ? (size_t)left : GF_MEM_XFER_CHUNK;
-			/* Returns once the previous chunk is hashed (and so mapped). */
-			gms_hasher_submit_ex(h, p + off, n, true, n == left ? &mf->allocs[i].xxh3 : NULL);
-			if (prev)
-				rc = write_all(fd, prev, prev_n, path);
-			prev = p + off;
-			prev_n = n;
+			rc = fn(ud, i, p + off, off, n, n == left);
 		}
 	}
+	return rc;
+}
+
+struct write_ahead {
+	int fd;
+	const char *path;
+	struct gms_manifest *mf;
+	struct gms_hasher *h;
+	const uint8_t *prev; /* the chunk handed to the hasher before this one */
+	size_t prev_n;
+};
+
+static int write_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last)
+{
+	(void)off;
+	struct write_ahead *w = ud;
+	/* Returns once the previous chunk is hashed (and so mapped). */
+	gms_hasher_submit_ex(w->h, p, n, true, last ? &w->mf->allocs[i].xxh3 : NULL);
+	int rc = w->prev ? write_all(w->fd, w->prev, w->prev_n, w->path) : 0;
+	w->prev = p;
+	w->prev_n = n;
+	return rc;
+}
+
+static int write_host(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+{
+	struct write_ahead w = {.fd = fd, .path = path, .mf = mf, .h = h};
+	int rc = each_chunk(mf, base, write_chunk, &w);
 	gms_hasher_wait(h);
-	if (rc == 0 && prev)
-		rc = write_all(fd, prev, prev_n, path);
+	if (rc == 0 && w.prev)
+		rc = write_all(fd, w.prev, w.prev_n, path);
 	return rc;
 }
 
@@ -536,31 +562,39 @@ static int check_compatible(const char *dir, gf_mem *m, const struct gms_manifes
  * in by the copy. What landed is then hashed through the mapping, on the
  * helper thread, one chunk behind the copy.
  */
+struct fill {
+	gf_mem_xfer *x;
+	int fd;
+	uint64_t file_off;
+	gf_mem_alloc *const *allocs;
+	struct gms_hasher *h;
+	uint64_t *got;
+};
+
+static int fill_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last)
+{
+	struct fill *f = ud;
+	int rc = gf_mem_xfer_fill_from_file(f->x, f->allocs[i], off, f->fd, &f->file_off, n);
+	if (rc == 0)
+		gms_hasher_submit_ex(f->h, p, n, true, last ? &f->got[i] : NULL);
+	return rc;
+}
+
 static int restore_files(const char *dir, gf_mem_xfer *x, int fd, uint64_t base, const struct gms_manifest *mf,
 			 gf_mem_alloc *const *allocs, struct gms_hasher *h)
 {
-	uint64_t *got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*got));
-	if (!got)
+	struct fill f = {.x = x, .fd = fd, .allocs = allocs, .h = h,
+			 .got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(uint64_t))};
+	if (!f.got)
 		return gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
-	uint64_t file_off = 0;
-	int rc = 0;
-	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
-		const uint8_t *p = (const uint8_t *)(uintptr_t)(base + mf->allocs[i].offset);
-		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += GF_MEM_XFER_CHUNK) {
-			uint64_t left = mf->allocs[i].size - off;
-			size_t n = left < GF_MEM_XFER_CHUNK ? (size_t)left : GF_MEM_XFER_CHUNK;
-			rc = gf_mem_xfer_fill_from_file(x, allocs[i], off, fd, &file_off, n);
-			if (rc == 0)
-				gms_hasher_submit_ex(h, p + off, n, true, n == left ? &got[i] : NULL);
-		}
-	}
+	int rc = each_chunk(mf, base, fill_chunk, &f);
 	gms_hasher_wait(h);
 	if (rc < 0)
 		rc = gf_err(rc, "snapshot: %s/" GMS_SNAP_DATA ": %s", dir, gf_error_detail());
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
-		if (got[i] != mf->allocs[i].xxh3)
-			rc = checksum_mismatch(dir, &mf->allocs[i], got[i]);
-	free(got);
+		if (f.got[i] != mf->allocs[i].xxh3)
+			rc = checksum_mismatch(dir, &mf->allocs[i], f.got[i]);
+	free(f.got);
 	return rc;
 }
 
