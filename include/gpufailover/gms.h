@@ -180,6 +180,14 @@ GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
  * mapped before).
  */
 GF_EXPORT int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms);
+/**
+ * Fill the page tables of every mapped allocation now (host backend, one
+ * call per allocation), so the first reads take no page faults; a no-op on
+ * device memory. A hint: where the kernel cannot, the faults come later as
+ * usual. Blocks for the work only. Errors: GF_ERR_INVALID_ARG (NULL),
+ * GF_ERR_STATE (nothing mapped: asleep, or no committed layout yet).
+ */
+GF_EXPORT int gf_gms_prefault(gf_gms *gms);
 
 /* ---- loss detection ---- */
 /**

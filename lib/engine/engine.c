@@ -6,8 +6,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -418,28 +416,6 @@ static int alloc_private(gf_engine *e, int i, int64_t deadline_us)
 	return rc;
 }
 
-/*
- * Host memory only: fill the page tables of the remapped weights now, in one
- * call per allocation, instead of taking a page fault per 64 KiB in the
- * first request. (Device memory has no such faults.) A hint: failure, or a
- * kernel without MADV_POPULATE_READ, leaves the faults to the first request.
- */
-static void prefault_weights(struct engine_dev *d)
-{
-#ifdef MADV_POPULATE_READ
-	if (gf_mem_kind(d->mem) != GF_MEM_HOST)
-		return;
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	for (size_t k = 0; k < gf_gms_alloc_count(d->gms); k++) {
-		struct gf_gms_alloc_info ai;
-		if (gf_gms_alloc_at(d->gms, k, &ai) == 0 && ai.addr % page == 0)
-			madvise((void *)(uintptr_t)ai.addr, (size_t)ai.size, MADV_POPULATE_READ);
-	}
-#else
-	(void)d;
-#endif
-}
-
 GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 {
 	if (!e)
@@ -460,8 +436,9 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 			goto fail;
 		e->dev[i].mapped = true;
 	}
+	/* Host backend: the first request would otherwise take a page fault per 64 KiB of weights. */
 	for (int i = 0; i < e->ndev; i++)
-		prefault_weights(&e->dev[i]);
+		gf_gms_prefault(e->dev[i].gms);
 	int64_t t1 = e->clock.now_us();
 	gf_log(GF_LOG_INFO, "engine", "event=weights_remapped us=%" PRId64 " devices=%d", t1 - t0, e->ndev);
 	if (e->private_bytes > 0) {

@@ -624,6 +624,13 @@ static void test_unmap_remap(void **state)
 	OK(gf_gms_remap(r, 1000));
 	assert_int_equal(gf_gms_round_trips(r) - rt, 1);
 	assert_int_equal(gf_gms_remap_begin(r, 1000), GF_ERR_STATE); /* connected */
+	/* Prefault: page tables filled, the bytes unchanged; refused while asleep. */
+	OK(gf_gms_prefault(r));
+	check_bytes(r, 0x10);
+	assert_int_equal(gf_gms_prefault(NULL), GF_ERR_INVALID_ARG);
+	OK(gf_gms_unmap(r));
+	assert_int_equal(gf_gms_prefault(r), GF_ERR_STATE);
+	OK(gf_gms_remap(r, 1000));
 	for (size_t i = 0; i < 4; i++) {
 		OK(gf_gms_alloc_at(r, i, &after));
 		assert_int_equal(after.addr, before[i].addr);
