@@ -123,9 +123,10 @@ static int host_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
 	if (!have_total || !have_avail)
 		return gf_err(GF_ERR_IO, "/proc/meminfo lacks MemTotal or MemAvailable");
 	/* Test knob: a machine short of memory on demand (the engine's memory
-	 * gate). Refused loudly when it is not a plain byte count. */
+	 * gate). Empty is unset; refused loudly when it is not a plain byte
+	 * count. */
 	const char *knob = getenv("GF_MEM_HOST_AVAILABLE");
-	if (knob) {
+	if (knob && *knob) {
 		char *end;
 		errno = 0;
 		unsigned long long v = strtoull(knob, &end, 10);

@@ -13,7 +13,8 @@
  * Environment: GF_TEST_NOFORK=1 runs the tests in this process, one after
  * the other, still checking fds per test (the valgrind setup sets it, as
  * valgrind reports nothing from forked children there); GF_TEST_TIMEOUT=S
- * sets the per-test deadline (default 120 s). */
+ * sets the per-test deadline (default 120 s); GF_TEST_ONLY=NAME runs only
+ * the tests whose name contains NAME (the others are reported as skipped). */
 #ifndef GF_TEST_RUNNER_H
 #define GF_TEST_RUNNER_H
 
@@ -83,9 +84,16 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 	}
 	fprintf(out, "1..%zu\n", n);
 	fflush(out);
+	tu_env_reserve(); /* before any test starts a thread */
+	const char *only = getenv("GF_TEST_ONLY");
 	for (size_t i = 0; i < n; i++) {
 		const char *why = NULL;
+		char whybuf[64];
 		int ok;
+		if (only && *only && !strstr(tests[i].name, only)) {
+			fprintf(out, "ok %zu - %s # SKIP not in GF_TEST_ONLY\n", i + 1, tests[i].name);
+			continue;
+		}
 		if (nofork && !strcmp(nofork, "1")) {
 			ok = tu_run_one(&tests[i], setup, teardown) == 0;
 		} else {
@@ -106,6 +114,13 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 				why = "timed out";
 			else if (WIFSIGNALED(status))
 				why = strsignal(WTERMSIG(status));
+			else if (!ok) {
+				/* Say how it ended: a status other than 1 is not
+				 * cmocka's failure (exit(-1) is a cmocka assertion
+				 * outside the test's own thread or fixtures). */
+				snprintf(whybuf, sizeof(whybuf), "exit status %d", WEXITSTATUS(status));
+				why = whybuf;
+			}
 		}
 		failed += !ok;
 		fprintf(out, "%sok %zu - %s%s%s\n", ok ? "" : "not ", i + 1, tests[i].name, why ? " # " : "",

@@ -54,6 +54,36 @@ static inline void tu_capture_log(int level, const char *component, const char *
 		snprintf(buf + used, 4096 - used, "%s\n", msg);
 }
 
+/*
+ * Test knobs in the environment while threads run. The fake driver reads
+ * its FAKECUDA_* knobs with getenv() on every call, from every thread (the
+ * in-process GMS and lock servers included). setenv() of a name not yet in
+ * the environment, and unsetenv(), resize or shift the environment array
+ * under a concurrent getenv(): a crash in the other thread (seen as a
+ * silent exit status 255 under cmocka, whose signal handler replaces the
+ * sanitizers'). So every knob a test changes exists from the start
+ * (tu_env_reserve, called by the runner before any test) and is changed
+ * with tu_env_set(), which replaces the value in place. An empty value
+ * means "not set" to the fake driver and to the library's test knobs.
+ */
+static const char *const tu_env_knobs[] = {
+	"FAKECUDA_FAIL", "FAKECUDA_COPY_FAIL", "FAKECUDA_OOM_AFTER_BYTES", "FAKECUDA_TOTAL_MEM",
+	"FAKECUDA_NO_POSIX_FD", "FAKECUDA_DRIVER_VERSION", "GF_MEM_HOST_AVAILABLE",
+};
+
+static inline void tu_env_reserve(void)
+{
+	for (size_t i = 0; i < sizeof(tu_env_knobs) / sizeof(tu_env_knobs[0]); i++)
+		if (!getenv(tu_env_knobs[i]))
+			setenv(tu_env_knobs[i], "", 1);
+}
+
+/* Sets knob @name to @value; NULL clears it (to ""). */
+static inline void tu_env_set(const char *name, const char *value)
+{
+	setenv(name, value ? value : "", 1);
+}
+
 #ifdef cmocka_unit_test
 #include "runner.h"
 #endif

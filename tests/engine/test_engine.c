@@ -203,10 +203,10 @@ static int teardown(void **state)
 	lockd_stop(f);
 	/* Everything the engine and the servers opened is closed again. */
 	EVENTUALLY(tu_count_fds() == f->fds);
-	unsetenv("FAKECUDA_FAIL");
-	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
-	unsetenv("FAKECUDA_TOTAL_MEM");
-	unsetenv("GF_MEM_HOST_AVAILABLE");
+	tu_env_set("FAKECUDA_FAIL", NULL);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
+	tu_env_set("FAKECUDA_TOTAL_MEM", NULL);
+	tu_env_set("GF_MEM_HOST_AVAILABLE", NULL);
 	gt_rmtree(f->dir);
 	free(f->dir);
 	free(f);
@@ -724,9 +724,9 @@ static void test_wake_private_failure_is_all_or_nothing(void **state)
 	 * maps one: the map of the last device's region fails. */
 	char spec[64];
 	snprintf(spec, sizeof(spec), "cuMemMap:%d", 2 * ndev);
-	setenv("FAKECUDA_FAIL", spec, 1);
+	tu_env_set("FAKECUDA_FAIL", spec);
 	int rc = gf_engine_wake_up(e);
-	unsetenv("FAKECUDA_FAIL");
+	tu_env_set("FAKECUDA_FAIL", NULL);
 	assert_int_equal(rc, GF_ERR_DRIVER);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	assert_int_equal(mapped_count(e), 0);
@@ -738,7 +738,7 @@ static void test_wake_private_failure_is_all_or_nothing(void **state)
 static void end_oom_after_three(int n)
 {
 	if (n == 3)
-		unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+		tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
 }
 
 static void test_wake_retries_oom(void **state)
@@ -747,7 +747,7 @@ static void test_wake_retries_oom(void **state)
 	gf_engine *e = f->e;
 	to_waking(e);
 	/* The device is full until the third backoff sleep frees it. */
-	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "0");
 	on_sleep = end_oom_after_three;
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	struct gf_engine_metrics m;
@@ -763,9 +763,9 @@ static void test_wake_oom_until_timeout(void **state)
 	struct fixture *f = *state;
 	gf_engine *e = f->e; /* waking timeout 2 s */
 	to_waking(e);
-	setenv("FAKECUDA_OOM_AFTER_BYTES", "0", 1);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "0");
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_OUT_OF_MEMORY);
-	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
 	assert_non_null(strstr(gf_error_detail(), "waking timeout"));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	/* Retried for the waking timeout, not longer (real time passed too). */
@@ -1274,7 +1274,7 @@ static bool gate_seen_waiting;
 static void close_gate(gf_engine *e)
 {
 	if (kind == GF_MEM_HOST) {
-		setenv("GF_MEM_HOST_AVAILABLE", "4096", 1);
+		tu_env_set("GF_MEM_HOST_AVAILABLE", "4096");
 		return;
 	}
 	uint64_t most_used = 0;
@@ -1286,13 +1286,13 @@ static void close_gate(gf_engine *e)
 	}
 	char v[32];
 	snprintf(v, sizeof(v), "%llu", (unsigned long long)(most_used + NEED_BYTES / 2));
-	setenv("FAKECUDA_TOTAL_MEM", v, 1);
+	tu_env_set("FAKECUDA_TOTAL_MEM", v);
 }
 
 static void open_gate(void)
 {
-	unsetenv("GF_MEM_HOST_AVAILABLE");
-	unsetenv("FAKECUDA_TOTAL_MEM");
+	tu_env_set("GF_MEM_HOST_AVAILABLE", NULL);
+	tu_env_set("FAKECUDA_TOTAL_MEM", NULL);
 }
 
 static void open_gate_after_three(int n)
@@ -1370,9 +1370,9 @@ static void test_memory_gate_bad_knob(void **state)
 	struct fixture *f = *state;
 	gf_engine *e = f->e;
 	to_standby(e);
-	setenv("GF_MEM_HOST_AVAILABLE", "12x", 1);
+	tu_env_set("GF_MEM_HOST_AVAILABLE", "12x");
 	int rc = gf_engine_acquire(e, -1);
-	unsetenv("GF_MEM_HOST_AVAILABLE");
+	tu_env_set("GF_MEM_HOST_AVAILABLE", NULL);
 	assert_int_equal(rc, GF_ERR_INVALID_ARG);
 	assert_non_null(strstr(gf_error_detail(), "GF_MEM_HOST_AVAILABLE"));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);

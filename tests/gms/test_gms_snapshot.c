@@ -514,9 +514,9 @@ static void test_copy_fault(void **state)
 	const char *dir = path_in("copy-fault");
 	struct layout *a = make_layout(11), *b = make_layout(12);
 	write_ok(a, dir);
-	setenv("FAKECUDA_COPY_FAIL", "2", 1);
+	tu_env_set("FAKECUDA_COPY_FAIL", "2");
 	int rc = gms_snapshot_write(dir, b->m, b->mf, b->allocs, NULL);
-	unsetenv("FAKECUDA_COPY_FAIL");
+	tu_env_set("FAKECUDA_COPY_FAIL", NULL);
 	if (rc != GF_ERR_DRIVER || !strstr(gf_error_detail(), "cuMemcpyDtoHAsync"))
 		fail_msg("copy fault: got %s \"%s\"", gf_error_name(rc), gf_error_detail());
 	assert_int_equal(temps_in(tmp), 0);

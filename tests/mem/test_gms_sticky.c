@@ -61,7 +61,7 @@ static void case_sticky_reader(void)
 	check_weights(g);
 	/* A kernel faults: the next synchronize reports it, and from then on
 	 * the driver fails everything. */
-	setenv("FAKECUDA_FAIL", "cuCtxSynchronize:1:700", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuCtxSynchronize:1:700");
 	CHECK_ERR(gf_mem_synchronize(m), GF_ERR_DRIVER, "CUDA_ERROR_ILLEGAL_ADDRESS");
 	CHECK(gf_mem_device_lost(m) == 1);
 	/* The loss path: unmap finishes (reporting the sticky error of its

@@ -25,12 +25,12 @@
 static int clear_knobs(void **state)
 {
 	(void)state;
-	unsetenv("FAKECUDA_FAIL");
-	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
-	unsetenv("FAKECUDA_NO_POSIX_FD");
-	unsetenv("FAKECUDA_DRIVER_VERSION");
+	tu_env_set("FAKECUDA_FAIL", NULL);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
+	tu_env_set("FAKECUDA_NO_POSIX_FD", NULL);
+	tu_env_set("FAKECUDA_DRIVER_VERSION", NULL);
 	unsetenv("FAKECUDA_DEVICES");
-	unsetenv("FAKECUDA_TOTAL_MEM");
+	tu_env_set("FAKECUDA_TOTAL_MEM", NULL);
 	return 0;
 }
 
@@ -64,7 +64,7 @@ static void test_oom_on_create(void **state)
 	gf_mem *m = open_cuda(0);
 	gf_mem_alloc *a = NULL, *b = NULL;
 	uint64_t fr, tot;
-	setenv("FAKECUDA_OOM_AFTER_BYTES", "6291456", 1); /* 3 granules */
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "6291456"); /* 3 granules */
 	assert_int_equal(gf_mem_create(m, 2 * GRAN, &a), 0);
 	assert_int_equal(gf_mem_create(m, 2 * GRAN, &b), GF_ERR_OUT_OF_MEMORY);
 	assert_null(b);
@@ -77,8 +77,8 @@ static void test_oom_on_create(void **state)
 	/* The device's own size limits too. A real device's free figure is
 	 * short of its total by what contexts take (hundreds of MiB, run under
 	 * FAKECUDA_CTX_OVERHEAD too): free is checked with that slack. */
-	setenv("FAKECUDA_TOTAL_MEM", "1073741824", 1);
-	unsetenv("FAKECUDA_OOM_AFTER_BYTES");
+	tu_env_set("FAKECUDA_TOTAL_MEM", "1073741824");
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
 	assert_int_equal(gf_mem_info(m, &fr, &tot), 0);
 	assert_int_equal(tot, 1073741824);
 	assert_true(fr <= tot && fr >= tot - (512u << 20));
@@ -91,17 +91,17 @@ static void test_driver_error_is_named(void **state)
 	(void)state;
 	gf_mem *m = open_cuda(0);
 	gf_mem_alloc *a = NULL;
-	setenv("FAKECUDA_FAIL", "cuMemCreate:1", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1");
 	assert_int_equal(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER);
 	assert_non_null(strstr(gf_error_detail(), "CUDA_ERROR_UNKNOWN"));
 	/* Only the nth call fails: errors are per call, never sticky. */
 	assert_int_equal(gf_mem_create(m, GRAN, &a), 0);
-	setenv("FAKECUDA_FAIL", "cuMemExportToShareableHandle:1:801", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemExportToShareableHandle:1:801");
 	int fd = -1;
 	assert_int_equal(gf_mem_export(a, &fd), GF_ERR_DRIVER);
 	assert_non_null(strstr(gf_error_detail(), "CUDA_ERROR_NOT_SUPPORTED"));
 	assert_int_equal(fd, -1);
-	setenv("FAKECUDA_FAIL", "cuMemRelease:1", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemRelease:1");
 	assert_int_equal(gf_mem_release(a), GF_ERR_DRIVER);
 	assert_int_equal(gf_mem_alloc_state(a), GF_MEM_ALLOC_CREATED);
 	assert_int_equal(gf_mem_alloc_free(a), 0);
@@ -120,13 +120,13 @@ static void run_map_many_failure(const char *knob, int expect)
 		maps[i] = (struct gf_mem_mapping){ (size_t)i * GRAN, a[i] };
 	}
 	assert_int_equal(gf_mem_reserve(m, 4 * GRAN, 0, &va), 0);
-	setenv("FAKECUDA_FAIL", knob, 1);
+	tu_env_set("FAKECUDA_FAIL", knob);
 	assert_int_equal(gf_mem_map_many(va, maps, 4, GF_MEM_READWRITE), expect);
 	for (int i = 0; i < 4; i++)
 		assert_int_not_equal(gf_mem_alloc_state(a[i]), GF_MEM_ALLOC_MAPPED);
 	expect_segv_reading(gf_mem_va_addr(va));
 	/* Nothing left behind in the driver either: the same map now works. */
-	unsetenv("FAKECUDA_FAIL");
+	tu_env_set("FAKECUDA_FAIL", NULL);
 	assert_int_equal(gf_mem_map_many(va, maps, 4, GF_MEM_READWRITE), 0);
 	memset((void *)(uintptr_t)gf_mem_va_addr(va), 1, 4 * GRAN);
 	gf_mem_va_free(va);
@@ -157,11 +157,11 @@ static void test_access_once_per_span(void **state)
 	assert_int_equal(gf_mem_reserve(m, 4 * GRAN, 0, &va), 0);
 	struct gf_mem_mapping span[3] = { { 0, a[0] }, { GRAN, a[1] }, { 2 * GRAN, a[2] } };
 	/* A second cuMemSetAccess call would fail: one call for one span. */
-	setenv("FAKECUDA_FAIL", "cuMemSetAccess:2", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemSetAccess:2");
 	assert_int_equal(gf_mem_map_many(va, span, 3, GF_MEM_READ), 0);
 	assert_int_equal(gf_mem_unmap_all(va), 0);
 	/* a different spelling of the same knob restarts its count */
-	setenv("FAKECUDA_FAIL", "cuMemSetAccess:2:999", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemSetAccess:2:999");
 	struct gf_mem_mapping gap[3] = { { 0, a[0] }, { GRAN, a[1] }, { 3 * GRAN, a[2] } };
 	assert_int_equal(gf_mem_map_many(va, gap, 3, GF_MEM_READ), GF_ERR_DRIVER);
 	gf_mem_va_free(va);
@@ -174,7 +174,7 @@ static void test_no_posix_fd(void **state)
 {
 	(void)state;
 	gf_mem *m = NULL;
-	setenv("FAKECUDA_NO_POSIX_FD", "1", 1);
+	tu_env_set("FAKECUDA_NO_POSIX_FD", "1");
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), GF_ERR_NOT_SUPPORTED);
 	assert_non_null(strstr(gf_error_detail(), "POSIX file descriptors"));
 	tu_logged()[0] = '\0';
@@ -191,7 +191,7 @@ static void test_old_driver(void **state)
 {
 	(void)state;
 	gf_mem *m = NULL;
-	setenv("FAKECUDA_DRIVER_VERSION", "11020", 1);
+	tu_env_set("FAKECUDA_DRIVER_VERSION", "11020");
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), GF_ERR_NOT_SUPPORTED);
 	assert_non_null(strstr(gf_error_detail(), "too old"));
 	assert_non_null(strstr(gf_error_detail(), "11.2"));

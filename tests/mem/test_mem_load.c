@@ -29,23 +29,23 @@ static void test_missing_entry_point(void **state)
 {
 	(void)state;
 	/* the 5th lookup is cuDeviceGetAttribute */
-	setenv("FAKECUDA_FAIL", "cuGetProcAddress:5", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuGetProcAddress:5");
 	expect_open_fails("lacks entry point cuDeviceGetAttribute");
 }
 
 static void test_old_driver_lacking_entry_point(void **state)
 {
 	(void)state;
-	setenv("FAKECUDA_DRIVER_VERSION", "11020", 1);
-	setenv("FAKECUDA_FAIL", "cuGetProcAddress:9", 1);
+	tu_env_set("FAKECUDA_DRIVER_VERSION", "11020");
+	tu_env_set("FAKECUDA_FAIL", "cuGetProcAddress:9");
 	expect_open_fails("too old: version 11.2");
-	unsetenv("FAKECUDA_DRIVER_VERSION");
+	tu_env_set("FAKECUDA_DRIVER_VERSION", NULL);
 }
 
 static void test_no_device(void **state)
 {
 	(void)state;
-	unsetenv("FAKECUDA_FAIL");
+	tu_env_set("FAKECUDA_FAIL", NULL);
 	setenv("FAKECUDA_DEVICES", "0", 1);
 	expect_open_fails("no CUDA device");
 	unsetenv("FAKECUDA_DEVICES");
@@ -54,9 +54,9 @@ static void test_no_device(void **state)
 static void test_init_failure_then_success(void **state)
 {
 	(void)state;
-	setenv("FAKECUDA_FAIL", "cuInit:1:804", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuInit:1:804");
 	expect_open_fails("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE");
-	unsetenv("FAKECUDA_FAIL");
+	tu_env_set("FAKECUDA_FAIL", NULL);
 	gf_mem *m = NULL;
 	int rc = gf_mem_open(&m, GF_MEM_CUDA, 0);
 	if (rc < 0)

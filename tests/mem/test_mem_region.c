@@ -79,9 +79,9 @@ static void expect_unwound(const char *knob, const char *value, int want_rc)
 	uint64_t used = used_bytes(m);
 	int fds = tu_count_fds();
 	gf_mem_region *r = NULL;
-	setenv(knob, value, 1);
+	tu_env_set(knob, value);
 	int rc = gf_mem_region_new(&r, m, 4u << 20);
-	unsetenv(knob);
+	tu_env_set(knob, NULL);
 	assert_int_equal(rc, want_rc);
 	assert_true(strlen(gf_error_detail()) > 0);
 	assert_null(r);

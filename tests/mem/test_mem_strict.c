@@ -47,7 +47,7 @@ static void case_sticky(void)
 	CHECK(gf_mem_reserve(m, GRAN, 0, &va) == 0);
 	CHECK(gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
 	CHECK(gf_mem_device_lost(m) == 0);
-	setenv("FAKECUDA_FAIL", "cuCtxSynchronize:1:700", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuCtxSynchronize:1:700");
 	/* 700 is unknown to the test driver's cuGetErrorName: named from cuda.h. */
 	CHECK_ERR(gf_mem_synchronize(m), GF_ERR_DRIVER, "CUDA_ERROR_ILLEGAL_ADDRESS (700)");
 	CHECK(gf_mem_device_lost(m) == 1);
@@ -277,9 +277,9 @@ static void case_unknown_code(void)
 {
 	gf_mem *m = open_cuda();
 	gf_mem_alloc *a = NULL;
-	setenv("FAKECUDA_FAIL", "cuMemCreate:1:222", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1:222");
 	CHECK_ERR(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)");
-	setenv("FAKECUDA_FAIL", "cuMemCreate:1:4242", 1);
+	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1:4242");
 	CHECK_ERR(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER, "CUDA error 4242 (4242)");
 	CHECK(gf_mem_device_lost(m) == 0);
 	gf_mem_free(m);
@@ -294,9 +294,9 @@ static void test_unknown_code(void **state)
 static void case_minimum_driver(void)
 {
 	gf_mem *m = NULL;
-	setenv("FAKECUDA_DRIVER_VERSION", "11080", 1);
+	tu_env_set("FAKECUDA_DRIVER_VERSION", "11080");
 	CHECK_ERR(gf_mem_open(&m, GF_MEM_CUDA, 0), GF_ERR_NOT_SUPPORTED, "too old: version 11.8, needs >= 12.0");
-	setenv("FAKECUDA_DRIVER_VERSION", "12000", 1);
+	tu_env_set("FAKECUDA_DRIVER_VERSION", "12000");
 	CHECK(gf_mem_open(&m, GF_MEM_CUDA, 0) == 0);
 	gf_mem_free(m);
 }
