@@ -343,6 +343,7 @@ static void test_legal_path(void **state)
 	uint64_t holder_epoch = gf_lock_epoch(h.lock);
 	int64_t acquire_called_us = t_now();
 	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	int64_t acquire_returned_us = t_now();
 	pthread_join(h.t, NULL);
 	gf_lock_free(h.lock);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
@@ -363,7 +364,11 @@ static void test_legal_path(void **state)
 	assert_int_equal(m.transitions, 3);
 	assert_int_equal(m.failovers, 1);
 	assert_int_equal(m.epoch, gf_engine_epoch(e));
-	assert_true(m.lock_wait_us >= h.released_us - acquire_called_us);
+	/* The wait is measured from the lock request (after the call's own
+	 * set-up, which a loaded machine may stretch) to the grant: inside the
+	 * call, and covering the hold but that set-up. */
+	assert_true(m.lock_wait_us <= acquire_returned_us - acquire_called_us);
+	assert_true(m.lock_wait_us >= h.released_us - acquire_called_us - 100000);
 	assert_true(m.remap_us >= 0 && m.private_alloc_us >= 0 && m.serve_us >= 0 && m.wake_total_us >= 0);
 	advance_ms(3000);
 	assert_int_equal(gf_engine_metrics(e, &m), 0);
