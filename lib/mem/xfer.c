@@ -256,6 +256,11 @@ int gf_mem_xfer_fill_from_file(gf_mem_xfer *x, gf_mem_alloc *a, uint64_t a_off, 
 	if (x->pipe[0] < 0 && pipe2(x->pipe, O_CLOEXEC) == 0)
 		fcntl(x->pipe[1], F_SETPIPE_SZ, 1 << 20); /* fewer round trips; the default 64 KiB works too */
 	loff_t in = (loff_t)*src_off, out = (loff_t)a_off;
+	/* From a disk: ask for this range and the next one in large reads now.
+	 * splice alone reads a pipe's worth at a time within the readahead
+	 * window, slower on a cold cache than one big read() (and the disk
+	 * would idle while the caller hashes). A hint: failure changes nothing. */
+	(void)posix_fadvise(src_fd, in, (off_t)(2 * (uint64_t)n), POSIX_FADV_WILLNEED);
 	while (n && x->pipe[0] >= 0) {
 		ssize_t r = splice(src_fd, &in, x->pipe[1], NULL, n, SPLICE_F_MOVE);
 		if (r < 0 && errno == EINTR)

@@ -7,7 +7,10 @@
  * that file into a fresh memfd (what a restore must at least do: the host
  * backend's allocations are memfds). Each timed copy starts from the same
  * state (sync, then half a second for the disk), and neither side's figure
- * includes freeing its previous copy. Every round's times are in the JSON
+ * includes freeing its previous copy. Both reads start with the file out of
+ * the page cache (where the file system has one to drop: on tmpfs, WARM,
+ * the file is the memory), as a COLD restore after a reboot or on another
+ * node reads it from the disk. Every round's times are in the JSON
  * line too: on a virtual disk they can swing several-fold between rounds.
  *
  * usage: bench-snapshot [TOTAL_MIB [NALLOCS [ROUNDS [DIR...]]]]
@@ -81,6 +84,18 @@ static int64_t plain_write(const char *path, const uint8_t *p, size_t n)
 	fsync(fd);
 	close(fd);
 	return gf_now_us() - t0;
+}
+
+/* Drops @path's pages from the page cache (written back first); a no-op on
+ * tmpfs, where they are the file. */
+static void drop_cache(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	fdatasync(fd);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
 }
 
 /* Baseline read: that file with a plain read loop into fresh memory of the
@@ -178,6 +193,10 @@ int main(int argc, char **argv)
 
 			struct gms_manifest *back;
 			gf_mem_alloc **got;
+			char data[1100];
+			snprintf(data, sizeof(data), "%s/%s", snap, GMS_SNAP_DATA);
+			drop_cache(data);
+			drop_cache(plain);
 			if (r % 2)
 				pr[r] = plain_read(plain, bytes);
 			if ((rc = gms_snapshot_restore(snap, m, &back, &got, &st)) < 0)
