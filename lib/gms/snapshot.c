@@ -638,17 +638,6 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 			rc = gf_err(GF_ERR_INVALID_ARG, "snapshot restore: allocation %zu came out %zu bytes, not %" PRIu64, i + 1,
 				    gf_mem_alloc_size(allocs[i]), mf->allocs[i].size);
 	}
-	/* On disk (COLD) the data skips the page cache. A snapshot is written
-	 * once and read back only by a restore, often after the cache is gone;
-	 * copying 1 GiB into the cache first cost 1.1 to 3.4 s here (page
-	 * allocation, dirty throttling) against 0.55 s direct, and evicted the
-	 * host's working set. fsync still makes it durable. tmpfs (WARM) keeps
-	 * its copy in memory either way, so it stays buffered; where the flag is
-	 * refused, or a write is not aligned (write_all), the copy is buffered. */
-	struct statfs sfs;
-	int fl = fcntl(fd, F_GETFL);
-	if (rc == 0 && fstatfs(fd, &sfs) == 0 && sfs.f_type != TMPFS_MAGIC && fl >= 0)
-		(void)fcntl(fd, F_SETFL, fl | O_DIRECT);
 	gf_mem_va *va = NULL;
 	gf_mem_xfer *x = NULL;
 	struct gms_hasher *h = NULL;
