@@ -11,6 +11,10 @@
 #      $GF_GMS_SOCKET_DIR/gms-<DEVICE>.sock
 #      GF_GMS_BACKEND (auto), GF_GMS_OOM_RETRY (e.g. 10s), GF_GMSD (gf-gmsd binary),
 #      GF_GMS_LOCK (the lock server's URI: fence the committed weights, docs/gms.md)
+#      Residency tiers (docs/tiers.md), each device in its own subdirectory:
+#      GF_GMS_WARM_DIR, GF_GMS_COLD_DIR (--warm/--cold DIR/gms-<DEVICE>),
+#      GF_GMS_MIN_RESIDENT (e.g. 10m), GF_GMS_PIN (1: never demote),
+#      GF_GMS_DEMOTE_BELOW_FREE (e.g. 8G)
 set -u
 
 devices=("$@")
@@ -42,6 +46,16 @@ for dev in "${devices[@]}"; do
 	fi
 	[ -n "${GF_GMS_OOM_RETRY:-}" ] && args+=(--oom-retry "$GF_GMS_OOM_RETRY")
 	[ -n "${GF_GMS_LOCK:-}" ] && args+=(--lock "$GF_GMS_LOCK")
+	for tier in warm cold; do
+		var="GF_GMS_${tier^^}_DIR"
+		if [ -n "${!var:-}" ]; then
+			mkdir -p "${!var}/gms-$dev" || stop 2
+			args+=("--$tier" "${!var}/gms-$dev")
+		fi
+	done
+	[ -n "${GF_GMS_MIN_RESIDENT:-}" ] && args+=(--min-resident "$GF_GMS_MIN_RESIDENT")
+	[ "${GF_GMS_PIN:-0}" = 1 ] && args+=(--pin)
+	[ -n "${GF_GMS_DEMOTE_BELOW_FREE:-}" ] && args+=(--demote-below-free "$GF_GMS_DEMOTE_BELOW_FREE")
 	"$gmsd" "${args[@]}" &
 	pids+=($!)
 	i=$((i + 1))

@@ -406,6 +406,35 @@ static void test_entrypoint(void **state)
 	st = reap(&e, 5000);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	assert_int_not_equal(gf_gms_ping(uri, 200, NULL), 0);
+	/* the tier settings reach each gf-gmsd, one directory per device */
+	char warm[400], cold[400], want[420];
+	snprintf(warm, sizeof(warm), "%s/warm", dir);
+	snprintf(cold, sizeof(cold), "%s/cold", dir);
+	const char *tier_env[] = {"GF_GMSD", gmsd_bin, "GF_GMS_SOCKET_DIR", dir, "GF_GMS_BACKEND", backend,
+				  "GF_GMS_WARM_DIR", warm, "GF_GMS_COLD_DIR", cold, "GF_GMS_MIN_RESIDENT", "10m",
+				  "GF_GMS_PIN", "1", NULL};
+	spawn(&e, argv, true, tier_env);
+	expect(&e, "no tier to restore from", 10000); /* both tiers kept, both empty */
+	expect(&e, "msg=\"ready\"", 10000);
+	char path[64], args[4096] = {0};
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)first_child(e.pid));
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	size_t n = fread(args, 1, sizeof(args) - 1, f);
+	fclose(f);
+	for (size_t i = 0; i < n; i++)
+		if (!args[i])
+			args[i] = ' ';
+	snprintf(want, sizeof(want), "--warm %s/gms-0 ", warm);
+	assert_non_null(strstr(args, want));
+	snprintf(want, sizeof(want), "--cold %s/gms-0 ", cold);
+	assert_non_null(strstr(args, want));
+	assert_non_null(strstr(args, "--min-resident 10m "));
+	assert_non_null(strstr(args, "--pin "));
+	assert_null(strstr(args, "--demote-below-free"));
+	kill(e.pid, SIGTERM);
+	st = reap(&e, 5000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	/* a device that cannot start takes the others down */
 	char *argv2[] = {"/bin/bash", (char *)script, "0", "7", NULL};
 	spawn(&e, argv2, true, env);
