@@ -114,10 +114,10 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 				why = "timed out";
 			else if (WIFSIGNALED(status))
 				why = strsignal(WTERMSIG(status));
-			else if (!ok) {
-				/* Say how it ended: a status other than 1 is not
-				 * cmocka's failure (exit(-1) is a cmocka assertion
-				 * outside the test's own thread or fixtures). */
+			else if (!ok && WEXITSTATUS(status) != 1) {
+				/* 1 is a failure the log explains; anything else is
+				 * not cmocka's report (255: cmocka's exit(-1), an
+				 * assertion or a crash in another thread). */
 				snprintf(whybuf, sizeof(whybuf), "exit status %d", WEXITSTATUS(status));
 				why = whybuf;
 			}

@@ -16,12 +16,14 @@ def run(**env):
 def test_forked_outcomes_are_reported_per_test():
     r = run(GF_TEST_TIMEOUT="1")
     lines = r.stdout.splitlines()
-    assert lines[0] == "1..5"
+    assert lines[0] == "1..6"
     assert lines[1] == "ok 1 - test_clean"
     assert lines[2] == "not ok 2 - test_leaks_fd"
     assert lines[3].startswith("not ok 3 - test_crashes # Killed")
     assert lines[4] == "not ok 4 - test_hangs # timed out"
-    assert lines[5] == "ok 5 - test_after_the_others"
+    # Any exit status but cmocka's own failure (1) is named.
+    assert lines[5] == "not ok 5 - test_exits # exit status 3"
+    assert lines[6] == "ok 6 - test_after_the_others"
     assert r.returncode == 1
     assert "fd leak: test_leaks_fd: " in r.stderr
     assert "timeout: test_hangs still running after 1s" in r.stderr
@@ -31,8 +33,18 @@ def test_in_process_mode_still_checks_fds():
     # Without fork a crash would end the program, so only the first two run here.
     r = run(GF_TEST_NOFORK="1")
     lines = r.stdout.splitlines()
-    assert lines[:3] == ["1..5", "ok 1 - test_clean", "not ok 2 - test_leaks_fd"]
+    assert lines[:3] == ["1..6", "ok 1 - test_clean", "not ok 2 - test_leaks_fd"]
     assert "fd leak: test_leaks_fd: " in r.stderr
+
+
+def test_only_runs_the_named_tests():
+    r = run(GF_TEST_ONLY="after_the")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "1..6"
+    assert lines[1] == "ok 1 - test_clean # SKIP not in GF_TEST_ONLY"
+    assert lines[3] == "ok 3 - test_crashes # SKIP not in GF_TEST_ONLY"
+    assert lines[6] == "ok 6 - test_after_the_others"
+    assert r.returncode == 0
 
 
 if __name__ == "__main__":
