@@ -241,12 +241,7 @@ def test_demote_writes_the_missing_snapshot_and_to_cold(tmp):
 
 def test_failed_snapshot_keeps_the_layout(tmp):
     d, _ = tmp
-    mnt = os.path.join(d, "ro")
-    os.mkdir(mnt)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,ro", "gf-test", mnt], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs (needs root with CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
+    with tp.mounted_tmpfs(os.path.join(d, "ro"), "size=64m,ro", "a read-only tmpfs") as mnt:
         g = gmsd(d, "--cold", os.path.join(mnt, "cold"))
         try:
             tp.load(g, seed=71)
@@ -260,8 +255,6 @@ def test_failed_snapshot_keeps_the_layout(tmp):
             tp.reader_verifies(g, seed=71)
         finally:
             g.stop()
-    finally:
-        subprocess.run(["umount", mnt], check=False)
 
 
 def test_automatic_pressure_demotes_once_no_reader_holds(tmp):

@@ -5,6 +5,7 @@ while a sleeping engine waits to remap the same layout, refusing a flipped
 byte, a truncated file and another version (staying EMPTY for the loader),
 gfctl gms snapshot|restore|tiers, and a full disk (a small tmpfs mounted when
 permitted, else skipped with the reason)."""
+import contextlib
 import json
 import os
 import shutil
@@ -300,14 +301,22 @@ def test_sigkill_mid_restore_then_clean_restart(tmp):
         g.stop()
 
 
+@contextlib.contextmanager
+def mounted_tmpfs(path, options, why):
+    """A tmpfs mounted at @path for the block (root only: skipped, saying why, otherwise)."""
+    os.mkdir(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "gf-test", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount {why} (needs root with CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", path], check=False)
+
+
 def test_disk_full_keeps_previous_snapshot(tmp):
     d, _ = tmp
-    mnt = os.path.join(d, "small")
-    os.mkdir(mnt)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "gf-test", mnt], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs (needs root with CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(os.path.join(d, "small"), "size=24m", "a small tmpfs") as mnt:
         cold = os.path.join(mnt, "cold")
         g = Gmsd(os.path.join(d, "g.sock"), "--cold", cold)
         try:
@@ -321,8 +330,6 @@ def test_disk_full_keeps_previous_snapshot(tmp):
             assert not [n for n in os.listdir(mnt) if ".tmp-" in n]
         finally:
             g.stop()
-    finally:
-        subprocess.run(["umount", mnt], check=False)
 
 
 LOCKD = os.environ.get("GF_LOCKD", "build/examples/gf-lockd/gf-lockd")

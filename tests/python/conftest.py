@@ -55,6 +55,20 @@ class Proc:
         return pathlib.Path(self.log).read_text(errors="replace")
 
 
+
+class Deadline(Exception):
+    pass
+
+
+@pytest.fixture
+def alarm():
+    """Install a SIGALRM handler for the test and restore the old one after."""
+    old = signal.getsignal(signal.SIGALRM)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
 def wait_for(pred, timeout=10.0, what="condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -8,20 +8,8 @@ import time
 
 import pytest
 
-from conftest import gf, wait_for
+from conftest import Deadline, gf, wait_for
 
-
-class Deadline(Exception):
-    pass
-
-
-@pytest.fixture
-def alarm():
-    """Install a SIGALRM handler for the test and restore the old one after."""
-    old = signal.getsignal(signal.SIGALRM)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def held_lock(cluster):

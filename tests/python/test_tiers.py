@@ -14,22 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import GMSD, child_env, gf, wait_for
+from conftest import GMSD, Deadline, child_env, gf, wait_for
 
 MiB = 1 << 20
 
-
-class Deadline(Exception):
-    pass
-
-
-@pytest.fixture
-def alarm():
-    """Install a SIGALRM handler for the test and restore the old one after."""
-    old = signal.getsignal(signal.SIGALRM)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def gmsd(cluster, n, *extra):
