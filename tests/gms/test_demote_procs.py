@@ -125,6 +125,17 @@ def test_demote_frees_and_reader_gets_same_layout_back(tmp):
         g.stop()
 
 
+def reader(g, seed, word, *flags):
+    """A reader engine on @g (gms-engine ro), once it has printed @word ("asleep", "holding")."""
+    e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--seed", str(seed), *flags],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = ""
+    while word not in line:
+        line = e.stdout.readline()
+        assert line, f"engine ended before {word}"
+    return e
+
+
 def test_sleeping_engine_wakes_after_demotion(tmp):
     """A parked reader holds no lock: the layout may go, and its wake brings it back (wait, remap, serve)."""
     d, warm = tmp
@@ -133,12 +144,7 @@ def test_sleeping_engine_wakes_after_demotion(tmp):
     try:
         before = tp.load(g, seed=31)
         tp.wait_phase(g, ("Checkpointed",))
-        e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--seed", "31", "--sleep",
-                              "--remap-timeout", "30000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = ""
-        while "asleep" not in line:
-            line = e.stdout.readline()
-            assert line, "engine ended before sleeping"
+        e = reader(g, 31, "asleep", "--sleep", "--remap-timeout", "30000")
         past_min_resident(g)
         r = demote(g)
         assert r.returncode == 0, r.stderr
@@ -161,12 +167,7 @@ def test_refused_while_a_reader_holds_the_lock(tmp):
     try:
         tp.load(g, seed=41)
         tp.wait_phase(g, ("Checkpointed",))
-        e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--seed", "41", "--hold"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = ""
-        while "holding" not in line:
-            line = e.stdout.readline()
-            assert line, "engine ended before holding"
+        e = reader(g, 41, "holding", "--hold")
         past_min_resident(g)
         r = demote(g)
         assert r.returncode == 1 and "holds the RO or RW lock (1 readers" in r.stderr, r.stderr
@@ -265,12 +266,7 @@ def test_automatic_pressure_demotes_once_no_reader_holds(tmp):
     try:
         before = tp.load(g, seed=81)
         tp.wait_phase(g, ("Checkpointed",))
-        e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--seed", "81", "--hold"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = ""
-        while "holding" not in line:
-            line = e.stdout.readline()
-            assert line, "engine ended before holding"
+        e = reader(g, 81, "holding", "--hold")
         past_min_resident(g)
         time.sleep(2.5)  # several free-memory checks while the reader holds the lock
         st = tp.status(g)
