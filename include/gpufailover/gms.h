@@ -157,14 +157,33 @@ GF_EXPORT int gf_gms_meta_get(const gf_gms *gms, const char *key, struct gf_gms_
 GF_EXPORT int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation);
 
 /* ---- sleep / wake ---- */
-/** Sleep: synchronize, unmap all, release imports, keep the address range, close the connection. */
+/**
+ * Sleep: synchronize, unmap all, keep the address range, give the lock back.
+ * A reader keeps its session (handshaken, no lock) and, unless
+ * gf_gms_set_keep_handles(gms, 0), its imported handles, unmapped: a wake
+ * into the same layout then maps them with no list and no fd passing. They
+ * pin the layout's memory; when the GMS drops that layout (a new load, a
+ * demotion) or goes away it closes the session, and a thread of this client
+ * releases them at once. A writer, or a reader whose session cannot be kept,
+ * releases its imports and closes the connection.
+ */
 GF_EXPORT int gf_gms_unmap(gf_gms *gms);
+/**
+ * Whether gf_gms_unmap() keeps a reader's imported handles: nonzero (the default) keeps them.
+ * 0 releases them at every sleep, so a sleeping engine holds nothing of
+ * the GMS's memory even for the moment a drop takes; each wake then receives
+ * every fd again. Takes effect at the next gf_gms_unmap(). Errors:
+ * GF_ERR_INVALID_ARG (NULL).
+ */
+GF_EXPORT int gf_gms_set_keep_handles(gf_gms *gms, int keep);
 /**
  * Wake: connect RO within @p timeout_ms (finite; an unreachable GMS, e.g.
  * one restarting from a snapshot, is retried every 50 ms until then), check
  * the layout hash, re-import and map at the same addresses; all-or-nothing.
  * Errors: GF_ERR_TIMEOUT (e.g. a fresh GMS with no commit),
  * GF_ERR_STALE_LAYOUT (another layout was committed), GF_ERR_UNREACHABLE.
+ * With kept handles of an unchanged layout it maps those instead (the GMS
+ * says so in its grant); otherwise it releases them and imports the list.
  */
 GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
 /**

@@ -60,6 +60,21 @@ struct gf_gms {
 	 * gf_gms_remap() reads the reply by this deadline. */
 	bool wake_sent;
 	int64_t wake_reply_deadline;
+	/* Asleep on a kept session, a reader also keeps its imported handles
+	 * (unmapped), so a wake whose layout is unchanged maps them with no
+	 * list and no fds. They pin the layout's memory: the GMS closes the
+	 * session when it drops the layout, and the sleeper thread, watching
+	 * the kept session, then releases them. kmu guards kept, the handles
+	 * while the sleeper may release them, and the sleeper's fd/gen/quit. */
+	bool keep_handles;      /* gf_gms_set_keep_handles(); default true */
+	bool kept;              /* allocs[].a are held while asleep */
+	pthread_mutex_t kmu;
+	pthread_t sleeper;
+	bool sleeper_running;
+	int sleeper_kick;       /* eventfd: re-read sleeper_fd, or quit */
+	int sleeper_fd;         /* the kept session to watch; -1: none (disarmed) */
+	unsigned sleeper_gen;
+	bool sleeper_quit;
 	uint32_t seq;
 	gf_Msg *msg;
 	int granted;
@@ -230,7 +245,7 @@ static int take_connected(gf_gms *g)
 	return rc;
 }
 
-static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list)
+static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept)
 {
 	memset(g->msg, 0, sizeof(*g->msg));
 	g->msg->which_body = gf_Msg_gms_connect_tag;
@@ -238,6 +253,7 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
 	g->msg->body.gms_connect.with_list = with_list;
 	g->msg->body.gms_connect.lock_epoch = g->lock_epoch;
+	g->msg->body.gms_connect.handles_kept = handles_kept;
 }
 
 /* Connect and take the lock in @mode; fills granted, connected_hash. */
@@ -248,7 +264,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
-	fill_connect(g, mode, timeout_ms, false);
+	fill_connect(g, mode, timeout_ms, false, false);
 	rc = request(g, NULL, NULL, reply_deadline);
 	if (rc == 0)
 		rc = take_connected(g);
@@ -284,6 +300,10 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	g->fd = -1;
 	g->parked_fd = -1;
 	g->stop_fd = -1;
+	g->keep_handles = true;
+	g->sleeper_kick = -1;
+	g->sleeper_fd = -1;
+	pthread_mutex_init(&g->kmu, NULL);
 	g->mem = mem;
 	g->lock_epoch = lock_epoch;
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
@@ -314,18 +334,146 @@ int gf_gms_granted_mode(const gf_gms *gms)
 	return gms && gms->fd >= 0 ? gms->granted : 0;
 }
 
-static void release_imports(gf_gms *g)
+static void free_handles(gf_gms *g)
 {
-	if (g->va)
-		gf_mem_unmap_all(g->va);
 	for (size_t i = 0; i < g->nallocs; i++) {
 		gf_mem_alloc_free(g->allocs[i].a);
 		g->allocs[i].a = NULL;
 	}
+	g->kept = false;
 }
 
+/* Unmap and release every import. Not while the sleeper is armed (it may release them too). */
+static void release_imports(gf_gms *g)
+{
+	if (g->va)
+		gf_mem_unmap_all(g->va);
+	free_handles(g);
+}
+
+/* ---------------------------------------------------------------- the sleeper */
+
+static void sleeper_kick(gf_gms *g)
+{
+	uint64_t one = 1;
+	ssize_t w = write(g->sleeper_kick, &one, sizeof(one));
+	(void)w; /* a full counter is still readable: the kick is not lost */
+}
+
+static bool hung_up(short revents);
+
+/*
+ * While asleep with kept handles: a hangup on the kept session means the GMS
+ * dropped the layout (or went away), so the handles are stale and only pin
+ * memory: release them. Acts only if the main thread has not disarmed it
+ * since (sleeper_gen); never calls back into the application.
+ */
+static void *sleeper_main(void *arg)
+{
+	gf_gms *g = arg;
+	for (;;) {
+		pthread_mutex_lock(&g->kmu);
+		int fd = g->sleeper_fd;
+		unsigned gen = g->sleeper_gen;
+		bool quit = g->sleeper_quit;
+		pthread_mutex_unlock(&g->kmu);
+		if (quit)
+			return NULL;
+		/* Only a hangup is asked for (POLLIN is not): a wake's reply never wakes this thread. */
+		struct pollfd p[2] = {{.fd = fd, .events = POLLRDHUP}, {.fd = g->sleeper_kick, .events = POLLIN}};
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno != EINTR)
+			return NULL;
+		if (n > 0 && (p[1].revents & POLLIN)) {
+			uint64_t x;
+			ssize_t r = read(g->sleeper_kick, &x, sizeof(x));
+			(void)r;
+			continue;
+		}
+		if (n > 0 && fd >= 0 && hung_up(p[0].revents)) {
+			pthread_mutex_lock(&g->kmu);
+			if (g->sleeper_gen == gen) {
+				if (g->kept) {
+					gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
+					       g->uri_text, g->nallocs);
+					free_handles(g);
+				}
+				g->sleeper_fd = -1;
+			}
+			pthread_mutex_unlock(&g->kmu);
+		}
+	}
+}
+
+/* Hand the kept handles to the sleeper's watch over the kept session. < 0: not armed (release them). */
+static int sleeper_arm(gf_gms *g)
+{
+	if (g->sleeper_kick < 0 && (g->sleeper_kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "sleep: eventfd");
+	pthread_mutex_lock(&g->kmu);
+	g->kept = true;
+	g->sleeper_fd = g->parked_fd;
+	g->sleeper_gen++;
+	pthread_mutex_unlock(&g->kmu);
+	if (g->sleeper_running) {
+		sleeper_kick(g);
+		return 0;
+	}
+	int rc = pthread_create(&g->sleeper, NULL, sleeper_main, g);
+	if (rc) {
+		pthread_mutex_lock(&g->kmu);
+		g->kept = false;
+		g->sleeper_fd = -1;
+		pthread_mutex_unlock(&g->kmu);
+		return gf_err_errno(GF_ERR_IO, rc, "sleep: pthread_create");
+	}
+	g->sleeper_running = true;
+	return 0;
+}
+
+/* The wake takes the kept handles back from the sleeper: true when there still are some. */
+static bool sleeper_disarm(gf_gms *g)
+{
+	if (!g->sleeper_running)
+		return g->kept;
+	pthread_mutex_lock(&g->kmu);
+	bool kept = g->kept;
+	bool armed = g->sleeper_fd >= 0;
+	g->sleeper_fd = -1;
+	g->sleeper_gen++;
+	pthread_mutex_unlock(&g->kmu);
+	if (armed)
+		sleeper_kick(g);
+	return kept;
+}
+
+static void sleeper_stop(gf_gms *g)
+{
+	if (g->sleeper_running) {
+		pthread_mutex_lock(&g->kmu);
+		g->sleeper_quit = true;
+		pthread_mutex_unlock(&g->kmu);
+		sleeper_kick(g);
+		pthread_join(g->sleeper, NULL);
+		g->sleeper_running = false;
+	}
+	gf_close(g->sleeper_kick);
+	g->sleeper_kick = -1;
+}
+
+int gf_gms_set_keep_handles(gf_gms *gms, int keep)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	gms->keep_handles = keep != 0;
+	return 0;
+}
+
+/* The kept session goes, and with it any kept handles (no server can vouch for them now). */
 static void drop_parked(gf_gms *g)
 {
+	if (sleeper_disarm(g))
+		free_handles(g);
 	gf_close(g->parked_fd);
 	g->parked_fd = -1;
 	gf_frame_reader_clear(&g->parked_rd);
@@ -337,6 +485,7 @@ void gf_gms_free(gf_gms *gms)
 	if (!gms)
 		return;
 	gf_gms_stop_watch(gms);
+	sleeper_stop(gms);
 	release_imports(gms);
 	gf_mem_va_free(gms->va);
 	if (gms->fd >= 0)
@@ -350,6 +499,7 @@ void gf_gms_free(gf_gms *gms)
 	free(gms->allocs);
 	gf_close(gms->stop_fd);
 	gf_msg_free(gms->msg);
+	pthread_mutex_destroy(&gms->kmu);
 	free(gms);
 }
 
@@ -885,7 +1035,8 @@ static int send_wake(gf_gms *g, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	g->wake_reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	fill_connect(g, GF_GMS_RO, timeout_ms, true);
+	/* From here the wake owns the kept handles; the sleeper no longer touches them. */
+	fill_connect(g, GF_GMS_RO, timeout_ms, true, sleeper_disarm(g));
 	g->msg->seq = ++g->seq;
 	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
 }
@@ -910,13 +1061,24 @@ static int wake_parked(gf_gms *g, int64_t timeout_ms)
 		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
 		       gf_error_detail());
 		close_conn(g);
+		free_handles(g); /* kept ones included: nobody vouches for them now */
 		return 0;
 	}
 	g->round_trips++;
 	if ((rc = gf_msg_error_code(g->msg)) < 0 || (rc = take_connected(g)) < 0) {
 		close_conn(g);
+		free_handles(g);
 		return rc;
 	}
+	if (g->msg->body.gms_connected.handles_valid) {
+		if (!g->kept) {
+			close_conn(g);
+			return gf_err(GF_ERR_PROTOCOL, "wake: %s says kept handles are valid, but none were kept",
+				      g->uri_text);
+		}
+		return 2;
+	}
+	free_handles(g); /* kept ones are stale: the list brings the layout's own */
 	return 1;
 }
 
@@ -932,6 +1094,19 @@ int gf_gms_prefault(gf_gms *gms)
 	for (size_t i = 0; i < gms->nallocs; i++)
 		gf_mem_populate(gf_mem_va_addr(gms->va) + gms->allocs[i].offset, gms->allocs[i].size, false);
 	return 0;
+}
+
+/* The wake's reply said the kept handles are this layout's: map them at their offsets. */
+static int map_kept(gf_gms *g)
+{
+	struct gf_mem_mapping *maps = mapping_list(g);
+	if (!maps)
+		return gf_err(GF_ERR_NOMEM, "remap: out of memory");
+	int rc = g->nallocs ? gf_mem_map_many(g->va, maps, g->nallocs, GF_MEM_READ) : 0;
+	free(maps);
+	if (rc == 0)
+		g->kept = false; /* mapped: ordinary imports again */
+	return rc;
 }
 
 int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
@@ -967,8 +1142,18 @@ int gf_gms_unmap(gf_gms *gms)
 	gms->watch_wanted = watched;
 	/* Kernels still running on the weights must finish before the mappings go. */
 	int rc = gf_mem_synchronize(gms->mem);
-	release_imports(gms);
+	/* A reader that keeps its session keeps its handles too (unmapped), if allowed. */
+	bool keep = gms->keep_handles && gms->granted == GF_GMS_RO && gms->have_layout && gms->va;
+	if (keep)
+		gf_mem_unmap_all(gms->va);
+	else
+		release_imports(gms);
 	park_conn(gms);
+	if (keep && (gms->parked_fd < 0 || sleeper_arm(gms) < 0)) {
+		if (gms->parked_fd >= 0)
+			gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
+		free_handles(gms);
+	}
 	if (!gms->have_layout) {
 		/* A writer that sleeps before commit aborted its layout: nothing to come back to. */
 		gms->nallocs = 0;
@@ -1023,9 +1208,26 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
 	atomic_store(&gms->lost, false);
 	atomic_store(&gms->lost_reported, false);
+	if (gms->parked_fd < 0 && sleeper_disarm(gms))
+		free_handles(gms); /* no session vouches for them (cannot happen: dropping it releases them) */
 	int rc = gms->parked_fd >= 0 ? wake_parked(gms, timeout_ms) : 0;
 	if (rc < 0)
 		return rc;
+	if (rc == 2) {
+		/* The layout this reader slept with: map the kept handles, no list. */
+		if (memcmp(gms->connected_hash, gms->hash, 16))
+			rc = gf_err(GF_ERR_PROTOCOL, "wake: kept handles declared valid for another layout");
+		else
+			rc = map_kept(gms);
+		if (rc < 0) {
+			release_imports(gms);
+			close_conn(gms);
+			return rc;
+		}
+		if (gms->watch_wanted && (rc = gf_gms_start_watch(gms)) < 0)
+			gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
+		return 0;
+	}
 	bool listed = rc == 1;
 	/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
 	 * the layout from a snapshot), so an absent socket is retried until the

@@ -122,6 +122,7 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 			      s->backend, "device", (int)s->device, "device_uuid", s->device_uuid, "uptime_ms",
 			      (json_int_t)s->uptime_ms);
 	if (o) {
+		json_object_set_new(o, "sleeping", json_integer(s->sleeping));
 		json_object_set_new(o, "connections", json_integer(s->connections));
 		json_object_set_new(o, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));
 		json_object_set_new(o, "accept_paused", json_integer((json_int_t)s->accept_paused));

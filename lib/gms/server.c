@@ -71,6 +71,13 @@ struct client {
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
 	bool connect_list; /* the pending GmsConnect asked for the list with the grant */
+	/* Asleep: a reader that gave the RO lock back (GmsDisconnect) keeps its
+	 * session and its imported handles. They pin the layout's memory, so a
+	 * drop closes such sessions (the client then lets go of its handles). */
+	bool parked;
+	bool handles_kept;  /* the pending GmsConnect of a wake says it kept them */
+	uint64_t parked_drops; /* d->drops when it parked: its handles are of that layout */
+	uint8_t parked_hash[16];
 };
 
 struct galloc {
@@ -121,6 +128,7 @@ struct gf_gmsd {
 
 	uint64_t generation;
 	uint8_t hash[16];
+	uint64_t drops; /* layouts dropped since start: kept handles of an earlier one are stale */
 
 	struct gevent events[GMSD_EVENTS];
 	size_t ev_next, ev_count;
@@ -238,8 +246,22 @@ static struct galloc *alloc_find(gf_gmsd *d, uint64_t id)
 	return &d->allocs[id - 1];
 }
 
+static struct client *next_client(gf_gmsd *d, struct client *prev);
+static void client_close(gf_gmsd *d, struct client *c, const char *why);
+
 static void drop_layout(gf_gmsd *d)
 {
+	d->drops++;
+	/* Sleeping readers (and wakes that said they kept handles) hold this
+	 * layout's memory through their handles: closing their sessions is
+	 * what tells them to let go (docs/gms.md, "Sleep and wake"). */
+	for (struct client *c = d->srv ? next_client(d, NULL) : NULL, *n; c; c = n) {
+		n = next_client(d, c);
+		if (c->parked || (c->phase == C_WAIT && c->handles_kept)) {
+			event(d, "event=sleeper_released peer=%s pid=%u reason=layout_dropped", c->peer, c->pid);
+			client_close(d, c, "layout dropped: a sleeping reader lets go of its handles");
+		}
+	}
 	for (size_t i = 0; i < d->nallocs; i++)
 		gf_mem_alloc_free(d->allocs[i].a); /* importers keep the memory alive (driver refcount) */
 	for (size_t i = 0; i < d->nmeta; i++) {
@@ -385,10 +407,15 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	d->out->seq = c->seq;
 	d->out->which_body = gf_Msg_gms_connected_tag;
 	fill_connected(d, &d->out->body.gms_connected, granted);
+	/* A wake whose handles are this very layout's (no drop since it slept) maps them: no list. */
+	bool valid = granted == GMS_MODE_RO && c->handles_kept && c->parked_drops == d->drops &&
+		     !memcmp(c->parked_hash, d->hash, 16);
+	d->out->body.gms_connected.handles_valid = valid;
+	c->handles_kept = false;
 	if (send_msg(d, c, NULL, 0) < 0)
 		return -1;
 	/* A reader waking asked for the list with the grant: no second round trip. */
-	if (c->connect_list && granted == GMS_MODE_RO)
+	if (c->connect_list && granted == GMS_MODE_RO && !valid)
 		start_list(d, c, c->seq, true, false);
 	c->connect_list = false;
 	return 1;
@@ -439,6 +466,9 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->mode = r->mode;
 	c->lock_epoch = r->lock_epoch;
 	c->connect_list = r->with_list;
+	/* Only a session that slept here can have kept this server's handles. */
+	c->handles_kept = r->handles_kept && c->parked;
+	c->parked = false;
 	c->seq = m->seq;
 	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
 	c->order = ++d->next_order;
@@ -810,6 +840,9 @@ static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	gms_fsm_reader_left(&d->fsm);
 	c->phase = C_IDLE;
+	c->parked = true;
+	c->parked_drops = d->drops;
+	memcpy(c->parked_hash, d->hash, 16);
 	d->changed = true;
 	event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s session=kept", c->peer, c->pid,
 	      d->fsm.readers, gms_state_name(d->fsm.state));
@@ -830,9 +863,12 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 		s->layout_hash.size = 16;
 	}
 	s->readers = d->fsm.readers;
-	for (struct client *x = next_client(d, NULL); x; x = next_client(d, x))
+	for (struct client *x = next_client(d, NULL); x; x = next_client(d, x)) {
 		if (x->phase == C_WAIT)
 			s->waiters++;
+		if (x->parked)
+			s->sleeping++;
+	}
 	s->allocation_count = (uint32_t)d->nallocs;
 	s->allocation_bytes = d->alloc_bytes;
 	s->writer = d->fsm.state == GMS_RW;
@@ -903,6 +939,8 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		   "# TYPE gf_gms_generation gauge\ngf_gms_generation %llu\n"
 		   "# HELP gf_gms_readers Readers holding the RO lock.\n# TYPE gf_gms_readers gauge\ngf_gms_readers %u\n"
 		   "# HELP gf_gms_waiters Connections waiting for a lock.\n# TYPE gf_gms_waiters gauge\ngf_gms_waiters %u\n"
+		   "# HELP gf_gms_sleeping Readers asleep on a kept session, holding their handles.\n"
+		   "# TYPE gf_gms_sleeping gauge\ngf_gms_sleeping %u\n"
 		   "# HELP gf_gms_allocations Allocations in the layout.\n"
 		   "# TYPE gf_gms_allocations gauge\ngf_gms_allocations %u\n"
 		   "# HELP gf_gms_allocation_bytes Bytes allocated for the layout.\n"
@@ -915,7 +953,7 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		   "# TYPE gf_gms_fenced gauge\ngf_gms_fenced %d\n"
 		   "# HELP gf_gms_fence_refusals_total RW requests refused by the lock fence.\n"
 		   "# TYPE gf_gms_fence_refusals_total counter\ngf_gms_fence_refusals_total %llu\n",
-		(unsigned long long)s->generation, s->readers, s->waiters, s->allocation_count,
+		(unsigned long long)s->generation, s->readers, s->waiters, s->sleeping, s->allocation_count,
 		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
 		(unsigned long long)s->fence_refusals);
 	metrics_demotion(s, f);
@@ -1575,6 +1613,7 @@ void gf_gmsd_free(gf_gmsd *d)
 	/* A running snapshot job reads the allocations through its own imports; let it finish. */
 	gms_tierd_free(d->tierd);
 	gf_srv_free(d->srv);
+	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	free(d->warm_dir);
 	free(d->cold_dir);
 	drop_layout(d);

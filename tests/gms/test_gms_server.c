@@ -130,7 +130,9 @@ static void test_load_commit_read(void **state)
 	OK(gf_gms_meta_get(r, "layer.00042.weight", &me));
 	assert_int_equal(me.alloc_id, 1 + 42 % 3);
 	assert_int_equal(me.value_len, 4);
-	assert_int_equal(*(const uint32_t *)me.value, 42 * 7);
+	uint32_t v42;
+	memcpy(&v42, me.value, sizeof(v42)); /* values are bytes: no alignment promised */
+	assert_int_equal(v42, 42 * 7);
 	struct gf_gms_alloc_info ai;
 	OK(gf_gms_alloc_at(r, (size_t)(me.alloc_id - 1), &ai));
 	assert_int_equal(me.addr, ai.addr + me.offset);
@@ -668,6 +670,120 @@ static void test_unmap_remap(void **state)
 	gf_gms_free(w);
 }
 
+/* ---- sleeping with kept handles ---- */
+
+static void perms_at(uint64_t addr, char out[5]);
+
+/* Inode numbers of the memfds this process has open (server and client alike), sorted. */
+static size_t memfd_inodes(ino_t *out, size_t cap)
+{
+	size_t n = 0;
+	for (int fd = 0; fd < 4096 && n < cap; fd++) {
+		char path[64], link[256];
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		ssize_t k = readlink(path, link, sizeof(link) - 1);
+		struct stat st;
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		if (!strncmp(link, "/memfd:", 7) && fstat(fd, &st) == 0)
+			out[n++] = st.st_ino;
+	}
+	return n;
+}
+
+/* Whether any fd of this process still refers to one of @inodes. */
+static bool any_open(const ino_t *inodes, size_t n)
+{
+	ino_t now[512];
+	size_t k = memfd_inodes(now, 512);
+	for (size_t i = 0; i < k; i++)
+		for (size_t j = 0; j < n; j++)
+			if (now[i] == inodes[j])
+				return true;
+	return false;
+}
+
+static unsigned sleeping(const char *uri)
+{
+	char *j;
+	OK(gf_gms_status_json(uri, 1000, &j));
+	const char *p = strstr(j, "\"sleeping\":");
+	assert_non_null(p);
+	unsigned v = (unsigned)strtoul(p + strlen("\"sleeping\":"), NULL, 10);
+	free(j);
+	return v;
+}
+
+/*
+ * A sleeping reader keeps its imports (not mapped), and a wake into the same
+ * layout maps them with no list: one round trip, no fd received. When the
+ * GMS drops the layout or goes away, the sleeper releases them, so nothing
+ * of the old layout stays open anywhere.
+ */
+static void test_sleep_keeps_handles(void **state)
+{
+	(void)state;
+	gf_gms *w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x40);
+	gf_gms_free(w); /* stays committed */
+	gf_gms *r;
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_map_all(r));
+	struct gf_gms_alloc_info a0, b0;
+	OK(gf_gms_alloc_at(r, 0, &a0));
+	int fds = tu_count_fds();
+	OK(gf_gms_unmap(r));
+	fds++; /* the sleeper thread's eventfd, kept from the first sleep on */
+	assert_int_equal(tu_count_fds(), fds); /* session and four handles kept */
+	char p[5];
+	perms_at(a0.addr, p);
+	assert_string_equal(p, "---p"); /* ... but nothing mapped */
+	assert_int_equal(sleeping(srv.uri), 1);
+	uint64_t rt = gf_gms_round_trips(r);
+	OK(gf_gms_remap(r, 1000));
+	assert_int_equal(gf_gms_round_trips(r) - rt, 1);
+	assert_int_equal(tu_count_fds(), fds); /* no fd came: the kept ones are mapped */
+	assert_int_equal(sleeping(srv.uri), 0);
+	OK(gf_gms_alloc_at(r, 0, &b0));
+	assert_int_equal(b0.addr, a0.addr);
+	check_bytes(r, 0x40);
+	/* Released at every sleep when asked: four fewer fds while asleep, and the wake brings them. */
+	OK(gf_gms_set_keep_handles(r, 0));
+	OK(gf_gms_unmap(r));
+	assert_int_equal(tu_count_fds(), fds - 4);
+	OK(gf_gms_remap(r, 1000));
+	check_bytes(r, 0x40);
+	OK(gf_gms_set_keep_handles(r, 1));
+
+	/* A new load drops the layout while r sleeps: its handles go, and its wake finds the new layout. */
+	OK(gf_gms_unmap(r));
+	ino_t old[64];
+	size_t nold = memfd_inodes(old, 64);
+	assert_true(nold >= 4);
+	w = load(srv.uri, GF_GMS_RW, 2, MiB, 1, 0x50);
+	for (int i = 0; i < 300 && any_open(old, nold); i++)
+		usleep(10000);
+	assert_false(any_open(old, nold)); /* no fd of the old layout in the server or in r */
+	assert_int_equal(gf_gms_remap(r, 300), GF_ERR_STALE_LAYOUT);
+	gf_gms_free(w);
+
+	/* The same structure again: r wakes (fresh session), sleeps, and the GMS stops: handles go too. */
+	w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x60);
+	OK(gf_gms_remap(r, 1000));
+	check_bytes(r, 0x60);
+	gf_gms_free(w);
+	OK(gf_gms_unmap(r));
+	nold = memfd_inodes(old, 64);
+	assert_true(nold >= 4);
+	gt_stop(&srv);
+	for (int i = 0; i < 300 && any_open(old, nold); i++)
+		usleep(10000);
+	assert_false(any_open(old, nold));
+	OK(gt_start(&srv, dir, "gms", 0));
+	assert_int_equal(gf_gms_remap(r, 300), GF_ERR_TIMEOUT); /* a fresh GMS: nothing to map */
+	gf_gms_free(r);
+}
+
 /* ---- loss ---- */
 
 static atomic_int lost_calls;
@@ -717,6 +833,9 @@ static void test_remap_all_or_nothing(void **state)
 	struct gf_gms_alloc_info first, last;
 	OK(gf_gms_alloc_at(r, 0, &first));
 	OK(gf_gms_alloc_at(r, 299, &last));
+	/* Kept handles would need no fds at all: this is the path that receives them. */
+	OK(gf_gms_set_keep_handles(r, 0));
+	assert_int_equal(gf_gms_set_keep_handles(NULL, 0), GF_ERR_INVALID_ARG);
 	OK(gf_gms_unmap(r));
 	int base = tu_count_fds();
 
@@ -896,6 +1015,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_oom_retry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unmap_remap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_remap_all_or_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleep_keeps_handles, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
