@@ -13,6 +13,12 @@
  * takes them, ahead of the receiver, so the raw figure holds little
  * sender-side work: a lower bound rather than a twin of remap.
  *
+ * remap_us is the wake as an engine does it: the reader kept its handles
+ * while asleep (the default), so the wake maps them and receives no fd.
+ * remap_released_us is the same wake after gf_gms_set_keep_handles(0): the
+ * list and every fd come over the kept session, the path a wake takes when
+ * the layout changed or the session was lost.
+ *
  * Every figure is the median of the repetitions (9 by default; min and max
  * are printed too): map_all with a fresh RO client each time, remap after
  * unmap (unmap_us: the sleep itself), the raw work on a fresh receive each time. Optional arguments "N:M"
@@ -154,8 +160,8 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	check(gf_gms_commit(w, NULL), "commit");
 	gf_gms_free(w); /* the layout stays COMMITTED */
 
-	double *tm = new_samples(), *tr = new_samples();
-	uint64_t map_all_rt = 0, remap_rt = 0;
+	double *tm = new_samples(), *tr = new_samples(), *tf = new_samples();
+	uint64_t map_all_rt = 0, remap_rt = 0, released_rt = 0;
 	gf_gms *r;
 	for (int k = 0; k < reps; k++) {
 		check(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 5000), "connect RO");
@@ -178,11 +184,22 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 		tr[k] = (double)(gf_now_us() - t0);
 		remap_rt = gf_gms_round_trips(r) - before;
 	}
+	check(gf_gms_set_keep_handles(r, 0), "keep_handles");
+	for (int k = 0; k < reps; k++) {
+		check(gf_gms_unmap(r), "unmap");
+		uint64_t before = gf_gms_round_trips(r);
+		int64_t t0 = gf_now_us();
+		check(gf_gms_remap(r, 5000), "remap");
+		tf[k] = (double)(gf_now_us() - t0);
+		released_rt = gf_gms_round_trips(r) - before;
+	}
 	gf_gms_free(r);
 	gt_stop(&srv);
-	struct stat3 raw = raw_us(n, gran), rm = summarize(tr, reps), ma = summarize(tm, reps), um = summarize(tu, reps);
+	struct stat3 raw = raw_us(n, gran), rm = summarize(tr, reps), ma = summarize(tm, reps), um = summarize(tu, reps),
+		     rf = summarize(tf, reps);
 	free(tm);
 	free(tr);
+	free(tf);
 	free(tu);
 	size_t frames = (n + GF_LIMIT_CHUNK_ALLOCS_WITH_META - 1) / GF_LIMIT_CHUNK_ALLOCS_WITH_META > (m + 31) / 32
 				? (n + GF_LIMIT_CHUNK_ALLOCS_WITH_META - 1) / GF_LIMIT_CHUNK_ALLOCS_WITH_META
@@ -191,14 +208,15 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m)
 	       "\"remap_round_trips\":%llu,\"map_all_round_trips\":%llu,\"map_all_reply_chunks\":%zu,"
 	       "\"remap_us\":%.1f,\"map_all_us\":%.1f,\"raw_fd_recv_mmap_us\":%.1f,\"remap_vs_raw\":%.2f,"
 	       "\"reps\":%d,\"remap_min_us\":%.1f,\"remap_max_us\":%.1f,\"map_all_min_us\":%.1f,"
-	       "\"map_all_max_us\":%.1f,\"raw_min_us\":%.1f,\"raw_max_us\":%.1f,\"unmap_us\":%.1f}\n",
+	       "\"map_all_max_us\":%.1f,\"raw_min_us\":%.1f,\"raw_max_us\":%.1f,\"unmap_us\":%.1f,"
+	       "\"remap_released_us\":%.1f,\"remap_released_vs_raw\":%.2f,\"remap_released_round_trips\":%llu}\n",
 	       n, m, gran, (unsigned long long)remap_rt, (unsigned long long)map_all_rt, frames ? frames : 1, rm.med,
 	       ma.med, raw.med, raw.med > 0 ? rm.med / raw.med : 0.0, reps, rm.min, rm.max, ma.min, ma.max, raw.min,
-	       raw.max, um.med);
+	       raw.max, um.med, rf.med, raw.med > 0 ? rf.med / raw.med : 0.0, (unsigned long long)released_rt);
 	fflush(stdout);
 	/* map_all: connect + one bulk list; remap over the kept session: one
 	 * GmsConnect that brings the list, whatever N and M */
-	return remap_rt == 1 && map_all_rt == 2 ? 0 : 1;
+	return remap_rt == 1 && released_rt == 1 && map_all_rt == 2 ? 0 : 1;
 }
 
 int main(int argc, char **argv)

@@ -93,8 +93,11 @@ def main():
     gms = json_lines([b / "tests/bench/bench-gms"], 900)
     raw["gms"] = gms
     for g in gms:
-        row("gms remap", f"N={g['allocations']} M={g['metadata']} ({g['remap_round_trips']} round trips)",
+        row("gms remap (kept handles)", f"N={g['allocations']} M={g['metadata']} ({g['remap_round_trips']} round trips)",
             g["remap_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_vs_raw"])
+        row("gms remap (handles released)",
+            f"N={g['allocations']} M={g['metadata']} ({g['remap_released_round_trips']} round trips)",
+            g["remap_released_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_released_vs_raw"])
 
     print("running GMS snapshot/restore (WARM /dev/shm, COLD $TMPDIR) vs a plain write/read loop ...", file=sys.stderr)
     snaps = json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, a.snapshot_allocs, 5], 1800)
