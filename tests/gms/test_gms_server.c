@@ -704,6 +704,14 @@ static bool any_open(const ino_t *inodes, size_t n)
 	return false;
 }
 
+/* Within 3 s (the sleeper and the server act on their own threads), none of @inodes is open. */
+static void assert_all_closed(const ino_t *inodes, size_t n)
+{
+	for (int i = 0; i < 300 && any_open(inodes, n); i++)
+		usleep(10000);
+	assert_false(any_open(inodes, n));
+}
+
 static unsigned sleeping(const char *uri)
 {
 	char *j;
@@ -761,9 +769,7 @@ static void test_sleep_keeps_handles(void **state)
 	size_t nold = memfd_inodes(old, 64);
 	assert_true(nold >= 4);
 	w = load(srv.uri, GF_GMS_RW, 2, MiB, 1, 0x50);
-	for (int i = 0; i < 300 && any_open(old, nold); i++)
-		usleep(10000);
-	assert_false(any_open(old, nold)); /* no fd of the old layout in the server or in r */
+	assert_all_closed(old, nold); /* no fd of the old layout in the server or in r */
 	assert_int_equal(gf_gms_remap(r, 300), GF_ERR_STALE_LAYOUT);
 	gf_gms_free(w);
 
@@ -776,9 +782,7 @@ static void test_sleep_keeps_handles(void **state)
 	nold = memfd_inodes(old, 64);
 	assert_true(nold >= 4);
 	gt_stop(&srv);
-	for (int i = 0; i < 300 && any_open(old, nold); i++)
-		usleep(10000);
-	assert_false(any_open(old, nold));
+	assert_all_closed(old, nold);
 	OK(gt_start(&srv, dir, "gms", 0));
 	assert_int_equal(gf_gms_remap(r, 300), GF_ERR_TIMEOUT); /* a fresh GMS: nothing to map */
 	gf_gms_free(r);
