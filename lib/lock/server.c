@@ -762,6 +762,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 static void settle(void *ctx)
 {
 	gf_lockd *d = ctx;
+	bool granted = false;
 	for (;;) {
 		struct gf_lock_gate g = {
 			.has_holder = d->holder != NULL,
@@ -788,7 +789,14 @@ static void settle(void *ctx)
 		}
 		if (grc < 0)
 			break; /* store() wrote the pending release line */
+		granted = true;
 	}
+	/* The new holder was woken on this CPU, most likely (a unix socket's
+	 * wakeup is a sync one): let it run now rather than after the
+	 * bookkeeping below and the old holder's teardown, none of which is
+	 * urgent. The failover's protocol time waits on it. */
+	if (granted)
+		sched_yield();
 	flush_release_log(d);
 	if (d->release_unsaved && !d->holder && store(d) == 0)
 		d->release_unsaved = false;
