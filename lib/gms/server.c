@@ -401,8 +401,6 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
 	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
-	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u", c->peer, c->pid,
-	      gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = c->seq;
 	d->out->which_body = gf_Msg_gms_connected_tag;
@@ -412,7 +410,11 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		     !memcmp(c->parked_hash, d->hash, 16);
 	d->out->body.gms_connected.handles_valid = valid;
 	c->handles_kept = false;
-	if (send_msg(d, c, NULL, 0) < 0)
+	int sent = send_msg(d, c, NULL, 0);
+	/* Logged once the answer is on its way: a wake waits on it. */
+	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u", c->peer, c->pid,
+	      gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers);
+	if (sent < 0)
 		return -1;
 	/* A reader waking asked for the list with the grant: no second round trip. */
 	if (c->connect_list && granted == GMS_MODE_RO && !valid)
