@@ -12,6 +12,7 @@
 #ifndef GF_MEM_BACKEND_H
 #define GF_MEM_BACKEND_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -105,6 +106,11 @@ struct gf_mem {
 	 * gf_mem_free() before them cannot pull the backend from under them. */
 	atomic_int refs;
 	void *priv;
+	/* The device's UUID, read once: a wake checks it, and the backend may
+	 * read a file (host) or ask the driver for it. */
+	pthread_mutex_t uuid_mu;
+	bool uuid_known;
+	char uuid[48];
 };
 
 extern const struct gf_mem_backend gf_mem_host_backend;

@@ -80,6 +80,7 @@ static void mem_unref(gf_mem *m)
 {
 	if (atomic_fetch_sub(&m->refs, 1) == 1) {
 		m->be->close(m);
+		pthread_mutex_destroy(&m->uuid_mu);
 		free(m);
 	}
 }
@@ -92,8 +93,10 @@ static int open_kind(const struct gf_mem_backend *be, int device, gf_mem **out)
 	m->be = be;
 	m->device = device;
 	atomic_init(&m->refs, 1);
+	pthread_mutex_init(&m->uuid_mu, NULL);
 	int rc = be->open(m, device);
 	if (rc < 0) {
+		pthread_mutex_destroy(&m->uuid_mu);
 		free(m);
 		return rc;
 	}
@@ -103,6 +106,7 @@ static int open_kind(const struct gf_mem_backend *be, int device, gf_mem **out)
 			    be->name, m->gran_min, m->gran_rec);
 	if (rc < 0) {
 		be->close(m);
+		pthread_mutex_destroy(&m->uuid_mu);
 		free(m);
 		return rc;
 	}
@@ -181,11 +185,16 @@ GF_EXPORT int gf_mem_device_uuid(gf_mem *m, char *buf, size_t len)
 	uint8_t u[16];
 	if (!m || !buf || len < 48)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_device_uuid: need a backend and a buffer of >= 48 bytes");
-	int rc = m->be->device_uuid(m->device, u);
-	if (rc < 0)
-		return rc;
-	gf_mem_format_uuid(uuid_prefix(m->be, m->device), u, buf, len);
-	return 0;
+	int rc = 0;
+	pthread_mutex_lock(&m->uuid_mu);
+	if (!m->uuid_known && (rc = m->be->device_uuid(m->device, u)) == 0) {
+		gf_mem_format_uuid(uuid_prefix(m->be, m->device), u, m->uuid, sizeof(m->uuid));
+		m->uuid_known = true;
+	}
+	if (rc == 0)
+		snprintf(buf, len, "%s", m->uuid);
+	pthread_mutex_unlock(&m->uuid_mu);
+	return rc < 0 ? rc : 0;
 }
 
 GF_EXPORT int gf_mem_uuid_to_index(int kind, const char *uuid, int *out_index)
