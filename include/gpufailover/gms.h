@@ -223,10 +223,17 @@ GF_EXPORT int gf_gms_get_fd(const gf_gms *gms);
 GF_EXPORT int gf_gms_process(gf_gms *gms);
 /**
  * Built-in watcher thread calling the hook within milliseconds of a loss.
- * Stopped by gf_gms_unmap() and started again by gf_gms_remap().
+ * Stopped by gf_gms_unmap() and started again by gf_gms_remap(). The
+ * thread is the one that watches a sleeping reader's kept session (see
+ * gf_gms_set_keep_handles()): a wake on that session starts no thread and
+ * wakes none.
  */
 GF_EXPORT int gf_gms_start_watch(gf_gms *gms);
-/** Stop and join the watcher thread (no-op when not running). */
+/**
+ * Stop watching for a loss (no-op when not watching): when this returns no
+ * hook runs (called from the hook itself, it does not wait). The thread
+ * stays, parked, until gf_gms_free().
+ */
 GF_EXPORT void gf_gms_stop_watch(gf_gms *gms);
 
 /* ---- fault reporter ---- */

@@ -63,18 +63,29 @@ struct gf_gms {
 	/* Asleep on a kept session, a reader also keeps its imported handles
 	 * (unmapped), so a wake whose layout is unchanged maps them with no
 	 * list and no fds. They pin the layout's memory: the GMS closes the
-	 * session when it drops the layout, and the sleeper thread, watching
-	 * the kept session, then releases them. kmu guards kept, the handles
-	 * while the sleeper may release them, and the sleeper's fd/gen/quit. */
+	 * session when it drops the layout, and the watcher then releases them. */
 	bool keep_handles;      /* gf_gms_set_keep_handles(); default true */
 	bool kept;              /* allocs[].a are held while asleep */
+	/*
+	 * The session watcher: one thread per client, started the first time
+	 * it is needed and parked between uses, polling the session for a
+	 * hangup only. What a hangup means depends on w_mode: asleep, the GMS
+	 * dropped the layout (release the kept handles); awake, the GMS is lost
+	 * (the hook runs); idle, nothing (a wake in progress sees it itself).
+	 * A mode change on the same session needs no kick, so the wake neither
+	 * starts a thread nor wakes one. kmu guards kept, the handles while the
+	 * watcher may release them, and w_*; w_gen tells the thread that what
+	 * it polled for has changed since.
+	 */
 	pthread_mutex_t kmu;
-	pthread_t sleeper;
-	bool sleeper_running;
-	int sleeper_kick;       /* eventfd: re-read sleeper_fd, or quit */
-	int sleeper_fd;         /* the kept session to watch; -1: none (disarmed) */
-	unsigned sleeper_gen;
-	bool sleeper_quit;
+	pthread_cond_t w_idle;  /* w_busy went false */
+	pthread_t w_thread;
+	bool w_running;
+	int w_kick;             /* eventfd: re-read w_fd, or quit */
+	int w_fd;               /* the session polled; -1: none */
+	int w_mode;             /* W_IDLE, W_ASLEEP, W_AWAKE */
+	unsigned w_gen;
+	bool w_quit, w_busy;
 	uint32_t seq;
 	gf_Msg *msg;
 	int granted;
@@ -101,9 +112,7 @@ struct gf_gms {
 	uint8_t connected_hash[16]; /* hash the server announced on connect */
 	bool connected_has_hash;
 
-	pthread_t watch;
-	bool watching, watch_wanted;
-	int stop_fd;
+	bool watching, watch_wanted; /* gf_gms_start_watch() is in force; and again after the wake */
 
 	uint64_t round_trips;
 };
@@ -180,8 +189,11 @@ static int request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline)
 
 /* ---------------------------------------------------------------- connection */
 
+static void watch_forget(gf_gms *g, int fd);
+
 static void close_conn(gf_gms *g)
 {
+	watch_forget(g, g->fd);
 	gf_close(g->fd);
 	g->fd = -1;
 	gf_frame_reader_clear(&g->rd);
@@ -299,11 +311,11 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	}
 	g->fd = -1;
 	g->parked_fd = -1;
-	g->stop_fd = -1;
 	g->keep_handles = true;
-	g->sleeper_kick = -1;
-	g->sleeper_fd = -1;
+	g->w_kick = -1;
+	g->w_fd = -1;
 	pthread_mutex_init(&g->kmu, NULL);
+	pthread_cond_init(&g->w_idle, NULL);
 	g->mem = mem;
 	g->lock_epoch = lock_epoch;
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
@@ -343,7 +355,7 @@ static void free_handles(gf_gms *g)
 	g->kept = false;
 }
 
-/* Unmap and release every import. Not while the sleeper is armed (it may release them too). */
+/* Unmap and release every import. Not while the watcher keeps them asleep (it may release them too). */
 static void release_imports(gf_gms *g)
 {
 	if (g->va)
@@ -351,114 +363,135 @@ static void release_imports(gf_gms *g)
 	free_handles(g);
 }
 
-/* ---------------------------------------------------------------- the sleeper */
+/* ---------------------------------------------------------------- the session watcher */
 
-static void sleeper_kick(gf_gms *g)
-{
-	uint64_t one = 1;
-	ssize_t w = write(g->sleeper_kick, &one, sizeof(one));
-	(void)w; /* a full counter is still readable: the kick is not lost */
-}
+enum { W_IDLE, W_ASLEEP, W_AWAKE };
 
 static bool hung_up(short revents);
 
-/*
- * While asleep with kept handles: a hangup on the kept session means the GMS
- * dropped the layout (or went away), so the handles are stale and only pin
- * memory: release them. Acts only if the main thread has not disarmed it
- * since (sleeper_gen); never calls back into the application.
- */
-static void *sleeper_main(void *arg)
+static void watcher_kick(gf_gms *g)
 {
-	gf_gms *g = arg;
-	for (;;) {
-		pthread_mutex_lock(&g->kmu);
-		int fd = g->sleeper_fd;
-		unsigned gen = g->sleeper_gen;
-		bool quit = g->sleeper_quit;
-		pthread_mutex_unlock(&g->kmu);
-		if (quit)
-			return NULL;
-		/* Only a hangup is asked for (POLLIN is not): a wake's reply never wakes this thread. */
-		struct pollfd p[2] = {{.fd = fd, .events = POLLRDHUP}, {.fd = g->sleeper_kick, .events = POLLIN}};
-		int n = poll(p, 2, -1);
-		if (n < 0 && errno != EINTR)
-			return NULL;
-		if (n > 0 && (p[1].revents & POLLIN)) {
-			uint64_t x;
-			ssize_t r = read(g->sleeper_kick, &x, sizeof(x));
-			(void)r;
-			continue;
-		}
-		if (n > 0 && fd >= 0 && hung_up(p[0].revents)) {
-			pthread_mutex_lock(&g->kmu);
-			if (g->sleeper_gen == gen) {
-				if (g->kept) {
-					gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
-					       g->uri_text, g->nallocs);
-					free_handles(g);
-				}
-				g->sleeper_fd = -1;
-			}
-			pthread_mutex_unlock(&g->kmu);
-		}
-	}
+	uint64_t one = 1;
+	ssize_t w = write(g->w_kick, &one, sizeof(one));
+	(void)w; /* a full counter is still readable: the kick is not lost */
 }
 
-/* Hand the kept handles to the sleeper's watch over the kept session. < 0: not armed (release them). */
-static int sleeper_arm(gf_gms *g)
+static void *watcher_main(void *arg)
 {
-	if (g->sleeper_kick < 0 && (g->sleeper_kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "sleep: eventfd");
+	gf_gms *g = arg;
 	pthread_mutex_lock(&g->kmu);
-	g->kept = true;
-	g->sleeper_fd = g->parked_fd;
-	g->sleeper_gen++;
+	while (!g->w_quit) {
+		int fd = g->w_fd;
+		unsigned gen = g->w_gen;
+		pthread_mutex_unlock(&g->kmu);
+		/* Only a hangup is asked for (POLLIN is not): replies never wake this thread. */
+		struct pollfd p[2] = {{.fd = fd, .events = POLLRDHUP}, {.fd = g->w_kick, .events = POLLIN}};
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno != EINTR)
+			usleep(1000); /* ENOMEM: try again, without spinning */
+		if (n > 0 && (p[1].revents & POLLIN)) {
+			uint64_t x;
+			ssize_t r = read(g->w_kick, &x, sizeof(x));
+			(void)r;
+		}
+		pthread_mutex_lock(&g->kmu);
+		if (n <= 0 || fd < 0 || !hung_up(p[0].revents) || g->w_gen != gen)
+			continue; /* nothing, or the state changed meanwhile: look again */
+		/* A hangup on the session the current state names: stop polling it. */
+		g->w_fd = -1;
+		g->w_gen++;
+		if (g->w_mode == W_ASLEEP && g->kept) {
+			gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
+			       g->uri_text, g->nallocs);
+			free_handles(g);
+		} else if (g->w_mode == W_AWAKE) {
+			g->w_busy = true;
+			pthread_mutex_unlock(&g->kmu);
+			report_lost(g, "connection hung up");
+			pthread_mutex_lock(&g->kmu);
+			g->w_busy = false;
+			pthread_cond_broadcast(&g->w_idle);
+		}
+	}
 	pthread_mutex_unlock(&g->kmu);
-	if (g->sleeper_running) {
-		sleeper_kick(g);
+	return NULL;
+}
+
+/* Called with kmu held: watch @fd in @mode; kicks the thread only when the fd changes. */
+static int watch_set_locked(gf_gms *g, int fd, int mode)
+{
+	bool kick = fd != g->w_fd;
+	g->w_fd = fd;
+	g->w_mode = mode;
+	g->w_gen++;
+	if (g->w_running) {
+		if (kick)
+			watcher_kick(g);
 		return 0;
 	}
-	int rc = pthread_create(&g->sleeper, NULL, sleeper_main, g);
-	if (rc) {
-		pthread_mutex_lock(&g->kmu);
-		g->kept = false;
-		g->sleeper_fd = -1;
-		pthread_mutex_unlock(&g->kmu);
-		return gf_err_errno(GF_ERR_IO, rc, "sleep: pthread_create");
-	}
-	g->sleeper_running = true;
+	if (fd < 0)
+		return 0;
+	if (g->w_kick < 0 && (g->w_kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+		return gf_err_errno(GF_ERR_IO, errno, "watch: eventfd");
+	int rc = pthread_create(&g->w_thread, NULL, watcher_main, g);
+	if (rc)
+		return gf_err_errno(GF_ERR_IO, rc, "watch: pthread_create");
+	g->w_running = true;
 	return 0;
 }
 
-/* The wake takes the kept handles back from the sleeper: true when there still are some. */
-static bool sleeper_disarm(gf_gms *g)
+/* @fd is about to be closed: the watcher must not hold it open (a poll keeps its file alive). */
+static void watch_forget(gf_gms *g, int fd)
 {
-	if (!g->sleeper_running)
-		return g->kept;
+	if (fd < 0)
+		return;
+	pthread_mutex_lock(&g->kmu);
+	if (g->w_fd == fd)
+		watch_set_locked(g, -1, W_IDLE);
+	pthread_mutex_unlock(&g->kmu);
+}
+
+/* Asleep: the kept handles go to the watcher's care. < 0: not armed (release them). */
+static int watch_asleep(gf_gms *g)
+{
+	pthread_mutex_lock(&g->kmu);
+	g->kept = true;
+	int rc = watch_set_locked(g, g->parked_fd, W_ASLEEP);
+	if (rc < 0) {
+		g->kept = false;
+		g->w_fd = -1;
+		g->w_mode = W_IDLE;
+	}
+	pthread_mutex_unlock(&g->kmu);
+	return rc;
+}
+
+/* The wake takes the kept handles back from the watcher: true when there still are some. */
+static bool watch_wake(gf_gms *g)
+{
 	pthread_mutex_lock(&g->kmu);
 	bool kept = g->kept;
-	bool armed = g->sleeper_fd >= 0;
-	g->sleeper_fd = -1;
-	g->sleeper_gen++;
+	if (g->w_mode == W_ASLEEP) {
+		g->w_mode = W_IDLE; /* same session: no kick */
+		g->w_gen++;
+	}
 	pthread_mutex_unlock(&g->kmu);
-	if (armed)
-		sleeper_kick(g);
 	return kept;
 }
 
-static void sleeper_stop(gf_gms *g)
+static void watcher_stop(gf_gms *g)
 {
-	if (g->sleeper_running) {
-		pthread_mutex_lock(&g->kmu);
-		g->sleeper_quit = true;
-		pthread_mutex_unlock(&g->kmu);
-		sleeper_kick(g);
-		pthread_join(g->sleeper, NULL);
-		g->sleeper_running = false;
+	pthread_mutex_lock(&g->kmu);
+	bool running = g->w_running;
+	g->w_quit = true;
+	pthread_mutex_unlock(&g->kmu);
+	if (running) {
+		watcher_kick(g);
+		pthread_join(g->w_thread, NULL);
+		g->w_running = false;
 	}
-	gf_close(g->sleeper_kick);
-	g->sleeper_kick = -1;
+	gf_close(g->w_kick);
+	g->w_kick = -1;
 }
 
 int gf_gms_set_keep_handles(gf_gms *gms, int keep)
@@ -472,7 +505,9 @@ int gf_gms_set_keep_handles(gf_gms *gms, int keep)
 /* The kept session goes, and with it any kept handles (no server can vouch for them now). */
 static void drop_parked(gf_gms *g)
 {
-	if (sleeper_disarm(g))
+	bool kept = watch_wake(g);
+	watch_forget(g, g->parked_fd);
+	if (kept)
 		free_handles(g);
 	gf_close(g->parked_fd);
 	g->parked_fd = -1;
@@ -485,7 +520,7 @@ void gf_gms_free(gf_gms *gms)
 	if (!gms)
 		return;
 	gf_gms_stop_watch(gms);
-	sleeper_stop(gms);
+	watcher_stop(gms);
 	release_imports(gms);
 	gf_mem_va_free(gms->va);
 	if (gms->fd >= 0)
@@ -497,8 +532,8 @@ void gf_gms_free(gf_gms *gms)
 	}
 	free(gms->meta);
 	free(gms->allocs);
-	gf_close(gms->stop_fd);
 	gf_msg_free(gms->msg);
+	pthread_cond_destroy(&gms->w_idle);
 	pthread_mutex_destroy(&gms->kmu);
 	free(gms);
 }
@@ -1035,8 +1070,8 @@ static int send_wake(gf_gms *g, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	g->wake_reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	/* From here the wake owns the kept handles; the sleeper no longer touches them. */
-	fill_connect(g, GF_GMS_RO, timeout_ms, true, sleeper_disarm(g));
+	/* From here the wake owns the kept handles; the watcher no longer touches them. */
+	fill_connect(g, GF_GMS_RO, timeout_ms, true, watch_wake(g));
 	g->msg->seq = ++g->seq;
 	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
 }
@@ -1149,7 +1184,7 @@ int gf_gms_unmap(gf_gms *gms)
 	else
 		release_imports(gms);
 	park_conn(gms);
-	if (keep && (gms->parked_fd < 0 || sleeper_arm(gms) < 0)) {
+	if (keep && (gms->parked_fd < 0 || watch_asleep(gms) < 0)) {
 		if (gms->parked_fd >= 0)
 			gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
 		free_handles(gms);
@@ -1208,7 +1243,7 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
 	atomic_store(&gms->lost, false);
 	atomic_store(&gms->lost_reported, false);
-	if (gms->parked_fd < 0 && sleeper_disarm(gms))
+	if (gms->parked_fd < 0 && watch_wake(gms))
 		free_handles(gms); /* no session vouches for them (cannot happen: dropping it releases them) */
 	int rc = gms->parked_fd >= 0 ? wake_parked(gms, timeout_ms) : 0;
 	if (rc < 0)
@@ -1311,23 +1346,6 @@ int gf_gms_process(gf_gms *gms)
 	return 0;
 }
 
-static void *watch_main(void *arg)
-{
-	gf_gms *g = arg;
-	for (;;) {
-		struct pollfd p[2] = {{.fd = g->fd, .events = POLLRDHUP}, {.fd = g->stop_fd, .events = POLLIN}};
-		int n = poll(p, 2, -1);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 || (p[1].revents & POLLIN))
-			return NULL;
-		if (hung_up(p[0].revents)) {
-			report_lost(g, "connection hung up");
-			return NULL;
-		}
-	}
-}
-
 int gf_gms_start_watch(gf_gms *gms)
 {
 	if (!gms)
@@ -1335,11 +1353,12 @@ int gf_gms_start_watch(gf_gms *gms)
 	gms->watch_wanted = true;
 	if (gms->watching || gms->fd < 0)
 		return 0; /* asleep: started again by remap() */
-	if (gms->stop_fd < 0 && (gms->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "watch: eventfd");
-	int rc = pthread_create(&gms->watch, NULL, watch_main, gms);
-	if (rc)
-		return gf_err_errno(GF_ERR_IO, rc, "watch: pthread_create");
+	pthread_mutex_lock(&gms->kmu);
+	/* After a wake on the kept session the thread polls this fd already: no kick. */
+	int rc = watch_set_locked(gms, gms->fd, W_AWAKE);
+	pthread_mutex_unlock(&gms->kmu);
+	if (rc < 0)
+		return rc;
 	gms->watching = true;
 	return 0;
 }
@@ -1351,13 +1370,15 @@ void gf_gms_stop_watch(gf_gms *gms)
 	gms->watch_wanted = false;
 	if (!gms->watching)
 		return;
-	uint64_t one = 1;
-	ssize_t w = write(gms->stop_fd, &one, sizeof(one));
-	(void)w;
-	pthread_join(gms->watch, NULL);
-	uint64_t x;
-	while (read(gms->stop_fd, &x, sizeof(x)) > 0)
-		;
+	pthread_mutex_lock(&gms->kmu);
+	if (gms->w_mode == W_AWAKE) {
+		gms->w_mode = W_IDLE; /* the thread stays, parked on the same session */
+		gms->w_gen++;
+	}
+	/* A hook running on the watcher finishes first, unless this is the hook. */
+	while (gms->w_busy && !pthread_equal(pthread_self(), gms->w_thread))
+		pthread_cond_wait(&gms->w_idle, &gms->kmu);
+	pthread_mutex_unlock(&gms->kmu);
 	gms->watching = false;
 }
 

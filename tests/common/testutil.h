@@ -28,6 +28,21 @@ static inline int tu_count_fds(void)
 	return n - 1; /* the DIR's own fd */
 }
 
+/* Number of threads of this process, to check that a path starts none. */
+static inline int tu_count_threads(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
+}
+
 /* A fresh private directory under $TMPDIR for sockets and state files. */
 static inline char *tu_tmpdir(void)
 {

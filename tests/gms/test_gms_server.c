@@ -741,7 +741,7 @@ static void test_sleep_keeps_handles(void **state)
 	OK(gf_gms_alloc_at(r, 0, &a0));
 	int fds = tu_count_fds();
 	OK(gf_gms_unmap(r));
-	fds++; /* the sleeper thread's eventfd, kept from the first sleep on */
+	fds++; /* the watcher thread's eventfd, kept from the first sleep on */
 	assert_int_equal(tu_count_fds(), fds); /* session and four handles kept */
 	char p[5];
 	perms_at(a0.addr, p);
@@ -913,6 +913,42 @@ static void test_lost(void **state)
 	OK(gt_start(&srv, dir, "gms", 0));
 }
 
+/*
+ * One watcher thread per client, kept from the first sleep or watch on: a
+ * wake on the kept session starts no thread and opens no fd, and the same
+ * thread, now watching for a loss, still reports the GMS going away.
+ */
+static void test_wake_starts_no_thread(void **state)
+{
+	(void)state;
+	gf_gms *w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x70);
+	gf_gms_free(w);
+	gf_gms *r;
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_map_all(r));
+	gf_gms_set_lost_fn(r, on_lost, NULL);
+	OK(gf_gms_start_watch(r));
+	OK(gf_gms_unmap(r));
+	int threads = tu_count_threads(), fds = tu_count_fds();
+	for (int i = 0; i < 3; i++) {
+		OK(gf_gms_remap(r, 1000));
+		OK(gf_gms_start_watch(r));
+		assert_int_equal(tu_count_threads(), threads);
+		assert_int_equal(tu_count_fds(), fds);
+		check_bytes(r, 0x70);
+		if (i < 2)
+			OK(gf_gms_unmap(r));
+	}
+	atomic_store(&lost_calls, 0);
+	gt_stop(&srv);
+	for (int i = 0; i < 500 && atomic_load(&lost_calls) < 1; i++)
+		usleep(2000);
+	assert_int_equal(atomic_load(&lost_calls), 1);
+	gf_gms_stop_watch(r);
+	gf_gms_free(r);
+	OK(gt_start(&srv, dir, "gms", 0));
+}
+
 /* Peers whose uid is not allowed are refused with PERMISSION; --allow-uid admits them. */
 static int ping_as(const char *uri, uid_t uid)
 {
@@ -1020,6 +1056,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_unmap_remap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_remap_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sleep_keeps_handles, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_starts_no_thread, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
