@@ -174,9 +174,24 @@ GF_EXPORT int gf_lock_get_timeout_ms(const gf_lock *lock);
  * functions; do not run it while the watcher thread runs.
  */
 GF_EXPORT int gf_lock_process(gf_lock *lock);
-/** Start a built-in watcher thread that runs the process loop while held (GF_ERR_STATE if not held). */
+/**
+ * Start the built-in watcher thread now, parked, so that a later
+ * gf_lock_start_watch() only wakes it: call it before gf_lock_acquire() and
+ * a failover creates no thread between the grant and serving. Idempotent.
+ * Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_IO (no thread).
+ */
+GF_EXPORT int gf_lock_prepare_watch(gf_lock *lock);
+/**
+ * Run the process loop on the built-in watcher thread while held (started
+ * here unless gf_lock_prepare_watch() did). GF_ERR_STATE if not held, or
+ * if a watch already runs.
+ */
 GF_EXPORT int gf_lock_start_watch(gf_lock *lock);
-/** Stop the watcher thread (joins it). */
+/**
+ * Stop the watch: when this returns, the loop has ended and no hook runs
+ * (called from the hook itself, it does not wait). The thread stays,
+ * parked, for the next hold; gf_lock_free() ends it.
+ */
 GF_EXPORT void gf_lock_stop_watch(gf_lock *lock);
 
 /**

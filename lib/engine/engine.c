@@ -332,6 +332,12 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 			gf_lock_free(lock);
 			return rc;
 		}
+		/* The watcher thread exists before the wait: a wake only wakes it. */
+		rc = gf_lock_prepare_watch(lock);
+		if (rc) {
+			gf_lock_free(lock);
+			return rc;
+		}
 		/* The hook is in place before the lock can be held. */
 		gf_lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
 		gf_lock_set_step_down_fn(lock, gf_engine_lock_step_down_hook, e);

@@ -55,8 +55,18 @@ struct gf_lock {
 	int intr_fd;
 	int64_t last_heard, next_hb, reconnect_deadline, next_attempt;
 	uint32_t seq;
+	/*
+	 * The watcher: one thread, started by gf_lock_prepare_watch() (the
+	 * engine does it before waiting, so a wake creates no thread) or by the
+	 * first gf_lock_start_watch(), and parked between holds. wmu guards
+	 * the w_* flags; watch_stop_fd ends a watch loop.
+	 */
+	pthread_mutex_t wmu;
+	pthread_cond_t wcond;
 	pthread_t watcher;
-	bool watching;
+	bool w_started, w_quit;
+	bool watching; /* armed: the loop runs (or is about to) */
+	bool w_active; /* the thread is inside the loop */
 	int watch_stop_fd;
 	gf_Msg *msg;
 	struct gf_etcd *etcd; /* etcd:// and etcds:// URIs: every call goes there */
@@ -98,8 +108,10 @@ static void fork_child(void)
 		if (l->etcd)
 			gf_etcd_forked(l->etcd);
 		atomic_store(&l->state, C_IDLE);
-		l->watching = false;
+		l->watching = l->w_active = l->w_started = false;
 		pthread_mutex_init(&l->mu, NULL);
+		pthread_mutex_init(&l->wmu, NULL);
+		pthread_cond_init(&l->wcond, NULL);
 	}
 	pthread_mutex_init(&list_mu, NULL);
 }
@@ -137,6 +149,8 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 		return rc;
 	}
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->wmu, NULL);
+	pthread_cond_init(&l->wcond, NULL);
 	gf_uri_format(&l->uri, l->uristr, sizeof(l->uristr));
 	memcpy(l->id, engine_id, strlen(engine_id) + 1);
 	l->fd = -1;
@@ -191,6 +205,13 @@ void gf_lock_free(gf_lock *l)
 	if (!l)
 		return;
 	gf_lock_stop_watch(l);
+	pthread_mutex_lock(&l->wmu);
+	bool started = l->w_started;
+	l->w_quit = true;
+	pthread_cond_broadcast(&l->wcond);
+	pthread_mutex_unlock(&l->wmu);
+	if (started)
+		pthread_join(l->watcher, NULL);
 	pthread_mutex_lock(&list_mu);
 	if (l->lprev)
 		l->lprev->lnext = l->lnext;
@@ -209,6 +230,8 @@ void gf_lock_free(gf_lock *l)
 		memset(l->secret, 0, l->secret_len);
 	free(l->secret);
 	gf_msg_free(l->msg);
+	pthread_cond_destroy(&l->wcond);
+	pthread_mutex_destroy(&l->wmu);
 	pthread_mutex_destroy(&l->mu);
 	free(l);
 }
@@ -857,9 +880,9 @@ int gf_lock_get_timeout_ms(const gf_lock *l)
 	return left <= 0 ? 0 : (int)((left + 999) / 1000);
 }
 
-static void *watch_main(void *arg)
+/* One hold's watch: runs the process loop until stopped or no longer held. */
+static void watch_loop(gf_lock *l)
 {
-	gf_lock *l = arg;
 	for (;;) {
 		if (!gf_lock_is_held(l)) {
 			/* An etcd holder stops counting as held at T_fence, before
@@ -876,36 +899,87 @@ static void *watch_main(void *arg)
 		if (gf_lock_process(l) == GF_ERR_LOCK_LOST)
 			break;
 	}
+}
+
+static void *watch_main(void *arg)
+{
+	gf_lock *l = arg;
+	pthread_mutex_lock(&l->wmu);
+	for (;;) {
+		while (!l->watching && !l->w_quit)
+			pthread_cond_wait(&l->wcond, &l->wmu);
+		if (l->w_quit)
+			break;
+		l->w_active = true;
+		pthread_mutex_unlock(&l->wmu);
+		watch_loop(l);
+		pthread_mutex_lock(&l->wmu);
+		l->w_active = false;
+		l->watching = false;
+		pthread_cond_broadcast(&l->wcond);
+	}
+	pthread_mutex_unlock(&l->wmu);
 	return NULL;
+}
+
+/* Called with wmu held. */
+static int start_watcher_locked(gf_lock *l)
+{
+	if (l->w_started)
+		return 0;
+	int e = pthread_create(&l->watcher, NULL, watch_main, l);
+	if (e)
+		return gf_err_errno(GF_ERR_IO, e, "lock: pthread_create");
+	l->w_started = true;
+	return 0;
+}
+
+int gf_lock_prepare_watch(gf_lock *l)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	pthread_mutex_lock(&l->wmu);
+	int rc = start_watcher_locked(l);
+	pthread_mutex_unlock(&l->wmu);
+	return rc;
 }
 
 int gf_lock_start_watch(gf_lock *l)
 {
 	if (!l)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
-	if (l->watching)
-		return gf_err(GF_ERR_STATE, "lock %s: watcher already running", l->id);
 	if (!gf_lock_is_held(l))
 		return gf_err(GF_ERR_STATE, "lock %s: not held", l->id);
-	uint64_t v;
-	while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
-		;
-	int e = pthread_create(&l->watcher, NULL, watch_main, l);
-	if (e)
-		return gf_err_errno(GF_ERR_IO, e, "lock: pthread_create");
-	l->watching = true;
-	return 0;
+	pthread_mutex_lock(&l->wmu);
+	int rc = 0;
+	if (l->watching || l->w_active) {
+		rc = gf_err(GF_ERR_STATE, "lock %s: watcher already running", l->id);
+	} else if ((rc = start_watcher_locked(l)) == 0) {
+		uint64_t v;
+		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
+			; /* a stop meant for an earlier hold */
+		l->watching = true;
+		pthread_cond_broadcast(&l->wcond);
+	}
+	pthread_mutex_unlock(&l->wmu);
+	return rc;
 }
 
 void gf_lock_stop_watch(gf_lock *l)
 {
-	if (!l || !l->watching)
+	if (!l)
 		return;
-	uint64_t one = 1;
-	ssize_t r = write(l->watch_stop_fd, &one, sizeof(one));
-	(void)r;
-	pthread_join(l->watcher, NULL);
-	l->watching = false;
+	pthread_mutex_lock(&l->wmu);
+	if (l->watching || l->w_active) {
+		l->watching = false;
+		uint64_t one = 1;
+		ssize_t r = write(l->watch_stop_fd, &one, sizeof(one));
+		(void)r;
+		/* The loop ends before this returns: after it, no hook runs (unless this is the hook). */
+		while (l->w_active && !pthread_equal(pthread_self(), l->watcher))
+			pthread_cond_wait(&l->wcond, &l->wmu);
+	}
+	pthread_mutex_unlock(&l->wmu);
 }
 
 /* ---- one-shot queries ---- */

@@ -526,6 +526,44 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	srv_stop(&sv);
 }
 
+/*
+ * A prepared watcher: the thread exists before the wait, so starting the
+ * watch after the grant creates none; it can be stopped and started again
+ * for the same hold, and it still reports the loss.
+ */
+static void test_prepared_watcher(void **s)
+{
+	(void)s;
+	struct srv sv;
+	struct lost_rec lr = { 0 };
+	struct gf_lock_grant g;
+	gf_lock *a;
+	srv_start(&sv, NULL, 1000);
+	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
+	assert_int_equal(gf_lock_set_reconnect_timeout(a, 200), 0);
+	gf_lock_set_lost_fn(a, on_lost, &lr);
+	assert_int_equal(gf_lock_prepare_watch(a), 0);
+	assert_int_equal(gf_lock_prepare_watch(a), 0); /* idempotent */
+	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	int threads = tu_count_threads();
+	assert_int_equal(gf_lock_start_watch(a), 0);
+	assert_int_equal(tu_count_threads(), threads);
+	assert_int_equal(gf_lock_start_watch(a), GF_ERR_STATE); /* one watch at a time */
+	gf_lock_stop_watch(a);
+	assert_int_equal(gf_lock_start_watch(a), 0);
+	assert_int_equal(tu_count_threads(), threads);
+	srv_halt(&sv);
+	int64_t end = gf_now_us() + 5000000;
+	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	assert_int_equal(atomic_load(&lr.calls), 1);
+	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
+	gf_lock_stop_watch(a);
+	gf_lock_free(a);
+	srv_restart(&sv, 0);
+	srv_stop(&sv);
+}
+
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
@@ -708,6 +746,7 @@ int main(void)
 		cmocka_unit_test(test_reconnect_window_reclaim),
 		cmocka_unit_test(test_holder_takeover_stale_connection),
 		cmocka_unit_test(test_watcher_reclaims_then_reports_loss),
+		cmocka_unit_test(test_prepared_watcher),
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
