@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,81 @@ static int is_f32(const struct model_tensor *t, unsigned ndim)
 	return t->ndim == ndim && !strcmp(t->dtype, "F32");
 }
 
+/*
+ * Double accumulation in sixteen independent lanes (lane k takes the
+ * elements c = k mod 16), then the lanes summed pairwise in a fixed order:
+ * the same result on loader and follower whatever the compiler or the CPU.
+ * The AVX version does exactly the scalar version's operations, four lanes
+ * at a time, and neither fuses a multiply with an add, so they round
+ * identically. The failover's first answer waits on this. @xd is the input
+ * already widened to double: it is shared by every row.
+ */
+static double lanes_sum(double acc[16], const float *row, const double *xd, size_t c, size_t len)
+{
+	for (size_t k = 0; c < len; c++, k++)
+		acc[k] += (double)row[c] * xd[c];
+	for (int w = 8; w >= 1; w /= 2)
+		for (int k = 0; k < w; k++)
+			acc[k] += acc[k + w];
+	return acc[0];
+}
+
+static double dot_scalar(const float *row, const double *xd, size_t len)
+{
+	double acc[16] = { 0 };
+	size_t c = 0;
+	for (; c + 16 <= len; c += 16)
+		for (int k = 0; k < 16; k++)
+			acc[k] += (double)row[c + k] * xd[c + k];
+	return lanes_sum(acc, row, xd, c, len);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+__attribute__((target("avx"))) static double dot_avx(const float *row, const double *xd, size_t len)
+{
+	__m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+	size_t c = 0;
+	for (; c + 16 <= len; c += 16) {
+		a0 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + c)), _mm256_loadu_pd(xd + c)));
+		a1 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + c + 4)),
+						     _mm256_loadu_pd(xd + c + 4)));
+		a2 = _mm256_add_pd(a2, _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + c + 8)),
+						     _mm256_loadu_pd(xd + c + 8)));
+		a3 = _mm256_add_pd(a3, _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + c + 12)),
+						     _mm256_loadu_pd(xd + c + 12)));
+	}
+	double acc[16];
+	_mm256_storeu_pd(acc, a0);
+	_mm256_storeu_pd(acc + 4, a1);
+	_mm256_storeu_pd(acc + 8, a2);
+	_mm256_storeu_pd(acc + 12, a3);
+	/* The rest is SSE code (and tanh after it): leave no dirty upper halves. */
+	_mm256_zeroupper();
+	return lanes_sum(acc, row, xd, c, len);
+}
+
+static bool have_avx(void)
+{
+	static int cached = -1;
+	if (cached < 0)
+		cached = __builtin_cpu_supports("avx") ? 1 : 0;
+	return cached;
+}
+#else
+static bool have_avx(void)
+{
+	return false;
+}
+#define dot_avx dot_scalar
+#endif
+
+static double dot(const float *row, const double *xd, size_t len)
+{
+	return have_avx() ? dot_avx(row, xd, len) : dot_scalar(row, xd, len);
+}
+
 int model_infer(const struct model *m, uint64_t seed, float **out, size_t *out_len)
 {
 	size_t len = 8;
@@ -138,25 +214,20 @@ int model_infer(const struct model *m, uint64_t seed, float **out, size_t *out_l
 		if (i + 1 < m->n && is_f32(&m->t[i + 1], 1) && m->t[i + 1].shape[0] == rows)
 			bias = m->t[i + 1].data;
 		float *y = malloc(rows * sizeof(float));
-		if (!y) {
+		double *xd = malloc(len * sizeof(double));
+		if (!y || !xd) {
+			free(y);
+			free(xd);
 			free(x);
 			return -1;
 		}
+		for (size_t c = 0; c < len; c++)
+			xd[c] = x[c];
 		for (size_t r = 0; r < rows; r++) {
-			/* Double accumulation in four independent chains, summed in a
-			 * fixed order: the same result on loader and follower whatever
-			 * the compiler does, at four times the speed of one chain. */
-			double acc[4] = {0.0, 0.0, 0.0, 0.0};
-			const float *row = wd + r * len;
-			size_t c = 0;
-			for (; c + 4 <= len; c += 4)
-				for (int k = 0; k < 4; k++)
-					acc[k] += (double)row[c + k] * (double)x[c + k];
-			for (; c < len; c++)
-				acc[0] += (double)row[c] * (double)x[c];
-			double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+			double sum = dot(wd + r * len, xd, len);
 			y[r] = (float)tanh(bias ? bias[r] + sum : sum);
 		}
+		free(xd);
 		free(x);
 		x = y;
 		len = rows;
