@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -431,6 +432,13 @@ static enum MHD_Result handle_http(void *cls, struct MHD_Connection *c, const ch
 				   "dim", (json_int_t)len));
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Waits up to @ms for a stop request; 1 when stopping. */
 static int wait_stop(struct app *a, int ms)
 {
@@ -439,6 +447,36 @@ static int wait_stop(struct app *a, int ms)
 	while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR)
 		;
 	return r > 0;
+}
+
+/*
+ * The HTTP server runs on the main thread (MHD's external epoll mode): the
+ * wake starts no thread for it, and the connections the lock's listener
+ * kept in its backlog are accepted the moment the engine is Active, by the
+ * thread that made it so. Serves for up to @ms (-1: for ever); 1 when a
+ * stop was requested (only looked at with @until_stop: a drain serves on
+ * after one).
+ */
+static int serve_http(struct app *a, int ms, bool until_stop)
+{
+	const union MHD_DaemonInfo *ei = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_EPOLL_FD);
+	int64_t end = ms < 0 ? INT64_MAX : mono_ms() + ms;
+	for (;;) {
+		MHD_run(a->http);
+		int64_t now = mono_ms();
+		if (now >= end)
+			return 0;
+		MHD_UNSIGNED_LONG_LONG to;
+		int64_t wait = end == INT64_MAX ? -1 : end - now;
+		if (MHD_get_timeout(a->http, &to) == MHD_YES && (wait < 0 || (int64_t)to < wait))
+			wait = to > INT32_MAX ? INT32_MAX : (int64_t)to;
+		struct pollfd p[2] = { { .fd = until_stop ? a->stop_pipe[0] : -1, .events = POLLIN },
+				       { .fd = ei ? ei->epoll_fd : -1, .events = POLLIN } };
+		if (poll(p, 2, (int)(wait > INT32_MAX ? INT32_MAX : wait)) < 0 && errno != EINTR)
+			return 1;
+		if (p[0].revents & POLLIN)
+			return 1;
+	}
 }
 
 static int serve_endpoint(gf_engine *e, void *userdata)
@@ -458,8 +496,7 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, gf_error_detail());
 			return rc;
 		}
-		/* ITC: a switchover quiesces the daemon (stops accepting) while it runs. */
-		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL,
+		a->http = MHD_start_daemon(MHD_USE_EPOLL, 0, NULL, NULL,
 					   handle_http, a,
 					   MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
 					   MHD_OPTION_END);
@@ -470,7 +507,7 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 			return GF_ERR_IO;
 		}
 	} else {
-		a->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)a->port, NULL, NULL,
+		a->http = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)a->port, NULL, NULL,
 					   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
 		if (!a->http) {
 			logf_(GF_LOG_ERR, "event=serve_failed port=%d msg=\"cannot listen (port in use?)\"", a->port);
@@ -491,13 +528,6 @@ static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
 	struct app *a = userdata;
 	a->lost = 1;
 	gf_engine_default_loss(e, err, detail, NULL);
-}
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* On the lock's watcher thread: the main thread drains and steps down. */
@@ -528,7 +558,7 @@ static int step_down(struct app *a)
 			const union MHD_DaemonInfo *i = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
 			if (!i || i->num_connections == 0 || mono_ms() - t0 > DRAIN_TIMEOUT_MS)
 				break;
-			usleep(1000);
+			serve_http(a, 1, false); /* the requests in flight finish on this thread */
 		}
 	}
 	int rc = gf_engine_step_down(a->engine);
@@ -893,7 +923,7 @@ static int run(struct app *a)
 		logf_(GF_LOG_INFO, "event=active epoch=%" PRIu64 " lock_wait_us=%" PRId64 " remap_us=%" PRId64
 		      " kv_us=%" PRId64 " serve_us=%" PRId64 " wake_total_us=%" PRId64, m.epoch, m.lock_wait_us,
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
-		while (!wait_stop(a, -1))
+		while (!serve_http(a, -1, true))
 			;
 		if (atomic_load(&a->stepping_down) && !a->stopping && !a->lost)
 			status = step_down(a);
