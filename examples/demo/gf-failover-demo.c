@@ -275,7 +275,7 @@ static void *client_main(void *p)
 		CURLcode res = CURLE_OK;
 		int64_t t0 = now_us();
 		long code = http_get_res(h, c->serve_port, path, &b, REQUEST_TIMEOUT_MS, &res);
-		int64_t waited = now_us() - t0;
+		int64_t t_answered = now_us(), waited = t_answered - t0;
 		json_t *j = NULL;
 		const char *sum = NULL, *who = NULL;
 		json_int_t epoch = 0;
@@ -310,7 +310,8 @@ static void *client_main(void *p)
 			c->ok_old_primary++;
 		} else {
 			if (!c->first_ok_after_us) {
-				c->first_ok_after_us = now_us();
+				/* When the answer arrived, not when this thread got to count it. */
+				c->first_ok_after_us = t_answered;
 				snprintf(c->first_ok_engine, sizeof(c->first_ok_engine), "%s", who ? who : "?");
 				c->epoch_after = (uint64_t)epoch;
 			}
