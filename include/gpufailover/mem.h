@@ -211,6 +211,16 @@ GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int acce
  * the first error is returned and the rest is still unmapped.
  */
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
+/**
+ * Fence every mapping of the reservation (@p on = 0: any access faults, as
+ * if unmapped) or open them again with the access they were mapped with
+ * (@p on = 1), without unmapping: the mappings, and on host their page
+ * tables, stay, so opening costs one call per contiguous span and no page
+ * faults follow. A fenced mapping still holds its allocation, like any
+ * mapping. Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_NOT_SUPPORTED (the
+ * backend cannot: cuda; unmap instead), GF_ERR_IO.
+ */
+GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on);
 /** Unmap everything and give the address range back. NULL is a no-op. */
 GF_EXPORT void gf_mem_va_free(gf_mem_va *va);
 

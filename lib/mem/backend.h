@@ -83,6 +83,9 @@ struct gf_mem_backend {
 	int (*unmap)(gf_mem *m, uint64_t addr, size_t size);
 	/* unmap() also takes a range covering several adjacent mappings (host). */
 	bool unmap_spans;
+	/* Optional: fence (@access 0) or reopen a span of adjacent mappings
+	 * made with @access, keeping them mapped. */
+	int (*protect)(gf_mem *m, uint64_t addr, size_t size, int access);
 
 	/* Optional staged copies (cuda; NULL on host, whose mappings are host
 	 * memory): pinned host buffers, one ordered stream, events to wait on. */

@@ -313,6 +313,15 @@ static int host_unmap(gf_mem *m, uint64_t addr, size_t size)
 	return 0;
 }
 
+static int host_protect(gf_mem *m, uint64_t addr, size_t size, int access)
+{
+	(void)m;
+	int prot = access == GF_MEM_READWRITE ? PROT_READ | PROT_WRITE : access ? PROT_READ : PROT_NONE;
+	if (mprotect((void *)(uintptr_t)addr, size, prot) < 0)
+		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno, "mprotect %zu bytes", size);
+	return 0;
+}
+
 static int host_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access)
 {
 	int prot = access == GF_MEM_READWRITE ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -337,6 +346,7 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.open = host_open,
 	.close = host_close,
 	.granularity = host_granularity,
+	.protect = host_protect,
 	.info = host_info,
 	.synchronize = host_synchronize,
 	.create = host_create,

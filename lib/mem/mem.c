@@ -24,6 +24,7 @@ struct gf_mem_alloc {
 struct va_map {
 	size_t offset, size;
 	gf_mem_alloc *alloc;
+	int access;
 };
 
 struct gf_mem_va {
@@ -644,7 +645,7 @@ GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, 
 				    i, off, a->size, va->size);
 		else if (overlaps_existing(va, off, a->size))
 			rc = gf_err(GF_ERR_INVALID_ARG, "gf_mem_map_many: entry %zu: offset %zu overlaps an existing mapping", i, off);
-		plan[i] = (struct va_map){ off, a ? a->size : 0, a };
+		plan[i] = (struct va_map){ off, a ? a->size : 0, a, access };
 	}
 	if (rc == 0) {
 		if (!in_order)
@@ -738,6 +739,36 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
 		s = e;
 	}
 	va->nmaps = 0;
+	return rc;
+}
+
+GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on)
+{
+	if (!va)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_set_accessible: NULL reservation");
+	if (!va->m->be->protect)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "%s backend: mappings cannot be fenced in place (unmap them)",
+			      va->m->be->name);
+	int rc = 0;
+	size_t s = 0;
+	for (; s < va->nmaps && rc == 0;) {
+		/* One call per contiguous span of the same access. */
+		size_t e = s + 1;
+		while (e < va->nmaps && va->maps[e].offset == va->maps[e - 1].offset + va->maps[e - 1].size &&
+		       va->maps[e].access == va->maps[s].access)
+			e++;
+		size_t len = va->maps[e - 1].offset + va->maps[e - 1].size - va->maps[s].offset;
+		rc = va->m->be->protect(va->m, va->addr + va->maps[s].offset, len, on ? va->maps[s].access : 0);
+		s = e;
+	}
+	if (rc < 0 && !on) {
+		/* Half fenced is no fence: open again what was closed, report. */
+		char why[512];
+		snprintf(why, sizeof(why), "%s", gf_error_detail());
+		for (size_t i = 0; i < va->nmaps; i++)
+			va->m->be->protect(va->m, va->addr + va->maps[i].offset, va->maps[i].size, va->maps[i].access);
+		return gf_err(rc, "%s", why);
+	}
 	return rc;
 }
 

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -357,6 +358,71 @@ static void test_readonly_faults(void **state)
 	gf_mem_free(m);
 }
 
+/*
+ * Fencing in place: with the mappings fenced every access faults, as when
+ * unmapped; opened again, each has the access it was mapped with, the bytes
+ * are there, and (host) touching them takes no page fault, as the page tables
+ * stayed. cuda cannot, and says so.
+ */
+static void test_set_accessible(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	size_t g = gran(m);
+	gf_mem_alloc *a = NULL, *b = NULL;
+	gf_mem_va *va = NULL;
+	assert_int_equal(gf_mem_create(m, g, &a), 0);
+	assert_int_equal(gf_mem_create(m, g, &b), 0);
+	assert_int_equal(gf_mem_reserve(m, 2 * g, 0, &va), 0);
+	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
+	assert_int_equal(gf_mem_map(va, g, b, GF_MEM_READ), 0);
+	volatile uint8_t *p = ptr(va, 0), *q = ptr(va, g);
+	memset((void *)p, 7, g);
+	assert_int_equal(gf_mem_set_accessible(NULL, 0), GF_ERR_INVALID_ARG);
+	if (kind == GF_MEM_CUDA) {
+		assert_int_equal(gf_mem_set_accessible(va, 0), GF_ERR_NOT_SUPPORTED);
+		assert_int_equal(p[0], 7); /* untouched */
+	} else {
+		for (size_t i = 0; i < g; i += 4096)
+			(void)q[i];
+		assert_int_equal(gf_mem_set_accessible(va, 0), 0);
+		for (int which = 0; which < 2; which++) {
+			pid_t pid = fork_child();
+			if (pid == 0) {
+				signal(SIGSEGV, SIG_DFL);
+				(void)(which ? q[0] : p[0]);
+				_exit(0);
+			}
+			int st = wait_child(pid);
+			assert_true(WIFSIGNALED(st));
+			assert_int_equal(WTERMSIG(st), SIGSEGV);
+		}
+		assert_int_equal(gf_mem_alloc_state(a), GF_MEM_ALLOC_MAPPED); /* still holds it */
+		assert_int_equal(gf_mem_set_accessible(va, 1), 0);
+		struct rusage r0, r1;
+		getrusage(RUSAGE_SELF, &r0);
+		unsigned sum = 0;
+		for (size_t i = 0; i < g; i += 4096)
+			sum += p[i] + q[i];
+		getrusage(RUSAGE_SELF, &r1);
+		assert_int_equal(sum, 7 * (g / 4096));
+		assert_int_equal(r1.ru_minflt - r0.ru_minflt, 0);
+		p[1] = 8; /* read-write again */
+		pid_t pid = fork_child();
+		if (pid == 0) {
+			signal(SIGSEGV, SIG_DFL);
+			q[0] = 1; /* read-only again */
+			_exit(0);
+		}
+		int st = wait_child(pid);
+		assert_true(WIFSIGNALED(st));
+	}
+	gf_mem_va_free(va);
+	assert_int_equal(gf_mem_alloc_free(a), 0);
+	assert_int_equal(gf_mem_alloc_free(b), 0);
+	gf_mem_free(m);
+}
+
 static int count_proc_lines(const char *path, const char *needle)
 {
 	char line[512];
@@ -638,6 +704,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_states_single_process),
 		cmocka_unit_test(test_two_processes),
 		cmocka_unit_test(test_readonly_faults),
+		cmocka_unit_test(test_set_accessible),
 		cmocka_unit_test(test_refcount_decision7),
 		cmocka_unit_test(test_map_many),
 		cmocka_unit_test(test_import_bad_fd),
