@@ -66,6 +66,8 @@ struct gf_gms {
 	 * session when it drops the layout, and the watcher then releases them. */
 	bool keep_handles;      /* gf_gms_set_keep_handles(); default true */
 	bool kept;              /* allocs[].a are held while asleep */
+	bool kept_mapped;       /* ... and still mapped, fenced (host): the wake opens them in place */
+	bool opened_in_place;   /* the last wake did: page tables intact, nothing to prefault */
 	/*
 	 * The session watcher: one thread per client, started the first time
 	 * it is needed and parked between uses, polling the session for a
@@ -259,8 +261,7 @@ static int take_connected(gf_gms *g)
 
 static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept)
 {
-	memset(g->msg, 0, sizeof(*g->msg));
-	g->msg->which_body = gf_Msg_gms_connect_tag;
+	GF_MSG_START(g->msg, gms_connect, gf_Msg_gms_connect_tag);
 	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
 	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
 	g->msg->body.gms_connect.with_list = with_list;
@@ -348,6 +349,9 @@ int gf_gms_granted_mode(const gf_gms *gms)
 
 static void free_handles(gf_gms *g)
 {
+	if (g->kept_mapped && g->va)
+		gf_mem_unmap_all(g->va); /* fenced mappings hold the allocations too */
+	g->kept_mapped = false;
 	for (size_t i = 0; i < g->nallocs; i++) {
 		gf_mem_alloc_free(g->allocs[i].a);
 		g->allocs[i].a = NULL;
@@ -1117,23 +1121,37 @@ static int wake_parked(gf_gms *g, int64_t timeout_ms)
 	return 1;
 }
 
+static void populate_all(gf_gms *g)
+{
+	for (size_t i = 0; i < g->nallocs; i++)
+		gf_mem_populate(gf_mem_va_addr(g->va) + g->allocs[i].offset, g->allocs[i].size, false);
+}
+
 int gf_gms_prefault(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
 	if (gms->fd < 0 || !gms->have_layout || !gms->va)
 		return gf_err(GF_ERR_STATE, "prefault: nothing mapped");
-	/* Device memory takes no page faults; host mappings fault per 64 KiB on first touch. */
-	if (gf_mem_kind(gms->mem) != GF_MEM_HOST)
+	/* Device memory takes no page faults; host mappings fault per 64 KiB on
+	 * first touch, unless the wake opened them in place (page tables kept). */
+	if (gf_mem_kind(gms->mem) != GF_MEM_HOST || gms->opened_in_place)
 		return 0;
-	for (size_t i = 0; i < gms->nallocs; i++)
-		gf_mem_populate(gf_mem_va_addr(gms->va) + gms->allocs[i].offset, gms->allocs[i].size, false);
+	populate_all(gms);
 	return 0;
 }
 
-/* The wake's reply said the kept handles are this layout's: map them at their offsets. */
+/* The wake's reply said the kept handles are this layout's: open them in place, or map them at their offsets. */
 static int map_kept(gf_gms *g)
 {
+	if (g->kept_mapped) {
+		int rc = gf_mem_set_accessible(g->va, 1);
+		if (rc == 0) {
+			g->kept_mapped = g->kept = false; /* mapped: ordinary imports again */
+			g->opened_in_place = true;
+		}
+		return rc;
+	}
 	struct gf_mem_mapping *maps = mapping_list(g);
 	if (!maps)
 		return gf_err(GF_ERR_NOMEM, "remap: out of memory");
@@ -1179,9 +1197,14 @@ int gf_gms_unmap(gf_gms *gms)
 	int rc = gf_mem_synchronize(gms->mem);
 	/* A reader that keeps its session keeps its handles too (unmapped), if allowed. */
 	bool keep = gms->keep_handles && gms->granted == GF_GMS_RO && gms->have_layout && gms->va;
-	if (keep)
+	/* Kept handles stay mapped, fenced, where the backend can (host): as
+	 * unreadable as unmapped, and the wake is one mprotect, without faults:
+	 * the page tables are filled now, while nobody waits, not at the wake. */
+	if (keep && gf_mem_kind(gms->mem) == GF_MEM_HOST)
+		populate_all(gms);
+	if (keep && !(gms->kept_mapped = gf_mem_set_accessible(gms->va, 0) == 0))
 		gf_mem_unmap_all(gms->va);
-	else
+	else if (!keep)
 		release_imports(gms);
 	park_conn(gms);
 	if (keep && (gms->parked_fd < 0 || watch_asleep(gms) < 0)) {
@@ -1243,6 +1266,7 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
 	atomic_store(&gms->lost, false);
 	atomic_store(&gms->lost_reported, false);
+	gms->opened_in_place = false;
 	if (gms->parked_fd < 0 && watch_wake(gms))
 		free_handles(gms); /* no session vouches for them (cannot happen: dropping it releases them) */
 	int rc = gms->parked_fd >= 0 ? wake_parked(gms, timeout_ms) : 0;

@@ -745,7 +745,7 @@ static void test_sleep_keeps_handles(void **state)
 	assert_int_equal(tu_count_fds(), fds); /* session and four handles kept */
 	char p[5];
 	perms_at(a0.addr, p);
-	assert_string_equal(p, "---p"); /* ... but nothing mapped */
+	assert_string_equal(p, "---s"); /* ... still mapped, but nothing readable */
 	assert_int_equal(sleeping(srv.uri), 1);
 	uint64_t rt = gf_gms_round_trips(r);
 	OK(gf_gms_remap(r, 1000));
@@ -754,11 +754,15 @@ static void test_sleep_keeps_handles(void **state)
 	assert_int_equal(sleeping(srv.uri), 0);
 	OK(gf_gms_alloc_at(r, 0, &b0));
 	assert_int_equal(b0.addr, a0.addr);
+	perms_at(a0.addr, p);
+	assert_string_equal(p, "r--s"); /* opened in place */
 	check_bytes(r, 0x40);
 	/* Released at every sleep when asked: four fewer fds while asleep, and the wake brings them. */
 	OK(gf_gms_set_keep_handles(r, 0));
 	OK(gf_gms_unmap(r));
 	assert_int_equal(tu_count_fds(), fds - 4);
+	perms_at(a0.addr, p);
+	assert_string_equal(p, "---p"); /* unmapped: the reservation alone */
 	OK(gf_gms_remap(r, 1000));
 	check_bytes(r, 0x40);
 	OK(gf_gms_set_keep_handles(r, 1));
