@@ -726,9 +726,8 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	d->holder = c;
 	pool_active_now(d, c);
 	gf_Msg *m = d->msg;
-	memset(m, 0, sizeof(*m));
+	GF_MSG_START(m, lock_granted, gf_Msg_lock_granted_tag);
 	m->seq = c->seq;
-	m->which_body = gf_Msg_lock_granted_tag;
 	m->body.lock_granted.epoch = d->epoch;
 	m->body.lock_granted.session_token.size = GF_LOCK_TOKEN_LEN;
 	memcpy(m->body.lock_granted.session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN);

@@ -94,6 +94,18 @@ int gf_frame_send(int fd, const void *body, size_t len, const int *fds, size_t n
 
 /* gf_Msg is large (its biggest member is a GMS list chunk): allocate it. */
 gf_Msg *gf_msg_new(void);
+/*
+ * Start @m as a message whose body is @member (oneof tag @tag): zeroes the
+ * header and that member only. A gf_Msg is as large as its largest body
+ * (tens of KiB): clearing all of it costs more than encoding and sending
+ * most messages, and the paths a failover waits on send several.
+ */
+#define GF_MSG_START(m, member, tag)                                    \
+	do {                                                            \
+		(m)->seq = 0;                                           \
+		(m)->which_body = (tag);                                \
+		memset(&(m)->body.member, 0, sizeof((m)->body.member)); \
+	} while (0)
 void gf_msg_free(gf_Msg *m);
 /* Encode into a freshly malloc'd buffer. */
 int gf_msg_encode(const gf_Msg *m, uint8_t **out, size_t *len);
