@@ -136,6 +136,15 @@ GF_EXPORT int gf_device_parse(int kind, const char *spec, int *out_index);
 GF_EXPORT int gf_mem_granularity(gf_mem *m, size_t *minimum, size_t *recommended);
 /** Free and total device memory in bytes (host: MemAvailable / MemTotal; GF_MEM_HOST_AVAILABLE=bytes overrides the free figure). */
 GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
+/**
+ * Whether the device has at least @p need bytes free: 1 yes, 0 no, < 0 an
+ * error (as gf_mem_info()). @p free_bytes (may be NULL) gets the free bytes
+ * gf_mem_info() reports whenever the answer is 0. Cheaper than
+ * gf_mem_info() when the answer is plain: the host backend first asks
+ * sysinfo(2), and reads /proc/meminfo only when free memory alone, less a
+ * sixteenth of RAM for the kernel's reserves, is not enough.
+ */
+GF_EXPORT int gf_mem_has_free(gf_mem *m, uint64_t need, uint64_t *free_bytes);
 /** Wait until all work queued on the device is done (cuCtxSynchronize; host: no-op). */
 GF_EXPORT int gf_mem_synchronize(gf_mem *m);
 /**

@@ -61,12 +61,9 @@ uint64_t gf_engine_memory_need(const gf_engine *e)
 static int short_device(gf_engine *e, uint64_t need, uint64_t *free_out, int *err)
 {
 	for (int i = 0; i < e->ndev; i++) {
-		uint64_t free_b, total_b;
-		*err = gf_mem_info(e->dev[i].mem, &free_b, &total_b);
-		if (*err)
-			return i;
-		if (free_b < need) {
-			*free_out = free_b;
+		int has = gf_mem_has_free(e->dev[i].mem, need, free_out);
+		if (has <= 0) {
+			*err = has;
 			return i;
 		}
 	}

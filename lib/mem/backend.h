@@ -48,6 +48,8 @@ struct gf_mem_backend {
 	void (*close)(gf_mem *m);
 	int (*granularity)(gf_mem *m, size_t *minimum, size_t *recommended);
 	int (*info)(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes);
+	/* Optional: true when @need bytes are plainly free, by a cheaper look than info(). */
+	bool (*plenty_free)(gf_mem *m, uint64_t need);
 	int (*synchronize)(gf_mem *m);
 
 	/* Physical allocations. @size is already rounded to the granularity. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +98,24 @@ static int host_granularity(gf_mem *m, size_t *minimum, size_t *recommended)
 	*minimum = page > 0 ? (size_t)page : 4096;
 	*recommended = HOST_GRAN_RECOMMENDED > *minimum ? HOST_GRAN_RECOMMENDED : *minimum;
 	return 0;
+}
+
+/*
+ * MemAvailable is at least MemFree less the kernel's reserves (watermarks
+ * and lowmem reserves, a few percent of RAM at most): free memory beyond a
+ * sixteenth of RAM is available for sure, and sysinfo(2) costs far less than
+ * /proc/meminfo, which the kernel computes field by field.
+ */
+static bool host_plenty_free(gf_mem *m, uint64_t need)
+{
+	(void)m;
+	const char *knob = getenv("GF_MEM_HOST_AVAILABLE");
+	struct sysinfo si;
+	if ((knob && *knob) || sysinfo(&si) < 0)
+		return false;
+	uint64_t unit = si.mem_unit ? si.mem_unit : 1;
+	uint64_t freeb = (uint64_t)si.freeram * unit, margin = (uint64_t)si.totalram * unit / 16;
+	return freeb > margin && freeb - margin >= need;
 }
 
 static int host_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes)
@@ -348,6 +367,7 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.granularity = host_granularity,
 	.protect = host_protect,
 	.info = host_info,
+	.plenty_free = host_plenty_free,
 	.synchronize = host_synchronize,
 	.create = host_create,
 	.export_fd = host_export,

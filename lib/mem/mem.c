@@ -359,6 +359,23 @@ GF_EXPORT int gf_mem_info(gf_mem *m, uint64_t *free_bytes, uint64_t *total_bytes
 	return 0;
 }
 
+GF_EXPORT int gf_mem_has_free(gf_mem *m, uint64_t need, uint64_t *free_bytes)
+{
+	if (!m)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_has_free: NULL backend");
+	if (m->be->plenty_free && m->be->plenty_free(m, need))
+		return 1;
+	uint64_t f, t;
+	int rc = gf_mem_info(m, &f, &t);
+	if (rc < 0)
+		return rc;
+	if (f >= need)
+		return 1;
+	if (free_bytes)
+		*free_bytes = f;
+	return 0;
+}
+
 GF_EXPORT int gf_mem_synchronize(gf_mem *m)
 {
 	if (!m)

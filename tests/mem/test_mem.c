@@ -423,6 +423,29 @@ static void test_set_accessible(void **state)
 	gf_mem_free(m);
 }
 
+/* gf_mem_has_free(): the same answer as gf_mem_info(), with the figure when short. */
+static void test_has_free(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	uint64_t free_b = 0, total_b = 0, got = 7;
+	assert_int_equal(gf_mem_has_free(NULL, 1, NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_info(m, &free_b, &total_b), 0);
+	assert_true(free_b > 4096);
+	assert_int_equal(gf_mem_has_free(m, 4096, NULL), 1);
+	assert_int_equal(gf_mem_has_free(m, UINT64_MAX, &got), 0);
+	assert_true(got > 4096 && got <= total_b);
+	if (kind == GF_MEM_HOST) {
+		/* The test knob (a machine short of memory) wins over the cheap look. */
+		setenv("GF_MEM_HOST_AVAILABLE", "1000", 1);
+		assert_int_equal(gf_mem_has_free(m, 4096, &got), 0);
+		assert_int_equal(got, 1000);
+		assert_int_equal(gf_mem_has_free(m, 1000, NULL), 1);
+		unsetenv("GF_MEM_HOST_AVAILABLE");
+	}
+	gf_mem_free(m);
+}
+
 static int count_proc_lines(const char *path, const char *needle)
 {
 	char line[512];
@@ -705,6 +728,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_two_processes),
 		cmocka_unit_test(test_readonly_faults),
 		cmocka_unit_test(test_set_accessible),
+		cmocka_unit_test(test_has_free),
 		cmocka_unit_test(test_refcount_decision7),
 		cmocka_unit_test(test_map_many),
 		cmocka_unit_test(test_import_bad_fd),
