@@ -435,7 +435,20 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 	int64_t deadline = e->waking_since_us + e->waking_timeout_ms * 1000;
 	pthread_mutex_unlock(&e->mu);
 
+	/* Private (KV) memory first: the GMS is answering the wake's request
+	 * (gf_gms_remap_begin() sent it with the grant) meanwhile, so the remap
+	 * after it finds the answer there instead of waiting for it. */
 	int64_t t0 = e->clock.now_us();
+	if (e->private_bytes > 0) {
+		for (int i = 0; i < e->ndev; i++) {
+			rc = alloc_private(e, i, deadline);
+			if (rc)
+				goto fail;
+		}
+	}
+	int64_t t1 = e->clock.now_us();
+	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t1 - t0,
+	       e->ndev, e->private_bytes);
 	for (int i = 0; i < e->ndev; i++) {
 		rc = gf_gms_remap(e->dev[i].gms, e->remap_timeout_ms);
 		if (rc)
@@ -445,15 +458,6 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 	/* Host backend: the first request would otherwise take a page fault per 64 KiB of weights. */
 	for (int i = 0; i < e->ndev; i++)
 		gf_gms_prefault(e->dev[i].gms);
-	int64_t t1 = e->clock.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=weights_remapped us=%" PRId64 " devices=%d", t1 - t0, e->ndev);
-	if (e->private_bytes > 0) {
-		for (int i = 0; i < e->ndev; i++) {
-			rc = alloc_private(e, i, deadline);
-			if (rc)
-				goto fail;
-		}
-	}
 	/* Mappings are complete on the device before anything is served from
 	 * them (LESSONS.md item 2). */
 	for (int i = 0; i < e->ndev; i++) {
@@ -462,8 +466,7 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 			goto fail;
 	}
 	int64_t t2 = e->clock.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t2 - t1,
-	       e->ndev, e->private_bytes);
+	gf_log(GF_LOG_INFO, "engine", "event=weights_remapped us=%" PRId64 " devices=%d", t2 - t1, e->ndev);
 	/* From here a GMS that goes away is a loss (Decision 1). */
 	for (int i = 0; i < e->ndev; i++) {
 		struct engine_dev *d = &e->dev[i];
@@ -474,8 +477,8 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 		d->watching = true;
 	}
 	pthread_mutex_lock(&e->mu);
-	e->m.remap_us = t1 - t0;
-	e->m.private_alloc_us = t2 - t1;
+	e->m.private_alloc_us = t1 - t0;
+	e->m.remap_us = t2 - t1;
 	pthread_mutex_unlock(&e->mu);
 	e->woken = true;
 	return 0;
