@@ -164,6 +164,7 @@ static void on_signal(int sig)
 struct buf {
 	char data[8192];
 	size_t len;
+	int64_t arrived_us; /* when the last bytes of the body came in */
 };
 
 static size_t collect(char *p, size_t sz, size_t n, void *ud)
@@ -175,6 +176,7 @@ static size_t collect(char *p, size_t sz, size_t n, void *ud)
 	memcpy(b->data + b->len, p, k);
 	b->len += k;
 	b->data[b->len] = '\0';
+	b->arrived_us = now_us();
 	return sz * n;
 }
 
@@ -186,6 +188,7 @@ static long http_get_res(CURL *h, int port, const char *path, struct buf *out, l
 	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, path);
 	out->len = 0;
 	out->data[0] = '\0';
+	out->arrived_us = 0;
 	curl_easy_setopt(h, CURLOPT_URL, url);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
@@ -311,8 +314,9 @@ static void *client_main(void *p)
 			c->ok_old_primary++;
 		} else {
 			if (!c->first_ok_after_us) {
-				/* When the answer arrived, not when this thread got to count it. */
-				c->first_ok_after_us = t_answered;
+				/* When the answer arrived, not when curl closed the
+				 * connection or this thread got to count it. */
+				c->first_ok_after_us = b.arrived_us ? b.arrived_us : t_answered;
 				snprintf(c->first_ok_engine, sizeof(c->first_ok_engine), "%s", who ? who : "?");
 				c->epoch_after = (uint64_t)epoch;
 			}
