@@ -1200,9 +1200,14 @@ int gf_gms_unmap(gf_gms *gms)
 	/* Kept handles stay mapped, fenced, where the backend can (host): as
 	 * unreadable as unmapped, and the wake is one mprotect, without faults:
 	 * the page tables are filled now, while nobody waits, not at the wake. */
-	if (keep && gf_mem_kind(gms->mem) == GF_MEM_HOST)
+	char why[512] = "";
+	if (rc < 0)
+		snprintf(why, sizeof(why), "%s", gf_error_detail()); /* the fence must not hide it */
+	if (keep && gf_mem_kind(gms->mem) == GF_MEM_HOST) {
 		populate_all(gms);
-	if (keep && !(gms->kept_mapped = gf_mem_set_accessible(gms->va, 0) == 0))
+		gms->kept_mapped = gf_mem_set_accessible(gms->va, 0) == 0;
+	}
+	if (keep && !gms->kept_mapped)
 		gf_mem_unmap_all(gms->va);
 	else if (!keep)
 		release_imports(gms);
@@ -1217,7 +1222,7 @@ int gf_gms_unmap(gf_gms *gms)
 		gms->nallocs = 0;
 		gms->va_used = 0;
 	}
-	return rc;
+	return rc < 0 ? gf_err(rc, "%s", why) : rc;
 }
 
 /*
