@@ -261,7 +261,7 @@ static int take_connected(gf_gms *g)
 
 static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept)
 {
-	GF_MSG_START(g->msg, gms_connect, gf_Msg_gms_connect_tag);
+	gf_msg_start(g->msg, gf_Msg_gms_connect_tag);
 	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
 	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
 	g->msg->body.gms_connect.with_list = with_list;

@@ -401,7 +401,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
 	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
-	GF_MSG_START(d->out, gms_connected, gf_Msg_gms_connected_tag);
+	gf_msg_start(d->out, gf_Msg_gms_connected_tag);
 	d->out->seq = c->seq;
 	fill_connected(d, &d->out->body.gms_connected, granted);
 	/* A wake whose handles are this very layout's (no drop since it slept) maps them: no list. */

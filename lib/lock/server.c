@@ -726,7 +726,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	d->holder = c;
 	pool_active_now(d, c);
 	gf_Msg *m = d->msg;
-	GF_MSG_START(m, lock_granted, gf_Msg_lock_granted_tag);
+	gf_msg_start(m, gf_Msg_lock_granted_tag);
 	m->seq = c->seq;
 	m->body.lock_granted.epoch = d->epoch;
 	m->body.lock_granted.session_token.size = GF_LOCK_TOKEN_LEN;

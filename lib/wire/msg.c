@@ -38,27 +38,50 @@ int gf_msg_encode(const gf_Msg *m, uint8_t **out, size_t *len)
 	return 0;
 }
 
-/* gf_msg_decode() decodes without nanopb's init pass and clears seq, which_body and body itself. */
+/* gf_msg_decode() decodes without nanopb's init pass and clears seq and which_body itself. */
 _Static_assert(offsetof(gf_Msg, body) <= 8 && sizeof(gf_Msg) - offsetof(gf_Msg, body) - sizeof(((gf_Msg *)0)->body) < 8,
 	       "gf_Msg gained a top-level field: gf_msg_decode must clear it");
 
+/* Bytes of the union that body @tag takes (0: no body). */
+static size_t body_size(gf_Msg *m, pb_size_t tag)
+{
+	pb_field_iter_t it;
+	if (tag && pb_field_iter_begin(&it, gf_Msg_fields, m) && pb_field_iter_find(&it, tag))
+		return it.data_size;
+	return 0;
+}
+
+/*
+ * Nothing of an earlier message survives in a gf_Msg: every byte of the
+ * union past the active body is zero. A gf_Msg is as large as its largest
+ * body (tens of KiB), so that is kept by clearing only what the previous
+ * body used, not the whole union, on every message: the paths a failover
+ * waits on decode and build several, and a cold 60 KiB memset each showed.
+ */
 int gf_msg_decode(const uint8_t *buf, size_t len, gf_Msg *m)
 {
-	/* Every body is a message, and nanopb zeroes (and defaults) the one it
-	 * decodes: clear the header before and the rest of the union after,
-	 * instead of the whole union (47 KB) before and the body again inside. */
+	size_t before = body_size(m, m->which_body);
 	m->seq = 0;
-	m->which_body = 0;
+	m->which_body = 0; /* so nanopb zeroes (and defaults) whatever body it decodes */
 	pb_istream_t s = pb_istream_from_buffer(buf, len);
-	bool ok = pb_decode_ex(&s, gf_Msg_fields, m, PB_DECODE_NOINIT);
-	size_t used = 0;
-	pb_field_iter_t it;
-	if (ok && m->which_body && pb_field_iter_begin(&it, gf_Msg_fields, m) && pb_field_iter_find(&it, m->which_body))
-		used = it.data_size;
-	memset((uint8_t *)&m->body + used, 0, sizeof(m->body) - used);
-	if (!ok)
+	if (!pb_decode_ex(&s, gf_Msg_fields, m, PB_DECODE_NOINIT)) {
+		/* Rare (a broken or hostile peer): leave no half-decoded body behind. */
+		m->which_body = 0;
+		memset(&m->body, 0, sizeof(m->body));
 		return gf_err(GF_ERR_PROTOCOL, "decode: %s", PB_GET_ERROR(&s));
+	}
+	size_t now = body_size(m, m->which_body);
+	if (before > now)
+		memset((uint8_t *)&m->body + now, 0, before - now);
 	return 0;
+}
+
+void gf_msg_start(gf_Msg *m, pb_size_t tag)
+{
+	size_t before = body_size(m, m->which_body), now = body_size(m, tag);
+	memset(&m->body, 0, before > now ? before : now);
+	m->seq = 0;
+	m->which_body = tag;
 }
 
 int gf_msg_send(int fd, const gf_Msg *m, const int *fds, size_t nfds, int64_t deadline_us)

@@ -95,21 +95,17 @@ int gf_frame_send(int fd, const void *body, size_t len, const int *fds, size_t n
 /* gf_Msg is large (its biggest member is a GMS list chunk): allocate it. */
 gf_Msg *gf_msg_new(void);
 /*
- * Start @m as a message whose body is @member (oneof tag @tag): zeroes the
- * header and that member only. A gf_Msg is as large as its largest body
- * (tens of KiB): clearing all of it costs more than encoding and sending
- * most messages, and the paths a failover waits on send several.
+ * Start @m as a message with body @tag (a gf_Msg_*_tag): seq 0, that body
+ * zeroed, and nothing left of the previous body. Clears only what the two
+ * bodies take, not the whole union (tens of KiB): the paths a failover waits
+ * on send several messages.
  */
-#define GF_MSG_START(m, member, tag)                                    \
-	do {                                                            \
-		(m)->seq = 0;                                           \
-		(m)->which_body = (tag);                                \
-		memset(&(m)->body.member, 0, sizeof((m)->body.member)); \
-	} while (0)
+void gf_msg_start(gf_Msg *m, pb_size_t tag);
 void gf_msg_free(gf_Msg *m);
 /* Encode into a freshly malloc'd buffer. */
 int gf_msg_encode(const gf_Msg *m, uint8_t **out, size_t *len);
-/* Decode @len bytes into @m (zeroed first). GF_ERR_PROTOCOL with detail on failure. */
+/* Decode @len bytes into @m; nothing of the message it held before survives.
+ * GF_ERR_PROTOCOL with detail on failure (no body then). */
 int gf_msg_decode(const uint8_t *buf, size_t len, gf_Msg *m);
 int gf_msg_send(int fd, const gf_Msg *m, const int *fds, size_t nfds, int64_t deadline_us);
 /*

@@ -476,6 +476,18 @@ static void test_decode_reuse(void **state)
 	assert_int_equal(m->body.gms_list_chunk.metadata_count, 2);
 	assert_true(all_zero(&m->body.gms_list_chunk.metadata[2], 3 * sizeof(m->body.gms_list_chunk.metadata[0])));
 
+	/* Starting a small body on it (a reply built in the same buffer): nothing of the big one is left. */
+	gf_msg_start(m, gf_Msg_lock_release_tag);
+	assert_int_equal(m->which_body, gf_Msg_lock_release_tag);
+	assert_int_equal(m->seq, 0);
+	assert_true(all_zero(&m->body, sizeof(m->body)));
+	in->seq = 0;
+	in->which_body = gf_Msg_gms_list_chunk_tag;
+	in->body.gms_list_chunk.metadata_count = 5;
+	assert_int_equal(gf_msg_encode(in, &buf, &len), 0);
+	assert_int_equal(gf_msg_decode(buf, len, m), 0);
+	free(buf);
+
 	/* A small body after a big one: the rest of the union reads as zero. */
 	memset(in, 0, sizeof(*in));
 	in->which_body = gf_Msg_ok_tag;
