@@ -28,6 +28,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -60,6 +63,7 @@ struct app {
 	void *gen_buf;
 	struct model live; /* the tensors as mapped from the GMS */
 	struct MHD_Daemon *http;
+	int lfd; /* with --listener: our duplicate of the lock's listener while serving, else -1 */
 	atomic_int serving; /* read by the probe server's thread */
 	int stop_pipe[2];
 	volatile sig_atomic_t stopping;
@@ -481,6 +485,29 @@ static int wait_stop(struct app *a, int ms)
 }
 
 /*
+ * With --listener the HTTP server (started at init, without a socket of its
+ * own) is handed the connections this loop accepts from the lock's
+ * listener, a bounded batch per round: nothing of it is set up at wake.
+ */
+static void accept_pending(struct app *a)
+{
+	for (int n = 0; n < 64; n++) {
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+		int c = accept4(a->lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno == ECONNABORTED || errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				logf_(GF_LOG_WARN, "event=accept_failed errno=%d msg=\"%s\"", errno, strerror(errno));
+			return;
+		}
+		/* MHD closes the socket itself when it cannot take it. */
+		MHD_add_connection(a->http, c, (const struct sockaddr *)&ss, len);
+	}
+}
+
+/*
  * The HTTP server runs on the main thread (MHD's external epoll mode): the
  * wake starts no thread for it, and the connections the lock's listener
  * kept in its backlog are accepted the moment the engine is Active, by the
@@ -501,12 +528,15 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 		int64_t wait = end == INT64_MAX ? -1 : end - now;
 		if (MHD_get_timeout(a->http, &to) == MHD_YES && (wait < 0 || (int64_t)to < wait))
 			wait = to > INT32_MAX ? INT32_MAX : (int64_t)to;
-		struct pollfd p[2] = { { .fd = until_stop ? a->stop_pipe[0] : -1, .events = POLLIN },
-				       { .fd = ei ? ei->epoll_fd : -1, .events = POLLIN } };
-		if (poll(p, 2, (int)(wait > INT32_MAX ? INT32_MAX : wait)) < 0 && errno != EINTR)
+		struct pollfd p[3] = { { .fd = until_stop ? a->stop_pipe[0] : -1, .events = POLLIN },
+				       { .fd = ei ? ei->epoll_fd : -1, .events = POLLIN },
+				       { .fd = a->lfd, .events = POLLIN } };
+		if (poll(p, 3, (int)(wait > INT32_MAX ? INT32_MAX : wait)) < 0 && errno != EINTR)
 			return 1;
 		if (p[0].revents & POLLIN)
 			return 1;
+		if (p[2].revents & POLLIN)
+			accept_pending(a);
 	}
 }
 
@@ -520,23 +550,28 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		if (wait_stop(a, (int)hang_ms))
 			return GF_ERR_INTERRUPTED;
 	}
+	int port = a->port;
 	if (a->listener) {
-		/* Ours to give: the daemon closes it when it stops. */
+		/* Ours (a duplicate): closed when stepping down or exiting. */
 		int fd, rc = gf_engine_listener(e, a->listener, &fd);
 		if (rc < 0) {
 			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, gf_error_detail());
 			return rc;
 		}
-		a->http = MHD_start_daemon(MHD_USE_EPOLL, 0, NULL, NULL,
-					   handle_http, a,
-					   MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-					   MHD_OPTION_END);
-		if (!a->http) {
+		/* Non-blocking for every holder (the flag is the socket's): a
+		 * connection reset before accept() must not block this loop. */
+		int fl = fcntl(fd, F_GETFL);
+		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, strerror(errno));
 			close(fd);
-			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"the HTTP server refused the socket\"",
-			      a->listener);
 			return GF_ERR_IO;
 		}
+		a->lfd = fd;
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+		if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0 && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6))
+			port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+							     : ((struct sockaddr_in6 *)&ss)->sin6_port);
 	} else {
 		a->http = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)a->port, NULL, NULL,
 					   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
@@ -546,9 +581,12 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		}
 	}
 	atomic_store(&a->serving, 1);
-	const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
-	logf_(GF_LOG_INFO, "event=endpoint_listening port=%d epoch=%" PRIu64, info ? info->port : a->port,
-	      gf_engine_epoch(e));
+	if (!a->listener) {
+		const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_BIND_PORT);
+		if (info)
+			port = info->port;
+	}
+	logf_(GF_LOG_INFO, "event=endpoint_listening port=%d epoch=%" PRIu64, port, gf_engine_epoch(e));
 	return 0;
 }
 
@@ -582,9 +620,14 @@ static int step_down(struct app *a)
 	int64_t t0 = mono_ms();
 	atomic_store(&draining, 1);
 	if (a->http) {
-		MHD_socket lfd = MHD_quiesce_daemon(a->http);
-		if (lfd != MHD_INVALID_SOCKET)
-			close(lfd); /* our duplicate: the lock server keeps the socket */
+		if (a->lfd >= 0) {
+			close(a->lfd); /* our duplicate: the lock server keeps the socket */
+			a->lfd = -1;
+		} else {
+			MHD_socket lfd = MHD_quiesce_daemon(a->http);
+			if (lfd != MHD_INVALID_SOCKET)
+				close(lfd);
+		}
 		for (;;) {
 			const union MHD_DaemonInfo *i = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
 			if (!i || i->num_connections == 0 || mono_ms() - t0 > DRAIN_TIMEOUT_MS)
@@ -976,7 +1019,7 @@ static int run(struct app *a)
 
 int main(int argc, char **argv)
 {
-	struct app a = { .port = 8080, .stop_pipe = { -1, -1 } };
+	struct app a = { .port = 8080, .lfd = -1, .stop_pipe = { -1, -1 } };
 	struct opts o = { .role = GF_ENGINE_LOADER, .probe_port = 8081, .waking_ms = -1, .remap_ms = -1,
 			  .init_ms = -1, .reconnect_ms = -1, .startup_ms = -1, .kv_bytes = 16ull << 20 };
 	int rc = parse_args(argc, argv, &a, &o);
@@ -1002,6 +1045,17 @@ int main(int argc, char **argv)
 	}
 	logf_(GF_LOG_INFO, "event=starting id=%s role=%s lock=%s devices=%d kv_bytes=%" PRIu64, a.id,
 	      o.role == GF_ENGINE_LOADER ? "loader" : "follower", o.lock_uri, o.ngms, o.kv_bytes);
+	if (a.listener) {
+		/* The HTTP server, without a socket: serving only hands it what
+		 * this thread accepts from the lock's listener. */
+		a.http = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL, handle_http, &a,
+					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+		if (!a.http) {
+			logf_(GF_LOG_ERR, "event=http_failed msg=\"cannot start the HTTP server\"");
+			gf_engine_free(a.engine);
+			return 1;
+		}
+	}
 	if (o.probe_port >= 0) {
 		rc = gf_engine_start_probe_server(a.engine);
 		if (rc) {
@@ -1012,6 +1066,8 @@ int main(int argc, char **argv)
 		logf_(GF_LOG_INFO, "event=probe_listening port=%d", gf_engine_probe_port(a.engine));
 	}
 	int status = run(&a);
+	if (a.lfd >= 0)
+		close(a.lfd);
 	if (a.http)
 		MHD_stop_daemon(a.http);
 	gf_engine_free(a.engine);
