@@ -850,8 +850,9 @@ static void print_report(const struct demo *s, const struct timeline *tl)
 	}
 	row("lock released (holder exit seen)", tl->release, k);
 	row("lock granted to engine-b", tl->grant, k);
-	row("weights remapped", tl->remap, k);
+	/* The engine allocates its KV memory while the GMS answers the wake, then remaps. */
 	row("private (KV) memory allocated", tl->kv, k);
+	row("weights remapped", tl->remap, k);
 	row("serving", tl->serve, k);
 	row("first response served", cl->first_ok_after_us, k);
 	say("\n  epoch before %llu -> after %llu (%s)\n", (unsigned long long)cl->epoch_before,
