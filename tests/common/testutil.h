@@ -13,26 +13,11 @@
 
 #include "gpufailover.h"
 
-/* Number of open fds of this process, to check that nothing leaks. */
-static inline int tu_count_fds(void)
+/* Entries of directory @path, "." and ".." aside (-1: unreadable). */
+static inline int tu_count_entries(const char *path)
 {
 	int n = 0;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	if (!d)
-		return -1;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1; /* the DIR's own fd */
-}
-
-/* Number of threads of this process, to check that a path starts none. */
-static inline int tu_count_threads(void)
-{
-	int n = 0;
-	DIR *d = opendir("/proc/self/task");
+	DIR *d = opendir(path);
 	struct dirent *e;
 	if (!d)
 		return -1;
@@ -41,6 +26,19 @@ static inline int tu_count_threads(void)
 			n++;
 	closedir(d);
 	return n;
+}
+
+/* Number of open fds of this process, to check that nothing leaks. */
+static inline int tu_count_fds(void)
+{
+	int n = tu_count_entries("/proc/self/fd");
+	return n < 0 ? -1 : n - 1; /* the DIR's own fd */
+}
+
+/* Number of threads of this process, to check that a path starts none. */
+static inline int tu_count_threads(void)
+{
+	return tu_count_entries("/proc/self/task");
 }
 
 /* A fresh private directory under $TMPDIR for sockets and state files. */
