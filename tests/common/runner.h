@@ -3,7 +3,9 @@
  * every test runs in its own child process with a deadline, so a crash or a
  * hang fails that one test by name and cannot take the others with it; and
  * the child compares its open fds before and after the test (group setup and
- * teardown included), so a leaked fd fails the test that leaked it.
+ * teardown included), so a leaked fd fails the test that leaked it. A
+ * test that called skip() is reported as a TAP SKIP, never as a pass: the
+ * runner reads cmocka's report of each test back to tell.
  *
  * A main() includes testutil.h after cmocka.h and says
  * `return tu_run_group_tests(tests, setup, teardown);` in place of
@@ -20,6 +22,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,18 +35,51 @@
 
 #define TU_DEFAULT_TIMEOUT_S 120
 
+/* What tu_run_one() returns for a test that called skip(): reported as a SKIP, not a pass. */
+#define TU_SKIPPED 77
+
+/* Copies cmocka's report of one test to the log; whether it says the test skipped (TAP or cmocka's own format). */
+static inline bool tu_report_skipped(FILE *f)
+{
+	char line[512];
+	bool skipped = false;
+	rewind(f);
+	while (fgets(line, sizeof(line), f)) {
+		fputs(line, stderr);
+		if (strstr(line, "# SKIP") || strstr(line, "[  SKIPPED ]"))
+			skipped = true;
+	}
+	return skipped;
+}
+
 /* Runs test @t with the group fixtures; 0 when it passed and left no fd
- * behind, else a failure (the leak is named on stderr). */
+ * behind, TU_SKIPPED when it skipped, else a failure (a leak is named on
+ * stderr). cmocka's report of the test is read back to tell a skip. */
 static inline int tu_run_one(const struct CMUnitTest *t, CMFixtureFunction setup, CMFixtureFunction teardown)
 {
+	fflush(stdout);
+	FILE *report = tmpfile();
+	int saved = report ? dup(STDOUT_FILENO) : -1;
+	if (saved >= 0 && dup2(fileno(report), STDOUT_FILENO) < 0) {
+		close(saved);
+		saved = -1;
+	}
 	int before = tu_count_fds();
 	int rc = _cmocka_run_group_tests(t->name, t, 1, setup, teardown);
 	int after = tu_count_fds();
+	fflush(stdout);
+	if (saved >= 0) {
+		dup2(saved, STDOUT_FILENO);
+		close(saved);
+	}
+	bool skipped = report && tu_report_skipped(report);
+	if (report)
+		fclose(report);
 	if (rc == 0 && after != before) {
 		fprintf(stderr, "fd leak: %s: %d fds open before, %d after\n", t->name, before, after);
 		rc = 1;
 	}
-	return rc;
+	return rc == 0 && skipped ? TU_SKIPPED : rc;
 }
 
 /* Waits for @pid up to @timeout_s; kills it after that. The wait status, or
@@ -89,13 +125,15 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 	for (size_t i = 0; i < n; i++) {
 		const char *why = NULL;
 		char whybuf[64];
-		int ok;
+		int ok, skipped = 0;
 		if (only && *only && !strstr(tests[i].name, only)) {
 			fprintf(out, "ok %zu - %s # SKIP not in GF_TEST_ONLY\n", i + 1, tests[i].name);
 			continue;
 		}
 		if (nofork && !strcmp(nofork, "1")) {
-			ok = tu_run_one(&tests[i], setup, teardown) == 0;
+			int rc = tu_run_one(&tests[i], setup, teardown);
+			skipped = rc == TU_SKIPPED;
+			ok = rc == 0 || skipped;
 		} else {
 			fflush(NULL);
 			pid_t pid = fork();
@@ -106,10 +144,12 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 			if (pid == 0) {
 				fclose(out);
 				/* exit(), not _exit(): LeakSanitizer checks at exit. */
-				exit(tu_run_one(&tests[i], setup, teardown) ? 1 : 0);
+				int rc = tu_run_one(&tests[i], setup, teardown);
+				exit(rc == TU_SKIPPED ? TU_SKIPPED : rc ? 1 : 0);
 			}
 			int status = tu_wait_child(pid, timeout_s, tests[i].name);
-			ok = status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+			skipped = status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == TU_SKIPPED;
+			ok = (status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) || skipped;
 			if (status < 0)
 				why = "timed out";
 			else if (WIFSIGNALED(status))
@@ -123,6 +163,8 @@ static inline int tu_run_tests(const struct CMUnitTest *tests, size_t n, CMFixtu
 			}
 		}
 		failed += !ok;
+		if (skipped)
+			why = "SKIP (the reason is in the log)";
 		fprintf(out, "%sok %zu - %s%s%s\n", ok ? "" : "not ", i + 1, tests[i].name, why ? " # " : "",
 			why ? why : "");
 		fflush(out);

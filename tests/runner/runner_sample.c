@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Four tests through the forking runner of tests/common/runner.h, one of each
+/* Tests through the forking runner of tests/common/runner.h, one of each
  * outcome; test_runner.py checks the TAP stream and the log it produces. */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -53,12 +54,21 @@ static void test_after_the_others(void **state)
 	(void)state;
 }
 
+/* Cannot run here (as a test needing a GPU or another uid says): a SKIP, never a pass. */
+static void test_skips(void **state)
+{
+	(void)state;
+	fprintf(stderr, "test_skips: nothing to run it on\n");
+	skip();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_clean),	cmocka_unit_test(test_leaks_fd),
 		cmocka_unit_test(test_crashes), cmocka_unit_test(test_hangs),
 		cmocka_unit_test(test_exits),	cmocka_unit_test(test_after_the_others),
+		cmocka_unit_test(test_skips),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
