@@ -33,8 +33,13 @@ def test_acquire_epoch_and_fifo(cluster):
     # holder's process to exit, and this process lives on).
     a.release()
     assert not a.held
+    b.prepare_watch()  # the watcher thread, parked, before the wait
+    threads = len(os.listdir("/proc/self/task"))
     g2 = b.acquire(timeout=5)
     assert g2.epoch > grant.epoch
+    b.start_watch()  # wakes it: no thread is created now
+    assert len(os.listdir("/proc/self/task")) == threads
+    b.stop_watch()
     b.close()
 
 
@@ -148,6 +153,15 @@ def test_sleep_wake_keeps_addresses(cluster):
     r.remap(timeout=5)
     assert [a["addr"] for a in r.allocations] == before
     assert bytes(memoryview(r.buffer("t", size=5))) == b"hello"
+    # Handles released at every sleep: the same wake, the fds come again.
+    with pytest.raises(TypeError):
+        r.set_keep_handles(0)
+    r.set_keep_handles(False)
+    r.unmap()
+    r.remap(timeout=5)
+    assert [a["addr"] for a in r.allocations] == before
+    assert bytes(memoryview(r.buffer("t", size=5))) == b"hello"
+    r.set_keep_handles(True)
     w.close()
     r.close()
 

@@ -242,6 +242,20 @@ static PyObject *GMS_process(GMSObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *GMS_set_keep_handles(GMSObject *self, PyObject *keep)
+{
+	if (gms_ready(self) < 0)
+		return NULL;
+	if (!PyBool_Check(keep)) {
+		PyErr_Format(PyExc_TypeError, "set_keep_handles() takes a bool, not %.100s", Py_TYPE(keep)->tp_name);
+		return NULL;
+	}
+	int rc = gf_gms_set_keep_handles(self->gms, keep == Py_True);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *GMS_start_watch(GMSObject *self, PyObject *unused)
 {
 	if (gms_ready(self) < 0)
@@ -506,8 +520,14 @@ static PyMethodDef GMS_methods[] = {
 	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },
 	{ "unmap", (PyCFunction)GMS_unmap, METH_NOARGS,
 	  "unmap($self, /)\n--\n\n"
-	  "Sleep: unmap everything, keep the addresses reserved, close the connection.\n"
+	  "Sleep: nothing of the weights stays readable, the addresses stay reserved.\n"
+	  "A reader keeps its session (without a lock) and its handles (on host still\n"
+	  "mapped, fenced), so remap() is one request; a writer closes the connection.\n"
 	  "Raises BufferError while buffers/tensors over the mappings are alive." },
+	{ "set_keep_handles", (PyCFunction)GMS_set_keep_handles, METH_O,
+	  "set_keep_handles($self, keep, /)\n--\n\n"
+	  "Whether a sleeping reader keeps its imported handles (default True); False\n"
+	  "releases them at every unmap() and the wake receives every fd again." },
 	{ "remap", (PyCFunction)(void (*)(void))GMS_remap, METH_VARARGS | METH_KEYWORDS,
 	  "remap($self, timeout)\n--\n\n"
 	  "remap(timeout)\n\nWake: reconnect read-only within timeout seconds, check the layout, map at\n"

@@ -184,6 +184,16 @@ static PyObject *Lock_process(LockObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *Lock_prepare_watch(LockObject *self, PyObject *unused)
+{
+	if (lock_idle(self, "prepare_watch") < 0)
+		return NULL;
+	int rc = gf_lock_prepare_watch(self->lock);
+	if (rc < 0)
+		return raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
 {
 	if (lock_idle(self, "start_watch") < 0)
@@ -292,8 +302,12 @@ static PyMethodDef Lock_methods[] = {
 	  "by name: new duplicates each call, owned by the caller. Connections that\n"
 	  "arrived while nobody held the lock are waiting in their backlog. Raises\n"
 	  "NotSupportedError on a tcp:// lock, StateError when not held." },
+	{ "prepare_watch", (PyCFunction)Lock_prepare_watch, METH_NOARGS, "prepare_watch($self, /)\n--\n\n"
+	  "Start the built-in watcher thread now, parked, so that start_watch() after\n"
+	  "the grant only wakes it (no thread is created in a failover)." },
 	{ "start_watch", (PyCFunction)Lock_start_watch, METH_NOARGS, "start_watch($self, /)\n--\n\n"
-	  "Start the built-in watcher thread." },
+	  "Run the watch on the built-in watcher thread (started here unless\n"
+	  "prepare_watch() did)." },
 	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "stop_watch($self, /)\n--\n\n"
 	  "Stop the watcher thread." },
 	{ "__enter__", (PyCFunction)Lock_enter, METH_NOARGS, NULL },
