@@ -389,14 +389,15 @@ static int run_loop(gf_lockd *d, int sfd, struct sidecar_http *http)
 int main(int argc, char **argv)
 {
 	gf_set_log_fn(gf_log_stderr, (void *)"gf-lockd");
-	gf_lockd *d;
+	/* Static: a bad option exits from inside the parser (die_cfg) with the
+	 * server still allocated, and must not read as a leak. */
+	static gf_lockd *d;
 	if (gf_lockd_new(&d) < 0)
 		die_cfg("init");
 	struct lockd_opts o = { .hb = 1000, .detect = 6000 };
 	int rc = parse_args(argc, argv, d, &o);
 	if (rc) {
-		if (rc == EXIT_DONE)
-			gf_lockd_free(d);
+		gf_lockd_free(d);
 		return rc == EXIT_DONE ? 0 : rc;
 	}
 	int sfd = block_stop_signals();
