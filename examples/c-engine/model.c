@@ -169,12 +169,10 @@ __attribute__((target("avx"))) static double dot_avx(const float *row, const dou
 	return lanes_sum(acc, row, xd, c, len);
 }
 
+/* The CPU's features are read once, by libgcc at load: this is a flag test. */
 static bool have_avx(void)
 {
-	static int cached = -1;
-	if (cached < 0)
-		cached = __builtin_cpu_supports("avx") ? 1 : 0;
-	return cached;
+	return __builtin_cpu_supports("avx");
 }
 #else
 static bool have_avx(void)
