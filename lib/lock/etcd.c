@@ -878,6 +878,15 @@ static bool fence_passed(const struct gf_etcd *e, int64_t now)
 	return now - atomic_load(&e->last_ok_us) >= e->fence_ms * 1000;
 }
 
+/* Two threads answer keepalives (the keepalive thread, and the acquire's
+ * renew_now()): the later send time wins, whichever answer lands last. */
+static void note_ok(struct gf_etcd *e, int64_t sent)
+{
+	int64_t cur = atomic_load(&e->last_ok_us);
+	while (cur < sent && !atomic_compare_exchange_weak(&e->last_ok_us, &cur, sent))
+		;
+}
+
 /*
  * On the keepalive thread, once the holder counts as lost: stop renewing and
  * wake the owner's loop. No revoke here: the hook must run before anyone
@@ -932,7 +941,7 @@ static void *keepalive_main(void *arg)
 			}
 			/* A stale answer after T_fence does not revive a held lock. */
 			if (!(atomic_load(&e->state) == E_HELD && fence_passed(e, gf_now_us())))
-				atomic_store(&e->last_ok_us, now);
+				note_ok(e, now);
 		} else {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"etcd keepalive failed\" id=%s detail=\"%s\"", e->id, gf_error_detail());
 		}
@@ -977,6 +986,34 @@ static int grant_lease(struct gf_etcd *e, int64_t deadline, int intr_fd)
 		return gf_err_errno(GF_ERR_IO, er, "etcd: pthread_create");
 	}
 	e->ka_running = true;
+	return 0;
+}
+
+/*
+ * One keepalive from the acquiring thread, on its own handle: 0 (last_ok_us
+ * moved to its send time), GF_ERR_NOT_FOUND when the lease is gone, or the
+ * call's error. A waiter whose keepalives failed for a while (a member
+ * restart) can reach the head of the line before its keepalive thread's next
+ * try; this confirms the lease now instead of turning the grant down.
+ */
+static int renew_now(struct gf_etcd *e, int64_t deadline, int intr_fd)
+{
+	char b[24];
+	json_t *out = NULL;
+	int64_t sent = gf_now_us();
+	int rc = call(e, &e->req, "/v3/lease/keepalive", json_pack("{s:s}", "ID", i64s(e->lease_id, b)), deadline,
+		      TRY_MAX_MS, intr_fd, &out);
+	if (rc < 0)
+		return rc;
+	int64_t ttl = jint(json_object_get(out, "result"), "TTL");
+	json_decref(out);
+	if (ttl <= 0) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease expired\" id=%s lease=%llx", e->id,
+		       (unsigned long long)e->lease_id);
+		atomic_store(&e->revoked, 1);
+		return GF_ERR_NOT_FOUND;
+	}
+	note_ok(e, sent);
 	return 0;
 }
 
@@ -1261,6 +1298,12 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 			del_rev = 0;
 			if (rc == 2)
 				rc = predecessor(e, d, intr_fd, &pred, &rev);
+			/* First in line. A lease last confirmed more than half of
+			 * T_fence ago is confirmed again before the grant: a holder
+			 * must start with its fence ahead of it, and a waiter whose
+			 * keepalives failed (etcd restarting) is still in line. */
+			if (rc == 0 && gf_now_us() - atomic_load(&e->last_ok_us) >= e->fence_ms * 500)
+				rc = renew_now(e, d, intr_fd);
 			if (rc == 0)
 				break;
 			if (rc == GF_ERR_NOT_FOUND) {

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -223,6 +224,22 @@ def status(uri):
     return json.loads(r.stdout)
 
 
+def stories(env):
+    """What each contender said on stderr (they are stopped first, so the read
+    cannot block), for a failure's message."""
+    out = []
+    for p in env["procs"]:
+        p.cleanup()
+        err = p.proc.stderr.read().decode(errors="replace")
+        out.append(f"--- {' '.join(p.proc.args[1:])} (exit {p.proc.returncode}):\n{err[-6000:]}")
+    return "\n".join(out)
+
+
+def member_log(m):
+    with open(m.log, errors="replace") as f:
+        return "\n--- etcd log (tail):\n" + "".join(f.readlines()[-40:])
+
+
 def epoch_of(p, timeout):
     ln = p.wait_line("granted", timeout)
     assert ln, f"not granted; stderr: {p.proc.stderr.read().decode() if p.proc.poll() is not None else ''}"
@@ -353,12 +370,114 @@ def test_waiter_survives_member_restart(env):
     time.sleep(0.5)
     m.start()
     wait_until(m.healthy, 30, "member back")
-    # Both leases may have run out during the outage; whoever holds, exactly
-    # one of them does and the other is queued or granted after it. Allowed:
-    # the clients' reconnect window (20 s) plus the TTL, and as much again: a
-    # restarted member grants every lease a fresh TTL, and a loaded CI
-    # machine once took longer than 25 s (alone it passes in about a second).
-    wait_until(lambda: status(uri)["holder"] in ("a", "b"), 50, "a holder again")
+    # The holder may have lost (an outage past T_fence) and the waiter reached
+    # the head of the line before its own keepalive got through again; it
+    # must stay in line, not give up (test_first_in_line_confirms_its_lease).
+    # Allowed: the clients' reconnect window (20 s) plus the TTL.
+    try:
+        wait_until(lambda: status(uri)["holder"] in ("a", "b"), 25, "a holder again")
+    except AssertionError as ex:
+        raise AssertionError(f"{ex}; status {status(uri)}\n" + stories(env) + member_log(m)) from None
+
+
+class KeepaliveCutter:
+    """A loopback TCP relay to one member that, while cut(), drops every
+    connection that carries a lease keepalive: a client behind it can still
+    queue, read and watch, but cannot renew its lease."""
+
+    MARK = b"POST /v3/lease/keepalive "
+
+    def __init__(self, port):
+        self.target = port
+        self.ls = socket.create_server(("127.0.0.1", 0))
+        self.port = self.ls.getsockname()[1]
+        self.blocking = threading.Event()
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, on):
+        (self.blocking.set if on else self.blocking.clear)()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(c,), daemon=True).start()
+
+    def _relay(self, c):
+        try:
+            u = socket.create_connection(("127.0.0.1", self.target), timeout=2)
+        except OSError:
+            c.close()
+            return
+        u.settimeout(None)
+        sel = selectors.DefaultSelector()
+        sel.register(c, selectors.EVENT_READ, u)
+        sel.register(u, selectors.EVENT_READ, c)
+        tail = b""
+        try:
+            while True:
+                for key, _ in sel.select(0.2):
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        return
+                    if key.fileobj is c:
+                        seen = tail + data
+                        tail = seen[-len(self.MARK):]
+                        if self.blocking.is_set() and self.MARK in seen:
+                            self.dropped += 1
+                            return
+                    key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            sel.close()
+            c.close()
+            u.close()
+
+    def close(self):
+        self.ls.close()
+
+
+def test_first_in_line_confirms_its_lease(env):
+    """A waiter whose keepalives have not got through for longer than T_fence
+    reaches the head of the line: it renews its lease before taking the lock,
+    and while it cannot, it stays in line (within its reconnect window)
+    instead of turning the grant down."""
+    c = cluster(env, 1)
+    m = c.members[0]
+    uri = c.uri("confirm", 6)
+    cutter = KeepaliveCutter(m.cport)
+    try:
+        a = gfctl_acquire(env, uri, "a")
+        ea = epoch_of(a, 10)
+        b_uri = f"etcd://127.0.0.1:{cutter.port}/gf-test/confirm?ttl=6"
+        b = gfctl_acquire(env, b_uri, "b", "--heartbeat", "500ms", "--fence", "2s", "--reconnect-timeout", "20s")
+        wait_waiters(uri, 1)
+        cutter.cut(True)
+        # Past b's T_fence (2 s) with no keepalive answered, well within its
+        # lease (6 s from the last one that was).
+        time.sleep(2.5)
+        assert cutter.dropped > 0
+        a.signal(signal.SIGTERM)
+        a.proc.wait(5)
+        # b is first in line now but cannot confirm its lease: not granted, and
+        # still waiting (before the fix it exited 5: "granted but no
+        # keepalive answered within T_fence").
+        assert b.wait_line("granted", 1.0) is None
+        assert b.proc.poll() is None, stories(env)
+        assert status(uri)["holder"] == "b"  # its key is the oldest; it has not acted
+        cutter.cut(False)
+        eb = epoch_of(b, 5)
+        assert eb > ea
+        # Granted with its fence ahead of it: it keeps the lock.
+        time.sleep(3)
+        assert b.proc.poll() is None, stories(env)
+        assert status(uri)["holder"] == "b"
+    finally:
+        cutter.close()
 
 
 # ---- three members ----
