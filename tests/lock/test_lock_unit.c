@@ -492,17 +492,24 @@ static void on_lost(gf_lock *l, int err, const char *detail, void *ud)
 	atomic_fetch_add(&r->calls, 1);
 }
 
+/* Client "a" of @sv with its loss hook recording into @lr. */
+static gf_lock *client_with_hook(struct srv *sv, struct lost_rec *lr, int64_t reconnect_ms)
+{
+	gf_lock *a;
+	assert_int_equal(gf_lock_new(&a, sv->uri, "a"), 0);
+	assert_int_equal(gf_lock_set_reconnect_timeout(a, reconnect_ms), 0);
+	gf_lock_set_lost_fn(a, on_lost, lr);
+	return a;
+}
+
 static void test_watcher_reclaims_then_reports_loss(void **s)
 {
 	(void)s;
 	struct srv sv;
 	struct lost_rec lr = { 0 };
 	struct gf_lock_grant g;
-	gf_lock *a;
 	srv_start(&sv, NULL, 1000);
-	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
-	assert_int_equal(gf_lock_set_reconnect_timeout(a, 1500), 0);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	gf_lock *a = client_with_hook(&sv, &lr, 1500);
 	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	/* Server restart: the watcher reconnects with its token, keeps the epoch. */
@@ -549,11 +556,8 @@ static void test_prepared_watcher(void **s)
 	struct srv sv;
 	struct lost_rec lr = { 0 };
 	struct gf_lock_grant g;
-	gf_lock *a;
 	srv_start(&sv, NULL, 1000);
-	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
-	assert_int_equal(gf_lock_set_reconnect_timeout(a, 200), 0);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	gf_lock *a = client_with_hook(&sv, &lr, 200);
 	assert_int_equal(gf_lock_prepare_watch(a), 0);
 	assert_int_equal(gf_lock_prepare_watch(a), 0); /* idempotent */
 	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
