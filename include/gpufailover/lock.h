@@ -42,8 +42,9 @@ struct gf_lock_grant {
  * regained within the reconnect time, or the grant refused on reconnect).
  * @p err is GF_ERR_LOCK_LOST; gf_error_detail() is not valid here, @p detail is.
  * Runs on the thread that noticed: the watcher thread, or the caller of
- * gf_lock_process(). It must not call gf_lock_free(), gf_lock_release() or
- * gf_lock_stop_watch() on @p lock (the watcher would join itself). The
+ * gf_lock_process(). It must not call gf_lock_free() or gf_lock_release()
+ * on @p lock (the watcher would join itself); gf_lock_stop_watch() is
+ * allowed and returns without waiting. The
  * library itself never terminates the process; the engine layer's default
  * hook does (see gpufailover/engine.h).
  */
