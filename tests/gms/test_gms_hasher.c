@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The snapshot hasher (lib/gms/hasher.c): every way of feeding it gives the
+ * The snapshot hasher (lib/tiers/hasher.c): every way of feeding it gives the
  * library's one-shot XXH3-64 of the same bytes: chunked streams, streams
  * ended by a chunk's digest_out (and the next one starting fresh), chunks
  * of a fresh mapping faulted in by the helper, and the AVX2 build of XXH3
