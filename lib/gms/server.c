@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -23,9 +22,8 @@
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
+#include "residency.h"
 #include "server.h"
-#include "snapshot.h"
-#include "tierd.h"
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
@@ -33,9 +31,6 @@
 #define GMSD_MAX_META 1000000
 #define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
 #define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
-#define GMSD_MIN_RESIDENT_US (600 * 1000000ll) /* default hysteresis: 10 minutes */
-#define GMSD_PRESSURE_CHECK_US 1000000          /* free memory is looked at once a second */
-#define GMSD_PRESSURE_RETRY_US 30000000         /* after an automatic demotion failed */
 
 enum cphase {
 	C_IDLE = 0,   /* no lock (the core did the handshake) */
@@ -61,12 +56,9 @@ struct client {
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
-	/* a GmsSnapshot request answered when the job ends */
-	bool snap_waiting;
-	uint32_t snap_seq;
-	/* a GmsDemote request answered when the layout is dropped or the demotion refused */
-	bool demote_waiting;
-	uint32_t demote_seq;
+	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
+	enum gms_residency_wait tier_wait;
+	uint32_t tier_seq;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta;
 	size_t list_next, list_chunks;
@@ -141,44 +133,10 @@ struct gf_gmsd {
 	void *lock_secret;
 	size_t lock_secret_len;
 	uint64_t fence_refusals;
-	/* residency tiers (docs/tiers.md) */
-	char *warm_dir, *cold_dir;
-	struct gms_tierd *tierd;       /* NULL until needed */
+	/* residency tiers (lib/tiers/residency.h, docs/tiers.md) */
+	struct gms_residency *res;
 	struct gf_srv_watch tier_watch;
-	bool snap_hold;                /* a snapshot job counts as a reader: the layout stays */
-	/* demotion (docs/tiers.md, "Demotion") */
-	int64_t min_resident_us;
-	bool pinned;
-	uint64_t demote_below_free;    /* 0: no automatic pressure */
-	enum gms_tier resident;        /* HOT, WARM or COLD after a demotion, LOADER when nothing is kept */
-	int64_t resident_since_us;     /* monotonic, when it got there */
-	uint8_t demoted_hash[16];      /* the layout a demotion dropped: what a restore must bring back */
-	struct {
-		bool active;           /* planned, waiting for its snapshot */
-		bool requested;        /* GmsDemote / gf_gmsd_demote(), not free memory */
-		bool wrote;            /* its own snapshot job was started */
-		enum gms_tier want;    /* HOT: the policy chooses */
-		char why[160];
-		int result;            /* how the last one ended: 0 or its error */
-		char refusal[256];
-	} dem;
-	int64_t pressure_next_us;      /* next free-memory check */
-	uint64_t demotions;
-	bool has_last;
-	gf_GmsDemotion last;
 };
-
-/* Residency tiers, defined with the request handlers below. */
-static int start_snapshot(gf_gmsd *d, const char *dir);
-static void status_tiers(gf_gmsd *d, gf_GmsStatus *s);
-static void demote_continue(gf_gmsd *d);
-static void restore_demoted(gf_gmsd *d);
-static void set_resident(gf_gmsd *d, enum gms_tier t);
-static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m);
-static void pressure_check(gf_gmsd *d, int64_t now);
-static int64_t pressure_deadline(gf_gmsd *d);
-static void status_demotion(gf_gmsd *d, gf_GmsStatus *s);
-static void metrics_demotion(const gf_GmsStatus *s, FILE *f);
 
 /* ---------------------------------------------------------------- events */
 
@@ -207,20 +165,27 @@ static uint64_t key_hash(const char *k)
 	return h;
 }
 
+/* Enter every metadata entry into the index, which has room (at most half full). */
+static void index_fill(gf_gmsd *d)
+{
+	memset(d->index, 0, d->index_cap * sizeof(*d->index));
+	for (size_t i = 0; i < d->nmeta; i++) {
+		size_t p = key_hash(d->meta[i].key) & (d->index_cap - 1);
+		while (d->index[p])
+			p = (p + 1) & (d->index_cap - 1);
+		d->index[p] = (uint32_t)(i + 1);
+	}
+}
+
 static int index_rebuild(gf_gmsd *d, size_t cap)
 {
 	uint32_t *idx = calloc(cap, sizeof(*idx));
 	if (!idx)
 		return gf_err(GF_ERR_NOMEM, "metadata index: out of memory");
-	for (size_t i = 0; i < d->nmeta; i++) {
-		size_t p = key_hash(d->meta[i].key) & (cap - 1);
-		while (idx[p])
-			p = (p + 1) & (cap - 1);
-		idx[p] = (uint32_t)(i + 1);
-	}
 	free(d->index);
 	d->index = idx;
 	d->index_cap = cap;
+	index_fill(d);
 	return 0;
 }
 
@@ -396,7 +361,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
 		drop_layout(d);
-		set_resident(d, GMS_TIER_LOADER);
+		gms_residency_dropped(d->res);
 	}
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
@@ -475,9 +440,8 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->order = ++d->next_order;
 	c->phase = C_WAIT;
 	/* A reader waking after a demotion: bring the same layout back from its tier, then grant. */
-	if (d->fsm.state == GMS_EMPTY && (d->resident == GMS_TIER_WARM || d->resident == GMS_TIER_COLD) &&
-	    c->mode != GMS_MODE_RW)
-		restore_demoted(d);
+	if (c->mode != GMS_MODE_RW)
+		gms_residency_reader_connects(d->res);
 	int g = try_grant(d, c);
 	if (g != 0)
 		return;
@@ -706,7 +670,6 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
-	set_resident(d, GMS_TIER_HOT);
 	c->phase = C_READER;
 	char hex[33];
 	gf_hex(d->hash, 16, hex);
@@ -720,9 +683,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	d->out->body.gms_committed.layout_hash.size = 16;
 	send_msg(d, c, NULL, 0);
 	d->changed = true;
-	/* Keep the tiers current: every new layout goes to WARM, then COLD. */
-	if ((d->warm_dir || d->cold_dir) && start_snapshot(d, NULL) < 0)
-		event(d, "event=snapshot phase=Failed reason=\"%s\"", gf_error_detail());
+	gms_residency_committed(d->res);
 }
 
 static void close_owned(const int *fds, const bool *owned, size_t n)
@@ -893,8 +854,7 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
 		s->events_count++;
 	}
-	status_tiers(d, s);
-	status_demotion(d, s);
+	gms_residency_status(d->res, s);
 }
 
 static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -957,14 +917,8 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		(unsigned long long)s->generation, s->readers, s->waiters, s->sleeping, s->allocation_count,
 		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
 		(unsigned long long)s->fence_refusals);
-	metrics_demotion(s, f);
+	gms_residency_metrics(d->res, s, f);
 	free(s);
-	if (d->tierd) {
-		char tiers[4096];
-		size_t tl = 0;
-		gms_tierd_metrics(d->tierd, tiers, sizeof(tiers), &tl);
-		fwrite(tiers, 1, tl, f);
-	}
 	if (fclose(f) != 0) {
 		free(buf);
 		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
@@ -973,31 +927,30 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 	return 0;
 }
 
-/* ---------------------------------------------------------------- tiers */
+/* ---------------------------------------------------------------- tiers (lib/tiers/residency.h) */
 
-static void on_tier_done(void *ctx, struct gf_srv_watch *w);
-
-static int tierd_ready(gf_gmsd *d)
+static void host_layout(void *host, struct gms_host_layout *l)
 {
-	if (d->tierd)
-		return 0;
-	int rc = gms_tierd_new(&d->tierd, gf_mem_kind(d->mem), d->device);
-	if (rc == 0)
-		rc = gms_tierd_set_dirs(d->tierd, d->warm_dir, d->cold_dir);
-	if (rc == 0) {
-		d->tier_watch.fn = on_tier_done;
-		rc = gf_srv_watch_add(d->srv, gms_tierd_get_fd(d->tierd), &d->tier_watch);
-	}
-	if (rc < 0) {
-		gms_tierd_free(d->tierd);
-		d->tierd = NULL;
-	}
-	return rc;
+	gf_gmsd *d = host;
+	*l = (struct gms_host_layout){
+		.empty = d->fsm.state == GMS_EMPTY,
+		.hot = d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO,
+		.writer = d->fsm.state == GMS_RW,
+		.readers = d->fsm.readers,
+		.state = gms_state_name(d->fsm.state),
+		.generation = d->generation,
+		.allocations = d->nallocs,
+		.bytes = d->alloc_bytes,
+	};
+	memcpy(l->hash, d->hash, 16);
 }
 
-/* The committed layout as a snapshot job: a manifest and one exported fd per allocation. */
-static int snapshot_job(gf_gmsd *d, struct gms_manifest **out, int **out_fds)
+/* The committed layout as a snapshot job (a manifest and one exported fd per allocation), held like a reader. */
+static int host_export(void *host, struct gms_manifest **out, int **out_fds)
 {
+	gf_gmsd *d = host;
+	if (d->fsm.state != GMS_COMMITTED && d->fsm.state != GMS_RO)
+		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", gms_state_name(d->fsm.state));
 	struct gms_manifest *mf = gms_manifest_new();
 	int *fds = malloc((d->nallocs ? d->nallocs : 1) * sizeof(*fds));
 	int rc = 0;
@@ -1035,74 +988,33 @@ static int snapshot_job(gf_gmsd *d, struct gms_manifest **out, int **out_fds)
 	}
 	mf->generation = d->generation;
 	memcpy(mf->layout_hash, d->hash, 16);
+	/* No writer replaces the layout while the job reads it. */
+	gms_fsm_apply(&d->fsm, GMS_GRANT_RO);
 	*out = mf;
 	*out_fds = fds;
 	return 0;
 }
 
-/* Start writing the committed layout to @dir (NULL: the kept tiers) on the tier worker's thread. */
-static int start_snapshot(gf_gmsd *d, const char *dir)
+static void host_release(void *host)
 {
-	if (d->fsm.state != GMS_COMMITTED && d->fsm.state != GMS_RO)
-		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", gms_state_name(d->fsm.state));
-	if (!dir && !d->warm_dir && !d->cold_dir)
-		return gf_err(GF_ERR_INVALID_ARG, "snapshot: no directory given and no --warm/--cold tier kept");
-	int rc = tierd_ready(d);
-	if (rc < 0)
-		return rc;
-	if (gms_tierd_busy(d->tierd))
-		return gf_err(GF_ERR_BUSY, "snapshot: one is already being written");
-	struct gms_manifest *mf;
-	int *fds;
-	if ((rc = snapshot_job(d, &mf, &fds)) < 0)
-		return rc;
-	if ((rc = gms_tierd_snapshot_start(d->tierd, dir, mf, fds)) < 0)
-		return rc;
-	/* Hold the layout like a reader until the job ends, so no writer replaces it meanwhile. */
-	gms_fsm_apply(&d->fsm, GMS_GRANT_RO);
-	d->snap_hold = true;
-	event(d, "event=snapshot phase=Pending generation=%llu dir=%s", (unsigned long long)d->generation,
-	      dir ? dir : d->warm_dir ? d->warm_dir : d->cold_dir);
-	return 0;
-}
-
-static void on_tier_done(void *ctx, struct gf_srv_watch *w)
-{
-	gf_gmsd *d = ctx;
-	(void)w;
-	if (!gms_tierd_collect(d->tierd))
-		return;
-	struct gms_op op;
-	gms_tierd_op(d->tierd, &op);
-	if (d->snap_hold) {
-		d->snap_hold = false;
-		gms_fsm_reader_left(&d->fsm);
-		d->changed = true;
-	}
-	event(d, "event=snapshot phase=%s reason=\"%s\"", gms_phase_name(op.phase), op.reason);
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
-		if (!c->snap_waiting)
-			continue;
-		c->snap_waiting = false;
-		if (op.phase != GMS_PHASE_CHECKPOINTED) {
-			reply_error(d, c, c->snap_seq, GF_ERR_IO, "snapshot failed: %s", op.reason);
-			continue;
-		}
-		memset(d->out, 0, sizeof(*d->out));
-		d->out->seq = c->snap_seq;
-		d->out->which_body = gf_Msg_ok_tag;
-		send_msg(d, c, NULL, 0);
-	}
-	if (d->dem.active)
-		demote_continue(d);
+	gf_gmsd *d = host;
+	gms_fsm_reader_left(&d->fsm);
+	d->changed = true;
 }
 
 /* Adopt a verified restore: allocations, metadata, generation and hash exactly as snapshotted; EMPTY -> COMMITTED. */
-static int adopt(gf_gmsd *d, struct gms_manifest *mf, gf_mem_alloc **allocs)
+static int host_adopt(void *host, struct gms_manifest *mf, gf_mem_alloc **allocs)
 {
+	gf_gmsd *d = host;
+	if (d->fsm.state != GMS_EMPTY)
+		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", gms_state_name(d->fsm.state));
+	size_t cap = 512;
+	while (cap < 2 * mf->nmeta)
+		cap *= 2;
 	struct galloc *ga = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ga));
 	struct gmeta *gm = calloc(mf->nmeta ? mf->nmeta : 1, sizeof(*gm));
-	if (!ga || !gm) {
+	/* The index is sized while the table is still empty: nothing fails once the restore is taken over. */
+	if (!ga || !gm || index_rebuild(d, cap) < 0) {
 		free(ga);
 		free(gm);
 		return gf_err(GF_ERR_NOMEM, "restore: out of memory");
@@ -1139,94 +1051,97 @@ static int adopt(gf_gmsd *d, struct gms_manifest *mf, gf_mem_alloc **allocs)
 	d->nmeta = d->meta_cap = mf->nmeta;
 	d->next_alloc_id = mf->nallocs + 1;
 	d->alloc_bytes = bytes;
-	size_t cap = 512;
-	while (cap < 2 * d->nmeta)
-		cap *= 2;
-	if (index_rebuild(d, cap) < 0) {
-		drop_layout(d);
-		return gf_err(GF_ERR_NOMEM, "restore: out of memory");
-	}
+	index_fill(d);
 	d->generation = mf->generation;
 	memcpy(d->hash, mf->layout_hash, 16);
 	gms_fsm_restored(&d->fsm);
-	set_resident(d, GMS_TIER_HOT);
 	d->changed = true;
 	return 0;
 }
+
+/* A demotion: the layout is kept in a lower tier, free it here. */
+static int host_drop(void *host)
+{
+	gf_gmsd *d = host;
+	if (!gms_fsm_demoted(&d->fsm))
+		return gf_err(GF_ERR_BUSY, "the layout is in use (state %s)", gms_state_name(d->fsm.state));
+	drop_layout(d);
+	d->changed = true;
+	return 0;
+}
+
+static void host_event(void *host, const char *text)
+{
+	event(host, "%s", text);
+}
+
+static void host_answer(void *host, enum gms_residency_wait what, int err, const char *detail)
+{
+	gf_gmsd *d = host;
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
+		if (c->tier_wait != what)
+			continue;
+		c->tier_wait = 0;
+		if (err < 0) {
+			reply_error(d, c, c->tier_seq, err, "%s: %s",
+				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : "demote", detail);
+			continue;
+		}
+		memset(d->out, 0, sizeof(*d->out));
+		d->out->seq = c->tier_seq;
+		d->out->which_body = gf_Msg_ok_tag;
+		send_msg(d, c, NULL, 0);
+	}
+}
+
+static void on_tier_ready(void *ctx, struct gf_srv_watch *w)
+{
+	(void)w;
+	gms_residency_process(((gf_gmsd *)ctx)->res);
+}
+
+static int host_watch(void *host, int fd)
+{
+	gf_gmsd *d = host;
+	d->tier_watch.fn = on_tier_ready;
+	return gf_srv_watch_add(d->srv, fd, &d->tier_watch);
+}
+
+static const struct gms_residency_host residency_host = {
+	.layout = host_layout,
+	.export_layout = host_export,
+	.release = host_release,
+	.adopt = host_adopt,
+	.drop = host_drop,
+	.event = host_event,
+	.answer = host_answer,
+	.watch = host_watch,
+};
 
 int gf_gmsd_restore(gf_gmsd *d, const char *dir)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	if (d->fsm.state != GMS_EMPTY)
-		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", gms_state_name(d->fsm.state));
-	if (!dir && !d->warm_dir && !d->cold_dir)
-		return gf_err(GF_ERR_INVALID_ARG, "restore: no directory given and no --warm/--cold tier kept");
-	int rc = tierd_ready(d);
-	if (rc < 0)
-		return rc;
-	struct gms_manifest *mf;
-	gf_mem_alloc **allocs;
-	enum gms_tier from = GMS_TIER_LOADER;
-	event(d, "event=restore phase=Restoring from=%s", dir ? dir : "best tier");
-	rc = gms_tierd_restore(d->tierd, dir, d->mem, &mf, &allocs, &from);
-	if (rc < 0) {
-		event(d, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed",
-		      gf_error_detail());
-		return rc;
-	}
-	/* The allocations are now the server's; the arrays and the manifest are not. */
-	rc = adopt(d, mf, allocs);
-	if (rc < 0) {
-		gms_snapshot_restored_free(mf, allocs);
-		return rc;
-	}
-	char hex[33];
-	gf_hex(d->hash, 16, hex);
-	event(d, "event=restore phase=Restored tier=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
-	      dir ? "dir" : gms_tier_name(from), (unsigned long long)d->generation, hex, d->nallocs,
-	      (unsigned long long)d->alloc_bytes);
-	free(allocs);
-	gms_manifest_free(mf);
-	return 0;
+	return gms_residency_restore(d->res, dir);
 }
 
 int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return start_snapshot(d, dir && *dir ? dir : NULL);
-}
-
-int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir)
-{
-	if (!d)
-		return gf_err(GF_ERR_INVALID_ARG, "gmsd is NULL");
-	if (d->started)
-		return gf_err(GF_ERR_STATE, "gmsd: settings are fixed once started");
-	char *w = warm_dir && *warm_dir ? strdup(warm_dir) : NULL, *c = cold_dir && *cold_dir ? strdup(cold_dir) : NULL;
-	if ((warm_dir && *warm_dir && !w) || (cold_dir && *cold_dir && !c)) {
-		free(w);
-		free(c);
-		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
-	}
-	free(d->warm_dir);
-	free(d->cold_dir);
-	d->warm_dir = w;
-	d->cold_dir = c;
-	return 0;
+	return gms_residency_snapshot(d->res, dir && *dir ? dir : NULL);
 }
 
 static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
-	int rc = start_snapshot(d, dir);
+	int rc = gms_residency_snapshot(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 		return;
 	}
-	c->snap_waiting = true;
-	c->snap_seq = m->seq;
+	c->tier_wait = GMS_WAIT_SNAPSHOT;
+	c->tier_seq = m->seq;
 }
 
 static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -1243,44 +1158,47 @@ static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	send_msg(d, c, NULL, 0);
 }
 
-/* Tiers and the last operation into the status reply. */
-static void status_tiers(gf_gmsd *d, gf_GmsStatus *s)
+static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (!d->tierd)
+	const char *to = m->body.gms_demote.to;
+	/* Dropping the weights every engine sleeps on is an admin's decision, like
+	 * revoking a lock: root or the server's own uid, not every allowed engine. */
+	if (c->p->uid != 0 && c->p->uid != (uint32_t)geteuid()) {
+		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
+		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
 		return;
-	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
-		const char *dir = gms_tierd_dir(d->tierd, (enum gms_tier)i);
-		if (!dir)
-			continue;
-		struct gms_snap_probe p;
-		gms_tierd_probe(d->tierd, (enum gms_tier)i, &p);
-		gf_GmsTier *t = &s->tiers[s->tiers_count++];
-		snprintf(t->name, sizeof(t->name), "%s", gms_tier_name((enum gms_tier)i));
-		snprintf(t->dir, sizeof(t->dir), "%s", dir);
-		t->present = p.present;
-		t->bytes = p.bytes;
-		t->allocations = p.allocations;
-		t->generation = p.generation;
-		int64_t ms = gf_wall_us() / 1000 - p.created_unix_ms;
-		t->age_seconds = p.present && ms > 0 ? ms / 1000.0 : 0;
-		snprintf(t->error, sizeof(t->error), "%s", p.error);
 	}
-	struct gms_op op;
-	gms_tierd_op(d->tierd, &op);
-	if (op.phase == GMS_PHASE_NONE)
+	enum gms_tier want = !*to ? GMS_TIER_HOT : !strcmp(to, "warm") ? GMS_TIER_WARM : !strcmp(to, "cold") ? GMS_TIER_COLD
+													     : GMS_TIER_LOADER;
+	if (want == GMS_TIER_LOADER) {
+		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "demote: to must be warm, cold or empty, not '%s'", to);
 		return;
-	s->has_operation = true;
-	snprintf(s->operation.kind, sizeof(s->operation.kind), "%s", gms_op_name(op.kind));
-	snprintf(s->operation.phase, sizeof(s->operation.phase), "%s", gms_phase_name(op.phase));
-	snprintf(s->operation.reason, sizeof(s->operation.reason), "%s", op.reason);
-	s->operation.bytes = op.bytes;
-	s->operation.seconds = ((op.ended_us ? op.ended_us : gf_wall_us()) - op.started_us) / 1e6;
+	}
+	char why[160];
+	snprintf(why, sizeof(why), "requested by peer=%s pid=%u", c->peer, c->pid);
+	/* Waiting first: a demotion that ends at once answers it; one refused to begin (busy) does not. */
+	c->tier_wait = GMS_WAIT_DEMOTION;
+	c->tier_seq = m->seq;
+	int rc = gms_residency_demote(d->res, want, why);
+	if (rc < 0 && c->tier_wait == GMS_WAIT_DEMOTION) {
+		c->tier_wait = 0;
+		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
+	}
+}
+
+int gf_gmsd_demote(gf_gmsd *d, int to)
+{
+	if (!d || !d->started)
+		return gf_err(GF_ERR_STATE, "gmsd not started");
+	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
+		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
+	return gms_residency_demote(d->res, (enum gms_tier)to, "requested in process");
 }
 
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->snap_waiting || c->demote_waiting) {
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->tier_wait) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
 		client_close(d, c, "request while waiting");
@@ -1409,7 +1327,7 @@ static void on_timer(void *ctx, int64_t now)
 			do_allocate(d, c, c->seq);
 		}
 	}
-	pressure_check(d, now);
+	gms_residency_timer(d->res, now);
 }
 
 static int64_t next_deadline(void *ctx)
@@ -1422,7 +1340,7 @@ static int64_t next_deadline(void *ctx)
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 	}
-	int64_t p = pressure_deadline(d);
+	int64_t p = gms_residency_deadline(d->res);
 	return p < next ? p : next;
 }
 
@@ -1452,14 +1370,14 @@ int gf_gmsd_new(gf_gmsd **out)
 		.peer_data_size = sizeof(struct client),
 	};
 	int rc = gf_srv_new(&d->srv, &cfg, &h, d);
+	if (rc == 0 && (rc = gms_residency_new(&d->res, &residency_host, d)) < 0)
+		gf_srv_free(d->srv);
 	if (rc < 0) {
 		free(d);
 		return rc;
 	}
 	d->kind = GF_MEM_AUTO;
 	d->next_alloc_id = 1;
-	d->min_resident_us = GMSD_MIN_RESIDENT_US;
-	d->resident = GMS_TIER_LOADER;
 	gms_fsm_init(&d->fsm);
 	*out = d;
 	return 0;
@@ -1566,7 +1484,7 @@ int gf_gmsd_start(gf_gmsd *d)
 		return rc;
 	d->started = true;
 	d->started_us = gf_now_us();
-	d->resident_since_us = d->started_us;
+	gms_residency_start(d->res, d->mem, d->device);
 	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
 	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);
 	return 0;
@@ -1611,12 +1529,9 @@ void gf_gmsd_free(gf_gmsd *d)
 {
 	if (!d)
 		return;
-	/* A running snapshot job reads the allocations through its own imports; let it finish. */
-	gms_tierd_free(d->tierd);
+	gms_residency_free(d->res); /* waits for a running snapshot job */
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
-	free(d->warm_dir);
-	free(d->cold_dir);
 	drop_layout(d);
 	free(d->allocs);
 	free(d->meta);
@@ -1629,343 +1544,28 @@ void gf_gmsd_free(gf_gmsd *d)
 	free(d);
 }
 
-/* ---------------------------------------------------------------- demotion */
-
-static void set_resident(gf_gmsd *d, enum gms_tier t)
+int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir)
 {
-	d->resident = t;
-	d->resident_since_us = gf_now_us();
-}
-
-/* Whether @dir's file system can take @bytes more (the snapshot writer checks again, exactly). */
-static bool tier_room(const char *dir, uint64_t bytes)
-{
-	struct statvfs v;
-	char parent[4096];
-	if (statvfs(dir, &v) != 0) {
-		/* Not created yet: the snapshot goes into its parent's file system. */
-		snprintf(parent, sizeof(parent), "%s", dir);
-		char *slash = strrchr(parent, '/');
-		if (slash == parent)
-			slash[1] = 0;
-		else if (slash)
-			*slash = 0;
-		else
-			snprintf(parent, sizeof(parent), ".");
-		if (statvfs(parent, &v) != 0)
-			return false;
-	}
-	return (uint64_t)v.f_bavail * v.f_frsize >= bytes;
-}
-
-/* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
-static bool tier_holds(const char *dir, const uint8_t hash[16])
-{
-	struct gms_snap_probe p;
-	if (!dir)
-		return false;
-	gms_snapshot_probe(dir, &p);
-	return p.present && !memcmp(p.layout_hash, hash, 16);
-}
-
-static const char *tier_dir(gf_gmsd *d, enum gms_tier t)
-{
-	return t == GMS_TIER_WARM ? d->warm_dir : t == GMS_TIER_COLD ? d->cold_dir : NULL;
-}
-
-/* Reply to the waiting request (if any) and end the demotion; an error also goes to the events. */
-static void demote_finish(gf_gmsd *d, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void demote_finish(gf_gmsd *d, int err, const char *fmt, ...)
-{
-	char why[256];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	d->dem.result = err;
-	snprintf(d->dem.refusal, sizeof(d->dem.refusal), "%s", err < 0 ? why : "");
-	if (err < 0) {
-		event(d, "event=demote_refused reason=\"%s\" asked=\"%s\"", why, d->dem.why);
-		/* A reader that connected meanwhile is looked at again on the next check; a failure waits longer. */
-		if (!d->dem.requested && err != GF_ERR_BUSY)
-			d->pressure_next_us = gf_now_us() + GMSD_PRESSURE_RETRY_US;
-	}
-	d->dem.active = false;
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
-		if (!c->demote_waiting)
-			continue;
-		c->demote_waiting = false;
-		if (err < 0) {
-			reply_error(d, c, c->demote_seq, err, "demote: %s", why);
-			continue;
-		}
-		memset(d->out, 0, sizeof(*d->out));
-		d->out->seq = c->demote_seq;
-		d->out->which_body = gf_Msg_ok_tag;
-		send_msg(d, c, NULL, 0);
-	}
-}
-
-/* Free every allocation of the layout now kept in @to: the GMS becomes EMPTY, "demoted to @to". */
-static void demote_drop(gf_gmsd *d, enum gms_tier to, const char *policy)
-{
-	uint64_t bytes = d->alloc_bytes;
-	size_t n = d->nallocs;
-	if (!gms_fsm_demoted(&d->fsm)) {
-		demote_finish(d, GF_ERR_BUSY, "the layout is in use (state %s)", gms_state_name(d->fsm.state));
-		return;
-	}
-	memcpy(d->demoted_hash, d->hash, 16);
-	drop_layout(d);
-	set_resident(d, to);
-	d->demotions++;
-	d->has_last = true;
-	gf_GmsDemotion *l = &d->last;
-	memset(l, 0, sizeof(*l));
-	snprintf(l->from, sizeof(l->from), "%s", gms_tier_name(GMS_TIER_HOT));
-	snprintf(l->to, sizeof(l->to), "%s", gms_tier_name(to));
-	snprintf(l->reason, sizeof(l->reason), "%s", d->dem.requested ? "request" : "free_memory");
-	snprintf(l->detail, sizeof(l->detail), "%s; %s", policy, d->dem.why);
-	l->at_unix_ms = gf_wall_us() / 1000;
-	l->generation = d->generation;
-	l->bytes = bytes;
-	char hex[33];
-	gf_hex(d->demoted_hash, 16, hex);
-	event(d, "event=demoted from=hot to=%s reason=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
-	      l->to, l->reason, (unsigned long long)d->generation, hex, n, (unsigned long long)bytes);
-	d->changed = true;
-	demote_finish(d, 0, "%s", policy);
-}
-
-/* Plan the next step of the active demotion and take it (see gms_demote_plan()). */
-static void demote_continue(gf_gmsd *d)
-{
-	bool hot = d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO;
-	struct gms_demote_facts f = {
-		.committed = hot,
-		.holders = d->fsm.readers - (d->snap_hold ? 1 : 0) + (d->fsm.state == GMS_RW),
-		.pinned = d->pinned,
-		.pressure = true,
-		.resident_us = gf_now_us() - d->resident_since_us,
-		.min_resident_us = d->min_resident_us,
-		.want = d->dem.want,
-		.warm_kept = d->warm_dir != NULL,
-		.cold_kept = d->cold_dir != NULL,
-	};
-	if (hot) {
-		f.warm_current = tier_holds(d->warm_dir, d->hash);
-		f.cold_current = tier_holds(d->cold_dir, d->hash);
-		f.warm_room = f.warm_current || (d->warm_dir && tier_room(d->warm_dir, d->alloc_bytes));
-		f.cold_room = f.cold_current || (d->cold_dir && tier_room(d->cold_dir, d->alloc_bytes));
-	}
-	struct gms_demote_plan p;
-	gms_demote_plan(&f, &p);
-	if (p.step == GMS_DEMOTE_STAY) {
-		if (p.err == GF_ERR_BUSY)
-			demote_finish(d, p.err, "%s (%u readers, %s)", p.reason, f.holders - (d->fsm.state == GMS_RW),
-				      d->fsm.state == GMS_RW ? "a writer" : "no writer");
-		else if (hot && p.err == GF_ERR_STATE)
-			demote_finish(d, p.err, "%s (hot for %.1f s, min_resident %.1f s%s)", p.reason, f.resident_us / 1e6,
-				      f.min_resident_us / 1e6, d->pinned ? ", pinned" : "");
-		else if (!hot)
-			demote_finish(d, p.err, "%s (state %s)", p.reason, gms_state_name(d->fsm.state));
-		else
-			demote_finish(d, p.err, "%s", p.reason);
-		return;
-	}
-	if (d->snap_hold)
-		return; /* a snapshot (a commit's) is being written from the layout: plan again when it ends */
-	if (p.step == GMS_DEMOTE_DROP) {
-		demote_drop(d, p.to, p.reason);
-		return;
-	}
-	if (d->dem.wrote) {
-		/* Never drop what is not safely below: the snapshot failed, the layout stays HOT. */
-		struct gms_op op;
-		gms_tierd_op(d->tierd, &op);
-		demote_finish(d, GF_ERR_IO, "the snapshot to %s failed, staying hot: %s", gms_tier_name(p.to),
-			      op.phase == GMS_PHASE_FAILED ? op.reason : "the tier does not hold this layout");
-		return;
-	}
-	int rc = start_snapshot(d, tier_dir(d, p.to));
-	if (rc < 0) {
-		demote_finish(d, rc, "snapshot to %s: %s", gms_tier_name(p.to), gf_error_detail());
-		return;
-	}
-	d->dem.wrote = true;
-	event(d, "event=demote phase=snapshot to=%s generation=%llu", gms_tier_name(p.to),
-	      (unsigned long long)d->generation);
-}
-
-/* Start a demotion (pressure once): 0 when it is done or under way, else the refusal. */
-static int demote_begin(gf_gmsd *d, enum gms_tier want, bool requested, const char *why)
-{
-	if (d->dem.active)
-		return gf_err(GF_ERR_BUSY, "demote: a demotion is already under way (%s)", d->dem.why);
-	memset(&d->dem, 0, sizeof(d->dem));
-	d->dem.active = true;
-	d->dem.requested = requested;
-	d->dem.want = want;
-	snprintf(d->dem.why, sizeof(d->dem.why), "%s", why);
-	return 0;
-}
-
-static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	const char *to = m->body.gms_demote.to;
-	/* Dropping the weights every engine sleeps on is an admin's decision, like
-	 * revoking a lock: root or the server's own uid, not every allowed engine. */
-	if (c->p->uid != 0 && c->p->uid != (uint32_t)geteuid()) {
-		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
-		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
-		return;
-	}
-	enum gms_tier want = !*to ? GMS_TIER_HOT : !strcmp(to, "warm") ? GMS_TIER_WARM : !strcmp(to, "cold") ? GMS_TIER_COLD
-													     : GMS_TIER_LOADER;
-	if (want == GMS_TIER_LOADER) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "demote: to must be warm, cold or empty, not '%s'", to);
-		return;
-	}
-	char why[160];
-	snprintf(why, sizeof(why), "requested by peer=%s pid=%u", c->peer, c->pid);
-	if (demote_begin(d, want, true, why) < 0) {
-		reply_error(d, c, m->seq, GF_ERR_BUSY, "%s", gf_error_detail());
-		return;
-	}
-	c->demote_waiting = true;
-	c->demote_seq = m->seq;
-	demote_continue(d);
-}
-
-int gf_gmsd_demote(gf_gmsd *d, int to)
-{
-	if (!d || !d->started)
-		return gf_err(GF_ERR_STATE, "gmsd not started");
-	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
-		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
-	int rc = demote_begin(d, (enum gms_tier)to, true, "requested in process");
-	if (rc < 0)
-		return rc;
-	demote_continue(d);
-	if (!d->dem.active && d->dem.result < 0)
-		return gf_err(d->dem.result, "demote: %s", d->dem.refusal);
-	return 0;
-}
-
-/* A reader connects to a demoted GMS: restore the dropped layout from its tier (the other one if it holds the same). */
-static void restore_demoted(gf_gmsd *d)
-{
-	enum gms_tier from = d->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
-	enum gms_tier order[2] = { from, other };
-	int64_t t0 = gf_now_us();
-	for (int i = 0; i < 2; i++) {
-		const char *dir = tier_dir(d, order[i]);
-		if (!tier_holds(dir, d->demoted_hash))
-			continue;
-		if (gf_gmsd_restore(d, dir) == 0) {
-			event(d, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
-			      (unsigned long long)d->generation, (gf_now_us() - t0) / 1e6);
-			return;
-		}
-	}
-	/* Nothing usable below: readers wait for a loader, as on a GMS without tiers. */
-	event(d, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
-	      gms_tier_name(from), gf_error_detail());
-	set_resident(d, GMS_TIER_LOADER);
-}
-
-static int64_t pressure_deadline(gf_gmsd *d)
-{
-	if (!d->demote_below_free || d->pinned || d->resident != GMS_TIER_HOT || d->dem.active)
-		return INT64_MAX;
-	int64_t at = d->resident_since_us + d->min_resident_us;
-	return at > d->pressure_next_us ? at : d->pressure_next_us;
-}
-
-/* Free memory below the threshold is pressure: demote once min_resident passed and nobody holds the lock. */
-static void pressure_check(gf_gmsd *d, int64_t now)
-{
-	if (now < pressure_deadline(d))
-		return;
-	d->pressure_next_us = now + GMSD_PRESSURE_CHECK_US;
-	if (d->fsm.state != GMS_COMMITTED || d->snap_hold)
-		return; /* readers hold the layout (or a snapshot is written): look again later */
-	uint64_t free_b = 0;
-	if (gf_mem_info(d->mem, &free_b, NULL) < 0) {
-		gf_log(GF_LOG_WARN, "gms", "msg=\"free memory unknown: no automatic demotion\" detail=\"%s\"",
-		       gf_error_detail());
-		return;
-	}
-	if (free_b >= d->demote_below_free)
-		return;
-	char why[160];
-	snprintf(why, sizeof(why), "free memory %llu bytes below %llu", (unsigned long long)free_b,
-		 (unsigned long long)d->demote_below_free);
-	if (demote_begin(d, GMS_TIER_HOT, false, why) == 0)
-		demote_continue(d);
-}
-
-static void status_demotion(gf_gmsd *d, gf_GmsStatus *s)
-{
-	snprintf(s->resident_tier, sizeof(s->resident_tier), "%s", gms_tier_name(d->resident));
-	s->resident_seconds = d->started ? (gf_now_us() - d->resident_since_us) / 1e6 : 0;
-	s->pinned = d->pinned;
-	s->min_resident_seconds = d->min_resident_us / 1e6;
-	s->demote_below_free_bytes = d->demote_below_free;
-	s->demotions = d->demotions;
-	s->has_last_demotion = d->has_last;
-	if (d->has_last)
-		s->last_demotion = d->last;
-}
-
-static void metrics_demotion(const gf_GmsStatus *s, FILE *f)
-{
-	fputs("# HELP gf_gms_resident_tier Where the layout is: 1 for the current tier (loader: nowhere).\n"
-	      "# TYPE gf_gms_resident_tier gauge\n", f);
-	for (int t = GMS_TIER_HOT; t <= GMS_TIER_LOADER; t++)
-		fprintf(f, "gf_gms_resident_tier{tier=\"%s\"} %d\n", gms_tier_name((enum gms_tier)t),
-			!strcmp(s->resident_tier, gms_tier_name((enum gms_tier)t)));
-	fprintf(f, "# HELP gf_gms_resident_seconds Time the layout has been at its resident tier.\n"
-		   "# TYPE gf_gms_resident_seconds gauge\ngf_gms_resident_seconds %.3f\n"
-		   "# HELP gf_gms_pinned 1 when the layout is never demoted (gf-gmsd --pin).\n"
-		   "# TYPE gf_gms_pinned gauge\ngf_gms_pinned %d\n"
-		   "# HELP gf_gms_min_resident_seconds No demotion before the layout was HOT this long.\n"
-		   "# TYPE gf_gms_min_resident_seconds gauge\ngf_gms_min_resident_seconds %.3f\n"
-		   "# HELP gf_gms_demote_below_free_bytes Free device memory below which the GMS demotes (0: off).\n"
-		   "# TYPE gf_gms_demote_below_free_bytes gauge\ngf_gms_demote_below_free_bytes %llu\n"
-		   "# HELP gf_gms_demotions_total Demotions done (layout dropped to a lower tier).\n"
-		   "# TYPE gf_gms_demotions_total counter\ngf_gms_demotions_total %llu\n",
-		s->resident_seconds, s->pinned ? 1 : 0, s->min_resident_seconds,
-		(unsigned long long)s->demote_below_free_bytes, (unsigned long long)s->demotions);
-	if (!s->has_last_demotion)
-		return;
-	const gf_GmsDemotion *l = &s->last_demotion;
-	fprintf(f, "# HELP gf_gms_last_demotion_timestamp_seconds When the last demotion happened (unix time).\n"
-		   "# TYPE gf_gms_last_demotion_timestamp_seconds gauge\n"
-		   "gf_gms_last_demotion_timestamp_seconds{from=\"%s\",to=\"%s\",reason=\"%s\"} %.3f\n",
-		l->from, l->to, l->reason, l->at_unix_ms / 1e3);
+	NOT_STARTED(d);
+	return gms_residency_set_dirs(d->res, warm_dir, cold_dir);
 }
 
 int gf_gmsd_set_min_resident(gf_gmsd *d, int64_t ms)
 {
 	NOT_STARTED(d);
-	if (ms < 0 || ms > GF_MAX_DURATION_MS)
-		return gf_err(GF_ERR_INVALID_ARG, "min resident %lldms outside 0..%lldms", (long long)ms,
-			      (long long)GF_MAX_DURATION_MS);
-	d->min_resident_us = ms * 1000;
-	return 0;
+	return gms_residency_set_min_resident(d->res, ms);
 }
 
 int gf_gmsd_set_pinned(gf_gmsd *d, int pinned)
 {
 	NOT_STARTED(d);
-	d->pinned = pinned != 0;
+	gms_residency_set_pinned(d->res, pinned != 0);
 	return 0;
 }
 
 int gf_gmsd_set_demote_below_free(gf_gmsd *d, uint64_t bytes)
 {
 	NOT_STARTED(d);
-	d->demote_below_free = bytes;
+	gms_residency_set_demote_below_free(d->res, bytes);
 	return 0;
 }

@@ -135,9 +135,9 @@ int gms_residency_restore(struct gms_residency *r, const char *dir);
  * Demote the HOT layout to @want (GMS_TIER_HOT: the policy chooses), asked
  * for by a request described by @why. 0 when it is done or waits for its
  * snapshot; either way its end comes as answer(GMS_WAIT_DEMOTION), which
- * may happen before this returns. Errors: GF_ERR_BUSY (another demotion is
- * under way: no answer follows), or the refusal it ended with (also
- * answered).
+ * may happen before this returns. Errors: GF_ERR_BUSY when another demotion
+ * is under way (no answer: a request marked as waiting before the call is
+ * still waiting after it), or the refusal it ended with (answered).
  */
 int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char *why);
 

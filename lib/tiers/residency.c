@@ -1,0 +1,559 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Snapshot jobs, restores and demotion of one GMS's layout (residency.h), around the pure policy of tiers.c. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "common.h"
+#include "residency.h"
+#include "tierd.h"
+
+#define MIN_RESIDENT_US (600 * 1000000ll) /* default hysteresis: 10 minutes */
+#define PRESSURE_CHECK_US 1000000          /* free memory is looked at once a second */
+#define PRESSURE_RETRY_US 30000000         /* after an automatic demotion failed */
+
+struct gms_residency {
+	const struct gms_residency_host *ops;
+	void *host;
+	gf_mem *mem;                   /* the GMS's (not ours): restores and free memory */
+	int device;
+	bool started;
+	char *warm_dir, *cold_dir;
+	struct gms_tierd *tierd;       /* NULL until needed */
+	bool holding;                  /* a snapshot job holds the layout (export_layout) */
+	/* demotion (docs/tiers.md, "Demotion") */
+	int64_t min_resident_us;
+	bool pinned;
+	uint64_t demote_below_free;    /* 0: no automatic pressure */
+	enum gms_tier resident;        /* HOT, WARM or COLD after a demotion, LOADER when nothing is kept */
+	int64_t resident_since_us;     /* monotonic, when it got there */
+	uint8_t demoted_hash[16];      /* the layout a demotion dropped: what a restore must bring back */
+	struct {
+		bool active;           /* planned, waiting for its snapshot */
+		bool requested;        /* a request, not free memory */
+		bool wrote;            /* its own snapshot job was started */
+		enum gms_tier want;    /* HOT: the policy chooses */
+		char why[160];
+		int result;            /* how the last one ended: 0 or its error */
+		char refusal[256];
+	} dem;
+	int64_t pressure_next_us;      /* next free-memory check */
+	uint64_t demotions;
+	bool has_last;
+	gf_GmsDemotion last;
+};
+
+static void event(struct gms_residency *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event(struct gms_residency *r, const char *fmt, ...)
+{
+	char text[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	r->ops->event(r->host, text);
+}
+
+static void layout(struct gms_residency *r, struct gms_host_layout *l)
+{
+	r->ops->layout(r->host, l);
+}
+
+int gms_residency_new(struct gms_residency **out, const struct gms_residency_host *ops, void *host)
+{
+	struct gms_residency *r = calloc(1, sizeof(*r));
+	if (!r)
+		return gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+	r->ops = ops;
+	r->host = host;
+	r->min_resident_us = MIN_RESIDENT_US;
+	r->resident = GMS_TIER_LOADER;
+	*out = r;
+	return 0;
+}
+
+void gms_residency_free(struct gms_residency *r)
+{
+	if (!r)
+		return;
+	/* A running snapshot job reads the allocations through its own imports; let it finish. */
+	gms_tierd_free(r->tierd);
+	free(r->warm_dir);
+	free(r->cold_dir);
+	free(r);
+}
+
+int gms_residency_set_dirs(struct gms_residency *r, const char *warm, const char *cold)
+{
+	char *w = warm && *warm ? strdup(warm) : NULL, *c = cold && *cold ? strdup(cold) : NULL;
+	if ((warm && *warm && !w) || (cold && *cold && !c)) {
+		free(w);
+		free(c);
+		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
+	}
+	free(r->warm_dir);
+	free(r->cold_dir);
+	r->warm_dir = w;
+	r->cold_dir = c;
+	return 0;
+}
+
+int gms_residency_set_min_resident(struct gms_residency *r, int64_t ms)
+{
+	if (ms < 0 || ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "min resident %lldms outside 0..%lldms", (long long)ms,
+			      (long long)GF_MAX_DURATION_MS);
+	r->min_resident_us = ms * 1000;
+	return 0;
+}
+
+void gms_residency_set_pinned(struct gms_residency *r, bool pinned)
+{
+	r->pinned = pinned;
+}
+
+void gms_residency_set_demote_below_free(struct gms_residency *r, uint64_t bytes)
+{
+	r->demote_below_free = bytes;
+}
+
+void gms_residency_start(struct gms_residency *r, gf_mem *m, int device)
+{
+	r->mem = m;
+	r->device = device;
+	r->started = true;
+	r->resident_since_us = gf_now_us();
+}
+
+static void set_resident(struct gms_residency *r, enum gms_tier t)
+{
+	r->resident = t;
+	r->resident_since_us = gf_now_us();
+}
+
+/* ---------------------------------------------------------------- snapshot and restore */
+
+static int tierd_ready(struct gms_residency *r)
+{
+	if (r->tierd)
+		return 0;
+	int rc = gms_tierd_new(&r->tierd, gf_mem_kind(r->mem), r->device);
+	if (rc == 0)
+		rc = gms_tierd_set_dirs(r->tierd, r->warm_dir, r->cold_dir);
+	if (rc == 0)
+		rc = r->ops->watch(r->host, gms_tierd_get_fd(r->tierd));
+	if (rc < 0) {
+		gms_tierd_free(r->tierd);
+		r->tierd = NULL;
+	}
+	return rc;
+}
+
+int gms_residency_snapshot(struct gms_residency *r, const char *dir)
+{
+	struct gms_host_layout l;
+	layout(r, &l);
+	if (!l.hot)
+		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", l.state);
+	if (!dir && !r->warm_dir && !r->cold_dir)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: no directory given and no --warm/--cold tier kept");
+	int rc = tierd_ready(r);
+	if (rc < 0)
+		return rc;
+	if (gms_tierd_busy(r->tierd))
+		return gf_err(GF_ERR_BUSY, "snapshot: one is already being written");
+	struct gms_manifest *mf;
+	int *fds;
+	/* The export holds the layout like a reader until the job ends, so no writer replaces it meanwhile. */
+	if ((rc = r->ops->export_layout(r->host, &mf, &fds)) < 0)
+		return rc;
+	if ((rc = gms_tierd_snapshot_start(r->tierd, dir, mf, fds)) < 0) {
+		r->ops->release(r->host);
+		return rc;
+	}
+	r->holding = true;
+	event(r, "event=snapshot phase=Pending generation=%llu dir=%s", (unsigned long long)l.generation,
+	      dir ? dir : r->warm_dir ? r->warm_dir : r->cold_dir);
+	return 0;
+}
+
+void gms_residency_committed(struct gms_residency *r)
+{
+	set_resident(r, GMS_TIER_HOT);
+	/* Keep the tiers current: every new layout goes to WARM, then COLD. */
+	if ((r->warm_dir || r->cold_dir) && gms_residency_snapshot(r, NULL) < 0)
+		event(r, "event=snapshot phase=Failed reason=\"%s\"", gf_error_detail());
+}
+
+void gms_residency_dropped(struct gms_residency *r)
+{
+	set_resident(r, GMS_TIER_LOADER);
+}
+
+static void demote_continue(struct gms_residency *r);
+
+void gms_residency_process(struct gms_residency *r)
+{
+	if (!r->tierd || !gms_tierd_collect(r->tierd))
+		return;
+	struct gms_op op;
+	gms_tierd_op(r->tierd, &op);
+	if (r->holding) {
+		r->holding = false;
+		r->ops->release(r->host);
+	}
+	event(r, "event=snapshot phase=%s reason=\"%s\"", gms_phase_name(op.phase), op.reason);
+	r->ops->answer(r->host, GMS_WAIT_SNAPSHOT, op.phase == GMS_PHASE_CHECKPOINTED ? 0 : GF_ERR_IO, op.reason);
+	if (r->dem.active)
+		demote_continue(r);
+}
+
+int gms_residency_restore(struct gms_residency *r, const char *dir)
+{
+	struct gms_host_layout l;
+	layout(r, &l);
+	if (!l.empty)
+		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", l.state);
+	if (!dir && !r->warm_dir && !r->cold_dir)
+		return gf_err(GF_ERR_INVALID_ARG, "restore: no directory given and no --warm/--cold tier kept");
+	int rc = tierd_ready(r);
+	if (rc < 0)
+		return rc;
+	struct gms_manifest *mf;
+	gf_mem_alloc **allocs;
+	enum gms_tier from = GMS_TIER_LOADER;
+	event(r, "event=restore phase=Restoring from=%s", dir ? dir : "best tier");
+	rc = gms_tierd_restore(r->tierd, dir, r->mem, &mf, &allocs, &from);
+	if (rc < 0) {
+		event(r, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed",
+		      gf_error_detail());
+		return rc;
+	}
+	/* The allocations are now the GMS's; the array and the manifest are not. */
+	rc = r->ops->adopt(r->host, mf, allocs);
+	if (rc < 0) {
+		gms_snapshot_restored_free(mf, allocs);
+		return rc;
+	}
+	free(allocs);
+	gms_manifest_free(mf);
+	set_resident(r, GMS_TIER_HOT);
+	layout(r, &l);
+	char hex[33];
+	gf_hex(l.hash, 16, hex);
+	event(r, "event=restore phase=Restored tier=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
+	      dir ? "dir" : gms_tier_name(from), (unsigned long long)l.generation, hex, l.allocations,
+	      (unsigned long long)l.bytes);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- demotion */
+
+/* Whether @dir's file system can take @bytes more (the snapshot writer checks again, exactly). */
+static bool tier_room(const char *dir, uint64_t bytes)
+{
+	struct statvfs v;
+	char parent[4096];
+	if (statvfs(dir, &v) != 0) {
+		/* Not created yet: the snapshot goes into its parent's file system. */
+		snprintf(parent, sizeof(parent), "%s", dir);
+		char *slash = strrchr(parent, '/');
+		if (slash == parent)
+			slash[1] = 0;
+		else if (slash)
+			*slash = 0;
+		else
+			snprintf(parent, sizeof(parent), ".");
+		if (statvfs(parent, &v) != 0)
+			return false;
+	}
+	return (uint64_t)v.f_bavail * v.f_frsize >= bytes;
+}
+
+/* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
+static bool tier_holds(const char *dir, const uint8_t hash[16])
+{
+	struct gms_snap_probe p;
+	if (!dir)
+		return false;
+	gms_snapshot_probe(dir, &p);
+	return p.present && !memcmp(p.layout_hash, hash, 16);
+}
+
+static const char *tier_dir(struct gms_residency *r, enum gms_tier t)
+{
+	return t == GMS_TIER_WARM ? r->warm_dir : t == GMS_TIER_COLD ? r->cold_dir : NULL;
+}
+
+/* Answer the waiting request (if any) and end the demotion; an error also goes to the events. */
+static void demote_finish(struct gms_residency *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void demote_finish(struct gms_residency *r, int err, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	r->dem.result = err;
+	snprintf(r->dem.refusal, sizeof(r->dem.refusal), "%s", err < 0 ? why : "");
+	if (err < 0) {
+		event(r, "event=demote_refused reason=\"%s\" asked=\"%s\"", why, r->dem.why);
+		/* A reader that connected meanwhile is looked at again on the next check; a failure waits longer. */
+		if (!r->dem.requested && err != GF_ERR_BUSY)
+			r->pressure_next_us = gf_now_us() + PRESSURE_RETRY_US;
+	}
+	r->dem.active = false;
+	r->ops->answer(r->host, GMS_WAIT_DEMOTION, err, why);
+}
+
+/* Free every allocation of the layout now kept in @to: the GMS becomes EMPTY, "demoted to @to". */
+static void demote_drop(struct gms_residency *r, const struct gms_host_layout *l, enum gms_tier to, const char *policy)
+{
+	int rc = r->ops->drop(r->host);
+	if (rc < 0) {
+		demote_finish(r, rc, "%s", gf_error_detail());
+		return;
+	}
+	memcpy(r->demoted_hash, l->hash, 16);
+	set_resident(r, to);
+	r->demotions++;
+	r->has_last = true;
+	gf_GmsDemotion *d = &r->last;
+	memset(d, 0, sizeof(*d));
+	snprintf(d->from, sizeof(d->from), "%s", gms_tier_name(GMS_TIER_HOT));
+	snprintf(d->to, sizeof(d->to), "%s", gms_tier_name(to));
+	snprintf(d->reason, sizeof(d->reason), "%s", r->dem.requested ? "request" : "free_memory");
+	snprintf(d->detail, sizeof(d->detail), "%s; %s", policy, r->dem.why);
+	d->at_unix_ms = gf_wall_us() / 1000;
+	d->generation = l->generation;
+	d->bytes = l->bytes;
+	char hex[33];
+	gf_hex(r->demoted_hash, 16, hex);
+	event(r, "event=demoted from=hot to=%s reason=%s generation=%llu hash=%s allocations=%zu bytes=%llu", d->to,
+	      d->reason, (unsigned long long)l->generation, hex, l->allocations, (unsigned long long)l->bytes);
+	demote_finish(r, 0, "%s", policy);
+}
+
+/* Plan the next step of the active demotion and take it (see gms_demote_plan()). */
+static void demote_continue(struct gms_residency *r)
+{
+	struct gms_host_layout l;
+	layout(r, &l);
+	struct gms_demote_facts f = {
+		.committed = l.hot,
+		.holders = l.readers - (r->holding ? 1 : 0) + l.writer,
+		.pinned = r->pinned,
+		.pressure = true,
+		.resident_us = gf_now_us() - r->resident_since_us,
+		.min_resident_us = r->min_resident_us,
+		.want = r->dem.want,
+		.warm_kept = r->warm_dir != NULL,
+		.cold_kept = r->cold_dir != NULL,
+	};
+	if (l.hot) {
+		f.warm_current = tier_holds(r->warm_dir, l.hash);
+		f.cold_current = tier_holds(r->cold_dir, l.hash);
+		f.warm_room = f.warm_current || (r->warm_dir && tier_room(r->warm_dir, l.bytes));
+		f.cold_room = f.cold_current || (r->cold_dir && tier_room(r->cold_dir, l.bytes));
+	}
+	struct gms_demote_plan p;
+	gms_demote_plan(&f, &p);
+	if (p.step == GMS_DEMOTE_STAY) {
+		if (p.err == GF_ERR_BUSY)
+			demote_finish(r, p.err, "%s (%u readers, %s)", p.reason, f.holders - l.writer,
+				      l.writer ? "a writer" : "no writer");
+		else if (l.hot && p.err == GF_ERR_STATE)
+			demote_finish(r, p.err, "%s (hot for %.1f s, min_resident %.1f s%s)", p.reason, f.resident_us / 1e6,
+				      f.min_resident_us / 1e6, r->pinned ? ", pinned" : "");
+		else if (!l.hot)
+			demote_finish(r, p.err, "%s (state %s)", p.reason, l.state);
+		else
+			demote_finish(r, p.err, "%s", p.reason);
+		return;
+	}
+	if (r->holding)
+		return; /* a snapshot (a commit's) is being written from the layout: plan again when it ends */
+	if (p.step == GMS_DEMOTE_DROP) {
+		demote_drop(r, &l, p.to, p.reason);
+		return;
+	}
+	if (r->dem.wrote) {
+		/* Never drop what is not safely below: the snapshot failed, the layout stays HOT. */
+		struct gms_op op;
+		gms_tierd_op(r->tierd, &op);
+		demote_finish(r, GF_ERR_IO, "the snapshot to %s failed, staying hot: %s", gms_tier_name(p.to),
+			      op.phase == GMS_PHASE_FAILED ? op.reason : "the tier does not hold this layout");
+		return;
+	}
+	int rc = gms_residency_snapshot(r, tier_dir(r, p.to));
+	if (rc < 0) {
+		demote_finish(r, rc, "snapshot to %s: %s", gms_tier_name(p.to), gf_error_detail());
+		return;
+	}
+	r->dem.wrote = true;
+	event(r, "event=demote phase=snapshot to=%s generation=%llu", gms_tier_name(p.to),
+	      (unsigned long long)l.generation);
+}
+
+/* Start a demotion (pressure once): 0 when it may go on, else the refusal. */
+static int demote_begin(struct gms_residency *r, enum gms_tier want, bool requested, const char *why)
+{
+	if (r->dem.active)
+		return gf_err(GF_ERR_BUSY, "demote: a demotion is already under way (%s)", r->dem.why);
+	memset(&r->dem, 0, sizeof(r->dem));
+	r->dem.active = true;
+	r->dem.requested = requested;
+	r->dem.want = want;
+	snprintf(r->dem.why, sizeof(r->dem.why), "%s", why);
+	return 0;
+}
+
+int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char *why)
+{
+	int rc = demote_begin(r, want, true, why);
+	if (rc < 0)
+		return rc;
+	demote_continue(r);
+	if (!r->dem.active && r->dem.result < 0)
+		return gf_err(r->dem.result, "demote: %s", r->dem.refusal);
+	return 0;
+}
+
+/* A reader connects to a demoted GMS: restore the dropped layout from its tier (the other one if it holds the same). */
+void gms_residency_reader_connects(struct gms_residency *r)
+{
+	struct gms_host_layout l;
+	layout(r, &l);
+	if (!l.empty || (r->resident != GMS_TIER_WARM && r->resident != GMS_TIER_COLD))
+		return;
+	enum gms_tier from = r->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
+	enum gms_tier order[2] = { from, other };
+	int64_t t0 = gf_now_us();
+	for (int i = 0; i < 2; i++) {
+		const char *dir = tier_dir(r, order[i]);
+		if (!tier_holds(dir, r->demoted_hash))
+			continue;
+		if (gms_residency_restore(r, dir) == 0) {
+			layout(r, &l);
+			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
+			      (unsigned long long)l.generation, (gf_now_us() - t0) / 1e6);
+			return;
+		}
+	}
+	/* Nothing usable below: readers wait for a loader, as on a GMS without tiers. */
+	event(r, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
+	      gms_tier_name(from), gf_error_detail());
+	set_resident(r, GMS_TIER_LOADER);
+}
+
+int64_t gms_residency_deadline(struct gms_residency *r)
+{
+	if (!r->demote_below_free || r->pinned || r->resident != GMS_TIER_HOT || r->dem.active)
+		return INT64_MAX;
+	int64_t at = r->resident_since_us + r->min_resident_us;
+	return at > r->pressure_next_us ? at : r->pressure_next_us;
+}
+
+/* Free memory below the threshold is pressure: demote once min_resident passed and nobody holds the lock. */
+void gms_residency_timer(struct gms_residency *r, int64_t now)
+{
+	if (now < gms_residency_deadline(r))
+		return;
+	r->pressure_next_us = now + PRESSURE_CHECK_US;
+	struct gms_host_layout l;
+	layout(r, &l);
+	if (!l.hot || l.readers > 0)
+		return; /* readers hold the layout (or a snapshot is written): look again later */
+	uint64_t free_b = 0;
+	if (gf_mem_info(r->mem, &free_b, NULL) < 0) {
+		gf_log(GF_LOG_WARN, "gms", "msg=\"free memory unknown: no automatic demotion\" detail=\"%s\"",
+		       gf_error_detail());
+		return;
+	}
+	if (free_b >= r->demote_below_free)
+		return;
+	char why[160];
+	snprintf(why, sizeof(why), "free memory %llu bytes below %llu", (unsigned long long)free_b,
+		 (unsigned long long)r->demote_below_free);
+	if (demote_begin(r, GMS_TIER_HOT, false, why) == 0)
+		demote_continue(r);
+}
+
+/* ---------------------------------------------------------------- status and metrics */
+
+void gms_residency_status(struct gms_residency *r, gf_GmsStatus *s)
+{
+	snprintf(s->resident_tier, sizeof(s->resident_tier), "%s", gms_tier_name(r->resident));
+	s->resident_seconds = r->started ? (gf_now_us() - r->resident_since_us) / 1e6 : 0;
+	s->pinned = r->pinned;
+	s->min_resident_seconds = r->min_resident_us / 1e6;
+	s->demote_below_free_bytes = r->demote_below_free;
+	s->demotions = r->demotions;
+	s->has_last_demotion = r->has_last;
+	if (r->has_last)
+		s->last_demotion = r->last;
+	if (!r->tierd)
+		return;
+	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
+		const char *dir = gms_tierd_dir(r->tierd, (enum gms_tier)i);
+		if (!dir)
+			continue;
+		struct gms_snap_probe p;
+		gms_tierd_probe(r->tierd, (enum gms_tier)i, &p);
+		gf_GmsTier *t = &s->tiers[s->tiers_count++];
+		snprintf(t->name, sizeof(t->name), "%s", gms_tier_name((enum gms_tier)i));
+		snprintf(t->dir, sizeof(t->dir), "%s", dir);
+		t->present = p.present;
+		t->bytes = p.bytes;
+		t->allocations = p.allocations;
+		t->generation = p.generation;
+		int64_t ms = gf_wall_us() / 1000 - p.created_unix_ms;
+		t->age_seconds = p.present && ms > 0 ? ms / 1000.0 : 0;
+		snprintf(t->error, sizeof(t->error), "%s", p.error);
+	}
+	struct gms_op op;
+	gms_tierd_op(r->tierd, &op);
+	if (op.phase == GMS_PHASE_NONE)
+		return;
+	s->has_operation = true;
+	snprintf(s->operation.kind, sizeof(s->operation.kind), "%s", gms_op_name(op.kind));
+	snprintf(s->operation.phase, sizeof(s->operation.phase), "%s", gms_phase_name(op.phase));
+	snprintf(s->operation.reason, sizeof(s->operation.reason), "%s", op.reason);
+	s->operation.bytes = op.bytes;
+	s->operation.seconds = ((op.ended_us ? op.ended_us : gf_wall_us()) - op.started_us) / 1e6;
+}
+
+void gms_residency_metrics(struct gms_residency *r, const gf_GmsStatus *s, FILE *f)
+{
+	fputs("# HELP gf_gms_resident_tier Where the layout is: 1 for the current tier (loader: nowhere).\n"
+	      "# TYPE gf_gms_resident_tier gauge\n", f);
+	for (int t = GMS_TIER_HOT; t <= GMS_TIER_LOADER; t++)
+		fprintf(f, "gf_gms_resident_tier{tier=\"%s\"} %d\n", gms_tier_name((enum gms_tier)t),
+			!strcmp(s->resident_tier, gms_tier_name((enum gms_tier)t)));
+	fprintf(f, "# HELP gf_gms_resident_seconds Time the layout has been at its resident tier.\n"
+		   "# TYPE gf_gms_resident_seconds gauge\ngf_gms_resident_seconds %.3f\n"
+		   "# HELP gf_gms_pinned 1 when the layout is never demoted (gf-gmsd --pin).\n"
+		   "# TYPE gf_gms_pinned gauge\ngf_gms_pinned %d\n"
+		   "# HELP gf_gms_min_resident_seconds No demotion before the layout was HOT this long.\n"
+		   "# TYPE gf_gms_min_resident_seconds gauge\ngf_gms_min_resident_seconds %.3f\n"
+		   "# HELP gf_gms_demote_below_free_bytes Free device memory below which the GMS demotes (0: off).\n"
+		   "# TYPE gf_gms_demote_below_free_bytes gauge\ngf_gms_demote_below_free_bytes %llu\n"
+		   "# HELP gf_gms_demotions_total Demotions done (layout dropped to a lower tier).\n"
+		   "# TYPE gf_gms_demotions_total counter\ngf_gms_demotions_total %llu\n",
+		s->resident_seconds, s->pinned ? 1 : 0, s->min_resident_seconds,
+		(unsigned long long)s->demote_below_free_bytes, (unsigned long long)s->demotions);
+	if (s->has_last_demotion) {
+		const gf_GmsDemotion *l = &s->last_demotion;
+		fprintf(f, "# HELP gf_gms_last_demotion_timestamp_seconds When the last demotion happened (unix time).\n"
+			   "# TYPE gf_gms_last_demotion_timestamp_seconds gauge\n"
+			   "gf_gms_last_demotion_timestamp_seconds{from=\"%s\",to=\"%s\",reason=\"%s\"} %.3f\n",
+			l->from, l->to, l->reason, l->at_unix_ms / 1e3);
+	}
+	if (r->tierd) {
+		char tiers[4096];
+		size_t tl = 0;
+		gms_tierd_metrics(r->tierd, tiers, sizeof(tiers), &tl);
+		fwrite(tiers, 1, tl, f);
+	}
+}
