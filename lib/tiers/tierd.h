@@ -3,11 +3,11 @@
  * The GMS's tier worker: keeps the WARM and COLD directories, writes
  * snapshots on its own thread (the server's loop keeps serving), tracks the
  * phase of the current or last operation and reports the tiers as status
- * JSON and Prometheus text. The server owns the layout; for a snapshot it
- * hands the worker one exported fd per allocation plus a filled manifest and
- * keeps the layout from changing (it counts the job as a reader) until the
- * worker's fd turns readable and gms_tierd_collect() says the job is done.
- * See docs/tiers.md.
+ * JSON and Prometheus text. The GMS owns the layout; for a snapshot
+ * residency.c hands the worker one exported fd per allocation plus a filled
+ * manifest, and the GMS keeps the layout from changing (it counts the job as
+ * a reader) until the worker's fd turns readable and gms_tierd_collect() says
+ * the job is done. See docs/tiers.md.
  */
 #ifndef GF_GMS_TIERD_H
 #define GF_GMS_TIERD_H
