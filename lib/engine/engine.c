@@ -90,6 +90,12 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 		pthread_join(e->watchdog, NULL);
 	}
 	gf_engine_http_stop(atomic_load(&e->http));
+	/* No probe runs any more, so no loss-policy thread starts after this. */
+	pthread_mutex_lock(&e->mu);
+	bool fatal_thread = e->fatal_thread_running;
+	pthread_mutex_unlock(&e->mu);
+	if (fatal_thread)
+		pthread_join(e->fatal_thread, NULL);
 	gf_lock *lock = atomic_load(&e->lock);
 	if (lock && e->lock_watching)
 		gf_lock_stop_watch(lock);
@@ -582,10 +588,14 @@ GF_EXPORT int gf_engine_run_shadow(gf_engine *e, const struct gf_engine_callback
 
 /* ---- probes ---- */
 
-int gf_engine_probe_decision(int state, int probe, int waking_expired, int healthy)
+int gf_engine_probe_decision(int state, int probe, int waking_expired, int healthy, int device_lost)
 {
 	if (probe != GF_PROBE_LIVE && probe != GF_PROBE_READY && probe != GF_PROBE_STARTUP)
 		return -1;
+	/* A lost GPU context never comes back in this process: whatever the
+	 * state, it is neither alive for the platform nor ready to serve. */
+	if (device_lost && probe != GF_PROBE_STARTUP)
+		return 503;
 	switch (state) {
 	case GF_ENGINE_STANDBY:
 		/* A healthy standby must not pull the pod out of service. */
@@ -605,6 +615,28 @@ int gf_engine_probe_decision(int state, int probe, int waking_expired, int healt
 	}
 }
 
+/* Has a sticky device error lost the context of any device? A driver error
+ * is only recorded when some call returns it, and an engine that is just
+ * serving makes none through the library; so unless the loss is already
+ * known, ask each device something cheap (its free memory), which returns
+ * the sticky error if there is one. */
+static bool device_check(gf_engine *e, char *reason, size_t len)
+{
+	for (int i = 0; i < e->ndev; i++) {
+		gf_mem *m = e->dev[i].mem;
+		if (!m)
+			continue;
+		if (!gf_mem_device_lost(m) && gf_mem_info(m, NULL, NULL) == 0)
+			continue;
+		if (gf_mem_device_lost(m) == 1) {
+			snprintf(reason, len, "device %d lost: a sticky driver error ended its context (%s)", i,
+				 gf_error_detail());
+			return true;
+		}
+	}
+	return false;
+}
+
 GF_EXPORT int gf_engine_probe(gf_engine *e, int probe)
 {
 	if (!e)
@@ -616,10 +648,24 @@ GF_EXPORT int gf_engine_probe(gf_engine *e, int probe)
 	gf_engine_health_fn health = e->health;
 	void *ud = e->health_ud;
 	pthread_mutex_unlock(&e->mu);
+	int lost = 0;
+	if (probe != GF_PROBE_STARTUP &&
+	    (state == GF_ENGINE_STANDBY || state == GF_ENGINE_WAKING || state == GF_ENGINE_ACTIVE)) {
+		char reason[512];
+		if (device_check(e, reason, sizeof(reason))) {
+			lost = 1;
+			/* The standby cannot wake and the holder cannot serve: the
+			 * loss policy runs (once), so the process ends, its lock
+			 * connection closes and the next engine takes over. */
+			gf_log(GF_LOG_ERR, "engine", "event=device_lost id=%s state=%s reason=\"%s\"",
+			       e->id ? e->id : "", gf_engine_state_name(state), reason);
+			gf_engine_fatal_async(e, GF_ERR_DRIVER, "device_lost", reason);
+		}
+	}
 	int healthy = 1;
-	if (state == GF_ENGINE_ACTIVE && probe != GF_PROBE_STARTUP && health)
+	if (!lost && state == GF_ENGINE_ACTIVE && probe != GF_PROBE_STARTUP && health)
 		healthy = health(e, ud) ? 1 : 0;
-	return gf_engine_probe_decision(state, probe, expired, healthy);
+	return gf_engine_probe_decision(state, probe, expired, healthy, lost);
 }
 
 /* ---- inspection ---- */

@@ -104,6 +104,12 @@ struct gf_engine {
 	bool lock_watching;
 	atomic_bool interrupted;
 	atomic_bool loss_called;
+	/* The loss policy's own thread when a probe found the loss (loss.c), joined by free. */
+	pthread_t fatal_thread;
+	bool fatal_thread_running; /* under mu */
+	int fatal_err;
+	char fatal_cause[32];
+	char fatal_reason[512];
 	pthread_t watchdog;
 	bool watchdog_running;
 	atomic_bool watchdog_stop;
@@ -129,6 +135,10 @@ void gf_engine_die(gf_engine *e, const char *cause, const char *reason);
 /* A fatal condition noticed off the stepping thread: Dead for @cause, then
  * the loss policy with @err and @reason, once per engine (loss.c). */
 void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason);
+/* Dead now, the loss policy as gf_engine_fatal() on a detached thread (the
+ * caller's thread if none can be made): for callers that must return first,
+ * such as a probe. */
+void gf_engine_fatal_async(gf_engine *e, int err, const char *cause, const char *reason);
 
 /* guards.c: the startup watchdog, the memory gate and the real sleep. */
 void gf_engine_real_sleep_ms(int64_t ms);
@@ -153,8 +163,9 @@ void gf_engine_gms_lost_hook(gf_gms *gms, int err, const char *detail, void *use
 
 /* Probe decision for a state, the pure table of DESIGN §7. @waking_expired
  * tells whether the waking timeout has passed; @healthy is the Active
- * health callback's answer. */
-int gf_engine_probe_decision(int state, int probe, int waking_expired, int healthy);
+ * health callback's answer; @device_lost whether a sticky driver error lost
+ * a device's context (then /live and /ready fail in every state). */
+int gf_engine_probe_decision(int state, int probe, int waking_expired, int healthy, int device_lost);
 
 /* Probe server (engine_http.c). */
 struct gf_engine_http;

@@ -67,6 +67,35 @@ void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reaso
 		gf_engine_default_loss(e, err, reason, ud);
 }
 
+static void *fatal_main(void *arg)
+{
+	gf_engine *e = arg;
+	gf_engine_fatal(e, e->fatal_err, e->fatal_cause, e->fatal_reason);
+	return NULL;
+}
+
+void gf_engine_fatal_async(gf_engine *e, int err, const char *cause, const char *reason)
+{
+	/* Dead at once, so every probe from now on fails; the policy on a
+	 * thread of its own, so the probe that found the loss still answers
+	 * before the default policy ends the process, and a policy that takes
+	 * its time does not hold the probe server. */
+	gf_engine_die(e, cause, reason);
+	pthread_mutex_lock(&e->mu);
+	if (e->fatal_thread_running || atomic_load(&e->loss_called)) {
+		pthread_mutex_unlock(&e->mu);
+		return;
+	}
+	e->fatal_err = err;
+	snprintf(e->fatal_cause, sizeof(e->fatal_cause), "%s", cause);
+	snprintf(e->fatal_reason, sizeof(e->fatal_reason), "%s", reason ? reason : "");
+	e->fatal_thread_running = pthread_create(&e->fatal_thread, NULL, fatal_main, e) == 0;
+	bool started = e->fatal_thread_running;
+	pthread_mutex_unlock(&e->mu);
+	if (!started)
+		gf_engine_fatal(e, err, cause, reason);
+}
+
 static void engine_lost(gf_engine *e, int err, const char *what, const char *detail)
 {
 	char reason[512];

@@ -81,6 +81,9 @@ struct fixture {
 	struct gt_server gms[2];
 	gf_engine *e;
 	int fds; /* open fds before the servers and the engine existed */
+	/* A lost context cannot release driver objects: such a process must
+	 * exit (as the default loss policy makes it); teardown drops them. */
+	bool context_lost;
 };
 
 static void *lockd_main(void *arg)
@@ -186,6 +189,24 @@ static int setup(void **state)
 		assert_true(cond);                                   \
 	} while (0)
 
+/* What the exit of a process with a lost context does to the test
+ * driver's objects (each allocation an open file in FAKECUDA_STATE_DIR):
+ * nothing in the process can release them any more. */
+static void drop_driver_fds(void)
+{
+	const char *dir = getenv("FAKECUDA_STATE_DIR");
+	char link[64], target[4096];
+	for (int fd = 3; dir && fd < 1024; fd++) {
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = '\0';
+		if (strncmp(target, dir, strlen(dir)) == 0)
+			close(fd);
+	}
+}
+
 static int teardown(void **state)
 {
 	struct fixture *f = *state;
@@ -201,6 +222,8 @@ static int teardown(void **state)
 	for (int i = 0; i < ndev; i++)
 		gt_stop(&f->gms[i]);
 	lockd_stop(f);
+	if (f->context_lost)
+		drop_driver_fds();
 	/* Everything the engine and the servers opened is closed again. */
 	EVENTUALLY(tu_count_fds() == f->fds);
 	tu_env_set("FAKECUDA_FAIL", NULL);
@@ -647,14 +670,21 @@ static void test_probe_decision_table(void **state)
 	static const int probes[3] = { GF_PROBE_STARTUP, GF_PROBE_LIVE, GF_PROBE_READY };
 	for (int s = 0; s < 5; s++)
 		for (int p = 0; p < 3; p++)
-			assert_int_equal(gf_engine_probe_decision(s, probes[p], 0, 1), want[s][p]);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_LIVE, 1, 1), 503);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_READY, 1, 1), 200);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_STARTUP, 1, 1), 200);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_LIVE, 0, 0), 503);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_READY, 0, 0), 503);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_STARTUP, 0, 0), 200);
-	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_STANDBY, 0, 0, 1), -1);
+			assert_int_equal(gf_engine_probe_decision(s, probes[p], 0, 1, 0), want[s][p]);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_LIVE, 1, 1, 0), 503);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_READY, 1, 1, 0), 200);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_WAKING, GF_PROBE_STARTUP, 1, 1, 0), 200);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_LIVE, 0, 0, 0), 503);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_READY, 0, 0, 0), 503);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_ACTIVE, GF_PROBE_STARTUP, 0, 0, 0), 200);
+	assert_int_equal(gf_engine_probe_decision(GF_ENGINE_STANDBY, 0, 0, 1, 0), -1);
+	/* A lost device: neither alive nor ready in any state; startup is the
+	 * state's (Dead says 503 on its own). */
+	for (int s = 0; s < 5; s++) {
+		assert_int_equal(gf_engine_probe_decision(s, GF_PROBE_LIVE, 0, 1, 1), 503);
+		assert_int_equal(gf_engine_probe_decision(s, GF_PROBE_READY, 0, 1, 1), 503);
+		assert_int_equal(gf_engine_probe_decision(s, GF_PROBE_STARTUP, 0, 1, 1), want[s][0]);
+	}
 }
 
 static void test_waking_timeout_flips_live(void **state)
@@ -1384,6 +1414,53 @@ static void test_memory_gate_bad_knob(void **state)
 	assert_int_equal(gf_engine_probe(e, GF_PROBE_LIVE), 503);
 }
 
+/* A sticky driver error at run time (the test driver's FAKECUDA_LOSE_CONTEXT
+ * file): the next probe finds it, the engine is Dead with cause
+ * device_lost and the loss policy runs, in Active (the holder must let the
+ * standby take over) and in Standby (it can never wake). */
+static void lose_context_and_probe(gf_engine *e, int probe)
+{
+	char *dir = tu_tmpdir(), path[512];
+	snprintf(path, sizeof(path), "%s/lost", dir);
+	setenv("FAKECUDA_LOSE_CONTEXT", path, 1);
+	probes_are(e, 200, 200, 200); /* no file yet: nothing is lost */
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	FILE *fp = fopen(path, "w");
+	assert_non_null(fp);
+	fclose(fp);
+	assert_int_equal(gf_engine_probe(e, probe), 503);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	EVENTUALLY(atomic_load(&loss.calls) == 1); /* the policy runs on a thread of its own */
+	assert_int_equal(loss.err, GF_ERR_DRIVER);
+	assert_non_null(strstr(loss.detail, "lost"));
+	probes_are(e, 503, 503, 503);
+	char *js;
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	assert_non_null(strstr(js, "\"dead_cause\":\"device_lost\""));
+	assert_non_null(strstr(js, "\"device_lost\":true"));
+	free(js);
+	unsetenv("FAKECUDA_LOSE_CONTEXT");
+	unlink(path);
+	rmdir(dir);
+	free(dir);
+}
+
+static void test_device_lost_active(void **state)
+{
+	struct fixture *f = *state;
+	to_active(f->e);
+	f->context_lost = true;
+	lose_context_and_probe(f->e, GF_PROBE_LIVE);
+}
+
+static void test_device_lost_standby(void **state)
+{
+	struct fixture *f = *state;
+	to_standby(f->e);
+	f->context_lost = true;
+	lose_context_and_probe(f->e, GF_PROBE_READY);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
@@ -1432,21 +1509,23 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_memory_gate_stays_closed, setup, teardown),
 		/* Host only. */
 		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
-		/* The driver's fault knobs: cuda only, last. */
+		/* The driver's fault knobs: cuda only, last (five). */
 		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_retries_oom, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_oom_until_timeout, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_device_lost_active, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_device_lost_standby, setup, teardown),
 	};
 	size_t n = sizeof(tests) / sizeof(tests[0]);
 	int rc;
 	if (kind == GF_MEM_CUDA) {
-		/* All but the host-only test before the last three. */
+		/* All but the host-only test before the last five. */
 		struct CMUnitTest cuda_tests[sizeof(tests) / sizeof(tests[0])];
 		memcpy(cuda_tests, tests, sizeof(tests));
-		memmove(&cuda_tests[n - 4], &cuda_tests[n - 3], 3 * sizeof(tests[0]));
+		memmove(&cuda_tests[n - 6], &cuda_tests[n - 5], 5 * sizeof(tests[0]));
 		rc = tu_run_tests(cuda_tests, n - 1, NULL, NULL);
 	} else {
-		rc = tu_run_tests(tests, n - 3, NULL, NULL);
+		rc = tu_run_tests(tests, n - 5, NULL, NULL);
 	}
 	if (state_dir) {
 		gt_rmtree(state_dir);

@@ -42,6 +42,10 @@
  *   FAKECUDA_STICKY=1            an injected fault with a sticky code (700,
  *                                710, 714-719, 214) poisons the process: every
  *                                later call but the device queries fails with it
+ *   FAKECUDA_LOSE_CONTEXT=path   once the file @path exists, the process's context is
+ *                                lost: the next call (and every later one that
+ *                                needs a context) returns CUDA_ERROR_ILLEGAL_ADDRESS,
+ *                                as after a kernel's fault (a loss at run time)
  *   FAKECUDA_FORK_UNSAFE=1       in a child forked after cuInit, every call
  *                                (cuInit too) is CUDA_ERROR_NOT_INITIALIZED ("initialization error")
  *   FAKECUDA_READONLY=enforce|reject|ignore  what PROT_READ does: mprotect
@@ -241,7 +245,10 @@ CUresult fk_fault(const char *name)
 	CUresult r = CUDA_SUCCESS;
 	if (fk_env_ll("FAKECUDA_FORK_UNSAFE", 0) && fk_initialized && getpid() != init_pid)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	const char *lose = getenv("FAKECUDA_LOSE_CONTEXT");
 	pthread_mutex_lock(&fk_lock);
+	if (sticky_code == CUDA_SUCCESS && lose && *lose && access(lose, F_OK) == 0)
+		sticky_code = CUDA_ERROR_ILLEGAL_ADDRESS;
 	if (sticky_code != CUDA_SUCCESS && !context_free(name)) {
 		r = sticky_code;
 		pthread_mutex_unlock(&fk_lock);
