@@ -113,7 +113,8 @@ static void usage(FILE *to)
 		"  --backend host|auto    memory backend (this engine computes on the CPU: host)\n"
 		"  --waking-timeout DUR   /live fails after this long in Waking (default 120s)\n"
 		"  --remap-timeout DUR    GMS remap timeout on wake (default 30s)\n"
-		"  --init-timeout DUR     how long to wait for each GMS at init (default: forever)\n"
+		"  --init-timeout DUR     how long to wait for each GMS at init (default: loader forever,\n"
+		"                         follower 30m: a follower whose loader never commits exits)\n"
 		"  --startup-deadline DUR not in standby this long after start: dead, exit 70\n"
 		"                         (default: none)\n"
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
@@ -952,7 +953,7 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_waking_timeout(e, o->waking_ms);
 	if (!rc && o->remap_ms > 0)
 		rc = gf_engine_set_remap_timeout(e, o->remap_ms);
-	if (!rc)
+	if (!rc && o->init_ms >= 0)
 		rc = gf_engine_set_init_timeout(e, o->init_ms);
 	if (!rc)
 		rc = gf_engine_set_lock_reconnect_timeout(e, o->reconnect_ms);

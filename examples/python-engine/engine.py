@@ -237,7 +237,8 @@ def main(argv=None):
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="host")
     p.add_argument("--waking-timeout", type=parse_duration, default=120.0)
     p.add_argument("--remap-timeout", type=parse_duration, default=30.0)
-    p.add_argument("--init-timeout", type=parse_duration, default=None)
+    p.add_argument("--init-timeout", type=parse_duration, default=None,
+                   help="how long Init waits for each GMS (default: loader forever, follower 30m)")
     p.add_argument("--kv-bytes", type=parse_bytes, default=16 << 20)
     p.add_argument("--write-weights", metavar="FILE", help="write the generated weights and exit")
     p.add_argument("--version", action="version", version=f"python-engine (libgpufailover) {gf.__version__}")
@@ -264,8 +265,10 @@ def main(argv=None):
     idle = threading.Condition()
 
     eng = gf.Engine(a.lock, a.id, a.gms, role=a.role, backend=a.backend, waking_timeout=a.waking_timeout,
-                    remap_timeout=a.remap_timeout, init_timeout=a.init_timeout, private_bytes=a.kv_bytes,
-                    probe_port=a.probe_port, probe_address=a.probe_address)
+                    remap_timeout=a.remap_timeout, private_bytes=a.kv_bytes,
+                    probe_port=a.probe_port, probe_address=a.probe_address,
+                    # omitted: the library's default for the role (a follower 30 min, a loader forever)
+                    **({} if a.init_timeout is None else {"init_timeout": a.init_timeout}))
     state = {"model": None}
     try:
         eng.init_weights(load=lambda device, gms: load_into(gms, tensors, file_metadata))

@@ -199,7 +199,8 @@ def main(argv=None):
                    help="GMS memory backend; this engine computes on the CPU, so only host works")
     p.add_argument("--waking-timeout", type=pyeng.parse_duration, default=120.0)
     p.add_argument("--remap-timeout", type=pyeng.parse_duration, default=30.0)
-    p.add_argument("--init-timeout", type=pyeng.parse_duration, default=None)
+    p.add_argument("--init-timeout", type=pyeng.parse_duration, default=None,
+                   help="how long Init waits for each GMS (default: loader forever, follower 30m)")
     p.add_argument("--kv-bytes", type=pyeng.parse_bytes, default=16 << 20)
     p.add_argument("--no-fault-reporter", action="store_true",
                    help="do not install the handler that names the weight behind a SIGSEGV")
@@ -227,8 +228,10 @@ def main(argv=None):
 
     stop = threading.Event()
     eng = gf.Engine(a.lock, a.id, a.gms, role=a.role, backend=a.backend, waking_timeout=a.waking_timeout,
-                    remap_timeout=a.remap_timeout, init_timeout=a.init_timeout, private_bytes=a.kv_bytes,
-                    probe_port=a.probe_port, probe_address=a.probe_address)
+                    remap_timeout=a.remap_timeout, private_bytes=a.kv_bytes,
+                    probe_port=a.probe_port, probe_address=a.probe_address,
+                    # omitted: the library's default for the role (a follower 30 min, a loader forever)
+                    **({} if a.init_timeout is None else {"init_timeout": a.init_timeout}))
     state = {"model": None}
     try:
         eng.init_weights(load=lambda device, gms: pyeng.load_into(gms, tensors))

@@ -64,6 +64,8 @@ enum gf_probe {
 /** Weight-loading roles (seed 000, Decision 5): the GMS's roles (enum gf_gms_role), one source. */
 #define GF_ENGINE_LOADER GF_GMS_ROLE_LOADER     /**< connects RW_OR_RO: loads where nothing is committed yet */
 #define GF_ENGINE_FOLLOWER GF_GMS_ROLE_FOLLOWER /**< connects RO only: waits for the loader's commit */
+/** A follower's default init timeout (30 minutes): how long it waits for a loader's commit. */
+#define GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS (30ll * 60 * 1000)
 
 /**
  * Exit status of an engine process whose standby was evicted from the lock
@@ -157,7 +159,13 @@ GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
 /** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
-/** How long gf_engine_init_weights() waits for each GMS (follower: for the commit). < 0: forever. */
+/**
+ * How long gf_engine_init_weights() waits for each GMS (a follower: for the
+ * loader's commit); GF_ERR_TIMEOUT then, with a detail naming the GMS.
+ * < 0: forever. Default: a follower GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS (a
+ * fail-fast bound, so a follower whose loader never comes exits and is
+ * seen restarting), a loader forever (it loads itself).
+ */
 GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);

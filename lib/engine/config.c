@@ -127,7 +127,20 @@ GF_EXPORT int gf_engine_set_init_timeout(gf_engine *e, int64_t ms)
 	if (rc)
 		return rc;
 	e->init_timeout_ms = ms < 0 ? -1 : ms;
+	e->init_timeout_set = true;
 	return 0;
+}
+
+int64_t gf_engine_init_timeout(const gf_engine *e)
+{
+	if (e->init_timeout_set)
+		return e->init_timeout_ms;
+	/* A follower fails fast when no loader ever commits (a wrong GMS
+	 * address, a loader that cannot start): its process exits and the
+	 * platform shows the restarts, instead of a standby that waits for
+	 * hours looking healthy. A loader loads itself: its time is the
+	 * loading's, bounded by the startup deadline if one is set. */
+	return e->role == GF_ENGINE_FOLLOWER ? GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS : -1;
 }
 
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)

@@ -232,7 +232,16 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		rc = gf_mem_open(&d->mem, e->backend, i);
 		if (rc)
 			goto fail;
-		rc = gf_gms_connect(&d->gms, d->uri, d->mem, mode, e->init_timeout_ms);
+		int64_t init_ms = gf_engine_init_timeout(e);
+		rc = gf_gms_connect(&d->gms, d->uri, d->mem, mode, init_ms);
+		if (rc == GF_ERR_TIMEOUT && e->role == GF_ENGINE_FOLLOWER) {
+			rc = gf_err(GF_ERR_TIMEOUT,
+				    "init_weights: no committed layout in the GMS of device %d (%s) within the init "
+				    "timeout of %" PRId64 " ms: is a loader running against it? (%s)",
+				    i, d->uri, init_ms, gf_error_detail());
+			gf_log(GF_LOG_ERR, "engine", "event=init_timeout id=%s device=%d gms=%s timeout_ms=%" PRId64,
+			       e->id ? e->id : "", i, d->uri, init_ms);
+		}
 		if (rc)
 			goto fail;
 		int granted = gf_gms_granted_mode(d->gms);

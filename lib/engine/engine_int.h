@@ -79,7 +79,8 @@ struct gf_engine {
 	int backend;
 	int64_t waking_timeout_ms;
 	int64_t remap_timeout_ms;
-	int64_t init_timeout_ms;
+	int64_t init_timeout_ms; /* -1: forever */
+	bool init_timeout_set;   /* else the role's default (gf_engine_init_timeout()) */
 	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
@@ -135,6 +136,10 @@ void gf_engine_die(gf_engine *e, const char *cause, const char *reason);
 /* A fatal condition noticed off the stepping thread: Dead for @cause, then
  * the loss policy with @err and @reason, once per engine (loss.c). */
 void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reason);
+/* The init timeout in force: the one set, else the role's default (a
+ * follower waits GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS for a commit, a loader
+ * forever); -1 is forever. */
+int64_t gf_engine_init_timeout(const gf_engine *e);
 /* Dead now, the loss policy as gf_engine_fatal() on a detached thread (the
  * caller's thread if none can be made): for callers that must return first,
  * such as a probe. */

@@ -216,6 +216,16 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "gf_engine_startup_deadline_seconds ");
 	put_seconds(f, e->startup_deadline_ms * 1000);
 	fputc('\n', f);
+	int64_t init_ms = gf_engine_init_timeout(e);
+	fprintf(f, "# HELP gf_engine_init_timeout_seconds How long Init waits for each GMS (a follower: for the "
+		   "loader's commit); +Inf: forever.\n"
+		   "# TYPE gf_engine_init_timeout_seconds gauge\n"
+		   "gf_engine_init_timeout_seconds ");
+	if (init_ms < 0)
+		fputs("+Inf", f);
+	else
+		put_seconds(f, init_ms * 1000);
+	fputc('\n', f);
 	struct gf_engine_http_stats hs;
 	gf_engine_http_stats(atomic_load(&((gf_engine *)e)->http), &hs);
 	fprintf(f, "# HELP gf_engine_probe_connections Open connections of the probe server.\n"
@@ -282,6 +292,8 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 		json_object_set_new(o, "memory_need_bytes", json_integer((json_int_t)gf_engine_memory_need(e)));
 		json_object_set_new(o, "memory_gate_waiting", json_boolean(x.gate_waiting));
 		json_object_set_new(o, "startup_deadline_ms", json_integer(e->startup_deadline_ms));
+		int64_t init_ms = gf_engine_init_timeout(e);
+		json_object_set_new(o, "init_timeout_ms", init_ms < 0 ? json_null() : json_integer(init_ms));
 		json_object_set_new(o, "read_protection", json_string(read_protection(e)));
 		json_object_set_new(o, "device_lost", json_boolean(device_lost(e)));
 	}

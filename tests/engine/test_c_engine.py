@@ -349,6 +349,20 @@ def test_startup_deadline_ends_stuck_engine(world):
     assert "err=GF_ERR_TIMEOUT" in log
 
 
+def test_follower_init_timeout_ends_wait_for_a_loader_that_never_comes(world):
+    """The follower's fail-fast bound on waiting for a commit: with no loader
+    it does not wait in Init for ever (the default is 30 min, here 1 s), it
+    exits non-zero with an error naming the GMS."""
+    world.lockd()
+    world.gmsd()
+    b = world.engine("engine-b", "--role", "follower", "--init-timeout", "1s")
+    assert b.wait_exit() != 0
+    log = b.text()
+    assert "event=init_timeout" in log
+    assert "no committed layout" in log
+    assert world.gms_uri in log
+
+
 def test_memory_gate_refuses_a_wake_that_would_not_fit(world):
     """The standby is granted the lock on a machine without room for its KV
     memory: it waits at the gate for the waking timeout, then is Dead with the

@@ -513,6 +513,44 @@ static void test_follower_imports(void **state)
 	gf_engine_free(loader);
 }
 
+/* The follower's fail-fast default: finite (a loader forever), shown in
+ * /state and /metrics; a follower whose loader never commits gets
+ * GF_ERR_TIMEOUT naming the GMS, and stays in Init. */
+static void test_follower_init_timeout(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *d;
+	char *js, *text;
+	assert_int_equal(gf_engine_new(&d), 0);
+	assert_int_equal(gf_engine_state_json(d, &js), 0);
+	assert_non_null(strstr(js, "\"init_timeout_ms\":null")); /* a loader: forever */
+	free(js);
+	assert_int_equal(gf_engine_set_role(d, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_state_json(d, &js), 0);
+	char want[64];
+	snprintf(want, sizeof(want), "\"init_timeout_ms\":%lld", (long long)GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS);
+	assert_non_null(strstr(js, want));
+	free(js);
+	assert_int_equal(gf_engine_metrics_text(d, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_init_timeout_seconds 1800.000000\n"));
+	free(text);
+	assert_int_equal(gf_engine_set_init_timeout(d, -1), 0); /* explicitly forever */
+	assert_int_equal(gf_engine_metrics_text(d, &text), 0);
+	assert_non_null(strstr(text, "gf_engine_init_timeout_seconds +Inf\n"));
+	free(text);
+	gf_engine_free(d);
+
+	/* No loader ever comes. */
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 300), 0);
+	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), GF_ERR_TIMEOUT);
+	assert_non_null(strstr(gf_error_detail(), "no committed layout"));
+	assert_non_null(strstr(gf_error_detail(), f->gms[0].uri));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_null(gf_engine_gms(e, 0));
+}
+
 static void test_loader_must_commit(void **state)
 {
 	struct fixture *f = *state;
@@ -1483,6 +1521,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_config_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_follower_imports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loader_must_commit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_follower_init_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_connect_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_declaration, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_acquire_errors, setup, teardown),

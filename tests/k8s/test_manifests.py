@@ -147,6 +147,12 @@ def test_timeouts_are_consistent(pod):
         live = c["livenessProbe"]
         # A hung wake is caught by /live after the waking timeout, not by the startup probe.
         assert waking > live["periodSeconds"] * live["failureThreshold"]
+        # The fail-fast bound on waiting for a commit is set, and ends Init
+        # (the engine exits, the restarts show it) before kubelet's startup
+        # budget would.
+        init = duration_s(flag(c, "init-timeout"))
+        s = c["startupProbe"]
+        assert 0 < init < s["periodSeconds"] * s["failureThreshold"]
     assert window > 0
 
 

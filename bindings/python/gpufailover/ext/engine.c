@@ -178,7 +178,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
-	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = Py_None, *pobj = Py_None;
+	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
@@ -192,7 +192,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	}
 	if ((roleobj && role_arg(roleobj, &role) < 0) || backend_arg(bobj, &kind) < 0 ||
 	    (wobj && timeout_arg(wobj, &waking, 0) < 0) || (robj && timeout_arg(robj, &remap, 0) < 0) ||
-	    timeout_arg(iobj, &init_ms, 1) < 0)
+	    (iobj && timeout_arg(iobj, &init_ms, 1) < 0))
 		return -1;
 	if (pobj != Py_None) {
 		PyObject *idx = PyNumber_Index(pobj);
@@ -238,7 +238,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_waking_timeout(e, waking);
 	if (rc == 0 && remap != -2)
 		rc = gf_engine_set_remap_timeout(e, remap);
-	if (rc == 0)
+	if (rc == 0 && iobj) /* omitted: the library's default for the role */
 		rc = gf_engine_set_init_timeout(e, init_ms);
 	if (rc == 0 && priv)
 		rc = gf_engine_set_private_bytes(e, priv);
@@ -714,9 +714,11 @@ PyTypeObject EngineType = {
 	.tp_basicsize = sizeof(EngineObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
-		  "       remap_timeout=30, init_timeout=None, private_bytes=0, probe_port=None,\n"
+		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
 		  "       probe_address=None)\n\n"
-		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.",
+		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
+		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
+		  "None waits forever; omitted: a follower 1800 s, a loader forever.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,
