@@ -355,8 +355,17 @@ GF_EXPORT int gf_engine_device_count(const gf_engine *engine);
 GF_EXPORT gf_gms *gf_engine_gms(gf_engine *engine, int device);
 /** Memory backend of @p device (NULL before init_weights). Owned by the engine. */
 GF_EXPORT gf_mem *gf_engine_mem(gf_engine *engine, int device);
-/** Address and size of the private (KV) memory of @p device once awake. GF_ERR_STATE before. */
+/**
+ * Address and size of the private (KV) memory of @p device, from
+ * gf_engine_init_weights() on: the range is reserved there and stays at that
+ * address for the engine's life; memory backs it only from the wake on
+ * (gf_engine_private_backed()); before that any access faults. So what
+ * points into it (CUDA graphs captured at Init) stays valid across the wake.
+ * GF_ERR_STATE before init_weights or with no private bytes configured.
+ */
 GF_EXPORT int gf_engine_private_memory(const gf_engine *engine, int device, uint64_t *addr, uint64_t *size);
+/** 1 while memory backs the private region of @p device (from the wake on), 0 when not, GF_ERR_INVALID_ARG on a bad index. */
+GF_EXPORT int gf_engine_private_backed(const gf_engine *engine, int device);
 
 /** @} */
 

@@ -245,11 +245,35 @@ typedef struct gf_mem_region gf_mem_region;
  * freed), GF_ERR_NOMEM, GF_ERR_DRIVER. Thread-safe as the backend is.
  */
 GF_EXPORT int gf_mem_region_new(gf_mem_region **out, gf_mem *m, size_t size);
+/**
+ * Reserve the address range of a region of @p size bytes (rounded up to the
+ * granularity) with no memory behind it yet: the address is final, any
+ * access faults until gf_mem_region_back(). Caller frees with
+ * gf_mem_region_free(). Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM,
+ * GF_ERR_DRIVER.
+ */
+GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size);
+/**
+ * Create the region's memory and map it read-write at the reserved address,
+ * all-or-nothing (on failure nothing stays allocated). Errors: GF_ERR_STATE
+ * (already backed), GF_ERR_OUT_OF_MEMORY (worth retrying once memory is
+ * freed), GF_ERR_DRIVER, GF_ERR_INVALID_ARG (NULL).
+ */
+GF_EXPORT int gf_mem_region_back(gf_mem_region *r);
+/**
+ * Unmap and free the region's memory; the address range stays reserved for
+ * a later gf_mem_region_back(), at the same address. A no-op when not
+ * backed. On a backend error the memory is still let go of and the first
+ * error returned.
+ */
+GF_EXPORT int gf_mem_region_release(gf_mem_region *r);
+/** 1 while memory backs the region, else 0 (also for NULL). */
+GF_EXPORT int gf_mem_region_backed(const gf_mem_region *r);
 /** Unmap, give the address range back and free the memory. NULL is a no-op. */
 GF_EXPORT void gf_mem_region_free(gf_mem_region *r);
 /** Start address of the region (a device pointer on cuda, a host pointer on host); 0 for NULL. */
 GF_EXPORT uint64_t gf_mem_region_addr(const gf_mem_region *r);
-/** Size of the region in bytes (granularity-rounded); 0 for NULL. */
+/** Size of the region's address range in bytes (granularity-rounded); 0 for NULL. */
 GF_EXPORT size_t gf_mem_region_size(const gf_mem_region *r);
 
 /** @} */

@@ -67,10 +67,10 @@ void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock)
 	pthread_mutex_unlock(&e->mu);
 }
 
+/* The private memory goes; its address range stays for the next backing. */
 static void release_private(struct engine_dev *d)
 {
-	gf_mem_region_free(d->priv);
-	d->priv = NULL;
+	gf_mem_region_release(d->priv);
 }
 
 static void stop_gms_watch(gf_engine *e, struct engine_dev *d)
@@ -102,7 +102,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 	for (int i = e->ndev - 1; i >= 0; i--) {
 		struct engine_dev *d = &e->dev[i];
 		stop_gms_watch(e, d);
-		release_private(d);
+		gf_mem_region_free(d->priv);
 		if (d->gms)
 			gf_gms_free(d->gms);
 		if (d->mem)
@@ -198,6 +198,8 @@ static void close_devices(gf_engine *e)
 	for (int i = e->ndev - 1; i >= 0; i--) {
 		struct engine_dev *d = &e->dev[i];
 		stop_gms_watch(e, d);
+		gf_mem_region_free(d->priv);
+		d->priv = NULL;
 		if (d->gms)
 			gf_gms_free(d->gms);
 		if (d->mem)
@@ -266,6 +268,14 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 			       e->clock.now_us() - t0);
 		}
 		d->mapped = true;
+		/* The private (KV) memory's address is fixed from here on: an
+		 * engine can build what points into it (CUDA graphs captured at
+		 * Init) now, and the wake backs the same range. */
+		if (e->private_bytes > 0) {
+			rc = gf_mem_region_reserve(&d->priv, d->mem, (size_t)e->private_bytes);
+			if (rc)
+				goto fail;
+		}
 	}
 	e->weights_ready = true;
 	return 0;
@@ -412,7 +422,7 @@ static int alloc_private(gf_engine *e, int i, int64_t deadline_us)
 	uint64_t retries = 0;
 	int rc;
 	for (;;) {
-		rc = gf_mem_region_new(&d->priv, d->mem, (size_t)e->private_bytes);
+		rc = gf_mem_region_back(d->priv);
 		if (rc != GF_ERR_OUT_OF_MEMORY)
 			break;
 		int64_t left_ms = (deadline_us - e->clock.now_us()) / 1000;
@@ -713,13 +723,20 @@ GF_EXPORT gf_mem *gf_engine_mem(gf_engine *e, int device)
 	return e->dev[device].mem;
 }
 
+GF_EXPORT int gf_engine_private_backed(const gf_engine *e, int device)
+{
+	if (!e || device < 0 || device >= e->ndev)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_private_backed: bad engine or device");
+	return gf_mem_region_backed(e->dev[device].priv);
+}
+
 GF_EXPORT int gf_engine_private_memory(const gf_engine *e, int device, uint64_t *addr, uint64_t *size)
 {
 	if (!e || device < 0 || device >= e->ndev)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_private_memory: bad engine or device");
 	if (!e->dev[device].priv)
-		return gf_err(GF_ERR_STATE, "gf_engine_private_memory: no private memory on device %d (not awake, "
-					    "or none configured)",
+		return gf_err(GF_ERR_STATE, "gf_engine_private_memory: no private memory on device %d (before "
+					    "init_weights, or none configured)",
 			      device);
 	if (addr)
 		*addr = gf_mem_region_addr(e->dev[device].priv);

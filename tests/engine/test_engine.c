@@ -285,7 +285,7 @@ static int private_count(gf_engine *e)
 {
 	int n = 0;
 	for (int i = 0; i < ndev; i++)
-		n += gf_engine_private_memory(e, i, NULL, NULL) == 0;
+		n += gf_engine_private_backed(e, i) == 1;
 	return n;
 }
 
@@ -309,6 +309,50 @@ static void to_active(gf_engine *e)
 }
 
 /* ---- transitions ---- */
+
+/* Is any byte of [addr, addr + len) mapped with some access in this process? */
+static bool range_accessible(uint64_t addr, uint64_t len)
+{
+	FILE *fp = fopen("/proc/self/maps", "r");
+	char line[512];
+	bool any = false;
+	assert_non_null(fp);
+	while (fgets(line, sizeof(line), fp)) {
+		unsigned long lo, hi;
+		char perms[8];
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo < addr + len && hi > addr &&
+		    strncmp(perms, "---", 3) != 0)
+			any = true;
+	}
+	fclose(fp);
+	return any;
+}
+
+/* The private (KV) region's address is known from Init and is the one the
+ * wake backs: what an engine builds over it at Init (CUDA graphs) stays
+ * valid. Nothing backs it before the wake, and a stale access faults. */
+static void test_private_address_from_init(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	uint64_t a0, s0, a1, s1;
+	assert_int_equal(gf_engine_private_memory(e, 0, &a0, &s0), GF_ERR_STATE); /* before init */
+	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
+	assert_int_equal(gf_engine_private_memory(e, 0, &a0, &s0), 0);
+	assert_true(a0 != 0 && s0 >= (1 << 20));
+	assert_int_equal(gf_engine_private_backed(e, 0), 0);
+	assert_false(range_accessible(a0, s0));
+	assert_int_equal(gf_engine_sleep(e), 0);
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_int_equal(gf_engine_private_backed(e, i), 1);
+	assert_int_equal(gf_engine_private_memory(e, 0, &a1, &s1), 0);
+	assert_true(a1 == a0 && s1 == s0); /* the same range, now backed */
+	assert_true(range_accessible(a1, s1));
+	memset((void *)(uintptr_t)a1, 0x5a, s1);
+	assert_int_equal(gf_engine_private_backed(e, ndev), GF_ERR_INVALID_ARG);
+}
 
 static int serve_calls;
 static int count_serve(gf_engine *e, void *ud)
@@ -804,8 +848,9 @@ static void test_wake_private_failure_is_all_or_nothing(void **state)
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
 	assert_int_equal(mapped_count(e), 0);
 	assert_int_equal(private_count(e), 0);
+	/* The address range stays reserved (the engine is Dead; freeing it goes). */
 	uint64_t addr;
-	assert_int_equal(gf_engine_private_memory(e, 0, &addr, NULL), GF_ERR_STATE);
+	assert_int_equal(gf_engine_private_memory(e, 0, &addr, NULL), 0);
 }
 
 static void end_oom_after_three(int n)
@@ -1522,6 +1567,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_follower_imports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loader_must_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_follower_init_timeout, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_private_address_from_init, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_connect_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_declaration, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_acquire_errors, setup, teardown),

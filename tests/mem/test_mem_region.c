@@ -95,6 +95,71 @@ static void expect_unwound(const char *knob, const char *value, int want_rc)
 	gf_mem_free(m);
 }
 
+/* Reserved first, backed later, released and backed again: always at the
+ * same address; the memory exists only while backed. */
+static void test_region_reserve_back_release(void **state)
+{
+	(void)state;
+	int fds = tu_count_fds();
+	gf_mem *m = open_mem();
+	uint64_t used = kind == GF_MEM_CUDA ? used_bytes(m) : 0;
+	size_t minimum;
+	assert_int_equal(gf_mem_granularity(m, &minimum, NULL), 0);
+	gf_mem_region *r = NULL;
+	assert_int_equal(gf_mem_region_reserve(&r, m, minimum + 1), 0);
+	uint64_t addr = gf_mem_region_addr(r);
+	assert_true(addr != 0);
+	assert_int_equal(gf_mem_region_size(r), 2 * minimum);
+	assert_int_equal(gf_mem_region_backed(r), 0);
+	assert_int_equal(gf_mem_region_release(r), 0); /* nothing to release */
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(gf_mem_region_back(r), 0);
+		assert_int_equal(gf_mem_region_back(r), GF_ERR_STATE);
+		assert_int_equal(gf_mem_region_backed(r), 1);
+		assert_true(gf_mem_region_addr(r) == addr);
+		if (kind == GF_MEM_CUDA)
+			assert_true(used_bytes(m) >= used + 2 * minimum);
+		uint8_t *p = (uint8_t *)(uintptr_t)addr;
+		memset(p, 0x3c, gf_mem_region_size(r));
+		assert_int_equal(p[gf_mem_region_size(r) - 1], 0x3c);
+		assert_int_equal(gf_mem_region_release(r), 0);
+		assert_int_equal(gf_mem_region_backed(r), 0);
+		if (kind == GF_MEM_CUDA) /* the host's figure is the whole machine's */
+			assert_int_equal(used_bytes(m), used);
+	}
+	gf_mem_region_free(r);
+	assert_int_equal(gf_mem_region_backed(NULL), 0);
+	assert_int_equal(gf_mem_region_back(NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_release(NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_reserve(NULL, m, 4096), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_reserve(&r, m, 0), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_region_reserve(&r, m, SIZE_MAX), GF_ERR_INVALID_ARG);
+	gf_mem_free(m);
+	assert_int_equal(tu_count_fds(), fds);
+}
+
+/* A backing that fails (out of memory) leaves the region reserved and
+ * unbacked, and a later backing works. */
+static void test_region_back_oom_keeps_reservation(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	uint64_t used = used_bytes(m);
+	gf_mem_region *r = NULL;
+	assert_int_equal(gf_mem_region_reserve(&r, m, 4u << 20), 0);
+	uint64_t addr = gf_mem_region_addr(r);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "0");
+	assert_int_equal(gf_mem_region_back(r), GF_ERR_OUT_OF_MEMORY);
+	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", NULL);
+	assert_int_equal(gf_mem_region_backed(r), 0);
+	assert_int_equal(used_bytes(m), used);
+	assert_int_equal(gf_mem_region_back(r), 0);
+	assert_true(gf_mem_region_addr(r) == addr);
+	gf_mem_region_free(r);
+	assert_int_equal(used_bytes(m), used);
+	gf_mem_free(m);
+}
+
 static void test_region_oom(void **state)
 {
 	(void)state;
@@ -134,11 +199,13 @@ int main(int argc, char **argv)
 	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_read_write), cmocka_unit_test(test_region_bad_args),
+		cmocka_unit_test(test_region_reserve_back_release),
 		cmocka_unit_test(test_region_oom),        cmocka_unit_test(test_region_reserve_fails),
 		cmocka_unit_test(test_region_map_fails),  cmocka_unit_test(test_region_access_fails),
+		cmocka_unit_test(test_region_back_oom_keeps_reservation),
 	};
-	/* The host backend has no fault knobs: it runs the first two only. */
-	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 2;
+	/* The host backend has no fault knobs: it runs the first three only. */
+	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 3;
 	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];

@@ -687,7 +687,8 @@ static PyMethodDef Engine_methods[] = {
 	  "gms(device=0) -> GMSClient owned by the engine" },
 	{ "private_memory", (PyCFunction)Engine_private_memory, METH_VARARGS,
 	  "private_memory($self, device=0, /)\n--\n\n"
-	  "private_memory(device=0) -> (addr, size) of the KV memory allocated on wake" },
+	  "private_memory(device=0) -> (addr, size) of the KV memory: the address is fixed from\n"
+	  "init_weights() on, memory backs it from the wake on" },
 	{ "close", (PyCFunction)Engine_close, METH_NOARGS, "close($self, /)\n--\n\n"
 	  "Release everything (and the lock)." },
 	{ NULL },
