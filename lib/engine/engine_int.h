@@ -39,7 +39,7 @@ struct engine_dev {
 
 /* The failover duration histogram of one phase (report.c). */
 #define GF_ENGINE_HIST_PHASES 4
-#define GF_ENGINE_HIST_BUCKETS 17
+#define GF_ENGINE_HIST_BUCKETS 23
 struct engine_hist {
 	uint64_t bucket[GF_ENGINE_HIST_BUCKETS]; /* cumulative, as Prometheus counts them */
 	uint64_t count;

@@ -48,9 +48,13 @@ static void read_extra(const gf_engine *e, struct extra *x)
 static const char *const hist_phase[GF_ENGINE_HIST_PHASES] = { "remap", "private_alloc", "serve", "total" };
 /* Upper bounds in microseconds: from a host-backend remap (sub-millisecond)
  * to a wake waiting minutes for memory. */
+/* From 10 us (a takeover's steps take tens to hundreds of microseconds) to
+ * 10 s in 1-2.5-5 steps, then up to the waking timeout's range (a wake
+ * that retries its KV memory while the old engine's drains). */
 static const int64_t hist_le_us[GF_ENGINE_HIST_BUCKETS] = {
-	1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
-	1000000, 2500000, 5000000, 10000000, 30000000, 60000000, 120000000, 300000000,
+	10,      25,      50,      100,      250,      500,      1000,      2500,
+	5000,    10000,   25000,   50000,    100000,   250000,   500000,    1000000,
+	2500000, 5000000, 10000000, 30000000, 60000000, 120000000, 300000000,
 };
 
 static void observe(struct engine_hist *h, int64_t us)

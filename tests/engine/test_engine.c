@@ -1083,6 +1083,12 @@ static void test_metrics_text_and_json(void **state)
 	char *line = strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"0.001000\"} ");
 	assert_non_null(line);
 	assert_int_equal(atoi(strchr(line, '}') + 2), m.wake_total_us <= 1000 ? 1 : 0);
+	/* The buckets resolve a takeover of microseconds: from 10 us on. */
+	line = strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"0.000010\"} ");
+	assert_non_null(line);
+	assert_int_equal(atoi(strchr(line, '}') + 2), m.wake_total_us <= 10 ? 1 : 0);
+	assert_non_null(strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"0.000250\"} "));
+	assert_non_null(strstr(text, "gf_engine_failover_duration_seconds_bucket{phase=\"total\",le=\"10.000000\"} "));
 	snprintf(want, sizeof(want), "gf_engine_lock_epoch %llu\n", (unsigned long long)m.epoch);
 	assert_non_null(strstr(text, want));
 	/* The device's answers: read-only weights protected (always on the host
