@@ -31,6 +31,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -39,6 +40,7 @@
 #include "gf-config.h"
 #include "gpufailover.h"
 #include "model.h"
+#include "ranks.h"
 #include "gpufailover/safetensors.h"
 
 #define PROG "gf-c-engine"
@@ -70,6 +72,8 @@ struct app {
 	volatile sig_atomic_t lost; /* the loss policy ran */
 	volatile sig_atomic_t weights_mapped; /* init_weights is over */
 	atomic_int stepping_down; /* a planned switchover asked us to step down */
+	struct ranks *ranks; /* --ranks N > 1: ranks 1..N-1, each its own process */
+	int64_t waking_ms;   /* the waking timeout, which bounds the ranks' wake too */
 };
 
 /* Set while draining for a switchover: answers close their connection. */
@@ -120,6 +124,10 @@ static void usage(FILE *to)
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
 		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
+		"  --ranks N              one process per rank (N = the number of --gms): this one is\n"
+		"                         rank 0 (device 0, the lock, the endpoints), ranks 1..N-1 are\n"
+		"                         its children with one GMS each; any rank's death ends the\n"
+		"                         whole engine (exit 70), so the lock passes on\n"
 		"  --gpu UUID             a GPU this engine runs on, declared to the lock server's\n"
 		"                         standby pool (repeatable, at most 8; GPU-xxxxxxxx-xxxx-...)\n"
 		"  --asleep-bytes N       memory kept while asleep, declared to the pool (default 0)\n"
@@ -363,7 +371,12 @@ static int weights_ready(gf_engine *e, void *userdata)
 	a->live.n = m.n;
 	logf_(GF_LOG_INFO, "event=weights_ready tensors=%zu", a->live.n);
 	warm_up(a);
-	rc = 0;
+	/* Standby only once every rank holds its weights and sleeps. */
+	rc = a->ranks ? ranks_wait_asleep(a->ranks) : 0;
+	if (rc)
+		logf_(GF_LOG_ERR, "event=ranks_failed step=init msg=\"%s\"", ranks_error());
+	else if (a->ranks)
+		logf_(GF_LOG_INFO, "event=ranks_asleep ranks=%d", ranks_count(a->ranks));
 out:
 	model_clear(&m);
 	free(order);
@@ -397,9 +410,17 @@ static json_t *infer_answer(struct app *a, uint64_t seed)
 	for (size_t i = 0; i < len && i < 8; i++)
 		json_array_append_new(result, json_real(out[i]));
 	free(out);
-	return json_pack("{s:o,s:s,s:I,s:s,s:I,s:I}", "result", result, "checksum", hex, "epoch",
-			 (json_int_t)gf_engine_epoch(a->engine), "engine", a->id, "seed", (json_int_t)seed, "dim",
-			 (json_int_t)len);
+	json_t *answer = json_pack("{s:o,s:s,s:I,s:s,s:I,s:I}", "result", result, "checksum", hex, "epoch",
+				   (json_int_t)gf_engine_epoch(a->engine), "engine", a->id, "seed", (json_int_t)seed,
+				   "dim", (json_int_t)len);
+	if (answer && a->ranks) {
+		/* Each other rank's weights, as it read them at its wake. */
+		json_t *sums = json_array();
+		for (int i = 1; i < ranks_count(a->ranks); i++)
+			json_array_append_new(sums, json_string(ranks_checksum(a->ranks, i)));
+		json_object_set_new(answer, "ranks", sums);
+	}
+	return answer;
 }
 
 /*
@@ -551,6 +572,16 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 		if (wait_stop(a, (int)hang_ms))
 			return GF_ERR_INTERRUPTED;
 	}
+	if (a->ranks) {
+		int64_t t0 = mono_us();
+		int rc = ranks_wake(a->ranks, a->waking_ms > 0 ? a->waking_ms : 120000);
+		if (rc) {
+			logf_(GF_LOG_ERR, "event=ranks_failed step=wake msg=\"%s\"", ranks_error());
+			return rc;
+		}
+		logf_(GF_LOG_INFO, "event=ranks_awake ranks=%d us=%lld", ranks_count(a->ranks),
+		      (long long)(mono_us() - t0));
+	}
 	int port = a->port;
 	if (a->listener) {
 		/* Ours (a duplicate): closed when stepping down or exiting. */
@@ -598,6 +629,22 @@ static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
 	struct app *a = userdata;
 	a->lost = 1;
 	gf_engine_default_loss(e, err, detail, NULL);
+}
+
+/* On the ranks' watcher thread: a rank is gone, so is the engine (it cannot
+ * serve a part of the model). Dead, and the loss policy ends this process
+ * (the other ranks are already killed); the lock passes on. */
+static void on_rank_death(int rank, int status, void *userdata)
+{
+	struct app *a = userdata;
+	char reason[128];
+	if (WIFSIGNALED(status))
+		snprintf(reason, sizeof(reason), "rank %d was killed by signal %d", rank, WTERMSIG(status));
+	else
+		snprintf(reason, sizeof(reason), "rank %d exited with status %d", rank, WEXITSTATUS(status));
+	logf_(GF_LOG_ERR, "event=rank_lost rank=%d msg=\"%s: the whole engine ends\"", rank, reason);
+	gf_engine_mark_dead(a->engine, reason);
+	on_loss(a->engine, GF_ERR_CLOSED, reason, a);
 }
 
 /* On the lock's watcher thread: the main thread drains and steps down. */
@@ -691,7 +738,7 @@ static void *signal_thread(void *arg)
 struct opts {
 	const char *lock_uri, *write_path, *probe_addr;
 	const char *gms[16];
-	int ngms, role, probe_port;
+	int ngms, role, probe_port, nranks;
 	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
 	uint64_t kv_bytes;
 	/* the lock server's standby pool */
@@ -720,7 +767,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "gpu", required_argument, NULL, 'G' },       { "asleep-bytes", required_argument, NULL, 'a' },
 		{ "pin", no_argument, NULL, 'n' },             { "model", required_argument, NULL, 'm' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
-		{ "listener", required_argument, NULL, 'S' },
+		{ "listener", required_argument, NULL, 'S' },   { "ranks", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -821,6 +868,13 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		case 'o':
 			o->write_path = optarg;
 			break;
+		case 'N':
+			if (parse_int(optarg, 1, 16, &v)) {
+				fprintf(stderr, PROG ": --ranks must be 1..16, not \"%s\"\n", optarg);
+				return 2;
+			}
+			o->nranks = (int)v;
+			break;
 		case 'G':
 			if (o->ngpus == sizeof(o->gpus) / sizeof(o->gpus[0])) {
 				fprintf(stderr, PROG ": at most 8 --gpu\n");
@@ -860,6 +914,10 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		return 0;
 	if (!o->lock_uri || o->ngms == 0) {
 		fprintf(stderr, PROG ": --lock and at least one --gms are required (see --help)\n");
+		return 2;
+	}
+	if (o->nranks > 1 && o->nranks != o->ngms) {
+		fprintf(stderr, PROG ": --ranks %d needs one --gms per rank (%d given)\n", o->nranks, o->ngms);
 		return 2;
 	}
 	if (o->role == GF_ENGINE_FOLLOWER && a->weights_path) {
@@ -943,7 +1001,8 @@ static int start_signal_thread(struct sigctx *sc)
 static int configure(gf_engine *e, const struct opts *o, struct app *a)
 {
 	int rc = gf_engine_set_lock(e, o->lock_uri, a->id);
-	for (int i = 0; !rc && i < o->ngms; i++)
+	/* With ranks, this process is rank 0: device 0 only. */
+	for (int i = 0; !rc && i < (o->nranks > 1 ? 1 : o->ngms); i++)
 		rc = gf_engine_add_gms(e, o->gms[i]);
 	if (!rc)
 		rc = gf_engine_set_role(e, o->role);
@@ -1036,9 +1095,26 @@ int main(int argc, char **argv)
 	}
 	if (o.role == GF_ENGINE_LOADER && open_weights(&a))
 		return 1;
+	a.waking_ms = o.waking_ms;
+	if (o.nranks > 1) {
+		/* Forked before any thread exists. */
+		int64_t init_ms = o.init_ms >= 0 ? o.init_ms
+				  : o.role == GF_ENGINE_FOLLOWER ? GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS
+								 : -1;
+		rc = ranks_start(&a.ranks, o.nranks, o.gms, o.role, init_ms, o.remap_ms > 0 ? o.remap_ms : 30000,
+				 load_weights, &a);
+		if (rc) {
+			fprintf(stderr, PROG ": %s\n", ranks_error());
+			return 1;
+		}
+	}
 	struct sigctx sc = { .app = &a };
 	if (start_signal_thread(&sc))
 		return 1;
+	if (a.ranks && ranks_watch(a.ranks, on_rank_death, &a)) {
+		fprintf(stderr, PROG ": %s\n", ranks_error());
+		return 1;
+	}
 	if (configure(a.engine, &o, &a)) {
 		fprintf(stderr, PROG ": %s\n", gf_error_detail());
 		gf_engine_free(a.engine);
@@ -1067,6 +1143,7 @@ int main(int argc, char **argv)
 		logf_(GF_LOG_INFO, "event=probe_listening port=%d", gf_engine_probe_port(a.engine));
 	}
 	int status = run(&a);
+	ranks_free(a.ranks);
 	if (a.lfd >= 0)
 		close(a.lfd);
 	if (a.http)

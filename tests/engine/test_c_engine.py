@@ -383,3 +383,82 @@ def test_memory_gate_refuses_a_wake_that_would_not_fit(world):
     assert "cause=memory_gate" in log
     assert "event=weights_remapped" not in log
     assert "event=endpoint_listening" not in log
+
+
+def alive(pid):
+    """Is @pid a live process (not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ranks_world(world):
+    """gf-lockd and two gf-gmsd (one per rank); the engines' extra arguments."""
+    world.lockd()
+    world.gmsd()
+    gms1 = f"unix://{world.dir}/gms1.sock"
+    p = world.start("gmsd1", [GMSD, "--listen", gms1, "--backend", "host"])
+    p.wait_log(r'msg="?ready')
+    return ["--ranks", "2", "--gms", gms1]
+
+
+def rank_pid(p, rank):
+    return int(p.wait_log(rf"event=rank_started rank={rank} pid=(\d+)").group(1))
+
+
+def test_ranks_one_rank_dies_the_engine_ends_and_the_lock_passes(world):
+    """--ranks 2: one process per rank, one lock holder. When rank 1 dies,
+    the whole engine ends (exit 70, rank 0 too), so the lock passes to the
+    standby, whose ranks both serve the same weights."""
+    extra = ranks_world(world)
+    a = world.engine("engine-a", "--role", "loader", *extra)
+    a_port = serving_port(a)
+    a1 = rank_pid(a, 1)
+    b = world.engine("engine-b", "--role", "follower", *extra)
+    b.wait_log(r"event=lock_waiting")
+    b1 = rank_pid(b, 1)
+    assert "event=ranks_asleep ranks=2" in b.text()
+    st, body = http(a_port, "/infer?seed=7")
+    assert st == 200
+    before = json.loads(body)
+    assert len(before["ranks"]) == 1 and re.fullmatch(r"[0-9a-f]{16}", before["ranks"][0])
+
+    os.kill(a1, signal.SIGKILL)
+    assert a.wait_exit() == 70
+    log = a.text()
+    assert "event=rank_lost rank=1" in log
+    assert not alive(a1)
+    b_port = serving_port(b)
+    wait_for(lambda: state(b) == "active", "engine-b active")
+    st, body = http(b_port, "/infer?seed=7")
+    assert st == 200
+    after = json.loads(body)
+    assert after["engine"] == "engine-b" and after["epoch"] > before["epoch"]
+    assert after["checksum"] == before["checksum"]
+    assert after["ranks"] == before["ranks"]  # rank 1 of engine-b woke on the same weights
+    assert alive(b1)
+
+
+def test_ranks_die_with_rank_zero(world):
+    """SIGKILL of rank 0 (the lock holder): no rank outlives it, and the
+    standby takes over."""
+    extra = ranks_world(world)
+    a = world.engine("engine-a", "--role", "loader", *extra)
+    serving_port(a)
+    a1 = rank_pid(a, 1)
+    b = world.engine("engine-b", "--role", "follower", *extra)
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    wait_for(lambda: not alive(a1), "rank 1 of engine-a gone")
+    serving_port(b)
+    wait_for(lambda: state(b) == "active", "engine-b active")
+
+
+def test_ranks_bad_usage(world):
+    for extra in (["--ranks", "2"], ["--ranks", "0"], ["--ranks", "x"]):
+        p = world.start("bad", [ENGINE, "--lock", world.lock_uri, "--gms", world.gms_uri, *extra])
+        assert p.wait_exit() == 2
+        assert "--ranks" in p.text()
