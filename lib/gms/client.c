@@ -46,6 +46,14 @@ struct cmeta {
 	size_t value_len;
 };
 
+/* What the last GmsConnected said. */
+struct grant {
+	int mode;           /* GF_GMS_RW or GF_GMS_RO */
+	bool has_hash;
+	uint8_t hash[16];   /* the committed layout's, with an RO grant */
+	bool handles_valid; /* a wake's: the handles kept asleep are this layout's */
+};
+
 struct gf_gms {
 	char uri_text[256];
 	struct gf_uri uri;
@@ -91,6 +99,7 @@ struct gf_gms {
 	uint32_t seq;
 	gf_Msg *msg;
 	int granted;
+	struct grant grant;
 	atomic_bool lost;
 	atomic_bool lost_reported;
 	gf_gms_lost_fn lost_fn;
@@ -111,8 +120,6 @@ struct gf_gms {
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
 	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
-	uint8_t connected_hash[16]; /* hash the server announced on connect */
-	bool connected_has_hash;
 
 	bool watching, watch_wanted; /* gf_gms_start_watch() is in force; and again after the wake */
 
@@ -223,7 +230,7 @@ int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t de
 	return 0;
 }
 
-/* The reply to GmsConnect in @g->msg: check it and record the grant. */
+/* The reply to GmsConnect in @g->msg: check it and record the grant in @g->grant. */
 static int take_connected(gf_gms *g)
 {
 	int rc = 0;
@@ -247,9 +254,11 @@ static int take_connected(gf_gms *g)
 				    g->uri_text, c->device_uuid, uuid);
 		if (rc == 0) {
 			g->granted = c->granted;
-			g->connected_has_hash = c->layout_hash.size == 16;
-			if (g->connected_has_hash)
-				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
+			g->grant.mode = c->granted;
+			g->grant.has_hash = c->layout_hash.size == 16;
+			if (g->grant.has_hash)
+				memcpy(g->grant.hash, c->layout_hash.bytes, 16);
+			g->grant.handles_valid = c->handles_valid;
 			g->generation = c->generation;
 			/* A server's word, bounded: a huge value would overflow the deadline below. */
 			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0
@@ -269,7 +278,7 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 	g->msg->body.gms_connect.handles_kept = handles_kept;
 }
 
-/* Connect and take the lock in @mode; fills granted, connected_hash. */
+/* Connect and take the lock in @mode; fills granted, @g->grant. */
 static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
@@ -915,7 +924,8 @@ int gf_gms_map_all(gf_gms *gms)
 	size_t meta_before = gms->nmeta;
 	if ((rc = list_all(gms, true, &l, NULL, false)) < 0)
 		goto fail_meta;
-	if (memcmp(l.hash, gms->connected_hash, 16)) {
+	/* The grant that made this client a reader named the layout the list must be. */
+	if (memcmp(l.hash, gms->grant.hash, 16)) {
 		listed_free(&l);
 		rc = gf_err(GF_ERR_PROTOCOL, "list: layout hash differs from the one granted");
 		goto fail_meta;
@@ -1109,7 +1119,7 @@ static int wake_parked(gf_gms *g, int64_t timeout_ms)
 		free_handles(g);
 		return rc;
 	}
-	if (g->msg->body.gms_connected.handles_valid) {
+	if (g->grant.handles_valid) {
 		if (!g->kept) {
 			close_conn(g);
 			return gf_err(GF_ERR_PROTOCOL, "wake: %s says kept handles are valid, but none were kept",
@@ -1279,7 +1289,7 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return rc;
 	if (rc == 2) {
 		/* The layout this reader slept with: map the kept handles, no list. */
-		if (memcmp(gms->connected_hash, gms->hash, 16))
+		if (memcmp(gms->grant.hash, gms->hash, 16))
 			rc = gf_err(GF_ERR_PROTOCOL, "wake: kept handles declared valid for another layout");
 		else
 			rc = map_kept(gms);
@@ -1306,10 +1316,10 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 	}
 	if (rc < 0)
 		return rc;
-	if (memcmp(gms->connected_hash, gms->hash, 16)) {
+	if (memcmp(gms->grant.hash, gms->hash, 16)) {
 		char want[33], got[33];
 		gf_hex(gms->hash, 16, want);
-		gf_hex(gms->connected_hash, 16, got);
+		gf_hex(gms->grant.hash, 16, got);
 		close_conn(gms);
 		return gf_err(GF_ERR_STALE_LAYOUT, "%s holds layout %s, this engine mapped %s", gms->uri_text, got,
 			      want);
