@@ -13,6 +13,9 @@
  * After commit the writer's mappings are re-made read-only in place (unmap
  * then map again at the same offsets of the same reservation, same physical
  * memory), so addresses do not change.
+ * Sleep and wake: this file does the I/O; where the client stands and every
+ * decision about it (what a sleep keeps, which way a wake goes, what a
+ * hangup means, whether a layout is stale) is client_fsm.c's.
  */
 #include <errno.h>
 #include <poll.h>
