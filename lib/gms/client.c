@@ -13,11 +13,13 @@
  * After commit the writer's mappings are re-made read-only in place (unmap
  * then map again at the same offsets of the same reservation, same physical
  * memory), so addresses do not change.
+ * Sleep and wake: this file does the I/O; where the client stands and every
+ * decision about it (what a sleep keeps, which way a wake goes, what a
+ * hangup means, whether a layout is stale) is client_fsm.c's.
  */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "mem_int.h"
+#include "client_fsm.h"
 #include "client_session.h"
 #include "gms_internal.h"
 #include "wire.h"
@@ -46,38 +49,49 @@ struct cmeta {
 	size_t value_len;
 };
 
+/* What the last GmsConnected said. */
+struct grant {
+	int mode;           /* GF_GMS_RW or GF_GMS_RO */
+	bool has_hash;
+	uint8_t hash[16];   /* the committed layout's, with an RO grant */
+	bool handles_valid; /* a wake's: the handles kept asleep are this layout's */
+};
+
 struct gf_gms {
 	char uri_text[256];
 	struct gf_uri uri;
 	gf_mem *mem;
+	/*
+	 * Where sleep and wake stand: the lock held, what a sleeper keeps, the
+	 * layout a wake must find again (client_fsm.h; docs/gms.md "The
+	 * client's states"). Every decision about them is the FSM's. Guarded
+	 * by kmu: the watcher thread delivers hangups to it (it changes only
+	 * state, kept and lost_mode; the layout fields are this thread's).
+	 */
+	struct gmsc_fsm fsm;
 	int fd;
 	struct gf_frame_reader rd;
 	/* Asleep as a reader: the session, handshaken, without a lock, so that
 	 * a wake is one request (GmsConnect with the list). -1 when none. */
 	int parked_fd;
 	struct gf_frame_reader parked_rd;
-	/* gf_gms_remap_begin() sent the wake's GmsConnect on the kept session;
-	 * gf_gms_remap() reads the reply by this deadline. */
-	bool wake_sent;
+	/* WAKING: gf_gms_remap() reads the reply to the wake's GmsConnect by this deadline. */
 	int64_t wake_reply_deadline;
 	/* Asleep on a kept session, a reader also keeps its imported handles
-	 * (unmapped), so a wake whose layout is unchanged maps them with no
+	 * (allocs[].a), so a wake whose layout is unchanged maps them with no
 	 * list and no fds. They pin the layout's memory: the GMS closes the
 	 * session when it drops the layout, and the watcher then releases them. */
-	bool keep_handles;      /* gf_gms_set_keep_handles(); default true */
-	bool kept;              /* allocs[].a are held while asleep */
-	bool kept_mapped;       /* ... and still mapped, fenced (host): the wake opens them in place */
-	bool opened_in_place;   /* the last wake did: page tables intact, nothing to prefault */
+	bool keep_handles; /* gf_gms_set_keep_handles(); default true */
 	/*
 	 * The session watcher: one thread per client, started the first time
 	 * it is needed and parked between uses, polling the session for a
-	 * hangup only. What a hangup means depends on w_mode: asleep, the GMS
-	 * dropped the layout (release the kept handles); awake, the GMS is lost
-	 * (the hook runs); idle, nothing (a wake in progress sees it itself).
-	 * A mode change on the same session needs no kick, so the wake neither
-	 * starts a thread nor wakes one. kmu guards kept, the handles while the
-	 * watcher may release them, and w_*; w_gen tells the thread that what
-	 * it polled for has changed since.
+	 * hangup only. What a hangup means is the FSM's to say: asleep with
+	 * handles, the GMS dropped the layout (release them); awake and
+	 * watched, the GMS is lost (the hook runs); otherwise nothing (a wake
+	 * in progress sees it itself). A state change on the same session
+	 * needs no kick, so the wake neither starts a thread nor wakes one.
+	 * kmu guards the FSM, the handles while the watcher may release them,
+	 * and w_*; w_gen tells the thread that the fd it polled has changed since.
 	 */
 	pthread_mutex_t kmu;
 	pthread_cond_t w_idle;  /* w_busy went false */
@@ -85,14 +99,11 @@ struct gf_gms {
 	bool w_running;
 	int w_kick;             /* eventfd: re-read w_fd, or quit */
 	int w_fd;               /* the session polled; -1: none */
-	int w_mode;             /* W_IDLE, W_ASLEEP, W_AWAKE */
 	unsigned w_gen;
 	bool w_quit, w_busy;
 	uint32_t seq;
 	gf_Msg *msg;
-	int granted;
-	atomic_bool lost;
-	atomic_bool lost_reported;
+	struct grant grant;
 	gf_gms_lost_fn lost_fn;
 	void *lost_ud;
 
@@ -106,15 +117,9 @@ struct gf_gms {
 	size_t nmeta, meta_cap;
 	bool meta_sorted;
 
-	bool have_layout;
-	uint8_t hash[16];
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
 	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
-	uint8_t connected_hash[16]; /* hash the server announced on connect */
-	bool connected_has_hash;
-
-	bool watching, watch_wanted; /* gf_gms_start_watch() is in force; and again after the wake */
 
 	uint64_t round_trips;
 };
@@ -129,23 +134,43 @@ uint64_t gf_gms_round_trips(const gf_gms *gms)
 	return gms ? gms->round_trips : 0;
 }
 
+/* ---------------------------------------------------------------- the FSM */
+
+/* A copy of the FSM, read under its lock (the lock is not part of the client's value). */
+static struct gmsc_fsm fsm_get(const gf_gms *g)
+{
+	pthread_mutex_t *mu = (pthread_mutex_t *)&g->kmu;
+	pthread_mutex_lock(mu);
+	struct gmsc_fsm f = g->fsm;
+	pthread_mutex_unlock(mu);
+	return f;
+}
+
 /* ---------------------------------------------------------------- loss */
 
-static void report_lost(gf_gms *g, const char *detail)
+/* The FSM went LOST (once per connection): say so, and run the hook. */
+static void announce_lost(gf_gms *g, const char *detail)
 {
-	atomic_store(&g->lost, true);
-	bool expected = false;
-	if (!atomic_compare_exchange_strong(&g->lost_reported, &expected, true))
-		return;
 	gf_log(GF_LOG_WARN, "gms", "GPU memory service %s lost: %s", g->uri_text, detail);
 	if (g->lost_fn)
 		g->lost_fn(g, GF_ERR_GMS_LOST, detail, g->lost_ud);
 }
 
+/* The GMS went away: a loss when a lock was held, reported once; nothing otherwise (e.g. while connecting). */
+static void report_lost(gf_gms *g, const char *detail)
+{
+	pthread_mutex_lock(&g->kmu);
+	bool first = gmsc_fsm_lost(&g->fsm);
+	pthread_mutex_unlock(&g->kmu);
+	if (first)
+		announce_lost(g, detail);
+}
+
 static int io_failed(gf_gms *g, int rc)
 {
 	/* A reply that never came while we hold a lock leaves the stream unusable: that GMS is lost too. */
-	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO || (rc == GF_ERR_TIMEOUT && g->granted)) {
+	struct gmsc_fsm f = fsm_get(g);
+	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO || (rc == GF_ERR_TIMEOUT && gmsc_fsm_mode(&f))) {
 		char d[300];
 		snprintf(d, sizeof(d), "%s", gf_error_detail());
 		report_lost(g, d);
@@ -154,13 +179,15 @@ static int io_failed(gf_gms *g, int rc)
 	return rc;
 }
 
-static int check_usable(const gf_gms *g)
+/* 0 when @g holds a lock (*mode: which), else why not. */
+static int check_usable(const gf_gms *g, int *mode)
 {
 	if (!g)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (atomic_load(&g->lost))
+	struct gmsc_fsm f = fsm_get(g);
+	if (f.state == GMSC_LOST)
 		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", g->uri_text);
-	if (g->fd < 0)
+	if (!(*mode = gmsc_fsm_mode(&f)))
 		return gf_err(GF_ERR_STATE, "not connected (asleep): call gf_gms_remap() first");
 	return 0;
 }
@@ -199,7 +226,6 @@ static void close_conn(gf_gms *g)
 	gf_close(g->fd);
 	g->fd = -1;
 	gf_frame_reader_clear(&g->rd);
-	g->granted = 0;
 }
 
 int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t deadline, int *out_fd,
@@ -223,7 +249,7 @@ int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t de
 	return 0;
 }
 
-/* The reply to GmsConnect in @g->msg: check it and record the grant. */
+/* The reply to GmsConnect in @g->msg: check it and record the grant in @g->grant. */
 static int take_connected(gf_gms *g)
 {
 	int rc = 0;
@@ -246,10 +272,11 @@ static int take_connected(gf_gms *g)
 			rc = gf_err(GF_ERR_INVALID_ARG, "%s serves device %s, this client's backend is bound to %s",
 				    g->uri_text, c->device_uuid, uuid);
 		if (rc == 0) {
-			g->granted = c->granted;
-			g->connected_has_hash = c->layout_hash.size == 16;
-			if (g->connected_has_hash)
-				memcpy(g->connected_hash, c->layout_hash.bytes, 16);
+			g->grant.mode = c->granted;
+			g->grant.has_hash = c->layout_hash.size == 16;
+			if (g->grant.has_hash)
+				memcpy(g->grant.hash, c->layout_hash.bytes, 16);
+			g->grant.handles_valid = c->handles_valid;
 			g->generation = c->generation;
 			/* A server's word, bounded: a huge value would overflow the deadline below. */
 			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0
@@ -269,7 +296,7 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 	g->msg->body.gms_connect.handles_kept = handles_kept;
 }
 
-/* Connect and take the lock in @mode; fills granted, connected_hash. */
+/* Connect and take the lock in @mode; fills @g->grant. */
 static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
@@ -283,11 +310,8 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 		rc = take_connected(g);
 	if (rc < 0) {
 		/* A lost server during connect is "unreachable", not a loss of a held lock. */
-		if (rc == GF_ERR_GMS_LOST) {
-			atomic_store(&g->lost, false);
-			atomic_store(&g->lost_reported, false);
+		if (rc == GF_ERR_GMS_LOST)
 			rc = gf_err(GF_ERR_UNREACHABLE, "%s", gf_error_detail());
-		}
 		close_conn(g);
 	}
 	return rc;
@@ -315,6 +339,7 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	g->keep_handles = true;
 	g->w_kick = -1;
 	g->w_fd = -1;
+	gmsc_fsm_init(&g->fsm);
 	pthread_mutex_init(&g->kmu, NULL);
 	pthread_cond_init(&g->w_idle, NULL);
 	g->mem = mem;
@@ -328,7 +353,9 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 		rc = gf_mem_granularity(mem, &g->gran, &rec);
 	if (rc == 0)
 		rc = do_connect(g, mode, timeout_ms);
-	if (rc == 0 && g->granted == GF_GMS_RW) {
+	if (rc == 0 && !gmsc_fsm_granted(&g->fsm, g->grant.mode)) /* no watcher yet: no lock needed */
+		rc = gf_err(GF_ERR_PROTOCOL, "connect: unexpected grant %d", g->grant.mode);
+	if (rc == 0 && g->grant.mode == GF_GMS_RW) {
 		uint64_t freeb, total;
 		rc = gf_mem_info(mem, &freeb, &total);
 		if (rc == 0)
@@ -344,32 +371,25 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 
 int gf_gms_granted_mode(const gf_gms *gms)
 {
-	return gms && gms->fd >= 0 ? gms->granted : 0;
+	if (!gms)
+		return 0;
+	struct gmsc_fsm f = fsm_get(gms);
+	return gmsc_fsm_mode(&f);
 }
 
-static void free_handles(gf_gms *g)
-{
-	if (g->kept_mapped && g->va)
-		gf_mem_unmap_all(g->va); /* fenced mappings hold the allocations too */
-	g->kept_mapped = false;
-	for (size_t i = 0; i < g->nallocs; i++) {
-		gf_mem_alloc_free(g->allocs[i].a);
-		g->allocs[i].a = NULL;
-	}
-	g->kept = false;
-}
-
-/* Unmap and release every import. Not while the watcher keeps them asleep (it may release them too). */
+/* Unmap (fenced mappings included: they hold the allocations too) and release every import.
+ * Not while the watcher keeps them asleep, unless under kmu (it may release them too). */
 static void release_imports(gf_gms *g)
 {
 	if (g->va)
 		gf_mem_unmap_all(g->va);
-	free_handles(g);
+	for (size_t i = 0; i < g->nallocs; i++) {
+		gf_mem_alloc_free(g->allocs[i].a);
+		g->allocs[i].a = NULL;
+	}
 }
 
 /* ---------------------------------------------------------------- the session watcher */
-
-enum { W_IDLE, W_ASLEEP, W_AWAKE };
 
 static bool hung_up(short revents);
 
@@ -400,47 +420,50 @@ static void *watcher_main(void *arg)
 		}
 		pthread_mutex_lock(&g->kmu);
 		if (n <= 0 || fd < 0 || !hung_up(p[0].revents) || g->w_gen != gen)
-			continue; /* nothing, or the state changed meanwhile: look again */
-		/* A hangup on the session the current state names: stop polling it. */
+			continue; /* nothing, or another session meanwhile: look again */
+		/* A hangup on the session polled: stop polling it; the FSM says what it means now. */
 		g->w_fd = -1;
 		g->w_gen++;
-		if (g->w_mode == W_ASLEEP && g->kept) {
+		switch (gmsc_fsm_hangup(&g->fsm)) {
+		case GMSC_HANGUP_RELEASE:
 			gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
 			       g->uri_text, g->nallocs);
-			free_handles(g);
-		} else if (g->w_mode == W_AWAKE) {
+			release_imports(g);
+			break;
+		case GMSC_HANGUP_LOST:
 			g->w_busy = true;
 			pthread_mutex_unlock(&g->kmu);
-			report_lost(g, "connection hung up");
+			announce_lost(g, "connection hung up");
 			pthread_mutex_lock(&g->kmu);
 			g->w_busy = false;
 			pthread_cond_broadcast(&g->w_idle);
+			break;
+		case GMSC_HANGUP_IGNORE:
+			break;
 		}
 	}
 	pthread_mutex_unlock(&g->kmu);
 	return NULL;
 }
 
-/* Called with kmu held: watch @fd in @mode; kicks the thread only when the fd changes. */
-static int watch_set_locked(gf_gms *g, int fd, int mode)
+/* Called with kmu held: poll @fd from now on (starting the thread the
+ * first time); kicks the thread only when the fd changes. < 0: nothing polled. */
+static int watch_set_locked(gf_gms *g, int fd)
 {
-	bool kick = fd != g->w_fd;
-	g->w_fd = fd;
-	g->w_mode = mode;
-	g->w_gen++;
+	if (fd == g->w_fd)
+		return 0;
 	if (g->w_running) {
-		if (kick)
-			watcher_kick(g);
-		return 0;
+		watcher_kick(g);
+	} else if (fd >= 0) {
+		if (g->w_kick < 0 && (g->w_kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+			return gf_err_errno(GF_ERR_IO, errno, "watch: eventfd");
+		int rc = pthread_create(&g->w_thread, NULL, watcher_main, g);
+		if (rc)
+			return gf_err_errno(GF_ERR_IO, rc, "watch: pthread_create");
+		g->w_running = true;
 	}
-	if (fd < 0)
-		return 0;
-	if (g->w_kick < 0 && (g->w_kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "watch: eventfd");
-	int rc = pthread_create(&g->w_thread, NULL, watcher_main, g);
-	if (rc)
-		return gf_err_errno(GF_ERR_IO, rc, "watch: pthread_create");
-	g->w_running = true;
+	g->w_fd = fd;
+	g->w_gen++;
 	return 0;
 }
 
@@ -451,36 +474,8 @@ static void watch_forget(gf_gms *g, int fd)
 		return;
 	pthread_mutex_lock(&g->kmu);
 	if (g->w_fd == fd)
-		watch_set_locked(g, -1, W_IDLE);
+		watch_set_locked(g, -1);
 	pthread_mutex_unlock(&g->kmu);
-}
-
-/* Asleep: the kept handles go to the watcher's care. < 0: not armed (release them). */
-static int watch_asleep(gf_gms *g)
-{
-	pthread_mutex_lock(&g->kmu);
-	g->kept = true;
-	int rc = watch_set_locked(g, g->parked_fd, W_ASLEEP);
-	if (rc < 0) {
-		g->kept = false;
-		g->w_fd = -1;
-		g->w_mode = W_IDLE;
-	}
-	pthread_mutex_unlock(&g->kmu);
-	return rc;
-}
-
-/* The wake takes the kept handles back from the watcher: true when there still are some. */
-static bool watch_wake(gf_gms *g)
-{
-	pthread_mutex_lock(&g->kmu);
-	bool kept = g->kept;
-	if (g->w_mode == W_ASLEEP) {
-		g->w_mode = W_IDLE; /* same session: no kick */
-		g->w_gen++;
-	}
-	pthread_mutex_unlock(&g->kmu);
-	return kept;
 }
 
 static void watcher_stop(gf_gms *g)
@@ -509,14 +504,14 @@ int gf_gms_set_keep_handles(gf_gms *gms, int keep)
 /* The kept session goes, and with it any kept handles (no server can vouch for them now). */
 static void drop_parked(gf_gms *g)
 {
-	bool kept = watch_wake(g);
+	pthread_mutex_lock(&g->kmu);
+	gmsc_fsm_dropped(&g->fsm); /* from here the watcher leaves the handles alone */
+	pthread_mutex_unlock(&g->kmu);
 	watch_forget(g, g->parked_fd);
-	if (kept)
-		free_handles(g);
+	release_imports(g);
 	gf_close(g->parked_fd);
 	g->parked_fd = -1;
 	gf_frame_reader_clear(&g->parked_rd);
-	g->wake_sent = false;
 }
 
 void gf_gms_free(gf_gms *gms)
@@ -527,6 +522,7 @@ void gf_gms_free(gf_gms *gms)
 	watcher_stop(gms);
 	release_imports(gms);
 	gf_mem_va_free(gms->va);
+	gms->va = NULL;
 	if (gms->fd >= 0)
 		close_conn(gms);
 	if (gms->parked_fd >= 0)
@@ -546,12 +542,11 @@ void gf_gms_free(gf_gms *gms)
 
 int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 {
-	int rc = check_usable(gms);
+	int mode, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
-	if (gms->granted != GF_GMS_RW)
-		return gf_err(GF_ERR_STATE, "allocate needs the RW lock (granted %s)",
-			      gms->granted == GF_GMS_RO ? "RO" : "nothing");
+	if (mode != GF_GMS_RW)
+		return gf_err(GF_ERR_STATE, "allocate needs the RW lock (granted RO)");
 	if (size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "allocate: size 0");
 	if (tag && strlen(tag) >= GF_LIMIT_TAG)
@@ -655,10 +650,10 @@ static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t o
 int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset, const void *value,
 		    size_t value_len)
 {
-	int rc = check_usable(gms);
+	int mode, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
-	if (gms->granted != GF_GMS_RW)
+	if (mode != GF_GMS_RW)
 		return gf_err(GF_ERR_STATE, "put metadata needs the RW lock");
 	if (!key || !*key || strlen(key) >= GF_LIMIT_META_KEY)
 		return gf_err(GF_ERR_INVALID_ARG, "metadata key must be 1..%d bytes", GF_LIMIT_META_KEY - 1);
@@ -701,10 +696,10 @@ static struct gf_mem_mapping *mapping_list(gf_gms *g)
 
 int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 {
-	int rc = check_usable(gms);
+	int mode, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
-	if (gms->granted != GF_GMS_RW)
+	if (mode != GF_GMS_RW)
 		return gf_err(GF_ERR_STATE, "commit needs the RW lock");
 	struct gf_mem_mapping *maps = mapping_list(gms);
 	if (!maps)
@@ -724,10 +719,10 @@ int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 		free(maps);
 		return rc;
 	}
-	memcpy(gms->hash, gms->msg->body.gms_committed.layout_hash.bytes, 16);
+	pthread_mutex_lock(&gms->kmu);
+	gmsc_fsm_committed(&gms->fsm, gms->msg->body.gms_committed.layout_hash.bytes, gms->nallocs);
+	pthread_mutex_unlock(&gms->kmu);
 	gms->generation = gms->msg->body.gms_committed.generation;
-	gms->have_layout = true;
-	gms->granted = GF_GMS_RO;
 	if (gms->nmeta)
 		qsort(gms->meta, gms->nmeta, sizeof(*gms->meta), cmeta_cmp);
 	gms->meta_sorted = true;
@@ -904,18 +899,19 @@ static int import_and_map(gf_gms *g, struct listed *l)
 
 int gf_gms_map_all(gf_gms *gms)
 {
-	int rc = check_usable(gms);
+	int mode, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
-	if (gms->granted != GF_GMS_RO)
+	if (mode != GF_GMS_RO)
 		return gf_err(GF_ERR_STATE, "map_all needs the RO lock (commit first when writing)");
-	if (gms->have_layout)
+	if (gms->fsm.have_layout)
 		return 0; /* the writer that committed, or already mapped */
 	struct listed l;
 	size_t meta_before = gms->nmeta;
 	if ((rc = list_all(gms, true, &l, NULL, false)) < 0)
 		goto fail_meta;
-	if (memcmp(l.hash, gms->connected_hash, 16)) {
+	/* The grant that made this client a reader named the layout the list must be. */
+	if (memcmp(l.hash, gms->grant.hash, 16)) {
 		listed_free(&l);
 		rc = gf_err(GF_ERR_PROTOCOL, "list: layout hash differs from the one granted");
 		goto fail_meta;
@@ -944,9 +940,10 @@ int gf_gms_map_all(gf_gms *gms)
 	gms->allocs_cap = l.cap;
 	gms->va_used = off;
 	free(l.fds);
-	memcpy(gms->hash, l.hash, 16);
+	pthread_mutex_lock(&gms->kmu);
+	gmsc_fsm_layout_mapped(&gms->fsm, l.hash, l.n);
+	pthread_mutex_unlock(&gms->kmu);
 	gms->generation = l.generation;
-	gms->have_layout = true;
 	gms->meta_sorted = true; /* the server lists metadata sorted by key */
 	return 0;
 fail_meta:
@@ -1024,9 +1021,10 @@ int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
 {
 	if (!gms || !hash)
 		return gf_err(GF_ERR_INVALID_ARG, "layout: NULL argument");
-	if (!gms->have_layout)
+	struct gmsc_fsm f = fsm_get(gms);
+	if (!f.have_layout)
 		return gf_err(GF_ERR_STATE, "no committed layout known to this client yet");
-	memcpy(hash, gms->hash, 16);
+	memcpy(hash, f.hash, 16);
 	if (generation)
 		*generation = gms->generation;
 	return 0;
@@ -1035,17 +1033,14 @@ int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
 /* ---------------------------------------------------------------- sleep / wake */
 
 /*
- * Sleep: a reader gives the RO lock back (GmsDisconnect) but keeps the
- * session, so its wake needs no connect, handshake or second request. Any
- * failure just closes the connection: the wake then connects afresh. No
- * loss is reported here (the engine is going to sleep, not losing its GMS).
+ * Sleep on the kept session: a reader gives the RO lock back
+ * (GmsDisconnect) but keeps the session, so its wake needs no connect,
+ * handshake or second request. 0 when parked; < 0 when that failed and the
+ * connection is closed (the wake then connects afresh). No loss is reported
+ * here (the engine is going to sleep, not losing its GMS).
  */
-static void park_conn(gf_gms *g)
+static int park_conn(gf_gms *g)
 {
-	if (g->granted != GF_GMS_RO || !g->have_layout) {
-		close_conn(g);
-		return;
-	}
 	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
 	memset(g->msg, 0, sizeof(*g->msg));
 	g->msg->which_body = gf_Msg_gms_disconnect_tag;
@@ -1053,72 +1048,83 @@ static void park_conn(gf_gms *g)
 	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
 	if (rc == 0)
 		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, deadline);
-	if (rc < 0 || g->msg->which_body != gf_Msg_ok_tag) {
+	if (rc == 0 && g->msg->which_body != gf_Msg_ok_tag)
+		rc = gf_err(GF_ERR_PROTOCOL, "sleep: expected ok, got %s", gf_msg_name(g->msg));
+	if (rc < 0) {
 		close_conn(g);
-		return;
+		return rc;
 	}
 	g->parked_fd = g->fd;
 	g->parked_rd = g->rd;
 	g->fd = -1;
-	g->granted = 0;
 	gf_frame_reader_init(&g->rd, GF_MSG_MAX_FDS);
+	return 0;
 }
 
-/*
- * Wake over the parked session: one GmsConnect(RO, with the list). 1 when
- * granted (the list follows), 0 when the session is gone (connect afresh),
- * < 0 when the server refused (e.g. the timeout passed).
- */
-/* Send the wake's GmsConnect(RO, with the list) on the kept session. */
+/* Send the wake's GmsConnect(RO, with the list) on the kept session: WAKING. */
 static int send_wake(gf_gms *g, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	g->wake_reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
 	/* From here the wake owns the kept handles; the watcher no longer touches them. */
-	fill_connect(g, GF_GMS_RO, timeout_ms, true, watch_wake(g));
+	pthread_mutex_lock(&g->kmu);
+	gmsc_fsm_wake_sent(&g->fsm);
+	bool handles_kept = g->fsm.kept >= GMSC_KEPT_HANDLES;
+	pthread_mutex_unlock(&g->kmu);
+	fill_connect(g, GF_GMS_RO, timeout_ms, true, handles_kept);
 	g->msg->seq = ++g->seq;
 	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
 }
 
-/*
- * Wake over the parked session: one GmsConnect(RO, with the list), unless
- * gf_gms_remap_begin() sent it already. 1 when granted (the list follows),
- * 0 when the session is gone (connect afresh), < 0 when the server refused
- * (e.g. the timeout passed).
- */
-static int wake_parked(gf_gms *g, int64_t timeout_ms)
+/* Everything of a failed wake goes; the layout stays known, so the call can be retried. */
+static void wake_failed(gf_gms *g)
 {
-	int rc = g->wake_sent ? 0 : send_wake(g, timeout_ms);
-	g->wake_sent = false;
+	release_imports(g);
+	close_conn(g);
+	pthread_mutex_lock(&g->kmu);
+	gmsc_fsm_dropped(&g->fsm);
+	pthread_mutex_unlock(&g->kmu);
+}
+
+/*
+ * Read the wake's grant on the kept session (WAKING). 0 with the grant in
+ * @g->grant, 1 when the session is gone (connect afresh), < 0 when the
+ * server refused (e.g. the timeout passed).
+ */
+static int read_wake(gf_gms *g)
+{
 	gf_frame_reader_clear(&g->rd);
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
-	if (rc == 0)
-		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
+	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
 	if (rc < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
 		       gf_error_detail());
-		close_conn(g);
-		free_handles(g); /* kept ones included: nobody vouches for them now */
-		return 0;
+		wake_failed(g); /* kept handles included: nobody vouches for them now */
+		return 1;
 	}
 	g->round_trips++;
 	if ((rc = gf_msg_error_code(g->msg)) < 0 || (rc = take_connected(g)) < 0) {
-		close_conn(g);
-		free_handles(g);
+		wake_failed(g);
 		return rc;
 	}
-	if (g->msg->body.gms_connected.handles_valid) {
-		if (!g->kept) {
-			close_conn(g);
-			return gf_err(GF_ERR_PROTOCOL, "wake: %s says kept handles are valid, but none were kept",
-				      g->uri_text);
-		}
-		return 2;
+	return 0;
+}
+
+/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
+ * the layout from a snapshot), so an absent socket is retried until the
+ * deadline instead of failing the wake at once. */
+static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
+{
+	int64_t deadline = gf_deadline_from_ms(timeout_ms);
+	for (;;) {
+		int64_t left = (deadline - gf_now_us()) / 1000;
+		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0);
+		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
+			return rc;
+		usleep(50000);
 	}
-	free_handles(g); /* kept ones are stale: the list brings the layout's own */
-	return 1;
 }
 
 static void populate_all(gf_gms *g)
@@ -1131,34 +1137,25 @@ int gf_gms_prefault(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (gms->fd < 0 || !gms->have_layout || !gms->va)
+	struct gmsc_fsm f = fsm_get(gms);
+	if (!gmsc_fsm_mapped(&f) || !gms->va)
 		return gf_err(GF_ERR_STATE, "prefault: nothing mapped");
 	/* Device memory takes no page faults; host mappings fault per 64 KiB on
 	 * first touch, unless the wake opened them in place (page tables kept). */
-	if (gf_mem_kind(gms->mem) != GF_MEM_HOST || gms->opened_in_place)
+	if (gf_mem_kind(gms->mem) != GF_MEM_HOST || f.in_place)
 		return 0;
 	populate_all(gms);
 	return 0;
 }
 
-/* The wake's reply said the kept handles are this layout's: open them in place, or map them at their offsets. */
+/* The wake's grant said the kept, unmapped handles are this layout's: map them at their offsets. */
 static int map_kept(gf_gms *g)
 {
-	if (g->kept_mapped) {
-		int rc = gf_mem_set_accessible(g->va, 1);
-		if (rc == 0) {
-			g->kept_mapped = g->kept = false; /* mapped: ordinary imports again */
-			g->opened_in_place = true;
-		}
-		return rc;
-	}
 	struct gf_mem_mapping *maps = mapping_list(g);
 	if (!maps)
 		return gf_err(GF_ERR_NOMEM, "remap: out of memory");
 	int rc = g->nallocs ? gf_mem_map_many(g->va, maps, g->nallocs, GF_MEM_READ) : 0;
 	free(maps);
-	if (rc == 0)
-		g->kept = false; /* mapped: ordinary imports again */
 	return rc;
 }
 
@@ -1168,19 +1165,22 @@ int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
 	if (timeout_ms < 0)
 		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
-	if (gms->fd >= 0)
+	struct gmsc_fsm f = fsm_get(gms);
+	switch (gmsc_fsm_wake_path(&f)) {
+	case GMSC_WAKE_NOT_ASLEEP:
 		return gf_err(GF_ERR_STATE, "remap_begin: still connected (call gf_gms_unmap() first)");
-	if (!gms->have_layout || !gms->va)
+	case GMSC_WAKE_NO_LAYOUT:
 		return gf_err(GF_ERR_STATE, "remap_begin: no committed layout was mapped before");
-	if (gms->parked_fd < 0 || gms->wake_sent)
-		return 0; /* nothing to send ahead: gf_gms_remap() connects */
+	case GMSC_WAKE_SEND:
+		break;
+	default:
+		return 0; /* nothing to send ahead: sent already, or gf_gms_remap() connects */
+	}
 	if (send_wake(gms, timeout_ms) < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); the remap connects again",
 		       gms->uri_text, gf_error_detail());
 		drop_parked(gms);
-		return 0;
 	}
-	gms->wake_sent = true;
 	return 0;
 }
 
@@ -1188,36 +1188,49 @@ int gf_gms_unmap(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (gms->fd < 0)
+	struct gmsc_fsm f = fsm_get(gms);
+	if (!gmsc_fsm_mode(&f))
 		return gf_err(GF_ERR_STATE, "already unmapped");
-	bool watched = gms->watching;
+	/* No hook from here on, and no hangup changes the FSM; loss watching resumes after the wake. */
+	bool watch = f.watch;
 	gf_gms_stop_watch(gms);
-	gms->watch_wanted = watched;
+	f = fsm_get(gms);
 	/* Kernels still running on the weights must finish before the mappings go. */
 	int rc = gf_mem_synchronize(gms->mem);
-	/* A reader that keeps its session keeps its handles too (unmapped), if allowed. */
-	bool keep = gms->keep_handles && gms->granted == GF_GMS_RO && gms->have_layout && gms->va;
-	/* Kept handles stay mapped, fenced, where the backend can (host): as
-	 * unreadable as unmapped, and the wake is one mprotect, without faults:
-	 * the page tables are filled now, while nobody waits, not at the wake. */
 	char why[512] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", gf_error_detail()); /* the fence must not hide it */
-	if (keep && gf_mem_kind(gms->mem) == GF_MEM_HOST) {
+	/* Kept handles stay mapped, fenced, where the backend can (host): as
+	 * unreadable as unmapped, and the wake is one mprotect, without faults:
+	 * the page tables are filled now, while nobody waits, not at the wake. */
+	enum gmsc_kept kept = gmsc_fsm_sleep_plan(&f, gms->keep_handles, gf_mem_kind(gms->mem) == GF_MEM_HOST);
+	if (kept == GMSC_KEPT_MAPPED) {
 		populate_all(gms);
-		gms->kept_mapped = gf_mem_set_accessible(gms->va, 0) == 0;
+		if (gf_mem_set_accessible(gms->va, 0) < 0)
+			kept = GMSC_KEPT_HANDLES;
 	}
-	if (keep && !gms->kept_mapped)
+	if (kept == GMSC_KEPT_HANDLES)
 		gf_mem_unmap_all(gms->va);
-	else if (!keep)
+	else if (kept < GMSC_KEPT_HANDLES)
 		release_imports(gms);
-	park_conn(gms);
-	if (keep && (gms->parked_fd < 0 || watch_asleep(gms) < 0)) {
-		if (gms->parked_fd >= 0)
-			gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
-		free_handles(gms);
+	if (kept == GMSC_KEPT_NOTHING)
+		close_conn(gms);
+	else if (park_conn(gms) < 0) {
+		release_imports(gms);
+		kept = GMSC_KEPT_NOTHING;
 	}
-	if (!gms->have_layout) {
+	pthread_mutex_lock(&gms->kmu);
+	gmsc_fsm_slept(&gms->fsm, kept);
+	gms->fsm.watch = watch;
+	/* Kept handles go to the watcher's care: it releases them when the GMS closes the session. */
+	if (kept >= GMSC_KEPT_HANDLES && watch_set_locked(gms, gms->parked_fd) < 0) {
+		gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
+		release_imports(gms);
+		gmsc_fsm_released(&gms->fsm);
+	}
+	bool have_layout = gms->fsm.have_layout;
+	pthread_mutex_unlock(&gms->kmu);
+	if (!have_layout) {
 		/* A writer that sleeps before commit aborted its layout: nothing to come back to. */
 		gms->nallocs = 0;
 		gms->va_used = 0;
@@ -1228,15 +1241,16 @@ int gf_gms_unmap(gf_gms *gms)
 /*
  * remap: import and map each chunk's allocations at their old offsets as the
  * chunk arrives, so the mmaps overlap the server's sending of the next one.
- * The checks are those of a whole-list comparison, made early: same layout
- * hash and count (first chunk), same size for every allocation.
+ * Whether the list is this client's layout is the FSM's question, asked on
+ * the first chunk (its hash and count); the rest are checks of the server's
+ * word against itself.
  */
 static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
 {
-	if (first == 0 && (l->total != g->nallocs || memcmp(l->hash, g->hash, 16)))
+	if (first == 0 && !gmsc_fsm_same_layout(&g->fsm, l->hash, l->total))
 		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
 	if (l->n > g->nallocs)
-		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+		return gf_err(GF_ERR_PROTOCOL, "remap: the GMS lists more allocations than it announced");
 	/* One gf_mem_map_many() per chunk (at most GF_LIMIT_CHUNK_ALLOCS). */
 	struct gf_mem_mapping maps[GF_LIMIT_CHUNK_ALLOCS];
 	size_t k = 0;
@@ -1248,7 +1262,7 @@ static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
 			k = 0;
 		}
 		if (l->allocs[i].size != g->allocs[i].size)
-			return gf_err(GF_ERR_STALE_LAYOUT, "remap: allocation %zu changed size", i);
+			return gf_err(GF_ERR_PROTOCOL, "remap: allocation %zu differs in size from the layout listed", i);
 		/* The received fd becomes the handle (no dup, no close). */
 		int rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &g->allocs[i].a);
 		l->fds[i] = -1;
@@ -1259,77 +1273,94 @@ static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
 	return k ? gf_mem_map_many(g->va, maps, k, GF_MEM_READ) : 0;
 }
 
+/* The list path of a wake: receive the layout's handles (asked for with the grant, or now) and map them. */
+static int remap_list(gf_gms *g, bool already_asked)
+{
+	struct listed l;
+	int rc = list_all(g, false, &l, remap_chunk, already_asked);
+	if (rc == 0 && !gmsc_fsm_same_layout(&g->fsm, l.hash, l.n))
+		rc = gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
+	if (rc < 0) {
+		listed_free(&l); /* list_all() left it empty or whole */
+		return rc;
+	}
+	for (size_t i = 0; i < l.n; i++)
+		g->allocs[i].id = l.allocs[i].id; /* same structure, ids may be renumbered */
+	free(l.fds);
+	free(l.allocs);
+	g->generation = l.generation;
+	return 0;
+}
+
 int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
 	if (timeout_ms < 0)
 		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
-	if (gms->fd >= 0)
+	struct gmsc_fsm f = fsm_get(gms);
+	enum gmsc_wake w = gmsc_fsm_wake_path(&f);
+	if (w == GMSC_WAKE_NOT_ASLEEP)
 		return gf_err(GF_ERR_STATE, "remap: still connected (call gf_gms_unmap() first)");
-	if (!gms->have_layout || !gms->va)
+	if (w == GMSC_WAKE_NO_LAYOUT)
 		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
-	atomic_store(&gms->lost, false);
-	atomic_store(&gms->lost_reported, false);
-	gms->opened_in_place = false;
-	if (gms->parked_fd < 0 && watch_wake(gms))
-		free_handles(gms); /* no session vouches for them (cannot happen: dropping it releases them) */
-	int rc = gms->parked_fd >= 0 ? wake_parked(gms, timeout_ms) : 0;
-	if (rc < 0)
-		return rc;
-	if (rc == 2) {
-		/* The layout this reader slept with: map the kept handles, no list. */
-		if (memcmp(gms->connected_hash, gms->hash, 16))
-			rc = gf_err(GF_ERR_PROTOCOL, "wake: kept handles declared valid for another layout");
-		else
-			rc = map_kept(gms);
-		if (rc < 0) {
-			release_imports(gms);
-			close_conn(gms);
-			return rc;
+	int rc;
+	/* The first step: over the kept session (its request sent now, or by remap_begin), or a fresh connect. */
+	if (w == GMSC_WAKE_SEND) {
+		if (send_wake(gms, timeout_ms) < 0) {
+			gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again",
+			       gms->uri_text, gf_error_detail());
+			drop_parked(gms);
+			w = GMSC_WAKE_CONNECT;
+		} else {
+			w = GMSC_WAKE_READ;
 		}
-		if (gms->watch_wanted && (rc = gf_gms_start_watch(gms)) < 0)
-			gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
-		return 0;
 	}
-	bool listed = rc == 1;
-	/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
-	 * the layout from a snapshot), so an absent socket is retried until the
-	 * deadline instead of failing the wake at once. */
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	while (!listed) {
-		int64_t left = (deadline - gf_now_us()) / 1000;
-		rc = do_connect(gms, GF_GMS_RO, timeout_ms < 0 ? -1 : (left > 0 ? left : 0));
-		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
-			break;
-		usleep(50000);
+	if (w == GMSC_WAKE_READ && (rc = read_wake(gms)) != 0) {
+		if (rc < 0)
+			return rc;
+		w = GMSC_WAKE_CONNECT;
 	}
-	if (rc < 0)
+	if (w == GMSC_WAKE_CONNECT && (rc = connect_for_wake(gms, timeout_ms)) < 0)
 		return rc;
-	if (memcmp(gms->connected_hash, gms->hash, 16)) {
-		char want[33], got[33];
-		gf_hex(gms->hash, 16, want);
-		gf_hex(gms->connected_hash, 16, got);
-		close_conn(gms);
-		return gf_err(GF_ERR_STALE_LAYOUT, "%s holds layout %s, this engine mapped %s", gms->uri_text, got,
-			      want);
+	/* The second step: the grant says where the wake goes. */
+	const struct grant *gr = &gms->grant;
+	pthread_mutex_lock(&gms->kmu);
+	enum gmsc_kept kept = gms->fsm.kept;
+	enum gmsc_path p = gmsc_fsm_woke(&gms->fsm, gr->mode, gr->has_hash ? gr->hash : NULL, gr->handles_valid);
+	pthread_mutex_unlock(&gms->kmu);
+	char want[33], got[33] = "none";
+	switch (p) {
+	case GMSC_PATH_OPEN_IN_PLACE:
+		rc = gf_mem_set_accessible(gms->va, 1);
+		break;
+	case GMSC_PATH_MAP_KEPT:
+		rc = map_kept(gms);
+		break;
+	case GMSC_PATH_LIST:
+		release_imports(gms); /* kept ones are stale: the list brings the layout's own */
+		rc = remap_list(gms, w == GMSC_WAKE_READ);
+		break;
+	case GMSC_PATH_STALE:
+		gf_hex(f.hash, 16, want);
+		gf_hex(gr->hash, 16, got);
+		rc = gf_err(GF_ERR_STALE_LAYOUT, "%s holds layout %s, this engine mapped %s", gms->uri_text, got,
+			    want);
+		break;
+	default:
+		gf_hex(f.hash, 16, want);
+		if (gr->has_hash)
+			gf_hex(gr->hash, 16, got);
+		rc = gf_err(GF_ERR_PROTOCOL, "wake: %s granted %s on layout %s%s; this client kept %s of layout %s",
+			    gms->uri_text, gf_gms_mode_name(gr->mode), got,
+			    gr->handles_valid ? " declaring kept handles valid" : "", gmsc_kept_name(kept), want);
+		break;
 	}
-	struct listed l;
-	rc = list_all(gms, false, &l, remap_chunk, listed);
-	if (rc == 0 && l.n != gms->nallocs)
-		rc = gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
 	if (rc < 0) {
-		listed_free(&l);      /* list_all() left it empty or whole */
-		release_imports(gms); /* all-or-nothing: what earlier chunks mapped goes */
-		close_conn(gms);
+		wake_failed(gms); /* all-or-nothing: what was mapped goes */
 		return rc;
 	}
-	for (size_t i = 0; i < l.n; i++)
-		gms->allocs[i].id = l.allocs[i].id; /* same structure, ids may be renumbered */
-	free(l.fds);
-	free(l.allocs);
-	gms->generation = l.generation;
-	if (gms->watch_wanted && (rc = gf_gms_start_watch(gms)) < 0)
+	if (f.watch && (rc = gf_gms_start_watch(gms)) < 0)
 		gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
 	return 0;
 }
@@ -1363,9 +1394,10 @@ int gf_gms_process(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (atomic_load(&gms->lost))
+	struct gmsc_fsm f = fsm_get(gms);
+	if (f.state == GMSC_LOST)
 		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", gms->uri_text);
-	if (gms->fd < 0)
+	if (!gmsc_fsm_mode(&f))
 		return 0;
 	struct pollfd p = {.fd = gms->fd, .events = POLLRDHUP};
 	if (poll(&p, 1, 0) > 0 && hung_up(p.revents)) {
@@ -1379,36 +1411,25 @@ int gf_gms_start_watch(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	gms->watch_wanted = true;
-	if (gms->watching || gms->fd < 0)
-		return 0; /* asleep: started again by remap() */
 	pthread_mutex_lock(&gms->kmu);
-	/* After a wake on the kept session the thread polls this fd already: no kick. */
-	int rc = watch_set_locked(gms, gms->fd, W_AWAKE);
+	gms->fsm.watch = true;
+	/* Asleep: the wake points the watcher at its session. After a wake on
+	 * the kept session the thread polls this fd already: no kick. */
+	int rc = gmsc_fsm_mode(&gms->fsm) ? watch_set_locked(gms, gms->fd) : 0;
 	pthread_mutex_unlock(&gms->kmu);
-	if (rc < 0)
-		return rc;
-	gms->watching = true;
-	return 0;
+	return rc;
 }
 
 void gf_gms_stop_watch(gf_gms *gms)
 {
 	if (!gms)
 		return;
-	gms->watch_wanted = false;
-	if (!gms->watching)
-		return;
 	pthread_mutex_lock(&gms->kmu);
-	if (gms->w_mode == W_AWAKE) {
-		gms->w_mode = W_IDLE; /* the thread stays, parked on the same session */
-		gms->w_gen++;
-	}
+	gms->fsm.watch = false; /* the thread stays, parked on the same session */
 	/* A hook running on the watcher finishes first, unless this is the hook. */
 	while (gms->w_busy && !pthread_equal(pthread_self(), gms->w_thread))
 		pthread_cond_wait(&gms->w_idle, &gms->kmu);
 	pthread_mutex_unlock(&gms->kmu);
-	gms->watching = false;
 }
 
 /* ---------------------------------------------------------------- groups */
