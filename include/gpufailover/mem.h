@@ -221,13 +221,18 @@ GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int acce
  */
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
 /**
- * Fence every mapping of the reservation (@p on = 0: any access faults, as
- * if unmapped) or open them again with the access they were mapped with
- * (@p on = 1), without unmapping: the mappings, and on host their page
- * tables, stay, so opening costs one call per contiguous span and no page
- * faults follow. A fenced mapping still holds its allocation, like any
- * mapping. Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_NOT_SUPPORTED (the
- * backend cannot: cuda; unmap instead), GF_ERR_IO.
+ * Fence every mapping of the reservation (@p on = 0: any access at its
+ * address faults, as if unmapped) or open them again with the access they
+ * were mapped with (@p on = 1), without unmapping: the mappings, and on host
+ * their page tables, stay, so no page faults follow the opening. On host a
+ * mapping of 256 KiB or more is moved whole to a parking range (mremap,
+ * page tables kept) with an inaccessible placeholder at its address, and
+ * moved back: one call per mapping whatever its size; smaller ones are
+ * protected in place, one mprotect per contiguous span. A fenced mapping
+ * still holds its allocation, like any mapping; gf_mem_unmap_all() and
+ * gf_mem_va_free() let go of parked ones too. Errors: GF_ERR_INVALID_ARG
+ * (NULL), GF_ERR_NOT_SUPPORTED (the backend cannot: cuda; unmap instead),
+ * GF_ERR_IO, GF_ERR_OUT_OF_MEMORY.
  */
 GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on);
 /** Unmap everything and give the address range back. NULL is a no-op. */

@@ -88,6 +88,12 @@ struct gf_mem_backend {
 	/* Optional: fence (@access 0) or reopen a span of adjacent mappings
 	 * made with @access, keeping them mapped. */
 	int (*protect)(gf_mem *m, uint64_t addr, size_t size, int access);
+	/* Optional: move the one mapping [@from, +@size) to @to, keeping its
+	 * page tables (host: mremap); with @placeholder, put the reservation's
+	 * inaccessible placeholder back at @from. Fencing a large mapping this
+	 * way costs one call whatever its size, where protect() rewrites every
+	 * page table entry. */
+	int (*move)(gf_mem *m, uint64_t from, size_t size, uint64_t to, bool placeholder);
 
 	/* Optional staged copies (cuda; NULL on host, whose mappings are host
 	 * memory): pinned host buffers, one ordered stream, events to wait on. */

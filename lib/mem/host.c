@@ -341,6 +341,27 @@ static int host_protect(gf_mem *m, uint64_t addr, size_t size, int access)
 	return 0;
 }
 
+static int host_move(gf_mem *m, uint64_t from, size_t size, uint64_t to, bool placeholder)
+{
+	(void)m;
+	/* MREMAP_FIXED replaces whatever is at @to (a parking range, or the
+	 * placeholder at the mapping's own address); the page tables move with
+	 * the mapping. */
+	void *p = mremap((void *)(uintptr_t)from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)to);
+	if (p == MAP_FAILED)
+		return gf_err_errno(errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, errno, "mremap %zu bytes", size);
+	if (placeholder &&
+	    mmap((void *)(uintptr_t)from, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+		 0) == MAP_FAILED) {
+		int err = errno;
+		/* Without the placeholder the range is not ours: move back. */
+		if (mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)from) == MAP_FAILED)
+			gf_log(GF_LOG_ERR, "mem", "backend=host msg=\"a parked mapping could not be moved back\"");
+		return gf_err_errno(GF_ERR_IO, err, "park: restore reservation");
+	}
+	return 0;
+}
+
 static int host_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access)
 {
 	int prot = access == GF_MEM_READWRITE ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -366,6 +387,7 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.close = host_close,
 	.granularity = host_granularity,
 	.protect = host_protect,
+	.move = host_move,
 	.info = host_info,
 	.plenty_free = host_plenty_free,
 	.synchronize = host_synchronize,

@@ -25,6 +25,7 @@ struct va_map {
 	size_t offset, size;
 	gf_mem_alloc *alloc;
 	int access;
+	bool parked; /* fenced by moving it to the parking range (see gf_mem_set_accessible) */
 };
 
 struct gf_mem_va {
@@ -33,6 +34,7 @@ struct gf_mem_va {
 	size_t size;
 	struct va_map *maps; /* sorted by offset, never overlapping */
 	size_t nmaps, cap;
+	uint64_t park; /* while mappings are parked: a range of @size holding them at their offsets, else 0 */
 };
 
 static size_t round_up(size_t v, size_t to)
@@ -734,10 +736,25 @@ GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int acce
 	return gf_mem_map_many(va, &one, 1, access);
 }
 
+/* Drops the parking range and the parked mappings in it (their own
+ * addresses hold placeholders already). */
+static void drop_park(gf_mem_va *va)
+{
+	if (!va->park)
+		return;
+	if (va->m->be->free_va(va->m, va->park, va->size) < 0)
+		gf_log(GF_LOG_WARN, "mem", "backend=%s msg=\"freeing the parking range failed: %s\"", va->m->be->name,
+		       gf_error_detail());
+	va->park = 0;
+	for (size_t i = 0; i < va->nmaps; i++)
+		va->maps[i].parked = false;
+}
+
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
 {
 	if (!va)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_unmap_all: NULL reservation");
+	drop_park(va);
 	int rc = 0;
 	for (size_t s = 0; s < va->nmaps;) {
 		/* One call per contiguous span where the backend can (host: one mmap instead of one per allocation). */
@@ -759,6 +776,65 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
 	return rc;
 }
 
+/*
+ * A mapping at least this large is fenced by moving it away to a parking
+ * range (one mremap on host, its page tables kept) instead of protecting it
+ * in place, whose cost grows with its populated pages (about 30 ms per GiB
+ * of 4 KiB pages); below it, one mprotect per span of small mappings costs
+ * less than one move per mapping.
+ */
+#define PARK_MIN_BYTES ((size_t)256 << 10)
+
+static bool parkable(const gf_mem_va *va, const struct va_map *mp)
+{
+	return va->m->be->move && mp->size >= PARK_MIN_BYTES;
+}
+
+/* Fences (@on 0) or reopens every span of adjacent, same-access mappings
+ * that are not parked. Stops at the first error. */
+static int protect_in_place(gf_mem_va *va, int on)
+{
+	int rc = 0;
+	for (size_t s = 0; s < va->nmaps && rc == 0;) {
+		if (va->maps[s].parked) {
+			s++;
+			continue;
+		}
+		size_t e = s + 1;
+		while (e < va->nmaps && !va->maps[e].parked &&
+		       va->maps[e].offset == va->maps[e - 1].offset + va->maps[e - 1].size &&
+		       va->maps[e].access == va->maps[s].access)
+			e++;
+		size_t len = va->maps[e - 1].offset + va->maps[e - 1].size - va->maps[s].offset;
+		rc = va->m->be->protect(va->m, va->addr + va->maps[s].offset, len, on ? va->maps[s].access : 0);
+		s = e;
+	}
+	return rc;
+}
+
+/* Moves every parked mapping back to its own address; frees the parking range once all are back. */
+static int unpark(gf_mem_va *va)
+{
+	int rc = 0;
+	for (size_t i = 0; i < va->nmaps; i++) {
+		struct va_map *mp = &va->maps[i];
+		if (!mp->parked)
+			continue;
+		int r = va->m->be->move(va->m, va->park + mp->offset, mp->size, va->addr + mp->offset, false);
+		if (r < 0) {
+			if (rc == 0)
+				rc = r;
+			continue;
+		}
+		mp->parked = false;
+	}
+	if (rc == 0 && va->park) {
+		va->m->be->free_va(va->m, va->park, va->size);
+		va->park = 0;
+	}
+	return rc;
+}
+
 GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on)
 {
 	if (!va)
@@ -766,27 +842,37 @@ GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on)
 	if (!va->m->be->protect)
 		return gf_err(GF_ERR_NOT_SUPPORTED, "%s backend: mappings cannot be fenced in place (unmap them)",
 			      va->m->be->name);
-	int rc = 0;
-	size_t s = 0;
-	for (; s < va->nmaps && rc == 0;) {
-		/* One call per contiguous span of the same access. */
-		size_t e = s + 1;
-		while (e < va->nmaps && va->maps[e].offset == va->maps[e - 1].offset + va->maps[e - 1].size &&
-		       va->maps[e].access == va->maps[s].access)
-			e++;
-		size_t len = va->maps[e - 1].offset + va->maps[e - 1].size - va->maps[s].offset;
-		rc = va->m->be->protect(va->m, va->addr + va->maps[s].offset, len, on ? va->maps[s].access : 0);
-		s = e;
+	if (on) {
+		int rc = unpark(va);
+		int r2 = protect_in_place(va, 1);
+		return rc < 0 ? rc : r2;
 	}
-	if (rc < 0 && !on) {
+	int rc = 0;
+	for (size_t i = 0; i < va->nmaps && rc == 0; i++) {
+		struct va_map *mp = &va->maps[i];
+		if (mp->parked || !parkable(va, mp))
+			continue;
+		if (!va->park)
+			rc = va->m->be->reserve(va->m, va->size, va->m->gran_min, &va->park);
+		if (rc == 0)
+			rc = va->m->be->move(va->m, va->addr + mp->offset, mp->size, va->park + mp->offset, true);
+		if (rc == 0)
+			mp->parked = true;
+	}
+	if (rc == 0)
+		rc = protect_in_place(va, 0);
+	if (rc < 0) {
 		/* Half fenced is no fence: open again what was closed, report. */
 		char why[512];
 		snprintf(why, sizeof(why), "%s", gf_error_detail());
+		unpark(va);
 		for (size_t i = 0; i < va->nmaps; i++)
-			va->m->be->protect(va->m, va->addr + va->maps[i].offset, va->maps[i].size, va->maps[i].access);
+			if (!va->maps[i].parked)
+				va->m->be->protect(va->m, va->addr + va->maps[i].offset, va->maps[i].size,
+						   va->maps[i].access);
 		return gf_err(rc, "%s", why);
 	}
-	return rc;
+	return 0;
 }
 
 GF_EXPORT void gf_mem_va_free(gf_mem_va *va)

@@ -439,6 +439,88 @@ static void test_set_accessible(void **state)
 	gf_mem_free(m);
 }
 
+/* Mappings of memfds in this process ("/memfd:" lines of /proc/self/maps). */
+static int memfd_mappings(void)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	int n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "/memfd:") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/*
+ * Fencing large mappings (host): they are moved away whole (parked, page
+ * tables and all) and a placeholder takes their place, so a stale pointer
+ * faults; reopened, they are back at their addresses with every page
+ * present and their access; and an unmap while parked lets go of them.
+ * A small mapping beside them is fenced in place as before.
+ */
+static void test_set_accessible_parks_large_mappings(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	size_t g = gran(m), big = 4u << 20;
+	gf_mem_alloc *a = NULL, *b = NULL, *c = NULL;
+	gf_mem_va *va = NULL;
+	assert_int_equal(gf_mem_create(m, big, &a), 0);
+	assert_int_equal(gf_mem_create(m, big, &b), 0);
+	assert_int_equal(gf_mem_create(m, g, &c), 0);
+	assert_int_equal(gf_mem_reserve(m, 2 * big + g, 0, &va), 0);
+	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
+	assert_int_equal(gf_mem_map(va, big, b, GF_MEM_READ), 0);
+	assert_int_equal(gf_mem_map(va, 2 * big, c, GF_MEM_READWRITE), 0);
+	volatile uint8_t *p = ptr(va, 0), *q = ptr(va, big), *s = ptr(va, 2 * big);
+	memset((void *)p, 9, big);
+	memset((void *)s, 3, g);
+	for (size_t i = 0; i < big; i += 4096)
+		(void)q[i];
+	int mapped = memfd_mappings();
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(gf_mem_set_accessible(va, 0), 0);
+		assert_int_equal(memfd_mappings(), mapped); /* moved, not unmapped */
+		for (int which = 0; which < 3; which++) {
+			pid_t pid = fork_child();
+			if (pid == 0) {
+				signal(SIGSEGV, SIG_DFL);
+				(void)(which == 0 ? p[0] : which == 1 ? q[0] : s[0]);
+				_exit(0);
+			}
+			int st = wait_child(pid);
+			assert_true(WIFSIGNALED(st));
+			assert_int_equal(WTERMSIG(st), SIGSEGV);
+		}
+		assert_int_equal(gf_mem_alloc_state(a), GF_MEM_ALLOC_MAPPED);
+		assert_int_equal(gf_mem_set_accessible(va, 1), 0);
+		assert_int_equal(present_pages((const void *)p, 2 * big), 2 * big / 4096);
+		unsigned long sum = 0;
+		for (size_t i = 0; i < big; i += 4096)
+			sum += p[i];
+		assert_int_equal(sum, 9 * (big / 4096));
+		assert_int_equal(s[g - 1], 3);
+		p[1] = 8; /* read-write again */
+		pid_t pid = fork_child();
+		if (pid == 0) {
+			signal(SIGSEGV, SIG_DFL);
+			q[0] = 1; /* read-only again */
+			_exit(0);
+		}
+		assert_true(WIFSIGNALED(wait_child(pid)));
+	}
+	/* Unmapped while parked: nothing of them stays mapped anywhere. */
+	assert_int_equal(gf_mem_set_accessible(va, 0), 0);
+	assert_int_equal(gf_mem_unmap_all(va), 0);
+	assert_int_equal(memfd_mappings(), mapped - 3);
+	assert_int_equal(gf_mem_alloc_free(a), 0);
+	assert_int_equal(gf_mem_alloc_free(b), 0);
+	assert_int_equal(gf_mem_alloc_free(c), 0);
+	gf_mem_va_free(va);
+	gf_mem_free(m);
+}
+
 /* gf_mem_has_free(): the same answer as gf_mem_info(), with the figure when short. */
 static void test_has_free(void **state)
 {
@@ -748,9 +830,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_refcount_decision7),
 		cmocka_unit_test(test_map_many),
 		cmocka_unit_test(test_import_bad_fd),
-		cmocka_unit_test(test_map_many_undo_host), /* host only: last */
+		cmocka_unit_test(test_map_many_undo_host), /* host only: last two */
+		cmocka_unit_test(test_set_accessible_parks_large_mappings),
 	};
-	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 1);
+	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 2);
 	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];
