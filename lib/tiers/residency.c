@@ -209,6 +209,32 @@ void gms_residency_process(struct gms_residency *r)
 		demote_continue(r);
 }
 
+/*
+ * Memory that released sleepers still pin is not free for a restore: when
+ * the snapshot would not fit in what is free, refuse before allocating and
+ * say who holds the rest (docs/gms.md, "Memory a sleeper still pins").
+ */
+static int restore_room(struct gms_residency *r, const struct gms_host_layout *l, const char *dir)
+{
+	if (!l->pinned_bytes)
+		return 0;
+	const char *dirs[3] = { dir, dir ? NULL : r->warm_dir, dir ? NULL : r->cold_dir };
+	uint64_t need = 0, free_b = 0;
+	for (int i = 0; i < 3 && !need; i++) {
+		struct gms_snap_probe p;
+		if (!dirs[i])
+			continue;
+		gms_snapshot_probe(dirs[i], &p);
+		need = p.present ? p.bytes : 0;
+	}
+	if (!need || gf_mem_info(r->mem, &free_b, NULL) < 0 || free_b >= need)
+		return 0;
+	return gf_err(GF_ERR_OUT_OF_MEMORY, "restore needs %llu bytes and %llu are free: %llu bytes of a dropped layout "
+		      "are still pinned by sleepers that did not let go (%s); resume (SIGCONT) or end them",
+		      (unsigned long long)need, (unsigned long long)free_b, (unsigned long long)l->pinned_bytes,
+		      l->pinned_by);
+}
+
 int gms_residency_restore(struct gms_residency *r, const char *dir)
 {
 	struct gms_host_layout l;
@@ -220,6 +246,10 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 	int rc = tierd_ready(r);
 	if (rc < 0)
 		return rc;
+	if ((rc = restore_room(r, &l, dir)) < 0) {
+		event(r, "event=restore phase=Failed reason=\"%s\"", gf_error_detail());
+		return rc;
+	}
 	struct gms_manifest *mf;
 	gf_mem_alloc **allocs;
 	enum gms_tier from = GMS_TIER_LOADER;
@@ -434,10 +464,16 @@ void gms_residency_reader_connects(struct gms_residency *r)
 		const char *dir = tier_dir(r, order[i]);
 		if (!tier_holds(dir, r->demoted_hash))
 			continue;
-		if (gms_residency_restore(r, dir) == 0) {
+		int rc = gms_residency_restore(r, dir);
+		if (rc == 0) {
 			layout(r, &l);
 			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
 			      (unsigned long long)l.generation, (gf_now_us() - t0) / 1e6);
+			return;
+		}
+		if (rc == GF_ERR_OUT_OF_MEMORY) {
+			/* The tier is intact, the memory is pinned: the next reader tries again. */
+			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(from), gf_error_detail());
 			return;
 		}
 	}
