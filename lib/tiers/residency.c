@@ -3,7 +3,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 
 #include "common.h"
 #include "residency.h"
@@ -280,27 +279,6 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 
 /* ---------------------------------------------------------------- demotion */
 
-/* Whether @dir's file system can take @bytes more (the snapshot writer checks again, exactly). */
-static bool tier_room(const char *dir, uint64_t bytes)
-{
-	struct statvfs v;
-	char parent[4096];
-	if (statvfs(dir, &v) != 0) {
-		/* Not created yet: the snapshot goes into its parent's file system. */
-		snprintf(parent, sizeof(parent), "%s", dir);
-		char *slash = strrchr(parent, '/');
-		if (slash == parent)
-			slash[1] = 0;
-		else if (slash)
-			*slash = 0;
-		else
-			snprintf(parent, sizeof(parent), ".");
-		if (statvfs(parent, &v) != 0)
-			return false;
-	}
-	return (uint64_t)v.f_bavail * v.f_frsize >= bytes;
-}
-
 /* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
 static bool tier_holds(const char *dir, const uint8_t hash[16])
 {
@@ -384,8 +362,13 @@ static void demote_continue(struct gms_residency *r)
 	if (l.hot) {
 		f.warm_current = tier_holds(r->warm_dir, l.hash);
 		f.cold_current = tier_holds(r->cold_dir, l.hash);
-		f.warm_room = f.warm_current || (r->warm_dir && tier_room(r->warm_dir, l.bytes));
-		f.cold_room = f.cold_current || (r->cold_dir && tier_room(r->cold_dir, l.bytes));
+		/* WARM has room also when evicting its older snapshot makes it (gms_tier_place()). */
+		struct gms_place_in pin;
+		struct gms_place_out pout;
+		gms_tier_place_facts(r->warm_dir, r->cold_dir, l.hash, l.bytes, &pin);
+		gms_tier_place(&pin, &pout);
+		f.warm_room = f.warm_current || (r->warm_dir && pout.write_warm);
+		f.cold_room = f.cold_current || (r->cold_dir && gms_tier_fs_free(r->cold_dir) >= l.bytes);
 	}
 	struct gms_demote_plan p;
 	gms_demote_plan(&f, &p);
