@@ -135,7 +135,7 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 		json_object_set_new(o, "demote_below_free_bytes", json_integer((json_int_t)s->demote_below_free_bytes));
 		json_object_set_new(o, "demotions", json_integer((json_int_t)s->demotions));
 		json_object_set_new(o, "pinned_bytes", json_integer((json_int_t)s->pinned_bytes));
-		json_object_set_new(o, "pinned_tracked", json_boolean(s->pinned_tracked));
+		json_object_set_new(o, "pinned_exact", json_boolean(s->pinned_exact));
 		json_t *pins = json_array();
 		for (pb_size_t i = 0; pins && i < s->pinned_by_count; i++) {
 			const gf_GmsPinned *p = &s->pinned_by[i];

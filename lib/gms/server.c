@@ -88,9 +88,11 @@ struct client {
  * A dropped layout that sleepers released by the drop may still hold
  * (docs/gms.md, "Memory a sleeper still pins"): the GMS freed its own
  * references, but a sleeper that is stopped or hung never lets go of its
- * imported handles. Host backend: each allocation is known by its memfd's
- * inode, and each released sleeper's /proc/PID/fd and /proc/PID/maps say
- * whether it still holds it.
+ * imported handles. Host backend, exactly: each allocation is known by its
+ * memfd's inode, and each released sleeper's /proc/PID/fd and
+ * /proc/PID/maps say whether it still holds it. Other backends (cuda: the
+ * driver does not say who holds an import), a lower bound: a sleeper none
+ * of whose threads has run since its session was closed cannot have let go.
  */
 struct pin_holder {
 	uint32_t pid;
@@ -98,13 +100,18 @@ struct pin_holder {
 	uint64_t bytes;     /* seen held at the last look */
 	uint32_t allocs;
 	bool reported;      /* its event=still_pinned was logged */
+	uint64_t ran0;      /* not exact: its threads' context switches before the drop */
+	int ran0_err;       /* ...or why they could not be read */
 };
 
 struct retired {
 	uint64_t generation;
 	int64_t at_unix_ms;
 	const char *reason;  /* static: "new_load", "demotion", "abort" */
-	dev_t dev;           /* the memfds' file system */
+	bool exact;          /* held allocations are seen (host), else inferred from activity */
+	uint64_t bytes;      /* the layout's size and allocations */
+	uint32_t allocs;
+	dev_t dev;           /* exact: the memfds' file system */
 	size_t n;
 	struct retired_alloc {
 		uint64_t ino, size;
@@ -273,22 +280,58 @@ static void retired_free(struct retired *r)
 	free(r->h);
 }
 
-/* Whether the dropped layouts' holders can be seen: the host backend's memfds are files in /proc. */
-static bool pins_tracked(const gf_gmsd *d)
+/* Whether the dropped layouts' holders can be seen exactly: the host backend's memfds are files in /proc. */
+static bool pins_exact(const gf_gmsd *d)
 {
 	return d->mem && gf_mem_kind(d->mem) == GF_MEM_HOST;
+}
+
+/*
+ * Context switches of every thread of process @pid so far, in *@out. A
+ * process whose sum has not moved has not run, so it has not let go of
+ * anything. GF_ERR_NOT_FOUND when it is gone.
+ */
+static int task_switches(uint32_t pid, uint64_t *out)
+{
+	char path[96], line[128];
+	if (!pid)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
+	snprintf(path, sizeof(path), "/proc/%u/task", pid);
+	DIR *dir = opendir(path);
+	if (!dir)
+		return errno == ENOENT ? gf_err(GF_ERR_NOT_FOUND, "gone")
+				       : gf_err_errno(GF_ERR_PERMISSION, errno, "open %s", path);
+	uint64_t sum = 0;
+	for (struct dirent *e; (e = readdir(dir));) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%u/task/%.20s/status", pid, e->d_name);
+		FILE *f = fopen(path, "re");
+		while (f && fgets(line, sizeof(line), f)) {
+			unsigned long long v;
+			if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+			    sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+				sum += v;
+		}
+		if (f)
+			fclose(f);
+	}
+	closedir(dir);
+	*out = sum;
+	return 0;
 }
 
 /* Before @d frees the layout: remember its allocations and the sleepers @h released, to watch them let go. */
 static void retire(gf_gmsd *d, const char *reason, struct pin_holder *h, size_t nh)
 {
 	struct retired r = { .generation = d->generation, .at_unix_ms = gf_wall_us() / 1000, .reason = reason,
-			     .h = h, .nholders = nh };
-	if (!pins_tracked(d) || !d->nallocs || !(r.ids = calloc(d->nallocs, sizeof(*r.ids)))) {
+			     .h = h, .nholders = nh, .exact = pins_exact(d), .bytes = d->alloc_bytes,
+			     .allocs = (uint32_t)d->nallocs };
+	if (!d->nallocs || (r.exact && !(r.ids = calloc(d->nallocs, sizeof(*r.ids))))) {
 		retired_free(&r);
 		return;
 	}
-	for (size_t i = 0; i < d->nallocs; i++) {
+	for (size_t i = 0; r.exact && i < d->nallocs; i++) {
 		int fd;
 		bool owned;
 		struct stat st;
@@ -301,7 +344,8 @@ static void retire(gf_gmsd *d, const char *reason, struct pin_holder *h, size_t 
 		if (owned)
 			gf_close(fd);
 	}
-	qsort(r.ids, r.n, sizeof(*r.ids), retired_alloc_cmp);
+	if (r.n)
+		qsort(r.ids, r.n, sizeof(*r.ids), retired_alloc_cmp);
 	if (d->nretired == GMSD_RETIRED_MAX) {
 		/* Bounded: the oldest record stops being watched, and says so. */
 		event(d, "event=pins_untracked generation=%llu holders=%zu reason=\"more than %d dropped layouts watched\"",
@@ -341,6 +385,19 @@ static int scan_holder(const struct retired *r, struct pin_holder *h)
 	h->allocs = 0;
 	if (!h->pid)
 		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
+	if (!r->exact) {
+		uint64_t now = 0;
+		int rc = h->ran0_err ? h->ran0_err : task_switches(h->pid, &now);
+		if (rc == GF_ERR_NOT_FOUND)
+			return 0;
+		if (rc < 0)
+			return h->ran0_err ? gf_err(rc, "its threads could not be looked at") : rc;
+		if (now == h->ran0) {
+			h->bytes = r->bytes;
+			h->allocs = r->allocs;
+		}
+		return 0; /* it ran: it may have let go, and is no longer counted */
+	}
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%u/fd", h->pid);
 	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -432,14 +489,16 @@ static uint64_t pinned_bytes(const gf_gmsd *d)
 	return b;
 }
 
-/* Add @c to the sleepers a drop releases. */
-static void note_holder(struct pin_holder **h, size_t *n, const struct client *c)
+/* Add @c to the sleepers a drop releases: before its session is closed, so that any run after it shows. */
+static void note_holder(gf_gmsd *d, struct pin_holder **h, size_t *n, const struct client *c)
 {
 	struct pin_holder *g = realloc(*h, (*n + 1) * sizeof(**h));
 	if (!g)
 		return; /* not watched: the figure is then low, never wrongly high */
 	*h = g;
 	g[*n] = (struct pin_holder){ .pid = c->pid };
+	if (!pins_exact(d))
+		g[*n].ran0_err = task_switches(c->pid, &g[*n].ran0);
 	snprintf(g[*n].peer, sizeof(g[*n].peer), "%s", c->peer);
 	(*n)++;
 }
@@ -458,7 +517,7 @@ static void drop_layout(gf_gmsd *d, const char *reason)
 		n = next_client(d, c);
 		if (c->parked || (c->phase == C_WAIT && c->handles_kept)) {
 			event(d, "event=sleeper_released peer=%s pid=%u reason=layout_dropped", c->peer, c->pid);
-			note_holder(&held, &nheld, c);
+			note_holder(d, &held, &nheld, c);
 			client_close(d, c, "layout dropped: a sleeping reader lets go of its handles");
 		}
 	}
@@ -1087,7 +1146,7 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 	s->fence_refusals = d->fence_refusals;
 	/* Looked at now: the figure an operator or a demotion's answer reads is current. */
 	pin_scan(d);
-	s->pinned_tracked = pins_tracked(d);
+	s->pinned_exact = pins_exact(d);
 	s->pinned_bytes = pinned_bytes(d);
 	for (size_t i = 0; i < d->nretired; i++)
 		for (size_t k = 0; k < d->retired[i].nholders && s->pinned_by_count < GF_ARRAY_SIZE(s->pinned_by); k++) {
@@ -1171,11 +1230,11 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		   "# TYPE gf_gms_fence_refusals_total counter\ngf_gms_fence_refusals_total %llu\n"
 		   "# HELP gf_gms_pinned_bytes Bytes of dropped layouts that released sleepers still hold.\n"
 		   "# TYPE gf_gms_pinned_bytes gauge\ngf_gms_pinned_bytes %llu\n"
-		   "# HELP gf_gms_pinned_tracked 1 when the backend lets the GMS see those holders (host).\n"
-		   "# TYPE gf_gms_pinned_tracked gauge\ngf_gms_pinned_tracked %d\n",
+		   "# HELP gf_gms_pinned_exact 1 when those holders are seen (host), 0 for a lower bound (cuda).\n"
+		   "# TYPE gf_gms_pinned_exact gauge\ngf_gms_pinned_exact %d\n",
 		(unsigned long long)s->generation, s->readers, s->waiters, s->sleeping, s->allocation_count,
 		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
-		(unsigned long long)s->fence_refusals, (unsigned long long)s->pinned_bytes, s->pinned_tracked ? 1 : 0);
+		(unsigned long long)s->fence_refusals, (unsigned long long)s->pinned_bytes, s->pinned_exact ? 1 : 0);
 	if (s->pinned_by_count)
 		fputs("# HELP gf_gms_pinned_by_bytes Bytes of a dropped layout one released sleeper still holds.\n"
 		      "# TYPE gf_gms_pinned_by_bytes gauge\n", f);
