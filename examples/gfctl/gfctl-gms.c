@@ -288,7 +288,17 @@ static int run_demote(int argc, char **argv)
 		free(text);
 	}
 	json_t *l = json_object_get(st, "last_demotion");
-	printf("demoted to=%s state=%s\n", json_is_object(l) ? str_or(l, "to", "?") : "?", str_or(st, "state", "?"));
+	/* Memory the drop could not free: sleepers it released that still hold their handles (docs/gms.md). */
+	printf("demoted to=%s state=%s pinned_bytes=%lld\n", json_is_object(l) ? str_or(l, "to", "?") : "?",
+	       str_or(st, "state", "?"), (long long)json_integer_value(json_object_get(st, "pinned_bytes")));
+	json_t *pins = json_object_get(st, "pinned_by");
+	for (size_t i = 0; i < json_array_size(pins); i++) {
+		json_t *p = json_array_get(pins, i);
+		printf("pinned_by: pid=%lld peer=%s bytes=%lld generation=%lld\n",
+		       (long long)json_integer_value(json_object_get(p, "pid")), str_or(p, "peer", "?"),
+		       (long long)json_integer_value(json_object_get(p, "bytes")),
+		       (long long)json_integer_value(json_object_get(p, "generation")));
+	}
 	json_decref(st);
 	return GFCTL_OK;
 }

@@ -134,6 +134,17 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 		json_object_set_new(o, "min_resident_seconds", json_real(s->min_resident_seconds));
 		json_object_set_new(o, "demote_below_free_bytes", json_integer((json_int_t)s->demote_below_free_bytes));
 		json_object_set_new(o, "demotions", json_integer((json_int_t)s->demotions));
+		json_object_set_new(o, "pinned_bytes", json_integer((json_int_t)s->pinned_bytes));
+		json_object_set_new(o, "pinned_exact", json_boolean(s->pinned_exact));
+		json_t *pins = json_array();
+		for (pb_size_t i = 0; pins && i < s->pinned_by_count; i++) {
+			const gf_GmsPinned *p = &s->pinned_by[i];
+			json_array_append_new(pins, json_pack("{s:i, s:s, s:I, s:i, s:I, s:s, s:I}", "pid", (int)p->pid, "peer",
+							      p->peer, "bytes", (json_int_t)p->bytes, "allocations",
+							      (int)p->allocations, "generation", (json_int_t)p->generation,
+							      "reason", p->reason, "since_unix_ms", (json_int_t)p->since_unix_ms));
+		}
+		json_object_set_new(o, "pinned_by", pins ? pins : json_null());
 		const gf_GmsDemotion *l = &s->last_demotion;
 		json_object_set_new(o, "last_demotion",
 				    s->has_last_demotion

@@ -3,7 +3,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 
 #include "common.h"
 #include "residency.h"
@@ -209,6 +208,32 @@ void gms_residency_process(struct gms_residency *r)
 		demote_continue(r);
 }
 
+/*
+ * Memory that released sleepers still pin is not free for a restore: when
+ * the snapshot would not fit in what is free, refuse before allocating and
+ * say who holds the rest (docs/gms.md, "Memory a sleeper still pins").
+ */
+static int restore_room(struct gms_residency *r, const struct gms_host_layout *l, const char *dir)
+{
+	if (!l->pinned_bytes)
+		return 0;
+	const char *dirs[3] = { dir, dir ? NULL : r->warm_dir, dir ? NULL : r->cold_dir };
+	uint64_t need = 0, free_b = 0;
+	for (int i = 0; i < 3 && !need; i++) {
+		struct gms_snap_probe p;
+		if (!dirs[i])
+			continue;
+		gms_snapshot_probe(dirs[i], &p);
+		need = p.present ? p.bytes : 0;
+	}
+	if (!need || gf_mem_info(r->mem, &free_b, NULL) < 0 || free_b >= need)
+		return 0;
+	return gf_err(GF_ERR_OUT_OF_MEMORY, "restore needs %llu bytes and %llu are free: %llu bytes of a dropped layout "
+		      "are still pinned by sleepers that did not let go (%s); resume (SIGCONT) or end them",
+		      (unsigned long long)need, (unsigned long long)free_b, (unsigned long long)l->pinned_bytes,
+		      l->pinned_by);
+}
+
 int gms_residency_restore(struct gms_residency *r, const char *dir)
 {
 	struct gms_host_layout l;
@@ -220,6 +245,10 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 	int rc = tierd_ready(r);
 	if (rc < 0)
 		return rc;
+	if ((rc = restore_room(r, &l, dir)) < 0) {
+		event(r, "event=restore phase=Failed reason=\"%s\"", gf_error_detail());
+		return rc;
+	}
 	struct gms_manifest *mf;
 	gf_mem_alloc **allocs;
 	enum gms_tier from = GMS_TIER_LOADER;
@@ -249,27 +278,6 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 }
 
 /* ---------------------------------------------------------------- demotion */
-
-/* Whether @dir's file system can take @bytes more (the snapshot writer checks again, exactly). */
-static bool tier_room(const char *dir, uint64_t bytes)
-{
-	struct statvfs v;
-	char parent[4096];
-	if (statvfs(dir, &v) != 0) {
-		/* Not created yet: the snapshot goes into its parent's file system. */
-		snprintf(parent, sizeof(parent), "%s", dir);
-		char *slash = strrchr(parent, '/');
-		if (slash == parent)
-			slash[1] = 0;
-		else if (slash)
-			*slash = 0;
-		else
-			snprintf(parent, sizeof(parent), ".");
-		if (statvfs(parent, &v) != 0)
-			return false;
-	}
-	return (uint64_t)v.f_bavail * v.f_frsize >= bytes;
-}
 
 /* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
 static bool tier_holds(const char *dir, const uint8_t hash[16])
@@ -354,8 +362,13 @@ static void demote_continue(struct gms_residency *r)
 	if (l.hot) {
 		f.warm_current = tier_holds(r->warm_dir, l.hash);
 		f.cold_current = tier_holds(r->cold_dir, l.hash);
-		f.warm_room = f.warm_current || (r->warm_dir && tier_room(r->warm_dir, l.bytes));
-		f.cold_room = f.cold_current || (r->cold_dir && tier_room(r->cold_dir, l.bytes));
+		/* WARM has room also when evicting its older snapshot makes it (gms_tier_place()). */
+		struct gms_place_in pin;
+		struct gms_place_out pout;
+		gms_tier_place_facts(r->warm_dir, r->cold_dir, l.hash, l.bytes, &pin);
+		gms_tier_place(&pin, &pout);
+		f.warm_room = f.warm_current || (r->warm_dir && pout.write_warm);
+		f.cold_room = f.cold_current || (r->cold_dir && gms_tier_fs_free(r->cold_dir) >= l.bytes);
 	}
 	struct gms_demote_plan p;
 	gms_demote_plan(&f, &p);
@@ -434,10 +447,16 @@ void gms_residency_reader_connects(struct gms_residency *r)
 		const char *dir = tier_dir(r, order[i]);
 		if (!tier_holds(dir, r->demoted_hash))
 			continue;
-		if (gms_residency_restore(r, dir) == 0) {
+		int rc = gms_residency_restore(r, dir);
+		if (rc == 0) {
 			layout(r, &l);
 			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
 			      (unsigned long long)l.generation, (gf_now_us() - t0) / 1e6);
+			return;
+		}
+		if (rc == GF_ERR_OUT_OF_MEMORY) {
+			/* The tier is intact, the memory is pinned: the next reader tries again. */
+			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(from), gf_error_detail());
 			return;
 		}
 	}

@@ -43,6 +43,10 @@ struct gms_host_layout {
 	uint8_t hash[16];   /* the committed layout hash */
 	size_t allocations;
 	uint64_t bytes;     /* sum of the allocation sizes */
+	/* dropped layouts that released sleepers still hold (docs/gms.md): the
+	 * memory a restore cannot have, and who holds it ("pid 12 (peer) N bytes, ...") */
+	uint64_t pinned_bytes;
+	char pinned_by[256];
 };
 
 /* Which request an answer is for. */

@@ -398,6 +398,38 @@ int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_m
 	return 0;
 }
 
+int gms_snapshot_remove(const char *dir)
+{
+	char parent[4096], base[256];
+	int rc = dir ? split_dir(dir, parent, sizeof(parent), base, sizeof(base))
+		     : gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL directory");
+	if (rc < 0)
+		return rc;
+	int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (pfd < 0)
+		return file_err(errno, "snapshot: open parent directory %s", parent);
+	int ofd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (ofd < 0) {
+		rc = errno == ENOENT ? gf_err(GF_ERR_NOT_FOUND, "snapshot: no snapshot at %s", dir)
+				     : file_err(errno, "snapshot: open %s", dir);
+		close(pfd);
+		return rc;
+	}
+	bool is_snapshot = faccessat(ofd, GMS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, GMS_SNAP_DATA, F_OK, 0) == 0;
+	close(ofd);
+	if (!is_snapshot) {
+		close(pfd);
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s is not a snapshot directory; not removing it", dir);
+	}
+	remove_snapshot_dir(pfd, base);
+	if (faccessat(pfd, base, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		rc = gf_err(GF_ERR_IO, "snapshot: %s could not be removed", dir);
+	else if (fsync(pfd) < 0)
+		rc = file_err(errno, "snapshot: fsync directory %s", parent);
+	close(pfd);
+	return rc;
+}
+
 /* ---------------------------------------------------------------- reading */
 
 /* Open and check the snapshot at @dir; *@data_fd is its data file, open for reading. */

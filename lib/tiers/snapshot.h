@@ -157,6 +157,14 @@ struct gms_snap_probe {
  */
 void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out);
 
+/*
+ * Remove the snapshot at @dir (its two files, then the directory) to free
+ * its space, durably (the parent is fsynced). GF_ERR_NOT_FOUND when there is
+ * none; GF_ERR_INVALID_ARG when @dir is not a snapshot directory (never
+ * removed); else GF_ERR_IO or GF_ERR_PERMISSION.
+ */
+int gms_snapshot_remove(const char *dir);
+
 /* Recompute the layout hash of @mf (same function as the server's commit). 0 or GF_ERR_NOMEM. */
 int gms_manifest_layout_hash(const struct gms_manifest *mf, uint8_t out[16]);
 

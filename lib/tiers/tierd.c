@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -147,6 +148,61 @@ bool gms_tierd_busy(struct gms_tierd *t)
 	return t->running;
 }
 
+/* Free bytes in @dir's file system, or its parent's while it does not exist yet (0 when neither can be asked). */
+uint64_t gms_tier_fs_free(const char *dir)
+{
+	struct statvfs v;
+	char parent[4096];
+	if (statvfs(dir, &v) != 0) {
+		snprintf(parent, sizeof(parent), "%s", dir);
+		char *slash = strrchr(parent, '/');
+		if (slash == parent)
+			slash[1] = 0;
+		else if (slash)
+			*slash = 0;
+		else
+			snprintf(parent, sizeof(parent), ".");
+		if (statvfs(parent, &v) != 0)
+			return 0;
+	}
+	return (uint64_t)v.f_bavail * v.f_frsize;
+}
+
+void gms_tier_place_facts(const char *warm, const char *cold, const uint8_t hash[16], uint64_t bytes,
+			  struct gms_place_in *in)
+{
+	struct gms_snap_probe p;
+	memset(&p, 0, sizeof(p));
+	if (warm)
+		gms_snapshot_probe(warm, &p);
+	*in = (struct gms_place_in){
+		.bytes = bytes,
+		.warm_kept = warm != NULL,
+		.cold_kept = cold != NULL,
+		.warm_current = p.present && !memcmp(p.layout_hash, hash, 16),
+		.warm_free = warm ? gms_tier_fs_free(warm) : 0,
+		.warm_other = p.present && memcmp(p.layout_hash, hash, 16) != 0,
+		.warm_other_bytes = p.bytes,
+	};
+}
+
+/* Before writing to WARM: where the snapshot goes (gms_tier_place()); WARM's older snapshot is evicted when told. */
+static void place(struct gms_tierd *t, const struct gms_manifest *mf, struct gms_place_out *out)
+{
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < mf->nallocs; i++)
+		bytes += mf->allocs[i].size;
+	struct gms_place_in in;
+	gms_tier_place_facts(t->dir[GMS_TIER_WARM], t->dir[GMS_TIER_COLD], mf->layout_hash, bytes, &in);
+	gms_tier_place(&in, out);
+	if (!out->evict_warm)
+		return;
+	gf_log(GF_LOG_INFO, "gms", "tier=warm msg=\"evicting the older snapshot\" reason=\"%s\" bytes=%" PRIu64
+				  " needed=%" PRIu64 " free=%" PRIu64, out->reason, in.warm_other_bytes, bytes, in.warm_free);
+	if (gms_snapshot_remove(t->dir[GMS_TIER_WARM]) < 0)
+		gf_log(GF_LOG_WARN, "gms", "tier=warm msg=\"eviction failed\" reason=\"%s\"", gf_error_detail());
+}
+
 static void *job_main(void *arg)
 {
 	struct gms_tierd *t = arg;
@@ -158,9 +214,19 @@ static void *job_main(void *arg)
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
 		rc = gf_mem_import(t->m, t->job_fds[i], mf->allocs[i].size, &allocs[i]);
 	const char *targets[2] = { t->job_dir, NULL };
+	struct gms_place_out pl = { .write_warm = true, .reason = "" };
+	bool to_warm = t->dir[GMS_TIER_WARM] && (!t->job_dir || !strcmp(t->job_dir, t->dir[GMS_TIER_WARM]));
+	if (rc == 0 && to_warm)
+		place(t, mf, &pl);
 	if (!t->job_dir) {
-		targets[0] = t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_WARM] : t->dir[GMS_TIER_COLD];
-		targets[1] = t->dir[GMS_TIER_WARM] ? t->dir[GMS_TIER_COLD] : NULL;
+		/* WARM first, then COLD; a full WARM spills to COLD alone. */
+		int n = 0;
+		if (t->dir[GMS_TIER_WARM] && pl.write_warm)
+			targets[n++] = t->dir[GMS_TIER_WARM];
+		if (t->dir[GMS_TIER_COLD])
+			targets[n++] = t->dir[GMS_TIER_COLD];
+		if (n == 0)
+			rc = gf_err(GF_ERR_IO, "snapshot: %s", pl.reason);
 	}
 	struct gms_snap_stats st = { 0 };
 	int64_t us = 0;
@@ -168,9 +234,11 @@ static void *job_main(void *arg)
 		rc = gms_snapshot_write(targets[i], t->m, mf, allocs, &st);
 		us += st.elapsed_us;
 	}
+	bool placed = to_warm && strcmp(pl.reason, "warm has room") != 0;
 	if (rc == 0)
-		set_phase(t, GMS_PHASE_CHECKPOINTED, mf->total_bytes, "generation %" PRIu64 " written to %s%s%s in %.3f s",
-			  mf->generation, targets[0], targets[1] ? " and " : "", targets[1] ? targets[1] : "", us / 1e6);
+		set_phase(t, GMS_PHASE_CHECKPOINTED, mf->total_bytes, "generation %" PRIu64 " written to %s%s%s in %.3f s%s%s",
+			  mf->generation, targets[0], targets[1] ? " and " : "", targets[1] ? targets[1] : "", us / 1e6,
+			  placed ? "; " : "", placed ? pl.reason : "");
 	else
 		set_phase(t, GMS_PHASE_FAILED, 0, "%s", gf_error_detail());
 	for (size_t i = 0; allocs && i < mf->nallocs; i++)

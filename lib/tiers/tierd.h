@@ -84,4 +84,10 @@ json_t *gms_tierd_status_json(struct gms_tierd *t);
  */
 void gms_tierd_metrics(struct gms_tierd *t, char *buf, size_t cap, size_t *len);
 
+/* Free bytes in @dir's file system, or its parent's while @dir does not exist yet (0 when neither answers). */
+uint64_t gms_tier_fs_free(const char *dir);
+/* The facts gms_tier_place() needs for a layout of @hash and @bytes, probed now (WARM @warm, COLD @cold; NULL: not kept). */
+void gms_tier_place_facts(const char *warm, const char *cold, const uint8_t hash[16], uint64_t bytes,
+			  struct gms_place_in *in);
+
 #endif

@@ -106,6 +106,26 @@ void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *o
 	out->step = current ? GMS_DEMOTE_DROP : GMS_DEMOTE_SNAPSHOT;
 }
 
+void gms_tier_place(const struct gms_place_in *in, struct gms_place_out *out)
+{
+	*out = (struct gms_place_out){ .write_cold = in->cold_kept };
+	if (!in->warm_kept) {
+		out->reason = in->cold_kept ? "no warm tier: cold" : "no tier kept";
+	} else if (in->warm_free >= in->bytes) {
+		out->write_warm = true;
+		out->reason = "warm has room";
+	} else if (in->warm_current) {
+		out->reason = "warm full, and it already holds this layout";
+	} else if (in->warm_other && in->warm_free + in->warm_other_bytes >= in->bytes) {
+		out->evict_warm = out->write_warm = true;
+		out->reason = "warm full: its older snapshot is evicted to make room";
+	} else {
+		out->evict_warm = in->warm_other;
+		out->reason = in->cold_kept ? "warm full even without its older snapshot: spilled to cold"
+					    : "warm full even without its older snapshot and no cold tier: not kept";
+	}
+}
+
 const char *gms_phase_name(enum gms_phase p)
 {
 	static const char *const names[] = { "None", "Pending", "Checkpointing", "Checkpointed", "Restoring", "Restored", "Failed" };

@@ -101,6 +101,39 @@ struct gms_demote_plan {
  */
 void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *out);
 
+/*
+ * Where a snapshot of the HOT layout goes when the kept tiers are written
+ * (every commit, and a demotion's snapshot to WARM): the facts about WARM's
+ * room, the steps to take. WARM holds one snapshot; a replacement is written
+ * beside it and exchanged, so it needs room for the whole new layout.
+ */
+struct gms_place_in {
+	uint64_t bytes;            /* the layout's size */
+	bool warm_kept, cold_kept;
+	bool warm_current;         /* WARM already holds exactly this layout */
+	uint64_t warm_free;        /* free bytes in WARM's file system */
+	bool warm_other;           /* WARM holds a snapshot of another (older) layout */
+	uint64_t warm_other_bytes; /* its size */
+};
+
+struct gms_place_out {
+	bool evict_warm;    /* remove WARM's older snapshot first */
+	bool write_warm;
+	bool write_cold;
+	const char *reason; /* static text */
+};
+
+/*
+ * Place a snapshot: WARM when it has room (else kept as it is when it
+ * already holds this layout); when it has room only without
+ * its older snapshot, evict that one first (it is not the HOT layout: a
+ * restart would restore it, not this one); when even that is not enough,
+ * WARM is full: the snapshot spills to COLD only, and WARM's older snapshot
+ * is evicted all the same, so a restart restores COLD's current layout
+ * rather than WARM's stale one. COLD is written whenever it is kept.
+ */
+void gms_tier_place(const struct gms_place_in *in, struct gms_place_out *out);
+
 /* Phases of one snapshot or restore (seed 004's vocabulary). */
 enum gms_phase {
 	GMS_PHASE_NONE = 0, /* no operation yet */

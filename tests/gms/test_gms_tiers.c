@@ -130,6 +130,46 @@ static void test_demote_plan(void **state)
 }
 
 /* Every (kind, from, to) step: only the documented ones are accepted. */
+/* Where a snapshot goes as WARM fills up: evict its older snapshot when that makes room, else spill to COLD. */
+static void test_place(void **state)
+{
+	(void)state;
+	const uint64_t M = 1 << 20;
+	struct gms_place_out o;
+	struct gms_place_in in = { .bytes = 32 * M, .warm_kept = true, .cold_kept = true, .warm_free = 40 * M };
+	gms_tier_place(&in, &o);
+	assert_true(o.write_warm && o.write_cold && !o.evict_warm);
+	assert_string_equal(o.reason, "warm has room");
+	/* Full with an older snapshot whose space makes room: it goes first. */
+	in = (struct gms_place_in){ .bytes = 32 * M, .warm_kept = true, .cold_kept = true, .warm_free = 8 * M,
+				    .warm_other = true, .warm_other_bytes = 32 * M };
+	gms_tier_place(&in, &o);
+	assert_true(o.evict_warm && o.write_warm && o.write_cold);
+	assert_non_null(strstr(o.reason, "evicted to make room"));
+	/* Not even then: spill to COLD, and the stale WARM snapshot goes all the same. */
+	in.bytes = 48 * M;
+	gms_tier_place(&in, &o);
+	assert_true(o.evict_warm && !o.write_warm && o.write_cold);
+	assert_non_null(strstr(o.reason, "spilled to cold"));
+	in.cold_kept = false;
+	gms_tier_place(&in, &o);
+	assert_true(o.evict_warm && !o.write_warm && !o.write_cold);
+	assert_non_null(strstr(o.reason, "no cold tier"));
+	/* Full, but it already holds this layout: kept as it is, nothing evicted. */
+	in = (struct gms_place_in){ .bytes = 32 * M, .warm_kept = true, .cold_kept = true, .warm_free = 8 * M,
+				    .warm_current = true, .warm_other_bytes = 32 * M };
+	gms_tier_place(&in, &o);
+	assert_true(!o.evict_warm && !o.write_warm && o.write_cold);
+	/* Empty WARM too small, nothing to evict: spill. */
+	in = (struct gms_place_in){ .bytes = 32 * M, .warm_kept = true, .cold_kept = true, .warm_free = 8 * M };
+	gms_tier_place(&in, &o);
+	assert_true(!o.evict_warm && !o.write_warm && o.write_cold);
+	/* No WARM kept: COLD only. */
+	in = (struct gms_place_in){ .bytes = 32 * M, .cold_kept = true };
+	gms_tier_place(&in, &o);
+	assert_true(!o.write_warm && o.write_cold);
+}
+
 static void test_phases(void **state)
 {
 	(void)state;
@@ -177,6 +217,7 @@ int main(void)
 		cmocka_unit_test(test_restore_source),
 		cmocka_unit_test(test_demote),
 		cmocka_unit_test(test_demote_plan),
+		cmocka_unit_test(test_place),
 		cmocka_unit_test(test_phases),
 	};
 	return cmocka_run_group_tests_name("gms-tiers", tests, NULL, NULL);

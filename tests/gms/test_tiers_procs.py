@@ -34,12 +34,12 @@ def tmp():
 
 
 class Gmsd:
-    def __init__(self, sock, *args, wait_ready=True):
+    def __init__(self, sock, *args, wait_ready=True, env=None):
         self.sock = sock
         self.uri = "unix://" + sock
         self.log = tempfile.NamedTemporaryFile(prefix="gf-gmsd-", suffix=".log", delete=False)
         self.p = subprocess.Popen([GMSD, "--listen", self.uri, "--backend", "host", *args],
-                                  stdout=subprocess.DEVNULL, stderr=self.log)
+                                  stdout=subprocess.DEVNULL, stderr=self.log, env=env)
         if wait_ready:
             self.wait_log('msg="ready"', 60)
 
