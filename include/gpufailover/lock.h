@@ -288,10 +288,18 @@ typedef struct gf_lock_query gf_lock_query;
  */
 GF_EXPORT int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
 				  const struct gf_lock_proof *proof, int64_t timeout_ms);
+/**
+ * gf_lock_revoke() of the grant of @p epoch, run off the caller's loop like
+ * gf_lock_query_start(): its fd turns readable when done, and
+ * gf_lock_query_result() (with @p out NULL or ignored) returns the revoke's
+ * result. Errors of the start: GF_ERR_INVALID_ARG (epoch 0), GF_ERR_NOMEM, GF_ERR_IO.
+ */
+GF_EXPORT int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+				   uint64_t epoch, int64_t timeout_ms);
 /** An fd that turns readable (POLLIN) when the query is done; the query's own, valid until its free. */
 GF_EXPORT int gf_lock_query_get_fd(const gf_lock_query *q);
 /**
- * The query's result: 0 and @p out filled, GF_ERR_AGAIN while it runs, or
+ * The query's result: 0 and @p out (may be NULL) filled, GF_ERR_AGAIN while it runs, or
  * its error (GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
  * GF_ERR_PROTOCOL, ...) with a detail. Does not block.
  */

@@ -15,8 +15,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "mem_int.h"
 #include "client_session.h"
 #include "fsm.h"
@@ -27,6 +25,7 @@
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
+#define FENCE_QUERY_MS 2000 /* the lock server's answer to the fence, off the loop */
 #define GMSD_MAX_ALLOCS 65536
 #define GMSD_MAX_META 1000000
 #define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
@@ -56,6 +55,11 @@ struct client {
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
+	struct gf_lock_proof lock_proof; /* and that grant's fence proof (epoch 0: none) */
+	/* The fence's query of the lock server, off the loop (fence_step()). */
+	gf_lock_query *fence_q;
+	struct gf_srv_watch fence_w;
+	bool fence_passed;      /* the answer came and named this client's grant: grant once */
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
 	enum gms_residency_wait tier_wait;
 	uint32_t tier_seq;
@@ -310,39 +314,91 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 
 /*
  * A GMS fenced by a lock drops its committed layout only for the lock's
- * current holder: 0 when @c may, else the error it was sent. Asks the lock
- * server (bounded): a drop is rare (a new load replacing the weights), and a
- * refusal must be based on the grant as it is now, revocations included.
+ * current holder, proven by the fence proof of its grant (gf_lock_grant_proof()):
+ * the epoch alone is public. The lock server is asked each time (a drop is
+ * rare: a new load replacing the weights), so a refusal is based on the
+ * grant as it is now, revocations included. The query runs on a thread of
+ * the lock client and its end is an fd in this loop: the other peers are
+ * served meanwhile, and the writer waits in its queue position.
  */
-static int fence_check(gf_gmsd *d, struct client *c)
+static void fence_cancel(gf_gmsd *d, struct client *c)
 {
-	char *js = NULL;
-	uint64_t current = 0;
-	int rc = gf_lock_status_json(d->lock_uri, d->lock_secret, d->lock_secret_len, 250, &js);
-	if (rc == 0) {
-		json_t *root = json_loads(js, 0, NULL);
-		json_t *holder = root ? json_object_get(root, "holder") : NULL;
-		if (json_is_string(holder))
-			current = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
-		json_decref(root);
-		free(js);
-	}
-	if (rc < 0) {
-		rc = GF_ERR_UNREACHABLE;
-		reply_error(d, c, c->seq, rc, "RW would drop the committed layout and the lock server (%s) did not "
-			    "answer: %s", d->lock_uri, gf_error_detail());
-	} else if (c->lock_epoch == 0 || c->lock_epoch != current) {
-		rc = GF_ERR_PERMISSION;
-		reply_error(d, c, c->seq, rc, "RW would drop the committed layout: only the lock's current holder "
-			    "may (connect epoch %llu, lock epoch %llu%s)", (unsigned long long)c->lock_epoch,
-			    (unsigned long long)current, current ? "" : ", no holder");
-	} else {
-		return 0;
-	}
+	if (!c->fence_q)
+		return;
+	gf_srv_watch_del(d->srv, gf_lock_query_get_fd(c->fence_q));
+	gf_lock_query_free(c->fence_q);
+	c->fence_q = NULL;
+}
+
+static void fence_refuse(gf_gmsd *d, struct client *c, uint64_t current)
+{
 	d->fence_refusals++;
 	event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
 	      (unsigned long long)c->lock_epoch, (unsigned long long)current);
-	return rc;
+	c->phase = C_IDLE;
+	/* A leaving RW waiter may unblock readers (writer priority). */
+	d->changed = true;
+}
+
+static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
+{
+	gf_gmsd *d = ctx;
+	struct client *c = (struct client *)((char *)w - offsetof(struct client, fence_w));
+	struct gf_lock_holder h;
+	int rc = gf_lock_query_result(c->fence_q, &h);
+	if (rc == GF_ERR_AGAIN)
+		return;
+	fence_cancel(d, c);
+	if (c->phase != C_WAIT)
+		return;
+	if (rc < 0) {
+		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
+			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
+		fence_refuse(d, c, 0);
+	} else if (c->lock_epoch == 0 || h.epoch != c->lock_epoch || !h.proof_valid) {
+		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may, with its grant's proof (connect epoch %llu%s, lock epoch %llu%s)",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : " without a proof",
+			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
+		fence_refuse(d, c, h.epoch);
+	} else {
+		c->fence_passed = true;
+		d->changed = true;
+	}
+}
+
+/* 1: @c may drop the layout now; 0: the lock server is being asked (or
+ * refused @c: its phase is then C_IDLE and the reply sent). */
+static int fence_step(gf_gmsd *d, struct client *c)
+{
+	if (c->fence_passed) {
+		c->fence_passed = false;
+		return 1;
+	}
+	if (c->fence_q)
+		return 0;
+	if (c->lock_epoch == 0) {
+		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may (the connect carried no lock grant)");
+		fence_refuse(d, c, 0);
+		return 0;
+	}
+	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
+				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
+	if (rc == 0) {
+		c->fence_w.fn = on_fence_answer;
+		rc = gf_srv_watch_add(d->srv, gf_lock_query_get_fd(c->fence_q), &c->fence_w);
+		if (rc < 0) {
+			gf_lock_query_free(c->fence_q);
+			c->fence_q = NULL;
+		}
+	}
+	if (rc < 0) {
+		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+			    "server could not be asked: %s", gf_error_detail());
+		fence_refuse(d, c, 0);
+	}
+	return 0;
 }
 
 static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
@@ -353,10 +409,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	enum gms_decision dec = gms_fsm_decide(&d->fsm, c->mode, other_rw_waiting(d, c));
 	if (dec == GMS_WAIT || dec == GMS_INVALID)
 		return 0;
-	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && fence_check(d, c) < 0) {
-		c->phase = C_IDLE;
-		return -1;
-	}
+	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !fence_step(d, c))
+		return c->phase == C_WAIT ? 0 : -1;
+	c->fence_passed = false;
 	if (dec == GMS_GRANT_RW_DROP) {
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
@@ -431,6 +486,13 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	c->mode = r->mode;
 	c->lock_epoch = r->lock_epoch;
+	memset(&c->lock_proof, 0, sizeof(c->lock_proof));
+	if (r->lock_proof.size == GF_LOCK_PROOF_LEN) {
+		c->lock_proof.epoch = r->lock_epoch;
+		memcpy(c->lock_proof.token, r->lock_proof.bytes, GF_LOCK_PROOF_LEN);
+	}
+	fence_cancel(d, c);
+	c->fence_passed = false;
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
 	c->handles_kept = r->handles_kept && c->parked;
@@ -1261,6 +1323,7 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	struct client *c = p->data;
 	if (!c->p)
 		return; /* never finished its handshake */
+	fence_cancel(d, c);
 	switch (c->phase) {
 	case C_WRITER:
 	case C_ALLOC_WAIT:
@@ -1530,6 +1593,8 @@ void gf_gmsd_free(gf_gmsd *d)
 	if (!d)
 		return;
 	gms_residency_free(d->res); /* waits for a running snapshot job */
+	for (struct client *c = d->srv ? next_client(d, NULL) : NULL; c; c = next_client(d, c))
+		fence_cancel(d, c);
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	drop_layout(d);

@@ -129,6 +129,7 @@ struct gf_lock_query {
 	size_t secret_len;
 	bool has_proof;
 	struct gf_lock_proof proof;
+	uint64_t revoke_epoch; /* a revoke of this grant instead of a holder query (0: query) */
 	int64_t timeout_ms;
 	int rc;
 	char detail[256];
@@ -150,8 +151,11 @@ static void query_unref(gf_lock_query *q)
 static void *query_main(void *arg)
 {
 	gf_lock_query *q = arg;
-	q->rc = gf_lock_backend_for(q->uri)->holder(q->uri, q->secret, q->secret_len, q->timeout_ms,
-						     q->has_proof ? &q->proof : NULL, &q->holder);
+	if (q->revoke_epoch)
+		q->rc = gf_lock_revoke(q->uri, q->secret, q->secret_len, q->revoke_epoch, q->timeout_ms);
+	else
+		q->rc = gf_lock_backend_for(q->uri)->holder(q->uri, q->secret, q->secret_len, q->timeout_ms,
+							     q->has_proof ? &q->proof : NULL, &q->holder);
 	if (q->rc < 0)
 		snprintf(q->detail, sizeof(q->detail), "%s", gf_error_detail());
 	atomic_store(&q->done, true);
@@ -162,8 +166,8 @@ static void *query_main(void *arg)
 	return NULL;
 }
 
-int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
-			const struct gf_lock_proof *proof, int64_t timeout_ms)
+static int query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+		       const struct gf_lock_proof *proof, uint64_t revoke_epoch, int64_t timeout_ms)
 {
 	if (!out || !uri || (secret_len && !secret))
 		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
@@ -192,6 +196,7 @@ int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret
 		q->has_proof = true;
 		q->proof = *proof;
 	}
+	q->revoke_epoch = revoke_epoch;
 	q->timeout_ms = timeout_ms;
 	atomic_init(&q->refs, 2);
 	pthread_attr_t attr;
@@ -209,6 +214,20 @@ int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret
 	return 0;
 }
 
+int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+			const struct gf_lock_proof *proof, int64_t timeout_ms)
+{
+	return query_start(out, uri, secret, secret_len, proof, 0, timeout_ms);
+}
+
+int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+			 int64_t timeout_ms)
+{
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	return query_start(out, uri, secret, secret_len, NULL, epoch, timeout_ms);
+}
+
 int gf_lock_query_get_fd(const gf_lock_query *q)
 {
 	return q ? q->done_fd : -1;
@@ -216,13 +235,14 @@ int gf_lock_query_get_fd(const gf_lock_query *q)
 
 int gf_lock_query_result(gf_lock_query *q, struct gf_lock_holder *out)
 {
-	if (!q || !out)
-		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
+	if (!q)
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL query");
 	if (!atomic_load(&q->done))
 		return gf_err(GF_ERR_AGAIN, "lock query: still running");
 	if (q->rc < 0)
 		return gf_err(q->rc, "%s", q->detail);
-	*out = q->holder;
+	if (out)
+		*out = q->holder;
 	return 0;
 }
 
