@@ -111,6 +111,13 @@ struct gf_lock_proof;
  */
 GF_EXPORT int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
 				   const struct gf_lock_proof *proof);
+/**
+ * The lock grant this client's later connects carry (a wake's, gf_gms_remap()):
+ * @p proof (copied; NULL: none from now on). An engine that connected before
+ * it held the lock sets it once granted. Not thread-safe against a connect or
+ * wake of the same client. Errors: GF_ERR_INVALID_ARG (NULL client, proof of epoch 0).
+ */
+GF_EXPORT int gf_gms_set_lock_proof(gf_gms *gms, const struct gf_lock_proof *proof);
 /** Mode granted: GF_GMS_RW, or GF_GMS_RO (also after commit); 0 while disconnected (asleep). */
 GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
 

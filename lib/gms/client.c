@@ -398,6 +398,17 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	return 0;
 }
 
+int gf_gms_set_lock_proof(gf_gms *gms, const struct gf_lock_proof *proof)
+{
+	if (!gms || (proof && proof->epoch == 0))
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_set_lock_proof: NULL client or a proof of epoch 0");
+	gms->lock_epoch = proof ? proof->epoch : 0;
+	gms->has_proof = proof != NULL;
+	if (proof)
+		memcpy(gms->lock_proof, proof->token, GF_LOCK_PROOF_LEN);
+	return 0;
+}
+
 int gf_gms_granted_mode(const gf_gms *gms)
 {
 	if (!gms)

@@ -431,8 +431,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	c->handles_kept = false;
 	int sent = send_msg(d, c, NULL, 0);
 	/* Logged once the answer is on its way: a wake waits on it. */
-	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u", c->peer, c->pid,
-	      gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers);
+	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u lock_epoch=%llu proof=%d", c->peer,
+	      c->pid, gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers,
+	      (unsigned long long)c->lock_epoch, c->lock_proof.epoch != 0);
 	if (sent < 0)
 		return -1;
 	/* A reader waking asked for the list with the grant: no second round trip. */
