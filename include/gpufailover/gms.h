@@ -411,7 +411,9 @@ GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
  * weights a standby is about to map. The check asks the lock server (one
  * status round trip on a thread of its own, so the other clients are served
  * meanwhile; at most 2 s, refused with GF_ERR_UNREACHABLE when it does not
- * answer); RW on an EMPTY
+ * answer). A writer whose connect carried a grant commits only while that
+ * grant is current (else its commit fails with GF_ERR_PERMISSION and the load
+ * is abandoned). RW on an EMPTY
  * GMS (the first load) is not affected. Before gf_gmsd_start(); copies
  * @p uri and the secret. Errors: GF_ERR_INVALID_ARG, GF_ERR_STATE, GF_ERR_NOMEM.
  */

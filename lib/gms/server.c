@@ -60,6 +60,8 @@ struct client {
 	gf_lock_query *fence_q;
 	struct gf_srv_watch fence_w;
 	bool fence_passed;      /* the answer came and named this client's grant: grant once */
+	bool commit_pending;    /* a writer's commit waits for the fence's answer */
+	uint32_t commit_seq;
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
 	enum gms_residency_wait tier_wait;
 	uint32_t tier_seq;
@@ -340,6 +342,37 @@ static void fence_refuse(gf_gmsd *d, struct client *c, uint64_t current)
 	d->changed = true;
 }
 
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
+
+/*
+ * The fence holds at commit too: a writer that came with a lock grant
+ * commits only while that grant is still the lock's current one, so a writer
+ * revoked mid-load cannot publish its layout. Refused, its load is abandoned
+ * as if it had left (the layout dropped), and its session stays.
+ */
+static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_lock_holder *h)
+{
+	if (rc == 0 && h->epoch == c->lock_epoch && h->proof_valid) {
+		do_commit(d, c, c->commit_seq);
+		return;
+	}
+	if (rc < 0)
+		reply_error(d, c, c->commit_seq, GF_ERR_UNREACHABLE, "commit: the lock server (%s) did not confirm the "
+			    "writer's grant: %s; the load is abandoned", d->lock_uri, gf_error_detail());
+	else
+		reply_error(d, c, c->commit_seq, GF_ERR_PERMISSION, "commit: the writer's lock grant (epoch %llu%s) is "
+			    "not the lock's current one (epoch %llu); the load is abandoned",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : ", without a proof",
+			    (unsigned long long)h->epoch);
+	d->fence_refusals++;
+	event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
+	      (unsigned long long)c->lock_epoch, rc == 0 ? (unsigned long long)h->epoch : 0ull, d->nallocs);
+	gms_fsm_writer_left(&d->fsm);
+	drop_layout(d);
+	c->phase = C_IDLE;
+	d->changed = true;
+}
+
 static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 {
 	gf_gmsd *d = ctx;
@@ -349,6 +382,11 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	if (rc == GF_ERR_AGAIN)
 		return;
 	fence_cancel(d, c);
+	if (c->phase == C_WRITER && c->commit_pending) {
+		c->commit_pending = false;
+		commit_fenced(d, c, rc, &h);
+		return;
+	}
 	if (c->phase != C_WAIT)
 		return;
 	if (rc < 0) {
@@ -367,6 +405,22 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	}
 }
 
+/* Ask the lock server whether @c's grant is the current one; on_fence_answer() gets the answer. */
+static int fence_ask(gf_gmsd *d, struct client *c)
+{
+	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
+				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
+	if (rc < 0)
+		return rc;
+	c->fence_w.fn = on_fence_answer;
+	rc = gf_srv_watch_add(d->srv, gf_lock_query_get_fd(c->fence_q), &c->fence_w);
+	if (rc < 0) {
+		gf_lock_query_free(c->fence_q);
+		c->fence_q = NULL;
+	}
+	return rc;
+}
+
 /* 1: @c may drop the layout now; 0: the lock server is being asked (or
  * refused @c: its phase is then C_IDLE and the reply sent). */
 static int fence_step(gf_gmsd *d, struct client *c)
@@ -383,16 +437,7 @@ static int fence_step(gf_gmsd *d, struct client *c)
 		fence_refuse(d, c, 0);
 		return 0;
 	}
-	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
-				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
-	if (rc == 0) {
-		c->fence_w.fn = on_fence_answer;
-		rc = gf_srv_watch_add(d->srv, gf_lock_query_get_fd(c->fence_q), &c->fence_w);
-		if (rc < 0) {
-			gf_lock_query_free(c->fence_q);
-			c->fence_q = NULL;
-		}
-	}
+	int rc = fence_ask(d, c);
 	if (rc < 0) {
 		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
 			    "server could not be asked: %s", gf_error_detail());
@@ -494,6 +539,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	fence_cancel(d, c);
 	c->fence_passed = false;
+	c->commit_pending = false;
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
 	c->handles_kept = r->handles_kept && c->parked;
@@ -685,10 +731,30 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
 		return;
 	}
+	if (c->commit_pending) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "a commit is already waiting for the lock's answer");
+		return;
+	}
+	if (d->lock_uri && c->lock_epoch) {
+		/* Checked off the loop like the drop (fence_step()); the answer commits or refuses. */
+		int rc = fence_ask(d, c);
+		c->commit_seq = m->seq;
+		if (rc < 0) {
+			commit_fenced(d, c, rc, NULL);
+			return;
+		}
+		c->commit_pending = true;
+		return;
+	}
+	do_commit(d, c, m->seq);
+}
+
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
+{
 	for (size_t i = 0; i < d->nmeta; i++) {
 		struct galloc *a = alloc_find(d, d->meta[i].alloc_id);
 		if (!a || d->meta[i].offset >= a->size) {
-			reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
+			reply_error(d, c, seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
 				    d->meta[i].key);
 			return;
 		}
@@ -698,7 +764,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (!sizes || !lm) {
 		free(sizes);
 		free(lm);
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* Canonical order (by key) so the hash does not depend on the order of puts. */
@@ -718,7 +784,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	free(sizes);
 	free(lm);
 	if (hrc < 0) {
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* The committed bytes are final: no holder of an fd, the writer
@@ -727,7 +793,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	for (size_t i = 0; i < d->nallocs; i++) {
 		int src = gf_mem_seal(d->allocs[i].a);
 		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
-			reply_error(d, c, m->seq, src, "commit: %s", gf_error_detail());
+			reply_error(d, c, seq, src, "commit: %s", gf_error_detail());
 			return;
 		}
 	}
@@ -739,7 +805,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
 	      (unsigned long long)d->generation, hex, d->nallocs, (unsigned long long)d->alloc_bytes, d->nmeta);
 	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
+	d->out->seq = seq;
 	d->out->which_body = gf_Msg_gms_committed_tag;
 	d->out->body.gms_committed.generation = d->generation;
 	memcpy(d->out->body.gms_committed.layout_hash.bytes, d->hash, 16);

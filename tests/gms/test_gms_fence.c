@@ -229,6 +229,42 @@ static void test_lock_server_gone(void **state)
 	assert_int_equal(first_byte(w), 0x11);
 }
 
+/* The fence holds at commit: a writer revoked mid-load cannot publish its layout. */
+static void test_revoked_writer_cannot_commit(void **state)
+{
+	struct world *w = *state;
+	assert_int_equal(load(w, NULL, 0x11), 0);
+	gf_lock *a;
+	struct gf_lock_grant ga;
+	assert_int_equal(gf_lock_new(&a, w->lock_uri, "a"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
+	struct gf_lock_proof pa = proof_of(&ga);
+	gf_gms *g;
+	assert_int_equal(gf_gms_connect_proof(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &pa), 0);
+	uint64_t id;
+	assert_int_equal(gf_gms_allocate(g, 4096, "weights", &id), 0);
+	struct gf_gms_alloc_info ai;
+	assert_int_equal(gf_gms_alloc_at(g, 0, &ai), 0);
+	memset((void *)(uintptr_t)ai.addr, 0x22, 4096);
+	assert_int_equal(gf_gms_put_meta(g, "w", id, 0, "x", 1), 0);
+	assert_int_equal(gf_lock_revoke(w->lock_uri, NULL, 0, ga.epoch, 2000), 0);
+	assert_int_equal(gf_gms_commit(g, NULL), GF_ERR_PERMISSION);
+	assert_non_null(strstr(gf_error_detail(), "not the lock's current one"));
+	gf_gms_free(g);
+	assert_true(json_has(w->gms.uri, "event=commit_refused"));
+	assert_true(json_has(w->gms.uri, "\"allocation_count\":0"));
+	/* The next holder loads and commits. */
+	gf_lock *b;
+	struct gf_lock_grant gb;
+	assert_int_equal(gf_lock_new(&b, w->lock_uri, "b"), 0);
+	assert_int_equal(gf_lock_acquire(b, 2000, &gb), 0);
+	struct gf_lock_proof pb = proof_of(&gb);
+	assert_int_equal(load(w, &pb, 0x33), 0);
+	assert_int_equal(first_byte(w), 0x33);
+	gf_lock_free(a);
+	gf_lock_free(b);
+}
+
 struct writer {
 	struct world *w;
 	struct gf_lock_proof proof;
@@ -277,6 +313,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_server_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_slow_lock_server, setup_mute, teardown),
+		cmocka_unit_test_setup_teardown(test_revoked_writer_cannot_commit, setup, teardown),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
