@@ -569,6 +569,8 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 	e->revoke_epoch = 0;
 	if (gf_lock_query_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+	else
+		gf_log(GF_LOG_INFO, "supervise", "engine=%s revoke: asking the lock server for its holder", e->name);
 }
 
 /* The revocation's query fd turned readable. */
