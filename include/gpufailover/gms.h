@@ -91,14 +91,33 @@ GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mod
 GF_EXPORT void gf_gms_free(gf_gms *gms);
 /**
  * gf_gms_connect() carrying @p lock_epoch, the caller's current lock grant
- * (gf_lock_epoch()). A GMS tied to a lock server (gf_gmsd_set_lock(),
- * `gf-gmsd --lock`) grants an RW request that would drop a committed layout
- * only when @p lock_epoch is the lock's current epoch; otherwise the connect
- * fails with GF_ERR_PERMISSION. 0 means "no grant". Same blocking and errors
- * as gf_gms_connect().
+ * (gf_lock_epoch()), without its proof. The epoch is public (gfctl lock
+ * status shows it), so a GMS tied to a lock server refuses an RW request
+ * that would drop a committed layout on the epoch alone: use
+ * gf_gms_connect_proof(). 0 means "no grant". Same blocking and errors as
+ * gf_gms_connect().
  */
 GF_EXPORT int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
 				   uint64_t lock_epoch);
+struct gf_lock_proof;
+/**
+ * gf_gms_connect() carrying the fence proof of the caller's current lock
+ * grant (gf_lock_grant_proof(); NULL: none). A GMS tied to a lock server
+ * (gf_gmsd_set_lock(), `gf-gmsd --lock`) grants an RW request that would drop
+ * a committed layout only when the lock server confirms that the proof is its
+ * current holder's; otherwise the connect fails with GF_ERR_PERMISSION (or
+ * GF_ERR_UNREACHABLE when the lock server does not answer). Same blocking and
+ * errors as gf_gms_connect(), and GF_ERR_INVALID_ARG for a proof of epoch 0.
+ */
+GF_EXPORT int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+				   const struct gf_lock_proof *proof);
+/**
+ * The lock grant this client's later connects carry (a wake's, gf_gms_remap()):
+ * @p proof (copied; NULL: none from now on). An engine that connected before
+ * it held the lock sets it once granted. Not thread-safe against a connect or
+ * wake of the same client. Errors: GF_ERR_INVALID_ARG (NULL client, proof of epoch 0).
+ */
+GF_EXPORT int gf_gms_set_lock_proof(gf_gms *gms, const struct gf_lock_proof *proof);
 /** Mode granted: GF_GMS_RW, or GF_GMS_RO (also after commit); 0 while disconnected (asleep). */
 GF_EXPORT int gf_gms_granted_mode(const gf_gms *gms);
 
@@ -387,10 +406,14 @@ GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
 /**
  * Tie the GMS to the lock server at @p uri (secret for tcp://, or NULL): an RW
  * request that would drop the committed layout is granted only to a client
- * whose connect carries the lock's current epoch (gf_gms_connect_epoch()), so
- * a stray or revoked writer cannot destroy the weights a standby is about to
- * map. The check asks the lock server (one status round trip, at most 250 ms,
- * refused with GF_ERR_UNREACHABLE when it does not answer); RW on an EMPTY
+ * whose connect carries the fence proof of the lock's current grant
+ * (gf_gms_connect_proof()), so a stray or revoked writer cannot destroy the
+ * weights a standby is about to map. The check asks the lock server (one
+ * status round trip on a thread of its own, so the other clients are served
+ * meanwhile; at most 2 s, refused with GF_ERR_UNREACHABLE when it does not
+ * answer). A writer whose connect carried a grant commits only while that
+ * grant is current (else its commit fails with GF_ERR_PERMISSION and the load
+ * is abandoned). RW on an EMPTY
  * GMS (the first load) is not affected. Before gf_gmsd_start(); copies
  * @p uri and the secret. Errors: GF_ERR_INVALID_ARG, GF_ERR_STATE, GF_ERR_NOMEM.
  */

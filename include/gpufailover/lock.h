@@ -244,6 +244,72 @@ GF_EXPORT int gf_lock_switchover(const char *uri, const void *secret, size_t sec
 /** Check that the server answers a handshake within @p timeout_ms. */
 GF_EXPORT int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 
+/** Bytes of a fence proof. */
+#define GF_LOCK_PROOF_LEN 32
+
+/**
+ * What a holder shows a service fenced by the lock (a GMS started with
+ * gf_gmsd_set_lock()): its grant's epoch and a value derived from the grant's
+ * session token, which only the holder (and the lock server) knows. The
+ * epoch alone is public (gfctl lock status shows it); the proof is not. It
+ * cannot be turned back into the session token, so the fenced service cannot
+ * reclaim the grant with it. On etcd the session token is the lease id, which
+ * anyone who may read the lock's prefix can see (docs/lock.md).
+ */
+struct gf_lock_proof {
+	uint64_t epoch;                       /**< the grant's epoch (0: no proof) */
+	uint8_t token[GF_LOCK_PROOF_LEN];     /**< HMAC-SHA256 of the epoch under the session token */
+};
+
+/**
+ * Derive the fence proof of @p grant (as filled by gf_lock_acquire()). Pure:
+ * no I/O. Errors: GF_ERR_INVALID_ARG (NULL, epoch 0), GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_lock_grant_proof(const struct gf_lock_grant *grant, struct gf_lock_proof *out);
+
+/** The lock's holder, as one query saw it (gf_lock_query_result()). */
+struct gf_lock_holder {
+	char id[128];       /**< the holder's engine id; "" when nobody holds the lock */
+	uint64_t epoch;     /**< the holder's epoch (0: nobody) */
+	uint32_t pid;       /**< the holder's pid as the server sees it (0: unknown, e.g. on etcd) */
+	int proof_valid;    /**< 1 when the query's proof is the current grant's; 0 when not or none was given */
+};
+
+typedef struct gf_lock_query gf_lock_query;
+
+/**
+ * Start a one-shot typed query of the lock's holder, for callers that must
+ * not block their loop on it (a GMS's fence, a supervisor's revoke): it runs
+ * on a thread of its own, and gf_lock_query_get_fd() turns readable when it
+ * is done. @p proof (may be NULL) is checked by the lock server against the
+ * current grant (gf_lock_holder.proof_valid). Errors: GF_ERR_INVALID_ARG,
+ * GF_ERR_NOMEM, GF_ERR_IO (no thread); every error of the query itself comes
+ * from gf_lock_query_result(). Free with gf_lock_query_free().
+ */
+GF_EXPORT int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+				  const struct gf_lock_proof *proof, int64_t timeout_ms);
+/**
+ * gf_lock_revoke() of the grant of @p epoch, run off the caller's loop like
+ * gf_lock_query_start(): its fd turns readable when done, and
+ * gf_lock_query_result() (with @p out NULL or ignored) returns the revoke's
+ * result. Errors of the start: GF_ERR_INVALID_ARG (epoch 0), GF_ERR_NOMEM, GF_ERR_IO.
+ */
+GF_EXPORT int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+				   uint64_t epoch, int64_t timeout_ms);
+/** An fd that turns readable (POLLIN) when the query is done; the query's own, valid until its free. */
+GF_EXPORT int gf_lock_query_get_fd(const gf_lock_query *q);
+/**
+ * The query's result: 0 and @p out (may be NULL) filled, GF_ERR_AGAIN while it runs, or
+ * its error (GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
+ * GF_ERR_PROTOCOL, ...) with a detail. Does not block.
+ */
+GF_EXPORT int gf_lock_query_result(gf_lock_query *q, struct gf_lock_holder *out);
+/**
+ * Forget the query. Never blocks: a query still running finishes on its
+ * own thread (within its timeout) and its result is dropped. NULL is a no-op.
+ */
+GF_EXPORT void gf_lock_query_free(gf_lock_query *q);
+
 /** @} */
 
 /** @defgroup lockd Lock server

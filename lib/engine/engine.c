@@ -392,6 +392,16 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	e->m.remap_us = e->m.private_alloc_us = e->m.serve_us = e->m.wake_total_us = -1;
 	e->m.private_alloc_retries = 0;
 	pthread_mutex_unlock(&e->mu);
+	/* The wake's connects carry the grant's fence proof: a GMS fenced by
+	 * the lock (gf-gmsd --lock) then knows them as the holder's. */
+	struct gf_lock_proof proof;
+	if (gf_lock_grant_proof(&grant, &proof) == 0) {
+		for (int i = 0; i < e->ndev; i++)
+			if (e->dev[i].gms)
+				gf_gms_set_lock_proof(e->dev[i].gms, &proof);
+	} else {
+		gf_log(GF_LOG_WARN, "engine", "event=fence_proof msg=\"%s\"", gf_error_detail());
+	}
 	/* The GMS answers the wake's request while this thread does the rest
 	 * of the wake (log, memory gate, lock watcher); wake_up() reads it. A
 	 * refusal here only means the remap connects afresh. */

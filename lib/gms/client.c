@@ -26,6 +26,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "gpufailover/lock.h"
 #include "mem_int.h"
 #include "client_fsm.h"
 #include "client_session.h"
@@ -120,6 +121,8 @@ struct gf_gms {
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
 	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
+	bool has_proof;             /* and the fence proof of that grant */
+	uint8_t lock_proof[GF_LOCK_PROOF_LEN];
 
 	uint64_t round_trips;
 };
@@ -293,6 +296,10 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 	g->msg->body.gms_connect.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
 	g->msg->body.gms_connect.with_list = with_list;
 	g->msg->body.gms_connect.lock_epoch = g->lock_epoch;
+	if (g->has_proof) {
+		g->msg->body.gms_connect.lock_proof.size = GF_LOCK_PROOF_LEN;
+		memcpy(g->msg->body.gms_connect.lock_proof.bytes, g->lock_proof, GF_LOCK_PROOF_LEN);
+	}
 	g->msg->body.gms_connect.handles_kept = handles_kept;
 }
 
@@ -317,6 +324,9 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 	return rc;
 }
 
+static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			  const struct gf_lock_proof *proof, bool has_proof);
+
 int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
 {
 	return gf_gms_connect_epoch(out, uri, mem, mode, timeout_ms, 0);
@@ -324,6 +334,22 @@ int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t
 
 int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
 			 uint64_t lock_epoch)
+{
+	struct gf_lock_proof p = { .epoch = lock_epoch };
+	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false);
+}
+
+int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			 const struct gf_lock_proof *proof)
+{
+	if (proof && proof->epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_proof: a proof of epoch 0 names no grant");
+	struct gf_lock_proof none = { .epoch = 0 };
+	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL);
+}
+
+static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			  const struct gf_lock_proof *proof, bool has_proof)
 {
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
@@ -343,7 +369,10 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	pthread_mutex_init(&g->kmu, NULL);
 	pthread_cond_init(&g->w_idle, NULL);
 	g->mem = mem;
-	g->lock_epoch = lock_epoch;
+	g->lock_epoch = proof->epoch;
+	g->has_proof = has_proof;
+	if (has_proof)
+		memcpy(g->lock_proof, proof->token, GF_LOCK_PROOF_LEN);
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
 	size_t rec;
 	int rc = gf_uri_parse(uri, &g->uri);
@@ -366,6 +395,17 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 		return rc;
 	}
 	*out = g;
+	return 0;
+}
+
+int gf_gms_set_lock_proof(gf_gms *gms, const struct gf_lock_proof *proof)
+{
+	if (!gms || (proof && proof->epoch == 0))
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_set_lock_proof: NULL client or a proof of epoch 0");
+	gms->lock_epoch = proof ? proof->epoch : 0;
+	gms->has_proof = proof != NULL;
+	if (proof)
+		memcpy(gms->lock_proof, proof->token, GF_LOCK_PROOF_LEN);
 	return 0;
 }
 

@@ -19,8 +19,6 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "mem_int.h"
 #include "client_session.h"
 #include "fsm.h"
@@ -31,6 +29,7 @@
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
+#define FENCE_QUERY_MS 2000 /* the lock server's answer to the fence, off the loop */
 #define GMSD_MAX_ALLOCS 65536
 #define GMSD_MAX_META 1000000
 #define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
@@ -64,6 +63,13 @@ struct client {
 	int64_t alloc_until_us, alloc_next_us;
 	unsigned alloc_tries;
 	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
+	struct gf_lock_proof lock_proof; /* and that grant's fence proof (epoch 0: none) */
+	/* The fence's query of the lock server, off the loop (fence_step()). */
+	gf_lock_query *fence_q;
+	struct gf_srv_watch fence_w;
+	bool fence_passed;      /* the answer came and named this client's grant: grant once */
+	bool commit_pending;    /* a writer's commit waits for the fence's answer */
+	uint32_t commit_seq;
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
 	enum gms_residency_wait tier_wait;
 	uint32_t tier_seq;
@@ -608,39 +614,134 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 
 /*
  * A GMS fenced by a lock drops its committed layout only for the lock's
- * current holder: 0 when @c may, else the error it was sent. Asks the lock
- * server (bounded): a drop is rare (a new load replacing the weights), and a
- * refusal must be based on the grant as it is now, revocations included.
+ * current holder, proven by the fence proof of its grant (gf_lock_grant_proof()):
+ * the epoch alone is public. The lock server is asked each time (a drop is
+ * rare: a new load replacing the weights), so a refusal is based on the
+ * grant as it is now, revocations included. The query runs on a thread of
+ * the lock client and its end is an fd in this loop: the other peers are
+ * served meanwhile, and the writer waits in its queue position.
  */
-static int fence_check(gf_gmsd *d, struct client *c)
+static void fence_cancel(gf_gmsd *d, struct client *c)
 {
-	char *js = NULL;
-	uint64_t current = 0;
-	int rc = gf_lock_status_json(d->lock_uri, d->lock_secret, d->lock_secret_len, 250, &js);
-	if (rc == 0) {
-		json_t *root = json_loads(js, 0, NULL);
-		json_t *holder = root ? json_object_get(root, "holder") : NULL;
-		if (json_is_string(holder))
-			current = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
-		json_decref(root);
-		free(js);
-	}
-	if (rc < 0) {
-		rc = GF_ERR_UNREACHABLE;
-		reply_error(d, c, c->seq, rc, "RW would drop the committed layout and the lock server (%s) did not "
-			    "answer: %s", d->lock_uri, gf_error_detail());
-	} else if (c->lock_epoch == 0 || c->lock_epoch != current) {
-		rc = GF_ERR_PERMISSION;
-		reply_error(d, c, c->seq, rc, "RW would drop the committed layout: only the lock's current holder "
-			    "may (connect epoch %llu, lock epoch %llu%s)", (unsigned long long)c->lock_epoch,
-			    (unsigned long long)current, current ? "" : ", no holder");
-	} else {
-		return 0;
-	}
+	if (!c->fence_q)
+		return;
+	gf_srv_watch_del(d->srv, gf_lock_query_get_fd(c->fence_q));
+	gf_lock_query_free(c->fence_q);
+	c->fence_q = NULL;
+}
+
+static void fence_refuse(gf_gmsd *d, struct client *c, uint64_t current)
+{
 	d->fence_refusals++;
 	event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
 	      (unsigned long long)c->lock_epoch, (unsigned long long)current);
+	c->phase = C_IDLE;
+	/* A leaving RW waiter may unblock readers (writer priority). */
+	d->changed = true;
+}
+
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
+
+/*
+ * The fence holds at commit too: a writer that came with a lock grant
+ * commits only while that grant is still the lock's current one, so a writer
+ * revoked mid-load cannot publish its layout. Refused, its load is abandoned
+ * as if it had left (the layout dropped), and its session stays.
+ */
+static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_lock_holder *h)
+{
+	if (rc == 0 && h->epoch == c->lock_epoch && h->proof_valid) {
+		do_commit(d, c, c->commit_seq);
+		return;
+	}
+	if (rc < 0)
+		reply_error(d, c, c->commit_seq, GF_ERR_UNREACHABLE, "commit: the lock server (%s) did not confirm the "
+			    "writer's grant: %s; the load is abandoned", d->lock_uri, gf_error_detail());
+	else
+		reply_error(d, c, c->commit_seq, GF_ERR_PERMISSION, "commit: the writer's lock grant (epoch %llu%s) is "
+			    "not the lock's current one (epoch %llu); the load is abandoned",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : ", without a proof",
+			    (unsigned long long)h->epoch);
+	d->fence_refusals++;
+	event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
+	      (unsigned long long)c->lock_epoch, rc == 0 ? (unsigned long long)h->epoch : 0ull, d->nallocs);
+	gms_fsm_writer_left(&d->fsm);
+	drop_layout(d);
+	c->phase = C_IDLE;
+	d->changed = true;
+}
+
+static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
+{
+	gf_gmsd *d = ctx;
+	struct client *c = (struct client *)((char *)w - offsetof(struct client, fence_w));
+	struct gf_lock_holder h;
+	int rc = gf_lock_query_result(c->fence_q, &h);
+	if (rc == GF_ERR_AGAIN)
+		return;
+	fence_cancel(d, c);
+	if (c->phase == C_WRITER && c->commit_pending) {
+		c->commit_pending = false;
+		commit_fenced(d, c, rc, &h);
+		return;
+	}
+	if (c->phase != C_WAIT)
+		return;
+	if (rc < 0) {
+		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
+			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
+		fence_refuse(d, c, 0);
+	} else if (c->lock_epoch == 0 || h.epoch != c->lock_epoch || !h.proof_valid) {
+		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may, with its grant's proof (connect epoch %llu%s, lock epoch %llu%s)",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : " without a proof",
+			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
+		fence_refuse(d, c, h.epoch);
+	} else {
+		c->fence_passed = true;
+		d->changed = true;
+	}
+}
+
+/* Ask the lock server whether @c's grant is the current one; on_fence_answer() gets the answer. */
+static int fence_ask(gf_gmsd *d, struct client *c)
+{
+	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
+				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
+	if (rc < 0)
+		return rc;
+	c->fence_w.fn = on_fence_answer;
+	rc = gf_srv_watch_add(d->srv, gf_lock_query_get_fd(c->fence_q), &c->fence_w);
+	if (rc < 0) {
+		gf_lock_query_free(c->fence_q);
+		c->fence_q = NULL;
+	}
 	return rc;
+}
+
+/* 1: @c may drop the layout now; 0: the lock server is being asked (or
+ * refused @c: its phase is then C_IDLE and the reply sent). */
+static int fence_step(gf_gmsd *d, struct client *c)
+{
+	if (c->fence_passed) {
+		c->fence_passed = false;
+		return 1;
+	}
+	if (c->fence_q)
+		return 0;
+	if (c->lock_epoch == 0) {
+		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may (the connect carried no lock grant)");
+		fence_refuse(d, c, 0);
+		return 0;
+	}
+	int rc = fence_ask(d, c);
+	if (rc < 0) {
+		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+			    "server could not be asked: %s", gf_error_detail());
+		fence_refuse(d, c, 0);
+	}
+	return 0;
 }
 
 static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
@@ -651,10 +752,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	enum gms_decision dec = gms_fsm_decide(&d->fsm, c->mode, other_rw_waiting(d, c));
 	if (dec == GMS_WAIT || dec == GMS_INVALID)
 		return 0;
-	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && fence_check(d, c) < 0) {
-		c->phase = C_IDLE;
-		return -1;
-	}
+	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !fence_step(d, c))
+		return c->phase == C_WAIT ? 0 : -1;
+	c->fence_passed = false;
 	if (dec == GMS_GRANT_RW_DROP) {
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
@@ -674,8 +774,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	c->handles_kept = false;
 	int sent = send_msg(d, c, NULL, 0);
 	/* Logged once the answer is on its way: a wake waits on it. */
-	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u", c->peer, c->pid,
-	      gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers);
+	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u lock_epoch=%llu proof=%d", c->peer,
+	      c->pid, gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers,
+	      (unsigned long long)c->lock_epoch, c->lock_proof.epoch != 0);
 	if (sent < 0)
 		return -1;
 	/* A reader waking asked for the list with the grant: no second round trip. */
@@ -729,6 +830,14 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	c->mode = r->mode;
 	c->lock_epoch = r->lock_epoch;
+	memset(&c->lock_proof, 0, sizeof(c->lock_proof));
+	if (r->lock_proof.size == GF_LOCK_PROOF_LEN) {
+		c->lock_proof.epoch = r->lock_epoch;
+		memcpy(c->lock_proof.token, r->lock_proof.bytes, GF_LOCK_PROOF_LEN);
+	}
+	fence_cancel(d, c);
+	c->fence_passed = false;
+	c->commit_pending = false;
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
 	c->handles_kept = r->handles_kept && c->parked;
@@ -920,10 +1029,30 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
 		return;
 	}
+	if (c->commit_pending) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "a commit is already waiting for the lock's answer");
+		return;
+	}
+	if (d->lock_uri && c->lock_epoch) {
+		/* Checked off the loop like the drop (fence_step()); the answer commits or refuses. */
+		int rc = fence_ask(d, c);
+		c->commit_seq = m->seq;
+		if (rc < 0) {
+			commit_fenced(d, c, rc, NULL);
+			return;
+		}
+		c->commit_pending = true;
+		return;
+	}
+	do_commit(d, c, m->seq);
+}
+
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
+{
 	for (size_t i = 0; i < d->nmeta; i++) {
 		struct galloc *a = alloc_find(d, d->meta[i].alloc_id);
 		if (!a || d->meta[i].offset >= a->size) {
-			reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
+			reply_error(d, c, seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
 				    d->meta[i].key);
 			return;
 		}
@@ -933,7 +1062,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (!sizes || !lm) {
 		free(sizes);
 		free(lm);
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* Canonical order (by key) so the hash does not depend on the order of puts. */
@@ -953,7 +1082,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	free(sizes);
 	free(lm);
 	if (hrc < 0) {
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "commit: out of memory");
+		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* The committed bytes are final: no holder of an fd, the writer
@@ -962,7 +1091,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	for (size_t i = 0; i < d->nallocs; i++) {
 		int src = gf_mem_seal(d->allocs[i].a);
 		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
-			reply_error(d, c, m->seq, src, "commit: %s", gf_error_detail());
+			reply_error(d, c, seq, src, "commit: %s", gf_error_detail());
 			return;
 		}
 	}
@@ -974,7 +1103,7 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
 	      (unsigned long long)d->generation, hex, d->nallocs, (unsigned long long)d->alloc_bytes, d->nmeta);
 	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
+	d->out->seq = seq;
 	d->out->which_body = gf_Msg_gms_committed_tag;
 	d->out->body.gms_committed.generation = d->generation;
 	memcpy(d->out->body.gms_committed.layout_hash.bytes, d->hash, 16);
@@ -1601,6 +1730,7 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	struct client *c = p->data;
 	if (!c->p)
 		return; /* never finished its handshake */
+	fence_cancel(d, c);
 	switch (c->phase) {
 	case C_WRITER:
 	case C_ALLOC_WAIT:
@@ -1894,6 +2024,8 @@ void gf_gmsd_free(gf_gmsd *d)
 	if (!d)
 		return;
 	gms_residency_free(d->res); /* waits for a running snapshot job */
+	for (struct client *c = d->srv ? next_client(d, NULL) : NULL; c; c = next_client(d, c))
+		fence_cancel(d, c);
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	drop_layout(d, NULL);

@@ -20,6 +20,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "gpufailover/lock.h"
 #include "grant.h"
 #include "listeners.h"
@@ -642,6 +644,17 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	c->decl = NULL;
 }
 
+/* Is the fence proof a status request carries the current holder's (gf_lock_grant_proof())? */
+static bool proof_valid(gf_lockd *d, const gf_LockStatusRequest *r)
+{
+	if (!d->holder || !d->rec.has_holder || r->proof_epoch != d->rec.epoch || r->proof.size != GF_LOCK_PROOF_LEN)
+		return false;
+	struct gf_lock_grant g = { .epoch = d->rec.epoch };
+	memcpy(g.session_token, d->rec.token, sizeof(g.session_token));
+	struct gf_lock_proof want;
+	return gf_lock_grant_proof(&g, &want) == 0 && CRYPTO_memcmp(want.token, r->proof.bytes, GF_LOCK_PROOF_LEN) == 0;
+}
+
 static void fill_status(gf_lockd *d, gf_LockStatus *s)
 {
 	int64_t now = gf_now_us();
@@ -1049,13 +1062,16 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		d->msg->which_body = gf_Msg_ok_tag;
 		reply(d, c, d->msg);
 		return;
-	case gf_Msg_lock_status_request_tag:
+	case gf_Msg_lock_status_request_tag: {
+		bool proof_ok = proof_valid(d, &m->body.lock_status_request);
 		memset(d->msg, 0, sizeof(*d->msg));
 		d->msg->seq = c->seq;
 		d->msg->which_body = gf_Msg_lock_status_tag;
 		fill_status(d, &d->msg->body.lock_status);
+		d->msg->body.lock_status.proof_valid = proof_ok;
 		reply(d, c, d->msg);
 		return;
+	}
 	case gf_Msg_lock_revoke_tag:
 		handle_revoke(d, c, m->body.lock_revoke.epoch);
 		return;

@@ -56,6 +56,11 @@ struct sv_engine {
 	/* After an exit: when to look whether the lock is still held under this
 	 * engine's id by something that is not the engine (0: no look pending). */
 	int64_t lock_check_at;
+	/* The revocation in flight, off the loop: the holder query, then the
+	 * revoke of the epoch it found (revoke_epoch set). */
+	gf_lock_query *revoke_q;
+	uint64_t revoke_epoch;
+	pid_t revoke_hpid;
 };
 
 struct gf_supervisor {
@@ -125,6 +130,7 @@ static void engine_clear(struct sv_engine *e)
 		curl_easy_cleanup(e->h_live);
 	gf_close(e->pidfd);
 	gf_close(e->lingering_fd);
+	gf_lock_query_free(e->revoke_q);
 }
 
 void gf_supervisor_free(gf_supervisor *sv)
@@ -548,7 +554,9 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
  * Revoke the lock when it is held under this engine's id by a process that is
  * not the engine's current one (a process that would not die, or a socket
  * that outlived its process in another one). The request names the epoch, so
- * it can never hit a holder granted in the meantime.
+ * it can never hit a holder granted in the meantime. Both steps (the holder
+ * query, then the revoke) run off the loop, each on its query's fd
+ * (revoke_answer()): a slow lock server never delays another engine.
  */
 static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 {
@@ -556,35 +564,56 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
 		return;
 	}
-	char *js = NULL;
-	int r = gf_lock_status_json(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, 2000, &js);
-	if (r < 0) {
+	if (e->revoke_q)
+		return; /* one in flight already: its answer decides */
+	e->revoke_epoch = 0;
+	if (gf_lock_query_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+	else
+		gf_log(GF_LOG_INFO, "supervise", "engine=%s revoke: asking the lock server for its holder", e->name);
+}
+
+/* The revocation's query fd turned readable. */
+static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
+{
+	struct gf_lock_holder h;
+	int r = gf_lock_query_result(e->revoke_q, &h);
+	if (r == GF_ERR_AGAIN)
 		return;
-	}
-	json_t *root = json_loads(js, 0, NULL);
-	free(js);
-	const char *hid = root ? json_string_value(json_object_get(root, "holder")) : NULL;
-	uint64_t epoch = root ? (uint64_t)json_integer_value(json_object_get(root, "epoch")) : 0;
-	pid_t hpid = root ? (pid_t)json_integer_value(json_object_get(root, "holder_pid")) : 0;
-	if (!hid || strcmp(hid, e->lock_id) != 0 || (e->pid > 0 && hpid == e->pid)) {
-		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
-		json_decref(root);
-		return;
-	}
-	r = gf_lock_revoke(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, epoch, 2000);
-	if (r < 0) {
-		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
-		       gf_error_detail());
-	} else {
+	gf_lock_query_free(e->revoke_q);
+	e->revoke_q = NULL;
+	if (e->revoke_epoch) {
+		uint64_t epoch = e->revoke_epoch;
+		e->revoke_epoch = 0;
+		if (r < 0) {
+			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
+			       gf_error_detail());
+			return;
+		}
 		pthread_mutex_lock(&sv->mu);
 		e->last_revoked_epoch = (int64_t)epoch;
 		e->revocations++;
 		pthread_mutex_unlock(&sv->mu);
 		gf_log(GF_LOG_WARN, "supervise", "engine=%s lock epoch=%" PRIu64 " held by pid=%d revoked", e->name, epoch,
-		       (int)hpid);
+		       (int)e->revoke_hpid);
+		return;
 	}
-	json_decref(root);
+	if (r < 0) {
+		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+		return;
+	}
+	/* Judged against the engine's process as it is now, after the answer. */
+	if (!h.id[0] || strcmp(h.id, e->lock_id) != 0 || (e->pid > 0 && (pid_t)h.pid == e->pid)) {
+		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
+		return;
+	}
+	e->revoke_epoch = h.epoch;
+	e->revoke_hpid = (pid_t)h.pid;
+	if (gf_lock_revoke_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, h.epoch, 2000) < 0) {
+		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, h.epoch,
+		       gf_error_detail());
+		e->revoke_epoch = 0;
+	}
 }
 
 static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t now);
@@ -768,9 +797,10 @@ int gf_supervisor_run(gf_supervisor *sv)
 {
 	if (!sv || !sv->started)
 		return gf_err(GF_ERR_STATE, "supervisor not started");
-	struct curl_waitfd wfd[1 + 2 * SV_MAX_ENGINES];
-	struct sv_engine *owner[1 + 2 * SV_MAX_ENGINES];
-	int lingering[1 + 2 * SV_MAX_ENGINES];
+	/* Per engine: its pidfd, a lingering process's, its revocation's query. */
+	struct curl_waitfd wfd[1 + 3 * SV_MAX_ENGINES];
+	struct sv_engine *owner[1 + 3 * SV_MAX_ENGINES];
+	int lingering[1 + 3 * SV_MAX_ENGINES]; /* 0: pidfd, 1: lingering, 2: revocation */
 	for (;;) {
 		int64_t now = gf_now_us();
 		int alive = 0;
@@ -812,6 +842,12 @@ int gf_supervisor_run(gf_supervisor *sv)
 				owner[n] = &sv->eng[i];
 				lingering[n++] = 1;
 			}
+			if (sv->eng[i].revoke_q) {
+				wfd[n] = (struct curl_waitfd){ .fd = gf_lock_query_get_fd(sv->eng[i].revoke_q),
+							       .events = CURL_WAIT_POLLIN };
+				owner[n] = &sv->eng[i];
+				lingering[n++] = 2;
+			}
 		}
 		int timeout = gf_poll_timeout_ms(deadline);
 		if (timeout < 0 || timeout > 1000)
@@ -835,6 +871,8 @@ int gf_supervisor_run(gf_supervisor *sv)
 					for (size_t i = 0; i < sv->n; i++)
 						feed(sv, &sv->eng[i], GF_SV_EV_STOP, NULL, 0, 0, now);
 				}
+			} else if (lingering[k] == 2) {
+				revoke_answer(sv, owner[k]);
 			} else if (lingering[k]) {
 				reap_lingering(owner[k]);
 			} else {

@@ -51,6 +51,8 @@ _Static_assert(GF_BYTES_SIZE(gf_Welcome, proof) == GF_LIMIT_CHALLENGE, "gf.Welco
 _Static_assert(GF_FIELD_SIZE(gf_Error, detail) == GF_LIMIT_ERROR_DETAIL, "gf.Error.detail");
 _Static_assert(GF_BYTES_SIZE(gf_LockAcquire, session_token) == GF_LIMIT_TOKEN, "gf.LockAcquire.session_token");
 _Static_assert(GF_BYTES_SIZE(gf_LockGranted, session_token) == GF_LIMIT_TOKEN, "gf.LockGranted.session_token");
+_Static_assert(GF_BYTES_SIZE(gf_LockStatusRequest, proof) == GF_LIMIT_TOKEN, "gf.LockStatusRequest.proof");
+_Static_assert(GF_BYTES_SIZE(gf_GmsConnect, lock_proof) == GF_LIMIT_TOKEN, "gf.GmsConnect.lock_proof");
 _Static_assert(GF_FIELD_COUNT(gf_LockStatus, waiters) == GF_LIMIT_LOCK_WAITERS, "gf.LockStatus.waiters");
 _Static_assert(GF_BYTES_SIZE(gf_GmsConnected, layout_hash) == GF_LIMIT_HASH, "gf.GmsConnected.layout_hash");
 _Static_assert(GF_BYTES_SIZE(gf_GmsCommitted, layout_hash) == GF_LIMIT_HASH, "gf.GmsCommitted.layout_hash");

@@ -105,8 +105,8 @@ def world():
             p.wait_log(r'msg="?ready')
             return p
 
-        def gmsd(self):
-            p = self.start("gmsd", [GMSD, "--listen", self.gms_uri, "--backend", "host"])
+        def gmsd(self, *extra):
+            p = self.start("gmsd", [GMSD, "--listen", self.gms_uri, "--backend", "host", *extra])
             p.wait_log(r'msg="?ready')
             return p
 
@@ -218,6 +218,29 @@ def test_failover_after_sigkill(world):
     for event in ("event=lock_granted epoch=", "event=weights_remapped us=", "event=kv_allocated us=",
                   "event=serving"):
         assert event in log, event
+
+
+def test_wake_carries_the_grant_proof_to_a_fenced_gms(world):
+    """gf-gmsd --lock: the engine's connects after its grant carry the grant's
+    fence proof (the GMS logs the epoch and proof=1), and a takeover's too."""
+    world.lockd()
+    gmsd = world.gmsd("--lock", world.lock_uri)
+    weights = os.path.join(world.dir, "w.safetensors")
+    assert world.start("writer", [ENGINE, "--write-weights", weights]).wait_exit() == 0
+    a = world.engine("engine-a", "--role", "loader", "--weights", weights)
+    a_port = serving_port(a)
+    epoch_a = json.loads(http(a_port, "/infer?seed=0")[1])["epoch"]
+    gmsd.wait_log(rf"event=connect .* lock_epoch={epoch_a} proof=1")
+    b = world.engine("engine-b", "--role", "follower")
+    b.wait_log(r"event=lock_waiting")
+    a.p.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    b_port = serving_port(b)
+    wait_for(lambda: state(b) == "active", "engine-b active")
+    epoch_b = json.loads(http(b_port, "/infer?seed=0")[1])["epoch"]
+    assert epoch_b > epoch_a
+    gmsd.wait_log(rf"event=connect .* lock_epoch={epoch_b} proof=1")
+    assert "event=rw_refused" not in gmsd.text()
 
 
 def test_gms_loss_terminates_active_engine(world):

@@ -7,10 +7,15 @@
  *                                   says so; the loss hook prints "lost"
  *   etcd-helper URI ID once         one acquire with timeout 0: "granted"
  *                                   or "error NAME"
+ *   etcd-helper URI ID proof        acquire, then the typed holder query
+ *                                   with the grant's fence proof and with a
+ *                                   forged one: "holder ID epoch N pid P
+ *                                   proof V" each
  *   etcd-helper URI ID loop N MS    N times: acquire, hold up to MS ms
  *                                   (checking is_held), release; prints
  *                                   "granted" and "end" (last held check)
  */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +67,34 @@ int main(int argc, char **argv)
 			printf("granted id=%s epoch=%llu t=%lld\n", argv[2], (unsigned long long)g.epoch, mono_us());
 		else
 			printf("error %s\n", gf_error_name(rc));
+		gf_lock_free(l);
+		return 0;
+	}
+	if (!strcmp(argv[3], "proof")) {
+		struct gf_lock_proof p;
+		if (gf_lock_acquire(l, 30000, &g) < 0 || gf_lock_grant_proof(&g, &p) < 0) {
+			fprintf(stderr, "etcd-helper: %s\n", gf_error_detail());
+			return 1;
+		}
+		printf("granted id=%s epoch=%llu t=%lld\n", argv[2], (unsigned long long)g.epoch, mono_us());
+		for (int forged = 0; forged < 2; forged++) {
+			p.token[0] ^= (uint8_t)forged;
+			gf_lock_query *q;
+			struct gf_lock_holder h;
+			int rc = gf_lock_query_start(&q, argv[1], NULL, 0, &p, 10000);
+			if (rc == 0) {
+				struct pollfd pfd = { .fd = gf_lock_query_get_fd(q), .events = POLLIN };
+				poll(&pfd, 1, 15000);
+				rc = gf_lock_query_result(q, &h);
+				gf_lock_query_free(q);
+			}
+			if (rc < 0) {
+				fprintf(stderr, "etcd-helper: %s\n", gf_error_detail());
+				return 1;
+			}
+			printf("holder %s epoch %llu pid %u proof %d\n", h.id, (unsigned long long)h.epoch, h.pid,
+			       h.proof_valid);
+		}
 		gf_lock_free(l);
 		return 0;
 	}

@@ -6,6 +6,7 @@ data dir, endpoint failover, status/ping, and a randomized history."""
 import json
 import os
 import random
+import re
 import selectors
 import shutil
 import signal
@@ -779,3 +780,16 @@ def test_timeout_zero_tries_once(env):
     assert time.monotonic() - t0 < 5
     # The single try left the line: nobody waits behind the holder.
     wait_until(lambda: status(uri)["waiter_count"] == 0, 5, "no waiter left")
+
+
+def test_typed_query_checks_the_fence_proof(env):
+    """The typed holder query on etcd: holder and epoch as fields, and the
+    grant's fence proof (derived from its lease) checked; a forged one is not."""
+    c = cluster(env, 1)
+    uri = c.uri("proof", 5)
+    r = subprocess.run([HELPER, uri, "a", "proof"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    epoch = int(re.search(r"epoch=(\d+)", lines[0]).group(1))
+    assert lines[1] == f"holder a epoch {epoch} pid 0 proof 1", r.stdout
+    assert lines[2] == f"holder a epoch {epoch} pid 0 proof 0", r.stdout

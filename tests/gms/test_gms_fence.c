@@ -1,14 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A GMS fenced by a lock (gf_gmsd_set_lock): the committed layout is dropped
- * only for the lock's current holder; stale, missing or revoked epochs are
- * refused and the weights stay. Real in-process lock server and GMS. */
+ * only for the lock's current holder, proven by its grant's fence proof; the
+ * public epoch alone, a forged proof, stale, missing or revoked grants are
+ * refused and the weights stay. The fence's question to the lock server does
+ * not hold up the GMS's other clients. Real in-process lock server and GMS. */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <cmocka.h>
 
@@ -20,6 +26,7 @@ struct world {
 	char lock_uri[300];
 	gf_lockd *lockd;
 	pthread_t lock_th;
+	int mute_fd; /* a lock "server" that accepts connections and never answers */
 	struct gt_server gms;
 	gf_mem *mem;
 };
@@ -30,17 +37,8 @@ static void *run_lockd(void *arg)
 	return NULL;
 }
 
-static int setup(void **state)
+static void start_gms(struct world *w)
 {
-	struct world *w = calloc(1, sizeof(*w));
-	w->dir = tu_tmpdir();
-	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s/lock.sock", w->dir);
-	assert_int_equal(gf_lockd_new(&w->lockd), 0);
-	assert_int_equal(gf_lockd_add_listen(w->lockd, w->lock_uri), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(w->lockd, 0), 0);
-	assert_int_equal(gf_lockd_start(w->lockd), 0);
-	assert_int_equal(pthread_create(&w->lock_th, NULL, run_lockd, w->lockd), 0);
-
 	snprintf(w->gms.uri, sizeof(w->gms.uri), "unix://%s/gms.sock", w->dir);
 	assert_int_equal(gf_gmsd_new(&w->gms.d), 0);
 	assert_int_equal(gf_gmsd_add_listen(w->gms.d, w->gms.uri), 0);
@@ -50,6 +48,37 @@ static int setup(void **state)
 	assert_int_equal(gf_gmsd_set_lock(w->gms.d, w->lock_uri, NULL, 0), GF_ERR_STATE);
 	assert_int_equal(pthread_create(&w->gms.th, NULL, gt_run, &w->gms), 0);
 	assert_int_equal(gf_mem_open(&w->mem, GF_MEM_HOST, 0), 0);
+}
+
+static int setup(void **state)
+{
+	struct world *w = calloc(1, sizeof(*w));
+	w->dir = tu_tmpdir();
+	w->mute_fd = -1;
+	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s/lock.sock", w->dir);
+	assert_int_equal(gf_lockd_new(&w->lockd), 0);
+	assert_int_equal(gf_lockd_add_listen(w->lockd, w->lock_uri), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(w->lockd, 0), 0);
+	assert_int_equal(gf_lockd_start(w->lockd), 0);
+	assert_int_equal(pthread_create(&w->lock_th, NULL, run_lockd, w->lockd), 0);
+	start_gms(w);
+	*state = w;
+	return 0;
+}
+
+/* The lock server listens and never answers: its backlog takes the connection, the handshake hangs. */
+static int setup_mute(void **state)
+{
+	struct world *w = calloc(1, sizeof(*w));
+	w->dir = tu_tmpdir();
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s/mute.sock", w->dir);
+	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s", a.sun_path);
+	w->mute_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(w->mute_fd >= 0);
+	assert_int_equal(bind(w->mute_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(w->mute_fd, 8), 0);
+	start_gms(w);
 	*state = w;
 	return 0;
 }
@@ -63,6 +92,8 @@ static int teardown(void **state)
 		pthread_join(w->lock_th, NULL);
 		gf_lockd_free(w->lockd);
 	}
+	if (w->mute_fd >= 0)
+		close(w->mute_fd);
 	gf_mem_free(w->mem);
 	gt_rmtree(w->dir);
 	free(w->dir);
@@ -70,11 +101,13 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* Load and commit one allocation holding @byte as writer with @epoch; returns the connect's result. */
-static int load(struct world *w, uint64_t epoch, uint8_t byte)
+/* Load and commit one allocation holding @byte as writer with @proof (NULL:
+ * none; epoch only when @token is false); returns the connect's result. */
+static int load_as(struct world *w, const struct gf_lock_proof *proof, bool token, uint8_t byte)
 {
 	gf_gms *g;
-	int rc = gf_gms_connect_epoch(&g, w->gms.uri, w->mem, GF_GMS_RW, 2000, epoch);
+	int rc = token ? gf_gms_connect_proof(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, proof)
+		       : gf_gms_connect_epoch(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, proof ? proof->epoch : 0);
 	if (rc < 0)
 		return rc;
 	uint64_t id;
@@ -86,6 +119,18 @@ static int load(struct world *w, uint64_t epoch, uint8_t byte)
 	assert_int_equal(gf_gms_commit(g, NULL), 0);
 	gf_gms_free(g);
 	return 0;
+}
+
+static int load(struct world *w, const struct gf_lock_proof *proof, uint8_t byte)
+{
+	return load_as(w, proof, true, byte);
+}
+
+static struct gf_lock_proof proof_of(const struct gf_lock_grant *g)
+{
+	struct gf_lock_proof p;
+	assert_int_equal(gf_lock_grant_proof(g, &p), 0);
+	return p;
 }
 
 /* The first byte of the committed weights, read by an RO client. */
@@ -114,20 +159,30 @@ static void test_fence(void **state)
 {
 	struct world *w = *state;
 	/* The first load needs no grant: nothing is committed yet. */
-	assert_int_equal(load(w, 0, 0x11), 0);
+	assert_int_equal(load(w, NULL, 0x11), 0);
 	assert_int_equal(first_byte(w), 0x11);
 
 	/* No holder at all: a drop is refused. */
-	assert_int_equal(load(w, 0, 0x22), GF_ERR_PERMISSION);
+	assert_int_equal(load(w, NULL, 0x22), GF_ERR_PERMISSION);
 	assert_non_null(strstr(gf_error_detail(), "only the lock's current holder"));
 
 	gf_lock *a;
 	struct gf_lock_grant ga;
 	assert_int_equal(gf_lock_new(&a, w->lock_uri, "a"), 0);
 	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
+	struct gf_lock_proof pa = proof_of(&ga);
 	/* A writer without the grant, or with a wrong one, cannot drop the weights. */
-	assert_int_equal(load(w, 0, 0x22), GF_ERR_PERMISSION);
-	assert_int_equal(load(w, ga.epoch + 1, 0x22), GF_ERR_PERMISSION);
+	assert_int_equal(load(w, NULL, 0x22), GF_ERR_PERMISSION);
+	struct gf_lock_grant wrong = ga;
+	wrong.epoch++;
+	struct gf_lock_proof pw = proof_of(&wrong);
+	assert_int_equal(load(w, &pw, 0x22), GF_ERR_PERMISSION);
+	/* Nor can anyone quoting the public epoch (gfctl lock status shows it), or a forged proof. */
+	assert_int_equal(load_as(w, &pa, false, 0x22), GF_ERR_PERMISSION);
+	assert_non_null(strstr(gf_error_detail(), "without a proof"));
+	struct gf_lock_proof forged = pa;
+	forged.token[0] ^= 1;
+	assert_int_equal(load(w, &forged, 0x22), GF_ERR_PERMISSION);
 	assert_int_equal(first_byte(w), 0x11);
 	/* RW_OR_RO on a committed GMS becomes RO: never fenced. */
 	gf_gms *ro;
@@ -136,23 +191,24 @@ static void test_fence(void **state)
 	gf_gms_free(ro);
 
 	/* The holder may reload. */
-	assert_int_equal(load(w, ga.epoch, 0x33), 0);
+	assert_int_equal(load(w, &pa, 0x33), 0);
 	assert_int_equal(first_byte(w), 0x33);
 
-	/* Revoked: its epoch no longer opens the fence; the new holder's does. */
+	/* Revoked: its proof no longer opens the fence; the new holder's does. */
 	gf_lock *b;
 	struct gf_lock_grant gb;
 	assert_int_equal(gf_lock_new(&b, w->lock_uri, "b"), 0);
 	assert_int_equal(gf_lock_revoke(w->lock_uri, NULL, 0, ga.epoch, 2000), 0);
 	assert_int_equal(gf_lock_acquire(b, 2000, &gb), 0);
 	assert_true(gb.epoch > ga.epoch);
-	assert_int_equal(load(w, ga.epoch, 0x44), GF_ERR_PERMISSION);
+	assert_int_equal(load(w, &pa, 0x44), GF_ERR_PERMISSION);
 	assert_int_equal(first_byte(w), 0x33);
-	assert_int_equal(load(w, gb.epoch, 0x55), 0);
+	struct gf_lock_proof pb = proof_of(&gb);
+	assert_int_equal(load(w, &pb, 0x55), 0);
 	assert_int_equal(first_byte(w), 0x55);
 
 	assert_true(json_has(w->gms.uri, "\"fenced\":true"));
-	assert_true(json_has(w->gms.uri, "\"fence_refusals\":4"));
+	assert_true(json_has(w->gms.uri, "\"fence_refusals\":6"));
 	assert_true(json_has(w->gms.uri, "event=rw_refused"));
 	gf_lock_free(a);
 	gf_lock_free(b);
@@ -161,13 +217,93 @@ static void test_fence(void **state)
 static void test_lock_server_gone(void **state)
 {
 	struct world *w = *state;
-	assert_int_equal(load(w, 0, 0x11), 0);
+	assert_int_equal(load(w, NULL, 0x11), 0);
 	gf_lockd_stop(w->lockd);
 	pthread_join(w->lock_th, NULL);
 	gf_lockd_free(w->lockd);
 	w->lockd = NULL;
 	/* Unknown grant: refused, and the weights stay. */
-	assert_int_equal(load(w, 7, 0x22), GF_ERR_UNREACHABLE);
+	struct gf_lock_grant g = { .epoch = 7 };
+	struct gf_lock_proof p = proof_of(&g);
+	assert_int_equal(load(w, &p, 0x22), GF_ERR_UNREACHABLE);
+	assert_int_equal(first_byte(w), 0x11);
+}
+
+/* The fence holds at commit: a writer revoked mid-load cannot publish its layout. */
+static void test_revoked_writer_cannot_commit(void **state)
+{
+	struct world *w = *state;
+	assert_int_equal(load(w, NULL, 0x11), 0);
+	gf_lock *a;
+	struct gf_lock_grant ga;
+	assert_int_equal(gf_lock_new(&a, w->lock_uri, "a"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
+	struct gf_lock_proof pa = proof_of(&ga);
+	gf_gms *g;
+	assert_int_equal(gf_gms_connect_proof(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &pa), 0);
+	uint64_t id;
+	assert_int_equal(gf_gms_allocate(g, 4096, "weights", &id), 0);
+	struct gf_gms_alloc_info ai;
+	assert_int_equal(gf_gms_alloc_at(g, 0, &ai), 0);
+	memset((void *)(uintptr_t)ai.addr, 0x22, 4096);
+	assert_int_equal(gf_gms_put_meta(g, "w", id, 0, "x", 1), 0);
+	assert_int_equal(gf_lock_revoke(w->lock_uri, NULL, 0, ga.epoch, 2000), 0);
+	assert_int_equal(gf_gms_commit(g, NULL), GF_ERR_PERMISSION);
+	assert_non_null(strstr(gf_error_detail(), "not the lock's current one"));
+	gf_gms_free(g);
+	assert_true(json_has(w->gms.uri, "event=commit_refused"));
+	assert_true(json_has(w->gms.uri, "\"allocation_count\":0"));
+	/* The next holder loads and commits. */
+	gf_lock *b;
+	struct gf_lock_grant gb;
+	assert_int_equal(gf_lock_new(&b, w->lock_uri, "b"), 0);
+	assert_int_equal(gf_lock_acquire(b, 2000, &gb), 0);
+	struct gf_lock_proof pb = proof_of(&gb);
+	assert_int_equal(load(w, &pb, 0x33), 0);
+	assert_int_equal(first_byte(w), 0x33);
+	gf_lock_free(a);
+	gf_lock_free(b);
+}
+
+struct writer {
+	struct world *w;
+	struct gf_lock_proof proof;
+	atomic_int done;
+	int rc;
+};
+
+static void *write_fenced(void *arg)
+{
+	struct writer *wr = arg;
+	wr->rc = load(wr->w, &wr->proof, 0x22);
+	atomic_store(&wr->done, 1);
+	return NULL;
+}
+
+/* The fence asks a lock server that never answers: meanwhile the GMS serves
+ * its other clients (the writer waits in the queue, seen in the status). */
+static void test_slow_lock_server(void **state)
+{
+	struct world *w = *state;
+	assert_int_equal(load(w, NULL, 0x11), 0);
+	struct gf_lock_grant g = { .epoch = 3 };
+	struct writer wr = { .w = w, .proof = proof_of(&g) };
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, write_fenced, &wr), 0);
+	/* Another client's status answer shows the writer waiting on the fence, while its request is still pending. */
+	bool seen = false;
+	for (int i = 0; i < 400 && !seen; i++) {
+		seen = json_has(w->gms.uri, "\"waiters\":1");
+		if (!seen)
+			usleep(5000);
+	}
+	assert_true(seen);
+	assert_int_equal(atomic_load(&wr.done), 0);
+	/* The lock server goes away: the fence refuses, and the weights stay. */
+	close(w->mute_fd);
+	w->mute_fd = -1;
+	pthread_join(th, NULL);
+	assert_int_equal(wr.rc, GF_ERR_UNREACHABLE);
 	assert_int_equal(first_byte(w), 0x11);
 }
 
@@ -176,6 +312,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_server_gone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_slow_lock_server, setup_mute, teardown),
+		cmocka_unit_test_setup_teardown(test_revoked_writer_cannot_commit, setup, teardown),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -103,8 +103,8 @@ class Cluster:
     def gms_uri(self, n=0):
         return f"unix://{self.dir}/gms{n}.sock"
 
-    def gmsd(self, n=0):
-        p = self.spawn(f"gf-gmsd-{n}", [GMSD, f"--listen={self.gms_uri(n)}", "--device=0", "--backend=host"])
+    def gmsd(self, n=0, *extra):
+        p = self.spawn(f"gf-gmsd-{n}", [GMSD, f"--listen={self.gms_uri(n)}", "--device=0", "--backend=host", *extra])
         wait_for(lambda: gf.gms_status(self.gms_uri(n), 0.2), what="gf-gmsd")
         return p
 

@@ -129,6 +129,49 @@ def test_gms_write_commit_read_zero_copy(cluster):
     r.close()
 
 
+def test_gms_fence_takes_the_lock_grant(cluster):
+    """gf-gmsd --lock: committed weights are replaced only by a writer whose
+    GMSClient carries the current holder's Grant; the public epoch with any
+    other token, or no grant, is refused and the weights stay."""
+    cluster.lockd()
+    cluster.gmsd(0, f"--lock={cluster.lock_uri}")
+    mem = gf.Memory("host")
+
+    def load(byte, grant=None):
+        w = gf.GMSClient(cluster.gms_uri(), mem, mode="rw", timeout=5, grant=grant)
+        aid = w.allocate(MiB, "weights")
+        view = w.buffer(alloc_id=aid)
+        np.frombuffer(view, dtype=np.uint8)[:] = byte
+        del view
+        w.put_meta("w", aid, 0, b"")
+        w.commit()
+        w.close()
+
+    def first_byte():
+        r = gf.GMSClient(cluster.gms_uri(), mem, mode="ro", timeout=5)
+        r.map_all()
+        view = r.buffer("w")
+        b = np.frombuffer(view, dtype=np.uint8)[0]
+        del view
+        r.close()
+        return int(b)
+
+    load(1)  # the first load: nothing committed yet, no grant needed
+    lock = gf.LockClient(cluster.lock_uri, "a")
+    grant = lock.acquire(timeout=5)
+    with pytest.raises(gf.PermissionError):
+        load(2)
+    with pytest.raises(gf.PermissionError):
+        load(2, grant._replace(session_token=bytes(32)))
+    with pytest.raises(TypeError):
+        gf.GMSClient(cluster.gms_uri(), mem, mode="rw", timeout=5, grant=7)
+    assert first_byte() == 1
+    load(3, grant)
+    assert first_byte() == 3
+    assert gf.gms_status(cluster.gms_uri())["fence_refusals"] == 2
+    lock.close()
+
+
 def test_sleep_wake_keeps_addresses(cluster):
     cluster.gmsd()
     mem = gf.Memory("host")

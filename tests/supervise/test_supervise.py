@@ -341,6 +341,29 @@ def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
         lockd.wait(timeout=10)
 
 
+def test_slow_lock_server_delays_no_other_engine(tmp, sups):
+    """The revocation's question to the lock server runs off the loop: while
+    it waits on a lock server that never answers, another engine's crash
+    loop goes on being restarted."""
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(f"{tmp}/mute.sock")
+    mute.listen(16)  # accepts into its backlog, never answers a handshake
+    try:
+        periods = dict(FAST, retry_limit=1000, forceful_grace="200ms")
+        primary = dict(fake("primary", "--exit", "1"), lock_id="primary")
+        s = Supervisor(tmp, {"periods": periods, "lock": {"uri": f"unix://{tmp}/mute.sock"},
+                             "engines": [primary, fake("other", "--exit", "1")]})
+        sups.append(s)
+        # The query ends when its 2 s run out; the other engine was restarted meanwhile.
+        wait_for(lambda: "engine=primary revoke: lock status" in s.text(), "the query's end\n" + s.text())
+        log = s.text()
+        start = log.index("engine=primary revoke: asking the lock server")
+        end = log.index("engine=primary revoke: lock status")
+        assert start < end and "engine=other started" in log[start:end], log
+    finally:
+        mute.close()
+
+
 def lockd_text(p):
     p.terminate()
     try:

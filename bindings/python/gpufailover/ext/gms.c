@@ -45,14 +45,54 @@ static void gms_lost_trampoline(gf_gms *g, int err, const char *detail, void *ud
 	run_hook(((GMSObject *)ud)->on_lost, err, detail);
 }
 
+/* The fence proof of a Grant (Lock.acquire()): its epoch and session token. */
+static int grant_proof(PyObject *grant, struct gf_lock_proof *out)
+{
+	PyObject *ep = PyObject_GetAttrString(grant, "epoch");
+	PyObject *tok = ep ? PyObject_GetAttrString(grant, "session_token") : NULL;
+	int rc = -1;
+	struct gf_lock_grant g = { .epoch = 0 };
+	if (!ep || !tok) {
+		PyErr_Clear();
+		PyErr_SetString(PyExc_TypeError, "grant: expected a Grant from Lock.acquire() (epoch, session_token)");
+		goto out;
+	}
+	g.epoch = PyLong_AsUnsignedLongLong(ep);
+	if (PyErr_Occurred())
+		goto out;
+	if (!PyBytes_Check(tok) || PyBytes_GET_SIZE(tok) != (Py_ssize_t)sizeof(g.session_token)) {
+		PyErr_Format(PyExc_ValueError, "grant: session_token must be %zu bytes", sizeof(g.session_token));
+		goto out;
+	}
+	memcpy(g.session_token, PyBytes_AS_STRING(tok), sizeof(g.session_token));
+	if (g.epoch == 0) {
+		PyErr_SetString(PyExc_ValueError, "grant: epoch 0 names no grant");
+		goto out;
+	}
+	int r = gf_lock_grant_proof(&g, out);
+	if (r < 0) {
+		raise_gf(r);
+		goto out;
+	}
+	rc = 0;
+out:
+	Py_XDECREF(ep);
+	Py_XDECREF(tok);
+	return rc;
+}
+
 static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "uri", "memory", "mode", "timeout", NULL };
+	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", NULL };
 	const char *uri;
-	PyObject *mobj, *modeobj = NULL, *tobj = Py_None;
+	PyObject *mobj, *modeobj = NULL, *tobj = Py_None, *grant = Py_None;
 	int mode = GF_GMS_RO;
 	int64_t ms;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO", kwlist, &uri, &MemoryType, &mobj, &modeobj, &tobj))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$O", kwlist, &uri, &MemoryType, &mobj, &modeobj, &tobj,
+					 &grant))
+		return -1;
+	struct gf_lock_proof proof;
+	if (grant != Py_None && grant_proof(grant, &proof) < 0)
 		return -1;
 	if (self->gms) {
 		PyErr_SetString(PyExc_RuntimeError, "GMSClient is already initialized");
@@ -66,7 +106,7 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	int rc;
 	gf_mem *mem = ((MemoryObject *)mobj)->mem;
 	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_connect(&g, uri, mem, mode, ms);
+	rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
 	Py_END_ALLOW_THREADS
 	if (rc < 0) {
 		raise_gf(rc);
@@ -564,8 +604,10 @@ PyTypeObject GMSType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
 	.tp_basicsize = sizeof(GMSObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None)\n--\n\n"
-		  "Client of one GPU Memory Service; the connection is the RW/RO lock.",
+	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None, *, grant=None)\n--\n\n"
+		  "Client of one GPU Memory Service; the connection is the RW/RO lock. grant (the\n"
+		  "Grant of Lock.acquire()) makes the connect carry its fence proof: a GMS fenced by\n"
+		  "the lock (gf-gmsd --lock) lets only the current holder replace committed weights.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)GMS_init,
 	.tp_dealloc = (destructor)GMS_dealloc,

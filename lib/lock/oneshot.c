@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The lock's one-shot calls, each on a connection of its own: ping, status
+ * (JSON for gfctl and HTTP; the typed holder query for the library's own
+ * users), readiness, and the admin requests (revoke, switchover). Each goes to
+ * the backend of its URI (backend.h); the ones only gf-lockd answers are
+ * refused on etcd.
+ *
+ * The typed query runs on a thread of its own and signals an eventfd when it
+ * is done, so a single-threaded loop (the GMS fence, the supervisor's revoke)
+ * polls it like any other fd and is never held up by a slow lock server.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "wire.h"
+
+int gf_lock_ping(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms)
+{
+	if (!uri)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL uri");
+	return gf_lock_backend_for(uri)->ping(uri, secret, secret_len, timeout_ms);
+}
+
+int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json)
+{
+	if (!uri || !json)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL argument");
+	return gf_lock_backend_for(uri)->status_json(uri, secret, secret_len, timeout_ms, json);
+}
+
+/* A request of gf-lockd's own whose body is only its tag (and an epoch for the admin ones). */
+static int simple_call(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, pb_size_t tag,
+		       uint64_t epoch, pb_size_t want, const char *what, gf_Msg **reply)
+{
+	if (!uri)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL uri");
+	const struct gf_lock_backend *be = gf_lock_backend_for(uri);
+	/* etcd holds no server of ours to ask. */
+	if (!be->call)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "%s: not available on %s locks (only on gf-lockd)", what, be->name);
+	gf_Msg *m = gf_msg_new();
+	if (!m)
+		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
+	m->which_body = tag;
+	if (tag == gf_Msg_lock_revoke_tag)
+		m->body.lock_revoke.epoch = epoch;
+	else if (tag == gf_Msg_lock_switchover_tag)
+		m->body.lock_switchover.epoch = epoch;
+	int rc = be->call(uri, secret, secret_len, timeout_ms, m, want, what);
+	if (rc == 0 && reply)
+		*reply = m;
+	else
+		gf_msg_free(m);
+	return rc;
+}
+
+int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, const char *const *gpus,
+		      size_t ngpus, const char *model, int64_t timeout_ms, char **json)
+{
+	if (ngpus && !gpus)
+		return gf_err(GF_ERR_INVALID_ARG, "lock ready: NULL GPU list");
+	/* A malformed query is refused before connecting. */
+	gf_LockStatus *empty = calloc(1, sizeof(*empty));
+	if (!empty)
+		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
+	int rc = gf_lock_ready_from_status(empty, gpus, ngpus, model, NULL);
+	free(empty);
+	if (rc < 0)
+		return rc;
+	gf_Msg *m;
+	rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0, gf_Msg_lock_status_tag,
+			 "ready", &m);
+	if (rc < 0)
+		return rc;
+	rc = gf_lock_ready_from_status(&m->body.lock_status, gpus, ngpus, model, json);
+	gf_msg_free(m);
+	return rc;
+}
+
+int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_switchover_tag, epoch, gf_Msg_ok_tag,
+			   "switchover", NULL);
+}
+
+int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
+{
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_revoke_tag, epoch, gf_Msg_ok_tag, "revoke",
+			   NULL);
+}
+
+/* ---- the fence proof ---- */
+
+int gf_lock_grant_proof(const struct gf_lock_grant *grant, struct gf_lock_proof *out)
+{
+	if (!grant || !out || grant->epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock proof: no grant");
+	uint8_t msg[32 + 8];
+	int n = snprintf((char *)msg, sizeof(msg), "gf-fence-proof:");
+	for (int i = 0; i < 8; i++)
+		msg[n + i] = (uint8_t)(grant->epoch >> (8 * i));
+	struct gf_lock_proof p = { .epoch = grant->epoch };
+	int rc = gf_auth_mac(grant->session_token, sizeof(grant->session_token), msg, (size_t)n + 8, p.token);
+	if (rc < 0)
+		return rc;
+	*out = p;
+	return 0;
+}
+
+/* ---- the typed holder query, off the caller's loop ---- */
+
+struct gf_lock_query {
+	/* Two references: the caller's and the worker's; the last one frees. */
+	atomic_int refs;
+	int done_fd; /* eventfd: readable once the worker is done */
+	atomic_bool done;
+	char *uri;
+	uint8_t *secret;
+	size_t secret_len;
+	bool has_proof;
+	struct gf_lock_proof proof;
+	uint64_t revoke_epoch; /* a revoke of this grant instead of a holder query (0: query) */
+	int64_t timeout_ms;
+	int rc;
+	char detail[256];
+	struct gf_lock_holder holder;
+};
+
+static void query_unref(gf_lock_query *q)
+{
+	if (atomic_fetch_sub(&q->refs, 1) != 1)
+		return;
+	gf_close(q->done_fd);
+	if (q->secret)
+		memset(q->secret, 0, q->secret_len);
+	free(q->secret);
+	free(q->uri);
+	free(q);
+}
+
+static void *query_main(void *arg)
+{
+	gf_lock_query *q = arg;
+	if (q->revoke_epoch)
+		q->rc = gf_lock_revoke(q->uri, q->secret, q->secret_len, q->revoke_epoch, q->timeout_ms);
+	else
+		q->rc = gf_lock_backend_for(q->uri)->holder(q->uri, q->secret, q->secret_len, q->timeout_ms,
+							     q->has_proof ? &q->proof : NULL, &q->holder);
+	if (q->rc < 0)
+		snprintf(q->detail, sizeof(q->detail), "%s", gf_error_detail());
+	atomic_store(&q->done, true);
+	uint64_t one = 1;
+	ssize_t r = write(q->done_fd, &one, sizeof(one));
+	(void)r;
+	query_unref(q);
+	return NULL;
+}
+
+static int query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+		       const struct gf_lock_proof *proof, uint64_t revoke_epoch, int64_t timeout_ms)
+{
+	if (!out || !uri || (secret_len && !secret))
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
+	if (timeout_ms < 0 || timeout_ms > GF_MAX_DURATION_MS)
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: timeout outside 0..a year");
+	gf_lock_query *q = calloc(1, sizeof(*q));
+	if (!q)
+		return gf_err(GF_ERR_NOMEM, "lock query: out of memory");
+	q->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	q->uri = strdup(uri);
+	q->secret = secret_len ? malloc(secret_len) : NULL;
+	int rc = 0;
+	if (q->done_fd < 0)
+		rc = gf_err_errno(GF_ERR_IO, errno, "lock query: eventfd");
+	else if (!q->uri || (secret_len && !q->secret))
+		rc = gf_err(GF_ERR_NOMEM, "lock query: out of memory");
+	if (rc < 0) {
+		q->refs = 1;
+		query_unref(q);
+		return rc;
+	}
+	if (secret_len)
+		memcpy(q->secret, secret, secret_len);
+	q->secret_len = secret_len;
+	if (proof && proof->epoch) {
+		q->has_proof = true;
+		q->proof = *proof;
+	}
+	q->revoke_epoch = revoke_epoch;
+	q->timeout_ms = timeout_ms;
+	atomic_init(&q->refs, 2);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_t t;
+	int e = pthread_create(&t, &attr, query_main, q);
+	pthread_attr_destroy(&attr);
+	if (e) {
+		q->refs = 1;
+		query_unref(q);
+		return gf_err_errno(GF_ERR_IO, e, "lock query: pthread_create");
+	}
+	*out = q;
+	return 0;
+}
+
+int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
+			const struct gf_lock_proof *proof, int64_t timeout_ms)
+{
+	return query_start(out, uri, secret, secret_len, proof, 0, timeout_ms);
+}
+
+int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
+			 int64_t timeout_ms)
+{
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	return query_start(out, uri, secret, secret_len, NULL, epoch, timeout_ms);
+}
+
+int gf_lock_query_get_fd(const gf_lock_query *q)
+{
+	return q ? q->done_fd : -1;
+}
+
+int gf_lock_query_result(gf_lock_query *q, struct gf_lock_holder *out)
+{
+	if (!q)
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL query");
+	if (!atomic_load(&q->done))
+		return gf_err(GF_ERR_AGAIN, "lock query: still running");
+	if (q->rc < 0)
+		return gf_err(q->rc, "%s", q->detail);
+	if (out)
+		*out = q->holder;
+	return 0;
+}
+
+void gf_lock_query_free(gf_lock_query *q)
+{
+	if (q)
+		query_unref(q);
+}
