@@ -45,7 +45,7 @@
 
 #define PROG "gf-c-engine"
 /* Weights are packed into allocations of up to this size (fewer handles map
- * faster than many; LESSONS.md, GPU driver facts). */
+ * faster than many; docs/design.md, rule 19). */
 #define CHUNK_LIMIT (256ull << 20)
 /* Tensor alignment inside an allocation. */
 #define TENSOR_ALIGN 256ull

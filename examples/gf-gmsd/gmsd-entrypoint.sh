@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # Example container entrypoint: one gf-gmsd per device, and the container
-# exits as soon as any of them dies (seed 000, Decision 1) so Kubernetes
+# exits as soon as any of them dies (docs/design.md, decision 1) so Kubernetes
 # restarts the whole set and engines re-initialise cleanly.
 #
 # usage: gmsd-entrypoint.sh [DEVICE...]

@@ -61,7 +61,7 @@ enum gf_probe {
 	GF_PROBE_STARTUP = 3,
 };
 
-/** Weight-loading roles (seed 000, Decision 5): the GMS's roles (enum gf_gms_role), one source. */
+/** Weight-loading roles (docs/design.md, decision 5): the GMS's roles (enum gf_gms_role), one source. */
 #define GF_ENGINE_LOADER GF_GMS_ROLE_LOADER     /**< connects RW_OR_RO: loads where nothing is committed yet */
 #define GF_ENGINE_FOLLOWER GF_GMS_ROLE_FOLLOWER /**< connects RO only: waits for the loader's commit */
 /** A follower's default init timeout (30 minutes): how long it waits for a loader's commit. */
@@ -155,7 +155,7 @@ GF_EXPORT int gf_engine_set_role(gf_engine *engine, int role);
 GF_EXPORT int gf_engine_set_backend(gf_engine *engine, int kind);
 /** Waking timeout: /live turns 503 after this long in Waking; also bounds private-memory OOM retries. > 0. */
 GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
-/** Timeout of the GMS remap on wake (finite, > 0; seed 000 Decision 6). */
+/** Timeout of the GMS remap on wake (finite, > 0; docs/design.md, decision 6). */
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
 /** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
@@ -278,7 +278,7 @@ GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
  * GMS connections (a loss from then on goes to the loss policy).
  * All-or-nothing: on failure whatever was mapped is unmapped again, the
  * engine becomes Dead and the error is returned (a failed wake is fatal,
- * Decision 6; the caller exits). Needs Waking.
+ * docs/design.md, decision 6; the caller exits). Needs Waking.
  */
 GF_EXPORT int gf_engine_wake_up(gf_engine *engine);
 /**

@@ -286,7 +286,7 @@ GF_EXPORT void gf_gms_fault_reporter_remove(const gf_gms *gms);
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
 
-/** Roles for tensor-parallel engines (seed 000, Decision 5). */
+/** Roles for tensor-parallel engines (docs/design.md, decision 5). */
 enum gf_gms_role {
 	GF_GMS_ROLE_LOADER = 1,   /**< RW_OR_RO on every device: loads where nothing is committed */
 	GF_GMS_ROLE_FOLLOWER = 2, /**< RO only: never holds a writer lock, so TP > 1 cannot deadlock */

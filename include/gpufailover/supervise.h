@@ -2,7 +2,7 @@
 /**
  * @file gpufailover/supervise.h
  * @brief The supervisor: restart policy, hung-engine detection and forced
- *        failover for engine processes (seed 003, AppWrapper fault tolerance).
+ *        failover for engine processes (docs/design.md, decision 23).
  *
  * Two layers:
  * - the **policy** (gf_sv_*): a pure state machine per supervised engine,

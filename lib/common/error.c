@@ -7,7 +7,7 @@
 #include "common.h"
 
 /* Per-thread, so one failed call never poisons another thread's report
- * (LESSONS.md item 1: no sticky global error). */
+ * (docs/design.md, rule 1: no sticky global error). */
 static _Thread_local char detail[512];
 
 static const struct {

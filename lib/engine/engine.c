@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine state machine (DESIGN.md §7, seed 000 Decisions 2 and 4):
+/* The engine state machine (docs/design.md, decisions 2 and 4):
  * Init -> Standby -> Waking -> Active -> Dead, the steps that move it
  * (calling the lock, GMS and memory APIs directly) and the probe table. */
 #include <inttypes.h>
@@ -494,7 +494,7 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 	for (int i = 0; i < e->ndev; i++)
 		gf_gms_prefault(e->dev[i].gms);
 	/* Mappings are complete on the device before anything is served from
-	 * them (LESSONS.md item 2). */
+	 * them (docs/design.md, rule 2). */
 	for (int i = 0; i < e->ndev; i++) {
 		rc = gf_mem_synchronize(e->dev[i].mem);
 		if (rc)

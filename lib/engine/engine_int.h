@@ -166,7 +166,7 @@ void gf_engine_lock_lost_hook(gf_lock *lock, int err, const char *detail, void *
 void gf_engine_lock_step_down_hook(gf_lock *lock, uint64_t epoch, void *userdata);
 void gf_engine_gms_lost_hook(gf_gms *gms, int err, const char *detail, void *userdata);
 
-/* Probe decision for a state, the pure table of DESIGN §7. @waking_expired
+/* Probe decision for a state, the pure table of docs/design.md, decision 2. @waking_expired
  * tells whether the waking timeout has passed; @healthy is the Active
  * health callback's answer; @device_lost whether a sticky driver error lost
  * a device's context (then /live and /ready fail in every state). */

@@ -70,7 +70,7 @@ static int short_device(gf_engine *e, uint64_t need, uint64_t *free_out, int *er
 	return -1;
 }
 
-/* The memory gate (seed 001): with the lock granted, wait until every
+/* The memory gate (docs/design.md, decision 22): with the lock granted, wait until every
  * device has the free memory the wake needs, polling with the OOM backoff,
  * until @deadline_us. A wake that would not fit is refused before it
  * starts, instead of failing half-way; on failure the engine is Dead. */

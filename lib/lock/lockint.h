@@ -15,7 +15,7 @@
 /* Lock messages are tiny: anything larger is refused before allocating. */
 #define GF_LOCK_MAX_FRAME 2048
 
-/* What the state file records (seed 000, Decision 8). */
+/* What the state file records (docs/design.md, decision 8). */
 struct gf_lock_state {
 	bool has_holder;
 	char holder[GF_LOCK_ID_MAX];

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The lock server's policy (seed 000, Decisions 4 and 8; DESIGN.md section 5)
+ * The lock server's policy (docs/design.md, decisions 4, 8 and 10)
  * on the shared server core (lib/wire/server.h), which owns the sockets,
  * the handshake and the loop.
  *

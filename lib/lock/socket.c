@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The lock's socket backend: gf-lockd's protocol over unix:// and tcp://
- * (seed 000, Decision 8). Acquire, hold, heartbeat (tcp), reconnect and
+ * (docs/design.md, decision 8). Acquire, hold, heartbeat (tcp), reconnect and
  * reclaim after a server restart, the listeners that come with a grant, and
  * the one-shot requests. client.c is the façade over it (fork safety, the
  * watcher, the hooks); docs/protocol.md describes the messages.

@@ -3,7 +3,7 @@
  * The host backend: memfd + mmap. A real backend for CPU engines and tests,
  * with the same lifetime rule as the driver for free: the kernel keeps a
  * memfd's pages until its last fd and its last mapping are gone, in every
- * process (seed 000, Decision 7).
+ * process (docs/design.md, decision 7).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The public memory API over the backend vtable: backend choice, the
- * per-allocation state machine (LESSONS.md item 3: no double release, no use
- * after release) and all-or-nothing mapping of many allocations (item 4).
+ * per-allocation state machine (docs/design.md, rule 3: no double release, no use
+ * after release) and all-or-nothing mapping of many allocations (rule 4).
  */
 #include <stdio.h>
 #include <stdlib.h>

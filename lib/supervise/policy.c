@@ -13,7 +13,7 @@
 
 void gf_sv_periods_default(struct gf_sv_periods *p)
 {
-	/* AppWrapper's defaults (seed 003), plus our own term and stable periods. */
+	/* AppWrapper's defaults, plus our own term and stable periods (docs/design.md, decision 23). */
 	p->admission_ms = 60 * MS;
 	p->warmup_ms = 5 * 60 * MS;
 	p->failure_grace_ms = 60 * MS;

@@ -134,7 +134,7 @@ struct gms_place_out {
  */
 void gms_tier_place(const struct gms_place_in *in, struct gms_place_out *out);
 
-/* Phases of one snapshot or restore (seed 004's vocabulary). */
+/* Phases of one snapshot or restore (docs/design.md, decision 24). */
 enum gms_phase {
 	GMS_PHASE_NONE = 0, /* no operation yet */
 	GMS_PHASE_PENDING,

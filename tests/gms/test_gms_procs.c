@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Integration with real processes: gf-gmsd, gms-engine helpers and gfctl,
- * killed with SIGKILL at the steps of seed 000's failure tables.
+ * killed with SIGKILL at the steps of the failure cases in docs/design.md.
  * Paths come from meson: GF_GMSD, GF_GMS_ENGINE, GF_GFCTL.
  */
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * TP = 2 (seed 000, Decision 5): two GMS (one per device; real gf-gmsd
+ * TP = 2 (docs/design.md, decision 5): two GMS (one per device; real gf-gmsd
  * processes when GF_GMSD is set, else in-process servers), two engines with
  * two workers each as threads of this process, with random sleeps. An engine's
  * workers meet at a barrier after connecting (vLLM's executor waits for

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Integration tests of the lock: real gf-lockd and gfctl processes, real
-signals. Rows of seed 000's Decision 8 table, FIFO handoff on SIGKILL,
-fork safety, hostile peers, uid allow list, TCP leases, and a randomized
-history checked against the lock's invariants."""
+signals. Rows of the failure table of docs/design.md, decision 8, FIFO
+handoff on SIGKILL, fork safety, hostile peers, uid allow list, TCP leases,
+and a randomized history checked against the lock's invariants."""
 import json
 import os
 import random
