@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "gpufailover/supervise.h"
+#include "policy.h"
 
 #define MS 1000LL
 
@@ -183,10 +183,13 @@ static int unhealthy(struct gf_sv_engine *e, int64_t now, const char *why)
 	return 0;
 }
 
-int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, int event,
-	       const struct gf_sv_probe *probe, int exit_status, int exit_signal,
-	       const int *terminal, size_t n_terminal, int64_t now_us)
+int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const struct gf_sv_input *in)
 {
+	int event = in->event, exit_status = in->exit_status, exit_signal = in->exit_signal;
+	const struct gf_sv_probe *probe = in->probe;
+	const int *terminal = in->terminal;
+	size_t n_terminal = in->n_terminal;
+	int64_t now_us = in->now_us;
 	char what[64];
 	switch (event) {
 	case GF_SV_EV_START:

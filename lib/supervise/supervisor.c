@@ -24,6 +24,7 @@
 #include "gpufailover/engine.h"
 #include "gpufailover/lock.h"
 #include "gpufailover/supervise.h"
+#include "policy.h"
 
 #define SV_MAX_ENGINES 64
 #define SV_MAX_TERMINAL 64
@@ -623,7 +624,9 @@ static void feed(gf_supervisor *sv, struct sv_engine *e, int ev, const struct gf
 {
 	pthread_mutex_lock(&sv->mu);
 	int before = e->pol.state;
-	int act = gf_sv_step(&e->pol, &e->periods, ev, probe, status, sig, sv->terminal, sv->n_terminal, now);
+	struct gf_sv_input in = { .event = ev, .probe = probe, .exit_status = status, .exit_signal = sig,
+				  .terminal = sv->terminal, .n_terminal = sv->n_terminal, .now_us = now };
+	int act = gf_sv_step(&e->pol, &e->periods, &in);
 	int after = e->pol.state;
 	pthread_mutex_unlock(&sv->mu);
 	if (before != after)

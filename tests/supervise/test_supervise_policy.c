@@ -11,6 +11,7 @@
 #include "../common/testutil.h"
 
 #include "gpufailover.h"
+#include "policy.h"
 
 #define S 1000000LL /* one second in µs */
 
@@ -41,18 +42,23 @@ static void sim_init(struct sim *s)
 
 static int ev(struct sim *s, int event)
 {
-	return gf_sv_step(&s->e, &s->p, event, NULL, 0, 0, terminal, 3, s->now);
+	struct gf_sv_input in = { .event = event, .terminal = terminal, .n_terminal = 3, .now_us = s->now };
+	return gf_sv_step(&s->e, &s->p, &in);
 }
 
 static int probe(struct sim *s, int reachable, int startup, int live)
 {
 	struct gf_sv_probe pr = { reachable, startup, live };
-	return gf_sv_step(&s->e, &s->p, GF_SV_EV_PROBE, &pr, 0, 0, terminal, 3, s->now);
+	struct gf_sv_input in = { .event = GF_SV_EV_PROBE, .probe = &pr, .terminal = terminal, .n_terminal = 3,
+				  .now_us = s->now };
+	return gf_sv_step(&s->e, &s->p, &in);
 }
 
 static int exited(struct sim *s, int status, int sig)
 {
-	return gf_sv_step(&s->e, &s->p, GF_SV_EV_EXITED, NULL, status, sig, terminal, 3, s->now);
+	struct gf_sv_input in = { .event = GF_SV_EV_EXITED, .exit_status = status, .exit_signal = sig,
+				  .terminal = terminal, .n_terminal = 3, .now_us = s->now };
+	return gf_sv_step(&s->e, &s->p, &in);
 }
 
 /* Advance the clock to the policy's next deadline and tick. */
