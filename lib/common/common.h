@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpufailover.h"
+#include "gpufailover/base.h"
 
 #define GF_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 

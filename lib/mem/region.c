@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "common.h"
-#include "gpufailover.h"
+#include "gpufailover/mem.h"
 
 struct gf_mem_region {
 	gf_mem *m;

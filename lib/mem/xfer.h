@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpufailover.h"
+#include "gpufailover/mem.h"
 
 typedef struct gf_mem_xfer gf_mem_xfer;
 
