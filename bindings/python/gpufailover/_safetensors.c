@@ -91,7 +91,7 @@ static PyMethodDef safetensors_methods[] = {
 	{ NULL },
 };
 
-int gf_py_safetensors_add(PyObject *module)
+int gfpy_safetensors_add(PyObject *module)
 {
 	return PyModule_AddFunctions(module, safetensors_methods);
 }

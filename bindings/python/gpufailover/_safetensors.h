@@ -5,6 +5,6 @@
 #include <Python.h>
 
 /* Adds safetensors_header() to @module; -1 with an exception set on failure. */
-int gf_py_safetensors_add(PyObject *module);
+int gfpy_safetensors_add(PyObject *module);
 
 #endif

@@ -3,7 +3,7 @@
 #include "common.h"
 
 /* Timeout in seconds (None = forever) → milliseconds (-1 = forever). */
-int timeout_arg(PyObject *obj, int64_t *ms, int allow_none)
+int gfpy_timeout_arg(PyObject *obj, int64_t *ms, int allow_none)
 {
 	if (obj == NULL || obj == Py_None) {
 		if (!allow_none) {
@@ -29,7 +29,7 @@ int timeout_arg(PyObject *obj, int64_t *ms, int allow_none)
 	return 0;
 }
 
-int u64_arg(PyObject *obj, void *out)
+int gfpy_u64_arg(PyObject *obj, void *out)
 {
 	PyObject *idx = PyNumber_Index(obj);
 	if (!idx)
@@ -42,7 +42,7 @@ int u64_arg(PyObject *obj, void *out)
 	return 1;
 }
 
-PyObject *json_loads(const char *text)
+PyObject *gfpy_json_loads(const char *text)
 {
 	PyObject *json = PyImport_ImportModule("json");
 	if (!json)
@@ -53,7 +53,7 @@ PyObject *json_loads(const char *text)
 }
 
 /* Call fn(code, detail) from whatever thread the library calls back on. */
-void run_hook(PyObject *fn, int err, const char *detail)
+void gfpy_run_hook(PyObject *fn, int err, const char *detail)
 {
 	PyGILState_STATE g = PyGILState_Ensure();
 	if (fn && fn != Py_None) {
@@ -65,14 +65,14 @@ void run_hook(PyObject *fn, int err, const char *detail)
 	PyGILState_Release(g);
 }
 
-PyObject *hook_get(PyObject *slot)
+PyObject *gfpy_hook_get(PyObject *slot)
 {
 	PyObject *r = slot ? slot : Py_None;
 	Py_INCREF(r);
 	return r;
 }
 
-int hook_set(PyObject **slot, PyObject *v, const char *what)
+int gfpy_hook_set(PyObject **slot, PyObject *v, const char *what)
 {
 	if (!v)
 		v = Py_None;
@@ -99,7 +99,7 @@ static void (*volatile wake_fn)(void *);
 static void *volatile wake_arg;
 static struct sigaction wake_prev[NSIG];
 static unsigned char wake_hooked[NSIG];
-unsigned long main_thread_ident;
+unsigned long gfpy_main_thread_ident;
 
 static void wake_chain(int sig, siginfo_t *info, void *uctx)
 {
@@ -144,15 +144,15 @@ static int python_handled(unsigned char *out)
 	return n;
 }
 
-int in_main_thread(void)
+int gfpy_in_main_thread(void)
 {
-	return PyThread_get_thread_ident() == main_thread_ident;
+	return PyThread_get_thread_ident() == gfpy_main_thread_ident;
 }
 
 /* Route the signals with Python handlers to fn(arg) (main thread only). */
 static int signals_hook(void (*fn)(void *), void *arg)
 {
-	if (!in_main_thread() || !python_handled(wake_hooked))
+	if (!gfpy_in_main_thread() || !python_handled(wake_hooked))
 		return 0;
 	wake_arg = arg;
 	wake_fn = fn;
@@ -178,17 +178,17 @@ static void signals_unhook(int hooked)
 	wake_arg = NULL;
 }
 
-int64_t now_ms(void)
+int64_t gfpy_now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
+int gfpy_wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
 		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms)
 {
-	const int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
+	const int64_t deadline = ms < 0 ? -1 : gfpy_now_ms() + ms;
 	for (;;) {
 		int hooked = signals_hook(intr, handle(obj));
 		int rc;
@@ -203,22 +203,22 @@ int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*int
 		if (!handle(obj))
 			return GFPY_CLOSED;
 		if (deadline >= 0) {
-			ms = deadline - now_ms();
+			ms = deadline - gfpy_now_ms();
 			if (ms < 0)
 				ms = 0;
 		}
 	}
 }
 
-int refuse_busy(Py_ssize_t busy, const char *type, const char *what)
+int gfpy_refuse_busy(Py_ssize_t busy, const char *type, const char *what)
 {
 	if (busy <= 0)
 		return 0;
-	PyErr_Format(StateError, "%s: cannot %s while another thread is in a call on it", type, what);
+	PyErr_Format(gfpy_StateError, "%s: cannot %s while another thread is in a call on it", type, what);
 	return -1;
 }
 
-void wait_idle(const Py_ssize_t *busy)
+void gfpy_wait_idle(const Py_ssize_t *busy)
 {
 	while (*busy > 0) {
 		Py_BEGIN_ALLOW_THREADS

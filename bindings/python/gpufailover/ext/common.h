@@ -79,36 +79,36 @@ typedef struct {
 	} while (0)
 #define BLOCKING(obj, stmt) BLOCKING_COUNT(&(obj)->busy, stmt)
 /* Raise StateError naming what cannot be done while busy > 0; 0 if idle. */
-int refuse_busy(Py_ssize_t busy, const char *type, const char *what);
+int gfpy_refuse_busy(Py_ssize_t busy, const char *type, const char *what);
 /* Release the GIL until *busy drops to 0. */
-void wait_idle(const Py_ssize_t *busy);
+void gfpy_wait_idle(const Py_ssize_t *busy);
 
 /* exceptions (errors.c) */
-extern PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError,
-	*ProtocolError, *GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError,
-	*StateError, *NotFoundError, *InterruptedError_;
-PyObject *raise_gf(int err);
-/* raise_gf() with a detail text read on another thread (NULL or "": the error's name). */
-PyObject *raise_gf_detail(int err, const char *detail);
-int errors_add(PyObject *m);
+extern PyObject *gfpy_GpuFailoverError, *gfpy_LockLostError, *gfpy_GMSLostError, *gfpy_StaleLayoutError,
+	*gfpy_TimeoutError, *gfpy_ProtocolError, *gfpy_PermissionError, *gfpy_UnreachableError, *gfpy_NotSupportedError,
+	*gfpy_OutOfMemoryError, *gfpy_StateError, *gfpy_NotFoundError, *gfpy_InterruptedError;
+PyObject *gfpy_raise_gf(int err);
+/* gfpy_raise_gf() with a detail text read on another thread (NULL or "": the error's name). */
+PyObject *gfpy_raise_gf_detail(int err, const char *detail);
+int gfpy_errors_add(PyObject *m);
 
 /* helpers (common.c) */
-int timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
+int gfpy_timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
 /* PyArg "O&" converter to uint64_t: OverflowError outside 0 .. 2**64-1
  * (never wrapped, as the "K" format would), TypeError for non-integers. */
-int u64_arg(PyObject *obj, void *out);
-PyObject *json_loads(const char *text);
-void run_hook(PyObject *fn, int err, const char *detail);
-PyObject *hook_get(PyObject *slot);
-int hook_set(PyObject **slot, PyObject *v, const char *what);
-extern unsigned long main_thread_ident;
+int gfpy_u64_arg(PyObject *obj, void *out);
+PyObject *gfpy_json_loads(const char *text);
+void gfpy_run_hook(PyObject *fn, int err, const char *detail);
+PyObject *gfpy_hook_get(PyObject *slot);
+int gfpy_hook_set(PyObject **slot, PyObject *v, const char *what);
+extern unsigned long gfpy_main_thread_ident;
 /* 1 on the thread that runs Python's signal handlers. */
-int in_main_thread(void);
+int gfpy_in_main_thread(void);
 /* CLOCK_MONOTONIC in milliseconds. */
-int64_t now_ms(void);
-/* wait_interruptible(): a Python exception is set (a signal handler raised). */
+int64_t gfpy_now_ms(void);
+/* gfpy_wait_interruptible(): a Python exception is set (a signal handler raised). */
 #define GFPY_PYERR 1
-/* wait_interruptible(): a signal handler closed the object (its handle is NULL). */
+/* gfpy_wait_interruptible(): a signal handler closed the object (its handle is NULL). */
 #define GFPY_CLOSED 2
 /*
  * Run call(ctx, ms) with the GIL released, counted in *busy, until it returns
@@ -118,20 +118,20 @@ int64_t now_ms(void);
  * *stop is set (close() on another thread) is not resumed: GF_ERR_INTERRUPTED
  * is returned. Returns call()'s result, GFPY_PYERR or GFPY_CLOSED.
  */
-int wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
+int gfpy_wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
 		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms);
 
 /* the types, each in its own file */
-extern PyTypeObject MemoryType, LockType, GMSType, MappingType, EngineType;
-int backend_arg(PyObject *obj, int *kind);
-int memory_ready(MemoryObject *self);
-int lock_add_grant(PyObject *m);
-int gms_ready(GMSObject *self);
-int no_exports(GMSObject *self, const char *what);
-void engine_forget_view(PyObject *engine, GMSObject *view);
-PyObject *py_install_fault_reporter(PyObject *self, PyObject *arg);
-PyObject *py_remove_fault_reporter(PyObject *self, PyObject *args);
-PyObject *py_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *py_gms_restore(PyObject *self, PyObject *args, PyObject *kw);
+extern PyTypeObject gfpy_MemoryType, gfpy_LockType, gfpy_GMSType, gfpy_MappingType, gfpy_EngineType;
+int gfpy_backend_arg(PyObject *obj, int *kind);
+int gfpy_memory_ready(MemoryObject *self);
+int gfpy_lock_add_grant(PyObject *m);
+int gfpy_gms_ready(GMSObject *self);
+int gfpy_no_exports(GMSObject *self, const char *what);
+void gfpy_engine_forget_view(PyObject *engine, GMSObject *view);
+PyObject *gfpy_install_fault_reporter(PyObject *self, PyObject *arg);
+PyObject *gfpy_remove_fault_reporter(PyObject *self, PyObject *args);
+PyObject *gfpy_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_gms_restore(PyObject *self, PyObject *args, PyObject *kw);
 
 #endif

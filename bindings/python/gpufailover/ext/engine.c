@@ -18,7 +18,7 @@ typedef struct {
 	int closing;     /* close() is ending a blocked acquire() */
 } EngineObject;
 
-void engine_forget_view(PyObject *engine, GMSObject *view)
+void gfpy_engine_forget_view(PyObject *engine, GMSObject *view)
 {
 	EngineObject *e = (EngineObject *)engine;
 	if (e->views[view->device] == view)
@@ -44,7 +44,7 @@ static PyObject *borrowed_gms(EngineObject *self, int device)
 		Py_INCREF(go);
 		return (PyObject *)go;
 	}
-	go = (GMSObject *)PyType_GenericNew(&GMSType, NULL, NULL);
+	go = (GMSObject *)PyType_GenericNew(&gfpy_GMSType, NULL, NULL);
 	if (!go)
 		return NULL;
 	go->gms = g;
@@ -134,7 +134,7 @@ static int health_trampoline(gf_engine *e, void *ud)
 
 static void loss_trampoline(gf_engine *e, int err, const char *detail, void *ud)
 {
-	run_hook(((EngineObject *)ud)->on_loss, err, detail);
+	gfpy_run_hook(((EngineObject *)ud)->on_loss, err, detail);
 }
 
 /* After a step: re-raise an exception from a callback, else the library error. */
@@ -150,7 +150,7 @@ static PyObject *step_result(EngineObject *self, int rc)
 	if (rc == GF_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
 		return NULL;
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -184,15 +184,15 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&Oz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
-					 &bobj, &wobj, &robj, &iobj, u64_arg, &priv, &pobj, &probe_addr))
+					 &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr))
 		return -1;
 	if (self->engine) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
 		return -1;
 	}
-	if ((roleobj && role_arg(roleobj, &role) < 0) || backend_arg(bobj, &kind) < 0 ||
-	    (wobj && timeout_arg(wobj, &waking, 0) < 0) || (robj && timeout_arg(robj, &remap, 0) < 0) ||
-	    (iobj && timeout_arg(iobj, &init_ms, 1) < 0))
+	if ((roleobj && role_arg(roleobj, &role) < 0) || gfpy_backend_arg(bobj, &kind) < 0 ||
+	    (wobj && gfpy_timeout_arg(wobj, &waking, 0) < 0) || (robj && gfpy_timeout_arg(robj, &remap, 0) < 0) ||
+	    (iobj && gfpy_timeout_arg(iobj, &init_ms, 1) < 0))
 		return -1;
 	if (pobj != Py_None) {
 		PyObject *idx = PyNumber_Index(pobj);
@@ -250,7 +250,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_start_probe_server(e);
 	if (rc < 0) {
 		gf_engine_free(e);
-		raise_gf(rc);
+		gfpy_raise_gf(rc);
 		return -1;
 	}
 	self->engine = e;
@@ -304,7 +304,7 @@ static PyObject *Engine_sleep_checked(EngineObject *self, PyObject *unused)
 {
 	/* Sleep unmaps the weights: refuse while Python still holds views on them. */
 	for (int i = 0; i < 16; i++)
-		if (self->views[i] && no_exports(self->views[i], "sleep") < 0)
+		if (self->views[i] && gfpy_no_exports(self->views[i], "sleep") < 0)
 			return NULL;
 	return Engine_sleep(self, unused);
 }
@@ -331,18 +331,18 @@ static PyObject *Engine_acquire(EngineObject *self, PyObject *args, PyObject *kw
 	int64_t ms;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
 		return NULL;
-	if (engine_ready(self) < 0 || timeout_arg(tobj, &ms, 1) < 0)
+	if (engine_ready(self) < 0 || gfpy_timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
 	self->acquiring++;
-	int rc = wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, engine_handle,
+	int rc = gfpy_wait_interruptible(engine_acquire_call, self->engine, engine_interrupt_cb, engine_handle,
 				    (PyObject *)self, &self->busy, &self->closing, ms);
 	self->acquiring--;
 	if (rc == GFPY_PYERR)
 		return NULL;
 	if (rc == GFPY_CLOSED)
-		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by a signal handler");
+		return PyErr_Format(gfpy_InterruptedError, "acquire: the Engine was closed by a signal handler");
 	if (rc == GF_ERR_INTERRUPTED && self->closing)
-		return PyErr_Format(InterruptedError_, "acquire: the Engine was closed by another thread");
+		return PyErr_Format(gfpy_InterruptedError, "acquire: the Engine was closed by another thread");
 	PyObject *r = step_result(self, rc);
 	if (!r)
 		return NULL;
@@ -375,7 +375,7 @@ static PyObject *Engine_mark_dead(EngineObject *self, PyObject *args)
 		return NULL;
 	int rc = gf_engine_mark_dead(self->engine, reason);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -408,7 +408,7 @@ static PyObject *Engine_probe(EngineObject *self, PyObject *arg)
 	int code;
 	BLOCKING(self, code = gf_engine_probe(self->engine, probe));
 	if (code < 0)
-		return raise_gf(code);
+		return gfpy_raise_gf(code);
 	return PyLong_FromLong(code);
 }
 
@@ -426,7 +426,7 @@ static PyObject *Engine_get_metrics(EngineObject *self, void *c)
 		return NULL;
 	int rc = gf_engine_metrics(self->engine, &m);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return Py_BuildValue("{s:s,s:L,s:K,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:K}", "state", gf_engine_state_name(m.state),
 			     "time_in_state_us", (long long)m.time_in_state_us, "transitions",
 			     (unsigned long long)m.transitions, "failovers", (unsigned long long)m.failovers, "epoch",
@@ -443,7 +443,7 @@ static PyObject *Engine_metrics_text(EngineObject *self, PyObject *unused)
 		return NULL;
 	int rc = gf_engine_metrics_text(self->engine, &text);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	PyObject *r = PyUnicode_FromString(text);
 	free(text);
 	return r;
@@ -456,8 +456,8 @@ static PyObject *Engine_state_info(EngineObject *self, PyObject *unused)
 		return NULL;
 	int rc = gf_engine_state_json(self->engine, &text);
 	if (rc < 0)
-		return raise_gf(rc);
-	PyObject *r = json_loads(text);
+		return gfpy_raise_gf(rc);
+	PyObject *r = gfpy_json_loads(text);
 	free(text);
 	return r;
 }
@@ -484,7 +484,7 @@ static PyObject *Engine_listener(EngineObject *self, PyObject *args)
 		return NULL;
 	int fd, rc = gf_engine_listener(self->engine, name, &fd);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	PyObject *mod = PyImport_ImportModule("socket");
 	PyObject *sock = mod ? PyObject_CallMethod(mod, "socket", "iiii", -1, -1, -1, fd) : NULL;
 	Py_XDECREF(mod);
@@ -503,7 +503,7 @@ static PyObject *Engine_private_memory(EngineObject *self, PyObject *args)
 		return NULL;
 	int rc = gf_engine_private_memory(self->engine, device, &addr, &size);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return Py_BuildValue("(KK)", (unsigned long long)addr, (unsigned long long)size);
 }
 
@@ -539,7 +539,7 @@ static void step_down_trampoline(gf_engine *e, void *ud)
 
 static PyObject *Engine_get_on_step_down(EngineObject *self, void *c)
 {
-	return hook_get(self->on_step_down);
+	return gfpy_hook_get(self->on_step_down);
 }
 
 static int Engine_set_on_step_down(EngineObject *self, PyObject *v, void *c)
@@ -568,13 +568,13 @@ static PyObject *Engine_step_down(EngineObject *self, PyObject *unused)
 	int rc;
 	BLOCKING(self, rc = gf_engine_step_down(self->engine));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
 static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
 {
-	return hook_get(self->on_loss);
+	return gfpy_hook_get(self->on_loss);
 }
 
 static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
@@ -595,7 +595,7 @@ static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
 		rc = gf_engine_set_loss_fn(self->engine, loss_trampoline, self);
 	}
 	if (rc < 0) {
-		raise_gf(rc);
+		gfpy_raise_gf(rc);
 		return -1;
 	}
 	return 0;
@@ -603,7 +603,7 @@ static int Engine_set_on_loss(EngineObject *self, PyObject *v, void *c)
 
 static PyObject *Engine_get_health(EngineObject *self, void *c)
 {
-	return hook_get(self->health);
+	return gfpy_hook_get(self->health);
 }
 
 static int Engine_set_health(EngineObject *self, PyObject *v, void *c)
@@ -624,16 +624,16 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
 	if (self->busy > 0 && self->busy == self->acquiring) {
 		self->closing = 1;
 		gf_engine_interrupt(self->engine);
-		wait_idle(&self->busy);
+		gfpy_wait_idle(&self->busy);
 		self->closing = 0;
 		if (!self->engine)
 			Py_RETURN_NONE; /* another close() finished meanwhile */
 	}
-	if (refuse_busy(self->busy, "Engine", "close") < 0)
+	if (gfpy_refuse_busy(self->busy, "Engine", "close") < 0)
 		return NULL;
 	for (int i = 0; i < 16; i++)
-		if (self->views[i] && (no_exports(self->views[i], "close") < 0 ||
-				       refuse_busy(self->views[i]->busy, "Engine", "close") < 0))
+		if (self->views[i] && (gfpy_no_exports(self->views[i], "close") < 0 ||
+				       gfpy_refuse_busy(self->views[i]->busy, "Engine", "close") < 0))
 			return NULL;
 	for (int i = 0; i < 16; i++)
 		if (self->views[i])
@@ -710,7 +710,7 @@ static PyGetSetDef Engine_getset[] = {
 	{ NULL },
 };
 
-PyTypeObject EngineType = {
+PyTypeObject gfpy_EngineType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.Engine",
 	.tp_basicsize = sizeof(EngineObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,

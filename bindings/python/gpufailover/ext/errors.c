@@ -2,53 +2,53 @@
 /* Exceptions: the GpuFailoverError hierarchy and library error -> exception. */
 #include "common.h"
 
-PyObject *GpuFailoverError, *LockLostError, *GMSLostError, *StaleLayoutError, *GFTimeoutError, *ProtocolError,
-	*GFPermissionError, *UnreachableError, *NotSupportedError, *OutOfMemoryError, *StateError, *NotFoundError,
-	*InterruptedError_;
+PyObject *gfpy_GpuFailoverError, *gfpy_LockLostError, *gfpy_GMSLostError, *gfpy_StaleLayoutError, *gfpy_TimeoutError,
+	*gfpy_ProtocolError, *gfpy_PermissionError, *gfpy_UnreachableError, *gfpy_NotSupportedError, *gfpy_OutOfMemoryError,
+	*gfpy_StateError, *gfpy_NotFoundError, *gfpy_InterruptedError;
 
 static PyObject *error_class(int err)
 {
 	switch (err) {
 	case GF_ERR_LOCK_LOST:
-		return LockLostError;
+		return gfpy_LockLostError;
 	case GF_ERR_GMS_LOST:
-		return GMSLostError;
+		return gfpy_GMSLostError;
 	case GF_ERR_STALE_LAYOUT:
-		return StaleLayoutError;
+		return gfpy_StaleLayoutError;
 	case GF_ERR_TIMEOUT:
-		return GFTimeoutError;
+		return gfpy_TimeoutError;
 	case GF_ERR_PROTOCOL:
 	case GF_ERR_VERSION:
-		return ProtocolError;
+		return gfpy_ProtocolError;
 	case GF_ERR_PERMISSION:
-		return GFPermissionError;
+		return gfpy_PermissionError;
 	case GF_ERR_UNREACHABLE:
 	case GF_ERR_CLOSED:
-		return UnreachableError;
+		return gfpy_UnreachableError;
 	case GF_ERR_NOT_SUPPORTED:
-		return NotSupportedError;
+		return gfpy_NotSupportedError;
 	case GF_ERR_OUT_OF_MEMORY:
-		return OutOfMemoryError;
+		return gfpy_OutOfMemoryError;
 	case GF_ERR_STATE:
 	case GF_ERR_BUSY:
-		return StateError;
+		return gfpy_StateError;
 	case GF_ERR_NOT_FOUND:
-		return NotFoundError;
+		return gfpy_NotFoundError;
 	case GF_ERR_INTERRUPTED:
-		return InterruptedError_;
+		return gfpy_InterruptedError;
 	default:
-		return GpuFailoverError;
+		return gfpy_GpuFailoverError;
 	}
 }
 
 /* Raise for a library error; the detail must be read on the thread that failed
  * (it is per-thread), which is this one because calls run on the caller's thread. */
-PyObject *raise_gf(int err)
+PyObject *gfpy_raise_gf(int err)
 {
-	return raise_gf_detail(err, gf_error_detail());
+	return gfpy_raise_gf_detail(err, gf_error_detail());
 }
 
-PyObject *raise_gf_detail(int err, const char *detail)
+PyObject *gfpy_raise_gf_detail(int err, const char *detail)
 {
 	if (err == GF_ERR_NOMEM)
 		return PyErr_NoMemory();
@@ -89,32 +89,32 @@ static int add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bas
 }
 
 /* Create the exception classes and add them to module m. */
-int errors_add(PyObject *m)
+int gfpy_errors_add(PyObject *m)
 {
-	if (add_exc(m, &GpuFailoverError, "GpuFailoverError", NULL, "Base of every libgpufailover error.") < 0)
+	if (add_exc(m, &gfpy_GpuFailoverError, "GpuFailoverError", NULL, "Base of every libgpufailover error.") < 0)
 		return -1;
 #define SUB(slot, name, extra, doc)                                                            \
 	do {                                                                                   \
-		PyObject *b = (extra) ? PyTuple_Pack(2, GpuFailoverError, (extra))             \
-				      : PyTuple_Pack(1, GpuFailoverError);                     \
+		PyObject *b = (extra) ? PyTuple_Pack(2, gfpy_GpuFailoverError, (extra))        \
+				      : PyTuple_Pack(1, gfpy_GpuFailoverError);                \
 		if (!b || add_exc(m, &slot, name, b, doc) < 0) {                               \
 			Py_XDECREF(b);                                                         \
 			return -1;                                                             \
 		}                                                                              \
 		Py_DECREF(b);                                                                  \
 	} while (0)
-	SUB(LockLostError, "LockLostError", NULL, "The lock was held and is lost.");
-	SUB(GMSLostError, "GMSLostError", NULL, "The GPU memory service went away while connected.");
-	SUB(StaleLayoutError, "StaleLayoutError", NULL, "The GMS holds a different committed layout.");
-	SUB(GFTimeoutError, "TimeoutError", PyExc_TimeoutError, "The deadline passed (also a builtin TimeoutError).");
-	SUB(ProtocolError, "ProtocolError", NULL, "The peer violated the protocol or speaks another version.");
-	SUB(GFPermissionError, "PermissionError", PyExc_PermissionError, "Refused (also a builtin PermissionError).");
-	SUB(UnreachableError, "UnreachableError", PyExc_ConnectionError, "The server could not be reached.");
-	SUB(NotSupportedError, "NotSupportedError", NULL, "Not available here (backend, device, feature).");
-	SUB(OutOfMemoryError, "OutOfMemoryError", NULL, "Device (or backend) memory exhausted.");
-	SUB(StateError, "StateError", NULL, "The call is not valid in the object's current state.");
-	SUB(NotFoundError, "NotFoundError", PyExc_LookupError, "Unknown id, key or device.");
-	SUB(InterruptedError_, "InterruptedError", NULL, "A blocking call was interrupted.");
+	SUB(gfpy_LockLostError, "LockLostError", NULL, "The lock was held and is lost.");
+	SUB(gfpy_GMSLostError, "GMSLostError", NULL, "The GPU memory service went away while connected.");
+	SUB(gfpy_StaleLayoutError, "StaleLayoutError", NULL, "The GMS holds a different committed layout.");
+	SUB(gfpy_TimeoutError, "TimeoutError", PyExc_TimeoutError, "The deadline passed (also a builtin TimeoutError).");
+	SUB(gfpy_ProtocolError, "ProtocolError", NULL, "The peer violated the protocol or speaks another version.");
+	SUB(gfpy_PermissionError, "PermissionError", PyExc_PermissionError, "Refused (also a builtin PermissionError).");
+	SUB(gfpy_UnreachableError, "UnreachableError", PyExc_ConnectionError, "The server could not be reached.");
+	SUB(gfpy_NotSupportedError, "NotSupportedError", NULL, "Not available here (backend, device, feature).");
+	SUB(gfpy_OutOfMemoryError, "OutOfMemoryError", NULL, "Device (or backend) memory exhausted.");
+	SUB(gfpy_StateError, "StateError", NULL, "The call is not valid in the object's current state.");
+	SUB(gfpy_NotFoundError, "NotFoundError", PyExc_LookupError, "Unknown id, key or device.");
+	SUB(gfpy_InterruptedError, "InterruptedError", NULL, "A blocking call was interrupted.");
 #undef SUB
 	return 0;
 }

@@ -2,7 +2,7 @@
 /* GMSClient: client of one GPU Memory Service. */
 #include "common.h"
 
-int gms_ready(GMSObject *self)
+int gfpy_gms_ready(GMSObject *self)
 {
 	if (!self->gms) {
 		PyErr_SetString(PyExc_ValueError, "GMSClient is closed or not initialized");
@@ -15,7 +15,7 @@ int gms_ready(GMSObject *self)
  * for concurrent use). */
 static int gms_idle(GMSObject *self, const char *what)
 {
-	return gms_ready(self) < 0 || refuse_busy(self->busy, "GMSClient", what) < 0 ? -1 : 0;
+	return gfpy_gms_ready(self) < 0 || gfpy_refuse_busy(self->busy, "GMSClient", what) < 0 ? -1 : 0;
 }
 
 static int mode_arg(PyObject *obj, int *mode)
@@ -42,7 +42,7 @@ static int mode_arg(PyObject *obj, int *mode)
 
 static void gms_lost_trampoline(gf_gms *g, int err, const char *detail, void *ud)
 {
-	run_hook(((GMSObject *)ud)->on_lost, err, detail);
+	gfpy_run_hook(((GMSObject *)ud)->on_lost, err, detail);
 }
 
 /* The fence proof of a Grant (Lock.acquire()): its epoch and session token. */
@@ -71,7 +71,7 @@ static int grant_proof(PyObject *grant, struct gf_lock_proof *out)
 	}
 	int r = gf_lock_grant_proof(&g, out);
 	if (r < 0) {
-		raise_gf(r);
+		gfpy_raise_gf(r);
 		goto out;
 	}
 	rc = 0;
@@ -88,7 +88,7 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	PyObject *mobj, *modeobj = NULL, *tobj = Py_None, *grant = Py_None;
 	int mode = GF_GMS_RO;
 	int64_t ms;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$O", kwlist, &uri, &MemoryType, &mobj, &modeobj, &tobj,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$O", kwlist, &uri, &gfpy_MemoryType, &mobj, &modeobj, &tobj,
 					 &grant))
 		return -1;
 	struct gf_lock_proof proof;
@@ -98,9 +98,9 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "GMSClient is already initialized");
 		return -1;
 	}
-	if ((modeobj && mode_arg(modeobj, &mode) < 0) || timeout_arg(tobj, &ms, 1) < 0)
+	if ((modeobj && mode_arg(modeobj, &mode) < 0) || gfpy_timeout_arg(tobj, &ms, 1) < 0)
 		return -1;
-	if (memory_ready((MemoryObject *)mobj) < 0)
+	if (gfpy_memory_ready((MemoryObject *)mobj) < 0)
 		return -1;
 	gf_gms *g = NULL;
 	int rc;
@@ -109,7 +109,7 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
 	Py_END_ALLOW_THREADS
 	if (rc < 0) {
-		raise_gf(rc);
+		gfpy_raise_gf(rc);
 		return -1;
 	}
 	self->gms = g;
@@ -130,7 +130,7 @@ static void GMS_dealloc(GMSObject *self)
 	gf_gms_free(g);
 	Py_END_ALLOW_THREADS
 	if (self->borrowed && self->owner_ref)
-		engine_forget_view(self->owner_ref, self);
+		gfpy_engine_forget_view(self->owner_ref, self);
 	Py_XDECREF(self->owner_ref);
 	Py_XDECREF(self->on_lost);
 	Py_TYPE(self)->tp_free((PyObject *)self);
@@ -138,7 +138,7 @@ static void GMS_dealloc(GMSObject *self)
 
 /* Unmapping under a live numpy array or tensor would leave it pointing at
  * inaccessible memory, so (like mmap.close()) refuse while exports exist. */
-int no_exports(GMSObject *self, const char *what)
+int gfpy_no_exports(GMSObject *self, const char *what)
 {
 	if (self->exports > 0) {
 		PyErr_Format(PyExc_BufferError, "cannot %s: %zd exported buffer(s)/tensor(s) still refer to the mappings",
@@ -163,7 +163,7 @@ static PyObject *GMS_allocate(GMSObject *self, PyObject *args, PyObject *kw)
 	int rc;
 	BLOCKING(self, rc = gf_gms_allocate(self->gms, (uint64_t)size, tag, &id));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(id);
 }
 
@@ -173,7 +173,7 @@ static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
 	const char *key;
 	uint64_t aid, off = 0;
 	Py_buffer value = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O&y*", kwlist, &key, u64_arg, &aid, u64_arg, &off, &value))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O&y*", kwlist, &key, gfpy_u64_arg, &aid, gfpy_u64_arg, &off, &value))
 		return NULL;
 	if (gms_idle(self, "put_meta") < 0) {
 		PyBuffer_Release(&value);
@@ -183,7 +183,7 @@ static PyObject *GMS_put_meta(GMSObject *self, PyObject *args, PyObject *kw)
 	BLOCKING(self, rc = gf_gms_put_meta(self->gms, key, aid, off, value.buf, (size_t)value.len));
 	PyBuffer_Release(&value);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -195,7 +195,7 @@ static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
 	int rc;
 	BLOCKING(self, rc = gf_gms_commit(self->gms, &gen));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(gen);
 }
 
@@ -206,18 +206,18 @@ static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
 	int rc;
 	BLOCKING(self, rc = gf_gms_map_all(self->gms));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_unmap(GMSObject *self, PyObject *unused)
 {
-	if (gms_idle(self, "unmap") < 0 || no_exports(self, "unmap") < 0)
+	if (gms_idle(self, "unmap") < 0 || gfpy_no_exports(self, "unmap") < 0)
 		return NULL;
 	int rc;
 	BLOCKING(self, rc = gf_gms_unmap(self->gms));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -233,15 +233,15 @@ static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 	int64_t ms;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwlist, &tobj))
 		return NULL;
-	if (gms_idle(self, "remap") < 0 || timeout_arg(tobj, &ms, 0) < 0)
+	if (gms_idle(self, "remap") < 0 || gfpy_timeout_arg(tobj, &ms, 0) < 0)
 		return NULL;
-	const int64_t deadline = now_ms() + ms;
+	const int64_t deadline = gfpy_now_ms() + ms;
 	int rc;
 	for (;;) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - gfpy_now_ms();
 		if (left < 0)
 			left = 0;
-		int64_t slice = in_main_thread() && left > REMAP_SLICE_MS ? REMAP_SLICE_MS : left;
+		int64_t slice = gfpy_in_main_thread() && left > REMAP_SLICE_MS ? REMAP_SLICE_MS : left;
 		BLOCKING(self, rc = gf_gms_remap(self->gms, slice));
 		if (rc != GF_ERR_TIMEOUT || slice == left)
 			break;
@@ -250,7 +250,7 @@ static PyObject *GMS_remap(GMSObject *self, PyObject *args, PyObject *kw)
 			return NULL;
 	}
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -258,7 +258,7 @@ static PyObject *GMS_close(GMSObject *self, PyObject *unused)
 {
 	/* No library call of a GMS client can be interrupted: a close() while
 	 * another thread waits in one (remap) raises instead of freeing under it. */
-	if (no_exports(self, "close") < 0 || refuse_busy(self->busy, "GMSClient", "close") < 0)
+	if (gfpy_no_exports(self, "close") < 0 || gfpy_refuse_busy(self->busy, "GMSClient", "close") < 0)
 		return NULL;
 	if (self->borrowed) {
 		self->gms = NULL; /* the Engine closes its own clients */
@@ -274,17 +274,17 @@ static PyObject *GMS_close(GMSObject *self, PyObject *unused)
 
 static PyObject *GMS_process(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	int rc = gf_gms_process(self->gms);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_set_keep_handles(GMSObject *self, PyObject *keep)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	if (!PyBool_Check(keep)) {
 		PyErr_Format(PyExc_TypeError, "set_keep_handles() takes a bool, not %.100s", Py_TYPE(keep)->tp_name);
@@ -292,23 +292,23 @@ static PyObject *GMS_set_keep_handles(GMSObject *self, PyObject *keep)
 	}
 	int rc = gf_gms_set_keep_handles(self->gms, keep == Py_True);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_start_watch(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	int rc = gf_gms_start_watch(self->gms);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_fileno(GMSObject *self, PyObject *unused)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	return PyLong_FromLong(gf_gms_get_fd(self->gms));
 }
@@ -329,7 +329,7 @@ static PyObject *GMS_get_mode(GMSObject *self, void *c)
 
 static PyObject *GMS_get_allocations(GMSObject *self, void *c)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	size_t n = gf_gms_alloc_count(self->gms);
 	PyObject *list = PyList_New((Py_ssize_t)n);
@@ -338,7 +338,7 @@ static PyObject *GMS_get_allocations(GMSObject *self, void *c)
 		int rc = gf_gms_alloc_at(self->gms, i, &a);
 		if (rc < 0) {
 			Py_DECREF(list);
-			return raise_gf(rc);
+			return gfpy_raise_gf(rc);
 		}
 		PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:s}", "id", (unsigned long long)a.id, "size",
 					    (unsigned long long)a.size, "addr", (unsigned long long)a.addr, "tag", a.tag);
@@ -360,7 +360,7 @@ static PyObject *meta_dict(const struct gf_gms_meta *m)
 
 static PyObject *GMS_get_metadata(GMSObject *self, void *c)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	size_t n = gf_gms_meta_count(self->gms);
 	PyObject *d = PyDict_New();
@@ -369,7 +369,7 @@ static PyObject *GMS_get_metadata(GMSObject *self, void *c)
 		int rc = gf_gms_meta_at(self->gms, i, &m);
 		if (rc < 0) {
 			Py_DECREF(d);
-			return raise_gf(rc);
+			return gfpy_raise_gf(rc);
 		}
 		PyObject *v = meta_dict(&m);
 		if (!v || PyDict_SetItemString(d, m.key, v) < 0) {
@@ -384,24 +384,24 @@ static PyObject *GMS_get_metadata(GMSObject *self, void *c)
 
 static PyObject *GMS_get_layout(GMSObject *self, void *c)
 {
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	uint8_t hash[16];
 	uint64_t gen;
 	int rc = gf_gms_layout(self->gms, hash, &gen);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return Py_BuildValue("(y#K)", (const char *)hash, (Py_ssize_t)16, (unsigned long long)gen);
 }
 
 static PyObject *GMS_get_on_lost(GMSObject *self, void *c)
 {
-	return hook_get(self->on_lost);
+	return gfpy_hook_get(self->on_lost);
 }
 
 static int GMS_set_on_lost(GMSObject *self, PyObject *v, void *c)
 {
-	return hook_set(&self->on_lost, v, "on_lost");
+	return gfpy_hook_set(&self->on_lost, v, "on_lost");
 }
 
 /* dtype names accepted by buffer(): numpy's spelling. */
@@ -423,10 +423,10 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 	PyObject *aidobj = Py_None, *shapeobj = Py_None;
 	uint64_t off = 0;
 	long long size = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$OO&LsO", kwlist, &key, &aidobj, u64_arg, &off, &size, &dtype,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z$OO&LsO", kwlist, &key, &aidobj, gfpy_u64_arg, &off, &size, &dtype,
 					 &shapeobj))
 		return NULL;
-	if (gms_ready(self) < 0)
+	if (gfpy_gms_ready(self) < 0)
 		return NULL;
 	size_t di;
 	for (di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++)
@@ -441,7 +441,7 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 		struct gf_gms_meta m;
 		int rc = gf_gms_meta_get(self->gms, key, &m);
 		if (rc < 0)
-			return raise_gf(rc);
+			return gfpy_raise_gf(rc);
 		start = m.addr;
 		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
 			struct gf_gms_alloc_info a;
@@ -452,7 +452,7 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 		if (aidobj == Py_None)
 			return PyErr_Format(PyExc_TypeError, "buffer() needs a metadata key or alloc_id=");
 		uint64_t aid;
-		if (!u64_arg(aidobj, &aid))
+		if (!gfpy_u64_arg(aidobj, &aid))
 			return NULL;
 		int found = 0;
 		for (size_t i = 0; i < gf_gms_alloc_count(self->gms); i++) {
@@ -464,16 +464,16 @@ static PyObject *GMS_buffer(GMSObject *self, PyObject *args, PyObject *kw)
 			}
 		}
 		if (!found)
-			return PyErr_Format(NotFoundError, "no allocation with id %llu", (unsigned long long)aid);
+			return PyErr_Format(gfpy_NotFoundError, "no allocation with id %llu", (unsigned long long)aid);
 	}
 	if (gf_gms_granted_mode(self->gms) == 0 || start == 0)
-		return PyErr_Format(StateError, "the weights are not mapped (asleep? call remap() or map_all())");
+		return PyErr_Format(gfpy_StateError, "the weights are not mapped (asleep? call remap() or map_all())");
 	/* Compared before adding, so a huge offset cannot wrap around into range. */
 	if (start >= limit || off >= limit - start)
 		return PyErr_Format(PyExc_ValueError, "offset beyond the end of the allocation");
 	const uint64_t base = start + off;
 
-	MappingObject *mo = PyObject_New(MappingObject, &MappingType);
+	MappingObject *mo = PyObject_New(MappingObject, &gfpy_MappingType);
 	if (!mo)
 		return NULL;
 	mo->owner = self;
@@ -600,7 +600,7 @@ static PyGetSetDef GMS_getset[] = {
 	{ NULL },
 };
 
-PyTypeObject GMSType = {
+PyTypeObject gfpy_GMSType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
 	.tp_basicsize = sizeof(GMSObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,

@@ -14,7 +14,7 @@ static PyObject *GrantType; /* a namedtuple made in module exec */
 
 static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
 {
-	run_hook(((LockObject *)ud)->on_lost, err, detail);
+	gfpy_run_hook(((LockObject *)ud)->on_lost, err, detail);
 }
 
 static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
@@ -34,7 +34,7 @@ static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
 	int rc = gf_lock_new(&l, uri, id);
 	if (rc == 0 && robj && robj != Py_None) {
 		int64_t ms;
-		if (timeout_arg(robj, &ms, 0) < 0) {
+		if (gfpy_timeout_arg(robj, &ms, 0) < 0) {
 			gf_lock_free(l);
 			PyBuffer_Release(&secret);
 			return -1;
@@ -46,7 +46,7 @@ static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
 	PyBuffer_Release(&secret);
 	if (rc < 0) {
 		gf_lock_free(l);
-		raise_gf(rc);
+		gfpy_raise_gf(rc);
 		return -1;
 	}
 	self->lock = l;
@@ -81,7 +81,7 @@ static int lock_ready(LockObject *self)
  * not for concurrent use: an acquire owns the connection while it waits). */
 static int lock_idle(LockObject *self, const char *what)
 {
-	return lock_ready(self) < 0 || refuse_busy(self->busy, "LockClient", what) < 0 ? -1 : 0;
+	return lock_ready(self) < 0 || gfpy_refuse_busy(self->busy, "LockClient", what) < 0 ? -1 : 0;
 }
 
 static void lock_interrupt_cb(void *arg)
@@ -119,21 +119,21 @@ static PyObject *Lock_acquire(LockObject *self, PyObject *args, PyObject *kw)
 	int64_t ms;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &tobj))
 		return NULL;
-	if (lock_idle(self, "acquire") < 0 || timeout_arg(tobj, &ms, 1) < 0)
+	if (lock_idle(self, "acquire") < 0 || gfpy_timeout_arg(tobj, &ms, 1) < 0)
 		return NULL;
 	/* A signal whose handler raises abandons the wait (nothing is held);
 	 * one whose handler returns re-queues with the time that remains. */
 	struct acquire_ctx c = { .lock = self->lock };
-	int rc = wait_interruptible(acquire_call, &c, lock_interrupt_cb, lock_handle, (PyObject *)self,
+	int rc = gfpy_wait_interruptible(acquire_call, &c, lock_interrupt_cb, lock_handle, (PyObject *)self,
 				    &self->busy, &self->closing, ms);
 	if (rc == GFPY_PYERR)
 		return NULL;
 	if (rc == GFPY_CLOSED)
-		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by a signal handler");
+		return PyErr_Format(gfpy_InterruptedError, "acquire: the LockClient was closed by a signal handler");
 	if (rc == GF_ERR_INTERRUPTED && self->closing)
-		return PyErr_Format(InterruptedError_, "acquire: the LockClient was closed by another thread");
+		return PyErr_Format(gfpy_InterruptedError, "acquire: the LockClient was closed by another thread");
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return make_grant(&c.grant);
 }
 
@@ -144,7 +144,7 @@ static PyObject *Lock_release(LockObject *self, PyObject *unused)
 	int rc;
 	BLOCKING(self, rc = gf_lock_release(self->lock));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -155,7 +155,7 @@ static PyObject *Lock_close(LockObject *self, PyObject *unused)
 		 * before the connection is freed. */
 		self->closing = 1;
 		gf_lock_interrupt(self->lock);
-		wait_idle(&self->busy);
+		gfpy_wait_idle(&self->busy);
 		self->closing = 0;
 	}
 	gf_lock *l = self->lock;
@@ -180,7 +180,7 @@ static PyObject *Lock_process(LockObject *self, PyObject *unused)
 	int rc;
 	BLOCKING(self, rc = gf_lock_process(self->lock));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -190,7 +190,7 @@ static PyObject *Lock_prepare_watch(LockObject *self, PyObject *unused)
 		return NULL;
 	int rc = gf_lock_prepare_watch(self->lock);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -200,7 +200,7 @@ static PyObject *Lock_start_watch(LockObject *self, PyObject *unused)
 		return NULL;
 	int rc = gf_lock_start_watch(self->lock);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -221,7 +221,7 @@ static PyObject *Lock_listeners(LockObject *self, PyObject *unused)
 	size_t n;
 	int rc = gf_lock_listeners(self->lock, &ls, &n);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	PyObject *mod = PyImport_ImportModule("socket");
 	PyObject *cls = mod ? PyObject_GetAttrString(mod, "socket") : NULL;
 	Py_XDECREF(mod);
@@ -264,12 +264,12 @@ static PyObject *Lock_get_epoch(LockObject *self, void *c)
 
 static PyObject *Lock_get_on_lost(LockObject *self, void *c)
 {
-	return hook_get(self->on_lost);
+	return gfpy_hook_get(self->on_lost);
 }
 
 static int Lock_set_on_lost(LockObject *self, PyObject *v, void *c)
 {
-	return hook_set(&self->on_lost, v, "on_lost");
+	return gfpy_hook_set(&self->on_lost, v, "on_lost");
 }
 
 static PyObject *Lock_enter(PyObject *self, PyObject *unused)
@@ -323,7 +323,7 @@ static PyGetSetDef Lock_getset[] = {
 	{ NULL },
 };
 
-PyTypeObject LockType = {
+PyTypeObject gfpy_LockType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.LockClient",
 	.tp_basicsize = sizeof(LockObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
@@ -337,7 +337,7 @@ PyTypeObject LockType = {
 };
 
 /* Create the Grant namedtuple and add it to module m. */
-int lock_add_grant(PyObject *m)
+int gfpy_lock_add_grant(PyObject *m)
 {
 	PyObject *collections = PyImport_ImportModule("collections");
 	if (!collections)

@@ -204,7 +204,7 @@ static PyGetSetDef Mapping_getset[] = {
 	{ NULL },
 };
 
-PyTypeObject MappingType = {
+PyTypeObject gfpy_MappingType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.Mapping",
 	.tp_basicsize = sizeof(MappingObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,

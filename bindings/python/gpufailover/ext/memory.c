@@ -2,7 +2,7 @@
 /* Memory: one memory backend bound to one device. */
 #include "common.h"
 
-int backend_arg(PyObject *obj, int *kind)
+int gfpy_backend_arg(PyObject *obj, int *kind)
 {
 	if (!obj || obj == Py_None) {
 		*kind = GF_MEM_AUTO;
@@ -36,7 +36,7 @@ static int Memory_init(MemoryObject *self, PyObject *args, PyObject *kw)
 	int device = 0, kind;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|Oi", kwlist, &bobj, &device))
 		return -1;
-	if (backend_arg(bobj, &kind) < 0)
+	if (gfpy_backend_arg(bobj, &kind) < 0)
 		return -1;
 	if (device < 0) {
 		PyErr_SetString(PyExc_ValueError, "device must be >= 0");
@@ -52,7 +52,7 @@ static int Memory_init(MemoryObject *self, PyObject *args, PyObject *kw)
 	rc = gf_mem_open(&m, kind, device);
 	Py_END_ALLOW_THREADS
 	if (rc < 0) {
-		raise_gf(rc);
+		gfpy_raise_gf(rc);
 		return -1;
 	}
 	self->mem = m;
@@ -65,7 +65,7 @@ static void Memory_dealloc(MemoryObject *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-int memory_ready(MemoryObject *self)
+int gfpy_memory_ready(MemoryObject *self)
 {
 	if (!self->mem) {
 		PyErr_SetString(PyExc_ValueError, "Memory is not initialized");
@@ -76,14 +76,14 @@ int memory_ready(MemoryObject *self)
 
 static PyObject *Memory_get_backend(MemoryObject *self, void *c)
 {
-	if (memory_ready(self) < 0)
+	if (gfpy_memory_ready(self) < 0)
 		return NULL;
 	return PyUnicode_FromString(gf_mem_kind_name(gf_mem_kind(self->mem)));
 }
 
 static PyObject *Memory_get_device(MemoryObject *self, void *c)
 {
-	if (memory_ready(self) < 0)
+	if (gfpy_memory_ready(self) < 0)
 		return NULL;
 	return PyLong_FromLong(gf_mem_device(self->mem));
 }
@@ -91,33 +91,33 @@ static PyObject *Memory_get_device(MemoryObject *self, void *c)
 static PyObject *Memory_get_uuid(MemoryObject *self, void *c)
 {
 	char buf[64];
-	if (memory_ready(self) < 0)
+	if (gfpy_memory_ready(self) < 0)
 		return NULL;
 	int rc = gf_mem_device_uuid(self->mem, buf, sizeof(buf));
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return PyUnicode_FromString(buf);
 }
 
 static PyObject *Memory_get_granularity(MemoryObject *self, void *c)
 {
 	size_t mn, rec;
-	if (memory_ready(self) < 0)
+	if (gfpy_memory_ready(self) < 0)
 		return NULL;
 	int rc = gf_mem_granularity(self->mem, &mn, &rec);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return Py_BuildValue("(nn)", (Py_ssize_t)mn, (Py_ssize_t)rec);
 }
 
 static PyObject *Memory_info(MemoryObject *self, PyObject *unused)
 {
 	uint64_t fr, tot;
-	if (memory_ready(self) < 0)
+	if (gfpy_memory_ready(self) < 0)
 		return NULL;
 	int rc = gf_mem_info(self->mem, &fr, &tot);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return Py_BuildValue("(KK)", (unsigned long long)fr, (unsigned long long)tot);
 }
 
@@ -135,7 +135,7 @@ static PyMethodDef Memory_methods[] = {
 	{ NULL },
 };
 
-PyTypeObject MemoryType = {
+PyTypeObject gfpy_MemoryType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.Memory",
 	.tp_basicsize = sizeof(MemoryObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,

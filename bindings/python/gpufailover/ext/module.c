@@ -15,7 +15,7 @@ static PyObject *py_parse_duration(PyObject *self, PyObject *arg)
 	uint64_t ms;
 	int rc = gf_parse_duration_ms(s, &ms);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	return PyFloat_FromDouble((double)ms / 1000.0);
 }
 
@@ -40,7 +40,7 @@ static PyObject *py_lock_status(PyObject *self, PyObject *args, PyObject *kw)
 		return NULL;
 	if (tobj == NULL)
 		ms = 5000;
-	else if (timeout_arg(tobj, &ms, 0) < 0) {
+	else if (gfpy_timeout_arg(tobj, &ms, 0) < 0) {
 		PyBuffer_Release(&secret);
 		return NULL;
 	}
@@ -51,8 +51,8 @@ static PyObject *py_lock_status(PyObject *self, PyObject *args, PyObject *kw)
 	Py_END_ALLOW_THREADS
 	PyBuffer_Release(&secret);
 	if (rc < 0)
-		return raise_gf(rc);
-	PyObject *r = json_loads(json);
+		return gfpy_raise_gf(rc);
+	PyObject *r = gfpy_json_loads(json);
 	free(json);
 	return r;
 }
@@ -65,7 +65,7 @@ static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
 	int64_t ms = 5000;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O", kwlist, &uri, &tobj))
 		return NULL;
-	if (tobj && timeout_arg(tobj, &ms, 0) < 0)
+	if (tobj && gfpy_timeout_arg(tobj, &ms, 0) < 0)
 		return NULL;
 	char *json = NULL;
 	int rc;
@@ -73,8 +73,8 @@ static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
 	rc = gf_gms_status_json(uri, ms, &json);
 	Py_END_ALLOW_THREADS
 	if (rc < 0)
-		return raise_gf(rc);
-	PyObject *r = json_loads(json);
+		return gfpy_raise_gf(rc);
+	PyObject *r = gfpy_json_loads(json);
 	free(json);
 	return r;
 }
@@ -83,14 +83,14 @@ static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *py_torch_pool_begin(PyObject *self, PyObject *arg)
 {
-	if (!PyObject_TypeCheck(arg, &GMSType))
+	if (!PyObject_TypeCheck(arg, &gfpy_GMSType))
 		return PyErr_Format(PyExc_TypeError, "torch pool needs a GMSClient, not %.100s", Py_TYPE(arg)->tp_name);
 	GMSObject *g = (GMSObject *)arg;
-	if (gms_ready(g) < 0)
+	if (gfpy_gms_ready(g) < 0)
 		return NULL;
 	int rc = gf_torch_pool_begin(g->gms);
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -98,7 +98,7 @@ static PyObject *py_torch_pool_end(PyObject *self, PyObject *unused)
 {
 	int rc = gf_torch_pool_end();
 	if (rc < 0)
-		return raise_gf(rc);
+		return gfpy_raise_gf(rc);
 	Py_RETURN_NONE;
 }
 
@@ -107,8 +107,8 @@ static const struct {
 	PyTypeObject *type;
 	const char *name;
 } module_types[] = {
-	{ &MemoryType, "Memory" }, { &LockType, "LockClient" }, { &GMSType, "GMSClient" },
-	{ &MappingType, "Mapping" }, { &EngineType, "Engine" },
+	{ &gfpy_MemoryType, "Memory" }, { &gfpy_LockType, "LockClient" }, { &gfpy_GMSType, "GMSClient" },
+	{ &gfpy_MappingType, "Mapping" }, { &gfpy_EngineType, "Engine" },
 };
 
 static PyMethodDef module_methods[] = {
@@ -122,20 +122,20 @@ static PyMethodDef module_methods[] = {
 	{ "gms_status", (PyCFunction)(void (*)(void))py_gms_status, METH_VARARGS | METH_KEYWORDS,
 	  "gms_status($module, uri, timeout=5.0)\n--\n\n"
 	  "gms_status(uri, timeout=5.0) -> dict" },
-	{ "gms_snapshot", (PyCFunction)(void (*)(void))py_gms_snapshot, METH_VARARGS | METH_KEYWORDS,
+	{ "gms_snapshot", (PyCFunction)(void (*)(void))gfpy_gms_snapshot, METH_VARARGS | METH_KEYWORDS,
 	  "gms_snapshot($module, uri, dir=None, timeout=60.0)\n--\n\n"
 	  "Snapshot the GMS's committed layout to dir (on the GMS's host; None or '': its kept tiers)." },
-	{ "gms_restore", (PyCFunction)(void (*)(void))py_gms_restore, METH_VARARGS | METH_KEYWORDS,
+	{ "gms_restore", (PyCFunction)(void (*)(void))gfpy_gms_restore, METH_VARARGS | METH_KEYWORDS,
 	  "gms_restore($module, uri, dir=None, timeout=60.0)\n--\n\n"
 	  "Restore an EMPTY GMS from the snapshot in dir (None or '': its best kept tier)." },
 	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "_torch_pool_begin($module, writer, /)\n--\n\n"
 	  "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
 	  "end the torch pool" },
-	{ "install_fault_reporter", py_install_fault_reporter, METH_O, "install_fault_reporter($module, gms, /)\n--\n\n"
+	{ "install_fault_reporter", gfpy_install_fault_reporter, METH_O, "install_fault_reporter($module, gms, /)\n--\n\n"
 	  "On a SIGSEGV/SIGBUS inside gms's mappings, log the allocation and metadata\n"
 	  "key to stderr, then die with the usual signal. Call again after the first map to refresh." },
-	{ "remove_fault_reporter", py_remove_fault_reporter, METH_VARARGS,
+	{ "remove_fault_reporter", gfpy_remove_fault_reporter, METH_VARARGS,
 	  "remove_fault_reporter($module, gms=None, /)\n--\n\n"
 	  "Forget gms's mappings (None: all); the last removal restores the handlers." },
 	{ NULL },
@@ -143,7 +143,7 @@ static PyMethodDef module_methods[] = {
 
 static int module_exec(PyObject *m)
 {
-	if (errors_add(m) < 0 || lock_add_grant(m) < 0 || gf_py_safetensors_add(m) < 0)
+	if (gfpy_errors_add(m) < 0 || gfpy_lock_add_grant(m) < 0 || gfpy_safetensors_add(m) < 0)
 		return -1;
 	PyObject *threading = PyImport_ImportModule("threading");
 	if (!threading)
@@ -154,7 +154,7 @@ static int module_exec(PyObject *m)
 	Py_DECREF(threading);
 	if (!ident)
 		return -1;
-	main_thread_ident = PyLong_AsUnsignedLong(ident);
+	gfpy_main_thread_ident = PyLong_AsUnsignedLong(ident);
 	Py_DECREF(ident);
 
 	for (size_t i = 0; i < sizeof(module_types) / sizeof(module_types[0]); i++) {

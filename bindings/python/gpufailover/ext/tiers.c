@@ -12,7 +12,7 @@
  * be waited for in slices: the request is sent once and the GMS answers once,
  * when the snapshot is written or the restore is done. So the request runs on
  * a thread of its own and the caller waits for its answer through
- * wait_interruptible(), as LockClient.acquire() waits: a signal handler that
+ * gfpy_wait_interruptible(), as LockClient.acquire() waits: a signal handler that
  * raises ends the wait at once (the GMS carries on with the request; its
  * status "operation" tells how it ended), one that returns lets the wait go
  * on with the time that remains. The request thread ends by itself within
@@ -83,9 +83,9 @@ static void *tier_handle(PyObject *capsule)
 static int tier_wait(void *ctx, int64_t ms)
 {
 	struct tier_call *c = ctx;
-	const int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
+	const int64_t deadline = ms < 0 ? -1 : gfpy_now_ms() + ms;
 	for (;;) {
-		int64_t left = deadline < 0 ? -1 : deadline - now_ms();
+		int64_t left = deadline < 0 ? -1 : deadline - gfpy_now_ms();
 		if (deadline >= 0 && left < 0)
 			left = 0;
 		struct pollfd p[2] = { { .fd = c->done_fd, .events = POLLIN }, { .fd = c->wake_fd, .events = POLLIN } };
@@ -196,7 +196,7 @@ static PyObject *tier_request(PyObject *args, PyObject *kw, bool snapshot)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, snapshot ? "s|OO:gms_snapshot" : "s|OO:gms_restore", kwlist, &uri,
 					 &dobj, &tobj))
 		return NULL;
-	if (tobj && timeout_arg(tobj, &ms, 0) < 0)
+	if (tobj && gfpy_timeout_arg(tobj, &ms, 0) < 0)
 		return NULL;
 	if (dir_arg(dobj, &dir) < 0)
 		return NULL;
@@ -216,7 +216,7 @@ static PyObject *tier_request(PyObject *args, PyObject *kw, bool snapshot)
 	}
 	Py_ssize_t busy = 0;
 	const int stop = 0;
-	int rc = wait_interruptible(tier_wait, c, tier_wake, tier_handle, capsule, &busy, &stop,
+	int rc = gfpy_wait_interruptible(tier_wait, c, tier_wake, tier_handle, capsule, &busy, &stop,
 				    ms + TIER_GRACE_MS);
 	Py_DECREF(capsule);
 	const char *what = snapshot ? "gms_snapshot" : "gms_restore";
@@ -227,9 +227,9 @@ static PyObject *tier_request(PyObject *args, PyObject *kw, bool snapshot)
 	} else if (!atomic_load(&c->answered)) {
 		snprintf(text, sizeof(text), "%s: %s %s", what, c->uri,
 			 rc == GF_ERR_TIMEOUT ? "did not answer in time" : "cannot be waited for (poll failed)");
-		raise_gf_detail(rc == GF_ERR_TIMEOUT ? GF_ERR_TIMEOUT : GF_ERR_IO, text);
+		gfpy_raise_gf_detail(rc == GF_ERR_TIMEOUT ? GF_ERR_TIMEOUT : GF_ERR_IO, text);
 	} else if (rc < 0) {
-		raise_gf_detail(rc, c->detail);
+		gfpy_raise_gf_detail(rc, c->detail);
 	} else {
 		Py_INCREF(Py_None);
 		r = Py_None;
@@ -238,12 +238,12 @@ static PyObject *tier_request(PyObject *args, PyObject *kw, bool snapshot)
 	return r;
 }
 
-PyObject *py_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw)
+PyObject *gfpy_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw)
 {
 	return tier_request(args, kw, true);
 }
 
-PyObject *py_gms_restore(PyObject *self, PyObject *args, PyObject *kw)
+PyObject *gfpy_gms_restore(PyObject *self, PyObject *args, PyObject *kw)
 {
 	return tier_request(args, kw, false);
 }
