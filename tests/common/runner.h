@@ -35,6 +35,12 @@
 
 #define TU_DEFAULT_TIMEOUT_S 120
 
+/* Set by a main() whose tests need something a process opens once and
+ * keeps for its lifetime (a GPU driver's device files): called in each
+ * test's process before its fds are counted, so it is not taken for a leak.
+ * It must be idempotent (GF_TEST_NOFORK calls it before every test). */
+static void (*tu_process_init)(void);
+
 /* What tu_run_one() returns for a test that called skip(): reported as a SKIP, not a pass. */
 #define TU_SKIPPED 77
 
@@ -64,6 +70,8 @@ static inline int tu_run_one(const struct CMUnitTest *t, CMFixtureFunction setup
 		close(saved);
 		saved = -1;
 	}
+	if (tu_process_init)
+		tu_process_init();
 	int before = tu_count_fds();
 	int rc = _cmocka_run_group_tests(t->name, t, 1, setup, teardown);
 	int after = tu_count_fds();

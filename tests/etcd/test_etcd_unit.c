@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "common.h"
 #include "gpufailover/lock.h"
 
@@ -119,5 +121,5 @@ int main(void)
 		cmocka_unit_test(test_lease_rules),
 		cmocka_unit_test(test_unreachable),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

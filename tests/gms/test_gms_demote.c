@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "gpufailover.h"
+#include "../common/testutil.h"
 
 #define ALLOC (2u << 20) /* the cuda granularity */
 
@@ -238,8 +239,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_demote_in_process, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pinned_in_process, setup, teardown),
 	};
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "gms-demote-cuda" : "gms-demote-host", tests,
-					 sizeof(tests) / sizeof(tests[0]), NULL, NULL);
+	int rc = tu_run_group_tests(tests, NULL, NULL);
 	if (own_state) {
 		char cmd[128];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state);

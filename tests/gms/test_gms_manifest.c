@@ -17,6 +17,7 @@
 
 #include "gpufailover.h"
 #include "snapshot.h"
+#include "../common/testutil.h"
 
 static const char *corpus;
 
@@ -82,5 +83,5 @@ int main(int argc, char **argv)
 	}
 	corpus = argv[1];
 	const struct CMUnitTest tests[] = { cmocka_unit_test(test_corpus) };
-	return cmocka_run_group_tests_name("gms-manifest", tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

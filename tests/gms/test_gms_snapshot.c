@@ -680,8 +680,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_copy_fault), /* cuda only: last */
 	};
 	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_CUDA ? 0 : 1);
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "gms-snapshot-cuda" : "gms-snapshot-host", tests, n, NULL,
-					 NULL);
+	int rc = tu_run_tests(tests, n, NULL, NULL);
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
 	if (system(cmd) != 0)

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "../common/testutil.h"
+
 #include "tiers.h"
 
 static void test_restore_source(void **state)
@@ -220,5 +222,5 @@ int main(void)
 		cmocka_unit_test(test_place),
 		cmocka_unit_test(test_phases),
 	};
-	return cmocka_run_group_tests_name("gms-tiers", tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -47,9 +49,44 @@ static void dev_copy(gf_mem *m, gf_mem_alloc *a, uint8_t *host, bool to_device)
 	gf_mem_va_free(va);
 }
 
+/* Whether the real driver works with a device; finds its copy functions.
+ * 0, SKIP (the reason printed) or 1. Loads the driver. */
+static int find_driver(void)
+{
+	gf_mem *m = NULL;
+	if (gf_mem_open(&m, GF_MEM_CUDA, 0) < 0) {
+		printf("SKIP: no usable GPU: %s\n", gf_error_detail());
+		return SKIP;
+	}
+	gf_mem_free(m);
+	Dl_info info;
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	void *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
+	if (!sym || !dladdr(sym, &info) || strstr(info.dli_fname, "fakecuda")) {
+		printf("SKIP: the loaded libcuda.so.1 is the test driver, not a GPU driver\n");
+		return SKIP;
+	}
+	CUresult (*gp)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+		(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))sym;
+	if (gp("cuMemcpyHtoD", (void **)&memcpy_htod, 12000, 0, NULL) != CUDA_SUCCESS ||
+	    gp("cuMemcpyDtoH", (void **)&memcpy_dtoh, 12000, 0, NULL) != CUDA_SUCCESS) {
+		printf("FAIL: cannot look up cuMemcpyHtoD/DtoH in the driver\n");
+		return 1;
+	}
+	return 0;
+}
+
+/* In each test's process: the driver and its device files, before the runner counts fds. */
+static void load_driver(void)
+{
+	if (!memcpy_htod && find_driver() != 0)
+		fprintf(stderr, "the driver did not load in the test's process\n");
+}
+
 static void test_round_trip(void **state)
 {
 	(void)state;
+	assert_non_null(memcpy_htod);
 	gf_mem *m;
 	size_t g, rec;
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), 0);
@@ -100,28 +137,26 @@ static void test_round_trip(void **state)
 
 int main(void)
 {
-	/* Only the real driver counts: no override, no test driver. */
+	/* Only the real driver counts: no override, no test driver. The driver
+	 * is loaded in forked children only (a process that initialised it
+	 * cannot use it in its fork children): one to decide SKIP, then one per
+	 * test. */
 	unsetenv("GF_LIBCUDA");
-	gf_mem *m = NULL;
-	if (gf_mem_open(&m, GF_MEM_CUDA, 0) < 0) {
-		printf("SKIP: no usable GPU: %s\n", gf_error_detail());
-		return SKIP;
-	}
-	gf_mem_free(m);
-	Dl_info info;
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-	void *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
-	if (!sym || !dladdr(sym, &info) || strstr(info.dli_fname, "fakecuda")) {
-		printf("SKIP: the loaded libcuda.so.1 is the test driver, not a GPU driver\n");
-		return SKIP;
-	}
-	CUresult (*gp)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
-		(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))sym;
-	if (gp("cuMemcpyHtoD", (void **)&memcpy_htod, 12000, 0, NULL) != CUDA_SUCCESS ||
-	    gp("cuMemcpyDtoH", (void **)&memcpy_dtoh, 12000, 0, NULL) != CUDA_SUCCESS) {
-		printf("FAIL: cannot look up cuMemcpyHtoD/DtoH in the driver\n");
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
 		return 1;
+	if (pid == 0) {
+		int rc = find_driver();
+		fflush(stdout);
+		_exit(rc);
 	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+		return 1;
+	if (WEXITSTATUS(st) != 0)
+		return WEXITSTATUS(st);
+	tu_process_init = load_driver;
 	const struct CMUnitTest tests[] = { cmocka_unit_test(test_round_trip) };
-	return cmocka_run_group_tests_name("gpu-snapshot", tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -10,8 +10,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "../common/testutil.h"
 #include "forkcase.h"
+#include "../common/testutil.h"
 
 #define GRAN (2u * 1024 * 1024)
 
@@ -316,7 +316,7 @@ int main(void)
 		cmocka_unit_test(test_fork),         cmocka_unit_test(test_exporter_dies),
 		cmocka_unit_test(test_unknown_code), cmocka_unit_test(test_minimum_driver),
 	};
-	int rc = cmocka_run_group_tests_name("mem-strict", tests, NULL, NULL);
+	int rc = tu_run_group_tests(tests, NULL, NULL);
 	char cmd[512];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)

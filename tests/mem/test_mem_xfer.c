@@ -178,7 +178,7 @@ int main(int argc, char **argv)
 		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
 	}
 	const struct CMUnitTest tests[] = { cmocka_unit_test(test_lengths), cmocka_unit_test(test_fill_from_file) };
-	int rc = _cmocka_run_group_tests(kind == GF_MEM_CUDA ? "mem-xfer-cuda" : "mem-xfer-host", tests, 2, NULL, NULL);
+	int rc = tu_run_group_tests(tests, NULL, NULL);
 	if (state_dir) {
 		rmdir(state_dir);
 		free(state_dir);

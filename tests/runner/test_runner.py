@@ -3,6 +3,7 @@
 child, a leaked fd fails the test that leaked it, a crash or a hang fails only
 that test (by name) and the others still run, and a skip() is a SKIP."""
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -55,6 +56,24 @@ def test_skip_is_reported_in_process_too():
     lines = r.stdout.splitlines()
     assert lines[7] == "ok 7 - test_skips # SKIP (the reason is in the log)"
     assert r.returncode == 0
+
+
+def test_process_init_runs_before_the_fds_are_counted():
+    # A test that opens what its process keeps (a driver's device files) leaks...
+    r = run(GF_SAMPLE_KEEP_FD="1", GF_TEST_ONLY="clean")
+    assert r.stdout.splitlines()[1] == "not ok 1 - test_clean"
+    # ...unless tu_process_init opened it in the test's process first.
+    for mode in ({}, {"GF_TEST_NOFORK": "1"}):
+        r = run(GF_SAMPLE_KEEP_FD="1", GF_SAMPLE_PROCESS_INIT="1", GF_TEST_ONLY="clean", **mode)
+        assert r.stdout.splitlines()[1] == "ok 1 - test_clean", r.stderr
+        assert r.returncode == 0
+
+
+def test_every_c_test_program_uses_the_runner():
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    direct = [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.c"))
+              if "cmocka_run_group_tests" in p.read_text(errors="replace")]
+    assert not direct, "call tu_run_group_tests() (tests/common/runner.h) instead: " + ", ".join(direct)
 
 
 if __name__ == "__main__":
