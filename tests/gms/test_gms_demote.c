@@ -76,22 +76,6 @@ static void *client_main(void *arg)
 	return NULL;
 }
 
-/* Drive the server until @j is done. */
-static int run_client(gf_gmsd *d, struct client_job *j)
-{
-	pthread_t th;
-	atomic_store(&j->done, false);
-	if (pthread_create(&th, NULL, client_main, j))
-		return GF_ERR_IO;
-	while (!atomic_load(&j->done)) {
-		struct pollfd p = { .fd = gf_gmsd_get_fd(d), .events = POLLIN };
-		poll(&p, 1, 10);
-		gf_gmsd_process(d);
-	}
-	pthread_join(th, NULL);
-	return j->rc;
-}
-
 static json_t *status(gf_gmsd *d)
 {
 	char *text = NULL;
@@ -106,6 +90,29 @@ static const char *str(json_t *st, const char *key)
 {
 	const char *s = json_string_value(json_object_get(st, key));
 	return s ? s : "";
+}
+
+/* Drive the server until @j is done and the server has seen its connection
+ * close (the client's thread may finish before the server reads the hang-up). */
+static int run_client(gf_gmsd *d, struct client_job *j)
+{
+	pthread_t th;
+	atomic_store(&j->done, false);
+	if (pthread_create(&th, NULL, client_main, j))
+		return GF_ERR_IO;
+	for (bool gone = false; !gone;) {
+		struct pollfd p = { .fd = gf_gmsd_get_fd(d), .events = POLLIN };
+		poll(&p, 1, 10);
+		gf_gmsd_process(d);
+		if (atomic_load(&j->done)) {
+			json_t *st = status(d);
+			gone = !json_integer_value(json_object_get(st, "readers")) &&
+			       !json_integer_value(json_object_get(st, "writer"));
+			json_decref(st);
+		}
+	}
+	pthread_join(th, NULL);
+	return j->rc;
 }
 
 /* Drive the server until the status field @key is @want (a few seconds at most). */
