@@ -166,20 +166,24 @@ GF_EXPORT int gf_mem_device_lost(const gf_mem *m);
 
 /**
  * Create a shareable allocation of at least @p size bytes (rounded up to the
- * minimum granularity; gf_mem_alloc_size() tells the real size).
- * Errors: GF_ERR_OUT_OF_MEMORY, GF_ERR_INVALID_ARG (size 0), GF_ERR_DRIVER.
+ * minimum granularity; gf_mem_alloc_size() tells the real size) and store it
+ * in *@p out, which is written only on success. The caller frees it with
+ * gf_mem_alloc_free(); it keeps @p m alive.
+ * Errors: GF_ERR_OUT_OF_MEMORY, GF_ERR_INVALID_ARG (NULL, size 0), GF_ERR_DRIVER.
  */
-GF_EXPORT int gf_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out);
+GF_EXPORT int gf_mem_create(gf_mem_alloc **out, gf_mem *m, size_t size);
 /** Export a new fd for the allocation (O_CLOEXEC); the caller owns and closes it. */
 GF_EXPORT int gf_mem_export(gf_mem_alloc *a, int *out_fd);
 /**
- * Import an allocation from @p fd, which describes @p size bytes. The fd
- * stays owned by the caller (close it when done; the import holds its own
- * reference). Errors: GF_ERR_INVALID_ARG (not an allocation fd, or on host
- * a size mismatch; the driver does not tell an import's size, so on cuda
- * @p size is trusted), GF_ERR_DRIVER.
+ * Import an allocation from @p fd, which describes @p size bytes, into
+ * *@p out (written only on success). The caller frees it with
+ * gf_mem_alloc_free(); it keeps @p m alive. The fd stays owned by the caller
+ * (close it when done; the import holds its own reference).
+ * Errors: GF_ERR_INVALID_ARG (NULL, not an allocation fd, or on host a size
+ * mismatch; the driver does not tell an import's size, so on cuda @p size is
+ * trusted), GF_ERR_DRIVER.
  */
-GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
+GF_EXPORT int gf_mem_import(gf_mem_alloc **out, gf_mem *m, int fd, size_t size);
 /** Size in bytes (granularity-rounded). */
 GF_EXPORT size_t gf_mem_alloc_size(const gf_mem_alloc *a);
 /** One of enum gf_mem_alloc_state (GF_ERR_INVALID_ARG for NULL). */
@@ -189,14 +193,23 @@ GF_EXPORT int gf_mem_alloc_state(const gf_mem_alloc *a);
  * is still mapped somewhere, GF_ERR_STATE when already released.
  */
 GF_EXPORT int gf_mem_release(gf_mem_alloc *a);
-/** Release if needed and free the object. Fails (GF_ERR_BUSY) and frees nothing while mapped. NULL is a no-op returning 0. */
-GF_EXPORT int gf_mem_alloc_free(gf_mem_alloc *a);
+/**
+ * Give up the handle: release it if needed and free the object. An
+ * allocation that is still mapped stays valid until its last mapping goes
+ * (gf_mem_unmap_all(), gf_mem_va_free()), which releases and frees it then;
+ * the caller must not use @p a after this call either way. NULL is a no-op.
+ */
+GF_EXPORT void gf_mem_alloc_free(gf_mem_alloc *a);
 
 /**
  * Reserve @p size bytes of address space (rounded to the granularity),
- * aligned to @p align (0: granularity). Nothing is accessible until mapped.
+ * aligned to @p align (0: granularity), into *@p out (written only on
+ * success). Nothing is accessible until mapped. The caller frees it with
+ * gf_mem_va_free(); it keeps @p m alive.
+ * Errors: GF_ERR_INVALID_ARG (NULL, size 0, bad alignment), GF_ERR_NOMEM,
+ * GF_ERR_DRIVER.
  */
-GF_EXPORT int gf_mem_reserve(gf_mem *m, size_t size, size_t align, gf_mem_va **out);
+GF_EXPORT int gf_mem_reserve(gf_mem_va **out, gf_mem *m, size_t size, size_t align);
 /** Start address of the reservation (a device pointer on cuda, a host pointer on host). */
 GF_EXPORT uint64_t gf_mem_va_addr(const gf_mem_va *va);
 /** Size of the reservation in bytes. */

@@ -388,7 +388,7 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 		uint64_t freeb, total;
 		rc = gf_mem_info(mem, &freeb, &total);
 		if (rc == 0)
-			rc = gf_mem_reserve(mem, round_up(total ? total : g->gran, g->gran), 0, &g->va);
+			rc = gf_mem_reserve(&g->va, mem, round_up(total ? total : g->gran, g->gran), 0);
 	}
 	if (rc < 0) {
 		gf_gms_free(g);
@@ -622,7 +622,7 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 	}
 	const gf_GmsAllocation *a = &gms->msg->body.gms_allocated.allocation;
 	gf_mem_alloc *imp = NULL;
-	rc = gf_mem_import_adopt(gms->mem, fds[0], a->size, &imp); /* the received fd becomes the handle */
+	rc = gf_mem_import_adopt(&imp, gms->mem, fds[0], a->size); /* the received fd becomes the handle */
 	free(fds);
 	if (rc < 0)
 		return rc;
@@ -911,7 +911,7 @@ static int import_and_map(gf_gms *g, struct listed *l)
 	int rc = 0;
 	/* Each received fd becomes its allocation's handle (no dup, no close); the rest are closed on failure. */
 	for (size_t i = 0; i < l->n && rc == 0; i++) {
-		rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &l->allocs[i].a);
+		rc = gf_mem_import_adopt(&l->allocs[i].a, g->mem, l->fds[i], l->allocs[i].size);
 		l->fds[i] = -1;
 	}
 	gf_close_fds(l->fds, l->nfds);
@@ -961,7 +961,7 @@ int gf_gms_map_all(gf_gms *gms)
 		l.allocs[i].offset = off;
 		off = round_up(off + l.allocs[i].size, gms->gran);
 	}
-	if (!gms->va && (rc = gf_mem_reserve(gms->mem, off ? off : gms->gran, 0, &gms->va)) < 0) {
+	if (!gms->va && (rc = gf_mem_reserve(&gms->va, gms->mem, off ? off : gms->gran, 0)) < 0) {
 		listed_free(&l);
 		goto fail_meta;
 	}
@@ -1304,7 +1304,7 @@ static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
 		if (l->allocs[i].size != g->allocs[i].size)
 			return gf_err(GF_ERR_PROTOCOL, "remap: allocation %zu differs in size from the layout listed", i);
 		/* The received fd becomes the handle (no dup, no close). */
-		int rc = gf_mem_import_adopt(g->mem, l->fds[i], l->allocs[i].size, &g->allocs[i].a);
+		int rc = gf_mem_import_adopt(&g->allocs[i].a, g->mem, l->fds[i], l->allocs[i].size);
 		l->fds[i] = -1;
 		if (rc < 0)
 			return rc;

@@ -866,7 +866,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 {
 	gf_mem_alloc *a;
-	int rc = gf_mem_create(d->mem, c->alloc_size, &a);
+	int rc = gf_mem_create(&a, d->mem, c->alloc_size);
 	if (rc == GF_ERR_OUT_OF_MEMORY && gf_now_us() < c->alloc_until_us) {
 		if (c->alloc_tries++ == 0)
 			event(d, "event=oom_retry peer=%s size=%llu for_ms=%lld", c->peer,

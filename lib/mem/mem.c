@@ -18,6 +18,7 @@ struct gf_mem_alloc {
 	bool released;
 	bool was_mapped;
 	unsigned map_count;  /* live mappings of this handle, in any reservation */
+	bool freed;          /* its owner let go while mapped: it goes with its last mapping */
 	int ro_fd;           /* read-only export, opened once and lent to every reader (-1: none yet) */
 };
 
@@ -402,7 +403,7 @@ static int new_alloc(gf_mem *m, uint64_t handle, size_t size, int origin, gf_mem
 	return 0;
 }
 
-GF_EXPORT int gf_mem_create(gf_mem *m, size_t size, gf_mem_alloc **out)
+GF_EXPORT int gf_mem_create(gf_mem_alloc **out, gf_mem *m, size_t size)
 {
 	if (!m || !out || size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_create: %s", size == 0 ? "size is 0" : "NULL argument");
@@ -425,7 +426,7 @@ GF_EXPORT int gf_mem_export(gf_mem_alloc *a, int *out_fd)
 	return a->m->be->export_fd(a->m, a->handle, out_fd);
 }
 
-GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
+GF_EXPORT int gf_mem_import(gf_mem_alloc **out, gf_mem *m, int fd, size_t size)
 {
 	if (!m || !out || fd < 0 || size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_import: %s",
@@ -440,7 +441,7 @@ GF_EXPORT int gf_mem_import(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
 	return new_alloc(m, h, size, GF_MEM_ALLOC_IMPORTED, out);
 }
 
-int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out)
+int gf_mem_import_adopt(gf_mem_alloc **out, gf_mem *m, int fd, size_t size)
 {
 	if (!m || !out || fd < 0 || size == 0 || size > SIZE_MAX - m->gran_min) {
 		gf_close(fd);
@@ -547,23 +548,38 @@ GF_EXPORT int gf_mem_release(gf_mem_alloc *a)
 	return 0;
 }
 
-GF_EXPORT int gf_mem_alloc_free(gf_mem_alloc *a)
+/* The end of an allocation nobody holds or maps any more. A release the
+ * driver refuses cannot be retried by anyone: the object goes anyway, and
+ * the process's exit returns what the driver kept. */
+static void alloc_destroy(gf_mem_alloc *a)
 {
-	if (!a)
-		return 0;
-	if (a->map_count)
-		return gf_err(GF_ERR_BUSY, "gf_mem_alloc_free: allocation still mapped %u time(s)", a->map_count);
-	if (!a->released) {
-		int rc = gf_mem_release(a);
-		if (rc < 0)
-			return rc;
-	}
+	if (!a->released)
+		a->m->be->release(a->m, a->handle);
+	gf_close(a->ro_fd);
 	mem_unref(a->m);
 	free(a);
-	return 0;
 }
 
-GF_EXPORT int gf_mem_reserve(gf_mem *m, size_t size, size_t align, gf_mem_va **out)
+/* After a mapping of @a went away: an allocation its owner freed while
+ * mapped goes with its last mapping. */
+static void alloc_unmapped(gf_mem_alloc *a)
+{
+	a->map_count--;
+	if (!a->map_count && a->freed)
+		alloc_destroy(a);
+}
+
+GF_EXPORT void gf_mem_alloc_free(gf_mem_alloc *a)
+{
+	if (!a)
+		return;
+	if (a->map_count)
+		a->freed = true;
+	else
+		alloc_destroy(a);
+}
+
+GF_EXPORT int gf_mem_reserve(gf_mem_va **out, gf_mem *m, size_t size, size_t align)
 {
 	if (!m || !out || size == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_reserve: %s", size == 0 ? "size is 0" : "NULL argument");
@@ -626,7 +642,7 @@ static void unmap_one(gf_mem_va *va, const struct va_map *vm)
 	if (rc < 0)
 		gf_log(GF_LOG_WARN, "mem", "backend=%s offset=%zu size=%zu msg=\"unmap failed: %s\"", va->m->be->name,
 		       vm->offset, vm->size, gf_error_detail());
-	vm->alloc->map_count--;
+	alloc_unmapped(vm->alloc);
 }
 
 GF_EXPORT int gf_mem_map_many(gf_mem_va *va, const struct gf_mem_mapping *maps, size_t n, int access)
@@ -769,7 +785,7 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
 		/* The bookkeeping follows the caller's intent: a failed unmap
 		 * is reported, and the allocation is not kept pinned by it. */
 		for (size_t i = s; i < e; i++)
-			va->maps[i].alloc->map_count--;
+			alloc_unmapped(va->maps[i].alloc);
 		s = e;
 	}
 	va->nmaps = 0;

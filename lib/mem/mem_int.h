@@ -14,7 +14,7 @@
 
 /* gf_mem_import() that consumes @fd in every case: on success the allocation
  * owns it (or what the driver made of it), on failure it is closed. */
-int gf_mem_import_adopt(gf_mem *m, int fd, size_t size, gf_mem_alloc **out);
+int gf_mem_import_adopt(gf_mem_alloc **out, gf_mem *m, int fd, size_t size);
 
 /* gf_mem_export() without a copy where the backend can: *@owned tells whether
  * the caller must close *@fd (a new fd) or must not (the allocation's own,

@@ -37,7 +37,7 @@ GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size)
 	r->m = m;
 	/* The allocation made at gf_mem_region_back() rounds to the same
 	 * granularity, so it fills the range exactly. */
-	rc = gf_mem_reserve(m, (size + gran - 1) / gran * gran, 0, &r->va);
+	rc = gf_mem_reserve(&r->va, m, (size + gran - 1) / gran * gran, 0);
 	if (rc < 0) {
 		free(r);
 		return rc;
@@ -53,7 +53,7 @@ GF_EXPORT int gf_mem_region_back(gf_mem_region *r)
 	if (r->alloc)
 		return gf_err(GF_ERR_STATE, "gf_mem_region_back: already backed");
 	size_t size = gf_mem_va_size(r->va);
-	int rc = gf_mem_create(r->m, size, &r->alloc);
+	int rc = gf_mem_create(&r->alloc, r->m, size);
 	if (rc < 0)
 		goto fail;
 	if (gf_mem_alloc_size(r->alloc) != size) {
@@ -84,9 +84,9 @@ GF_EXPORT int gf_mem_region_release(gf_mem_region *r)
 		return 0;
 	/* Unmapping first: an allocation is only freed once nothing maps it. */
 	int rc = gf_mem_unmap_all(r->va);
-	int rc2 = gf_mem_alloc_free(r->alloc);
+	gf_mem_alloc_free(r->alloc);
 	r->alloc = NULL;
-	return rc < 0 ? rc : rc2 < 0 ? rc2 : 0;
+	return rc;
 }
 
 GF_EXPORT int gf_mem_region_backed(const gf_mem_region *r)

@@ -145,7 +145,7 @@ static int map_all(gf_mem *m, gf_mem_alloc *const *allocs, size_t n, uint64_t to
 	struct gf_mem_mapping *maps = calloc(n ? n : 1, sizeof(*maps));
 	if (!maps)
 		return gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
-	int rc = gf_mem_reserve(m, total ? total : 1, 0, &va);
+	int rc = gf_mem_reserve(&va, m, total ? total : 1, 0);
 	size_t at = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		maps[i] = (struct gf_mem_mapping){ .offset = at, .alloc = allocs[i] };
@@ -665,7 +665,7 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	if (rc == 0 && !allocs)
 		rc = gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
-		rc = gf_mem_create(m, mf->allocs[i].size, &allocs[i]);
+		rc = gf_mem_create(&allocs[i], m, mf->allocs[i].size);
 		if (rc == 0 && gf_mem_alloc_size(allocs[i]) != mf->allocs[i].size)
 			rc = gf_err(GF_ERR_INVALID_ARG, "snapshot restore: allocation %zu came out %zu bytes, not %" PRIu64, i + 1,
 				    gf_mem_alloc_size(allocs[i]), mf->allocs[i].size);

@@ -212,7 +212,7 @@ static void *job_main(void *arg)
 	set_phase(t, GMS_PHASE_CHECKPOINTING, 0, "writing %" PRIu64 " bytes in %zu allocations", mf->total_bytes,
 		  mf->nallocs);
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
-		rc = gf_mem_import(t->m, t->job_fds[i], mf->allocs[i].size, &allocs[i]);
+		rc = gf_mem_import(&allocs[i], t->m, t->job_fds[i], mf->allocs[i].size);
 	const char *targets[2] = { t->job_dir, NULL };
 	struct gms_place_out pl = { .write_warm = true, .reason = "" };
 	bool to_warm = t->dir[GMS_TIER_WARM] && (!t->job_dir || !strcmp(t->job_dir, t->dir[GMS_TIER_WARM]));

@@ -48,11 +48,11 @@ static int64_t run_lib(gf_mem *m, const int *fds, int n, size_t size)
 		return -1;
 	int64_t t0 = now_ns();
 	for (int i = 0; i < n; i++) {
-		if (gf_mem_import(m, fds[i], size, &a[i]) < 0)
+		if (gf_mem_import(&a[i], m, fds[i], size) < 0)
 			return -1;
 		maps[i] = (struct gf_mem_mapping){ (size_t)i * size, a[i] };
 	}
-	if (gf_mem_reserve(m, (size_t)n * size, 0, &va) < 0 || gf_mem_map_many(va, maps, (size_t)n, GF_MEM_READ) < 0)
+	if (gf_mem_reserve(&va, m, (size_t)n * size, 0) < 0 || gf_mem_map_many(va, maps, (size_t)n, GF_MEM_READ) < 0)
 		return -1;
 	int64_t dt = now_ns() - t0;
 	gf_mem_va_free(va);
@@ -118,7 +118,7 @@ int main(void)
 			return 1;
 		for (int i = 0; i < n; i++) {
 			gf_mem_alloc *a;
-			if (gf_mem_create(m, size, &a) < 0 || gf_mem_export(a, &fds[i]) < 0) {
+			if (gf_mem_create(&a, m, size) < 0 || gf_mem_export(a, &fds[i]) < 0) {
 				fprintf(stderr, "bench_mem: create/export %d: %s\n", i, gf_error_detail());
 				return 1;
 			}

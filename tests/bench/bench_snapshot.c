@@ -181,14 +181,14 @@ int main(int argc, char **argv)
 	mf->nallocs = nallocs;
 	gf_mem_va *va;
 	for (size_t i = 0; i < nallocs; i++) {
-		if ((rc = gf_mem_create(m, each, &allocs[i])) < 0)
+		if ((rc = gf_mem_create(&allocs[i], m, each)) < 0)
 			die("create", rc);
 		mf->allocs[i].id = i + 1;
 		mf->allocs[i].size = each;
 		snprintf(mf->allocs[i].tag, sizeof(mf->allocs[i].tag), "w%zu", i);
 		maps[i] = (struct gf_mem_mapping){ .offset = i * each, .alloc = allocs[i] };
 	}
-	if ((rc = gf_mem_reserve(m, each * nallocs, 0, &va)) < 0 || (rc = gf_mem_map_many(va, maps, nallocs, GF_MEM_READWRITE)) < 0)
+	if ((rc = gf_mem_reserve(&va, m, each * nallocs, 0)) < 0 || (rc = gf_mem_map_many(va, maps, nallocs, GF_MEM_READWRITE)) < 0)
 		die("map", rc);
 	uint8_t *p = (uint8_t *)(uintptr_t)gf_mem_va_addr(va);
 	size_t bytes = each * nallocs;

@@ -54,7 +54,7 @@ static void fill(gf_mem *m, gf_mem_alloc *a, uint64_t seed, size_t idx)
 {
 	gf_mem_va *va;
 	size_t n = gf_mem_alloc_size(a);
-	assert_int_equal(gf_mem_reserve(m, n, 0, &va), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, n, 0), 0);
 	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
 	uint8_t *p = (uint8_t *)(uintptr_t)gf_mem_va_addr(va);
 	for (size_t i = 0; i < n; i++)
@@ -67,7 +67,7 @@ static bool holds(gf_mem *m, gf_mem_alloc *a, uint64_t seed, size_t idx)
 {
 	gf_mem_va *va;
 	size_t n = gf_mem_alloc_size(a);
-	assert_int_equal(gf_mem_reserve(m, n, 0, &va), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, n, 0), 0);
 	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READ), 0);
 	const uint8_t *p = (const uint8_t *)(uintptr_t)gf_mem_va_addr(va);
 	bool ok = true;
@@ -91,7 +91,7 @@ static struct layout *make_layout(uint64_t seed)
 	l->mf->allocs = calloc(l->n, sizeof(*l->mf->allocs));
 	l->mf->nallocs = l->n;
 	for (size_t i = 0; i < l->n; i++) {
-		assert_int_equal(gf_mem_create(l->m, sizes[i], &l->allocs[i]), 0);
+		assert_int_equal(gf_mem_create(&l->allocs[i], l->m, sizes[i]), 0);
 		fill(l->m, l->allocs[i], seed, i);
 		l->mf->allocs[i].id = i + 1;
 		l->mf->allocs[i].size = gf_mem_alloc_size(l->allocs[i]);
@@ -118,7 +118,7 @@ static struct layout *make_layout(uint64_t seed)
 static void free_layout(struct layout *l)
 {
 	for (size_t i = 0; i < l->n; i++)
-		assert_int_equal(gf_mem_alloc_free(l->allocs[i]), 0);
+		gf_mem_alloc_free(l->allocs[i]);
 	free(l->allocs);
 	gms_manifest_free(l->mf);
 	gf_mem_free(l->m);

@@ -122,10 +122,10 @@ static int child_main(const char *role, int sock, size_t size)
 	if (gf_mem_open(&m, GF_MEM_CUDA, 0) < 0 || setup_driver(0) < 0)
 		return 10;
 	int fd = recv_tag(sock, "alloc");
-	if (fd < 0 || gf_mem_import(m, fd, size, &a) < 0)
+	if (fd < 0 || gf_mem_import(&a, m, fd, size) < 0)
 		return 11;
 	close(fd);
-	if (gf_mem_reserve(m, size, 0, &va) < 0)
+	if (gf_mem_reserve(&va, m, size, 0) < 0)
 		return 12;
 	uint32_t words[2];
 	if (strcmp(role, "reader") == 0) {
@@ -142,8 +142,7 @@ static int child_main(const char *role, int sock, size_t size)
 		if (drv.memcpy_dtoh(words, gf_mem_va_addr(va), sizeof(words)) != CUDA_SUCCESS || words[0] != 0x11111111)
 			return 17;
 		gf_mem_va_free(va);
-		if (gf_mem_alloc_free(a) < 0)
-			return 18;
+		gf_mem_alloc_free(a);
 		gf_mem_free(m);
 		send_tag(sock, "released", -1);
 		recv_tag(sock, "exit");
@@ -197,8 +196,8 @@ static void test_two_processes_and_decision7(void **state)
 	size_t size = 256u << 20;
 	size = (size + g - 1) / g * g;
 	assert_int_equal(gf_mem_info(m, &f0, &tot), 0);
-	assert_int_equal(gf_mem_create(m, size, &a), 0);
-	assert_int_equal(gf_mem_reserve(m, size, 0, &va), 0);
+	assert_int_equal(gf_mem_create(&a, m, size), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, size, 0), 0);
 	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
 	uint32_t words[2] = { 0x11111111, 0x22222222 };
 	assert_int_equal(drv.memcpy_htod(gf_mem_va_addr(va), words, sizeof(words)), CUDA_SUCCESS);
@@ -216,7 +215,7 @@ static void test_two_processes_and_decision7(void **state)
 	assert_int_equal(recv_tag(sv[0], "read"), -1);
 
 	gf_mem_va_free(va);
-	assert_int_equal(gf_mem_alloc_free(a), 0);
+	gf_mem_alloc_free(a);
 	assert_int_equal(gf_mem_info(m, &f2, &tot), 0);
 	assert_true(f2 + size / 2 <= f0); /* still held by the importer */
 	send_tag(sv[0], "creator-released", -1);
@@ -238,7 +237,7 @@ static void test_readonly_refuses_writes(void **state)
 	int sv[2], fd;
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, NULL), 0);
-	assert_int_equal(gf_mem_create(m, g, &a), 0);
+	assert_int_equal(gf_mem_create(&a, m, g), 0);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	pid_t pid = spawn("rowrite", sv[1], g);
 	close(sv[1]);
@@ -247,7 +246,7 @@ static void test_readonly_refuses_writes(void **state)
 	close(fd);
 	assert_int_equal(wait_status(pid), 0);
 	close(sv[0]);
-	assert_int_equal(gf_mem_alloc_free(a), 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
@@ -263,9 +262,9 @@ static void test_map_many_remap(void **state)
 	size_t g;
 	assert_int_equal(gf_mem_open(&m, GF_MEM_CUDA, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, NULL), 0);
-	assert_int_equal(gf_mem_reserve(m, N * g, 0, &va), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, N * g, 0), 0);
 	for (int i = 0; i < N; i++) {
-		assert_int_equal(gf_mem_create(m, g, &a[i]), 0);
+		assert_int_equal(gf_mem_create(&a[i], m, g), 0);
 		maps[i] = (struct gf_mem_mapping){ (size_t)i * g, a[i] };
 	}
 	assert_int_equal(gf_mem_map_many(va, maps, N, GF_MEM_READWRITE), 0);
@@ -285,7 +284,7 @@ static void test_map_many_remap(void **state)
 	}
 	gf_mem_va_free(va);
 	for (int i = 0; i < N; i++)
-		assert_int_equal(gf_mem_alloc_free(a[i]), 0);
+		gf_mem_alloc_free(a[i]);
 	gf_mem_free(m);
 }
 

@@ -117,7 +117,7 @@ static CUresult store_kernel(uint64_t addr)
 
 static int map_new(gf_mem *m, int access, gf_mem_alloc **a, gf_mem_va **va)
 {
-	if (gf_mem_create(m, SIZE, a) < 0 || gf_mem_reserve(m, SIZE, 0, va) < 0 ||
+	if (gf_mem_create(a, m, SIZE) < 0 || gf_mem_reserve(va, m, SIZE, 0) < 0 ||
 	    gf_mem_map(*va, 0, *a, access) < 0)
 		return -1;
 	return 0;
@@ -141,7 +141,7 @@ static int role_sticky(void)
 	NEED(sync == CUDA_SUCCESS || (rc < 0 && gf_mem_device_lost(m) == 1));
 	/* The library's teardown finishes whatever the driver does. */
 	gf_mem_unmap_all(va);
-	NEED(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_va_free(va);
 	gf_mem_free(m);
 	return 0;
@@ -164,7 +164,7 @@ static int role_readonly(void)
 	NEED(prot != GF_MEM_READ_PROT_UNTESTED);
 	gf_mem_synchronize(m);
 	gf_mem_unmap_all(va);
-	NEED(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_va_free(va);
 	gf_mem_free(m);
 	return 0;
@@ -180,12 +180,12 @@ static int role_fork(void)
 	NEED(pid >= 0);
 	if (pid == 0) {
 		gf_mem_alloc *a = NULL;
-		int inherited = gf_mem_create(m, SIZE, &a);
+		int inherited = gf_mem_create(&a, m, SIZE);
 		gf_mem *cm = NULL;
 		int rc = gf_mem_open(&cm, GF_MEM_CUDA, 0);
 		Q("fork", "inherited_backend=%s child_open=%s detail=\"%s\"", gf_error_name(inherited) ?: "ok",
 		  gf_error_name(rc) ?: "ok", rc < 0 ? gf_error_detail() : "");
-		if (rc == 0 && gf_mem_create(cm, SIZE, &a) == 0)
+		if (rc == 0 && gf_mem_create(&a, cm, SIZE) == 0)
 			gf_mem_alloc_free(a);
 		_exit(inherited == GF_ERR_STATE ? 0 : 1);
 	}
@@ -284,22 +284,22 @@ static int role_exporter_dies(void)
 	NEED(open_dev(&m, 0) == 0);
 	pid_t pid = spawn_creator(&sock, &fd);
 	NEED(pid > 0 && reap(pid, sock));
-	int rc = gf_mem_import(m, fd, SIZE, &a);
+	int rc = gf_mem_import(&a, m, fd, SIZE);
 	close(fd);
 	const char *data = "-";
 	if (rc == 0) {
-		NEED(gf_mem_reserve(m, SIZE, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
+		NEED(gf_mem_reserve(&va, m, SIZE, 0) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 		data = data_state(va);
 		gf_mem_va_free(va);
-		NEED(gf_mem_alloc_free(a) == 0);
+		gf_mem_alloc_free(a);
 	}
 	Q("exporter_died_before_import", "import=%s data=%s", gf_error_name(rc) ?: "ok", data);
 
 	pid = spawn_creator(&sock, &fd);
 	NEED(pid > 0);
-	NEED(gf_mem_import(m, fd, SIZE, &a) == 0);
+	NEED(gf_mem_import(&a, m, fd, SIZE) == 0);
 	close(fd);
-	NEED(gf_mem_reserve(m, SIZE, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
+	NEED(gf_mem_reserve(&va, m, SIZE, 0) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 	NEED(reap(pid, sock));
 	const char *mapped = data_state(va);
 	NEED(gf_mem_unmap_all(va) == 0);
@@ -307,7 +307,7 @@ static int role_exporter_dies(void)
 	Q("exporter_died_after_map", "mapping=%s remap=%s remapped_data=%s", mapped, gf_error_name(rc) ?: "ok",
 	  rc == 0 ? data_state(va) : "-");
 	gf_mem_va_free(va);
-	NEED(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 	return 0;
 }
@@ -330,12 +330,12 @@ static int role_identity(void)
 	int fd, peer = -1;
 	NEED(open_dev(&m0, 0) == 0 && gf_mem_open(&m1, GF_MEM_CUDA, 1) == 0);
 	drv.can_access_peer(&peer, 1, 0);
-	NEED(gf_mem_create(m0, SIZE, &a) == 0 && gf_mem_export(a, &fd) == 0);
-	int rc = gf_mem_import(m1, fd, SIZE, &b);
+	NEED(gf_mem_create(&a, m0, SIZE) == 0 && gf_mem_export(a, &fd) == 0);
+	int rc = gf_mem_import(&b, m1, fd, SIZE);
 	Q("identity_cross_device_import", "peer_access=%d library=%s", peer, gf_error_name(rc) ?: "accepted");
 	NEED(rc == GF_ERR_INVALID_ARG);
 	close(fd);
-	NEED(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m1);
 	gf_mem_free(m0);
 	return 0;

@@ -41,7 +41,7 @@ static void raw_peer_access(gf_mem *m0, gf_mem_alloc *a)
 	CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t) = NULL;
 	CHECK(gp && gp("cuMemSetAccess", (void **)&set_access, 12000, 0, NULL) == CUDA_SUCCESS);
 	gf_mem_va *va = NULL;
-	CHECK(gf_mem_reserve(m0, GRAN, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
+	CHECK(gf_mem_reserve(&va, m0, GRAN, 0) == 0 && gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
 	CUmemAccessDesc d;
 	memset(&d, 0, sizeof(d));
 	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -73,19 +73,19 @@ static void case_three_devices(void)
 	gf_mem_alloc *a = NULL, *imp = NULL;
 	gf_mem_va *va = NULL;
 	int fd = -1;
-	CHECK(gf_mem_create(m0, GRAN, &a) == 0);
+	CHECK(gf_mem_create(&a, m0, GRAN) == 0);
 	raw_peer_access(m0, a);
-	CHECK(gf_mem_reserve(m2, GRAN, 0, &va) == 0);
+	CHECK(gf_mem_reserve(&va, m2, GRAN, 0) == 0);
 	CHECK_ERR(gf_mem_map(va, 0, a, GF_MEM_READ), GF_ERR_INVALID_ARG, NULL);
 	CHECK(gf_mem_export(a, &fd) == 0);
 	/* Refused whether or not the devices could reach each other. */
-	CHECK_ERR(gf_mem_import(m2, fd, GRAN, &imp), GF_ERR_INVALID_ARG, "lives on device 0, this backend is on device 2");
+	CHECK_ERR(gf_mem_import(&imp, m2, fd, GRAN), GF_ERR_INVALID_ARG, "lives on device 0, this backend is on device 2");
 	CHECK(strstr(gf_error_detail(), getenv("FAKECUDA_PEER_ACCESS") ? "peer access possible" : "peer access impossible"));
-	CHECK(gf_mem_import(m0, fd, GRAN, &imp) == 0);
+	CHECK(gf_mem_import(&imp, m0, fd, GRAN) == 0);
 	close(fd);
-	CHECK(gf_mem_alloc_free(imp) == 0);
+	gf_mem_alloc_free(imp);
 	gf_mem_va_free(va);
-	CHECK(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m0);
 	gf_mem_free(m2);
 }
@@ -178,13 +178,13 @@ static void case_list_figures(void)
 
 	gf_mem *m = open_cuda(1);
 	gf_mem_alloc *a = NULL;
-	CHECK(gf_mem_create(m, 2 * GRAN, &a) == 0);
+	CHECK(gf_mem_create(&a, m, 2 * GRAN) == 0);
 	CHECK(gf_device_list(GF_MEM_CUDA, info, 2, &n) == 0);
 	/* Our open backend's context and the listing's are the same primary
 	 * context, retained twice: the overhead counts per retain here. */
 	CHECK(info[1].free_bytes == info[1].total_bytes - 2 * GRAN - 2 * (64u << 20));
 	CHECK(info[0].free_bytes == info[0].total_bytes - (64u << 20));
-	CHECK(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 

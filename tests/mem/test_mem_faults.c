@@ -65,14 +65,14 @@ static void test_oom_on_create(void **state)
 	gf_mem_alloc *a = NULL, *b = NULL;
 	uint64_t fr, tot;
 	tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "6291456"); /* 3 granules */
-	assert_int_equal(gf_mem_create(m, 2 * GRAN, &a), 0);
-	assert_int_equal(gf_mem_create(m, 2 * GRAN, &b), GF_ERR_OUT_OF_MEMORY);
+	assert_int_equal(gf_mem_create(&a, m, 2 * GRAN), 0);
+	assert_int_equal(gf_mem_create(&b, m, 2 * GRAN), GF_ERR_OUT_OF_MEMORY);
 	assert_null(b);
 	assert_non_null(strstr(gf_error_detail(), "CUDA_ERROR_OUT_OF_MEMORY"));
 	assert_non_null(strstr(gf_error_detail(), "cuMemCreate"));
-	assert_int_equal(gf_mem_alloc_free(a), 0);
-	assert_int_equal(gf_mem_create(m, 2 * GRAN, &b), 0);
-	assert_int_equal(gf_mem_alloc_free(b), 0);
+	gf_mem_alloc_free(a);
+	assert_int_equal(gf_mem_create(&b, m, 2 * GRAN), 0);
+	gf_mem_alloc_free(b);
 
 	/* The device's own size limits too. A real device's free figure is
 	 * short of its total by what contexts take (hundreds of MiB, run under
@@ -82,7 +82,7 @@ static void test_oom_on_create(void **state)
 	assert_int_equal(gf_mem_info(m, &fr, &tot), 0);
 	assert_int_equal(tot, 1073741824);
 	assert_true(fr <= tot && fr >= tot - (512u << 20));
-	assert_int_equal(gf_mem_create(m, 513 * GRAN, &b), GF_ERR_OUT_OF_MEMORY);
+	assert_int_equal(gf_mem_create(&b, m, 513 * GRAN), GF_ERR_OUT_OF_MEMORY);
 	gf_mem_free(m);
 }
 
@@ -92,10 +92,10 @@ static void test_driver_error_is_named(void **state)
 	gf_mem *m = open_cuda(0);
 	gf_mem_alloc *a = NULL;
 	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1");
-	assert_int_equal(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER);
+	assert_int_equal(gf_mem_create(&a, m, GRAN), GF_ERR_DRIVER);
 	assert_non_null(strstr(gf_error_detail(), "CUDA_ERROR_UNKNOWN"));
 	/* Only the nth call fails: errors are per call, never sticky. */
-	assert_int_equal(gf_mem_create(m, GRAN, &a), 0);
+	assert_int_equal(gf_mem_create(&a, m, GRAN), 0);
 	tu_env_set("FAKECUDA_FAIL", "cuMemExportToShareableHandle:1:801");
 	int fd = -1;
 	assert_int_equal(gf_mem_export(a, &fd), GF_ERR_DRIVER);
@@ -104,7 +104,7 @@ static void test_driver_error_is_named(void **state)
 	tu_env_set("FAKECUDA_FAIL", "cuMemRelease:1");
 	assert_int_equal(gf_mem_release(a), GF_ERR_DRIVER);
 	assert_int_equal(gf_mem_alloc_state(a), GF_MEM_ALLOC_CREATED);
-	assert_int_equal(gf_mem_alloc_free(a), 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
@@ -116,10 +116,10 @@ static void run_map_many_failure(const char *knob, int expect)
 	gf_mem_va *va = NULL;
 	struct gf_mem_mapping maps[4];
 	for (int i = 0; i < 4; i++) {
-		assert_int_equal(gf_mem_create(m, GRAN, &a[i]), 0);
+		assert_int_equal(gf_mem_create(&a[i], m, GRAN), 0);
 		maps[i] = (struct gf_mem_mapping){ (size_t)i * GRAN, a[i] };
 	}
-	assert_int_equal(gf_mem_reserve(m, 4 * GRAN, 0, &va), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, 4 * GRAN, 0), 0);
 	tu_env_set("FAKECUDA_FAIL", knob);
 	assert_int_equal(gf_mem_map_many(va, maps, 4, GF_MEM_READWRITE), expect);
 	for (int i = 0; i < 4; i++)
@@ -131,7 +131,7 @@ static void run_map_many_failure(const char *knob, int expect)
 	memset((void *)(uintptr_t)gf_mem_va_addr(va), 1, 4 * GRAN);
 	gf_mem_va_free(va);
 	for (int i = 0; i < 4; i++)
-		assert_int_equal(gf_mem_alloc_free(a[i]), 0);
+		gf_mem_alloc_free(a[i]);
 	gf_mem_free(m);
 }
 
@@ -153,8 +153,8 @@ static void test_access_once_per_span(void **state)
 	gf_mem_alloc *a[3] = { 0 };
 	gf_mem_va *va = NULL;
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(gf_mem_create(m, GRAN, &a[i]), 0);
-	assert_int_equal(gf_mem_reserve(m, 4 * GRAN, 0, &va), 0);
+		assert_int_equal(gf_mem_create(&a[i], m, GRAN), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, 4 * GRAN, 0), 0);
 	struct gf_mem_mapping span[3] = { { 0, a[0] }, { GRAN, a[1] }, { 2 * GRAN, a[2] } };
 	/* A second cuMemSetAccess call would fail: one call for one span. */
 	tu_env_set("FAKECUDA_FAIL", "cuMemSetAccess:2");
@@ -166,7 +166,7 @@ static void test_access_once_per_span(void **state)
 	assert_int_equal(gf_mem_map_many(va, gap, 3, GF_MEM_READ), GF_ERR_DRIVER);
 	gf_mem_va_free(va);
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(gf_mem_alloc_free(a[i]), 0);
+		gf_mem_alloc_free(a[i]);
 	gf_mem_free(m);
 }
 

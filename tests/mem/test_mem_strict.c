@@ -43,8 +43,8 @@ static void case_sticky(void)
 	gf_mem *m = open_cuda();
 	gf_mem_alloc *a = NULL;
 	gf_mem_va *va = NULL;
-	CHECK(gf_mem_create(m, GRAN, &a) == 0);
-	CHECK(gf_mem_reserve(m, GRAN, 0, &va) == 0);
+	CHECK(gf_mem_create(&a, m, GRAN) == 0);
+	CHECK(gf_mem_reserve(&va, m, GRAN, 0) == 0);
 	CHECK(gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
 	CHECK(gf_mem_device_lost(m) == 0);
 	tu_env_set("FAKECUDA_FAIL", "cuCtxSynchronize:1:700");
@@ -54,11 +54,11 @@ static void case_sticky(void)
 	uint64_t fr, tot;
 	CHECK_ERR(gf_mem_info(m, &fr, &tot), GF_ERR_DRIVER, "device lost: an earlier CUDA_ERROR_ILLEGAL_ADDRESS is sticky");
 	gf_mem_alloc *b = NULL;
-	CHECK_ERR(gf_mem_create(m, GRAN, &b), GF_ERR_DRIVER, "the process must exit");
+	CHECK_ERR(gf_mem_create(&b, m, GRAN), GF_ERR_DRIVER, "the process must exit");
 	/* The loss path: unmap, release, free all finish. */
 	CHECK(gf_mem_unmap_all(va) == 0);
 	CHECK(gf_mem_alloc_state(a) == GF_MEM_ALLOC_UNMAPPED);
-	CHECK(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_va_free(va);
 	gf_mem_free(m);
 }
@@ -81,8 +81,8 @@ static void case_readonly(void)
 	CHECK(gf_mem_read_protection(m) == GF_MEM_READ_PROT_UNTESTED);
 	char *log = tu_logged();
 	gf_set_log_fn(tu_capture_log, "mem");
-	CHECK(gf_mem_create(m, GRAN, &a) == 0);
-	CHECK(gf_mem_reserve(m, GRAN, 0, &va) == 0);
+	CHECK(gf_mem_create(&a, m, GRAN) == 0);
+	CHECK(gf_mem_reserve(&va, m, GRAN, 0) == 0);
 	CHECK(gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 	CHECK(gf_mem_read_protection(m) == want_prot);
 	CHECK(write_faults(gf_mem_va_addr(va)) == (want_prot == GF_MEM_READ_PROT_ENFORCED));
@@ -93,7 +93,7 @@ static void case_readonly(void)
 	CHECK(gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 	CHECK(gf_mem_read_protection(m) == want_prot);
 	gf_mem_va_free(va);
-	CHECK(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 	gf_set_log_fn(NULL, NULL);
 }
@@ -121,7 +121,7 @@ static void case_fork(void)
 	if (pid == 0) {
 		/* The parent's backend is never the child's. */
 		gf_mem_alloc *a = NULL;
-		CHECK_ERR(gf_mem_create(m, GRAN, &a), GF_ERR_STATE, "is a forked child and cannot use");
+		CHECK_ERR(gf_mem_create(&a, m, GRAN), GF_ERR_STATE, "is a forked child and cannot use");
 		gf_mem *cm = NULL;
 		int rc = gf_mem_open(&cm, GF_MEM_CUDA, 0);
 		if (fork_unsafe) {
@@ -129,7 +129,8 @@ static void case_fork(void)
 			CHECK(strstr(gf_error_detail(), "CUDA_ERROR_NOT_INITIALIZED"));
 		} else {
 			CHECK(rc == 0);
-			CHECK(gf_mem_create(cm, GRAN, &a) == 0 && gf_mem_alloc_free(a) == 0);
+			CHECK(gf_mem_create(&a, cm, GRAN) == 0);
+			gf_mem_alloc_free(a);
 			gf_mem_free(cm);
 		}
 		gf_mem_free(m); /* dropping the inherited backend is fine */
@@ -138,7 +139,8 @@ static void case_fork(void)
 	int st;
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	gf_mem_alloc *a = NULL;
-	CHECK(gf_mem_create(m, GRAN, &a) == 0 && gf_mem_alloc_free(a) == 0);
+	CHECK(gf_mem_create(&a, m, GRAN) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
@@ -201,7 +203,7 @@ static pid_t spawn_creator(int sv[2])
 		gf_mem_alloc *a = NULL;
 		gf_mem_va *va = NULL;
 		int fd = -1;
-		CHECK(gf_mem_create(m, GRAN, &a) == 0 && gf_mem_reserve(m, GRAN, 0, &va) == 0);
+		CHECK(gf_mem_create(&a, m, GRAN) == 0 && gf_mem_reserve(&va, m, GRAN, 0) == 0);
 		CHECK(gf_mem_map(va, 0, a, GF_MEM_READWRITE) == 0);
 		memset((void *)(uintptr_t)gf_mem_va_addr(va), 0x5a, GRAN);
 		CHECK(gf_mem_export(a, &fd) == 0);
@@ -232,15 +234,15 @@ static void case_exporter_dies(void)
 	gf_mem *m = open_cuda();
 	gf_mem_alloc *a = NULL;
 	gf_mem_va *va = NULL;
-	int rc = gf_mem_import(m, fd, GRAN, &a);
+	int rc = gf_mem_import(&a, m, fd, GRAN);
 	close(fd);
 	if (revoking) {
 		CHECK_ERR(rc, GF_ERR_INVALID_ARG, "its exporting process has exited");
 	} else {
-		CHECK(rc == 0 && gf_mem_reserve(m, GRAN, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
+		CHECK(rc == 0 && gf_mem_reserve(&va, m, GRAN, 0) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 		CHECK(((volatile uint8_t *)(uintptr_t)gf_mem_va_addr(va))[GRAN - 1] == 0x5a);
 		gf_mem_va_free(va);
-		CHECK(gf_mem_alloc_free(a) == 0);
+		gf_mem_alloc_free(a);
 		va = NULL;
 	}
 
@@ -248,9 +250,9 @@ static void case_exporter_dies(void)
 	 * (a remap) is what a revoking driver refuses. */
 	pid = spawn_creator(sv);
 	fd = recv_alloc_fd(sv[0]);
-	CHECK(gf_mem_import(m, fd, GRAN, &a) == 0);
+	CHECK(gf_mem_import(&a, m, fd, GRAN) == 0);
 	close(fd);
-	CHECK(gf_mem_reserve(m, GRAN, 0, &va) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
+	CHECK(gf_mem_reserve(&va, m, GRAN, 0) == 0 && gf_mem_map(va, 0, a, GF_MEM_READ) == 0);
 	reap(pid, sv[0]);
 	CHECK(((volatile uint8_t *)(uintptr_t)gf_mem_va_addr(va))[0] == 0x5a);
 	CHECK(gf_mem_unmap_all(va) == 0);
@@ -260,7 +262,7 @@ static void case_exporter_dies(void)
 	else
 		CHECK(rc == 0 && ((volatile uint8_t *)(uintptr_t)gf_mem_va_addr(va))[0] == 0x5a);
 	gf_mem_va_free(va);
-	CHECK(gf_mem_alloc_free(a) == 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
@@ -278,9 +280,9 @@ static void case_unknown_code(void)
 	gf_mem *m = open_cuda();
 	gf_mem_alloc *a = NULL;
 	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1:222");
-	CHECK_ERR(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)");
+	CHECK_ERR(gf_mem_create(&a, m, GRAN), GF_ERR_DRIVER, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)");
 	tu_env_set("FAKECUDA_FAIL", "cuMemCreate:1:4242");
-	CHECK_ERR(gf_mem_create(m, GRAN, &a), GF_ERR_DRIVER, "CUDA error 4242 (4242)");
+	CHECK_ERR(gf_mem_create(&a, m, GRAN), GF_ERR_DRIVER, "CUDA error 4242 (4242)");
 	CHECK(gf_mem_device_lost(m) == 0);
 	gf_mem_free(m);
 }

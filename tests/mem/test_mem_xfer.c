@@ -62,8 +62,8 @@ static void test_lengths(void **state)
 	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, &rec), 0);
 	g = (8 * chunk + g - 1) / g * g; /* room for every length below and a guard byte */
-	assert_int_equal(gf_mem_create(m, g, &a), 0);
-	assert_int_equal(gf_mem_reserve(m, g, 0, &va), 0);
+	assert_int_equal(gf_mem_create(&a, m, g), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, g, 0), 0);
 	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
 	uint8_t *dev = (uint8_t *)(uintptr_t)gf_mem_va_addr(va);
 	uint8_t *want = malloc(g);
@@ -104,7 +104,7 @@ static void test_lengths(void **state)
 	gf_mem_xfer_free(NULL);
 	free(want);
 	gf_mem_va_free(va);
-	assert_int_equal(gf_mem_alloc_free(a), 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
@@ -124,7 +124,7 @@ static void test_fill_from_file(void **state)
 	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, &rec), 0);
 	size_t size = (3u << 20) / g * g + g; /* several pipe loads */
-	assert_int_equal(gf_mem_create(m, size, &a), 0);
+	assert_int_equal(gf_mem_create(&a, m, size), 0);
 	size = gf_mem_alloc_size(a);
 	gf_mem_xfer *x;
 	assert_int_equal(gf_mem_xfer_new(m, 0, &x), 0);
@@ -143,7 +143,7 @@ static void test_fill_from_file(void **state)
 		assert_true(gf_mem_xfer_files(x));
 		assert_int_equal(rc, 0);
 		assert_int_equal(off, size + 100);
-		assert_int_equal(gf_mem_reserve(m, size, 0, &va), 0);
+		assert_int_equal(gf_mem_reserve(&va, m, size, 0), 0);
 		assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READ), 0);
 		assert_memory_equal((const void *)(uintptr_t)gf_mem_va_addr(va), want + 100, size);
 		/* Truncated: everything there was landed, then the error. */
@@ -164,7 +164,7 @@ static void test_fill_from_file(void **state)
 	close(src);
 	free(want);
 	gf_mem_xfer_free(x);
-	assert_int_equal(gf_mem_alloc_free(a), 0);
+	gf_mem_alloc_free(a);
 	gf_mem_free(m);
 }
 
