@@ -163,7 +163,7 @@ GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listen
 
 /** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);
-/** poll() events to wait for on gf_lock_get_fd(). */
+/** poll() events to wait for on gf_lock_get_fd() (POLLIN); GF_ERR_INVALID_ARG for a NULL @p lock. */
 GF_EXPORT int gf_lock_get_events(const gf_lock *lock);
 /** Milliseconds until gf_lock_process() must be called even without events (-1: none). */
 GF_EXPORT int gf_lock_get_timeout_ms(const gf_lock *lock);

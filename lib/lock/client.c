@@ -334,7 +334,8 @@ int gf_lock_get_fd(const gf_lock *l)
 
 int gf_lock_get_events(const gf_lock *l)
 {
-	(void)l;
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_lock_get_events: NULL lock");
 	return POLLIN;
 }
 

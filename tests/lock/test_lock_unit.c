@@ -643,6 +643,11 @@ static void test_config_validation(void **s)
 	assert_int_equal(gf_lock_set_reconnect_timeout(l, 200), 0);
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_acquire(l, -1, &g), GF_ERR_UNREACHABLE);
+	/* The event-loop trio on a lock that is not held, and on none. */
+	assert_int_equal(gf_lock_get_fd(l), -1);
+	assert_int_equal(gf_lock_get_events(l), POLLIN);
+	assert_int_equal(gf_lock_get_fd(NULL), -1);
+	assert_int_equal(gf_lock_get_events(NULL), GF_ERR_INVALID_ARG);
 	gf_lock_free(l);
 	gf_lock_free(NULL);
 }
