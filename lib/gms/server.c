@@ -1068,7 +1068,11 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	/* Canonical order (by key) so the hash does not depend on the order of puts. */
 	if (d->nmeta)
 		qsort(d->meta, d->nmeta, sizeof(*d->meta), meta_cmp);
-	index_rebuild(d, d->index_cap ? d->index_cap : 512);
+	/* The sort moved the entries: index them again in place, which cannot
+	 * fail (a new index could, and would leave the old one pointing at the
+	 * wrong entries). No index yet means no metadata. */
+	if (d->index_cap)
+		index_fill(d);
 	for (size_t i = 0; i < d->nallocs; i++)
 		sizes[i] = d->allocs[i].size;
 	for (size_t i = 0; i < d->nmeta; i++) {

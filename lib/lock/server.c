@@ -717,10 +717,17 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 			d->epochs_exhausted = true;
 			return GF_ERR_STATE;
 		}
-		if (d->next_token_ready)
+		if (d->next_token_ready) {
 			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
-		else
-			gf_random_bytes(d->rec.token, sizeof(d->rec.token));
+		} else if (gf_random_bytes(d->rec.token, sizeof(d->rec.token)) < 0) {
+			/* No grant without a token nobody can guess: hold grants and
+			 * retry as after a failed state write. */
+			gf_log(GF_LOG_ERR, "lock", "msg=\"no session token; holding grants\" error=\"%s\"",
+			       gf_error_detail());
+			d->rec = old;
+			d->store_retry_at = gf_now_us() + STORE_RETRY_US;
+			return GF_ERR_IO;
+		}
 		d->next_token_ready = false;
 	}
 	d->rec.has_holder = true;
