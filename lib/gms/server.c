@@ -666,7 +666,7 @@ static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_
 	event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
 	      (unsigned long long)c->lock_epoch, rc == 0 ? (unsigned long long)h->epoch : 0ull, d->nallocs);
 	gms_fsm_writer_left(&d->fsm);
-	drop_layout(d);
+	drop_layout(d, "abort");
 	c->phase = C_IDLE;
 	d->changed = true;
 }
