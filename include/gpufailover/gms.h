@@ -314,8 +314,9 @@ GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
  * Wait until the GMS at @p uri holds a committed layout (state COMMITTED or
  * RO), polling its status every 50 ms and retrying while it is unreachable
  * (for startup probes). Takes no lock. @p generation (may be NULL) receives
- * the committed generation. Errors: GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
- * GF_ERR_PROTOCOL.
+ * the committed generation. Errors: GF_ERR_TIMEOUT (it answered, nothing
+ * committed in time), GF_ERR_UNREACHABLE (it was still unreachable when the
+ * time was up), GF_ERR_PERMISSION, GF_ERR_PROTOCOL.
  */
 GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
 
