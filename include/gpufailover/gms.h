@@ -486,10 +486,13 @@ GF_EXPORT int gf_gmsd_snapshot(gf_gmsd *d, const char *dir);
 /**
  * Demote the committed layout to tier @p to (enum gf_gms_tier), as
  * gf_gms_demote() asks over the wire: returns 0 once the layout was dropped,
- * or when the tier lacked it and its snapshot was started (the drop follows
- * when it is written; status "resident_tier" and the events tell), else the
- * refusal with the policy's reason (errors as gf_gms_demote()). On the
- * thread that drives the server only.
+ * or when the drop waits for a snapshot: the tier lacked the layout and its
+ * snapshot was started, or a snapshot being written (a commit's) still holds
+ * the layout (status state RO, operation phase possibly Checkpointed already:
+ * the loop ends the job on a later gf_gmsd_process()). The drop follows when
+ * that snapshot ends; status "resident_tier" and the events tell. Else the
+ * refusal with the policy's reason (errors as gf_gms_demote()). On the thread
+ * that drives the server only.
  */
 GF_EXPORT int gf_gmsd_demote(gf_gmsd *d, int to);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */
