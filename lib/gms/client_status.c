@@ -236,7 +236,7 @@ int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generat
 	if (!m)
 		return gf_err(GF_ERR_NOMEM, "wait_committed: out of memory");
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int rc = GF_ERR_UNREACHABLE;
+	int rc = 0; /* the last try's result; none yet */
 	for (;;) {
 		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
 		if (left == 0 || (left < 0 && deadline != INT64_MAX)) {
