@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds libgpufailover and runs every test suite: unit, fuzz corpora,
 # integration, python (and gpu, reported as skipped without a GPU); the unit
-# and fuzz suites again under valgrind, and in a second build under
-# AddressSanitizer + UndefinedBehaviorSanitizer (with LeakSanitizer).
+# and fuzz suites again under valgrind, and those and the C integration tests
+# in a second build under AddressSanitizer + UndefinedBehaviorSanitizer (with
+# LeakSanitizer).
 # Exits non-zero on any failure.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +43,19 @@ configure "$asan" -Dtests=enabled -Dpython=auto -Db_sanitize=address,undefined -
 meson compile -C "$asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$asan" --suite unit --suite fuzz --print-errorlogs --num-processes 2 || status=1
+# The C integration tests (GMS server, processes, fence, tiers, snapshots; host
+# backend and fakecuda) under the same sanitizers. The pytest-driven ones stay
+# in the plain build: the interpreter is not built with ASan. Chosen from
+# meson's own list: integration tests whose command is a program of the build.
+c_integration=$(meson introspect --tests "$asan" | python3 -c '
+import json, os, sys
+build = os.path.realpath(sys.argv[1])
+for t in json.load(sys.stdin):
+    if any(s.endswith(":integration") for s in t["suite"]) and os.path.realpath(t["cmd"][0]).startswith(build + "/"):
+        print(t["name"])' "$asan")
+# shellcheck disable=SC2086  # one test name a word
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C "$asan" --logbase testlog-integration --print-errorlogs --num-processes 2 $c_integration || status=1
 # The Python tests of threads, signals, hostile integers and the tier
 # requests (a request thread per call) against the
 # extension built with ASan+UBSan; the interpreter is not, so the runtimes are
@@ -55,7 +69,7 @@ fi
 
 # One plain closing line for humans and CI: counts over both builds.
 python3 - "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-valgrind.json" \
-  "$asan/meson-logs/testlog.json" <<'PY'
+  "$asan/meson-logs/testlog.json" "$asan/meson-logs/testlog-integration.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0
 for path in sys.argv[1:]:

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
 #include <microhttpd.h>
 
 #include "gpufailover.h"
@@ -69,17 +70,19 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const 
 
 static enum MHD_Result respond_error(struct MHD_Connection *c, unsigned status, const char *msg)
 {
-	size_t n = strlen(msg) + 64;
-	char *body = malloc(n);
+	/* jansson escapes quotes, backslashes and control characters; a detail
+	 * that is not UTF-8 (it may echo a query) is sent without it. */
+	json_t *o = json_pack("{s:s}", "error", msg);
+	if (!o)
+		o = json_pack("{s:s}", "error", "(the detail is not valid UTF-8)");
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	char *body = NULL;
+	if (!text || asprintf(&body, "%s\n", text) < 0)
+		body = NULL;
+	free(text);
 	if (!body)
 		return MHD_NO;
-	/* Details come from the library's messages: printable ASCII without quotes in ids and UUIDs. */
-	snprintf(body, n, "{\"error\":\"");
-	size_t o = strlen(body);
-	for (const char *p = msg; *p && o + 4 < n; p++)
-		if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
-			body[o++] = *p;
-	snprintf(body + o, n - o, "\"}\n");
 	return respond(c, status, "application/json", body);
 }
 

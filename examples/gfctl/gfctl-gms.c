@@ -11,47 +11,59 @@
 #include "gfctl.h"
 #include "gpufailover.h"
 
-/* Human form of the status JSON: the library already did the parsing. */
-static void print_human(const char *json)
+/* One value of the status for a human: strings as they are (JSON-escaped when
+ * they hold a quote, a backslash or a control character, so no value can fake
+ * a line), everything else as compact JSON. */
+static void print_value(json_t *v)
 {
-	/* One key per line is what operators grep; keep the JSON's field names. */
-	const char *p = json;
-	int depth = 0;
-	bool in_str = false;
-	for (; *p; p++) {
-		char ch = *p;
-		if (ch == '"' && (p == json || p[-1] != '\\'))
-			in_str = !in_str;
-		if (!in_str && (ch == '{' || ch == '[')) {
-			depth++;
-			if (depth > 1)
-				putchar(ch);
-			continue;
-		}
-		if (!in_str && (ch == '}' || ch == ']')) {
-			depth--;
-			if (depth >= 1)
-				putchar(ch);
-			continue;
-		}
-		if (!in_str && ch == ',' && depth == 1) {
-			putchar('\n');
-			continue;
-		}
-		if (!in_str && ch == ',' && depth > 1) {
-			fputs(",\n  ", stdout);
-			continue;
-		}
-		if (ch == '"')
-			continue;
-		if (!in_str && ch == ':' && depth == 1) {
-			fputs(": ", stdout);
-			continue;
-		}
-		putchar(ch);
+	const char *s = json_string_value(v);
+	bool plain = s != NULL;
+	for (const char *p = s; plain && *p; p++)
+		plain = *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20 && *p != 0x7f;
+	if (plain) {
+		fputs(s, stdout);
+		return;
 	}
-	putchar('\n');
+	char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(10));
+	fputs(text ? text : "?", stdout);
+	free(text);
 }
+
+/* Human form of the status JSON: one key per line, in the JSON's order and
+ * with its names (what operators grep); a list puts one item a line under it. */
+static int print_human(const char *json)
+{
+	json_error_t e;
+	json_t *st = json_loads(json, 0, &e);
+	if (!json_is_object(st)) {
+		json_decref(st);
+		fprintf(stderr, "gfctl gms status: the GMS's status is not a JSON object: %s\n", e.text);
+		return -1;
+	}
+	const char *key;
+	json_t *v;
+	json_object_foreach(st, key, v) {
+		printf("%s:", key);
+		if (json_is_array(v) && json_array_size(v)) {
+			size_t i;
+			json_t *item;
+			json_array_foreach(v, i, item) {
+				fputs("\n  ", stdout);
+				print_value(item);
+			}
+		} else {
+			putchar(' ');
+			print_value(v);
+		}
+		putchar('\n');
+	}
+	json_decref(st);
+	return 0;
+}
+
+/* The options of the gms commands (bits of the allowed masks below). */
+enum { O_GMS = 1, O_JSON, O_TIMEOUT, O_DIR, O_TO };
+#define BIT(o) (UINT32_C(1) << (o))
 
 struct gms_opts {
 	const char *uri;
@@ -61,41 +73,42 @@ struct gms_opts {
 	int64_t timeout_ms; /* -1 when not given */
 };
 
-/* Options of every gms command; 0, or -1 after a message. */
-static int parse_opts(int argc, char **argv, struct gms_opts *o)
+/* The options @allowed of this command; 0, or -1 after a message. */
+static int parse_opts(int argc, char **argv, uint32_t allowed, struct gms_opts *o)
 {
-	static const struct option opts[] = {
-		{ "gms", required_argument, NULL, 'g' },
-		{ "json", no_argument, NULL, 'j' },
-		{ "timeout", required_argument, NULL, 't' },
-		{ "dir", required_argument, NULL, 'd' },
-		{ "to", required_argument, NULL, 'T' },
+	static const struct option all[] = {
+		{ "gms", required_argument, NULL, O_GMS },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "timeout", required_argument, NULL, O_TIMEOUT },
+		{ "dir", required_argument, NULL, O_DIR },
+		{ "to", required_argument, NULL, O_TO },
 		{ NULL, 0, NULL, 0 },
 	};
+	struct option opts[32];
+	gfctl_options(all, allowed | BIT(O_GMS), opts);
 	int c;
 	optind = 1;
 	opterr = 0; /* the message below names the command */
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, GFCTL_OPTSTRING, opts, NULL)) != -1) {
 		switch (c) {
-		case 'g':
+		case O_GMS:
 			o->uri = optarg;
 			break;
-		case 'j':
+		case O_JSON:
 			o->json = true;
 			break;
-		case 'd':
+		case O_DIR:
 			o->dir = optarg;
 			break;
-		case 'T':
+		case O_TO:
 			o->to = optarg;
 			break;
-		case 't':
+		case O_TIMEOUT:
 			if (gfctl_duration("gms", "--timeout", optarg, &o->timeout_ms) < 0)
 				return -1;
 			break;
 		default:
-			fprintf(stderr, "gfctl gms %s: unknown option or missing value: '%s' (see 'gfctl gms %s --help')\n",
-				argv[0], argv[optind - 1], argv[0]);
+			gfctl_bad_option("gms", argv, c, opts);
 			return -1;
 		}
 	}
@@ -113,7 +126,7 @@ static int parse_opts(int argc, char **argv, struct gms_opts *o)
 static int run_status(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_JSON) | BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	char *text;
 	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
@@ -121,16 +134,16 @@ static int run_status(int argc, char **argv)
 		return gfctl_fail("gms", "status", rc);
 	if (o.json)
 		puts(text);
-	else
-		print_human(text);
+	else if (print_human(text) < 0)
+		rc = GF_ERR_PROTOCOL;
 	free(text);
-	return GFCTL_OK;
+	return rc < 0 ? GFCTL_EXIT_FAILURE : GFCTL_OK;
 }
 
 static int run_ping(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	int64_t rtt;
 	int rc = gf_gms_ping(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &rtt);
@@ -143,7 +156,7 @@ static int run_ping(int argc, char **argv)
 static int run_wait_committed(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	uint64_t gen;
 	/* Without --timeout a startup probe waits as long as it is allowed to run. */
@@ -157,7 +170,7 @@ static int run_wait_committed(int argc, char **argv)
 static int run_snapshot_restore(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_DIR) | BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	bool snap = !strcmp(argv[0], "snapshot");
 	/* Copies take as long as the bytes need: a minute unless told otherwise. */
@@ -203,7 +216,7 @@ static void print_residency(json_t *st)
 static int run_tiers(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_JSON) | BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	char *text;
 	int rc = gf_gms_status_json(o.uri, o.timeout_ms >= 0 ? o.timeout_ms : 5000, &text);
@@ -266,7 +279,7 @@ static int run_tiers(int argc, char **argv)
 static int run_demote(int argc, char **argv)
 {
 	struct gms_opts o = { .timeout_ms = -1 };
-	if (parse_opts(argc, argv, &o) < 0)
+	if (parse_opts(argc, argv, BIT(O_TO) | BIT(O_TIMEOUT), &o) < 0)
 		return GFCTL_EXIT_USAGE;
 	int to = GF_GMS_TIER_ANY;
 	if (o.to && !strcmp(o.to, "warm"))
@@ -303,7 +316,7 @@ static int run_demote(int argc, char **argv)
 	return GFCTL_OK;
 }
 
-#define GMS_OPT "  --gms URI              the GMS socket (unix:///path)\n"
+#define GMS_OPT "  --gms URI              the GMS socket: unix:///path (fds travel over it: no tcp://, no etcd://)\n"
 
 static const struct gfctl_cmd gms_cmds[] = {
 	{ "status", "--gms URI [--json] [--timeout DUR]",

@@ -7,22 +7,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "gfctl.h"
 #include "gpufailover.h"
 
-static void json_string(const char *s)
+/* The list as one JSON object (jansson escapes the names). NULL when out of memory
+ * or a name is not UTF-8. */
+static char *list_json(int kind, const struct gf_device_info *devs, size_t n)
 {
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
+	json_t *arr = json_array();
+	for (size_t i = 0; arr && i < n; i++) {
+		json_t *d = json_pack("{s:i, s:s, s:s, s:I, s:I, s:b}", "index", devs[i].index, "uuid", devs[i].uuid,
+				      "name", devs[i].name, "total_bytes", (json_int_t)devs[i].total_bytes,
+				      "free_bytes", (json_int_t)devs[i].free_bytes, "mig", devs[i].mig ? 1 : 0);
+		if (!d || json_array_append_new(arr, d) < 0) {
+			json_decref(arr);
+			arr = NULL;
+		}
 	}
-	putchar('"');
+	json_t *o = arr ? json_pack("{s:s, s:o}", "backend", gf_mem_kind_name(kind), "devices", arr) : NULL;
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return text;
 }
 
 static int run_list(int argc, char **argv)
@@ -36,7 +43,7 @@ static int run_list(int argc, char **argv)
 	int kind = GF_MEM_CUDA, c;
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, GFCTL_OPTSTRING, opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -52,8 +59,7 @@ static int run_list(int argc, char **argv)
 			}
 			break;
 		default:
-			fprintf(stderr, "gfctl gpu list: unknown option or missing value: '%s' (see 'gfctl gpu list --help')\n",
-				argv[optind - 1]);
+			gfctl_bad_option("gpu", argv, c, opts);
 			return GFCTL_EXIT_USAGE;
 		}
 	}
@@ -74,16 +80,14 @@ static int run_list(int argc, char **argv)
 		return gfctl_exit_code(rc);
 	}
 	if (json) {
-		printf("{\"backend\":\"%s\",\"devices\":[", gf_mem_kind_name(kind));
-		for (size_t i = 0; i < n; i++) {
-			printf("%s{\"index\":%d,\"uuid\":", i ? "," : "", devs[i].index);
-			json_string(devs[i].uuid);
-			printf(",\"name\":");
-			json_string(devs[i].name);
-			printf(",\"total_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64 ",\"mig\":%s}", devs[i].total_bytes,
-			       devs[i].free_bytes, devs[i].mig ? "true" : "false");
+		char *text = list_json(kind, devs, n);
+		if (!text) {
+			fprintf(stderr, "gfctl gpu list: cannot write the list as JSON (out of memory, or a name not UTF-8)\n");
+			free(devs);
+			return GFCTL_EXIT_FAILURE;
 		}
-		printf("]}\n");
+		puts(text);
+		free(text);
 	} else {
 		printf("%-5s %-44s %-28s %14s %14s\n", "INDEX", "UUID", "NAME", "TOTAL_BYTES", "FREE_BYTES");
 		for (size_t i = 0; i < n; i++)

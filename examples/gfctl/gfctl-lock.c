@@ -66,12 +66,16 @@ static int load_secret(struct lock_opts *o)
 	return 0;
 }
 
-/* Parses options up to "--"; returns the index of the first argument after it (or argc), -1 on error. */
-static int parse_opts(int argc, char **argv, struct lock_opts *o)
+/* The options of the lock commands (bits of the allowed masks below). */
+enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH, O_GPU, O_WAKE, O_ASLEEP,
+       O_PIN, O_MODEL };
+#define BIT(o) (UINT32_C(1) << (o))
+
+/* Parses the options @allowed of this command up to "--"; returns the index
+ * of the first argument after it (or argc), -1 on error. */
+static int parse_opts(int argc, char **argv, uint32_t allowed, struct lock_opts *o)
 {
-	enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH, O_GPU, O_WAKE, O_ASLEEP,
-	       O_PIN, O_MODEL };
-	static const struct option opts[] = {
+	static const struct option all[] = {
 		{ "lock", required_argument, NULL, O_LOCK },
 		{ "id", required_argument, NULL, O_ID },
 		{ "timeout", required_argument, NULL, O_TIMEOUT },
@@ -88,10 +92,12 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 		{ "model", required_argument, NULL, O_MODEL },
 		{ 0 },
 	};
+	struct option opts[32];
+	gfctl_options(all, allowed | BIT(O_LOCK), opts);
 	int opt, rc = 0;
 	optind = 1;
 	opterr = 0; /* the message below names the command */
-	while (rc == 0 && (opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+	while (rc == 0 && (opt = getopt_long(argc, argv, GFCTL_OPTSTRING, opts, NULL)) != -1) {
 		switch (opt) {
 		case O_LOCK:
 			o->uri = optarg;
@@ -149,8 +155,7 @@ static int parse_opts(int argc, char **argv, struct lock_opts *o)
 			o->model = optarg;
 			break;
 		default:
-			fprintf(stderr, "gfctl lock %s: unknown option or missing value: '%s' (see 'gfctl lock %s --help')\n",
-				argv[0], argv[optind - 1], argv[0]);
+			gfctl_bad_option("lock", argv, opt, opts);
 			return -1;
 		}
 	}
@@ -490,10 +495,11 @@ static int cmd_switchover(struct lock_opts *o, char **extra)
 	return GFCTL_OK;
 }
 
-static int run_lock_cmd(int argc, char **argv, int (*cmd)(struct lock_opts *, char **), int takes_cmd)
+static int run_lock_cmd(int argc, char **argv, uint32_t allowed, int (*cmd)(struct lock_opts *, char **),
+			int takes_cmd)
 {
 	struct lock_opts o = { .timeout_ms = -1, .reconnect_ms = -1 };
-	int rest = parse_opts(argc, argv, &o);
+	int rest = parse_opts(argc, argv, allowed, &o);
 	int code = GFCTL_EXIT_USAGE;
 	if (rest < 0)
 		goto out;
@@ -521,35 +527,39 @@ static int ping_cmd(struct lock_opts *o, char **extra)
 
 static int run_acquire(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, cmd_acquire, 1);
+	return run_lock_cmd(argc, argv, BIT(O_ID) | BIT(O_TIMEOUT) | BIT(O_RECONNECT) | BIT(O_SECRET) | BIT(O_HB) | BIT(O_FENCE) | BIT(O_GPU) |
+				    BIT(O_WAKE) | BIT(O_ASLEEP) | BIT(O_PIN) | BIT(O_MODEL),
+			    cmd_acquire, 1);
 }
 
 static int run_status(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, status_cmd, 0);
+	return run_lock_cmd(argc, argv, BIT(O_JSON) | BIT(O_TIMEOUT) | BIT(O_SECRET), status_cmd, 0);
 }
 
 static int run_ping(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, ping_cmd, 0);
+	return run_lock_cmd(argc, argv, BIT(O_TIMEOUT) | BIT(O_SECRET), ping_cmd, 0);
 }
 
 static int run_ready(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, cmd_ready, 0);
+	return run_lock_cmd(argc, argv, BIT(O_GPU) | BIT(O_MODEL) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_ready, 0);
 }
 
 static int run_revoke(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, cmd_revoke, 0);
+	return run_lock_cmd(argc, argv, BIT(O_EPOCH) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_revoke, 0);
 }
 
 static int run_switchover(int argc, char **argv)
 {
-	return run_lock_cmd(argc, argv, cmd_switchover, 0);
+	return run_lock_cmd(argc, argv, BIT(O_EPOCH) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_switchover, 0);
 }
 
-#define LOCK_OPT "  --lock URI             the lock server (unix:///path or tcp://host:port)\n"
+#define LOCK_OPT                                                                                     \
+	"  --lock URI             the lock: unix:///path or tcp://host:port (gf-lockd), or\n"                \
+	"                         etcd://host:port[,...]/prefix/name or etcds://... (docs/lock.md)\n"
 #define SECRET_OPT "  --secret-file PATH     the shared secret of a tcp:// server\n"
 
 static const struct gfctl_cmd lock_cmds[] = {

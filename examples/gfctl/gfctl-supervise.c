@@ -46,7 +46,7 @@ static int run_status(int argc, char **argv)
 	int64_t timeout_ms = 5000;
 	optind = 1;
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, GFCTL_OPTSTRING, opts, NULL)) != -1) {
 		switch (opt) {
 		case O_URL: url = optarg; break;
 		case O_JSON: json = 1; break;
@@ -55,7 +55,7 @@ static int run_status(int argc, char **argv)
 				return GFCTL_EXIT_USAGE;
 			break;
 		default:
-			fprintf(stderr, "gfctl supervise status: unknown option or missing value: '%s'\n", argv[optind - 1]);
+			gfctl_bad_option("supervise", argv, opt, opts);
 			return GFCTL_EXIT_USAGE;
 		}
 	}

@@ -2,6 +2,7 @@
 /* gfctl: status, probes and flock(1)-like locking for scripts and Kubernetes.
  * main() finds the group and the command and answers help; each command
  * parses its own options. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -88,6 +89,37 @@ int gfctl_duration(const char *group, const char *opt, const char *text, int64_t
 	}
 	*out_ms = (int64_t)ms;
 	return 0;
+}
+
+void gfctl_options(const struct option *all, uint32_t allowed, struct option *out)
+{
+	size_t n = 0;
+	for (; all->name; all++)
+		if (all->val > 0 && all->val < 32 && (allowed & (UINT32_C(1) << all->val)) && n < 31)
+			out[n++] = *all;
+	out[n] = (struct option){ 0 };
+}
+
+void gfctl_bad_option(const char *group, char **argv, int c, const struct option *opts)
+{
+	const char *arg = argv[optind - 1];
+	const char *eq = strchr(arg, '=');
+	if (c == ':') {
+		fprintf(stderr, "gfctl %s %s: option '%s' needs a value", group, argv[0], arg);
+	} else if (!strncmp(arg, "--", 2) && eq) {
+		/* "--json=x": known to this command but takes no value, or not known at all. */
+		size_t n = (size_t)(eq - arg - 2);
+		const struct option *o = opts;
+		while (o->name && !(strlen(o->name) == n && !strncmp(o->name, arg + 2, n)))
+			o++;
+		if (o->name)
+			fprintf(stderr, "gfctl %s %s: option '--%s' takes no value", group, argv[0], o->name);
+		else
+			fprintf(stderr, "gfctl %s %s: unknown option '%.*s'", group, argv[0], (int)(eq - arg), arg);
+	} else {
+		fprintf(stderr, "gfctl %s %s: unknown option '%s'", group, argv[0], arg);
+	}
+	fprintf(stderr, " (see 'gfctl %s %s --help')\n", group, argv[0]);
 }
 
 static int is_help(const char *arg)

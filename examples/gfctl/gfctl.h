@@ -2,6 +2,7 @@
 #ifndef GFCTL_H
 #define GFCTL_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -45,6 +46,16 @@ extern const struct gfctl_group gfctl_gpu_group;
 int gfctl_exit_code(int err);
 /* Print "gfctl GROUP NAME: DETAIL (ERROR_NAME)" to stderr; returns the exit code for @err. */
 int gfctl_fail(const char *group, const char *name, int err);
+/* getopt_long's option string for every command: stop at the first argument
+ * ("--" or CMD), and tell a missing value (':') from an unknown option ('?'). */
+#define GFCTL_OPTSTRING "+:"
+/* The options of one command: the entries of its group's table @all whose val
+ * is a bit set in @allowed (vals are 1..31), copied into @out (room for 32),
+ * terminated. */
+void gfctl_options(const struct option *all, uint32_t allowed, struct option *out);
+/* Say what was wrong after getopt_long returned @c ('?' or ':'), naming the
+ * command ("gfctl GROUP CMD") and where its help is. */
+void gfctl_bad_option(const char *group, char **argv, int c, const struct option *opts);
 /* Parse a duration option; prints the reason and returns -1 when malformed. */
 int gfctl_duration(const char *group, const char *opt, const char *text, int64_t *out_ms);
 

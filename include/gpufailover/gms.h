@@ -314,8 +314,9 @@ GF_EXPORT int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us);
  * Wait until the GMS at @p uri holds a committed layout (state COMMITTED or
  * RO), polling its status every 50 ms and retrying while it is unreachable
  * (for startup probes). Takes no lock. @p generation (may be NULL) receives
- * the committed generation. Errors: GF_ERR_TIMEOUT, GF_ERR_PERMISSION,
- * GF_ERR_PROTOCOL.
+ * the committed generation. Errors: GF_ERR_TIMEOUT (it answered, nothing
+ * committed in time), GF_ERR_UNREACHABLE (it was still unreachable when the
+ * time was up), GF_ERR_PERMISSION, GF_ERR_PROTOCOL.
  */
 GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation);
 
@@ -485,10 +486,13 @@ GF_EXPORT int gf_gmsd_snapshot(gf_gmsd *d, const char *dir);
 /**
  * Demote the committed layout to tier @p to (enum gf_gms_tier), as
  * gf_gms_demote() asks over the wire: returns 0 once the layout was dropped,
- * or when the tier lacked it and its snapshot was started (the drop follows
- * when it is written; status "resident_tier" and the events tell), else the
- * refusal with the policy's reason (errors as gf_gms_demote()). On the
- * thread that drives the server only.
+ * or when the drop waits for a snapshot: the tier lacked the layout and its
+ * snapshot was started, or a snapshot being written (a commit's) still holds
+ * the layout (status state RO, operation phase possibly Checkpointed already:
+ * the loop ends the job on a later gf_gmsd_process()). The drop follows when
+ * that snapshot ends; status "resident_tier" and the events tell. Else the
+ * refusal with the policy's reason (errors as gf_gms_demote()). On the thread
+ * that drives the server only.
  */
 GF_EXPORT int gf_gmsd_demote(gf_gmsd *d, int to);
 /** The backend opened by gf_gmsd_start() (borrowed; NULL before). */

@@ -220,17 +220,27 @@ int gf_gms_ping(const char *uri, int64_t timeout_ms, int64_t *rtt_us)
 	return rc;
 }
 
+/* The deadline passed: a GMS that never answered is unreachable (a probe
+ * should say so), one that answered without a committed layout timed out. */
+static int wait_committed_expired(const char *uri, int last)
+{
+	if (last == GF_ERR_UNREACHABLE || last == GF_ERR_CLOSED)
+		return gf_err(GF_ERR_UNREACHABLE, "%s: not reachable before the timeout (last: %s)", uri,
+			      gf_error_detail());
+	return gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
+}
+
 int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generation)
 {
 	gf_Msg *m = gf_msg_new();
 	if (!m)
 		return gf_err(GF_ERR_NOMEM, "wait_committed: out of memory");
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int rc;
+	int rc = 0; /* the last try's result; none yet */
 	for (;;) {
 		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
 		if (left == 0 || (left < 0 && deadline != INT64_MAX)) {
-			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
+			rc = wait_committed_expired(uri, rc);
 			break;
 		}
 		rc = fetch_status(uri, left < 0 || left > 1000 ? 1000 : left, m);
@@ -244,7 +254,7 @@ int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_t *generat
 		    rc == GF_ERR_INVALID_ARG)
 			break;
 		if (gf_now_us() + 50000 >= deadline) {
-			rc = gf_err(GF_ERR_TIMEOUT, "%s: no committed layout in time", uri);
+			rc = wait_committed_expired(uri, rc);
 			break;
 		}
 		usleep(50000);

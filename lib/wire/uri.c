@@ -76,7 +76,9 @@ int gf_uri_parse(const char *text, struct gf_uri *out)
 		u.port = (uint16_t)port;
 	} else {
 		return gf_err(GF_ERR_INVALID_ARG,
-			      "uri '%s': unknown scheme (use unix:///path or tcp://host:port)", text);
+			      "uri '%s': unknown scheme (use unix:///path or tcp://host:port; "
+			      "a lock also takes etcd://host:port/prefix/name or etcds://)",
+			      text);
 	}
 	*out = u;
 	return 0;

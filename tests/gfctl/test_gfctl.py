@@ -1,17 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""gfctl against a real gf-lockd: help for every command, unknown commands and
-options named as such, `--timeout 0` as a single try, and `lock acquire -- CMD`
-never letting CMD (or what it started) outlive the lock, also when gfctl is
-SIGKILLed."""
+"""gfctl against a real gf-lockd and gf-gmsd: help for every command, unknown
+commands and options named as such (each command takes only its own options;
+a missing value is not an unknown option), every URI scheme named, exit codes
+of `gms wait-committed`, JSON escapes in `gms status`, `gpu list --json` and
+the sidecars' error bodies, `--timeout 0` as a single try, and `lock acquire
+-- CMD` never letting CMD (or what it started) outlive the lock, also when
+gfctl is SIGKILLed."""
+import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 
+import urllib.error
+import urllib.request
+
 import pytest
 
 LOCKD = os.environ.get("GF_LOCKD")
+GMSD = os.environ.get("GF_GMSD")
 GFCTL = os.environ.get("GF_GFCTL")
 pytestmark = pytest.mark.skipif(not (LOCKD and GFCTL), reason="GF_LOCKD and GF_GFCTL must point at the binaries")
 
@@ -75,6 +85,132 @@ def test_unknown_commands_and_options_are_named():
     assert r.returncode == 2 and "unexpected argument 'extra'" in r.stderr
     r = gfctl("lock", "acquire", "--lock", "unix:///x", "--id", "a", "--timeout", "soon")
     assert r.returncode == 2 and "--timeout" in r.stderr
+
+
+@pytest.mark.parametrize("argv,opt", [
+    (["gms", "snapshot", "--gms", "unix:///x", "--to", "d"], "--to"),     # demote's option
+    (["gms", "demote", "--gms", "unix:///x", "--dir", "d"], "--dir"),     # snapshot's option
+    (["gms", "ping", "--gms", "unix:///x", "--json"], "--json"),
+    (["lock", "ping", "--lock", "unix:///x", "--id", "a"], "--id"),       # acquire's option
+    (["lock", "status", "--lock", "unix:///x", "--epoch", "1"], "--epoch"),
+    (["lock", "revoke", "--lock", "unix:///x", "--gpu", "g"], "--gpu"),
+])
+def test_each_command_takes_only_its_own_options(argv, opt):
+    r = gfctl(*argv)
+    assert r.returncode == 2, r.stderr
+    assert f"unknown option '{opt}'" in r.stderr and f"gfctl {argv[0]} {argv[1]} --help" in r.stderr, r.stderr
+
+
+def test_a_missing_value_is_not_an_unknown_option():
+    for group, cmd, opt in [("gms", "status", "--timeout"), ("lock", "acquire", "--id"), ("gpu", "list", "--backend")]:
+        uri = [f"--{group}", "unix:///x"] if group != "gpu" else []
+        r = gfctl(group, cmd, *uri, opt)
+        assert r.returncode == 2 and f"option '{opt}' needs a value" in r.stderr, r.stderr
+        r = gfctl(group, cmd, *uri, "--frobnicate")
+        assert r.returncode == 2 and "unknown option '--frobnicate'" in r.stderr, r.stderr
+        assert "needs a value" not in r.stderr
+    r = gfctl("gms", "status", "--gms", "unix:///x", "--json=yes")
+    assert r.returncode == 2 and "option '--json' takes no value" in r.stderr, r.stderr
+    r = gfctl("supervise", "status", "--url")
+    assert r.returncode == 2 and "option '--url' needs a value" in r.stderr, r.stderr
+
+
+def test_every_uri_scheme_is_named():
+    for cmd in ["acquire", "status", "ping", "ready", "revoke", "switchover"]:
+        out = gfctl("lock", cmd, "--help").stdout
+        assert all(s in out for s in ("unix://", "tcp://", "etcd://", "etcds://")), out
+    r = gfctl("lock", "ping", "--lock", "nfs://x/y")
+    assert r.returncode == 2
+    assert all(s in r.stderr for s in ("unknown scheme", "unix://", "tcp://", "etcd://", "etcds://")), r.stderr
+    assert "unix://" in gfctl("gms", "status", "--help").stdout
+
+
+@pytest.fixture
+def gmsd():
+    """A real gf-gmsd (host backend) whose WARM tier's path holds a quote, a
+    backslash and a comma: the status names it."""
+    if not GMSD:
+        pytest.skip("GF_GMSD must point at gf-gmsd")
+    tmp = tempfile.mkdtemp(prefix="gf-gfctl-")
+    warm = os.path.join(tmp, 'wa"rm\\dir,x:{y}')
+    os.mkdir(warm)
+    uri = f"unix://{tmp}/gms.sock"
+    log = open(os.path.join(tmp, "gmsd.log"), "wb")
+    p = subprocess.Popen([GMSD, "--listen", uri, "--backend", "host", "--warm", warm], stdout=log,
+                         stderr=subprocess.STDOUT)
+    wait_for(lambda: gfctl("gms", "ping", "--gms", uri).returncode == 0, "gf-gmsd")
+    yield uri, warm
+    p.terminate()
+    p.wait(timeout=HANG_GUARD)
+    log.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_wait_committed_tells_unreachable_from_timeout(gmsd):
+    uri, _ = gmsd
+    r = gfctl("gms", "wait-committed", "--gms", uri, "--timeout", "300ms")
+    assert r.returncode == 3 and "GF_ERR_TIMEOUT" in r.stderr, r.stderr  # answers, nothing committed
+    missing = uri.replace("gms.sock", "nothing-here.sock")
+    r = gfctl("gms", "wait-committed", "--gms", missing, "--timeout", "300ms")
+    assert r.returncode == 5 and "GF_ERR_UNREACHABLE" in r.stderr, r.stderr
+
+
+def test_human_status_keeps_escapes(gmsd):
+    uri, warm = gmsd
+    st = json.loads(gfctl("gms", "status", "--gms", uri, "--json").stdout)
+    assert st["tiers"]["warm"]["dir"] == warm
+    r = gfctl("gms", "status", "--gms", uri)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    fields = dict(l.split(": ", 1) for l in lines if not l.startswith("  ") and ": " in l)
+    assert fields["state"] == "EMPTY" and fields["backend"] == "host"
+    assert json.loads(fields["tiers"])["warm"]["dir"] == warm
+    # A list puts one JSON item a line under its key; each parses on its own.
+    at = lines.index("events:")
+    items = [json.loads(l[2:]) for l in lines[at + 1:] if l.startswith("  ")]
+    assert items and all(set(i) == {"at_us", "what"} for i in items)
+    assert set(fields) - {"events"} <= set(st)
+
+
+def test_gpu_list_json_is_jansson_json():
+    r = gfctl("gpu", "list", "--backend", "host", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["backend"] == "host" and out["devices"]
+    d = out["devices"][0]
+    assert set(d) == {"index", "uuid", "name", "total_bytes", "free_bytes", "mig"}
+    assert isinstance(d["total_bytes"], int) and d["mig"] is False
+
+
+def test_sidecar_error_body_escapes_quotes_and_backslashes():
+    tmp = tempfile.mkdtemp(prefix="gf-gfctl-")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    uri = f"unix://{tmp}/lock.sock"
+    p = subprocess.Popen([LOCKD, "--listen", uri, "--state-file", f"{tmp}/lock.state", "--metrics",
+                          f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: gfctl("lock", "ping", "--lock", uri).returncode == 0, "gf-lockd")
+
+        def get(query):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready?{query}", timeout=HANG_GUARD) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        # The library's detail quotes the GPU it was given: a '"' and a '\\' in it.
+        code, body = get("gpu=GPU-a%22b%5Cc")
+        assert code == 400 and body.endswith("\n"), body
+        assert json.loads(body)["error"].startswith('ready: GPU "GPU-a"b\\c" is not a UUID'), body
+        code, body = get("gpu=GPU-%ff%0a")  # not UTF-8, and a newline: still one valid JSON object
+        assert code == 400 and "\n" not in body.rstrip("\n") and isinstance(json.loads(body)["error"], str), body
+    finally:
+        p.terminate()
+        p.wait(timeout=HANG_GUARD)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

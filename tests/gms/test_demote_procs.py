@@ -58,6 +58,13 @@ def past_min_resident(g):
         time.sleep(0.05)
 
 
+def wait_state(g, state, timeout=60):
+    end = time.monotonic() + timeout
+    while tp.status(g)["state"] != state:
+        assert time.monotonic() < end, f"state never {state}: {tp.status(g)}"
+        time.sleep(0.02)
+
+
 def wait_resident(g, tier, timeout=60):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -86,6 +93,9 @@ def test_demote_frees_and_reader_gets_same_layout_back(tmp):
     try:
         before = tp.load(g, seed=21)
         assert tp.wait_phase(g, ("Checkpointed", "Failed"))["phase"] == "Checkpointed"
+        # The tier's thread reports Checkpointed before gf-gmsd's loop ends the
+        # job and lets go of the layout (state RO until then).
+        wait_state(g, "COMMITTED")
         assert before["resident_tier"] == "hot" and before["last_demotion"] is None
         assert memfds(g) >= 8
         # Hysteresis: refused before min_resident, with the figures.

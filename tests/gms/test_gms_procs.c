@@ -224,8 +224,13 @@ static void test_writer_killed_before_commit(void **state)
 	expect(&a, "granted=RW", 5000);
 	expect(&a, "loaded", 5000);
 	start_engine(&b, uri, "rw_or_ro", "--allocs 2 --seed 20");
-	usleep(100000);
-	char *j = status(uri);
+	/* B queues behind A's RW lock once it has connected (slower under ASan and load). */
+	char *j = NULL;
+	for (int i = 0; i < 500 && !(j && strstr(j, "\"waiters\":1")); i++) {
+		free(j);
+		usleep(10000);
+		j = status(uri);
+	}
 	assert_non_null(strstr(j, "\"waiters\":1"));
 	free(j);
 	kill9(&a);

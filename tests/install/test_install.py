@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The installed tree as a user gets it: `meson install --destdir`, then an
 out-of-tree C program compiled and linked with nothing but pkg-config, against
-the shared library and (with --static) the static one; libsystemd stays with
+the shared library and (`pkg-config --static ... libgpufailover-static`, as
+README says) the static one; the installed programs run from the tree with
+no LD_LIBRARY_PATH (their RUNPATH finds the library); libsystemd stays with
 the daemons; the files the docs and manifests use are installed."""
 import os
 import shlex
@@ -40,9 +42,9 @@ def in_root(dest, *parts):
     return os.path.join(dest + PREFIX, *parts)
 
 
-def pkg_config(dest, *args):
+def pkg_config(dest, *args, package="libgpufailover"):
     env = dict(os.environ, PKG_CONFIG_SYSROOT_DIR=dest, PKG_CONFIG_PATH=in_root(dest, LIBDIR, "pkgconfig"))
-    r = subprocess.run(["pkg-config", *args, "libgpufailover"], capture_output=True, text=True, env=env,
+    r = subprocess.run(["pkg-config", *args, package], capture_output=True, text=True, env=env,
                        timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     return shlex.split(r.stdout)
@@ -76,13 +78,27 @@ def test_shared_consumer_with_pkg_config(root):
 
 def test_static_consumer_with_pkg_config_static(root):
     tmp, dest = root
-    flags = pkg_config(dest, "--cflags", "--libs", "--static")
+    flags = pkg_config(dest, "--cflags", "--libs", "--static", package="libgpufailover-static")
     assert "-lsystemd" not in flags  # only the daemons use it; Debian has no static libsystemd
-    assert flags.count("-lprotobuf-nanopb") == 1 and not any(f.endswith(".a") for f in flags)
-    # Link the static library itself; everything else comes from --static.
-    flags = ["-l:libgpufailover.a" if f == "-lgpufailover" else f for f in flags]
+    assert flags.count("-lprotobuf-nanopb") == 1 and "-l:libgpufailover.a" in flags
+    assert "-lgpufailover" not in flags  # with the .so next to the .a, the linker would take the .so
     exe = build_and_run(tmp, dest, "consumer-static", flags)
     assert not any(n.startswith("libgpufailover") for n in needed(exe))
+
+
+PROGRAMS = ("gf-lockd", "gf-gmsd", "gf-supervise", "gfctl", "gf-c-engine")
+
+
+def test_installed_programs_find_the_library_from_their_prefix(root):
+    _, dest = root
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    for prog in PROGRAMS:
+        path = in_root(dest, BINDIR, prog)
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+        # 127: libgpufailover.so.0 not found (the destdir tree is where no ld.so looks).
+        assert r.returncode == 0 and "0.1.0" in r.stdout + r.stderr, f"{prog}: {r.returncode} {r.stderr}"
+        out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, timeout=TIMEOUT).stdout
+        assert "(RUNPATH)" in out and "[$ORIGIN/" in out, prog
 
 
 def test_libsystemd_only_in_the_daemons(root):
@@ -99,7 +115,8 @@ def test_files_the_docs_and_manifests_use_are_installed(root):
     entry = in_root(dest, BINDIR, "gmsd-entrypoint.sh")  # the manifest runs it by name
     assert os.access(entry, os.X_OK)
     assert os.path.isfile(in_root(dest, "share", "doc", "libgpufailover", "COPYING"))
-    for unit in ("gf-lockd.service", "gf-gmsd@.service"):
+    assert os.path.isfile(in_root(dest, "share", "doc", "libgpufailover", "supervisor.md"))
+    for unit in ("gf-lockd.service", "gf-gmsd@.service", "gf-supervise.service"):
         text = open(in_root(dest, "lib", "systemd", "system", unit)).read()
         assert f"ExecStart={PREFIX}/{BINDIR}/" in text
     for header in ("gpufailover.h", "gpufailover/safetensors.h", "gpufailover/lock.h"):

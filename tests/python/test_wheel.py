@@ -2,7 +2,9 @@
 """The wheel: build it from the repository, repair it into a manylinux wheel
 that carries its shared libraries (auditwheel), install it into a fresh
 virtual environment, import it and run a smoke test there; its license
-metadata and COPYING travel with it."""
+metadata and COPYING travel with it. And `pip install .` as README says it,
+with the suites' interpreter (the project's .venv, torch and vLLM installed
+in it by tests/setup-frameworks.sh)."""
 import os
 import pathlib
 import re
@@ -25,10 +27,39 @@ SYSTEM_LIBS = re.compile(r"^(linux-vdso|ld-linux[-\w]*|libc|libm|libdl|libpthrea
 NOT_REQUIRED = ("libjansson.so", "libmicrohttpd.so", "libcrypto.so", "libgnutls.so")
 
 
+def readme_env():
+    """The environment of someone who activated the venv: no PYTHONPATH from the test run."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+@pytest.mark.skipif(os.environ.get("GF_SKIP_WHEEL") == "1", reason="GF_SKIP_WHEEL=1")
+def test_pip_install_in_the_projects_venv(tmp_path):
+    # pip's isolated build (the default) runs meson, and meson runs the nanopb
+    # generator, under a sitecustomize that hides this venv's site-packages;
+    # a .pth file there that inserts into sys.path (vLLM's dependencies have
+    # one) used to take the system's protobuf with it. --target keeps the
+    # shared venv as it is; the build is the one `pip install .` does.
+    target = tmp_path / "target"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        "--target", str(target), str(SOURCE)], cwd=tmp_path, env=readme_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = subprocess.run([sys.executable, "-c", "import gpufailover as gf; print(gf.__file__, gf.parse_duration('2m'))"],
+                         cwd=tmp_path, env=dict(readme_env(), PYTHONPATH=str(target)),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    path, value = out.stdout.split()
+    assert pathlib.Path(path).is_relative_to(target) and value == "120.0"
+
+
 def build_and_repair(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(SOURCE)], check=True, cwd=tmp_path)
+    # docs/python.md's recipe, as written (an isolated build, like `pip install .`).
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                    "-w", str(dist), str(SOURCE)], check=True, cwd=tmp_path, env=readme_env())
     wheels = list(dist.glob("gpufailover-*.whl"))
     assert len(wheels) == 1
     fixed = tmp_path / "fixed"

@@ -1,27 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The systemd units shipped in examples/systemd, as installed (bindir filled
-in): systemd-analyze verify finds nothing to say, a restart of one unit cannot
-wipe the other's files in the shared RuntimeDirectory, and every ExecStart
-line starts a working daemon."""
+"""The systemd units shipped in examples/systemd, as installed (paths filled
+in): systemd-analyze verify finds nothing to say about any of them, a restart
+of one daemon cannot wipe the other's files in the shared RuntimeDirectory,
+every ExecStart line starts a working daemon, and the three units with the
+installed example supervise.json assemble: their ordering names units of the
+set, and started as systemd starts them the supervisor's engines find the lock
+and the GMS where the daemons listen and one of them serves."""
 import configparser
+import json
 import os
+import re
+import socket
 import shlex
 import shutil
 import subprocess
 import tempfile
 import time
 
+import urllib.error
+import urllib.request
+
 import pytest
 
 UNIT_DIR = os.environ.get("GF_UNIT_DIR")
 BINDIR = os.environ.get("GF_UNIT_BINDIR")
-BINARIES = {"gf-lockd": os.environ.get("GF_LOCKD"), "gf-gmsd": os.environ.get("GF_GMSD")}
+SYSCONFDIR = os.environ.get("GF_UNIT_SYSCONFDIR")
+EXAMPLE_CONFIG = os.environ.get("GF_SUPERVISE_JSON")
+BINARIES = {"gf-lockd": os.environ.get("GF_LOCKD"), "gf-gmsd": os.environ.get("GF_GMSD"),
+            "gf-supervise": os.environ.get("GF_SUPERVISE"), "gf-c-engine": os.environ.get("GF_C_ENGINE")}
 GFCTL = os.environ.get("GF_GFCTL")
-UNITS = ["gf-lockd.service", "gf-gmsd@.service"]
+DAEMONS = ["gf-lockd.service", "gf-gmsd@.service"]
+UNITS = DAEMONS + ["gf-supervise.service"]
 HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
 
-pytestmark = pytest.mark.skipif(not (UNIT_DIR and BINDIR and all(BINARIES.values()) and GFCTL),
-                                reason="run by meson (GF_UNIT_DIR, GF_UNIT_BINDIR, GF_LOCKD, GF_GMSD, GF_GFCTL)")
+pytestmark = pytest.mark.skipif(
+    not (UNIT_DIR and BINDIR and SYSCONFDIR and EXAMPLE_CONFIG and all(BINARIES.values()) and GFCTL),
+    reason="run by meson (GF_UNIT_DIR, GF_UNIT_BINDIR, GF_UNIT_SYSCONFDIR, GF_SUPERVISE_JSON, GF_LOCKD, GF_GMSD, "
+           "GF_SUPERVISE, GF_C_ENGINE, GF_GFCTL)")
 
 
 def unit_text(name):
@@ -39,8 +54,12 @@ def service(name):
 @pytest.fixture
 def staged():
     """The units with ExecStart pointing at the built binaries (linked into a
-    stand-in bindir), as systemd-analyze checks that the commands exist."""
+    stand-in bindir), as systemd-analyze checks that the commands exist, and
+    at a stand-in sysconfdir holding the example config."""
     tmp = tempfile.mkdtemp(prefix="gf-units-")
+    etc = os.path.join(tmp, "etc")
+    os.makedirs(os.path.join(etc, "gpufailover"))
+    shutil.copy(EXAMPLE_CONFIG, os.path.join(etc, "gpufailover", "supervise.json"))
     bindir = os.path.join(tmp, "bin")
     os.mkdir(bindir)
     for name, path in BINARIES.items():
@@ -49,7 +68,7 @@ def staged():
     os.mkdir(units)
     for name in UNITS:
         with open(os.path.join(units, name), "w") as f:
-            f.write(unit_text(name).replace(BINDIR + "/", bindir + "/"))
+            f.write(unit_text(name).replace(BINDIR + "/", bindir + "/").replace(SYSCONFDIR + "/", etc + "/"))
     shutil.copy(os.path.join(units, "gf-gmsd@.service"), os.path.join(units, "gf-gmsd@0.service"))
     yield tmp, units
     shutil.rmtree(tmp, ignore_errors=True)
@@ -61,21 +80,148 @@ def test_systemd_analyze_verify_is_silent(staged):
         pytest.skip("systemd-analyze not installed (Debian package systemd; tests/setup.sh installs it)")
     _, units = staged
     r = subprocess.run([analyze, "verify", "--man=no", os.path.join(units, "gf-lockd.service"),
-                        os.path.join(units, "gf-gmsd@0.service")], capture_output=True, text=True,
-                       timeout=HANG_GUARD)
+                        os.path.join(units, "gf-gmsd@0.service"), os.path.join(units, "gf-supervise.service")],
+                       capture_output=True, text=True, timeout=HANG_GUARD)
     # verify exits 0 on some problems (an unparsable value is "ignored"): any word from it fails.
     assert r.returncode == 0 and not r.stderr.strip() and not r.stdout.strip(), r.stderr + r.stdout
 
 
 def test_shared_runtime_directory_is_preserved_by_every_unit():
-    dirs = {name: service(name).get("RuntimeDirectory", "").split() for name in UNITS}
-    shared = set(dirs[UNITS[0]]) & set(dirs[UNITS[1]])
+    dirs = {name: service(name).get("RuntimeDirectory", "").split() for name in DAEMONS}
+    shared = set(dirs[DAEMONS[0]]) & set(dirs[DAEMONS[1]])
     assert shared == {"gf"}
-    for name in UNITS:
+    for name in DAEMONS:
         # Without it, restarting this unit deletes /run/gf: the lock state
         # file and the other daemon's sockets go with it.
         assert service(name).get("RuntimeDirectoryPreserve") == "yes", name
         assert service(name).get("Type") == "notify", name
+
+
+def unit_section(name, section):
+    cp = configparser.ConfigParser(interpolation=None, strict=True)
+    cp.optionxform = str
+    cp.read_string(unit_text(name))
+    return cp[section]
+
+
+def test_supervisor_orders_after_units_of_the_set():
+    unit = unit_section("gf-supervise.service", "Unit")
+    for key in ("After", "Wants"):
+        for dep in unit[key].split():
+            # gf-gmsd@0.service is an instance of the shipped template.
+            template = re.sub(r"@[^.]+\.service$", "@.service", dep)
+            assert dep in UNITS or template in UNITS, f"{key}={dep}: no such unit ships"
+    assert "gf-gmsd@0.service" in unit["After"].split()
+    docs = unit_section("gf-supervise.service", "Unit")["Documentation"]
+    assert docs.startswith("file://") and docs.endswith("/supervisor.md")
+    for name in DAEMONS:
+        assert unit_section(name, "Unit")["Documentation"].startswith("file://")
+
+
+def test_example_config_uses_the_sockets_the_units_listen_on():
+    listens = set()
+    for name in DAEMONS:
+        line = service(name)["ExecStart"].replace("%i", "0")
+        listens |= set(re.findall(r"--listen=(\S+)", line))
+    cfg = json.load(open(EXAMPLE_CONFIG))
+    used = {cfg["lock"]["uri"]}
+    for e in cfg["engines"]:
+        argv = e["argv"]
+        used |= {argv[i + 1] for i, a in enumerate(argv) if a in ("--lock", "--gms")}
+    assert used == listens, (used, listens)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+def exec_lines(path, key, run):
+    """The unit's KEY= command lines with /run/gf moved to @run (systemd's
+    RuntimeDirectory) and the instance %i = 0."""
+    with open(path) as f:
+        return [shlex.split(l[len(key) + 1:].replace("/run/gf", run).replace("%i", "0"))
+                for l in f if l.startswith(key + "=")]
+
+
+def test_the_set_starts_as_systemd_starts_it(staged):
+    """gf-lockd, gf-gmsd@0 and gf-supervise with the installed example config
+    (only /run/gf and the engines' ports moved): READY=1 from the supervisor,
+    one engine holds the lock and serves with weights from the GMS."""
+    tmp, units = staged
+    run = os.path.join(tmp, "run")
+    os.mkdir(run)
+    cfg_path = os.path.join(tmp, "etc", "gpufailover", "supervise.json")
+    cfg = open(cfg_path).read().replace("/run/gf", run)
+    ports = {}
+    for old in sorted(set(re.findall(r'"(80[89]\d)"', cfg))):
+        ports[old] = str(free_port())
+        cfg = cfg.replace(f'"{old}"', f'"{ports[old]}"').replace(f":{old}", f":{ports[old]}")
+    open(cfg_path, "w").write(cfg)
+    http_port = free_port()
+    env = dict(os.environ, PATH=os.path.join(tmp, "bin") + os.pathsep + os.environ.get("PATH", ""))
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(os.path.join(tmp, "notify"))
+    notify.settimeout(HANG_GUARD)
+    procs = []
+    try:
+        for name in ("gf-lockd.service", "gf-gmsd@0.service"):
+            (argv,) = exec_lines(os.path.join(units, name), "ExecStart", run)
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        wait_ok([GFCTL, "lock", "ping", "--lock", f"unix://{run}/lock.sock"])
+        wait_ok([GFCTL, "gms", "ping", "--gms", f"unix://{run}/gms-0.sock"])
+        sup = os.path.join(units, "gf-supervise.service")
+        for argv in exec_lines(sup, "ExecStartPre", run):
+            r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_GUARD)
+            assert r.returncode == 0, r.stderr
+        (argv,) = exec_lines(sup, "ExecStart", run)
+        argv = [a.replace("127.0.0.1:9100", f"127.0.0.1:{http_port}") for a in argv]
+        log = open(os.path.join(tmp, "supervise.log"), "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                             env=dict(env, NOTIFY_SOCKET=os.path.join(tmp, "notify")))
+        procs.append(p)
+        assert b"READY=1" in notify.recv(4096)
+
+        def serving():
+            st = subprocess.run([GFCTL, "lock", "status", "--lock", f"unix://{run}/lock.sock", "--json"],
+                                capture_output=True, text=True, timeout=HANG_GUARD)
+            holder = json.loads(st.stdout).get("holder") if st.returncode == 0 else None
+            if holder not in ("engine-a", "engine-b"):
+                return None
+            probe = ports["8081" if holder == "engine-a" else "8091"]
+            return http_get(f"http://127.0.0.1:{probe}/ready")[0] == 200 and holder
+
+        end = time.monotonic() + 3 * HANG_GUARD
+        while not serving():
+            assert p.poll() is None and time.monotonic() < end, open(os.path.join(tmp, "supervise.log")).read()
+            time.sleep(0.1)
+        st = json.loads(http_get(f"http://127.0.0.1:{http_port}/status")[1])
+        assert {e["name"] for e in st["engines"]} == {"engine-a", "engine-b"}
+        p.terminate()
+        assert p.wait(timeout=3 * HANG_GUARD) == 0
+    finally:
+        for q in reversed(procs):
+            if q.poll() is None:
+                q.terminate()
+                try:
+                    q.wait(timeout=HANG_GUARD)
+                except subprocess.TimeoutExpired:
+                    q.kill()
+                    q.wait()
+        notify.close()
 
 
 def wait_ok(argv):

@@ -12,7 +12,7 @@ connection is the lock.
 
 An engine drives the whole shadow loop with gf.Engine:
 
->>> eng = gf.Engine("unix:///run/gf/lock.sock", "engine-b", ["unix:///run/gf/gms0.sock"],
+>>> eng = gf.Engine("unix:///run/gf/lock.sock", "engine-b", ["unix:///run/gf/gms-0.sock"],
 ...                 role="follower", probe_port=8081)
 >>> eng.init_weights(); eng.sleep(); eng.acquire(); eng.wake_up(); eng.serve(start_http)
 
