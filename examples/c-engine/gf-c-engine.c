@@ -204,20 +204,23 @@ static int find_alloc(gf_gms *gms, uint64_t id, struct gf_gms_alloc_info *info)
 
 /* The file's __metadata__ goes into the GMS under META_FILE_KEY (attached
  * to the first allocation), so a follower sees what the loader read. A value
- * over the GMS's limit is left out with a warning: the weights still load. */
+ * over the GMS's limit is left out with a warning: the weights still load.
+ * A file with no tensors gets one small allocation ("metadata") to carry
+ * it, since GMS metadata is always attached to an allocation. */
 static int put_file_metadata(struct app *a, gf_gms *gms, uint64_t first_id)
 {
 	const char *json = gf_safetensors_metadata(a->file);
 	if (!json)
 		return 0;
-	if (!a->src.n) {
-		logf_(GF_LOG_WARN, "event=metadata_skipped msg=\"no tensors, so no allocation to attach it to\"");
-		return 0;
-	}
 	if (strlen(json) > META_VALUE_MAX) {
 		logf_(GF_LOG_WARN, "event=metadata_skipped bytes=%zu msg=\"__metadata__ over the GMS's %d-byte value limit\"",
 		      strlen(json), META_VALUE_MAX);
 		return 0;
+	}
+	if (!a->src.n) {
+		int rc = gf_gms_allocate(gms, 1, "metadata", &first_id);
+		if (rc)
+			return rc;
 	}
 	return gf_gms_put_meta(gms, META_FILE_KEY, first_id, 0, json, strlen(json));
 }

@@ -138,9 +138,12 @@ def load_into(gms, tensors, file_metadata=None):
         i = j
     if file_metadata is not None:
         value = json.dumps(file_metadata, separators=(",", ":"), sort_keys=True).encode()
-        if first_alloc is None or len(value) > META_VALUE_MAX:
+        if len(value) > META_VALUE_MAX:
             log("metadata_skipped", bytes=len(value))
         else:
+            if first_alloc is None:
+                # No tensors: one small allocation carries it (GMS metadata is attached to one).
+                first_alloc = gms.allocate(1, "metadata")
             gms.put_meta(META_FILE_KEY, first_alloc, 0, value)
     generation = gms.commit()
     log("weights_loaded", tensors=len(tensors), allocations=chunk, generation=generation)

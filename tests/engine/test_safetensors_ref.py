@@ -202,7 +202,11 @@ def wait_log(path, needle, proc):
 
 
 @pytest.mark.skipif(not (LOCKD and GMSD and ENGINE), reason="GF_LOCKD, GF_GMSD and GF_C_ENGINE must be set")
-def test_c_engine_loads_a_reference_file_with_its_metadata():
+@pytest.mark.parametrize("with_tensors", [True, False], ids=["tensors", "metadata-only"])
+def test_c_engine_loads_a_reference_file_with_its_metadata(with_tensors):
+    """The file's tensors and its __metadata__ reach the GMS; a file with
+    metadata and no tensors still brings its metadata (on one small
+    allocation)."""
     tmp = tempfile.mkdtemp(prefix="gf-st-ref-")
     tensors = {"layers.0.weight": ("float32", [4, 4], bytes(range(64))),
                "scale": ("bfloat16", [], b"\x80\x3f"),
@@ -210,6 +214,8 @@ def test_c_engine_loads_a_reference_file_with_its_metadata():
                "q": ("float8_e4m3fnuz", [5], b"\x01\x02\x03\x04\x05"),
                "packed": ("float4_e2m1fn_x2", [2, 4], b"\x12\x34\x56\x78")}
     meta = {"format": "pt", "source": "reference"}
+    if not with_tensors:
+        tensors = {}
     path = os.path.join(tmp, "w.safetensors")
     with open(path, "wb") as f:
         f.write(reference_file(tensors, meta))
@@ -241,8 +247,11 @@ def test_c_engine_loads_a_reference_file_with_its_metadata():
                 assert v["dtype"] == DTYPES[dtype][0]
                 assert v["shape"] == shape
                 assert v["nbytes"] == len(data)
-            got = bytes(memoryview(gms.buffer("layers.0.weight")).cast("B")[:64])
-            assert got == tensors["layers.0.weight"][2]
+            if with_tensors:
+                got = bytes(memoryview(gms.buffer("layers.0.weight")).cast("B")[:64])
+                assert got == tensors["layers.0.weight"][2]
+            else:
+                assert set(md) == {"__metadata__"}
         finally:
             gms.close()
     finally:

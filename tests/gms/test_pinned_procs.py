@@ -77,7 +77,7 @@ def test_stopped_sleeper_pins_a_demoted_layout(tmp):
         assert (p["pid"], p["bytes"], p["allocations"], p["reason"]) == (e.pid, LAYOUT, 8, "demotion"), p
         assert p["generation"] == before["generation"] and p["peer"]
         human = tp.gfctl("gms", "status", "--gms", g.uri).stdout
-        assert f"pinned_bytes: {LAYOUT}" in human and f"pid:{e.pid}" in human, human
+        assert f"pinned_bytes: {LAYOUT}" in human and f"\"pid\":{e.pid}," in human, human
         text = dp.metrics(g)
         assert f"gf_gms_pinned_bytes {LAYOUT}\n" in text and "gf_gms_pinned_exact 1\n" in text
         assert re.search(rf'gf_gms_pinned_by_bytes\{{pid="{e.pid}",peer="[^"]+",generation="\d+"\}} {LAYOUT}\n', text)
@@ -184,7 +184,7 @@ def test_cuda_counts_a_sleeper_that_has_not_run(tmp):
         (p,) = st["pinned_by"]
         assert (p["pid"], p["reason"], p["generation"]) == (stopped.pid, "new_load", first["generation"]), p
         human = tp.gfctl("gms", "status", "--gms", g.uri).stdout
-        assert "pinned_exact: false" in human and f"pid:{stopped.pid}" in human, human
+        assert "pinned_exact: false" in human and f"\"pid\":{stopped.pid}," in human, human
         os.kill(stopped.pid, signal.SIGCONT)
         assert wait_pinned(g, 0)["pinned_by"] == []
     finally:

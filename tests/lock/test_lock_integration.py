@@ -807,3 +807,34 @@ def test_epochs_stop_at_int64_max(tmp, procs):
     d.start()  # the state file still reads back
     assert status(d.uri)["epoch"] == top
     assert "corrupt" not in d.logtext()
+
+
+def state_file(d):
+    with open(d.state) as f:
+        return json.load(f)
+
+
+def test_d8_state_file_cleared_on_release(tmp, procs):
+    """The state file names the holder while it holds, and no holder once it
+    is gone (a release or its death, no waiter), keeping the epoch; a server
+    restarted on that file has no holder to wait for in its reconnect window,
+    grants at once and never reuses the epoch."""
+    d = start_lockd(procs, tmp, "--reconnect-window=30s")
+    a = spawn(procs, d.uri, "a")
+    e = a.wait_granted()
+    st = state_file(d)
+    assert st["holder"] == "a" and st["epoch"] == e
+    a.kill()
+    wait_until(lambda: state_file(d)["holder"] is None, 5, "the holder cleared from the state file")
+    assert state_file(d)["epoch"] == e
+    # A clean release (gfctl's CMD ends) clears it too.
+    b = spawn(procs, d.uri, "b", cmd=["true"])
+    assert b.wait_granted() == e + 1
+    b.proc.wait(10)
+    wait_until(lambda: state_file(d)["holder"] is None, 5, "the holder cleared after a release")
+    assert state_file(d)["epoch"] == e + 1
+    d.kill9()
+    d.start()
+    # No holder on record: no reconnect window to sit out (30 s here).
+    c = spawn(procs, d.uri, "c")
+    assert c.wait_granted(timeout=5) > e + 1
