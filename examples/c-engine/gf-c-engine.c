@@ -541,6 +541,7 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 {
 	const union MHD_DaemonInfo *ei = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_EPOLL_FD);
 	int64_t end = ms < 0 ? INT64_MAX : mono_ms() + ms;
+	bool hold = false; /* the grant may be gone: leave the backlog to the next holder a while */
 	for (;;) {
 		MHD_run(a->http);
 		int64_t now = mono_ms();
@@ -550,15 +551,24 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 		int64_t wait = end == INT64_MAX ? -1 : end - now;
 		if (MHD_get_timeout(a->http, &to) == MHD_YES && (wait < 0 || (int64_t)to < wait))
 			wait = to > INT32_MAX ? INT32_MAX : (int64_t)to;
+		if (hold && (wait < 0 || wait > 20))
+			wait = 20;
 		struct pollfd p[3] = { { .fd = until_stop ? a->stop_pipe[0] : -1, .events = POLLIN },
 				       { .fd = ei ? ei->epoll_fd : -1, .events = POLLIN },
-				       { .fd = a->lfd, .events = POLLIN } };
+				       { .fd = hold ? -1 : a->lfd, .events = POLLIN } };
 		if (poll(p, 3, (int)(wait > INT32_MAX ? INT32_MAX : wait)) < 0 && errno != EINTR)
 			return 1;
 		if (p[0].revents & POLLIN)
 			return 1;
-		if (p[2].revents & POLLIN)
-			accept_pending(a);
+		hold = false;
+		if (p[2].revents & POLLIN) {
+			/* A holder resumed after a stop past T_detect: the server's
+			 * hang-up is visible before the loss path has run. */
+			if (gf_engine_may_accept(a->engine))
+				accept_pending(a);
+			else
+				hold = true;
+		}
 	}
 }
 

@@ -129,3 +129,42 @@ def test_restart_keeps_the_engines_listener_non_blocking(stack):
         code, body = get(s.serve_port, f"/infer?seed={seed}", timeout=10)
         assert code == 200 and json.loads(body)["engine"] == "a"
     assert a.poll() is None and engine_state(probe) == "active"
+
+
+def test_resumed_revoked_holder_does_not_answer(stack):
+    """Issue 28.12: an Active engine stopped, revoked, and resumed after the
+    next holder serves from the carried listener never answers again: it sees
+    the server's hang-up before accepting, and its loss path stops its
+    listener duplicate accepting first thing."""
+    s = stack()
+    a, pa = s.engine("a", "loader")
+    wait_until(lambda: engine_state(pa) == "active", 60, "a Active")
+    b, pb = s.engine("b", "follower")
+    wait_until(lambda: engine_state(pb) == "standby", 60, "b Standby")
+    epoch = status(s.lockd.uri)["epoch"]
+    os.killpg(a.pid, signal.SIGSTOP)
+    r = gfctl("lock", "revoke", "--lock", s.lockd.uri, "--epoch", str(epoch))
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: engine_state(pb) == "active", 30, "b Active")
+    # Connections queue in the backlog both engines could accept from.
+    socks = []
+    for _ in range(32):
+        c = socket.create_connection(("127.0.0.1", s.serve_port), timeout=10)
+        c.sendall(b"GET /infer?seed=1 HTTP/1.0\r\n\r\n")
+        socks.append(c)
+    os.killpg(a.pid, signal.SIGCONT)
+    answers = []
+    for c in socks:
+        data = b""
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        c.close()
+        answers.append(json.loads(data.split(b"\r\n\r\n", 1)[1])["engine"])
+    for _ in range(50):
+        code, body = get(s.serve_port, "/infer?seed=2", timeout=10)
+        answers.append(json.loads(body)["engine"])
+    assert set(answers) == {"b"}, answers
+    assert a.wait(30) == 70, s.log("a")
