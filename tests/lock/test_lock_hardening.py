@@ -168,3 +168,36 @@ def test_resumed_revoked_holder_does_not_answer(stack):
         answers.append(json.loads(body)["engine"])
     assert set(answers) == {"b"}, answers
     assert a.wait(30) == 70, s.log("a")
+
+
+def test_stopped_gfctl_guard_ends_command_before_next_grant(tmp):
+    """Issue 28.9: `gfctl lock acquire -- CMD` on a tcp:// lease with gfctl
+    stopped: the guard, not hearing from gfctl for half of T_fence, kills
+    CMD's group before the server can grant the next holder."""
+    from test_lock_integration import Contender, tcp_lockd
+    procs = []
+    try:
+        d, port, secret = tcp_lockd(procs, tmp)
+        uri = f"tcp://127.0.0.1:{port}"
+        pidfile = os.path.join(tmp, "cmd.pid")
+        a = Contender(uri, "a", "--secret-file", secret, "--heartbeat", "100ms", "--fence", "300ms",
+                      cmd=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 1000"])
+        procs.append(a)
+        assert a.wait_granted()
+        cmd_pid = int(wait_until(lambda: os.path.exists(pidfile) and open(pidfile).read().strip(), 5, "CMD"))
+        b = Contender(uri, "b", "--secret-file", secret)
+        procs.append(b)
+        time.sleep(0.5)
+        assert alive(cmd_pid)
+        a.signal(signal.SIGSTOP)
+        assert b.wait_granted(10)
+        assert not alive(cmd_pid), "CMD still ran when the next holder was granted"
+        a.signal(signal.SIGCONT)
+        assert a.proc.wait(5) == 4
+    finally:
+        for p in procs:
+            if isinstance(p, Lockd):
+                p.stop()
+            else:
+                p.signal(signal.SIGCONT)
+                p.cleanup()
