@@ -78,7 +78,7 @@ struct gf_etcd {
 	_Atomic int cur;        /* the member that answered last */
 
 	int64_t reconnect_ms, ka_ms, fence_ms;
-	struct hconn req, kac, wc;
+	struct hconn req, kac, wc, kwc;
 
 	_Atomic int state;
 	int64_t lease_id;
@@ -86,12 +86,13 @@ struct gf_etcd {
 	_Atomic int64_t last_ok_us; /* send time of the last answered keepalive */
 	_Atomic int lease_gone;
 	_Atomic int revoked;       /* the lease is gone already: no revoke at release */
+	_Atomic int key_gone;      /* the holder's key was seen deleted */
 	_Atomic uint64_t epoch;
 	char mykey[600];
 	int64_t myrev;
 
-	pthread_t ka;
-	bool ka_running;
+	pthread_t ka, kw;
+	bool ka_running, kw_running;
 	int ka_stop_fd;
 	int notify_fd;
 	bool forked;
@@ -747,7 +748,7 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 	}
 	size_t nfds = 0;
 	int *fds = rc == 0 ? list_fds(&nfds) : NULL;
-	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0))
+	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0 || hconn_init(&e->kwc) < 0))
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	if (fds)
 		cloexec_new_sockets(fds, nfds);
@@ -769,6 +770,7 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 	return 0;
 }
 
+/* Stops the keepalive thread and the holder's key watch (they share the stop fd). */
 static void stop_keepalive(struct gf_etcd *e)
 {
 	if (!e->ka_running)
@@ -777,6 +779,9 @@ static void stop_keepalive(struct gf_etcd *e)
 	ssize_t w = write(e->ka_stop_fd, &one, sizeof(one));
 	(void)w;
 	pthread_join(e->ka, NULL);
+	if (e->kw_running)
+		pthread_join(e->kw, NULL);
+	e->kw_running = false;
 	uint64_t v;
 	while (read(e->ka_stop_fd, &v, sizeof(v)) > 0)
 		;
@@ -811,6 +816,7 @@ void gf_etcd_free(struct gf_etcd *e)
 	hconn_free(&e->req);
 	hconn_free(&e->kac);
 	hconn_free(&e->wc);
+	hconn_free(&e->kwc);
 	gf_close(e->ka_stop_fd);
 	gf_close(e->notify_fd);
 	if (e->password) {
@@ -1238,6 +1244,60 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	return rc;
 }
 
+/* Our key, as etcd sees it now: 1 (still ours, *@rev the revision read at), 0 (gone), or an error. */
+static int key_present(struct gf_etcd *e, int64_t deadline, int64_t *rev)
+{
+	json_t *out = NULL;
+	int rc = call(e, &e->kwc, "/v3/kv/range", json_pack("{s:o}", "key", jkey(e->mykey)), deadline, TRY_MAX_MS,
+		      e->ka_stop_fd, &out);
+	if (rc < 0)
+		return rc;
+	*rev = jint(json_object_get(out, "header"), "revision");
+	json_t *kv = json_array_get(json_object_get(out, "kvs"), 0);
+	rc = kv && jint(kv, "create_revision") == e->myrev;
+	json_decref(out);
+	return rc;
+}
+
+/*
+ * The holder's own key, watched from its creation on: anyone with write
+ * access deleting it (etcdctl del, or revoking the lease, which deletes it
+ * too) lets the next waiter in at once, so the loss is reported at once, not
+ * at the next keepalive. Between watch chunks, and whenever the stream ends
+ * (member down, compaction), one range confirms the key is still ours.
+ */
+static void *keywatch_main(void *arg)
+{
+	struct gf_etcd *e = arg;
+	char *kb = b64enc(e->mykey, strlen(e->mykey));
+	int64_t from = e->myrev + 1;
+	for (; kb;) {
+		int64_t del = 0, rev = 0;
+		int rc = watch_delete(e, kb, from, gf_now_us() + WATCH_CHUNK_US, e->ka_stop_fd, &del);
+		if (rc == GF_ERR_INTERRUPTED)
+			break;
+		if (del == 0) {
+			rc = key_present(e, gf_now_us() + e->fence_ms * 1000, &rev);
+			if (rc == GF_ERR_INTERRUPTED)
+				break;
+			if (rc != 0) {
+				/* Still ours, or not known: the keepalive's T_fence decides then. */
+				if (rc == 1)
+					from = rev + 1;
+				continue;
+			}
+		}
+		gf_log(GF_LOG_ERR, "lock", "msg=\"etcd: the holder's key was deleted\" id=%s key=%s epoch=%lld", e->id,
+		       e->mykey, (long long)e->myrev);
+		atomic_store(&e->key_gone, 1);
+		atomic_store(&e->lease_gone, 1);
+		notify(e);
+		break;
+	}
+	free(kb);
+	return NULL;
+}
+
 static void end_session(struct gf_etcd *e)
 {
 	stop_keepalive(e);
@@ -1351,6 +1411,18 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 		e->myrev = 0;
 		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
 	}
+	atomic_store(&e->key_gone, 0);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (er) {
+		end_session(e);
+		e->myrev = 0;
+		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
+	}
+	e->kw_running = true;
 	atomic_store(&e->epoch, (uint64_t)e->myrev);
 	atomic_store(&e->state, E_HELD);
 	if (grant) {
@@ -1414,7 +1486,8 @@ int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen)
 		return 0;
 	atomic_store(&e->state, E_LOST);
 	*newly = true;
-	const char *why = gone && !fence_passed(e, gf_now_us()) ? "the etcd lease expired"
+	const char *why = atomic_load(&e->key_gone)		   ? "its key was deleted (etcdctl del, or the lease revoked)"
+			  : gone && !fence_passed(e, gf_now_us()) ? "the etcd lease expired"
 								 : "no keepalive answered by an etcd quorum for T_fence";
 	snprintf(detail, dlen, "lock %s epoch %lld lost: %s", e->id, (long long)e->myrev, why);
 	gf_log(GF_LOG_ERR, "lock", "msg=\"lock lost\" backend=etcd id=%s epoch=%lld reason=\"%s\" fence_ms=%lld", e->id,
@@ -1425,7 +1498,7 @@ int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen)
 void gf_etcd_forked(struct gf_etcd *e)
 {
 	e->forked = true;
-	e->ka_running = false;
+	e->ka_running = e->kw_running = false;
 	e->lease_id = 0;
 	atomic_store(&e->state, E_IDLE);
 	pthread_mutex_init(&e->mu, NULL);
