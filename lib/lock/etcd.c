@@ -90,6 +90,7 @@ struct gf_etcd {
 	_Atomic uint64_t epoch;
 	char mykey[600];
 	int64_t myrev;
+	char warned_key[700]; /* the last lease-less key reported */
 
 	pthread_t ka, kw;
 	bool ka_running, kw_running;
@@ -1057,6 +1058,90 @@ static int put_key(struct gf_etcd *e, int64_t deadline, int intr_fd)
 	return 0;
 }
 
+/* Keys fetched per page when looking for the nearest older key of this lock. */
+#define PRED_PAGE 64
+
+/*
+ * A key of this lock itself: the prefix and one more path element (a lease id
+ * here, etcdctl lock's too). A lock named "x/sub" keeps its keys under
+ * "x/sub/", inside the range of "x/": those are another lock's, not waiters
+ * of this one.
+ */
+static bool own_key(const struct gf_etcd *e, const char *kb64, char *key, size_t cap)
+{
+	size_t pl = strlen(e->prefix);
+	return kb64 && b64dec(kb64, key, cap) > 0 && !strncmp(key, e->prefix, pl) && key[pl] && !strchr(key + pl, '/');
+}
+
+/*
+ * The first key of this lock in @kvs from index @from (newest first): 1 and
+ * *@pred (malloc'd base64 key), or 0 with *@oldest the lowest create revision
+ * seen (where the next page starts). A key without a lease never goes away by
+ * itself: any etcd writer can plant one, and it would hold the lock for good,
+ * so it is reported (once per key) while waiting on it as on any other.
+ */
+static int pick_older(struct gf_etcd *e, json_t *kvs, size_t from, char **pred, int64_t *oldest)
+{
+	char key[700];
+	for (size_t i = from; i < json_array_size(kvs); i++) {
+		json_t *kv = json_array_get(kvs, i);
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		*oldest = jint(kv, "create_revision");
+		if (!own_key(e, kb, key, sizeof(key)))
+			continue;
+		if (jint(kv, "lease") <= 0 && strcmp(e->warned_key, key)) {
+			gf_log(GF_LOG_ERR, "lock",
+			       "msg=\"etcd: a key without a lease is in this lock's line; it holds the lock until someone deletes it\" id=%s key=%s create_revision=%lld fix=\"etcdctl del %s\"",
+			       e->id, key, (long long)*oldest, key);
+			snprintf(e->warned_key, sizeof(e->warned_key), "%s", key);
+		}
+		*pred = strdup(kb);
+		return *pred ? 1 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	return 0;
+}
+
+/*
+ * Pages on through keys created before @below (another lock's keys nested
+ * in our prefix came first): like pick_older(), with *@rev the revision read
+ * at. @serializable: any member's view will do (see predecessor_after()).
+ */
+static int older_pages(struct gf_etcd *e, int64_t below, bool serializable, int64_t deadline, int intr_fd,
+		       char **pred, int64_t *rev)
+{
+	char *end = prefix_end(e->prefix);
+	if (!end)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = 0;
+	while (below > 1 && rc == 0) {
+		char b[24];
+		json_t *out = NULL, *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b,s:b}", "key", jkey(e->prefix),
+						       "range_end", jkey(end), "sort_order", "DESCEND", "sort_target",
+						       "CREATE", "limit", "64", "max_create_revision", i64s(below - 1, b),
+						       "serializable", serializable, "keys_only", 1);
+		if (!body) {
+			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+			break;
+		}
+		rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+		if (rc < 0)
+			break;
+		json_t *kvs = json_object_get(out, "kvs");
+		int64_t r = jint(json_object_get(out, "header"), "revision");
+		if (r < *rev)
+			*rev = r; /* the older view of the two decides where a watch starts */
+		int64_t oldest = 0;
+		rc = pick_older(e, kvs, 0, pred, &oldest);
+		if (rc == 0 && !json_is_true(json_object_get(out, "more")))
+			below = 0;
+		else
+			below = oldest;
+		json_decref(out);
+	}
+	free(end);
+	return rc;
+}
+
 /*
  * Our key still there and the nearest key created before it: 1 and *pred
  * (malloc'd) with *rev the revision it was seen at; 0 when none (granted);
@@ -1068,10 +1153,10 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	char *end = prefix_end(e->prefix);
 	json_t *k = jkey(e->mykey), *pk = jkey(e->prefix), *pe = end ? jkey(end) : NULL;
 	free(end);
-	json_t *body = json_pack("{s:[{s:s,s:o,s:s}],s:[{s:{s:o,s:o,s:s,s:s,s:s,s:s}}]}", "compare", "target", "CREATE",
-				 "key", k, "create_revision", i64s(e->myrev, b), "success", "request_range", "key", pk,
-				 "range_end", pe, "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "1",
-				 "max_create_revision", i64s(e->myrev - 1, (char[24]){ 0 }));
+	json_t *body = json_pack("{s:[{s:s,s:o,s:s}],s:[{s:{s:o,s:o,s:s,s:s,s:s,s:s,s:b}}]}", "compare", "target",
+				 "CREATE", "key", k, "create_revision", i64s(e->myrev, b), "success", "request_range", "key", pk,
+				 "range_end", pe, "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "64",
+				 "max_create_revision", i64s(e->myrev - 1, (char[24]){ 0 }), "keys_only", 1);
 	if (!body)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	json_t *out = NULL;
@@ -1084,15 +1169,11 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	}
 	*rev = jint(json_object_get(out, "header"), "revision");
 	json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
-	json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
-	rc = 0;
-	if (kv) {
-		const char *kb = json_string_value(json_object_get(kv, "key"));
-		*pred = kb ? strdup(kb) : NULL;
-		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
-	}
+	int64_t oldest = 0;
+	rc = pick_older(e, json_object_get(r, "kvs"), 0, pred, &oldest);
+	bool more = json_is_true(json_object_get(r, "more"));
 	json_decref(out);
-	return rc;
+	return rc == 0 && more ? older_pages(e, oldest, false, deadline, intr_fd, pred, rev) : rc;
 }
 
 /*
@@ -1108,7 +1189,7 @@ static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadlin
 	char b[24];
 	char *end = prefix_end(e->prefix);
 	json_t *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b}", "key", jkey(e->prefix), "range_end", end ? jkey(end) : NULL,
-				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "2", "max_create_revision",
+				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "65", "max_create_revision",
 				 i64s(e->myrev, b), "serializable", 1);
 	free(end);
 	if (!body)
@@ -1119,18 +1200,19 @@ static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadlin
 		return rc;
 	*rev = jint(json_object_get(out, "header"), "revision");
 	json_t *kvs = json_object_get(out, "kvs");
-	json_t *mine = json_array_get(kvs, 0), *kv = json_array_get(kvs, 1);
+	json_t *mine = json_array_get(kvs, 0);
+	int64_t oldest = e->myrev;
+	bool more = false;
 	if (*rev < min_rev)
 		rc = 2;
 	else if (jint(mine, "create_revision") != e->myrev)
 		rc = GF_ERR_NOT_FOUND;
-	else if (kv) {
-		const char *kb = json_string_value(json_object_get(kv, "key"));
-		*pred = kb ? strdup(kb) : NULL;
-		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
+	else {
+		rc = pick_older(e, kvs, 1, pred, &oldest);
+		more = json_is_true(json_object_get(out, "more"));
 	}
 	json_decref(out);
-	return rc;
+	return rc == 0 && more ? older_pages(e, oldest, true, deadline, intr_fd, pred, rev) : rc;
 }
 
 struct watch_ctx {
@@ -1547,7 +1629,7 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 		goto out;
 	}
-	size_t i, n = json_array_size(kvs);
+	size_t i, n = 0;
 	json_object_set_new(root, "backend", json_string("etcd"));
 	json_object_set_new(root, "prefix", json_string(e->prefix));
 	json_object_set_new(root, "holder", json_null());
@@ -1558,14 +1640,14 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 		const char *kb = json_string_value(json_object_get(kv, "key"));
 		if (!vb || b64dec(vb, idb, sizeof(idb)) < 0)
 			idb[0] = 0;
-		if (!kb || b64dec(kb, keyb, sizeof(keyb)) < 0)
-			keyb[0] = 0;
+		if (!own_key(e, kb, keyb, sizeof(keyb)))
+			continue; /* a nested lock's ("name/sub") */
 		int64_t rev = jint(kv, "create_revision");
-		if (i == 0) {
+		if (n++ == 0) {
 			json_object_set_new(root, "holder", json_string(idb[0] ? idb : keyb));
 			json_object_set_new(root, "epoch", json_integer(rev));
 			json_object_set_new(root, "holder_key", json_string(keyb));
-		} else if (i <= STATUS_MAX_WAITERS) {
+		} else if (n <= STATUS_MAX_WAITERS + 1) {
 			json_t *x = json_object();
 			json_object_set_new(x, "id", json_string(idb[0] ? idb : keyb));
 			json_object_set_new(x, "key", json_string(keyb));

@@ -1329,7 +1329,9 @@ static int pool_gpu_add(struct pool_gpu **t, size_t *n, size_t *cap, const struc
 			continue;
 		}
 		e->standbys++;
-		e->asleep_bytes += decl->asleep_bytes;
+		/* Declared by each client: the sum saturates rather than wraps. */
+		if (__builtin_add_overflow(e->asleep_bytes, decl->asleep_bytes, &e->asleep_bytes))
+			e->asleep_bytes = UINT64_MAX;
 		if (decl->wake_bytes > e->wake_bytes_max)
 			e->wake_bytes_max = decl->wake_bytes;
 	}

@@ -100,3 +100,42 @@ def test_stopped_gfctl_guard_ends_command(env):
     assert not alive(cmd_pid), "CMD still ran when the next holder was granted"
     a.signal(signal.SIGCONT)
     assert a.proc.wait(10) == 4
+
+
+def test_nested_lock_names_are_separate_locks(env):
+    """Issue 28.13: locks named x and x/sub (keys under x/ and x/sub/) neither
+    block each other nor show up in each other's status."""
+    c = cluster(env, 1)
+    outer, inner = c.uri("x", 5), c.uri("x/sub", 5)
+    a = helper(env, inner, "inner-holder", "hold")
+    epoch_of(a, 10)
+    b = helper(env, outer, "outer-holder", "once")
+    ln = b.wait_line("", 10)
+    assert ln and ln.startswith("granted id=outer-holder"), ln
+    a2 = helper(env, outer, "outer-holder2", "hold")
+    epoch_of(a2, 10)
+    st = status(outer)
+    assert st["holder"] == "outer-holder2" and st["waiter_count"] == 0, st
+    st = status(inner)
+    assert st["holder"] == "inner-holder" and st["waiter_count"] == 0, st
+    # Held both ways round: the inner lock is not behind the outer one either.
+    b2 = helper(env, inner, "inner-2", "once")
+    ln = b2.wait_line("", 10)
+    assert ln and ln.startswith("error GF_ERR_TIMEOUT"), ln
+
+
+def test_lease_less_key_is_reported(env):
+    """Issue 28.13: a key without a lease planted in a lock's prefix by another
+    etcd writer would hold the lock for ever: the waiter says so, naming the
+    key and how to remove it, and is granted once it is deleted."""
+    c = cluster(env, 1)
+    uri = c.uri("planted", 5)
+    key = "/gf-test/planted/deadbeef"
+    post(c.members[0].cport, "/v3/kv/put", {"key": b64(key), "value": b64("squatter")})
+    r = gfctl("lock", "acquire", "--lock", uri, "--id", "a", "--timeout", "3s")
+    assert r.returncode == 3, r.stderr
+    assert "without a lease" in r.stderr and key in r.stderr and "etcdctl del" in r.stderr, r.stderr
+    a = gfctl_acquire(env, uri, "a")
+    wait_until(lambda: status(uri)["waiter_count"] == 1, 10, "a waiting behind the planted key")
+    post(c.members[0].cport, "/v3/kv/deleterange", {"key": b64(key)})
+    epoch_of(a, 10)

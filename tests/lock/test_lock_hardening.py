@@ -201,3 +201,22 @@ def test_stopped_gfctl_guard_ends_command_before_next_grant(tmp):
             else:
                 p.signal(signal.SIGCONT)
                 p.cleanup()
+
+
+def test_pool_asleep_bytes_sum_saturates(tmp):
+    """Issue 28.13: the per-GPU sum of declared asleep bytes saturates at
+    2^64-1 instead of wrapping (two standbys declaring 2^63 each read 0)."""
+    from test_lock_pool import GPU, Pool
+    pool = Pool(tmp)
+    try:
+        pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), 10, "holder granted")
+        for name in ("s1", "s2"):
+            pool.engine(name, "--asleep-bytes", str(2 ** 63))
+            wait_until(lambda n=name: pool.waiting(n), 10, f"{name} waiting")
+        code, text = get(pool.port, "/metrics")
+        assert code == 200
+        line = f'gf_lock_pool_gpu_asleep_bytes{{uuid="{GPU}"}} '
+        assert line + str(2 ** 64 - 1) in text.decode().splitlines(), text
+    finally:
+        pool.close()
