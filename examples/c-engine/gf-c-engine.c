@@ -510,10 +510,15 @@ static int wait_stop(struct app *a, int ms)
  * With --listener the HTTP server (started at init, without a socket of its
  * own) is handed the connections this loop accepts from the lock's
  * listener, a bounded batch per round: nothing of it is set up at wake.
+ * False when it stopped because the grant may no longer be current.
  */
-static void accept_pending(struct app *a)
+static bool accept_pending(struct app *a)
 {
 	for (int n = 0; n < 64; n++) {
+		/* Before each accept: a holder revoked while stopped and then
+		 * resumed sees the server's hang-up before the loss path ran. */
+		if (!gf_engine_may_accept(a->engine))
+			return false;
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);
 		int c = accept4(a->lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -522,11 +527,12 @@ static void accept_pending(struct app *a)
 				continue;
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				logf_(GF_LOG_WARN, "event=accept_failed errno=%d msg=\"%s\"", errno, strerror(errno));
-			return;
+			return true;
 		}
 		/* MHD closes the socket itself when it cannot take it. */
 		MHD_add_connection(a->http, c, (const struct sockaddr *)&ss, len);
 	}
+	return true;
 }
 
 /*
@@ -561,14 +567,8 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 		if (p[0].revents & POLLIN)
 			return 1;
 		hold = false;
-		if (p[2].revents & POLLIN) {
-			/* A holder resumed after a stop past T_detect: the server's
-			 * hang-up is visible before the loss path has run. */
-			if (gf_engine_may_accept(a->engine))
-				accept_pending(a);
-			else
-				hold = true;
-		}
+		if (p[2].revents & POLLIN)
+			hold = !accept_pending(a);
 	}
 }
 

@@ -305,10 +305,13 @@ GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_ou
 /**
  * Is this engine's grant still current, as far as can be told without
  * blocking? 1 when it is Waking or Active, the lock is held and its server
- * connection has not been closed by the server; 0 otherwise (also after a
- * loss, and for NULL). Call it before accept() from a lock-carried listener:
- * a holder stopped past T_detect and resumed finds the server's hang-up here
- * before its watcher thread has run the loss path. Any thread; does not block.
+ * connection is up and has not been closed by the server; 0 otherwise (also
+ * while the client reconnects, after a loss, and for NULL). Call it before
+ * accept() from a lock-carried listener and leave the backlog alone while it
+ * says 0: a holder revoked while stopped and then resumed finds the server's
+ * hang-up here before its watcher thread has run the loss path, and during a
+ * lock-server restart the grant is current again once the reclaim is
+ * answered. Any thread; does not block.
  */
 GF_EXPORT int gf_engine_may_accept(gf_engine *engine);
 

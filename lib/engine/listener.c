@@ -96,10 +96,13 @@ int gf_engine_may_accept(gf_engine *e)
 	gf_lock *l = atomic_load(&e->lock);
 	if (!l || !gf_lock_is_held(l))
 		return 0;
-	/* A holder that was stopped past T_detect finds its lock connection
-	 * closed by the server before its watcher thread has read the EOF. */
+	/* No connection: the client is reconnecting, and whether the grant
+	 * survives is known only when the server answers the reclaim (new
+	 * connections wait in the backlog meanwhile). A connection the server
+	 * closed (a holder revoked while stopped, resumed before its watcher
+	 * thread has read the EOF) is the same. */
 	struct pollfd p = { .fd = gf_lock_get_fd(l), .events = POLLRDHUP };
-	if (p.fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+	if (p.fd < 0 || (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))))
 		return 0;
 	return 1;
 }

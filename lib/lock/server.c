@@ -1046,6 +1046,18 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	gf_lockd *d = ctx;
 	struct conn *c = p->data;
 	c->seq = m->seq;
+	/* Fds come only with a reclaim (a LockAcquire with a session token),
+	 * one per listener it names; anywhere else they are a protocol error. */
+	bool fds_ok = m->which_body == gf_Msg_lock_acquire_tag && m->body.lock_acquire.session_token.size > 0 &&
+		      nfds <= m->body.lock_acquire.listeners_count;
+	if (nfds > 0 && !fds_ok) {
+		gf_close_fds(fds, nfds);
+		free(fds);
+		gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: file descriptors with a message that takes none\" id=%s pid=%u nfds=%zu",
+		       p->id, p->pid, nfds);
+		reply_error(d, c, GF_ERR_PROTOCOL, "file descriptors sent with a message that takes none", true);
+		return;
+	}
 	if (m->which_body == gf_Msg_lock_acquire_tag) {
 		/* Only a reclaim hands listeners back; every fd not adopted is closed. */
 		gf_LockAcquire a = m->body.lock_acquire;

@@ -220,3 +220,100 @@ def test_pool_asleep_bytes_sum_saturates(tmp):
         assert line + str(2 ** 64 - 1) in text.decode().splitlines(), text
     finally:
         pool.close()
+
+
+def test_silent_unauthenticated_connections_do_not_starve_pings(tmp):
+    """Issue 28.14(b): a client without the secret holding many silent TCP
+    connections (from 127.0.0.2) cannot use up gf-lockd's fds (a limit of
+    128 here): beyond 32 still in the handshake its connections are closed at
+    accept, and pings with the right secret (from 127.0.0.1) are answered."""
+    import resource
+    from test_lock_integration import free_port
+    port = free_port()
+    secret = os.path.join(tmp, "secret")
+    with open(secret, "w") as f:
+        f.write("s3cret\n")
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    log = os.path.join(tmp, "lockd.log")
+    d = subprocess.Popen([LOCKD, "--listen", f"unix://{tmp}/lock.sock", "--listen", f"tcp://127.0.0.1:{port}",
+                          "--secret-file", secret, "--handshake-timeout", "20s"], stderr=open(log, "w"),
+                         preexec_fn=low_fd_limit)
+    silent = []
+    try:
+        wait_until(lambda: 'msg="ready"' in open(log).read(), 10, "gf-lockd ready")
+        for _ in range(200):
+            c = socket.socket()
+            c.bind(("127.0.0.2", 0))
+            c.setblocking(False)
+            try:
+                c.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            silent.append(c)
+        time.sleep(1)
+        uri = f"tcp://127.0.0.1:{port}"
+        for _ in range(3):
+            r = gfctl("lock", "ping", "--lock", uri, "--secret-file", secret, "--timeout", "5s")
+            assert r.returncode == 0, r.stderr
+        st = status(f"unix://{tmp}/lock.sock")
+        assert st["connections"] <= 40 and st["refused_auth_rate"] >= 150, st
+        text = open(log).read()
+        assert text.count("too many connections in the handshake") == 1, text
+    finally:
+        for c in silent:
+            c.close()
+        d.terminate()
+        d.wait(10)
+
+
+def _frame(body, nfds=0):
+    import struct
+    return struct.pack("<HBBHHI", 0x4647, 1, 0, nfds, 0, len(body)) + body
+
+
+def _read_frame(s):
+    import struct
+    head = b""
+    while len(head) < 12:
+        chunk = s.recv(12 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    n = struct.unpack("<HBBHHI", head)[5]
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return body
+
+
+def test_fd_on_a_message_that_takes_none_is_a_protocol_error(tmp):
+    """docs/protocol.md: an fd sent with a lock message that takes none is
+    closed and answered with a protocol error, and the connection closed."""
+    import array
+    d = Lockd(tmp).start()
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(d.sock)
+        # Msg{seq=1, hello{version=1, component=LOCK, peer_id="x"}}
+        s.sendall(_frame(b"\x08\x01\x52\x07\x08\x01\x10\x01\x1a\x01x"))
+        assert _read_frame(s) is not None  # Welcome
+        # Msg{seq=2, lock_status_request{}} with one fd attached
+        r, w = os.pipe()
+        s.sendmsg([_frame(b"\x08\x02\xba\x01\x00", nfds=1)],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+        os.close(r)
+        body = _read_frame(s)
+        assert body is not None and body[2] == (14 << 3 | 2), body  # Msg.error
+        assert b"file descriptors" in body, body
+        assert _read_frame(s) is None  # closed
+        # The fd went with it: the pipe's last reader is gone.
+        with pytest.raises(BrokenPipeError):
+            os.write(w, b"x")
+        os.close(w)
+        assert gfctl("lock", "ping", "--lock", d.uri).returncode == 0
+    finally:
+        d.stop()
