@@ -125,14 +125,21 @@ struct gf_lockd {
 	int64_t lsn_retry_at; /* a pending listener is bound again then (0: none) */
 	/* a switchover asked this grant's holder to step down (0: none) */
 	uint64_t step_down_epoch;
+	/* the last /metrics text, reused for METRICS_REUSE_US: scrapes run on the loop */
+	char *metrics;
+	size_t metrics_len;
+	int64_t metrics_at;
 };
 
 #define SEEN_MAX 1024
+/* A scraper asks every 15 s or so; eight asking at once still cost one rendering. */
+#define METRICS_REUSE_US 1000000
 
 static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a);
 static void pool_registered(gf_lockd *d, struct conn *c);
 static void pool_active_now(gf_lockd *d, struct conn *c);
 static void pool_fill_status(gf_lockd *d, gf_LockStatus *s);
+static int render_metrics(gf_lockd *d, char **text);
 
 static void flush_release_log(gf_lockd *d);
 static void end_exit_wait(gf_lockd *d, const char *why);
@@ -219,6 +226,7 @@ void gf_lockd_free(gf_lockd *d)
 	gf_msg_free(d->msg);
 	free(d->seen);
 	gf_lsn_free(d->lsn);
+	free(d->metrics);
 	free(d);
 }
 
@@ -1318,49 +1326,62 @@ struct pool_gpu {
 	bool active;
 };
 
-static int pool_gpu_add(struct pool_gpu **t, size_t *n, size_t *cap, const struct gf_pool_decl *decl, bool holder)
+struct pool_slot {
+	const char *uuid;
+	const struct gf_pool_decl *decl;
+	bool holder;
+};
+
+static int slot_cmp(const void *a, const void *b)
 {
-	for (size_t g = 0; decl && g < decl->ngpus; g++) {
-		size_t i = 0;
-		while (i < *n && strcmp((*t)[i].uuid, decl->gpus[g]))
-			i++;
-		if (i == *n) {
-			if (*n == *cap) {
-				size_t nc = *cap ? *cap * 2 : 16;
-				struct pool_gpu *nt = realloc(*t, nc * sizeof(*nt));
-				if (!nt)
-					return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-				*t = nt;
-				*cap = nc;
-			}
-			(*t)[(*n)++] = (struct pool_gpu){ .uuid = decl->gpus[g] };
-		}
-		struct pool_gpu *e = &(*t)[i];
-		if (holder) {
+	return strcmp(((const struct pool_slot *)a)->uuid, ((const struct pool_slot *)b)->uuid);
+}
+
+static size_t add_slots(struct pool_slot *sl, size_t k, const struct conn *c, bool holder)
+{
+	for (size_t g = 0; c->decl && g < c->decl->ngpus; g++)
+		sl[k++] = (struct pool_slot){ c->decl->gpus[g], c->decl, holder };
+	return k;
+}
+
+/*
+ * Per GPU, sorted by UUID: every (GPU, engine) pair sorted once, then folded,
+ * so 1,000 standbys on 8 GPUs each cost a sort of 8,000 pairs, not a scan of
+ * the table per pair (the /metrics scrape runs on the server's loop).
+ */
+static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
+{
+	size_t ns = d->holder && d->holder->decl ? d->holder->decl->ngpus : 0;
+	for (struct conn *w = d->whead; w; w = w->wnext)
+		ns += w->decl ? w->decl->ngpus : 0;
+	struct pool_slot *sl = malloc((ns ? ns : 1) * sizeof(*sl));
+	struct pool_gpu *t = calloc(ns ? ns : 1, sizeof(*t));
+	if (!sl || !t) {
+		free(sl);
+		free(t);
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	}
+	size_t k = d->holder ? add_slots(sl, 0, d->holder, true) : 0;
+	for (struct conn *w = d->whead; w; w = w->wnext)
+		k = add_slots(sl, k, w, false);
+	qsort(sl, k, sizeof(*sl), slot_cmp);
+	size_t n = 0;
+	for (size_t i = 0; i < k; i++) {
+		if (n == 0 || strcmp(t[n - 1].uuid, sl[i].uuid))
+			t[n++].uuid = sl[i].uuid;
+		struct pool_gpu *e = &t[n - 1];
+		if (sl[i].holder) {
 			e->active = true;
 			continue;
 		}
 		e->standbys++;
 		/* Declared by each client: the sum saturates rather than wraps. */
-		if (__builtin_add_overflow(e->asleep_bytes, decl->asleep_bytes, &e->asleep_bytes))
+		if (__builtin_add_overflow(e->asleep_bytes, sl[i].decl->asleep_bytes, &e->asleep_bytes))
 			e->asleep_bytes = UINT64_MAX;
-		if (decl->wake_bytes > e->wake_bytes_max)
-			e->wake_bytes_max = decl->wake_bytes;
+		if (sl[i].decl->wake_bytes > e->wake_bytes_max)
+			e->wake_bytes_max = sl[i].decl->wake_bytes;
 	}
-	return 0;
-}
-
-static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
-{
-	struct pool_gpu *t = NULL;
-	size_t n = 0, cap = 0;
-	int rc = d->holder ? pool_gpu_add(&t, &n, &cap, d->holder->decl, true) : 0;
-	for (struct conn *w = d->whead; w && rc == 0; w = w->wnext)
-		rc = pool_gpu_add(&t, &n, &cap, w->decl, false);
-	if (rc < 0) {
-		free(t);
-		return rc;
-	}
+	free(sl);
 	*out = t;
 	*nout = n;
 	return 0;
@@ -1442,6 +1463,27 @@ int gf_lockd_metrics(gf_lockd *d, char **text)
 {
 	if (!d || !text)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
+	int64_t now = gf_now_us();
+	if (!d->metrics || now - d->metrics_at >= METRICS_REUSE_US) {
+		char *fresh = NULL;
+		int rc = render_metrics(d, &fresh);
+		if (rc < 0)
+			return rc;
+		free(d->metrics);
+		d->metrics = fresh;
+		d->metrics_len = strlen(fresh);
+		d->metrics_at = now;
+	}
+	char *copy = malloc(d->metrics_len + 1);
+	if (!copy)
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	memcpy(copy, d->metrics, d->metrics_len + 1);
+	*text = copy;
+	return 0;
+}
+
+static int render_metrics(gf_lockd *d, char **text)
+{
 	struct pool_gpu *t;
 	size_t n;
 	int rc = pool_gpus(d, &t, &n);

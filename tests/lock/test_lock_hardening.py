@@ -317,3 +317,86 @@ def test_fd_on_a_message_that_takes_none_is_a_protocol_error(tmp):
         assert gfctl("lock", "ping", "--lock", d.uri).returncode == 0
     finally:
         d.stop()
+
+
+def _varint(v):
+    v &= (1 << 64) - 1
+    out = b""
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def _field(num, payload):
+    if isinstance(payload, int):
+        return _varint(num << 3) + _varint(payload)
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _standby(sock_path, name, gpus):
+    """A raw standby: Hello, then LockAcquire declaring @gpus, waiting for ever."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock_path)
+    hello = _field(1, 1) + _field(2, 1) + _field(3, name.encode())
+    s.sendall(_frame(_field(1, 1) + _field(10, hello)))
+    acq = _field(1, name.encode()) + _field(2, -1) + b"".join(_field(20, g.encode()) for g in gpus)
+    s.sendall(_frame(_field(1, 2) + _field(20, acq)))
+    return s
+
+
+def test_metrics_scrapes_do_not_hold_up_the_lock_loop(tmp):
+    """Issue 28.6: with 1,000 standbys declaring 8 GPUs each (8,000 per-GPU
+    series), eight scrapers asking /metrics again and again do not hold up the
+    lock's loop: pings keep being answered well within 1 s (a bound against
+    hangs, 20 times the loop's 50 ms promise). One rendering serves every
+    scrape for a second, and it sorts the (GPU, engine) pairs once."""
+    import resource
+    import threading
+    from test_lock_pool import Pool
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2200:
+        pytest.skip(f"needs 2,200 fds, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 4096, hard))
+    pool = Pool(tmp)
+    socks = []
+    try:
+        sock_path = pool.uri[len("unix://"):]
+        holder = _standby(sock_path, "holder", [])
+        socks.append(holder)
+        for i in range(1000):
+            socks.append(_standby(sock_path, f"s{i}", [f"GPU-{i:08x}-0000-4000-8000-{g:012x}" for g in range(8)]))
+        wait_until(lambda: pool.status()["waiter_count"] == 1000, 60, "1,000 standbys")
+        code, first = get(pool.port, "/metrics", timeout=30)
+        code2, second = get(pool.port, "/metrics", timeout=30)
+        assert code == code2 == 200 and first == second  # reused within the second
+        assert first.decode().count("gf_lock_pool_gpu_standbys{") == 8000
+        stop = threading.Event()
+
+        def scrape():
+            while not stop.is_set():
+                try:
+                    get(pool.port, "/metrics", timeout=30)
+                except OSError:
+                    pass
+
+        scrapers = [threading.Thread(target=scrape, daemon=True) for _ in range(8)]
+        for t in scrapers:
+            t.start()
+        try:
+            for _ in range(10):
+                r = gfctl("lock", "ping", "--lock", pool.uri, "--timeout", "1s")
+                assert r.returncode == 0, r.stderr
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in scrapers:
+                t.join(60)
+    finally:
+        for s in socks:
+            s.close()
+        pool.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
