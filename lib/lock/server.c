@@ -118,6 +118,8 @@ struct gf_lockd {
 	struct seen {
 		char id[GF_LOCK_ID_MAX];
 		int64_t last_active_us;
+		uint32_t uid; /* who was Active under this id: only the same uid (unix) inherits the record */
+		bool tcp;
 	} *seen;
 	size_t nseen;
 	/* listening sockets handed to each holder (listeners.h) */
@@ -132,6 +134,13 @@ struct gf_lockd {
 };
 
 #define SEEN_MAX 1024
+
+/* TCP peers proved the shared secret in the handshake; on unix sockets only
+ * root and the server's own uid are admins, not every allowed engine. */
+static bool is_admin(const struct gf_srv_peer *p)
+{
+	return p->tcp || p->uid == 0 || p->uid == (uint32_t)geteuid();
+}
 /* A scraper asks every 15 s or so; eight asking at once still cost one rendering. */
 #define METRICS_REUSE_US 1000000
 
@@ -866,8 +875,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
-	if (pool_take_decl(d, c, a) < 0) {
-		reply_error(d, c, GF_ERR_INVALID_ARG, gf_error_detail(), false);
+	int prc = pool_take_decl(d, c, a);
+	if (prc < 0) {
+		reply_error(d, c, prc, gf_error_detail(), false);
 		return;
 	}
 	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
@@ -975,9 +985,7 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 {
 	struct gf_srv_peer *p = c->peer;
 	char det[200];
-	/* TCP peers proved the shared secret in the handshake; on unix sockets
-	 * only root and the server's own uid may revoke, not every allowed engine. */
-	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+	if (!is_admin(p)) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
 		reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
 		return;
@@ -1016,7 +1024,7 @@ static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
 {
 	struct gf_srv_peer *p = c->peer;
 	char det[200];
-	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+	if (!is_admin(p)) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
 		reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
 		return;
@@ -1226,6 +1234,8 @@ static void pool_active_now(gf_lockd *d, struct conn *c)
 		snprintf(e->id, sizeof(e->id), "%s", c->peer->id);
 	}
 	e->last_active_us = now;
+	e->uid = c->peer->uid;
+	e->tcp = c->peer->tcp;
 }
 
 /* Take the acquire's declaration; GF_ERR_INVALID_ARG (detail set) when it is malformed. */
@@ -1236,6 +1246,13 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 	int rc = gf_pool_decl_from_acquire(a, &tmp);
 	if (rc < 0)
 		return rc;
+	/* A pinned standby is never evicted, so the next one on its GPU is:
+	 * pinning is the operator's decision, not any allowed engine's. */
+	if (tmp.pinned && !is_admin(c->peer)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"pin refused: not an admin uid\" id=%.127s uid=%u", a->engine_id,
+		       c->peer->uid);
+		return gf_err(GF_ERR_PERMISSION, "acquire: only root or the server's own uid may pin a standby");
+	}
 	bool empty = !tmp.ngpus && !tmp.pinned && !tmp.model[0] && !tmp.wake_bytes && !tmp.asleep_bytes;
 	if (empty) {
 		free(c->decl);
@@ -1252,8 +1269,12 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 static void pool_registered(gf_lockd *d, struct conn *c)
 {
 	c->since_mono = gf_now_us();
+	/* An id is a name anyone may give: its past counts only for the uid
+	 * (unix; TCP peers share the secret) that was Active under it, or
+	 * registering under a recently Active engine's id would shield a
+	 * newcomer and evict an older standby in its place. */
 	struct seen *e = seen_find(d, c->peer->id);
-	c->last_active_us = e ? e->last_active_us : 0;
+	c->last_active_us = e && e->tcp == c->peer->tcp && e->uid == c->peer->uid ? e->last_active_us : 0;
 	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
 		return;
 	/* The common case, every GPU within budget, costs one pass and no allocation. */

@@ -400,3 +400,36 @@ def test_metrics_scrapes_do_not_hold_up_the_lock_loop(tmp):
             s.close()
         pool.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _as_nobody(argv, **kw):
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + list(argv)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run gfctl as another uid")
+def test_non_admin_cannot_pin_or_borrow_recency(tmp):
+    """Issue 28.10: an allowed non-admin uid (65534) can neither pin a standby
+    (refused, exit 6) nor register under a recently Active engine's id to take
+    its place in the LRU order: it counts as never Active and is the one
+    evicted, not root's older standby."""
+    from test_lock_pool import GPU, Pool
+    os.chmod(tmp, 0o755)
+    pool = Pool(tmp, "--max-standby-per-gpu", "1", "--allow-uid", "0", "--allow-uid", "65534")
+    os.chmod(pool.uri[len("unix://"):], 0o666)  # the uid check under test is the server's, not the file's
+    try:
+        r = subprocess.run(_as_nobody([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "pinner", "--gpu", GPU,
+                                       "--pin", "--timeout", "2s"]), capture_output=True, text=True, timeout=30)
+        assert r.returncode == 6 and "pin" in r.stderr, (r.returncode, r.stderr)
+        pool.hold_once("a")  # root's engine a was Active first,
+        pool.hold_once("b")  # then b
+        holder = pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), 10, "holder granted")
+        pool.engine("a")
+        wait_until(lambda: pool.waiting("a"), 10, "a standby")
+        spoof = subprocess.run(_as_nobody([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "b", "--gpu", GPU]),
+                               capture_output=True, text=True, timeout=30)
+        assert spoof.returncode == 73, (spoof.returncode, spoof.stderr)
+        assert pool.waiting("a")
+        assert holder.poll() is None
+    finally:
+        pool.close()
