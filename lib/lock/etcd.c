@@ -38,6 +38,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 
 #include "common.h"
 #include "etcd.h"
@@ -109,46 +110,34 @@ static void curl_init(void)
 	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
+/* etcd's JSON gateway carries keys and values as base64: OpenSSL's codec (libcrypto is linked anyway). */
 static char *b64enc(const char *in, size_t n)
 {
-	char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
-	if (!out)
-		return NULL;
-	const unsigned char *s = (const unsigned char *)in;
-	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
-		*o++ = b64chars[v >> 18 & 63];
-		*o++ = b64chars[v >> 12 & 63];
-		*o++ = i + 1 < n ? b64chars[v >> 6 & 63] : '=';
-		*o++ = i + 2 < n ? b64chars[v & 63] : '=';
-	}
-	*o = 0;
+	char *out = n <= INT_MAX / 2 ? malloc(4 * ((n + 2) / 3) + 1) : NULL;
+	if (out)
+		EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)in, (int)n);
 	return out;
 }
 
 /* Decode into @out (cap bytes incl. NUL); -1 when malformed or too long. */
 static int b64dec(const char *in, char *out, size_t cap)
 {
-	size_t n = 0;
-	uint32_t acc = 0;
-	int bits = 0;
-	for (const char *p = in; *p && *p != '='; p++) {
-		const char *c = strchr(b64chars, *p);
-		if (!c || !*p)
-			return -1;
-		acc = acc << 6 | (uint32_t)(c - b64chars);
-		bits += 6;
-		if (bits >= 8) {
-			bits -= 8;
-			if (n + 1 >= cap)
-				return -1;
-			out[n++] = (char)(acc >> bits & 0xff);
-		}
-	}
-	out[n] = 0;
-	return (int)n;
+	size_t n = strlen(in);
+	if (n % 4 || n > INT_MAX / 2)
+		return -1;
+	size_t pad = (n && in[n - 1] == '=') + (n > 1 && in[n - 2] == '=');
+	size_t len = n / 4 * 3 - pad;
+	if (len + 1 > cap)
+		return -1;
+	unsigned char *tmp = malloc(n / 4 * 3 + 1);
+	int r = tmp ? EVP_DecodeBlock(tmp, (const unsigned char *)in, (int)n) : -1;
+	if (r >= 0)
+		memcpy(out, tmp, len);
+	free(tmp);
+	if (r < 0)
+		return -1;
+	out[len] = 0;
+	return (int)len;
 }
 
 /* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
@@ -251,6 +240,59 @@ static int set_param(struct gf_etcd *e, const char *k, size_t kl, const char *v)
 	return 0;
 }
 
+/* One "host:port" of the endpoint list, checked by libcurl's URL parser, appended to e->ep. */
+static int parse_endpoint(struct gf_etcd *e, const char *ep, size_t len)
+{
+	char url[300], *host = NULL, *port = NULL, *path = NULL;
+	if (len == 0 || len > 255)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, ep);
+	snprintf(url, sizeof(url), "http://%.*s", (int)len, ep);
+	CURLU *u = curl_url();
+	if (!u)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = 0;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK || curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK || strcmp(path, "/") ||
+	    memchr(ep, '@', len) || memchr(ep, '?', len) || memchr(ep, '#', len))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, ep);
+	else if (strspn(host, host[0] == '[' ? "[]:.0123456789abcdefABCDEF"
+					     : ".-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") != strlen(host))
+		/* libcurl takes what a resolver might ('%' of a zone id, '_'): a name or an address only. */
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: bad host in '%.*s'", (int)len, ep);
+	else if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK || !strcmp(port, "0"))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s' (host:port, 1..65535)", (int)len, ep);
+	else if (e->n_ep == MAX_EP)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: at most %d endpoints", MAX_EP);
+	else
+		snprintf(e->ep[e->n_ep++], sizeof(e->ep[0]), "%s://%s:%s", e->tls ? "https" : "http", host, port);
+	curl_free(host);
+	curl_free(port);
+	curl_free(path);
+	curl_url_cleanup(u);
+	return rc;
+}
+
+/* One "key=value" of the query, percent-decoded (a password-file path may hold '&', '=' or '%'). */
+static int parse_param(struct gf_etcd *e, const char *kv, size_t len)
+{
+	const char *eq = memchr(kv, '=', len);
+	if (!eq)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%.*s' needs a value", (int)len, kv);
+	int kl = 0, vl = 0;
+	char *k = curl_easy_unescape(NULL, kv, (int)(eq - kv), &kl);
+	char *v = curl_easy_unescape(NULL, eq + 1, (int)(kv + len - eq - 1), &vl);
+	int rc;
+	if (!k || !v)
+		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	else if (memchr(k, 0, (size_t)kl) || memchr(v, 0, (size_t)vl))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%.*s' decodes to a NUL byte", (int)len, kv);
+	else
+		rc = set_param(e, k, (size_t)kl, v);
+	curl_free(k);
+	curl_free(v);
+	return rc;
+}
+
 static int parse_uri(struct gf_etcd *e, const char *uri)
 {
 	const char *p;
@@ -268,59 +310,56 @@ static int parse_uri(struct gf_etcd *e, const char *uri)
 	const char *slash = strchr(p, '/');
 	if (!slash || slash == p)
 		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs host:port[,host:port...]/prefix/name", uri);
-	/* Endpoints. */
-	const char *h = p;
-	while (h < slash) {
+	/* Endpoints: a list, which no URL parser splits; each one is a URL authority. */
+	for (const char *h = p; h < slash;) {
 		const char *comma = memchr(h, ',', (size_t)(slash - h));
 		const char *end = comma ? comma : slash;
-		size_t len = (size_t)(end - h);
-		const char *colon = NULL;
-		for (const char *c = h; c < end; c++)
-			if (*c == ':')
-				colon = c;
-		if (!len || !colon || colon == h || colon + 1 == end)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, h);
-		long port = 0;
-		for (const char *c = colon + 1; c < end; c++) {
-			if (*c < '0' || *c > '9' || port > 65535)
-				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
-			port = port * 10 + (*c - '0');
-		}
-		if (port < 1 || port > 65535)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
-		for (const char *c = h; c < colon; c++)
-			if (!(*c == '.' || *c == '-' || *c == ':' || *c == '[' || *c == ']' || (*c >= '0' && *c <= '9') ||
-			      (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
-				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad host in '%.*s'", (int)len, h);
-		if (e->n_ep == MAX_EP)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: at most %d endpoints", MAX_EP);
-		snprintf(e->ep[e->n_ep++], sizeof(e->ep[0]), "%s://%.*s", e->tls ? "https" : "http", (int)len, h);
+		int rc = parse_endpoint(e, h, (size_t)(end - h));
+		if (rc < 0)
+			return rc;
 		h = end + (comma ? 1 : 0);
 		if (comma && h == slash)
 			return gf_err(GF_ERR_INVALID_ARG, "etcd: empty endpoint in '%s'", uri);
 	}
-	/* Key prefix and parameters. */
-	const char *qm = strchr(slash, '?');
-	size_t plen = qm ? (size_t)(qm - slash) : strlen(slash);
-	while (plen > 1 && slash[plen - 1] == '/')
-		plen--;
-	if (plen < 2 || plen + 2 > sizeof(e->prefix))
-		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs a lock name after the endpoints", uri);
-	snprintf(e->prefix, sizeof(e->prefix), "%.*s/", (int)plen, slash);
-	if (qm) {
-		char *params = strdup(qm + 1), *save = NULL;
-		if (!params)
-			return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-		int rc = 0;
-		for (char *kv = strtok_r(params, "&", &save); kv && rc == 0; kv = strtok_r(NULL, "&", &save)) {
-			char *eq = strchr(kv, '=');
-			rc = eq ? set_param(e, kv, (size_t)(eq - kv), eq + 1)
-				: gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%s' needs a value", kv);
-		}
-		free(params);
-		if (rc < 0)
-			return rc;
+	/* Path and query, by libcurl's URL parser. */
+	size_t rl = strlen(slash);
+	char *url = malloc(rl + 16), *path = NULL, *query = NULL, *frag = NULL;
+	CURLU *u = url ? curl_url() : NULL;
+	if (!u) {
+		free(url);
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	}
+	snprintf(url, rl + 16, "http://x%s", slash);
+	int rc = 0;
+	if (curl_url_set(u, CURLUPART_URL, url, CURLU_PATH_AS_IS) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' is not a valid URI", uri);
+	else if (curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s': no '#' fragment allowed (percent-encode a '#' as %%23)", uri);
+	if (rc == 0) {
+		size_t plen = strlen(path);
+		while (plen > 1 && path[plen - 1] == '/')
+			plen--;
+		if (plen < 2 || plen + 2 > sizeof(e->prefix))
+			rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs a lock name after the endpoints", uri);
+		else
+			snprintf(e->prefix, sizeof(e->prefix), "%.*s/", (int)plen, path);
+	}
+	if (rc == 0 && curl_url_get(u, CURLUPART_QUERY, &query, 0) == CURLUE_OK) {
+		for (const char *kv = query; rc == 0 && *kv;) {
+			const char *amp = strchr(kv, '&');
+			size_t len = amp ? (size_t)(amp - kv) : strlen(kv);
+			rc = parse_param(e, kv, len);
+			kv += len + (amp ? 1 : 0);
+		}
+	}
+	curl_free(path);
+	curl_free(query);
+	curl_free(frag);
+	curl_url_cleanup(u);
+	free(url);
+	if (rc < 0)
+		return rc;
 	if ((e->cert[0] != 0) != (e->key[0] != 0))
 		return gf_err(GF_ERR_INVALID_ARG, "etcd: cert= and key= go together");
 	if (!e->tls && (e->cacert[0] || e->cert[0]))
