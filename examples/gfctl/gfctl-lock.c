@@ -296,8 +296,6 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, con
 	if (child == 0) {
 		sigprocmask(SIG_SETMASK, old_mask, NULL);
 		signal(SIGPIPE, SIG_DFL);
-		if (beat_fd >= 0)
-			close(beat_fd);
 		export_listeners(ls, nls);
 		execvp(cmd[0], cmd);
 		fprintf(stderr, "gfctl lock acquire: exec %s: %s\n", cmd[0], strerror(errno));
