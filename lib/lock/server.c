@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -997,6 +998,10 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 		/* No exit wait: the process is presumed unkillable, which is why
 		 * it is revoked. Closing its connection makes any later request
 		 * of it fail, and its reclaim is refused (new token, no window). */
+		/* Hung up now, before the next grant goes out (the socket itself
+		 * is closed after it): a revoked holder that resumes sees the
+		 * hang-up before it accepts from a carried listener again. */
+		shutdown(h->peer->fd, SHUT_RDWR);
 		holder_gone(d, h, "revoked", false);
 		gf_srv_close(d->srv, h->peer, "revoked");
 	} else if (!d->holder && d->exit_pidfd >= 0 && d->epoch == epoch) {
