@@ -174,13 +174,19 @@ def test_stopped_gfctl_guard_ends_command_before_next_grant(tmp):
     """Issue 28.9: `gfctl lock acquire -- CMD` on a tcp:// lease with gfctl
     stopped: the guard, not hearing from gfctl for half of T_fence, kills
     CMD's group before the server can grant the next holder."""
-    from test_lock_integration import Contender, tcp_lockd
+    from test_lock_integration import Contender, free_port
     procs = []
     try:
-        d, port, secret = tcp_lockd(procs, tmp)
+        port = free_port()
+        secret = os.path.join(tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("s3cret\n")
+        procs.append(Lockd(tmp, "--secret-file", secret, "--heartbeat", "200ms", "--detect-timeout", "2s",
+                           tcp_port=port).start())
         uri = f"tcp://127.0.0.1:{port}"
         pidfile = os.path.join(tmp, "cmd.pid")
-        a = Contender(uri, "a", "--secret-file", secret, "--heartbeat", "100ms", "--fence", "300ms",
+        # The guard's window is half of T_fence (1 s): 0.5 s, well inside T_detect (2 s).
+        a = Contender(uri, "a", "--secret-file", secret, "--heartbeat", "200ms", "--fence", "1s",
                       cmd=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 1000"])
         procs.append(a)
         assert a.wait_granted()
