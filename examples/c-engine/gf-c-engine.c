@@ -513,10 +513,15 @@ static int wait_stop(struct app *a, int ms)
  * With --listener the HTTP server (started at init, without a socket of its
  * own) is handed the connections this loop accepts from the lock's
  * listener, a bounded batch per round: nothing of it is set up at wake.
+ * False when it stopped because the grant may no longer be current.
  */
-static void accept_pending(struct app *a)
+static bool accept_pending(struct app *a)
 {
 	for (int n = 0; n < 64; n++) {
+		/* Before each accept: a holder revoked while stopped and then
+		 * resumed sees the server's hang-up before the loss path ran. */
+		if (!gf_engine_may_accept(a->engine))
+			return false;
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);
 		int c = accept4(a->lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -525,11 +530,12 @@ static void accept_pending(struct app *a)
 				continue;
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				logf_(GF_LOG_WARN, "event=accept_failed errno=%d msg=\"%s\"", errno, strerror(errno));
-			return;
+			return true;
 		}
 		/* MHD closes the socket itself when it cannot take it. */
 		MHD_add_connection(a->http, c, (const struct sockaddr *)&ss, len);
 	}
+	return true;
 }
 
 /*
@@ -544,6 +550,7 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 {
 	const union MHD_DaemonInfo *ei = MHD_get_daemon_info(a->http, MHD_DAEMON_INFO_EPOLL_FD);
 	int64_t end = ms < 0 ? INT64_MAX : mono_ms() + ms;
+	bool hold = false; /* the grant may be gone: leave the backlog to the next holder a while */
 	for (;;) {
 		MHD_run(a->http);
 		int64_t now = mono_ms();
@@ -553,15 +560,18 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 		int64_t wait = end == INT64_MAX ? -1 : end - now;
 		if (MHD_get_timeout(a->http, &to) == MHD_YES && (wait < 0 || (int64_t)to < wait))
 			wait = to > INT32_MAX ? INT32_MAX : (int64_t)to;
+		if (hold && (wait < 0 || wait > 20))
+			wait = 20;
 		struct pollfd p[3] = { { .fd = until_stop ? a->stop_pipe[0] : -1, .events = POLLIN },
 				       { .fd = ei ? ei->epoll_fd : -1, .events = POLLIN },
-				       { .fd = a->lfd, .events = POLLIN } };
+				       { .fd = hold ? -1 : a->lfd, .events = POLLIN } };
 		if (poll(p, 3, (int)(wait > INT32_MAX ? INT32_MAX : wait)) < 0 && errno != EINTR)
 			return 1;
 		if (p[0].revents & POLLIN)
 			return 1;
+		hold = false;
 		if (p[2].revents & POLLIN)
-			accept_pending(a);
+			hold = !accept_pending(a);
 	}
 }
 

@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gfctl.h"
@@ -262,10 +263,20 @@ static void export_listeners(const struct gf_lock_listener *ls, size_t n)
  * the whole group. Signals gfctl forwards to the group reach CMD, which
  * handles them as it likes; the guard ignores them while gfctl lives. The
  * guard exits with CMD's status (128+N when a signal N ended it).
+ *
+ * On a lease lock (tcp://, etcd://) gfctl can also stop without dying
+ * (SIGSTOP, a frozen cgroup) while the lease runs out and the next holder is
+ * granted. So gfctl writes a byte to the @beat pipe every time it runs holding the
+ * lock, and the guard itself ends the group when none came for @window_ms:
+ * it leaves the group first (joins gfctl's), kills it, and exits
+ * GFCTL_EXIT_LOCK_LOST. @beat {-1, -1}: not a lease lock, no such deadline.
  */
 static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, const struct gf_lock_listener *ls,
-		      size_t nls)
+		      size_t nls, const int beat[2], int64_t window_ms)
 {
+	int beat_fd = beat[0];
+	if (beat[1] >= 0) /* gfctl's end: EOF then means gfctl is gone */
+		close(beat[1]);
 	sigset_t mask;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
@@ -277,7 +288,8 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, con
 	prctl(PR_SET_PDEATHSIG, SIGTERM);
 	if (getppid() != gfctl_pid) /* gfctl died before the line above */
 		kill(0, SIGKILL);
-	take_terminal(getpid(), getpgid(gfctl_pid));
+	pid_t gfctl_group = getpgid(gfctl_pid);
+	take_terminal(getpid(), gfctl_group);
 	pid_t child = fork();
 	if (child < 0)
 		_exit(GFCTL_EXIT_FAILURE);
@@ -289,11 +301,40 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, con
 		fprintf(stderr, "gfctl lock acquire: exec %s: %s\n", cmd[0], strerror(errno));
 		_exit(127);
 	}
+	int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+	if (sfd < 0)
+		kill(0, SIGKILL);
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, deadline = now + window_ms;
 	for (;;) {
-		siginfo_t si;
-		if (sigwaitinfo(&mask, &si) < 0)
+		struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = beat_fd, .events = POLLIN } };
+		int wait = beat_fd < 0 ? -1 : (int)(deadline > now ? deadline - now : 0);
+		int n = poll(p, 2, wait);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+		if (n < 0 && errno != EINTR)
+			kill(0, SIGKILL);
+		char buf[64];
+		if (n > 0 && (p[1].revents & (POLLIN | POLLHUP))) {
+			if (read(beat_fd, buf, sizeof(buf)) == 0) /* gfctl is gone */
+				kill(0, SIGKILL);
+			deadline = now + window_ms;
+		}
+		if (beat_fd >= 0 && now >= deadline) {
+			fprintf(stderr,
+				"gfctl lock acquire: no renewal from gfctl for %lldms (stopped?); ending the command before the lease can pass on\n",
+				(long long)window_ms);
+			if (setpgid(0, gfctl_group) < 0)
+				kill(0, SIGKILL);
+			kill(-getpid(), SIGKILL);
+			waitpid(child, NULL, 0);
+			_exit(GFCTL_EXIT_LOCK_LOST);
+		}
+		struct signalfd_siginfo si;
+		if (n <= 0 || !(p[0].revents & POLLIN) || read(sfd, &si, sizeof(si)) != sizeof(si))
 			continue;
-		if (si.si_signo != SIGCHLD) {
+		if (si.ssi_signo != SIGCHLD) {
 			if (getppid() != gfctl_pid)
 				kill(0, SIGKILL);
 			continue;
@@ -305,7 +346,8 @@ static void run_guard(char **cmd, pid_t gfctl_pid, const sigset_t *old_mask, con
 }
 
 /* Step 3: start the guard (and CMD under it); the group id, or -1. */
-static pid_t start_command(char **cmd, const sigset_t *old_mask, const struct gf_lock_listener *ls, size_t nls)
+static pid_t start_command(char **cmd, const sigset_t *old_mask, const struct gf_lock_listener *ls, size_t nls,
+			   const int beat[2], int64_t window_ms)
 {
 	pid_t self = getpid();
 	pid_t guard = fork();
@@ -314,20 +356,26 @@ static pid_t start_command(char **cmd, const sigset_t *old_mask, const struct gf
 		return -1;
 	}
 	if (guard == 0)
-		run_guard(cmd, self, old_mask, ls, nls);
+		run_guard(cmd, self, old_mask, ls, nls, beat, window_ms);
 	setpgid(guard, guard); /* also here: no signal may find the group missing */
 	take_terminal(guard, getpgrp());
 	return guard;
 }
 
 /* Step 4: hold the lock until CMD ends (its status), a signal asks to stop
- * (without CMD), or the lock is lost (GFCTL_EXIT_LOCK_LOST). */
-static int hold(gf_lock *lock, int sfd, pid_t group)
+ * (without CMD), or the lock is lost (GFCTL_EXIT_LOCK_LOST). While held, a
+ * beat to the guard at least every @beat_ms (@beat_fd >= 0). */
+static int hold(gf_lock *lock, int sfd, pid_t group, int beat_fd, int beat_ms)
 {
 	for (;;) {
+		if (beat_fd >= 0 && gf_lock_is_held(lock) && write(beat_fd, "b", 1) < 0 && errno != EAGAIN)
+			beat_fd = -1; /* the guard is gone: its SIGCHLD tells the rest */
 		struct pollfd p[2] = { { .fd = gf_lock_get_fd(lock), .events = (short)gf_lock_get_events(lock) },
 				       { .fd = sfd, .events = POLLIN } };
-		int n = poll(p, 2, gf_lock_get_timeout_ms(lock));
+		int wait = gf_lock_get_timeout_ms(lock);
+		if (beat_fd >= 0 && (wait < 0 || wait > beat_ms))
+			wait = beat_ms;
+		int n = poll(p, 2, wait);
 		if (n < 0 && errno != EINTR)
 			return GFCTL_EXIT_FAILURE;
 		struct signalfd_siginfo si;
@@ -349,6 +397,12 @@ static int hold(gf_lock *lock, int sfd, pid_t group)
 			return GFCTL_EXIT_LOCK_LOST;
 		}
 	}
+}
+
+/* tcp:// and etcd:// locks are leases: they pass on when the holder goes silent, alive or not. */
+static bool is_lease(const char *uri)
+{
+	return !strncmp(uri, "tcp://", 6) || !strncmp(uri, "etcd://", 7) || !strncmp(uri, "etcds://", 8);
 }
 
 static int cmd_acquire(struct lock_opts *o, char **cmd)
@@ -394,8 +448,22 @@ static int cmd_acquire(struct lock_opts *o, char **cmd)
 	size_t nls = 0;
 	if (gf_lock_listeners(lock, &ls, &nls) < 0)
 		nls = 0;
-	pid_t group = cmd && cmd[0] ? start_command(cmd, &old, ls, nls) : 0;
-	int code = group < 0 ? GFCTL_EXIT_FAILURE : hold(lock, sfd, group);
+	/* The guard's window: half of T_fence (--fence, default 3 s), so CMD
+	 * is gone well before the lease can pass on after gfctl last renewed it. */
+	int beat[2] = { -1, -1 };
+	int64_t window_ms = (o->fence_ms > 0 ? o->fence_ms : 3000) / 2;
+	pid_t group = 0;
+	if (cmd && cmd[0] && is_lease(o->uri) && pipe2(beat, O_CLOEXEC | O_NONBLOCK) < 0) {
+		perror("gfctl lock acquire: pipe");
+		group = -1;
+	} else if (cmd && cmd[0]) {
+		group = start_command(cmd, &old, ls, nls, beat, window_ms);
+		if (beat[0] >= 0)
+			close(beat[0]);
+	}
+	int code = group < 0 ? GFCTL_EXIT_FAILURE : hold(lock, sfd, group, beat[1], (int)(window_ms / 4));
+	if (beat[1] >= 0)
+		close(beat[1]);
 	/* Whatever CMD left running in its group goes before the lock does. */
 	if (group > 0) {
 		kill(-group, SIGKILL);
@@ -569,7 +637,9 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  "SIGTERM/SIGINT/SIGHUP. With CMD it exits with CMD's status (128+N when signal N\n"
 	  "ended it). CMD never outlives the lock: it runs in its own process group, which is\n"
 	  "killed when gfctl dies (even by SIGKILL) or loses the lock, and whatever CMD leaves\n"
-	  "running there is killed before the lock is released. Signals sent to gfctl are\n"
+	  "running there is killed before the lock is released. On a lease lock (tcp://,\n"
+	  "etcd://) the group is also killed (exit 4) when gfctl itself stops running, alive\n"
+	  "or not, for half of T_fence (--fence, default 3 s). Signals sent to gfctl are\n"
 	  "passed to the group. The listening sockets the lock carries (gf-lockd --listener)\n"
 	  "are passed to CMD as systemd does: fds from 3, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID.",
 	  LOCK_OPT "  --id ID                this holder's id (shown in status)\n"

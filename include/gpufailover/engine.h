@@ -292,10 +292,28 @@ GF_EXPORT int gf_engine_serve(gf_engine *engine, gf_engine_step_fn serve, void *
  * for the serve step: *@p fd_out is a new close-on-exec duplicate the caller
  * owns (an HTTP server may close it when it stops). Only the holder has it,
  * so a Standby never accepts. Waking or Active (while the lock is held).
+ * When the lock or a GMS is lost, the loss path first replaces each such
+ * duplicate still open (the same fd number) with a datagram socket, before
+ * the loss hook runs: accept() on it then fails with EOPNOTSUPP and poll()
+ * reports nothing, while the listening socket the next holder serves from is
+ * left alone. Do not close the duplicate on another thread while the lock
+ * may be lost, or keep further dup()s of it (those are not replaced).
  * Errors: GF_ERR_STATE (not held), GF_ERR_NOT_FOUND (no such listener),
  * GF_ERR_NOT_SUPPORTED (a tcp:// lock carries none), GF_ERR_IO, GF_ERR_INVALID_ARG.
  */
 GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_out);
+/**
+ * Is this engine's grant still current, as far as can be told without
+ * blocking? 1 when it is Waking or Active, the lock is held and its server
+ * connection is up and has not been closed by the server; 0 otherwise (also
+ * while the client reconnects, after a loss, and for NULL). Call it before
+ * accept() from a lock-carried listener and leave the backlog alone while it
+ * says 0: a holder revoked while stopped and then resumed finds the server's
+ * hang-up here before its watcher thread has run the loss path, and during a
+ * lock-server restart the grant is current again once the reclaim is
+ * answered. Any thread; does not block.
+ */
+GF_EXPORT int gf_engine_may_accept(gf_engine *engine);
 
 /**
  * Called when a planned switchover (gfctl switchover) asks this engine, the

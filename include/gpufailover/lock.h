@@ -424,7 +424,9 @@ GF_EXPORT int gf_lockd_status_json(gf_lockd *d, char **json);
  * the lock, the pool's budget and evictions, per GPU totals
  * (gf_lock_pool_gpu_*{uuid=...}) and per engine declarations and last time
  * Active (gf_lock_engine_*{id=...,role=holder|standby}). Call on the thread
- * that drives the server. Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
+ * that drives the server. A rendering is reused for 1 s (the text is at most
+ * that old), so scrapers asking at once cost the server's loop one rendering.
+ * Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM.
  */
 GF_EXPORT int gf_lockd_metrics(gf_lockd *d, char **text);
 /**

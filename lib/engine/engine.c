@@ -54,6 +54,7 @@ GF_EXPORT int gf_engine_new(gf_engine **out)
 	e->lock_reconnect_ms = -1;
 	e->loss_grace_ms = 10000;
 	e->probe_port = -1;
+	e->lsn_dummy = -1;
 	snprintf(e->probe_addr, sizeof(e->probe_addr), "0.0.0.0");
 	*out = e;
 	return 0;
@@ -116,6 +117,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 	free(e->lock_uri);
 	free(e->id);
 	free(e->model);
+	gf_close(e->lsn_dummy);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }

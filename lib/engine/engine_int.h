@@ -117,6 +117,15 @@ struct gf_engine {
 
 	int ndev;
 	struct engine_dev dev[GF_ENGINE_MAX_DEVICES];
+
+	/* Listener duplicates handed out by gf_engine_listener() (listener.c),
+	 * under mu: the loss path stops them accepting. */
+	struct engine_lsn {
+		int fd;
+		uint64_t dev, ino; /* the socket's identity, so a closed and reused number is left alone */
+	} lsn_out[16];
+	size_t nlsn_out;
+	int lsn_dummy; /* what they are replaced with; made with the first, so the loss path needs no new fd */
 };
 
 /* Inspection calls take a const engine; the mutex is not part of its
@@ -144,6 +153,9 @@ int64_t gf_engine_init_timeout(const gf_engine *e);
  * caller's thread if none can be made): for callers that must return first,
  * such as a probe. */
 void gf_engine_fatal_async(gf_engine *e, int err, const char *cause, const char *reason);
+
+/* Make every listener duplicate handed out stop accepting (listener.c). Any thread. */
+void gf_engine_stop_accepting(gf_engine *e);
 
 /* guards.c: the startup watchdog, the memory gate and the real sleep. */
 void gf_engine_real_sleep_ms(int64_t ms);

@@ -56,6 +56,9 @@ void gf_engine_fatal(gf_engine *e, int err, const char *cause, const char *reaso
 	 * runs once. */
 	if (atomic_exchange(&e->loss_called, true))
 		return;
+	/* First: the next holder may already serve from the same listening
+	 * socket, so nothing of ours may accept from it any more. */
+	gf_engine_stop_accepting(e);
 	gf_engine_die(e, cause, reason);
 	pthread_mutex_lock(&e->mu);
 	gf_engine_loss_fn fn = e->loss;

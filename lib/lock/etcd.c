@@ -38,6 +38,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 
 #include "common.h"
 #include "etcd.h"
@@ -78,7 +79,7 @@ struct gf_etcd {
 	_Atomic int cur;        /* the member that answered last */
 
 	int64_t reconnect_ms, ka_ms, fence_ms;
-	struct hconn req, kac, wc;
+	struct hconn req, kac, wc, kwc;
 
 	_Atomic int state;
 	int64_t lease_id;
@@ -86,12 +87,14 @@ struct gf_etcd {
 	_Atomic int64_t last_ok_us; /* send time of the last answered keepalive */
 	_Atomic int lease_gone;
 	_Atomic int revoked;       /* the lease is gone already: no revoke at release */
+	_Atomic int key_gone;      /* the holder's key was seen deleted */
 	_Atomic uint64_t epoch;
 	char mykey[600];
 	int64_t myrev;
+	char warned_key[700]; /* the last lease-less key reported */
 
-	pthread_t ka;
-	bool ka_running;
+	pthread_t ka, kw;
+	bool ka_running, kw_running;
 	int ka_stop_fd;
 	int notify_fd;
 	bool forked;
@@ -107,46 +110,34 @@ static void curl_init(void)
 	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
+/* etcd's JSON gateway carries keys and values as base64: OpenSSL's codec (libcrypto is linked anyway). */
 static char *b64enc(const char *in, size_t n)
 {
-	char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
-	if (!out)
-		return NULL;
-	const unsigned char *s = (const unsigned char *)in;
-	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
-		*o++ = b64chars[v >> 18 & 63];
-		*o++ = b64chars[v >> 12 & 63];
-		*o++ = i + 1 < n ? b64chars[v >> 6 & 63] : '=';
-		*o++ = i + 2 < n ? b64chars[v & 63] : '=';
-	}
-	*o = 0;
+	char *out = n <= INT_MAX / 2 ? malloc(4 * ((n + 2) / 3) + 1) : NULL;
+	if (out)
+		EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)in, (int)n);
 	return out;
 }
 
 /* Decode into @out (cap bytes incl. NUL); -1 when malformed or too long. */
 static int b64dec(const char *in, char *out, size_t cap)
 {
-	size_t n = 0;
-	uint32_t acc = 0;
-	int bits = 0;
-	for (const char *p = in; *p && *p != '='; p++) {
-		const char *c = strchr(b64chars, *p);
-		if (!c || !*p)
-			return -1;
-		acc = acc << 6 | (uint32_t)(c - b64chars);
-		bits += 6;
-		if (bits >= 8) {
-			bits -= 8;
-			if (n + 1 >= cap)
-				return -1;
-			out[n++] = (char)(acc >> bits & 0xff);
-		}
-	}
-	out[n] = 0;
-	return (int)n;
+	size_t n = strlen(in);
+	if (n % 4 || n > INT_MAX / 2)
+		return -1;
+	size_t pad = (n && in[n - 1] == '=') + (n > 1 && in[n - 2] == '=');
+	size_t len = n / 4 * 3 - pad;
+	if (len + 1 > cap)
+		return -1;
+	unsigned char *tmp = malloc(n / 4 * 3 + 1);
+	int r = tmp ? EVP_DecodeBlock(tmp, (const unsigned char *)in, (int)n) : -1;
+	if (r >= 0)
+		memcpy(out, tmp, len);
+	free(tmp);
+	if (r < 0)
+		return -1;
+	out[len] = 0;
+	return (int)len;
 }
 
 /* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
@@ -249,6 +240,59 @@ static int set_param(struct gf_etcd *e, const char *k, size_t kl, const char *v)
 	return 0;
 }
 
+/* One "host:port" of the endpoint list, checked by libcurl's URL parser, appended to e->ep. */
+static int parse_endpoint(struct gf_etcd *e, const char *ep, size_t len)
+{
+	char url[300], *host = NULL, *port = NULL, *path = NULL;
+	if (len == 0 || len > 255)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, ep);
+	snprintf(url, sizeof(url), "http://%.*s", (int)len, ep);
+	CURLU *u = curl_url();
+	if (!u)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = 0;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK || curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK || strcmp(path, "/") ||
+	    memchr(ep, '@', len) || memchr(ep, '?', len) || memchr(ep, '#', len))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, ep);
+	else if (strspn(host, host[0] == '[' ? "[]:.0123456789abcdefABCDEF"
+					     : ".-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") != strlen(host))
+		/* libcurl takes what a resolver might ('%' of a zone id, '_'): a name or an address only. */
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: bad host in '%.*s'", (int)len, ep);
+	else if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK || !strcmp(port, "0"))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s' (host:port, 1..65535)", (int)len, ep);
+	else if (e->n_ep == MAX_EP)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: at most %d endpoints", MAX_EP);
+	else
+		snprintf(e->ep[e->n_ep++], sizeof(e->ep[0]), "%s://%s:%s", e->tls ? "https" : "http", host, port);
+	curl_free(host);
+	curl_free(port);
+	curl_free(path);
+	curl_url_cleanup(u);
+	return rc;
+}
+
+/* One "key=value" of the query, percent-decoded (a password-file path may hold '&', '=' or '%'). */
+static int parse_param(struct gf_etcd *e, const char *kv, size_t len)
+{
+	const char *eq = memchr(kv, '=', len);
+	if (!eq)
+		return gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%.*s' needs a value", (int)len, kv);
+	int kl = 0, vl = 0;
+	char *k = curl_easy_unescape(NULL, kv, (int)(eq - kv), &kl);
+	char *v = curl_easy_unescape(NULL, eq + 1, (int)(kv + len - eq - 1), &vl);
+	int rc;
+	if (!k || !v)
+		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	else if (memchr(k, 0, (size_t)kl) || memchr(v, 0, (size_t)vl))
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%.*s' decodes to a NUL byte", (int)len, kv);
+	else
+		rc = set_param(e, k, (size_t)kl, v);
+	curl_free(k);
+	curl_free(v);
+	return rc;
+}
+
 static int parse_uri(struct gf_etcd *e, const char *uri)
 {
 	const char *p;
@@ -266,59 +310,56 @@ static int parse_uri(struct gf_etcd *e, const char *uri)
 	const char *slash = strchr(p, '/');
 	if (!slash || slash == p)
 		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs host:port[,host:port...]/prefix/name", uri);
-	/* Endpoints. */
-	const char *h = p;
-	while (h < slash) {
+	/* Endpoints: a list, which no URL parser splits; each one is a URL authority. */
+	for (const char *h = p; h < slash;) {
 		const char *comma = memchr(h, ',', (size_t)(slash - h));
 		const char *end = comma ? comma : slash;
-		size_t len = (size_t)(end - h);
-		const char *colon = NULL;
-		for (const char *c = h; c < end; c++)
-			if (*c == ':')
-				colon = c;
-		if (!len || !colon || colon == h || colon + 1 == end)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: endpoint '%.*s' must be host:port", (int)len, h);
-		long port = 0;
-		for (const char *c = colon + 1; c < end; c++) {
-			if (*c < '0' || *c > '9' || port > 65535)
-				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
-			port = port * 10 + (*c - '0');
-		}
-		if (port < 1 || port > 65535)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: bad port in '%.*s'", (int)len, h);
-		for (const char *c = h; c < colon; c++)
-			if (!(*c == '.' || *c == '-' || *c == ':' || *c == '[' || *c == ']' || (*c >= '0' && *c <= '9') ||
-			      (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
-				return gf_err(GF_ERR_INVALID_ARG, "etcd: bad host in '%.*s'", (int)len, h);
-		if (e->n_ep == MAX_EP)
-			return gf_err(GF_ERR_INVALID_ARG, "etcd: at most %d endpoints", MAX_EP);
-		snprintf(e->ep[e->n_ep++], sizeof(e->ep[0]), "%s://%.*s", e->tls ? "https" : "http", (int)len, h);
+		int rc = parse_endpoint(e, h, (size_t)(end - h));
+		if (rc < 0)
+			return rc;
 		h = end + (comma ? 1 : 0);
 		if (comma && h == slash)
 			return gf_err(GF_ERR_INVALID_ARG, "etcd: empty endpoint in '%s'", uri);
 	}
-	/* Key prefix and parameters. */
-	const char *qm = strchr(slash, '?');
-	size_t plen = qm ? (size_t)(qm - slash) : strlen(slash);
-	while (plen > 1 && slash[plen - 1] == '/')
-		plen--;
-	if (plen < 2 || plen + 2 > sizeof(e->prefix))
-		return gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs a lock name after the endpoints", uri);
-	snprintf(e->prefix, sizeof(e->prefix), "%.*s/", (int)plen, slash);
-	if (qm) {
-		char *params = strdup(qm + 1), *save = NULL;
-		if (!params)
-			return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-		int rc = 0;
-		for (char *kv = strtok_r(params, "&", &save); kv && rc == 0; kv = strtok_r(NULL, "&", &save)) {
-			char *eq = strchr(kv, '=');
-			rc = eq ? set_param(e, kv, (size_t)(eq - kv), eq + 1)
-				: gf_err(GF_ERR_INVALID_ARG, "etcd: URI parameter '%s' needs a value", kv);
-		}
-		free(params);
-		if (rc < 0)
-			return rc;
+	/* Path and query, by libcurl's URL parser. */
+	size_t rl = strlen(slash);
+	char *url = malloc(rl + 16), *path = NULL, *query = NULL, *frag = NULL;
+	CURLU *u = url ? curl_url() : NULL;
+	if (!u) {
+		free(url);
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	}
+	snprintf(url, rl + 16, "http://x%s", slash);
+	int rc = 0;
+	if (curl_url_set(u, CURLUPART_URL, url, CURLU_PATH_AS_IS) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' is not a valid URI", uri);
+	else if (curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK)
+		rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s': no '#' fragment allowed (percent-encode a '#' as %%23)", uri);
+	if (rc == 0) {
+		size_t plen = strlen(path);
+		while (plen > 1 && path[plen - 1] == '/')
+			plen--;
+		if (plen < 2 || plen + 2 > sizeof(e->prefix))
+			rc = gf_err(GF_ERR_INVALID_ARG, "etcd: '%s' needs a lock name after the endpoints", uri);
+		else
+			snprintf(e->prefix, sizeof(e->prefix), "%.*s/", (int)plen, path);
+	}
+	if (rc == 0 && curl_url_get(u, CURLUPART_QUERY, &query, 0) == CURLUE_OK) {
+		for (const char *kv = query; rc == 0 && *kv;) {
+			const char *amp = strchr(kv, '&');
+			size_t len = amp ? (size_t)(amp - kv) : strlen(kv);
+			rc = parse_param(e, kv, len);
+			kv += len + (amp ? 1 : 0);
+		}
+	}
+	curl_free(path);
+	curl_free(query);
+	curl_free(frag);
+	curl_url_cleanup(u);
+	free(url);
+	if (rc < 0)
+		return rc;
 	if ((e->cert[0] != 0) != (e->key[0] != 0))
 		return gf_err(GF_ERR_INVALID_ARG, "etcd: cert= and key= go together");
 	if (!e->tls && (e->cacert[0] || e->cert[0]))
@@ -747,7 +788,7 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 	}
 	size_t nfds = 0;
 	int *fds = rc == 0 ? list_fds(&nfds) : NULL;
-	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0))
+	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0 || hconn_init(&e->kwc) < 0))
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	if (fds)
 		cloexec_new_sockets(fds, nfds);
@@ -769,6 +810,7 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 	return 0;
 }
 
+/* Stops the keepalive thread and the holder's key watch (they share the stop fd). */
 static void stop_keepalive(struct gf_etcd *e)
 {
 	if (!e->ka_running)
@@ -777,6 +819,9 @@ static void stop_keepalive(struct gf_etcd *e)
 	ssize_t w = write(e->ka_stop_fd, &one, sizeof(one));
 	(void)w;
 	pthread_join(e->ka, NULL);
+	if (e->kw_running)
+		pthread_join(e->kw, NULL);
+	e->kw_running = false;
 	uint64_t v;
 	while (read(e->ka_stop_fd, &v, sizeof(v)) > 0)
 		;
@@ -811,6 +856,7 @@ void gf_etcd_free(struct gf_etcd *e)
 	hconn_free(&e->req);
 	hconn_free(&e->kac);
 	hconn_free(&e->wc);
+	hconn_free(&e->kwc);
 	gf_close(e->ka_stop_fd);
 	gf_close(e->notify_fd);
 	if (e->password) {
@@ -1051,6 +1097,90 @@ static int put_key(struct gf_etcd *e, int64_t deadline, int intr_fd)
 	return 0;
 }
 
+/* Keys fetched per page when looking for the nearest older key of this lock. */
+#define PRED_PAGE 64
+
+/*
+ * A key of this lock itself: the prefix and one more path element (a lease id
+ * here, etcdctl lock's too). A lock named "x/sub" keeps its keys under
+ * "x/sub/", inside the range of "x/": those are another lock's, not waiters
+ * of this one.
+ */
+static bool own_key(const struct gf_etcd *e, const char *kb64, char *key, size_t cap)
+{
+	size_t pl = strlen(e->prefix);
+	return kb64 && b64dec(kb64, key, cap) > 0 && !strncmp(key, e->prefix, pl) && key[pl] && !strchr(key + pl, '/');
+}
+
+/*
+ * The first key of this lock in @kvs from index @from (newest first): 1 and
+ * *@pred (malloc'd base64 key), or 0 with *@oldest the lowest create revision
+ * seen (where the next page starts). A key without a lease never goes away by
+ * itself: any etcd writer can plant one, and it would hold the lock for good,
+ * so it is reported (once per key) while waiting on it as on any other.
+ */
+static int pick_older(struct gf_etcd *e, json_t *kvs, size_t from, char **pred, int64_t *oldest)
+{
+	char key[700];
+	for (size_t i = from; i < json_array_size(kvs); i++) {
+		json_t *kv = json_array_get(kvs, i);
+		const char *kb = json_string_value(json_object_get(kv, "key"));
+		*oldest = jint(kv, "create_revision");
+		if (!own_key(e, kb, key, sizeof(key)))
+			continue;
+		if (jint(kv, "lease") <= 0 && strcmp(e->warned_key, key)) {
+			gf_log(GF_LOG_ERR, "lock",
+			       "msg=\"etcd: a key without a lease is in this lock's line; it holds the lock until someone deletes it\" id=%s key=%s create_revision=%lld fix=\"etcdctl del %s\"",
+			       e->id, key, (long long)*oldest, key);
+			snprintf(e->warned_key, sizeof(e->warned_key), "%s", key);
+		}
+		*pred = strdup(kb);
+		return *pred ? 1 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	return 0;
+}
+
+/*
+ * Pages on through keys created before @below (another lock's keys nested
+ * in our prefix came first): like pick_older(), with *@rev the revision read
+ * at. @serializable: any member's view will do (see predecessor_after()).
+ */
+static int older_pages(struct gf_etcd *e, int64_t below, bool serializable, int64_t deadline, int intr_fd,
+		       char **pred, int64_t *rev)
+{
+	char *end = prefix_end(e->prefix);
+	if (!end)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = 0;
+	while (below > 1 && rc == 0) {
+		char b[24];
+		json_t *out = NULL, *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b,s:b}", "key", jkey(e->prefix),
+						       "range_end", jkey(end), "sort_order", "DESCEND", "sort_target",
+						       "CREATE", "limit", "64", "max_create_revision", i64s(below - 1, b),
+						       "serializable", serializable, "keys_only", 1);
+		if (!body) {
+			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+			break;
+		}
+		rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+		if (rc < 0)
+			break;
+		json_t *kvs = json_object_get(out, "kvs");
+		int64_t r = jint(json_object_get(out, "header"), "revision");
+		if (r < *rev)
+			*rev = r; /* the older view of the two decides where a watch starts */
+		int64_t oldest = 0;
+		rc = pick_older(e, kvs, 0, pred, &oldest);
+		if (rc == 0 && !json_is_true(json_object_get(out, "more")))
+			below = 0;
+		else
+			below = oldest;
+		json_decref(out);
+	}
+	free(end);
+	return rc;
+}
+
 /*
  * Our key still there and the nearest key created before it: 1 and *pred
  * (malloc'd) with *rev the revision it was seen at; 0 when none (granted);
@@ -1062,10 +1192,10 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	char *end = prefix_end(e->prefix);
 	json_t *k = jkey(e->mykey), *pk = jkey(e->prefix), *pe = end ? jkey(end) : NULL;
 	free(end);
-	json_t *body = json_pack("{s:[{s:s,s:o,s:s}],s:[{s:{s:o,s:o,s:s,s:s,s:s,s:s}}]}", "compare", "target", "CREATE",
-				 "key", k, "create_revision", i64s(e->myrev, b), "success", "request_range", "key", pk,
-				 "range_end", pe, "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "1",
-				 "max_create_revision", i64s(e->myrev - 1, (char[24]){ 0 }));
+	json_t *body = json_pack("{s:[{s:s,s:o,s:s}],s:[{s:{s:o,s:o,s:s,s:s,s:s,s:s,s:b}}]}", "compare", "target",
+				 "CREATE", "key", k, "create_revision", i64s(e->myrev, b), "success", "request_range", "key", pk,
+				 "range_end", pe, "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "64",
+				 "max_create_revision", i64s(e->myrev - 1, (char[24]){ 0 }), "keys_only", 1);
 	if (!body)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	json_t *out = NULL;
@@ -1078,15 +1208,11 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	}
 	*rev = jint(json_object_get(out, "header"), "revision");
 	json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
-	json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
-	rc = 0;
-	if (kv) {
-		const char *kb = json_string_value(json_object_get(kv, "key"));
-		*pred = kb ? strdup(kb) : NULL;
-		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
-	}
+	int64_t oldest = 0;
+	rc = pick_older(e, json_object_get(r, "kvs"), 0, pred, &oldest);
+	bool more = json_is_true(json_object_get(r, "more"));
 	json_decref(out);
-	return rc;
+	return rc == 0 && more ? older_pages(e, oldest, false, deadline, intr_fd, pred, rev) : rc;
 }
 
 /*
@@ -1102,7 +1228,7 @@ static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadlin
 	char b[24];
 	char *end = prefix_end(e->prefix);
 	json_t *body = json_pack("{s:o,s:o,s:s,s:s,s:s,s:s,s:b}", "key", jkey(e->prefix), "range_end", end ? jkey(end) : NULL,
-				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "2", "max_create_revision",
+				 "sort_order", "DESCEND", "sort_target", "CREATE", "limit", "65", "max_create_revision",
 				 i64s(e->myrev, b), "serializable", 1);
 	free(end);
 	if (!body)
@@ -1113,18 +1239,19 @@ static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadlin
 		return rc;
 	*rev = jint(json_object_get(out, "header"), "revision");
 	json_t *kvs = json_object_get(out, "kvs");
-	json_t *mine = json_array_get(kvs, 0), *kv = json_array_get(kvs, 1);
+	json_t *mine = json_array_get(kvs, 0);
+	int64_t oldest = e->myrev;
+	bool more = false;
 	if (*rev < min_rev)
 		rc = 2;
 	else if (jint(mine, "create_revision") != e->myrev)
 		rc = GF_ERR_NOT_FOUND;
-	else if (kv) {
-		const char *kb = json_string_value(json_object_get(kv, "key"));
-		*pred = kb ? strdup(kb) : NULL;
-		rc = *pred ? 1 : gf_err(GF_ERR_PROTOCOL, "etcd: range answer without a key");
+	else {
+		rc = pick_older(e, kvs, 1, pred, &oldest);
+		more = json_is_true(json_object_get(out, "more"));
 	}
 	json_decref(out);
-	return rc;
+	return rc == 0 && more ? older_pages(e, oldest, true, deadline, intr_fd, pred, rev) : rc;
 }
 
 struct watch_ctx {
@@ -1236,6 +1363,60 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	free(w.buf);
 	*del_rev = w.del_rev;
 	return rc;
+}
+
+/* Our key, as etcd sees it now: 1 (still ours, *@rev the revision read at), 0 (gone), or an error. */
+static int key_present(struct gf_etcd *e, int64_t deadline, int64_t *rev)
+{
+	json_t *out = NULL;
+	int rc = call(e, &e->kwc, "/v3/kv/range", json_pack("{s:o}", "key", jkey(e->mykey)), deadline, TRY_MAX_MS,
+		      e->ka_stop_fd, &out);
+	if (rc < 0)
+		return rc;
+	*rev = jint(json_object_get(out, "header"), "revision");
+	json_t *kv = json_array_get(json_object_get(out, "kvs"), 0);
+	rc = kv && jint(kv, "create_revision") == e->myrev;
+	json_decref(out);
+	return rc;
+}
+
+/*
+ * The holder's own key, watched from its creation on: anyone with write
+ * access deleting it (etcdctl del, or revoking the lease, which deletes it
+ * too) lets the next waiter in at once, so the loss is reported at once, not
+ * at the next keepalive. Between watch chunks, and whenever the stream ends
+ * (member down, compaction), one range confirms the key is still ours.
+ */
+static void *keywatch_main(void *arg)
+{
+	struct gf_etcd *e = arg;
+	char *kb = b64enc(e->mykey, strlen(e->mykey));
+	int64_t from = e->myrev + 1;
+	for (; kb;) {
+		int64_t del = 0, rev = 0;
+		int rc = watch_delete(e, kb, from, gf_now_us() + WATCH_CHUNK_US, e->ka_stop_fd, &del);
+		if (rc == GF_ERR_INTERRUPTED)
+			break;
+		if (del == 0) {
+			rc = key_present(e, gf_now_us() + e->fence_ms * 1000, &rev);
+			if (rc == GF_ERR_INTERRUPTED)
+				break;
+			if (rc != 0) {
+				/* Still ours, or not known: the keepalive's T_fence decides then. */
+				if (rc == 1)
+					from = rev + 1;
+				continue;
+			}
+		}
+		gf_log(GF_LOG_ERR, "lock", "msg=\"etcd: the holder's key was deleted\" id=%s key=%s epoch=%lld", e->id,
+		       e->mykey, (long long)e->myrev);
+		atomic_store(&e->key_gone, 1);
+		atomic_store(&e->lease_gone, 1);
+		notify(e);
+		break;
+	}
+	free(kb);
+	return NULL;
 }
 
 static void end_session(struct gf_etcd *e)
@@ -1351,6 +1532,18 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 		e->myrev = 0;
 		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
 	}
+	atomic_store(&e->key_gone, 0);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (er) {
+		end_session(e);
+		e->myrev = 0;
+		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
+	}
+	e->kw_running = true;
 	atomic_store(&e->epoch, (uint64_t)e->myrev);
 	atomic_store(&e->state, E_HELD);
 	if (grant) {
@@ -1414,7 +1607,8 @@ int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen)
 		return 0;
 	atomic_store(&e->state, E_LOST);
 	*newly = true;
-	const char *why = gone && !fence_passed(e, gf_now_us()) ? "the etcd lease expired"
+	const char *why = atomic_load(&e->key_gone)		   ? "its key was deleted (etcdctl del, or the lease revoked)"
+			  : gone && !fence_passed(e, gf_now_us()) ? "the etcd lease expired"
 								 : "no keepalive answered by an etcd quorum for T_fence";
 	snprintf(detail, dlen, "lock %s epoch %lld lost: %s", e->id, (long long)e->myrev, why);
 	gf_log(GF_LOG_ERR, "lock", "msg=\"lock lost\" backend=etcd id=%s epoch=%lld reason=\"%s\" fence_ms=%lld", e->id,
@@ -1425,7 +1619,7 @@ int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen)
 void gf_etcd_forked(struct gf_etcd *e)
 {
 	e->forked = true;
-	e->ka_running = false;
+	e->ka_running = e->kw_running = false;
 	e->lease_id = 0;
 	atomic_store(&e->state, E_IDLE);
 	pthread_mutex_init(&e->mu, NULL);
@@ -1474,7 +1668,7 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 		goto out;
 	}
-	size_t i, n = json_array_size(kvs);
+	size_t i, n = 0;
 	json_object_set_new(root, "backend", json_string("etcd"));
 	json_object_set_new(root, "prefix", json_string(e->prefix));
 	json_object_set_new(root, "holder", json_null());
@@ -1485,14 +1679,14 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 		const char *kb = json_string_value(json_object_get(kv, "key"));
 		if (!vb || b64dec(vb, idb, sizeof(idb)) < 0)
 			idb[0] = 0;
-		if (!kb || b64dec(kb, keyb, sizeof(keyb)) < 0)
-			keyb[0] = 0;
+		if (!own_key(e, kb, keyb, sizeof(keyb)))
+			continue; /* a nested lock's ("name/sub") */
 		int64_t rev = jint(kv, "create_revision");
-		if (i == 0) {
+		if (n++ == 0) {
 			json_object_set_new(root, "holder", json_string(idb[0] ? idb : keyb));
 			json_object_set_new(root, "epoch", json_integer(rev));
 			json_object_set_new(root, "holder_key", json_string(keyb));
-		} else if (i <= STATUS_MAX_WAITERS) {
+		} else if (n <= STATUS_MAX_WAITERS + 1) {
 			json_t *x = json_object();
 			json_object_set_new(x, "id", json_string(idb[0] ? idb : keyb));
 			json_object_set_new(x, "key", json_string(keyb));

@@ -97,13 +97,14 @@ static bool is_listening_stream(int fd)
 	return getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) == 0 && v == SOCK_STREAM;
 }
 
-/* Holders accept as they like (blocking accept() or poll()); the flag lives in the
- * shared open file, so the server sets it once instead of each holder. */
-static int make_blocking(int fd)
+/*
+ * Only the descriptor flag: O_NONBLOCK lives in the open file every holder's
+ * copy shares, so changing it under a serving holder (one handing the socket
+ * back after a restart, or one using a socket-activated fd) would turn its
+ * accept() blocking or non-blocking behind its back.
+ */
+static int set_cloexec(int fd)
 {
-	int fl = fcntl(fd, F_GETFL);
-	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
-		return gf_err_errno(GF_ERR_IO, errno, "lockd: fcntl on a listener");
 	return fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 ? gf_err_errno(GF_ERR_IO, errno, "lockd: fcntl on a listener") : 0;
 }
 
@@ -114,7 +115,7 @@ int gf_lsn_add_fd(struct gf_lsn_set *s, const char *name, int fd)
 		return rc;
 	if (fd < 0 || !is_listening_stream(fd))
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: listener '%s': fd %d is not a listening stream socket", name, fd);
-	rc = make_blocking(fd);
+	rc = set_cloexec(fd);
 	if (rc < 0)
 		return rc;
 	struct lsn *l = &s->l[s->n++];
@@ -143,7 +144,10 @@ static int open_one(struct lsn *l)
 	int fd, rc = gf_uri_listen(&l->uri, LSN_BACKLOG, &fd);
 	if (rc < 0)
 		return rc;
-	rc = make_blocking(fd);
+	/* Ours alone yet: blocking, as documented, for holders that accept without poll(). */
+	int fl = fcntl(fd, F_GETFL);
+	rc = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? gf_err_errno(GF_ERR_IO, errno, "lockd: fcntl on a listener")
+								 : 0;
 	if (rc < 0) {
 		gf_close(fd);
 		return rc;
@@ -227,7 +231,7 @@ void gf_lsn_adopt(struct gf_lsn_set *s, const gf_LockAcquire *a, int *fds, size_
 		for (size_t i = 0; i < s->n; i++)
 			if (!strcmp(s->l[i].name, name))
 				l = &s->l[i];
-		if (l && l->fd < 0 && l->has_uri && same_address(l, fds[k]) && make_blocking(fds[k]) == 0) {
+		if (l && l->fd < 0 && l->has_uri && same_address(l, fds[k]) && set_cloexec(fds[k]) == 0) {
 			l->fd = fds[k];
 			fds[k] = -1;
 			gf_log(GF_LOG_INFO, "lock", "msg=\"listener handed back by the holder\" name=%s uri=%s", l->name,

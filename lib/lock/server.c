@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -118,6 +119,8 @@ struct gf_lockd {
 	struct seen {
 		char id[GF_LOCK_ID_MAX];
 		int64_t last_active_us;
+		uint32_t uid; /* who was Active under this id: only the same uid (unix) inherits the record */
+		bool tcp;
 	} *seen;
 	size_t nseen;
 	/* listening sockets handed to each holder (listeners.h) */
@@ -125,14 +128,28 @@ struct gf_lockd {
 	int64_t lsn_retry_at; /* a pending listener is bound again then (0: none) */
 	/* a switchover asked this grant's holder to step down (0: none) */
 	uint64_t step_down_epoch;
+	/* the last /metrics text, reused for METRICS_REUSE_US: scrapes run on the loop */
+	char *metrics;
+	size_t metrics_len;
+	int64_t metrics_at;
 };
 
 #define SEEN_MAX 1024
+
+/* TCP peers proved the shared secret in the handshake; on unix sockets only
+ * root and the server's own uid are admins, not every allowed engine. */
+static bool is_admin(const struct gf_srv_peer *p)
+{
+	return p->tcp || p->uid == 0 || p->uid == (uint32_t)geteuid();
+}
+/* A scraper asks every 15 s or so; eight asking at once still cost one rendering. */
+#define METRICS_REUSE_US 1000000
 
 static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a);
 static void pool_registered(gf_lockd *d, struct conn *c);
 static void pool_active_now(gf_lockd *d, struct conn *c);
 static void pool_fill_status(gf_lockd *d, gf_LockStatus *s);
+static int render_metrics(gf_lockd *d, char **text);
 
 static void flush_release_log(gf_lockd *d);
 static void end_exit_wait(gf_lockd *d, const char *why);
@@ -219,6 +236,7 @@ void gf_lockd_free(gf_lockd *d)
 	gf_msg_free(d->msg);
 	free(d->seen);
 	gf_lsn_free(d->lsn);
+	free(d->metrics);
 	free(d);
 }
 
@@ -858,8 +876,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
-	if (pool_take_decl(d, c, a) < 0) {
-		reply_error(d, c, GF_ERR_INVALID_ARG, gf_error_detail(), false);
+	int prc = pool_take_decl(d, c, a);
+	if (prc < 0) {
+		reply_error(d, c, prc, gf_error_detail(), false);
 		return;
 	}
 	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
@@ -967,9 +986,7 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 {
 	struct gf_srv_peer *p = c->peer;
 	char det[200];
-	/* TCP peers proved the shared secret in the handshake; on unix sockets
-	 * only root and the server's own uid may revoke, not every allowed engine. */
-	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+	if (!is_admin(p)) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
 		reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
 		return;
@@ -981,6 +998,10 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 		/* No exit wait: the process is presumed unkillable, which is why
 		 * it is revoked. Closing its connection makes any later request
 		 * of it fail, and its reclaim is refused (new token, no window). */
+		/* Hung up now, before the next grant goes out (the socket itself
+		 * is closed after it): a revoked holder that resumes sees the
+		 * hang-up before it accepts from a carried listener again. */
+		shutdown(h->peer->fd, SHUT_RDWR);
 		holder_gone(d, h, "revoked", false);
 		gf_srv_close(d->srv, h->peer, "revoked");
 	} else if (!d->holder && d->exit_pidfd >= 0 && d->epoch == epoch) {
@@ -1008,7 +1029,7 @@ static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
 {
 	struct gf_srv_peer *p = c->peer;
 	char det[200];
-	if (!p->tcp && p->uid != 0 && p->uid != (uint32_t)geteuid()) {
+	if (!is_admin(p)) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
 		reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
 		return;
@@ -1046,6 +1067,18 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	gf_lockd *d = ctx;
 	struct conn *c = p->data;
 	c->seq = m->seq;
+	/* Fds come only with a reclaim (a LockAcquire with a session token),
+	 * one per listener it names; anywhere else they are a protocol error. */
+	bool fds_ok = m->which_body == gf_Msg_lock_acquire_tag && m->body.lock_acquire.session_token.size > 0 &&
+		      nfds <= m->body.lock_acquire.listeners_count;
+	if (nfds > 0 && !fds_ok) {
+		gf_close_fds(fds, nfds);
+		free(fds);
+		gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: file descriptors with a message that takes none\" id=%s pid=%u nfds=%zu",
+		       p->id, p->pid, nfds);
+		reply_error(d, c, GF_ERR_PROTOCOL, "file descriptors sent with a message that takes none", true);
+		return;
+	}
 	if (m->which_body == gf_Msg_lock_acquire_tag) {
 		/* Only a reclaim hands listeners back; every fd not adopted is closed. */
 		gf_LockAcquire a = m->body.lock_acquire;
@@ -1206,6 +1239,8 @@ static void pool_active_now(gf_lockd *d, struct conn *c)
 		snprintf(e->id, sizeof(e->id), "%s", c->peer->id);
 	}
 	e->last_active_us = now;
+	e->uid = c->peer->uid;
+	e->tcp = c->peer->tcp;
 }
 
 /* Take the acquire's declaration; GF_ERR_INVALID_ARG (detail set) when it is malformed. */
@@ -1216,6 +1251,13 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 	int rc = gf_pool_decl_from_acquire(a, &tmp);
 	if (rc < 0)
 		return rc;
+	/* A pinned standby is never evicted, so the next one on its GPU is:
+	 * pinning is the operator's decision, not any allowed engine's. */
+	if (tmp.pinned && !is_admin(c->peer)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"pin refused: not an admin uid\" id=%.127s uid=%u", a->engine_id,
+		       c->peer->uid);
+		return gf_err(GF_ERR_PERMISSION, "acquire: only root or the server's own uid may pin a standby");
+	}
 	bool empty = !tmp.ngpus && !tmp.pinned && !tmp.model[0] && !tmp.wake_bytes && !tmp.asleep_bytes;
 	if (empty) {
 		free(c->decl);
@@ -1232,8 +1274,12 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 static void pool_registered(gf_lockd *d, struct conn *c)
 {
 	c->since_mono = gf_now_us();
+	/* An id is a name anyone may give: its past counts only for the uid
+	 * (unix; TCP peers share the secret) that was Active under it, or
+	 * registering under a recently Active engine's id would shield a
+	 * newcomer and evict an older standby in its place. */
 	struct seen *e = seen_find(d, c->peer->id);
-	c->last_active_us = e ? e->last_active_us : 0;
+	c->last_active_us = e && e->tcp == c->peer->tcp && e->uid == c->peer->uid ? e->last_active_us : 0;
 	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
 		return;
 	/* The common case, every GPU within budget, costs one pass and no allocation. */
@@ -1306,47 +1352,62 @@ struct pool_gpu {
 	bool active;
 };
 
-static int pool_gpu_add(struct pool_gpu **t, size_t *n, size_t *cap, const struct gf_pool_decl *decl, bool holder)
+struct pool_slot {
+	const char *uuid;
+	const struct gf_pool_decl *decl;
+	bool holder;
+};
+
+static int slot_cmp(const void *a, const void *b)
 {
-	for (size_t g = 0; decl && g < decl->ngpus; g++) {
-		size_t i = 0;
-		while (i < *n && strcmp((*t)[i].uuid, decl->gpus[g]))
-			i++;
-		if (i == *n) {
-			if (*n == *cap) {
-				size_t nc = *cap ? *cap * 2 : 16;
-				struct pool_gpu *nt = realloc(*t, nc * sizeof(*nt));
-				if (!nt)
-					return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-				*t = nt;
-				*cap = nc;
-			}
-			(*t)[(*n)++] = (struct pool_gpu){ .uuid = decl->gpus[g] };
-		}
-		struct pool_gpu *e = &(*t)[i];
-		if (holder) {
+	return strcmp(((const struct pool_slot *)a)->uuid, ((const struct pool_slot *)b)->uuid);
+}
+
+static size_t add_slots(struct pool_slot *sl, size_t k, const struct conn *c, bool holder)
+{
+	for (size_t g = 0; c->decl && g < c->decl->ngpus; g++)
+		sl[k++] = (struct pool_slot){ c->decl->gpus[g], c->decl, holder };
+	return k;
+}
+
+/*
+ * Per GPU, sorted by UUID: every (GPU, engine) pair sorted once, then folded,
+ * so 1,000 standbys on 8 GPUs each cost a sort of 8,000 pairs, not a scan of
+ * the table per pair (the /metrics scrape runs on the server's loop).
+ */
+static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
+{
+	size_t ns = d->holder && d->holder->decl ? d->holder->decl->ngpus : 0;
+	for (struct conn *w = d->whead; w; w = w->wnext)
+		ns += w->decl ? w->decl->ngpus : 0;
+	struct pool_slot *sl = malloc((ns ? ns : 1) * sizeof(*sl));
+	struct pool_gpu *t = calloc(ns ? ns : 1, sizeof(*t));
+	if (!sl || !t) {
+		free(sl);
+		free(t);
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	}
+	size_t k = d->holder ? add_slots(sl, 0, d->holder, true) : 0;
+	for (struct conn *w = d->whead; w; w = w->wnext)
+		k = add_slots(sl, k, w, false);
+	qsort(sl, k, sizeof(*sl), slot_cmp);
+	size_t n = 0;
+	for (size_t i = 0; i < k; i++) {
+		if (n == 0 || strcmp(t[n - 1].uuid, sl[i].uuid))
+			t[n++].uuid = sl[i].uuid;
+		struct pool_gpu *e = &t[n - 1];
+		if (sl[i].holder) {
 			e->active = true;
 			continue;
 		}
 		e->standbys++;
-		e->asleep_bytes += decl->asleep_bytes;
-		if (decl->wake_bytes > e->wake_bytes_max)
-			e->wake_bytes_max = decl->wake_bytes;
+		/* Declared by each client: the sum saturates rather than wraps. */
+		if (__builtin_add_overflow(e->asleep_bytes, sl[i].decl->asleep_bytes, &e->asleep_bytes))
+			e->asleep_bytes = UINT64_MAX;
+		if (sl[i].decl->wake_bytes > e->wake_bytes_max)
+			e->wake_bytes_max = sl[i].decl->wake_bytes;
 	}
-	return 0;
-}
-
-static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
-{
-	struct pool_gpu *t = NULL;
-	size_t n = 0, cap = 0;
-	int rc = d->holder ? pool_gpu_add(&t, &n, &cap, d->holder->decl, true) : 0;
-	for (struct conn *w = d->whead; w && rc == 0; w = w->wnext)
-		rc = pool_gpu_add(&t, &n, &cap, w->decl, false);
-	if (rc < 0) {
-		free(t);
-		return rc;
-	}
+	free(sl);
 	*out = t;
 	*nout = n;
 	return 0;
@@ -1428,6 +1489,27 @@ int gf_lockd_metrics(gf_lockd *d, char **text)
 {
 	if (!d || !text)
 		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
+	int64_t now = gf_now_us();
+	if (!d->metrics || now - d->metrics_at >= METRICS_REUSE_US) {
+		char *fresh = NULL;
+		int rc = render_metrics(d, &fresh);
+		if (rc < 0)
+			return rc;
+		free(d->metrics);
+		d->metrics = fresh;
+		d->metrics_len = strlen(fresh);
+		d->metrics_at = now;
+	}
+	char *copy = malloc(d->metrics_len + 1);
+	if (!copy)
+		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
+	memcpy(copy, d->metrics, d->metrics_len + 1);
+	*text = copy;
+	return 0;
+}
+
+static int render_metrics(gf_lockd *d, char **text)
+{
 	struct pool_gpu *t;
 	size_t n;
 	int rc = pool_gpus(d, &t, &n);

@@ -91,7 +91,8 @@ struct gf_srv {
 	uint64_t accept_fail_quiet; /* failures not logged since the last line */
 	uint64_t accept_paused, refused_no_pidfd, refused_auth_rate;
 	struct auth_source auth[AUTH_SOURCES];
-	int64_t last_auth_log;
+	int64_t last_auth_log, last_preauth_log, last_drop_log;
+	uint64_t handshake_drops;
 	uint64_t fd_limit;
 	gf_Msg *in;
 };
@@ -576,6 +577,15 @@ static struct auth_source *auth_source(struct gf_srv *s, const uint8_t addr[16],
 	return oldest;
 }
 
+/* TCP connections from @source not authenticated yet. */
+static int preauth_from(const struct gf_srv *s, const uint8_t source[16])
+{
+	int n = 0;
+	for (const struct gf_srv_peer_priv *p = s->peers; p; p = p->next)
+		n += p->tcp && p->phase != PH_READY && !p->closing && !memcmp(p->tcp->source, source, 16);
+	return n;
+}
+
 /* Accept one connection; false when the caller should stop for this round. */
 static bool accept_one(struct gf_srv *s, struct listener *l)
 {
@@ -601,6 +611,17 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 				gf_log(GF_LOG_WARN, NAME(s), "msg=\"refusing a source that sent wrong secrets\" refused_total=%llu",
 				       (unsigned long long)s->refused_auth_rate);
 				s->last_auth_log = now;
+			}
+			gf_close(fd);
+			return true;
+		}
+		if (preauth_from(s, source) >= GF_SRV_PREAUTH_PER_SOURCE) {
+			s->refused_auth_rate++;
+			if (now - s->last_preauth_log >= GF_SRV_LOG_EVERY_US) {
+				gf_log(GF_LOG_WARN, NAME(s),
+				       "msg=\"refusing a source with too many connections in the handshake\" limit=%d refused_total=%llu",
+				       GF_SRV_PREAUTH_PER_SOURCE, (unsigned long long)s->refused_auth_rate);
+				s->last_preauth_log = now;
 			}
 			gf_close(fd);
 			return true;
@@ -823,8 +844,14 @@ static void core_timers(struct gf_srv *s, int64_t now)
 	for (; p; p = next) {
 		next = p->next;
 		if (p->phase != PH_READY && now >= p->handshake_deadline) {
-			gf_log(GF_LOG_WARN, NAME(s), "msg=\"dropping connection: handshake not completed in time\" pid=%u",
-			       p->pub.pid);
+			/* One line per interval: silent connections come by the hundred. */
+			s->handshake_drops++;
+			if (now - s->last_drop_log >= GF_SRV_LOG_EVERY_US) {
+				gf_log(GF_LOG_WARN, NAME(s),
+				       "msg=\"dropping connection: handshake not completed in time\" pid=%u dropped_total=%llu",
+				       p->pub.pid, (unsigned long long)s->handshake_drops);
+				s->last_drop_log = now;
+			}
 			gf_srv_close(s, &p->pub, "handshake timeout");
 		} else if (p->frame_started && now - p->frame_started >= s->handshake_ms * 1000) {
 			gf_log(GF_LOG_WARN, NAME(s), "msg=\"dropping connection: frame not completed in time\" id=%s pid=%u",

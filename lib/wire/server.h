@@ -31,7 +31,9 @@
  * the fd limit the listeners are paused (GF_SRV_ACCEPT_PAUSE_US) instead of
  * spinning, and the log line is rate-limited; a TCP source that sent 5 wrong
  * secrets gets one more guess per second, its other connections are closed
- * at accept. TCP handshakes are mutual: the server proves the secret with
+ * at accept, and so are those beyond GF_SRV_PREAUTH_PER_SOURCE of one source
+ * still in the handshake (each refusal and handshake-timeout log line is
+ * rate-limited). TCP handshakes are mutual: the server proves the secret with
  * Welcome.proof when the client's Hello carries a challenge.
  *
  * One thread drives a server; gf_srv_stop() may be called from any thread or
@@ -57,6 +59,10 @@
 /* At most one "accept failed" log line per this interval. */
 #define GF_SRV_LOG_EVERY_US 10000000
 #define GF_SRV_DEFAULT_HANDSHAKE_MS 3000
+/* TCP connections one source address may have open before their handshake
+ * is done; more are closed at accept, so silent connections from one source
+ * cannot use up the fds the authenticated clients need. */
+#define GF_SRV_PREAUTH_PER_SOURCE 32
 
 struct gf_srv;
 

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -978,6 +979,49 @@ static void test_lock_loss_calls_hook(void **state)
 	assert_int_equal(atomic_load(&loss.calls), 1);
 }
 
+/*
+ * Issue 28.12: once the lock is lost, the listener duplicate the engine
+ * handed out no longer accepts (the next holder serves from the same
+ * socket), though connections still wait in its backlog for that holder.
+ */
+static void test_lock_loss_stops_accepting(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	char serve[400], lsn[420];
+	snprintf(serve, sizeof(serve), "%s/serve.sock", f->dir);
+	snprintf(lsn, sizeof(lsn), "unix://%s", serve);
+	lockd_stop(f);
+	assert_int_equal(gf_lockd_new(&f->lockd), 0);
+	assert_int_equal(gf_lockd_add_listen(f->lockd, f->lock_uri), 0);
+	assert_int_equal(gf_lockd_add_listener(f->lockd, "http", lsn), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(f->lockd, 0), 0);
+	assert_int_equal(gf_lockd_start(f->lockd), 0);
+	assert_int_equal(pthread_create(&f->lock_thread, NULL, lockd_main, f->lockd), 0);
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
+	assert_int_equal(gf_engine_may_accept(e), 0);
+	to_active(e);
+	int fd;
+	assert_int_equal(gf_engine_listener(e, "http", &fd), 0);
+	assert_int_equal(gf_engine_may_accept(e), 1);
+	lockd_stop(f);
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
+	assert_int_equal(gf_engine_may_accept(e), 0);
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	assert_true(strlen(serve) < sizeof(sa.sun_path));
+	memcpy(sa.sun_path, serve, strlen(serve) + 1);
+	assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	assert_int_equal(poll(&p, 1, 50), 0);
+	errno = 0;
+	assert_int_equal(accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), -1);
+	assert_int_equal(errno, EOPNOTSUPP);
+	close(c);
+	close(fd);
+	unlink(serve);
+}
+
 static void test_gms_loss_calls_hook(void **state)
 {
 	struct fixture *f = *state;
@@ -1586,6 +1630,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow_probe_server_and_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_calls_hook, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lock_loss_stops_accepting, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gms_loss_calls_hook, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_while_waking, setup, teardown),
 		cmocka_unit_test(test_default_loss_policy),
