@@ -774,9 +774,17 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 	m->body.welcome.version = GF_PROTOCOL_VERSION;
 	m->body.welcome.component = s->cfg.component;
 	snprintf(m->body.welcome.server_id, sizeof(m->body.welcome.server_id), "%s", s->server_id);
+	if (pub->tcp && gf_random_bytes(p->tcp->challenge, sizeof(p->tcp->challenge)) < 0) {
+		/* A challenge that is not random would let a recorded answer be
+		 * replayed: refuse the connection rather than weaken the check. */
+		gf_log(GF_LOG_ERR, NAME(s), "msg=\"peer refused\" reason=\"no random challenge\" id=%s detail=\"%s\"",
+		       pub->id, gf_error_detail());
+		gf_srv_send_error(s, pub, seq, GF_ERR_BUSY,
+				  "the server cannot draw a random challenge now; connection refused, retry later", true);
+		return;
+	}
 	if (pub->tcp) {
 		pb_size_t clen = m_challenge_len;
-		gf_random_bytes(p->tcp->challenge, sizeof(p->tcp->challenge));
 		memcpy(m->body.welcome.challenge.bytes, p->tcp->challenge, sizeof(p->tcp->challenge));
 		m->body.welcome.challenge.size = sizeof(p->tcp->challenge);
 		/* Mutual: the client checks this before it answers our challenge. */
