@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -54,14 +55,26 @@ struct sv_engine {
 	int64_t next_probe_us;
 	int64_t last_revoked_epoch;
 	int64_t revocations;
-	/* After an exit: when to look whether the lock is still held under this
-	 * engine's id by something that is not the engine (0: no look pending). */
+	/* The grant the current process (or a process of its own, see
+	 * own_process) was seen holding under lock_id, and whether a switchover
+	 * was seen asked of it (0: none seen). */
+	uint64_t held_epoch;
+	uint64_t step_down_epoch;
+	/* The grant last seen held by a process that is gone: the only one the
+	 * look after an exit may revoke. */
+	uint64_t gone_epoch;
+	/* After an exit: when to look whether that grant outlived its process
+	 * (0: no look pending). */
 	int64_t lock_check_at;
 	/* The revocation in flight, off the loop: the holder query, then the
 	 * revoke of the epoch it found (revoke_epoch set). */
 	gf_lock_query *revoke_q;
 	uint64_t revoke_epoch;
 	pid_t revoke_hpid;
+	/* What proves a grant this engine's for the revocation in flight: the
+	 * epoch seen held by a gone process, or a process that will not die. */
+	uint64_t revoke_proven;
+	pid_t revoke_gone_pid;
 };
 
 struct gf_supervisor {
@@ -78,6 +91,7 @@ struct gf_supervisor {
 	struct sv_engine *eng;
 	size_t n;
 	CURLM *multi;
+	int64_t lock_poll_at; /* when the lock's holder is next looked at */
 };
 
 static void free_strv(char **v)
@@ -529,6 +543,10 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 	posix_spawnattr_setpgroup(&attr, 0);
 	posix_spawnattr_setsigmask(&attr, &empty);
 	posix_spawnattr_setsigdefault(&attr, &dfl);
+	/* Stdin, stdout and stderr only: libcurl's wake-up socketpair and other
+	 * descriptors opened without O_CLOEXEC (ours, or an embedding
+	 * program's) must not leak into an engine that outlives them. */
+	posix_spawn_file_actions_addclosefrom_np(&fa, 3);
 	if (e->cwd)
 		posix_spawn_file_actions_addchdir_np(&fa, e->cwd);
 	pid_t pid;
@@ -544,22 +562,142 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 		waitpid(pid, NULL, 0);
 		return gf_err_errno(GF_ERR_IO, en, "engine=%s pidfd_open", e->name);
 	}
+	pthread_mutex_lock(&sv->mu);
 	e->pid = pid;
+	e->held_epoch = e->step_down_epoch = 0;
+	pthread_mutex_unlock(&sv->mu);
 	e->pidfd = fd;
 	e->next_probe_us = 0;
+	/* Look at the lock soon: a grant and a switchover are proven by it. */
+	sv->lock_poll_at = 0;
 	gf_log(GF_LOG_INFO, "supervise", "engine=%s started pid=%d", e->name, (int)pid);
 	return 0;
 }
 
+/* ---- the lock ---------------------------------------------------------- */
+
+struct sv_holder {
+	char id[256]; /* empty: the lock is free */
+	uint64_t epoch;
+	pid_t pid;
+	int step_down; /* a switchover asked this holder to step down */
+};
+
+/* The lock's holder as the server reports it. Blocks up to @timeout_ms. */
+static int lock_holder(gf_supervisor *sv, int64_t timeout_ms, struct sv_holder *h)
+{
+	char *js = NULL;
+	int r = gf_lock_status_json(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, timeout_ms, &js);
+	if (r < 0)
+		return r;
+	json_t *root = json_loads(js, 0, NULL);
+	free(js);
+	if (!root)
+		return gf_err(GF_ERR_PROTOCOL, "lock status: not JSON");
+	const char *hid = json_string_value(json_object_get(root, "holder"));
+	snprintf(h->id, sizeof(h->id), "%s", hid ? hid : "");
+	h->epoch = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
+	h->pid = (pid_t)json_integer_value(json_object_get(root, "holder_pid"));
+	h->step_down = json_is_true(json_object_get(root, "step_down_requested"));
+	json_decref(root);
+	return 0;
+}
+
+/* A process's parent and process group, from /proc. */
+static int proc_parent(pid_t pid, pid_t *ppid, pid_t *pgrp)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	/* The command name may hold spaces and parentheses: the fields follow the last ')'. */
+	char *rp = strrchr(buf, ')');
+	char state;
+	int pp, pg;
+	if (!rp || sscanf(rp + 1, " %c %d %d", &state, &pp, &pg) != 3)
+		return -1;
+	*ppid = pp;
+	*pgrp = pg;
+	return 0;
+}
+
 /*
- * Revoke the lock when it is held under this engine's id by a process that is
- * not the engine's current one (a process that would not die, or a socket
- * that outlived its process in another one). The request names the epoch, so
- * it can never hit a holder granted in the meantime. Both steps (the holder
- * query, then the revoke) run off the loop, each on its query's fd
- * (revoke_answer()): a slow lock server never delays another engine.
+ * Whether @pid is the engine process @engine or one of its own: in the
+ * process group it was spawned into, or a descendant (a lock holder started
+ * by "sh -c" or a run.sh, even one that left the group). The lock server
+ * reports pids in its own pid namespace: in another one nothing matches, and
+ * nothing is ever revoked on a guess.
  */
-static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
+static int own_process(pid_t pid, pid_t engine)
+{
+	pid_t ppid, pgrp;
+	if (pid <= 0 || engine <= 0)
+		return 0;
+	if (pid == engine)
+		return 1;
+	if (proc_parent(pid, &ppid, &pgrp) < 0)
+		return 0;
+	if (pgrp == engine)
+		return 1;
+	for (int hops = 0; hops < 64 && ppid > 1; hops++) {
+		if (ppid == engine)
+			return 1;
+		if (proc_parent(ppid, &ppid, &pgrp) < 0)
+			return 0;
+	}
+	return 0;
+}
+
+/*
+ * Note which grant each living engine's process holds, and whether a
+ * switchover was asked of it: what a later revocation or a planned restart
+ * must be proven by. Once per probe interval, on the loop (a unix lock
+ * server answers in microseconds; a wedged one costs probe.timeout).
+ */
+static void lock_poll(gf_supervisor *sv, int64_t now)
+{
+	sv->lock_poll_at = now + sv->probe_interval_ms * 1000;
+	int want = 0;
+	for (size_t i = 0; i < sv->n; i++)
+		want |= sv->eng[i].lock_id && sv->eng[i].pid > 0;
+	if (!sv->lock_uri || !want)
+		return;
+	struct sv_holder h;
+	if (lock_holder(sv, sv->probe_timeout_ms, &h) < 0) {
+		gf_log(GF_LOG_DEBUG, "supervise", "lock status: %s", gf_error_detail());
+		return;
+	}
+	for (size_t i = 0; i < sv->n; i++) {
+		struct sv_engine *e = &sv->eng[i];
+		if (!e->lock_id || e->pid <= 0 || !h.id[0] || strcmp(h.id, e->lock_id) != 0 || !own_process(h.pid, e->pid))
+			continue;
+		if (e->held_epoch != h.epoch)
+			gf_log(GF_LOG_INFO, "supervise", "engine=%s holds the lock epoch=%" PRIu64 " pid=%d", e->name,
+			       h.epoch, (int)h.pid);
+		pthread_mutex_lock(&sv->mu);
+		e->held_epoch = h.epoch;
+		if (h.step_down)
+			e->step_down_epoch = h.epoch;
+		pthread_mutex_unlock(&sv->mu);
+	}
+}
+
+/*
+ * Revoke the grant @proven under this engine's id: one seen held by a
+ * process of this engine that is gone or will not die (@gone_pid, when it
+ * still exists, also proves a holder of its own). Never a grant of the
+ * current process. The request names the epoch, so it can never hit a
+ * holder granted in the meantime. Both steps (the holder query, then the
+ * revoke) run off the loop, each on its query's fd (revoke_answer()): a slow
+ * lock server never delays another engine.
+ */
+static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, pid_t gone_pid)
 {
 	if (!sv->lock_uri || !e->lock_id) {
 		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
@@ -568,6 +706,8 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 	if (e->revoke_q)
 		return; /* one in flight already: its answer decides */
 	e->revoke_epoch = 0;
+	e->revoke_proven = proven;
+	e->revoke_gone_pid = gone_pid;
 	if (gf_lock_query_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
 	else
@@ -603,8 +743,10 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
 		return;
 	}
-	/* Judged against the engine's process as it is now, after the answer. */
-	if (!h.id[0] || strcmp(h.id, e->lock_id) != 0 || (e->pid > 0 && (pid_t)h.pid == e->pid)) {
+	/* Judged against the engine's processes as they are now, after the answer. */
+	int theirs = h.id[0] && strcmp(h.id, e->lock_id) == 0 &&
+		     ((e->revoke_proven && h.epoch == e->revoke_proven) || own_process((pid_t)h.pid, e->revoke_gone_pid));
+	if (!theirs || (e->pid > 0 && own_process((pid_t)h.pid, e->pid))) {
 		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
 		return;
 	}
@@ -650,7 +792,8 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 		e->lingering_fd = e->pidfd;
 		e->pid = 0;
 		e->pidfd = -1;
-		do_revoke(sv, e);
+		e->gone_epoch = e->held_epoch;
+		do_revoke(sv, e, e->held_epoch, e->lingering_pid);
 	}
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
@@ -745,18 +888,33 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
 	gf_log(GF_LOG_INFO, "supervise", "engine=%s pid=%d exited status=%d signal=%d", e->name, (int)e->pid, status,
 	       sig);
+	/* Before its group is killed: was the grant it held let go before the
+	 * exit? Only a holder stepping down does that. */
+	int planned = 0;
+	if (e->held_epoch) {
+		struct sv_holder h;
+		int kept = lock_holder(sv, 2000, &h) < 0 ||
+			   (strcmp(h.id, e->lock_id) == 0 && h.epoch == e->held_epoch);
+		planned = status == GF_ENGINE_EXIT_SWITCHOVER && (e->step_down_epoch == e->held_epoch || !kept);
+		/* Normally the lock server sees the exit and grants the next
+		 * waiter; if the grant outlives the process (a process of its
+		 * own that will not die), the forceful grace bounds the wait
+		 * before that grant, and only that one, is revoked. */
+		if (kept) {
+			e->gone_epoch = e->held_epoch;
+			e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+		}
+	}
 	/* Whatever its helpers still do, the group goes with the engine. */
 	kill(-e->pid, SIGKILL);
 	gf_close(e->pidfd);
 	e->pidfd = -1;
+	pthread_mutex_lock(&sv->mu);
 	e->pid = 0;
-	/* Normally the lock server sees the exit and grants the next waiter; if
-	 * the grant outlives the process (its socket kept open elsewhere), the
-	 * forceful grace bounds the wait before the grant is revoked. */
-	if (e->lock_id && sv->lock_uri)
-		e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+	e->held_epoch = e->step_down_epoch = 0;
+	pthread_mutex_unlock(&sv->mu);
 	/* The engine stepped down on request (gfctl switchover): a restart, not a failure. */
-	if (status == GF_ENGINE_EXIT_SWITCHOVER)
+	if (planned)
 		feed(sv, e, GF_SV_EV_SWITCHOVER, NULL, 0, 0, now);
 	feed(sv, e, GF_SV_EV_EXITED, NULL, status, sig, now);
 }
@@ -816,7 +974,7 @@ int gf_supervisor_run(gf_supervisor *sv)
 				probe_start(sv, e, now);
 			if (e->lock_check_at && e->lock_check_at <= now && !sv->stop_seen) {
 				e->lock_check_at = 0;
-				do_revoke(sv, e);
+				do_revoke(sv, e, e->gone_epoch, 0);
 			}
 			if (e->lock_check_at && e->lock_check_at < deadline)
 				deadline = e->lock_check_at;
@@ -829,6 +987,12 @@ int gf_supervisor_run(gf_supervisor *sv)
 		}
 		if (sv->stop_seen && !alive)
 			return 0;
+		if (sv->lock_uri && sv->lock_poll_at <= now) {
+			lock_poll(sv, now);
+			now = gf_now_us();
+		}
+		if (sv->lock_uri && sv->lock_poll_at < deadline)
+			deadline = sv->lock_poll_at;
 
 		unsigned n = 0;
 		wfd[n] = (struct curl_waitfd){ .fd = sv->stop_fd, .events = CURL_WAIT_POLLIN };
@@ -907,6 +1071,8 @@ int gf_supervisor_status_json(gf_supervisor *sv, char **json)
 			gf_sv_exit_class_name(p->last_exit_class), "seconds_in_state",
 			p->since_us ? (double)(now - p->since_us) / 1e6 : 0.0, "revoked", p->revoked,
 			"revoked_epoch", (json_int_t)e->last_revoked_epoch);
+		if (o)
+			json_object_set_new(o, "lock_epoch", json_integer((json_int_t)e->held_epoch));
 		if (o && e->lingering_pid)
 			json_object_set_new(o, "lingering_pid", json_integer(e->lingering_pid));
 		if (o)
