@@ -68,6 +68,10 @@ struct client {
 	gf_lock_query *fence_q;
 	struct gf_srv_watch fence_w;
 	bool fence_passed;      /* the answer came and named this client's grant: grant once */
+	/* A waiting RW on a fenced, committed GMS: its admission is asked (the
+	 * query in flight checks it, not a grant), or was given. Only an
+	 * admitted RW holds new readers back (writer priority). */
+	bool fence_admission, fence_admitted;
 	bool commit_pending;    /* a writer's commit waits for the fence's answer */
 	uint32_t commit_seq;
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
@@ -606,8 +610,11 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 
 static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 {
+	/* A fenced GMS with a committed layout: an RW not proven the holder's
+	 * yet must not keep readers out (a stray writer would, until its timeout). */
+	bool proven_only = d->lock_uri && gms_fsm_rw_would_drop(&d->fsm);
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
-		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW)
+		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || c->fence_admitted))
 			return true;
 	return false;
 }
@@ -687,6 +694,8 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	}
 	if (c->phase != C_WAIT)
 		return;
+	bool admission = c->fence_admission;
+	c->fence_admission = false;
 	if (rc < 0) {
 		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
 			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
@@ -698,7 +707,11 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
 		fence_refuse(d, c, h.epoch);
 	} else {
-		c->fence_passed = true;
+		/* An admission lets it wait ahead of readers; the grant is asked again. */
+		if (admission)
+			c->fence_admitted = true;
+		else
+			c->fence_passed = true;
 		d->changed = true;
 	}
 }
@@ -742,6 +755,42 @@ static int fence_step(gf_gmsd *d, struct client *c)
 		fence_refuse(d, c, 0);
 	}
 	return 0;
+}
+
+/*
+ * A fenced GMS with a committed layout: a waiting RW would drop it, and an
+ * RW waiting ahead of readers holds every new one back. So each is checked
+ * when it arrives, or when the load it waited on commits, not only at its
+ * grant: without a grant it is refused at once; with one, the lock server
+ * is asked (off the loop) and only an admitted RW holds readers back
+ * (other_rw_waiting()). The fence runs again at the grant.
+ */
+static void fence_waiting_writers(gf_gmsd *d)
+{
+	if (!d->lock_uri || !gms_fsm_rw_would_drop(&d->fsm))
+		return;
+	/* A refusal may close its peer (a failed send): walk afresh after each one. */
+	for (;;) {
+		struct client *c = next_client(d, NULL);
+		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence_admitted || c->fence_passed ||
+			     c->fence_q))
+			c = next_client(d, c);
+		if (!c)
+			return;
+		if (c->lock_epoch == 0) {
+			reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's "
+				    "current holder may (the connect carried no lock grant)");
+			fence_refuse(d, c, 0);
+			continue;
+		}
+		if (fence_ask(d, c) < 0) {
+			reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+				    "server could not be asked: %s", gf_error_detail());
+			fence_refuse(d, c, 0);
+			continue;
+		}
+		c->fence_admission = true;
+	}
 }
 
 static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
@@ -790,6 +839,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 static void reevaluate(gf_gmsd *d)
 {
 	d->changed = false;
+	fence_waiting_writers(d);
 	for (;;) {
 		struct client *best = NULL;
 		bool progressed = false;
@@ -837,6 +887,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	fence_cancel(d, c);
 	c->fence_passed = false;
+	c->fence_admission = c->fence_admitted = false;
 	c->commit_pending = false;
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
@@ -851,6 +902,9 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		gms_residency_reader_connects(d->res);
 	int g = try_grant(d, c);
 	if (g != 0)
+		return;
+	fence_waiting_writers(d);
+	if (c->phase != C_WAIT)
 		return;
 	if (r->timeout_ms == 0) {
 		c->phase = C_IDLE;
