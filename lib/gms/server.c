@@ -1659,9 +1659,35 @@ int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
 	return gms_residency_snapshot(d->res, dir && *dir ? dir : NULL);
 }
 
+/* Root or the server's own uid: the operator's own tools. */
+static bool admin_peer(const struct client *c)
+{
+	return c->p->uid == 0 || c->p->uid == (uint32_t)geteuid();
+}
+
+/*
+ * A directory a client names for a snapshot or a restore. The GMS (often
+ * root) reads and writes there on the client's behalf: any other allowed
+ * peer may name only a kept tier (or none), or it could write into, or
+ * restore and then map, what only the GMS's uid can reach (a confused
+ * deputy). 0, or the refusal sent.
+ */
+static int client_dir_allowed(gf_gmsd *d, struct client *c, uint32_t seq, const char *what, const char *dir)
+{
+	if (!dir || admin_peer(c) || gms_residency_is_tier_dir(d->res, dir))
+		return 0;
+	event(d, "event=%s_refused peer=%s uid=%u reason=\"not an admin uid: only a kept tier\"", what, c->peer,
+	      c->p->uid);
+	reply_error(d, c, seq, GF_ERR_PERMISSION,
+		    "%s: only root or the server's own uid may name a directory other than the kept tiers", what);
+	return GF_ERR_PERMISSION;
+}
+
 static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
+	if (client_dir_allowed(d, c, m->seq, "snapshot", dir) < 0)
+		return;
 	int rc = gms_residency_snapshot(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
@@ -1674,6 +1700,8 @@ static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const char *dir = m->body.gms_restore.dir[0] ? m->body.gms_restore.dir : NULL;
+	if (client_dir_allowed(d, c, m->seq, "restore", dir) < 0)
+		return;
 	int rc = gf_gmsd_restore(d, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
@@ -1690,7 +1718,7 @@ static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	const char *to = m->body.gms_demote.to;
 	/* Dropping the weights every engine sleeps on is an admin's decision, like
 	 * revoking a lock: root or the server's own uid, not every allowed engine. */
-	if (c->p->uid != 0 && c->p->uid != (uint32_t)geteuid()) {
+	if (!admin_peer(c)) {
 		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
 		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
 		return;

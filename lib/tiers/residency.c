@@ -149,6 +149,11 @@ static int tierd_ready(struct gms_residency *r)
 	return rc;
 }
 
+bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir)
+{
+	return dir && ((r->warm_dir && !strcmp(dir, r->warm_dir)) || (r->cold_dir && !strcmp(dir, r->cold_dir)));
+}
+
 int gms_residency_snapshot(struct gms_residency *r, const char *dir)
 {
 	struct gms_host_layout l;

@@ -120,6 +120,9 @@ void gms_residency_dropped(struct gms_residency *r);
 /* A reader asks for the layout: when a demotion emptied the GMS, restore that layout from its tier first (blocks). */
 void gms_residency_reader_connects(struct gms_residency *r);
 
+/* Whether @dir names one of the kept tiers, as configured (byte for byte). */
+bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir);
+
 /*
  * Start writing the committed layout to @dir (NULL: the kept tiers) on the
  * worker's thread; the end comes as answer(GMS_WAIT_SNAPSHOT). Errors:

@@ -369,9 +369,15 @@ int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: NULL argument");
 	json_error_t jerr;
 	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root)
+	if (!root) {
+		/* jansson quotes the text it stopped at ("... near 'root:$6$...'"): the
+		 * file may be anything a caller pointed at, so say where, never what. */
+		char *near = strstr(jerr.text, " near ");
+		if (near)
+			*near = '\0';
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: not JSON: line %d column %d: %s", jerr.line, jerr.column,
 			      jerr.text);
+	}
 	struct gms_manifest *mf = gms_manifest_new();
 	int rc = mf ? parse_root(root, mf) : gf_err(GF_ERR_NOMEM, "snapshot manifest: out of memory");
 	json_decref(root);

@@ -472,3 +472,65 @@ def test_metrics_bad_address_is_a_usage_error(tmp):
     r = subprocess.run([GMSD, "--listen", "unix://" + os.path.join(d, "g.sock"), "--backend", "host",
                         "--metrics", "localhost"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--metrics: expected ADDR:PORT" in r.stderr, r.stderr
+
+
+def gfctl_as_nobody(*args, timeout=120):
+    return subprocess.run([GFCTL, *args], capture_output=True, text=True, timeout=timeout, user=65534, group=65534)
+
+
+def test_non_admin_names_only_the_kept_tiers(tmp):
+    """An allowed non-admin uid may not point the GMS (root here) at a
+    directory of its choice: no snapshot into a root-only directory, no
+    restore of another tenant's root-only snapshot into an EMPTY GMS. The
+    kept tiers stay its to ask for."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run gfctl as another uid")
+    d, warm = tmp
+    os.chmod(d, 0o755)
+    private = os.path.join(d, "private")
+    os.mkdir(private, 0o700)
+    allow = ("--allow-uid", "0", "--allow-uid", "65534")
+    g = Gmsd(os.path.join(d, "g.sock"), "--warm", warm, *allow)
+    e = None
+    try:
+        os.chmod(g.sock, 0o777)
+        st = load(g, seed=21)
+        wait_phase(g, ("Checkpointed",))
+        r = gfctl_as_nobody("gms", "snapshot", "--gms", g.uri, "--dir", os.path.join(private, "snap"))
+        assert r.returncode != 0 and "only root or the server's own uid" in r.stderr, r.stdout + r.stderr
+        assert not os.listdir(private)
+        r = gfctl_as_nobody("gms", "snapshot", "--gms", g.uri, "--dir", warm)
+        assert r.returncode == 0 and "Checkpointed" in r.stdout, r.stdout + r.stderr
+        # Root's own snapshot in its private directory; another GMS, EMPTY.
+        gfctl("gms", "snapshot", "--gms", g.uri, "--dir", os.path.join(private, "snap"))
+        e = Gmsd(os.path.join(d, "e.sock"), *allow)
+        os.chmod(e.sock, 0o777)
+        r = gfctl_as_nobody("gms", "restore", "--gms", e.uri, "--dir", os.path.join(private, "snap"))
+        assert r.returncode != 0 and "only root or the server's own uid" in r.stderr, r.stdout + r.stderr
+        assert status(e)["state"] == "EMPTY"
+        assert "event=restore_refused" in json.dumps(status(e))
+        # Root may.
+        gfctl("gms", "restore", "--gms", e.uri, "--dir", os.path.join(private, "snap"))
+        assert status(e)["layout_hash"] == st["layout_hash"]
+    finally:
+        if e:
+            e.stop()
+        g.stop()
+
+
+def test_symlinked_manifest_is_refused_without_quoting_it(tmp):
+    """A snapshot directory whose manifest.json is a symlink (here to
+    /etc/shadow) is refused by name; nothing of the target shows in the error."""
+    d, _ = tmp
+    evil = os.path.join(d, "evil")
+    os.mkdir(evil)
+    os.symlink("/etc/shadow" if os.path.exists("/etc/shadow") else "/etc/passwd", os.path.join(evil, "manifest.json"))
+    open(os.path.join(evil, "data.bin"), "wb").close()
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", evil, check=False)
+        assert r.returncode != 0 and "manifest.json" in r.stderr, r.stderr
+        assert "root" not in r.stderr and "near" not in r.stderr, r.stderr
+        assert status(g)["state"] == "EMPTY"
+    finally:
+        g.stop()
