@@ -451,32 +451,16 @@ static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_f
 		return rc;
 	}
 	struct stat st;
-	char *text = NULL;
 	int rc = 0;
+	struct gms_manifest *mf = NULL;
 	if (fstat(mfd, &st) < 0)
 		rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_MANIFEST, dir);
 	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > GMS_SNAP_MAX_MANIFEST)
 		rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_MANIFEST " is not a regular file of at most %llu bytes",
 			    dir, GMS_SNAP_MAX_MANIFEST);
-	else if (!(text = malloc((size_t)st.st_size + 1)))
-		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory for a %lld-byte manifest", (long long)st.st_size);
-	size_t got = 0;
-	while (rc == 0 && got < (size_t)st.st_size) {
-		ssize_t r = read(mfd, text + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			rc = file_err(errno, "snapshot: read %s/" GMS_SNAP_MANIFEST, dir);
-		else if (r == 0)
-			break;
-		else
-			got += (size_t)r;
-	}
+	else
+		rc = gms_manifest_read(mfd, (uint64_t)st.st_size, &mf);
 	close(mfd);
-	struct gms_manifest *mf = NULL;
-	if (rc == 0)
-		rc = gms_manifest_parse(text, got, &mf);
-	free(text);
 	int fd = -1;
 	if (rc == 0) {
 		fd = openat(dfd, GMS_SNAP_DATA, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

@@ -534,3 +534,45 @@ def test_symlinked_manifest_is_refused_without_quoting_it(tmp):
         assert status(g)["state"] == "EMPTY"
     finally:
         g.stop()
+
+
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "data.bin"])
+def test_fifo_in_a_snapshot_is_refused_and_the_gms_keeps_serving(tmp, which):
+    """A FIFO named manifest.json (or data.bin) is refused as not a regular
+    file; opening it never blocks the GMS, which keeps answering everyone."""
+    d, _ = tmp
+    snap, _ = snapshot_to(d, "snap", seed=23)
+    os.unlink(os.path.join(snap, which))
+    os.mkfifo(os.path.join(snap, which))
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", snap, "--timeout", "10s", check=False, timeout=60)
+        assert r.returncode != 0 and "not a regular file" in r.stderr, r.stdout + r.stderr
+        assert status(g)["state"] == "EMPTY"
+        load(g, seed=24)
+    finally:
+        g.stop()
+
+
+def test_sparse_manifest_is_refused_without_being_read(tmp):
+    """A sparse 1 GiB manifest.json (under the size bound) is refused at its
+    first byte: the GMS never reads it whole into memory."""
+    d, _ = tmp
+    snap, _ = snapshot_to(d, "snap", seed=25)
+    man = os.path.join(snap, "manifest.json")
+    os.unlink(man)
+    with open(man, "wb") as f:
+        f.truncate(1 << 30)
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", snap, "--timeout", "60s", check=False)
+        assert r.returncode != 0 and "not JSON: line 1" in r.stderr, r.stdout + r.stderr
+        assert vm_hwm_kib(g.p.pid) < 256 * 1024, "the manifest was read into memory"
+        assert status(g)["state"] == "EMPTY"
+    finally:
+        g.stop()
