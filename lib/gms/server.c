@@ -1605,7 +1605,8 @@ static void host_answer(void *host, enum gms_residency_wait what, int err, const
 		c->tier_wait = 0;
 		if (err < 0) {
 			reply_error(d, c, c->tier_seq, err, "%s: %s",
-				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : "demote", detail);
+				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : what == GMS_WAIT_RESTORE ? "restore" : "demote",
+				    detail);
 			continue;
 		}
 		if (what == GMS_WAIT_DEMOTION && d->nretired) {
@@ -1702,15 +1703,14 @@ static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	const char *dir = m->body.gms_restore.dir[0] ? m->body.gms_restore.dir : NULL;
 	if (client_dir_allowed(d, c, m->seq, "restore", dir) < 0)
 		return;
-	int rc = gf_gmsd_restore(d, dir);
+	/* On the tier worker: reading and checking a snapshot never holds up the loop. */
+	int rc = gms_residency_restore_start(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 		return;
 	}
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
-	d->out->which_body = gf_Msg_ok_tag;
-	send_msg(d, c, NULL, 0);
+	c->tier_wait = GMS_WAIT_RESTORE;
+	c->tier_seq = m->seq;
 }
 
 static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)

@@ -576,3 +576,66 @@ def test_sparse_manifest_is_refused_without_being_read(tmp):
         assert status(g)["state"] == "EMPTY"
     finally:
         g.stop()
+
+
+class OpenGate:
+    """Holds every open of one file until allowed (fanotify FAN_OPEN_PERM; root only)."""
+    FAN_CLASS_CONTENT, FAN_CLOEXEC, FAN_MARK_ADD, FAN_OPEN_PERM, FAN_ALLOW = 0x4, 0x1, 0x1, 0x10000, 0x1
+
+    def __init__(self, path):
+        import ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
+                                            ctypes.c_char_p]
+        self.fd = self.libc.fanotify_init(self.FAN_CLASS_CONTENT | self.FAN_CLOEXEC, os.O_RDONLY)
+        if self.fd < 0:
+            pytest.skip(f"fanotify unavailable: {os.strerror(ctypes.get_errno())}")
+        if self.libc.fanotify_mark(self.fd, self.FAN_MARK_ADD, self.FAN_OPEN_PERM, -100, path.encode()) < 0:
+            os.close(self.fd)
+            pytest.skip(f"fanotify permission events unavailable: {os.strerror(ctypes.get_errno())}")
+
+    def wait_open(self, timeout=60):
+        """The next open of the file, held: (pid, event fd)."""
+        import select
+        import struct
+        assert select.select([self.fd], [], [], timeout)[0], "nobody opened the file"
+        buf = os.read(self.fd, 4096)
+        _, _, _, _, _, fd, pid = struct.unpack_from("IBBHQii", buf)
+        return pid, fd
+
+    def allow(self, fd):
+        import struct
+        os.write(self.fd, struct.pack("iI", fd, self.FAN_ALLOW))
+        os.close(fd)
+
+    def close(self):
+        os.close(self.fd)  # any open still held is allowed
+
+
+def test_client_restore_runs_off_the_loop(tmp):
+    """A restore a client asks for runs on the tier worker: while it waits
+    on data.bin (held open here), the GMS answers everyone else."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for fanotify")
+    d, _ = tmp
+    snap, st = snapshot_to(d, "snap", seed=27)
+    g = Gmsd(os.path.join(d, "g.sock"))
+    gate = OpenGate(os.path.join(snap, "data.bin"))
+    r = None
+    try:
+        r = subprocess.Popen([GFCTL, "gms", "restore", "--gms", g.uri, "--dir", snap], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        pid, fd = gate.wait_open()
+        assert pid == g.p.pid
+        now = status(g)
+        assert now["state"] == "EMPTY" and now["operation"]["phase"] == "Restoring", now
+        gate.allow(fd)
+        out, err = r.communicate(timeout=120)
+        assert r.returncode == 0 and "Restored" in out, out + err
+        assert status(g)["layout_hash"] == st["layout_hash"]
+    finally:
+        gate.close()
+        if r and r.poll() is None:
+            r.kill()
+            r.wait()
+        g.stop()
