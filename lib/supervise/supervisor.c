@@ -56,10 +56,8 @@ struct sv_engine {
 	int64_t last_revoked_epoch;
 	int64_t revocations;
 	/* The grant the current process (or a process of its own, see
-	 * own_process) was seen holding under lock_id, and whether a switchover
-	 * was seen asked of it (0: none seen). */
+	 * own_process) was seen holding under lock_id (0: none seen). */
 	uint64_t held_epoch;
-	uint64_t step_down_epoch;
 	/* The grant last seen held by a process that is gone: the only one the
 	 * look after an exit may revoke. */
 	uint64_t gone_epoch;
@@ -91,7 +89,9 @@ struct gf_supervisor {
 	struct sv_engine *eng;
 	size_t n;
 	CURLM *multi;
-	int64_t lock_poll_at; /* when the lock's holder is next looked at */
+	int64_t lock_poll_at;  /* when the lock's holder is next looked at */
+	gf_lock_query *poll_q; /* that look, off the loop (lock_poll_answer()) */
+	int poll_failing;      /* the last look failed (logged once) */
 };
 
 static void free_strv(char **v)
@@ -162,6 +162,7 @@ void gf_supervisor_free(gf_supervisor *sv)
 		engine_clear(&sv->eng[i]);
 	}
 	free(sv->eng);
+	gf_lock_query_free(sv->poll_q);
 	if (sv->multi)
 		curl_multi_cleanup(sv->multi);
 	free(sv->lock_uri);
@@ -564,7 +565,7 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 	}
 	pthread_mutex_lock(&sv->mu);
 	e->pid = pid;
-	e->held_epoch = e->step_down_epoch = 0;
+	e->held_epoch = 0;
 	pthread_mutex_unlock(&sv->mu);
 	e->pidfd = fd;
 	e->next_probe_us = 0;
@@ -576,31 +577,25 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 
 /* ---- the lock ---------------------------------------------------------- */
 
-struct sv_holder {
-	char id[256]; /* empty: the lock is free */
-	uint64_t epoch;
-	pid_t pid;
-	int step_down; /* a switchover asked this holder to step down */
-};
-
-/* The lock's holder as the server reports it. Blocks up to @timeout_ms. */
-static int lock_holder(gf_supervisor *sv, int64_t timeout_ms, struct sv_holder *h)
+/*
+ * Whether the grant @epoch is still held under @id, asked when an engine
+ * that held it exits: only then, and only of a lock server that answered the
+ * polls, so the wait (at most 2 s) is rare. Unknown (no answer) counts as
+ * held: nothing is planned on a guess, and the look after the forceful
+ * grace decides about a revocation.
+ */
+static int grant_kept(gf_supervisor *sv, const char *id, uint64_t epoch)
 {
-	char *js = NULL;
-	int r = gf_lock_status_json(sv->lock_uri, sv->lock_secret, sv->lock_secret_len, timeout_ms, &js);
-	if (r < 0)
-		return r;
-	json_t *root = json_loads(js, 0, NULL);
-	free(js);
-	if (!root)
-		return gf_err(GF_ERR_PROTOCOL, "lock status: not JSON");
-	const char *hid = json_string_value(json_object_get(root, "holder"));
-	snprintf(h->id, sizeof(h->id), "%s", hid ? hid : "");
-	h->epoch = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
-	h->pid = (pid_t)json_integer_value(json_object_get(root, "holder_pid"));
-	h->step_down = json_is_true(json_object_get(root, "step_down_requested"));
-	json_decref(root);
-	return 0;
+	gf_lock_query *q;
+	struct gf_lock_holder h;
+	if (gf_lock_query_start(&q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
+		return 1;
+	struct pollfd p = { .fd = gf_lock_query_get_fd(q), .events = POLLIN };
+	int r = GF_ERR_AGAIN;
+	while (r == GF_ERR_AGAIN && poll(&p, 1, 3000) >= 0)
+		r = gf_lock_query_result(q, &h);
+	gf_lock_query_free(q);
+	return r < 0 || (strcmp(h.id, id) == 0 && h.epoch == epoch);
 }
 
 /* A process's parent and process group, from /proc. */
@@ -655,10 +650,10 @@ static int own_process(pid_t pid, pid_t engine)
 }
 
 /*
- * Note which grant each living engine's process holds, and whether a
- * switchover was asked of it: what a later revocation or a planned restart
- * must be proven by. Once per probe interval, on the loop (a unix lock
- * server answers in microseconds; a wedged one costs probe.timeout).
+ * Note which grant each living engine's process holds: what a later
+ * revocation or a planned restart must be proven by. Once per probe
+ * interval; the query runs off the loop and its answer is an fd the loop
+ * polls (lock_poll_answer()), so a slow lock server delays no engine.
  */
 static void lock_poll(gf_supervisor *sv, int64_t now)
 {
@@ -666,24 +661,40 @@ static void lock_poll(gf_supervisor *sv, int64_t now)
 	int want = 0;
 	for (size_t i = 0; i < sv->n; i++)
 		want |= sv->eng[i].lock_id && sv->eng[i].pid > 0;
-	if (!sv->lock_uri || !want)
+	if (!sv->lock_uri || !want || sv->poll_q)
 		return;
-	struct sv_holder h;
-	if (lock_holder(sv, sv->probe_timeout_ms, &h) < 0) {
-		gf_log(GF_LOG_DEBUG, "supervise", "lock status: %s", gf_error_detail());
+	if (gf_lock_query_start(&sv->poll_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL,
+				sv->probe_timeout_ms) < 0)
+		gf_log(GF_LOG_DEBUG, "supervise", "lock poll: %s", gf_error_detail());
+}
+
+static void lock_poll_answer(gf_supervisor *sv)
+{
+	struct gf_lock_holder h;
+	int r = gf_lock_query_result(sv->poll_q, &h);
+	if (r == GF_ERR_AGAIN)
+		return;
+	gf_lock_query_free(sv->poll_q);
+	sv->poll_q = NULL;
+	if (r < 0) {
+		if (!sv->poll_failing)
+			gf_log(GF_LOG_WARN, "supervise", "lock poll: %s", gf_error_detail());
+		sv->poll_failing = 1;
 		return;
 	}
+	if (sv->poll_failing)
+		gf_log(GF_LOG_INFO, "supervise", "lock poll: the lock server answers again");
+	sv->poll_failing = 0;
 	for (size_t i = 0; i < sv->n; i++) {
 		struct sv_engine *e = &sv->eng[i];
-		if (!e->lock_id || e->pid <= 0 || !h.id[0] || strcmp(h.id, e->lock_id) != 0 || !own_process(h.pid, e->pid))
+		if (!e->lock_id || e->pid <= 0 || !h.id[0] || strcmp(h.id, e->lock_id) != 0 ||
+		    !own_process((pid_t)h.pid, e->pid))
 			continue;
 		if (e->held_epoch != h.epoch)
-			gf_log(GF_LOG_INFO, "supervise", "engine=%s holds the lock epoch=%" PRIu64 " pid=%d", e->name,
-			       h.epoch, (int)h.pid);
+			gf_log(GF_LOG_INFO, "supervise", "engine=%s holds the lock epoch=%" PRIu64 " pid=%u", e->name,
+			       h.epoch, h.pid);
 		pthread_mutex_lock(&sv->mu);
 		e->held_epoch = h.epoch;
-		if (h.step_down)
-			e->step_down_epoch = h.epoch;
 		pthread_mutex_unlock(&sv->mu);
 	}
 }
@@ -892,10 +903,8 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	 * exit? Only a holder stepping down does that. */
 	int planned = 0;
 	if (e->held_epoch) {
-		struct sv_holder h;
-		int kept = lock_holder(sv, 2000, &h) < 0 ||
-			   (strcmp(h.id, e->lock_id) == 0 && h.epoch == e->held_epoch);
-		planned = status == GF_ENGINE_EXIT_SWITCHOVER && (e->step_down_epoch == e->held_epoch || !kept);
+		int kept = grant_kept(sv, e->lock_id, e->held_epoch);
+		planned = status == GF_ENGINE_EXIT_SWITCHOVER && !kept;
 		/* Normally the lock server sees the exit and grants the next
 		 * waiter; if the grant outlives the process (a process of its
 		 * own that will not die), the forceful grace bounds the wait
@@ -911,7 +920,7 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	e->pidfd = -1;
 	pthread_mutex_lock(&sv->mu);
 	e->pid = 0;
-	e->held_epoch = e->step_down_epoch = 0;
+	e->held_epoch = 0;
 	pthread_mutex_unlock(&sv->mu);
 	/* The engine stepped down on request (gfctl switchover): a restart, not a failure. */
 	if (planned)
@@ -958,10 +967,11 @@ int gf_supervisor_run(gf_supervisor *sv)
 {
 	if (!sv || !sv->started)
 		return gf_err(GF_ERR_STATE, "supervisor not started");
-	/* Per engine: its pidfd, a lingering process's, its revocation's query. */
-	struct curl_waitfd wfd[1 + 3 * SV_MAX_ENGINES];
-	struct sv_engine *owner[1 + 3 * SV_MAX_ENGINES];
-	int lingering[1 + 3 * SV_MAX_ENGINES]; /* 0: pidfd, 1: lingering, 2: revocation */
+	/* The stop fd and the lock poll's query; per engine: its pidfd, a
+	 * lingering process's, its revocation's query. */
+	struct curl_waitfd wfd[2 + 3 * SV_MAX_ENGINES];
+	struct sv_engine *owner[2 + 3 * SV_MAX_ENGINES];
+	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revocation, 3: poll */
 	for (;;) {
 		int64_t now = gf_now_us();
 		int alive = 0;
@@ -987,10 +997,8 @@ int gf_supervisor_run(gf_supervisor *sv)
 		}
 		if (sv->stop_seen && !alive)
 			return 0;
-		if (sv->lock_uri && sv->lock_poll_at <= now) {
+		if (sv->lock_uri && sv->lock_poll_at <= now)
 			lock_poll(sv, now);
-			now = gf_now_us();
-		}
 		if (sv->lock_uri && sv->lock_poll_at < deadline)
 			deadline = sv->lock_poll_at;
 
@@ -998,6 +1006,11 @@ int gf_supervisor_run(gf_supervisor *sv)
 		wfd[n] = (struct curl_waitfd){ .fd = sv->stop_fd, .events = CURL_WAIT_POLLIN };
 		owner[n] = NULL;
 		lingering[n++] = 0;
+		if (sv->poll_q) {
+			wfd[n] = (struct curl_waitfd){ .fd = gf_lock_query_get_fd(sv->poll_q), .events = CURL_WAIT_POLLIN };
+			owner[n] = NULL;
+			lingering[n++] = 3;
+		}
 		for (size_t i = 0; i < sv->n; i++) {
 			if (sv->eng[i].pidfd >= 0) {
 				wfd[n] = (struct curl_waitfd){ .fd = sv->eng[i].pidfd, .events = CURL_WAIT_POLLIN };
@@ -1030,7 +1043,9 @@ int gf_supervisor_run(gf_supervisor *sv)
 		for (unsigned k = 0; k < n; k++) {
 			if (!(wfd[k].revents & CURL_WAIT_POLLIN))
 				continue;
-			if (!owner[k]) {
+			if (lingering[k] == 3) {
+				lock_poll_answer(sv);
+			} else if (!owner[k]) {
 				uint64_t v;
 				if (read(sv->stop_fd, &v, sizeof(v)) == sizeof(v) && !sv->stop_seen) {
 					sv->stop_seen = 1;
