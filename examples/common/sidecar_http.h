@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The sidecars' HTTP face (gf-lockd --metrics, gf-gmsd --metrics): /metrics,
- * /status and, where the daemon has one, /ready, served from the daemon's own
- * loop so every answer reads its state on the one thread that owns it. */
+ * /status and, where the daemon has one, /ready. Connections live on
+ * libmicrohttpd's thread; every answer is made on the daemon's own loop, so
+ * it reads the state on the one thread that owns it. */
 #ifndef GF_SIDECAR_HTTP_H
 #define GF_SIDECAR_HTTP_H
 
@@ -21,12 +22,11 @@ struct sidecar_http;
  * message on stderr naming @prog. */
 int sidecar_http_start(struct sidecar_http **out, const char *prog, const struct sidecar_http_ops *ops, void *ctx,
 		       const char *addrport);
-/* The fd to poll for input (an epoll fd), and the most to wait in ms (-1: no limit). */
+/* The fd to poll for input: readable when requests wait for an answer. */
 int sidecar_http_fd(const struct sidecar_http *h);
-int sidecar_http_timeout_ms(const struct sidecar_http *h);
 /* The bound port. */
 int sidecar_http_port(const struct sidecar_http *h);
-/* Serve what is ready, without blocking. On the thread that drives the daemon. */
+/* Answer the waiting requests, without blocking. On the thread that drives the daemon. */
 void sidecar_http_process(struct sidecar_http *h);
 void sidecar_http_free(struct sidecar_http *h);
 

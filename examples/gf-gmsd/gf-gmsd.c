@@ -351,13 +351,7 @@ static int run_loop(gf_gmsd *d, int sfd, struct sidecar_http *http)
 	struct pollfd p[3] = {{.fd = gf_gmsd_get_fd(d), .events = POLLIN}, {.fd = sfd, .events = POLLIN},
 			      {.fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN}};
 	for (;;) {
-		int timeout = gf_gmsd_get_timeout_ms(d);
-		if (http) {
-			int ht = sidecar_http_timeout_ms(http);
-			if (ht >= 0 && (timeout < 0 || ht < timeout))
-				timeout = ht;
-		}
-		if (poll(p, 3, timeout) < 0 && errno != EINTR)
+		if (poll(p, 3, gf_gmsd_get_timeout_ms(d)) < 0 && errno != EINTR)
 			return GF_ERR_IO;
 		if (p[1].revents & POLLIN) {
 			struct signalfd_siginfo si;

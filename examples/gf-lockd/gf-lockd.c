@@ -344,18 +344,6 @@ static void announce_ready(const struct lockd_opts *o, struct sidecar_http *http
 #endif
 }
 
-/* The earliest deadline of the lock server and the HTTP server, or -1. */
-static int next_timeout_ms(gf_lockd *d, struct sidecar_http *http)
-{
-	int timeout = gf_lockd_get_timeout_ms(d);
-	if (http) {
-		int ht = sidecar_http_timeout_ms(http);
-		if (ht >= 0 && (timeout < 0 || ht < timeout))
-			timeout = ht;
-	}
-	return timeout;
-}
-
 /* Serve until a stop signal (0) or a fatal error (1). */
 static int run_loop(gf_lockd *d, int sfd, struct sidecar_http *http)
 {
@@ -363,7 +351,7 @@ static int run_loop(gf_lockd *d, int sfd, struct sidecar_http *http)
 		struct pollfd p[3] = { { .fd = gf_lockd_get_fd(d), .events = POLLIN },
 				       { .fd = sfd, .events = POLLIN },
 				       { .fd = http ? sidecar_http_fd(http) : -1, .events = POLLIN } };
-		int n = poll(p, 3, next_timeout_ms(d, http));
+		int n = poll(p, 3, gf_lockd_get_timeout_ms(d));
 		if (n < 0 && errno != EINTR) {
 			perror("gf-lockd: poll");
 			return 1;

@@ -324,9 +324,11 @@ GF_EXPORT int gf_gms_wait_committed(const char *uri, int64_t timeout_ms, uint64_
  * Ask the GMS at @p uri to snapshot its committed layout to directory @p dir
  * (on the GMS's host), or to its kept WARM and COLD tiers when @p dir is NULL
  * or empty (docs/tiers.md), and wait for it to be written, within
- * @p timeout_ms. Any allowed client may ask; takes no lock; the GMS keeps
+ * @p timeout_ms. Any allowed client may ask for the kept tiers; only root
+ * or the GMS's own uid may name another @p dir. Takes no lock; the GMS keeps
  * serving meanwhile (the layout cannot be replaced until it is written).
- * Errors: GF_ERR_STATE (nothing committed), GF_ERR_BUSY (a snapshot is being
+ * Errors: GF_ERR_PERMISSION (@p dir is not a kept tier and the caller not an
+ * admin uid), GF_ERR_STATE (nothing committed), GF_ERR_BUSY (a snapshot is being
  * written), GF_ERR_INVALID_ARG (no directory and no tier kept, path too
  * long), GF_ERR_IO (the write failed: detail names why), GF_ERR_TIMEOUT,
  * GF_ERR_UNREACHABLE. Blocks.
@@ -337,7 +339,9 @@ GF_EXPORT int gf_gms_snapshot(const char *uri, const char *dir, int64_t timeout_
  * best kept tier (WARM, then COLD) when @p dir is NULL or empty: every
  * checksum is verified before it becomes COMMITTED with the snapshot's layout
  * hash and generation, so sleeping readers remap without a reload. Blocks
- * (the GMS restores before it answers). Errors: GF_ERR_STATE (not EMPTY),
+ * (the GMS restores before it answers). Only root or the GMS's own uid may
+ * name a @p dir that is not a kept tier. Errors: GF_ERR_PERMISSION (that),
+ * GF_ERR_STATE (not EMPTY),
  * GF_ERR_NOT_FOUND (no snapshot), GF_ERR_VERSION, GF_ERR_PROTOCOL (corrupt or
  * truncated), GF_ERR_INVALID_ARG (other backend or granularity),
  * GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE; on any error the GMS stays EMPTY.

@@ -32,6 +32,11 @@ enum gms_decision gms_fsm_decide(const struct gms_fsm *f, int mode, bool other_r
 	}
 }
 
+bool gms_fsm_rw_would_drop(const struct gms_fsm *f)
+{
+	return f->state == GMS_COMMITTED || f->state == GMS_RO;
+}
+
 void gms_fsm_apply(struct gms_fsm *f, enum gms_decision d)
 {
 	switch (d) {

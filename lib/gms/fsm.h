@@ -46,6 +46,12 @@ void gms_fsm_init(struct gms_fsm *f);
  * other than this one is waiting (writer priority: readers do not jump it).
  */
 enum gms_decision gms_fsm_decide(const struct gms_fsm *f, int mode, bool other_rw_waiting);
+/*
+ * Whether an RW request would drop a committed layout (COMMITTED, RO). A
+ * waiting RW holds back every new reader (writer priority), so a GMS fenced
+ * by a lock makes such a request prove its grant before it may wait.
+ */
+bool gms_fsm_rw_would_drop(const struct gms_fsm *f);
 /* Apply a grant returned by gms_fsm_decide(). */
 void gms_fsm_apply(struct gms_fsm *f, enum gms_decision d);
 /* The writer committed: RW -> RO with the writer as the only reader. Returns false in any other state. */

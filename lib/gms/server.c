@@ -68,6 +68,10 @@ struct client {
 	gf_lock_query *fence_q;
 	struct gf_srv_watch fence_w;
 	bool fence_passed;      /* the answer came and named this client's grant: grant once */
+	/* A waiting RW on a fenced, committed GMS: its admission is asked (the
+	 * query in flight checks it, not a grant), or was given. Only an
+	 * admitted RW holds new readers back (writer priority). */
+	bool fence_admission, fence_admitted;
 	bool commit_pending;    /* a writer's commit waits for the fence's answer */
 	uint32_t commit_seq;
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
@@ -606,8 +610,11 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 
 static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 {
+	/* A fenced GMS with a committed layout: an RW not proven the holder's
+	 * yet must not keep readers out (a stray writer would, until its timeout). */
+	bool proven_only = d->lock_uri && gms_fsm_rw_would_drop(&d->fsm);
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
-		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW)
+		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || c->fence_admitted))
 			return true;
 	return false;
 }
@@ -687,6 +694,8 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	}
 	if (c->phase != C_WAIT)
 		return;
+	bool admission = c->fence_admission;
+	c->fence_admission = false;
 	if (rc < 0) {
 		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
 			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
@@ -698,7 +707,11 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
 		fence_refuse(d, c, h.epoch);
 	} else {
-		c->fence_passed = true;
+		/* An admission lets it wait ahead of readers; the grant is asked again. */
+		if (admission)
+			c->fence_admitted = true;
+		else
+			c->fence_passed = true;
 		d->changed = true;
 	}
 }
@@ -742,6 +755,42 @@ static int fence_step(gf_gmsd *d, struct client *c)
 		fence_refuse(d, c, 0);
 	}
 	return 0;
+}
+
+/*
+ * A fenced GMS with a committed layout: a waiting RW would drop it, and an
+ * RW waiting ahead of readers holds every new one back. So each is checked
+ * when it arrives, or when the load it waited on commits, not only at its
+ * grant: without a grant it is refused at once; with one, the lock server
+ * is asked (off the loop) and only an admitted RW holds readers back
+ * (other_rw_waiting()). The fence runs again at the grant.
+ */
+static void fence_waiting_writers(gf_gmsd *d)
+{
+	if (!d->lock_uri || !gms_fsm_rw_would_drop(&d->fsm))
+		return;
+	/* A refusal may close its peer (a failed send): walk afresh after each one. */
+	for (;;) {
+		struct client *c = next_client(d, NULL);
+		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence_admitted || c->fence_passed ||
+			     c->fence_q))
+			c = next_client(d, c);
+		if (!c)
+			return;
+		if (c->lock_epoch == 0) {
+			reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's "
+				    "current holder may (the connect carried no lock grant)");
+			fence_refuse(d, c, 0);
+			continue;
+		}
+		if (fence_ask(d, c) < 0) {
+			reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+				    "server could not be asked: %s", gf_error_detail());
+			fence_refuse(d, c, 0);
+			continue;
+		}
+		c->fence_admission = true;
+	}
 }
 
 static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
@@ -790,6 +839,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 static void reevaluate(gf_gmsd *d)
 {
 	d->changed = false;
+	fence_waiting_writers(d);
 	for (;;) {
 		struct client *best = NULL;
 		bool progressed = false;
@@ -837,6 +887,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	fence_cancel(d, c);
 	c->fence_passed = false;
+	c->fence_admission = c->fence_admitted = false;
 	c->commit_pending = false;
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
@@ -851,6 +902,9 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		gms_residency_reader_connects(d->res);
 	int g = try_grant(d, c);
 	if (g != 0)
+		return;
+	fence_waiting_writers(d);
+	if (c->phase != C_WAIT)
 		return;
 	if (r->timeout_ms == 0) {
 		c->phase = C_IDLE;
@@ -1551,7 +1605,8 @@ static void host_answer(void *host, enum gms_residency_wait what, int err, const
 		c->tier_wait = 0;
 		if (err < 0) {
 			reply_error(d, c, c->tier_seq, err, "%s: %s",
-				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : "demote", detail);
+				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : what == GMS_WAIT_RESTORE ? "restore" : "demote",
+				    detail);
 			continue;
 		}
 		if (what == GMS_WAIT_DEMOTION && d->nretired) {
@@ -1605,9 +1660,35 @@ int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
 	return gms_residency_snapshot(d->res, dir && *dir ? dir : NULL);
 }
 
+/* Root or the server's own uid: the operator's own tools. */
+static bool admin_peer(const struct client *c)
+{
+	return c->p->uid == 0 || c->p->uid == (uint32_t)geteuid();
+}
+
+/*
+ * A directory a client names for a snapshot or a restore. The GMS (often
+ * root) reads and writes there on the client's behalf: any other allowed
+ * peer may name only a kept tier (or none), or it could write into, or
+ * restore and then map, what only the GMS's uid can reach (a confused
+ * deputy). 0, or the refusal sent.
+ */
+static int client_dir_allowed(gf_gmsd *d, struct client *c, uint32_t seq, const char *what, const char *dir)
+{
+	if (!dir || admin_peer(c) || gms_residency_is_tier_dir(d->res, dir))
+		return 0;
+	event(d, "event=%s_refused peer=%s uid=%u reason=\"not an admin uid: only a kept tier\"", what, c->peer,
+	      c->p->uid);
+	reply_error(d, c, seq, GF_ERR_PERMISSION,
+		    "%s: only root or the server's own uid may name a directory other than the kept tiers", what);
+	return GF_ERR_PERMISSION;
+}
+
 static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
+	if (client_dir_allowed(d, c, m->seq, "snapshot", dir) < 0)
+		return;
 	int rc = gms_residency_snapshot(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
@@ -1620,15 +1701,16 @@ static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const char *dir = m->body.gms_restore.dir[0] ? m->body.gms_restore.dir : NULL;
-	int rc = gf_gmsd_restore(d, dir);
+	if (client_dir_allowed(d, c, m->seq, "restore", dir) < 0)
+		return;
+	/* On the tier worker: reading and checking a snapshot never holds up the loop. */
+	int rc = gms_residency_restore_start(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 		return;
 	}
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
-	d->out->which_body = gf_Msg_ok_tag;
-	send_msg(d, c, NULL, 0);
+	c->tier_wait = GMS_WAIT_RESTORE;
+	c->tier_seq = m->seq;
 }
 
 static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -1636,7 +1718,7 @@ static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	const char *to = m->body.gms_demote.to;
 	/* Dropping the weights every engine sleeps on is an admin's decision, like
 	 * revoking a lock: root or the server's own uid, not every allowed engine. */
-	if (c->p->uid != 0 && c->p->uid != (uint32_t)geteuid()) {
+	if (!admin_peer(c)) {
 		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
 		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
 		return;

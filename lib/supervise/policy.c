@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "gpufailover/engine.h"
 #include "policy.h"
 
 #define MS 1000LL
@@ -133,21 +134,21 @@ static int is_terminal(int status, const int *terminal, size_t n)
 }
 
 /* The current process is gone (exited, failed to start, or given up on after
- * revocation): decide between restart, pause and the end states. */
-static int after_exit(struct gf_sv_engine *e, const struct gf_sv_periods *p, int cls, int64_t now,
+ * revocation): decide between restart, pause and the end states. @planned:
+ * the exit is the switchover's own (see GF_SV_EV_EXITED). */
+static int after_exit(struct gf_sv_engine *e, const struct gf_sv_periods *p, int cls, int planned, int64_t now,
 		      const char *what)
 {
 	int reset = e->state == GF_SV_TERMINATING || e->state == GF_SV_KILLING;
 	e->alive = 0;
+	e->planned = 0;
 	e->last_exit_class = cls;
 	if (e->stopping) {
-		e->planned = 0;
 		enter(e, GF_SV_STOPPED, now, "stopped on request (%s)", what);
 		return 0;
 	}
-	if (e->planned) {
+	if (planned) {
 		/* A planned switchover is no failure: restart at once, count nothing. */
-		e->planned = 0;
 		e->last_exit_class = GF_SV_EXIT_PLANNED;
 		int act = spawn(e, now);
 		snprintf(e->reason, sizeof(e->reason), "restarted after a planned switchover (%s)", what);
@@ -205,7 +206,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			return 0;
 		e->last_exit_status = -1;
 		e->last_exit_signal = 0;
-		return after_exit(e, p, GF_SV_EXIT_RETRYABLE, now_us, "spawn failed");
+		return after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, now_us, "spawn failed");
 
 	case GF_SV_EV_EXITED: {
 		if (!e->alive)
@@ -222,7 +223,13 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 										: GF_SV_EXIT_RETRYABLE;
 			snprintf(what, sizeof(what), "exit status %d", exit_status);
 		}
-		return after_exit(e, p, cls, now_us, what);
+		/* Planned only when a switchover was asked of this process and it
+		 * ended the way a step-down does (75, or 0): a status on its own
+		 * proves nothing, and a crash loop of "exit 75" must meet the retry
+		 * pause and limit like any other. */
+		int planned = e->planned && exit_signal == 0 &&
+			      (exit_status == GF_ENGINE_EXIT_SWITCHOVER || exit_status == 0);
+		return after_exit(e, p, cls, planned, now_us, what);
 	}
 
 	case GF_SV_EV_PROBE: {
@@ -292,7 +299,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			e->last_exit_status = -1;
 			e->last_exit_signal = 0;
 			return GF_SV_ACT_REVOKE |
-			       after_exit(e, p, GF_SV_EXIT_RETRYABLE, now_us, "no exit after SIGKILL; lock revoked");
+			       after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, now_us, "no exit after SIGKILL; lock revoked");
 		case GF_SV_PAUSED:
 			if (now_us - e->since_us < p->retry_pause_ms * MS)
 				return 0;

@@ -85,7 +85,8 @@ enum gf_sv_event {
 	GF_SV_EV_EXITED = 5,     /**< the process exited: see exit_status / exit_signal */
 	GF_SV_EV_TICK = 6,       /**< time passed (call at gf_sv_next_deadline) */
 	GF_SV_EV_STOP = 7,       /**< stop on request: terminate, do not restart, no failure */
-	GF_SV_EV_SWITCHOVER = 8, /**< the next exit is a planned switchover: restart without a retry */
+	GF_SV_EV_SWITCHOVER = 8, /**< a switchover was asked of the current process: its exit with
+				      GF_ENGINE_EXIT_SWITCHOVER restarts at once, without a retry */
 };
 
 /** A probe round's results. */
@@ -106,7 +107,7 @@ struct gf_sv_engine {
 	int last_exit_status;      /**< exit status, or -1 */
 	int last_exit_signal;      /**< terminating signal, or 0 */
 	int last_exit_class;       /**< enum gf_sv_exit_class */
-	int planned;               /**< a switchover or stop is in progress */
+	int planned;               /**< a switchover was asked of the current process */
 	int stopping;              /**< stop requested: do not restart */
 	int revoked;               /**< the lock was revoked for the current process */
 	int alive;                 /**< a process exists (spawned and not yet exited) */

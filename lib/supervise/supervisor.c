@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -54,14 +55,24 @@ struct sv_engine {
 	int64_t next_probe_us;
 	int64_t last_revoked_epoch;
 	int64_t revocations;
-	/* After an exit: when to look whether the lock is still held under this
-	 * engine's id by something that is not the engine (0: no look pending). */
+	/* The grant the current process (or a process of its own, see
+	 * own_process) was seen holding under lock_id (0: none seen). */
+	uint64_t held_epoch;
+	/* The grant last seen held by a process that is gone: the only one the
+	 * look after an exit may revoke. */
+	uint64_t gone_epoch;
+	/* After an exit: when to look whether that grant outlived its process
+	 * (0: no look pending). */
 	int64_t lock_check_at;
 	/* The revocation in flight, off the loop: the holder query, then the
 	 * revoke of the epoch it found (revoke_epoch set). */
 	gf_lock_query *revoke_q;
 	uint64_t revoke_epoch;
 	pid_t revoke_hpid;
+	/* What proves a grant this engine's for the revocation in flight: the
+	 * epoch seen held by a gone process, or a process that will not die. */
+	uint64_t revoke_proven;
+	pid_t revoke_gone_pid;
 };
 
 struct gf_supervisor {
@@ -78,6 +89,9 @@ struct gf_supervisor {
 	struct sv_engine *eng;
 	size_t n;
 	CURLM *multi;
+	int64_t lock_poll_at;  /* when the lock's holder is next looked at */
+	gf_lock_query *poll_q; /* that look, off the loop (lock_poll_answer()) */
+	int poll_failing;      /* the last look failed (logged once) */
 };
 
 static void free_strv(char **v)
@@ -148,6 +162,7 @@ void gf_supervisor_free(gf_supervisor *sv)
 		engine_clear(&sv->eng[i]);
 	}
 	free(sv->eng);
+	gf_lock_query_free(sv->poll_q);
 	if (sv->multi)
 		curl_multi_cleanup(sv->multi);
 	free(sv->lock_uri);
@@ -529,6 +544,10 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 	posix_spawnattr_setpgroup(&attr, 0);
 	posix_spawnattr_setsigmask(&attr, &empty);
 	posix_spawnattr_setsigdefault(&attr, &dfl);
+	/* Stdin, stdout and stderr only: libcurl's wake-up socketpair and other
+	 * descriptors opened without O_CLOEXEC (ours, or an embedding
+	 * program's) must not leak into an engine that outlives them. */
+	posix_spawn_file_actions_addclosefrom_np(&fa, 3);
 	if (e->cwd)
 		posix_spawn_file_actions_addchdir_np(&fa, e->cwd);
 	pid_t pid;
@@ -544,22 +563,152 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 		waitpid(pid, NULL, 0);
 		return gf_err_errno(GF_ERR_IO, en, "engine=%s pidfd_open", e->name);
 	}
+	pthread_mutex_lock(&sv->mu);
 	e->pid = pid;
+	e->held_epoch = 0;
+	pthread_mutex_unlock(&sv->mu);
 	e->pidfd = fd;
 	e->next_probe_us = 0;
+	/* Look at the lock soon: a grant and a switchover are proven by it. */
+	sv->lock_poll_at = 0;
 	gf_log(GF_LOG_INFO, "supervise", "engine=%s started pid=%d", e->name, (int)pid);
 	return 0;
 }
 
+/* ---- the lock ---------------------------------------------------------- */
+
 /*
- * Revoke the lock when it is held under this engine's id by a process that is
- * not the engine's current one (a process that would not die, or a socket
- * that outlived its process in another one). The request names the epoch, so
- * it can never hit a holder granted in the meantime. Both steps (the holder
- * query, then the revoke) run off the loop, each on its query's fd
- * (revoke_answer()): a slow lock server never delays another engine.
+ * Whether the grant @epoch is still held under @id, asked when an engine
+ * that held it exits: only then, and only of a lock server that answered the
+ * polls, so the wait (at most 2 s) is rare. Unknown (no answer) counts as
+ * held: nothing is planned on a guess, and the look after the forceful
+ * grace decides about a revocation.
  */
-static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
+static int grant_kept(gf_supervisor *sv, const char *id, uint64_t epoch)
+{
+	gf_lock_query *q;
+	struct gf_lock_holder h;
+	if (gf_lock_query_start(&q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
+		return 1;
+	struct pollfd p = { .fd = gf_lock_query_get_fd(q), .events = POLLIN };
+	int r = GF_ERR_AGAIN;
+	while (r == GF_ERR_AGAIN && poll(&p, 1, 3000) >= 0)
+		r = gf_lock_query_result(q, &h);
+	gf_lock_query_free(q);
+	return r < 0 || (strcmp(h.id, id) == 0 && h.epoch == epoch);
+}
+
+/* A process's parent and process group, from /proc. */
+static int proc_parent(pid_t pid, pid_t *ppid, pid_t *pgrp)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	/* The command name may hold spaces and parentheses: the fields follow the last ')'. */
+	char *rp = strrchr(buf, ')');
+	char state;
+	int pp, pg;
+	if (!rp || sscanf(rp + 1, " %c %d %d", &state, &pp, &pg) != 3)
+		return -1;
+	*ppid = pp;
+	*pgrp = pg;
+	return 0;
+}
+
+/*
+ * Whether @pid is the engine process @engine or one of its own: in the
+ * process group it was spawned into, or a descendant (a lock holder started
+ * by "sh -c" or a run.sh, even one that left the group). The lock server
+ * reports pids in its own pid namespace: in another one nothing matches, and
+ * nothing is ever revoked on a guess.
+ */
+static int own_process(pid_t pid, pid_t engine)
+{
+	pid_t ppid, pgrp;
+	if (pid <= 0 || engine <= 0)
+		return 0;
+	if (pid == engine)
+		return 1;
+	if (proc_parent(pid, &ppid, &pgrp) < 0)
+		return 0;
+	if (pgrp == engine)
+		return 1;
+	for (int hops = 0; hops < 64 && ppid > 1; hops++) {
+		if (ppid == engine)
+			return 1;
+		if (proc_parent(ppid, &ppid, &pgrp) < 0)
+			return 0;
+	}
+	return 0;
+}
+
+/*
+ * Note which grant each living engine's process holds: what a later
+ * revocation or a planned restart must be proven by. Once per probe
+ * interval; the query runs off the loop and its answer is an fd the loop
+ * polls (lock_poll_answer()), so a slow lock server delays no engine.
+ */
+static void lock_poll(gf_supervisor *sv, int64_t now)
+{
+	sv->lock_poll_at = now + sv->probe_interval_ms * 1000;
+	int want = 0;
+	for (size_t i = 0; i < sv->n; i++)
+		want |= sv->eng[i].lock_id && sv->eng[i].pid > 0;
+	if (!sv->lock_uri || !want || sv->poll_q)
+		return;
+	if (gf_lock_query_start(&sv->poll_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL,
+				sv->probe_timeout_ms) < 0)
+		gf_log(GF_LOG_DEBUG, "supervise", "lock poll: %s", gf_error_detail());
+}
+
+static void lock_poll_answer(gf_supervisor *sv)
+{
+	struct gf_lock_holder h;
+	int r = gf_lock_query_result(sv->poll_q, &h);
+	if (r == GF_ERR_AGAIN)
+		return;
+	gf_lock_query_free(sv->poll_q);
+	sv->poll_q = NULL;
+	if (r < 0) {
+		if (!sv->poll_failing)
+			gf_log(GF_LOG_WARN, "supervise", "lock poll: %s", gf_error_detail());
+		sv->poll_failing = 1;
+		return;
+	}
+	if (sv->poll_failing)
+		gf_log(GF_LOG_INFO, "supervise", "lock poll: the lock server answers again");
+	sv->poll_failing = 0;
+	for (size_t i = 0; i < sv->n; i++) {
+		struct sv_engine *e = &sv->eng[i];
+		if (!e->lock_id || e->pid <= 0 || !h.id[0] || strcmp(h.id, e->lock_id) != 0 ||
+		    !own_process((pid_t)h.pid, e->pid))
+			continue;
+		if (e->held_epoch != h.epoch)
+			gf_log(GF_LOG_INFO, "supervise", "engine=%s holds the lock epoch=%" PRIu64 " pid=%u", e->name,
+			       h.epoch, h.pid);
+		pthread_mutex_lock(&sv->mu);
+		e->held_epoch = h.epoch;
+		pthread_mutex_unlock(&sv->mu);
+	}
+}
+
+/*
+ * Revoke the grant @proven under this engine's id: one seen held by a
+ * process of this engine that is gone or will not die (@gone_pid, when it
+ * still exists, also proves a holder of its own). Never a grant of the
+ * current process. The request names the epoch, so it can never hit a
+ * holder granted in the meantime. Both steps (the holder query, then the
+ * revoke) run off the loop, each on its query's fd (revoke_answer()): a slow
+ * lock server never delays another engine.
+ */
+static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, pid_t gone_pid)
 {
 	if (!sv->lock_uri || !e->lock_id) {
 		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
@@ -568,6 +717,8 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e)
 	if (e->revoke_q)
 		return; /* one in flight already: its answer decides */
 	e->revoke_epoch = 0;
+	e->revoke_proven = proven;
+	e->revoke_gone_pid = gone_pid;
 	if (gf_lock_query_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
 	else
@@ -603,8 +754,10 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
 		return;
 	}
-	/* Judged against the engine's process as it is now, after the answer. */
-	if (!h.id[0] || strcmp(h.id, e->lock_id) != 0 || (e->pid > 0 && (pid_t)h.pid == e->pid)) {
+	/* Judged against the engine's processes as they are now, after the answer. */
+	int theirs = h.id[0] && strcmp(h.id, e->lock_id) == 0 &&
+		     ((e->revoke_proven && h.epoch == e->revoke_proven) || own_process((pid_t)h.pid, e->revoke_gone_pid));
+	if (!theirs || (e->pid > 0 && own_process((pid_t)h.pid, e->pid))) {
 		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
 		return;
 	}
@@ -650,7 +803,8 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 		e->lingering_fd = e->pidfd;
 		e->pid = 0;
 		e->pidfd = -1;
-		do_revoke(sv, e);
+		e->gone_epoch = e->held_epoch;
+		do_revoke(sv, e, e->held_epoch, e->lingering_pid);
 	}
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
@@ -745,18 +899,31 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 	int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
 	gf_log(GF_LOG_INFO, "supervise", "engine=%s pid=%d exited status=%d signal=%d", e->name, (int)e->pid, status,
 	       sig);
+	/* Before its group is killed: was the grant it held let go before the
+	 * exit? Only a holder stepping down does that. */
+	int planned = 0;
+	if (e->held_epoch) {
+		int kept = grant_kept(sv, e->lock_id, e->held_epoch);
+		planned = status == GF_ENGINE_EXIT_SWITCHOVER && !kept;
+		/* Normally the lock server sees the exit and grants the next
+		 * waiter; if the grant outlives the process (a process of its
+		 * own that will not die), the forceful grace bounds the wait
+		 * before that grant, and only that one, is revoked. */
+		if (kept) {
+			e->gone_epoch = e->held_epoch;
+			e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+		}
+	}
 	/* Whatever its helpers still do, the group goes with the engine. */
 	kill(-e->pid, SIGKILL);
 	gf_close(e->pidfd);
 	e->pidfd = -1;
+	pthread_mutex_lock(&sv->mu);
 	e->pid = 0;
-	/* Normally the lock server sees the exit and grants the next waiter; if
-	 * the grant outlives the process (its socket kept open elsewhere), the
-	 * forceful grace bounds the wait before the grant is revoked. */
-	if (e->lock_id && sv->lock_uri)
-		e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+	e->held_epoch = 0;
+	pthread_mutex_unlock(&sv->mu);
 	/* The engine stepped down on request (gfctl switchover): a restart, not a failure. */
-	if (status == GF_ENGINE_EXIT_SWITCHOVER)
+	if (planned)
 		feed(sv, e, GF_SV_EV_SWITCHOVER, NULL, 0, 0, now);
 	feed(sv, e, GF_SV_EV_EXITED, NULL, status, sig, now);
 }
@@ -800,10 +967,11 @@ int gf_supervisor_run(gf_supervisor *sv)
 {
 	if (!sv || !sv->started)
 		return gf_err(GF_ERR_STATE, "supervisor not started");
-	/* Per engine: its pidfd, a lingering process's, its revocation's query. */
-	struct curl_waitfd wfd[1 + 3 * SV_MAX_ENGINES];
-	struct sv_engine *owner[1 + 3 * SV_MAX_ENGINES];
-	int lingering[1 + 3 * SV_MAX_ENGINES]; /* 0: pidfd, 1: lingering, 2: revocation */
+	/* The stop fd and the lock poll's query; per engine: its pidfd, a
+	 * lingering process's, its revocation's query. */
+	struct curl_waitfd wfd[2 + 3 * SV_MAX_ENGINES];
+	struct sv_engine *owner[2 + 3 * SV_MAX_ENGINES];
+	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revocation, 3: poll */
 	for (;;) {
 		int64_t now = gf_now_us();
 		int alive = 0;
@@ -816,7 +984,7 @@ int gf_supervisor_run(gf_supervisor *sv)
 				probe_start(sv, e, now);
 			if (e->lock_check_at && e->lock_check_at <= now && !sv->stop_seen) {
 				e->lock_check_at = 0;
-				do_revoke(sv, e);
+				do_revoke(sv, e, e->gone_epoch, 0);
 			}
 			if (e->lock_check_at && e->lock_check_at < deadline)
 				deadline = e->lock_check_at;
@@ -829,11 +997,20 @@ int gf_supervisor_run(gf_supervisor *sv)
 		}
 		if (sv->stop_seen && !alive)
 			return 0;
+		if (sv->lock_uri && sv->lock_poll_at <= now)
+			lock_poll(sv, now);
+		if (sv->lock_uri && sv->lock_poll_at < deadline)
+			deadline = sv->lock_poll_at;
 
 		unsigned n = 0;
 		wfd[n] = (struct curl_waitfd){ .fd = sv->stop_fd, .events = CURL_WAIT_POLLIN };
 		owner[n] = NULL;
 		lingering[n++] = 0;
+		if (sv->poll_q) {
+			wfd[n] = (struct curl_waitfd){ .fd = gf_lock_query_get_fd(sv->poll_q), .events = CURL_WAIT_POLLIN };
+			owner[n] = NULL;
+			lingering[n++] = 3;
+		}
 		for (size_t i = 0; i < sv->n; i++) {
 			if (sv->eng[i].pidfd >= 0) {
 				wfd[n] = (struct curl_waitfd){ .fd = sv->eng[i].pidfd, .events = CURL_WAIT_POLLIN };
@@ -866,7 +1043,9 @@ int gf_supervisor_run(gf_supervisor *sv)
 		for (unsigned k = 0; k < n; k++) {
 			if (!(wfd[k].revents & CURL_WAIT_POLLIN))
 				continue;
-			if (!owner[k]) {
+			if (lingering[k] == 3) {
+				lock_poll_answer(sv);
+			} else if (!owner[k]) {
 				uint64_t v;
 				if (read(sv->stop_fd, &v, sizeof(v)) == sizeof(v) && !sv->stop_seen) {
 					sv->stop_seen = 1;
@@ -907,6 +1086,8 @@ int gf_supervisor_status_json(gf_supervisor *sv, char **json)
 			gf_sv_exit_class_name(p->last_exit_class), "seconds_in_state",
 			p->since_us ? (double)(now - p->since_us) / 1e6 : 0.0, "revoked", p->revoked,
 			"revoked_epoch", (json_int_t)e->last_revoked_epoch);
+		if (o)
+			json_object_set_new(o, "lock_epoch", json_integer((json_int_t)e->held_epoch));
 		if (o && e->lingering_pid)
 			json_object_set_new(o, "lingering_pid", json_integer(e->lingering_pid));
 		if (o)

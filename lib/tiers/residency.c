@@ -21,6 +21,7 @@ struct gms_residency {
 	char *warm_dir, *cold_dir;
 	struct gms_tierd *tierd;       /* NULL until needed */
 	bool holding;                  /* a snapshot job holds the layout (export_layout) */
+	bool restore_from_dir;         /* the restore job reads a named directory, not a kept tier */
 	/* demotion (docs/tiers.md, "Demotion") */
 	int64_t min_resident_us;
 	bool pinned;
@@ -149,6 +150,11 @@ static int tierd_ready(struct gms_residency *r)
 	return rc;
 }
 
+bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir)
+{
+	return dir && ((r->warm_dir && !strcmp(dir, r->warm_dir)) || (r->cold_dir && !strcmp(dir, r->cold_dir)));
+}
+
 int gms_residency_snapshot(struct gms_residency *r, const char *dir)
 {
 	struct gms_host_layout l;
@@ -192,10 +198,16 @@ void gms_residency_dropped(struct gms_residency *r)
 
 static void demote_continue(struct gms_residency *r);
 
+static void restore_finish(struct gms_residency *r);
+
 void gms_residency_process(struct gms_residency *r)
 {
 	if (!r->tierd || !gms_tierd_collect(r->tierd))
 		return;
+	if (gms_tierd_restoring(r->tierd)) {
+		restore_finish(r);
+		return;
+	}
 	struct gms_op op;
 	gms_tierd_op(r->tierd, &op);
 	if (r->holding) {
@@ -234,7 +246,8 @@ static int restore_room(struct gms_residency *r, const struct gms_host_layout *l
 		      l->pinned_by);
 }
 
-int gms_residency_restore(struct gms_residency *r, const char *dir)
+/* The restore checks, shared by both ways to run one. */
+static int restore_check(struct gms_residency *r, const char *dir)
 {
 	struct gms_host_layout l;
 	layout(r, &l);
@@ -245,10 +258,65 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 	int rc = tierd_ready(r);
 	if (rc < 0)
 		return rc;
-	if ((rc = restore_room(r, &l, dir)) < 0) {
+	if ((rc = restore_room(r, &l, dir)) < 0)
 		event(r, "event=restore phase=Failed reason=\"%s\"", gf_error_detail());
+	return rc;
+}
+
+/* Make a restored layout the GMS's (EMPTY -> COMMITTED). */
+static int restore_adopt(struct gms_residency *r, const char *what, struct gms_manifest *mf, gf_mem_alloc **allocs)
+{
+	int rc = r->ops->adopt(r->host, mf, allocs);
+	if (rc < 0) {
+		gms_snapshot_restored_free(mf, allocs);
 		return rc;
 	}
+	free(allocs);
+	gms_manifest_free(mf);
+	set_resident(r, GMS_TIER_HOT);
+	struct gms_host_layout l;
+	layout(r, &l);
+	char hex[33];
+	gf_hex(l.hash, 16, hex);
+	event(r, "event=restore phase=Restored tier=%s generation=%llu hash=%s allocations=%zu bytes=%llu", what,
+	      (unsigned long long)l.generation, hex, l.allocations, (unsigned long long)l.bytes);
+	return 0;
+}
+
+int gms_residency_restore_start(struct gms_residency *r, const char *dir)
+{
+	int rc = restore_check(r, dir);
+	if (rc == 0)
+		rc = gms_tierd_restore_start(r->tierd, dir);
+	if (rc < 0)
+		return rc;
+	r->restore_from_dir = dir != NULL;
+	event(r, "event=restore phase=Restoring from=%s", dir ? dir : "best tier");
+	return 0;
+}
+
+/* A restore job ended: adopt what it read (unless a writer began meanwhile) and answer. */
+static void restore_finish(struct gms_residency *r)
+{
+	struct gms_manifest *mf;
+	gf_mem_alloc **allocs;
+	enum gms_tier from = GMS_TIER_LOADER;
+	int rc = gms_tierd_restore_result(r->tierd, &mf, &allocs, &from);
+	if (rc == 0)
+		rc = restore_adopt(r, r->restore_from_dir ? "dir" : gms_tier_name(from), mf, allocs);
+	char why[512] = "";
+	if (rc < 0) {
+		snprintf(why, sizeof(why), "%s", gf_error_detail());
+		event(r, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed", why);
+	}
+	r->ops->answer(r->host, GMS_WAIT_RESTORE, rc, why);
+}
+
+int gms_residency_restore(struct gms_residency *r, const char *dir)
+{
+	int rc = restore_check(r, dir);
+	if (rc < 0)
+		return rc;
 	struct gms_manifest *mf;
 	gf_mem_alloc **allocs;
 	enum gms_tier from = GMS_TIER_LOADER;
@@ -260,21 +328,7 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 		return rc;
 	}
 	/* The allocations are now the GMS's; the array and the manifest are not. */
-	rc = r->ops->adopt(r->host, mf, allocs);
-	if (rc < 0) {
-		gms_snapshot_restored_free(mf, allocs);
-		return rc;
-	}
-	free(allocs);
-	gms_manifest_free(mf);
-	set_resident(r, GMS_TIER_HOT);
-	layout(r, &l);
-	char hex[33];
-	gf_hex(l.hash, 16, hex);
-	event(r, "event=restore phase=Restored tier=%s generation=%llu hash=%s allocations=%zu bytes=%llu",
-	      dir ? "dir" : gms_tier_name(from), (unsigned long long)l.generation, hex, l.allocations,
-	      (unsigned long long)l.bytes);
-	return 0;
+	return restore_adopt(r, dir ? "dir" : gms_tier_name(from), mf, allocs);
 }
 
 /* ---------------------------------------------------------------- demotion */
@@ -438,7 +492,9 @@ void gms_residency_reader_connects(struct gms_residency *r)
 {
 	struct gms_host_layout l;
 	layout(r, &l);
-	if (!l.empty || (r->resident != GMS_TIER_WARM && r->resident != GMS_TIER_COLD))
+	/* A restore job on its way brings a layout (and the readers their grant) when it ends. */
+	if (!l.empty || (r->resident != GMS_TIER_WARM && r->resident != GMS_TIER_COLD) ||
+	    (r->tierd && gms_tierd_busy(r->tierd)))
 		return;
 	enum gms_tier from = r->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
 	enum gms_tier order[2] = { from, other };

@@ -18,8 +18,8 @@
  * The manifest is the exchange format in both directions: an export fills
  * one, a restore adopts one. lib/tiers has no include root for lib/gms, so
  * reaching the server any other way does not compile (lib/meson.build).
- * Everything here runs on the server's loop thread; only the snapshot itself
- * runs on the tier worker's thread (tierd.h).
+ * Everything here runs on the server's loop thread; only a snapshot, and a
+ * restore a client asked for, run on the tier worker's thread (tierd.h).
  */
 #ifndef GF_TIERS_RESIDENCY_H
 #define GF_TIERS_RESIDENCY_H
@@ -53,6 +53,7 @@ struct gms_host_layout {
 enum gms_residency_wait {
 	GMS_WAIT_SNAPSHOT = 1, /* GmsSnapshot: answered when the snapshot job ends */
 	GMS_WAIT_DEMOTION = 2, /* GmsDemote: answered when the layout is dropped or the demotion refused */
+	GMS_WAIT_RESTORE = 3,  /* GmsRestore: answered when the restore job ends (adopted or refused) */
 };
 
 /* What the tiers may do to the GMS: the server implements these on its loop thread. */
@@ -120,6 +121,9 @@ void gms_residency_dropped(struct gms_residency *r);
 /* A reader asks for the layout: when a demotion emptied the GMS, restore that layout from its tier first (blocks). */
 void gms_residency_reader_connects(struct gms_residency *r);
 
+/* Whether @dir names one of the kept tiers, as configured (byte for byte). */
+bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir);
+
 /*
  * Start writing the committed layout to @dir (NULL: the kept tiers) on the
  * worker's thread; the end comes as answer(GMS_WAIT_SNAPSHOT). Errors:
@@ -135,6 +139,14 @@ int gms_residency_snapshot(struct gms_residency *r, const char *dir);
  * else as gms_tierd_restore() and adopt().
  */
 int gms_residency_restore(struct gms_residency *r, const char *dir);
+/*
+ * The same for a client's request, on the tier worker's thread (the loop
+ * keeps serving; the GMS stays EMPTY meanwhile, so a writer granted RW in
+ * the meantime wins and the restore is then refused as not EMPTY). Its end
+ * comes as answer(GMS_WAIT_RESTORE). Errors before it starts: as
+ * gms_residency_restore()'s checks, GF_ERR_BUSY (a job runs).
+ */
+int gms_residency_restore_start(struct gms_residency *r, const char *dir);
 /*
  * Demote the HOT layout to @want (GMS_TIER_HOT: the policy chooses), asked
  * for by a request described by @why. 0 when it is done or waits for its

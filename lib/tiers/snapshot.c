@@ -442,46 +442,34 @@ static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_f
 	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return file_err(errno, "snapshot: open %s", dir);
-	int mfd = openat(dfd, GMS_SNAP_MANIFEST, O_RDONLY | O_CLOEXEC);
+	/* Not through a symlink (to a file the caller could not read), and a
+	 * FIFO or device must not block the open: what it is comes next. */
+	int mfd = openat(dfd, GMS_SNAP_MANIFEST, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (mfd < 0) {
 		int rc = file_err(errno, "snapshot: %s/" GMS_SNAP_MANIFEST, dir);
 		close(dfd);
 		return rc;
 	}
 	struct stat st;
-	char *text = NULL;
 	int rc = 0;
+	struct gms_manifest *mf = NULL;
 	if (fstat(mfd, &st) < 0)
 		rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_MANIFEST, dir);
 	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > GMS_SNAP_MAX_MANIFEST)
 		rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_MANIFEST " is not a regular file of at most %llu bytes",
 			    dir, GMS_SNAP_MAX_MANIFEST);
-	else if (!(text = malloc((size_t)st.st_size + 1)))
-		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory for a %lld-byte manifest", (long long)st.st_size);
-	size_t got = 0;
-	while (rc == 0 && got < (size_t)st.st_size) {
-		ssize_t r = read(mfd, text + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			rc = file_err(errno, "snapshot: read %s/" GMS_SNAP_MANIFEST, dir);
-		else if (r == 0)
-			break;
-		else
-			got += (size_t)r;
-	}
+	else
+		rc = gms_manifest_read(mfd, (uint64_t)st.st_size, &mf);
 	close(mfd);
-	struct gms_manifest *mf = NULL;
-	if (rc == 0)
-		rc = gms_manifest_parse(text, got, &mf);
-	free(text);
 	int fd = -1;
 	if (rc == 0) {
-		fd = openat(dfd, GMS_SNAP_DATA, O_RDONLY | O_CLOEXEC);
+		fd = openat(dfd, GMS_SNAP_DATA, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 		if (fd < 0)
 			rc = file_err(errno, "snapshot: %s/" GMS_SNAP_DATA, dir);
 		else if (fstat(fd, &st) < 0)
 			rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_DATA, dir);
+		else if (!S_ISREG(st.st_mode))
+			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_DATA " is not a regular file", dir);
 		else if ((uint64_t)st.st_size != mf->total_bytes)
 			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_DATA " has %lld bytes, the manifest says %" PRIu64
 				    " (%s)", dir, (long long)st.st_size, mf->total_bytes,

@@ -30,13 +30,21 @@
 #define GMS_SNAP_VERSION 1
 #define GMS_SNAP_MANIFEST "manifest.json"
 #define GMS_SNAP_DATA "data.bin"
-/* A manifest larger than this is refused before it is read (a million
- * metadata entries of the largest size fit). */
-#define GMS_SNAP_MAX_MANIFEST (4ull << 30)
 #define GMS_SNAP_MAX_ALLOCS 65536
 #define GMS_SNAP_MAX_META 1000000
 #define GMS_SNAP_MAX_KEY 255
 #define GMS_SNAP_MAX_VALUE 1024
+/* The largest manifest the caps above allow, as the writer formats it
+ * (JSON_INDENT(1)): the top-level fields, plus every allocation with a tag
+ * of control characters (each escaped to six bytes) and every metadata
+ * entry with the longest key so escaped and the longest value in hex. A
+ * larger file is refused before a byte of it is read. */
+#define GMS_SNAP_MANIFEST_HEAD 4096ull
+#define GMS_SNAP_MANIFEST_PER_ALLOC 640ull
+#define GMS_SNAP_MANIFEST_PER_META (6ull * GMS_SNAP_MAX_KEY + 2ull * GMS_SNAP_MAX_VALUE + 256)
+#define GMS_SNAP_MAX_MANIFEST                                                                                  \
+	(GMS_SNAP_MANIFEST_HEAD + GMS_SNAP_MAX_ALLOCS * GMS_SNAP_MANIFEST_PER_ALLOC +                          \
+	 GMS_SNAP_MAX_META * GMS_SNAP_MANIFEST_PER_META)
 
 struct gms_snap_alloc {
 	uint64_t id;     /* 1..n in allocation order */
@@ -90,6 +98,12 @@ void gms_manifest_free(struct gms_manifest *mf);
  * malformed; the detail names the field), GF_ERR_NOMEM.
  */
 int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out);
+/*
+ * The same from the open file @fd, read only as far as the JSON parser
+ * needs it and never beyond @len bytes: a file that is not JSON is refused
+ * at its first bad byte, without being read whole into memory.
+ */
+int gms_manifest_read(int fd, uint64_t len, struct gms_manifest **out);
 /* Format @mf as manifest text (malloc'ed, NUL-terminated; *@len without the NUL). */
 int gms_manifest_format(const struct gms_manifest *mf, char **text, size_t *len);
 

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The snapshot manifest: versioned JSON (jansson), parsed strictly (snapshot.h). */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -363,15 +365,20 @@ static int parse_root(json_t *root, struct gms_manifest *mf)
 	return 0;
 }
 
-int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out)
+/* The manifest from parsed JSON (@root, NULL when it did not parse: @jerr says why). */
+static int from_json(json_t *root, const json_error_t *jerr, struct gms_manifest **out)
 {
-	if (!text || !out)
-		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: NULL argument");
-	json_error_t jerr;
-	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root)
-		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: not JSON: line %d column %d: %s", jerr.line, jerr.column,
-			      jerr.text);
+	if (!root) {
+		/* jansson quotes the text it stopped at ("... near 'root:$6$...'"): the
+		 * file may be anything a caller pointed at, so say where, never what. */
+		char why[sizeof(jerr->text)];
+		snprintf(why, sizeof(why), "%s", jerr->text);
+		char *near = strstr(why, " near ");
+		if (near)
+			*near = '\0';
+		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: not JSON: line %d column %d: %s", jerr->line,
+			      jerr->column, why);
+	}
 	struct gms_manifest *mf = gms_manifest_new();
 	int rc = mf ? parse_root(root, mf) : gf_err(GF_ERR_NOMEM, "snapshot manifest: out of memory");
 	json_decref(root);
@@ -381,4 +388,49 @@ int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out)
 	}
 	*out = mf;
 	return 0;
+}
+
+int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out)
+{
+	if (!text || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: NULL argument");
+	json_error_t jerr;
+	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	return from_json(root, &jerr, out);
+}
+
+struct fd_source {
+	int fd;
+	uint64_t left;
+	int err; /* errno of a failed read (0: none) */
+};
+
+static size_t fd_source_read(void *buf, size_t n, void *ud)
+{
+	struct fd_source *src = ud;
+	if (n > src->left)
+		n = (size_t)src->left;
+	for (;;) {
+		ssize_t r = n ? read(src->fd, buf, n) : 0;
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			src->err = errno;
+			return (size_t)-1;
+		}
+		src->left -= (uint64_t)r;
+		return (size_t)r;
+	}
+}
+
+int gms_manifest_read(int fd, uint64_t len, struct gms_manifest **out)
+{
+	if (fd < 0 || !out)
+		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: bad argument");
+	struct fd_source src = { .fd = fd, .left = len };
+	json_error_t jerr;
+	json_t *root = json_load_callback(fd_source_read, &src, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root && src.err)
+		return gf_err_errno(GF_ERR_IO, src.err, "snapshot manifest: read");
+	return from_json(root, &jerr, out);
 }

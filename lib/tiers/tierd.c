@@ -28,6 +28,13 @@ struct gms_tierd {
 	char *job_dir;
 	struct gms_manifest *job_mf;
 	int *job_fds;
+	/* a restore job (gms_tierd_restore_start): its result until gms_tierd_restore_result() */
+	bool job_restore;
+	int res_rc;
+	char res_detail[512];
+	struct gms_manifest *res_mf;
+	gf_mem_alloc **res_allocs;
+	enum gms_tier res_from;
 };
 
 static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
@@ -107,6 +114,8 @@ void gms_tierd_free(struct gms_tierd *t)
 	if (!t)
 		return;
 	gms_tierd_wait(t);
+	if (t->res_mf)
+		gms_snapshot_restored_free(t->res_mf, t->res_allocs);
 	for (int i = 0; i < 3; i++)
 		free(t->dir[i]);
 	close(t->efd);
@@ -304,11 +313,9 @@ bool gms_tierd_collect(struct gms_tierd *t)
 	return true;
 }
 
-int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gms_manifest **mf_out,
-		      gf_mem_alloc ***allocs_out, enum gms_tier *from)
+static int restore_run(struct gms_tierd *t, const char *dir, gf_mem *m, struct gms_manifest **mf_out,
+		       gf_mem_alloc ***allocs_out, enum gms_tier *from)
 {
-	if (t->running)
-		return gf_err(GF_ERR_BUSY, "tiers: a snapshot is being written");
 	const char *cands[2];
 	enum gms_tier tiers[2];
 	int n = 0;
@@ -353,6 +360,71 @@ int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gm
 	set_phase(t, GMS_PHASE_FAILED, 0, "%s", refused);
 	gf_err(rc, "%s", refused);
 	return rc;
+}
+
+int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gms_manifest **mf_out,
+		      gf_mem_alloc ***allocs_out, enum gms_tier *from)
+{
+	if (t->running)
+		return gf_err(GF_ERR_BUSY, "tiers: a snapshot or restore job is running");
+	return restore_run(t, dir, m, mf_out, allocs_out, from);
+}
+
+static void *restore_main(void *arg)
+{
+	struct gms_tierd *t = arg;
+	t->res_rc = restore_run(t, t->job_dir, t->m, &t->res_mf, &t->res_allocs, &t->res_from);
+	if (t->res_rc < 0) {
+		snprintf(t->res_detail, sizeof(t->res_detail), "%s", gf_error_detail());
+		t->res_mf = NULL;
+		t->res_allocs = NULL;
+	}
+	free(t->job_dir);
+	t->job_dir = NULL;
+	uint64_t one = 1;
+	if (write(t->efd, &one, sizeof(one)) < 0)
+		gf_log(GF_LOG_WARN, "gms", "msg=\"tiers: cannot signal the end of a restore\"");
+	return NULL;
+}
+
+int gms_tierd_restore_start(struct gms_tierd *t, const char *dir)
+{
+	if (t->running)
+		return gf_err(GF_ERR_BUSY, "tiers: a snapshot or restore job is running");
+	t->job_dir = dir ? strdup(dir) : NULL;
+	if (dir && !t->job_dir)
+		return gf_err(GF_ERR_NOMEM, "tiers: out of memory");
+	t->res_rc = 0;
+	t->res_mf = NULL;
+	t->res_allocs = NULL;
+	if (pthread_create(&t->thread, NULL, restore_main, t) != 0) {
+		free(t->job_dir);
+		t->job_dir = NULL;
+		return gf_err(GF_ERR_NOMEM, "tiers: cannot start the restore thread");
+	}
+	t->job_restore = true;
+	t->running = true;
+	return 0;
+}
+
+bool gms_tierd_restoring(const struct gms_tierd *t)
+{
+	return t->job_restore;
+}
+
+int gms_tierd_restore_result(struct gms_tierd *t, struct gms_manifest **mf_out, gf_mem_alloc ***allocs_out,
+			     enum gms_tier *from)
+{
+	t->job_restore = false;
+	if (t->res_rc < 0)
+		return gf_err(t->res_rc, "%s", t->res_detail);
+	*mf_out = t->res_mf;
+	*allocs_out = t->res_allocs;
+	if (from)
+		*from = t->res_from;
+	t->res_mf = NULL;
+	t->res_allocs = NULL;
+	return 0;
 }
 
 void gms_tierd_op(struct gms_tierd *t, struct gms_op *out)

@@ -62,6 +62,20 @@ void gms_tierd_wait(struct gms_tierd *t);
 int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gms_manifest **mf_out,
 		      gf_mem_alloc ***allocs_out, enum gms_tier *from);
 
+/*
+ * The same on the worker's thread, into the worker's own backend handle, so
+ * the GMS's loop keeps serving meanwhile: GF_ERR_BUSY (a job runs),
+ * GF_ERR_NOMEM. Its end makes the fd readable; after gms_tierd_collect(),
+ * gms_tierd_restoring() is true and gms_tierd_restore_result() hands the
+ * result over (each restore job's exactly once).
+ */
+int gms_tierd_restore_start(struct gms_tierd *t, const char *dir);
+/* Whether the job collected last was a restore whose result was not taken yet. */
+bool gms_tierd_restoring(const struct gms_tierd *t);
+/* The result of the restore job collected last: 0 with *@mf_out and *@allocs_out the caller's, or its error. */
+int gms_tierd_restore_result(struct gms_tierd *t, struct gms_manifest **mf_out, gf_mem_alloc ***allocs_out,
+			     enum gms_tier *from);
+
 /* The current or last operation (copy). */
 void gms_tierd_op(struct gms_tierd *t, struct gms_op *out);
 /* Probe results of WARM and COLD as last refreshed (after set_dirs and after every job). */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -214,6 +215,67 @@ static void test_fence(void **state)
 	gf_lock_free(b);
 }
 
+struct stray {
+	struct world *w;
+	int rc;
+};
+
+static void *stray_writer(void *arg)
+{
+	struct stray *s = arg;
+	gf_gms *g;
+	s->rc = gf_gms_connect_epoch(&g, s->w->gms.uri, s->w->mem, GF_GMS_RW, 20000, 0);
+	if (s->rc == 0)
+		gf_gms_free(g);
+	return NULL;
+}
+
+/* A stray RW (no grant) while a layout is committed is refused when it
+ * arrives, or when the layout it waited on is committed: it never queues
+ * behind the readers, where writer priority would keep every new reader
+ * (a standby waking) out until its timeout. */
+static void test_stray_writer_never_holds_back_readers(void **state)
+{
+	struct world *w = *state;
+	assert_int_equal(load(w, NULL, 0x11), 0);
+	gf_lock *a;
+	struct gf_lock_grant ga;
+	assert_int_equal(gf_lock_new(&a, w->lock_uri, "a"), 0);
+	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
+
+	/* The primary reads; a stray writer arrives with a long timeout. */
+	gf_gms *primary, *standby;
+	assert_int_equal(gf_gms_connect(&primary, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	struct stray s = { .w = w };
+	stray_writer(&s);
+	assert_int_equal(s.rc, GF_ERR_PERMISSION);
+	assert_non_null(strstr(gf_error_detail(), "only the lock's current holder"));
+	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	gf_gms_free(standby);
+	gf_gms_free(primary);
+
+	/* The holder reloads; a stray writer queues meanwhile (nothing committed to drop yet). */
+	gf_gms *writer;
+	struct gf_lock_proof pa = proof_of(&ga);
+	assert_int_equal(gf_gms_connect_proof(&writer, w->gms.uri, w->mem, GF_GMS_RW, 2000, &pa), 0);
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, stray_writer, &s), 0);
+	while (!json_has(w->gms.uri, "\"waiters\":1"))
+		usleep(1000);
+	uint64_t id;
+	assert_int_equal(gf_gms_allocate(writer, 4096, "weights", &id), 0);
+	assert_int_equal(gf_gms_put_meta(writer, "w", id, 0, "x", 1), 0);
+	assert_int_equal(gf_gms_commit(writer, NULL), 0);
+	/* The commit made it a drop: refused then, and readers go in beside the writer. */
+	pthread_join(th, NULL);
+	assert_int_equal(s.rc, GF_ERR_PERMISSION);
+	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	gf_gms_free(standby);
+	gf_gms_free(writer);
+	assert_true(json_has(w->gms.uri, "\"fence_refusals\":2"));
+	gf_lock_free(a);
+}
+
 static void test_lock_server_gone(void **state)
 {
 	struct world *w = *state;
@@ -311,6 +373,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_fence, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stray_writer_never_holds_back_readers, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_server_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_slow_lock_server, setup_mute, teardown),
 		cmocka_unit_test_setup_teardown(test_revoked_writer_cannot_commit, setup, teardown),

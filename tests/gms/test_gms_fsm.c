@@ -185,6 +185,27 @@ static void test_demoted(void **state)
 	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RO, false), GMS_GRANT_RO);
 }
 
+/* Which states make an RW request a drop of the committed layout: there a
+ * fenced GMS makes it prove its grant before it may hold readers back. */
+static void test_rw_would_drop(void **state)
+{
+	(void)state;
+	struct gms_fsm f = in_state(GMS_EMPTY, 0);
+	assert_false(gms_fsm_rw_would_drop(&f));
+	f = in_state(GMS_RW, 0);
+	assert_false(gms_fsm_rw_would_drop(&f));
+	f = in_state(GMS_COMMITTED, 0);
+	assert_true(gms_fsm_rw_would_drop(&f));
+	f = in_state(GMS_RO, 2);
+	assert_true(gms_fsm_rw_would_drop(&f));
+	/* The same as what decide() answers an RW: a drop now or once the readers leave. */
+	f = in_state(GMS_COMMITTED, 0);
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RW, false), GMS_GRANT_RW_DROP);
+	f = in_state(GMS_RO, 1);
+	gms_fsm_reader_left(&f);
+	assert_int_equal(gms_fsm_decide(&f, GMS_MODE_RW, false), GMS_GRANT_RW_DROP);
+}
+
 static void test_names(void **state)
 {
 	(void)state;
@@ -236,6 +257,7 @@ int main(void)
 		cmocka_unit_test(test_names),        cmocka_unit_test(test_layout_hash),
 		cmocka_unit_test(test_restored),
 		cmocka_unit_test(test_demoted),
+		cmocka_unit_test(test_rw_would_drop),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

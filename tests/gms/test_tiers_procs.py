@@ -472,3 +472,170 @@ def test_metrics_bad_address_is_a_usage_error(tmp):
     r = subprocess.run([GMSD, "--listen", "unix://" + os.path.join(d, "g.sock"), "--backend", "host",
                         "--metrics", "localhost"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--metrics: expected ADDR:PORT" in r.stderr, r.stderr
+
+
+def gfctl_as_nobody(*args, timeout=120):
+    return subprocess.run([GFCTL, *args], capture_output=True, text=True, timeout=timeout, user=65534, group=65534)
+
+
+def test_non_admin_names_only_the_kept_tiers(tmp):
+    """An allowed non-admin uid may not point the GMS (root here) at a
+    directory of its choice: no snapshot into a root-only directory, no
+    restore of another tenant's root-only snapshot into an EMPTY GMS. The
+    kept tiers stay its to ask for."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run gfctl as another uid")
+    d, warm = tmp
+    os.chmod(d, 0o755)
+    private = os.path.join(d, "private")
+    os.mkdir(private, 0o700)
+    allow = ("--allow-uid", "0", "--allow-uid", "65534")
+    g = Gmsd(os.path.join(d, "g.sock"), "--warm", warm, *allow)
+    e = None
+    try:
+        os.chmod(g.sock, 0o777)
+        st = load(g, seed=21)
+        wait_phase(g, ("Checkpointed",))
+        r = gfctl_as_nobody("gms", "snapshot", "--gms", g.uri, "--dir", os.path.join(private, "snap"))
+        assert r.returncode != 0 and "only root or the server's own uid" in r.stderr, r.stdout + r.stderr
+        assert not os.listdir(private)
+        r = gfctl_as_nobody("gms", "snapshot", "--gms", g.uri, "--dir", warm)
+        assert r.returncode == 0 and "Checkpointed" in r.stdout, r.stdout + r.stderr
+        # Root's own snapshot in its private directory; another GMS, EMPTY.
+        gfctl("gms", "snapshot", "--gms", g.uri, "--dir", os.path.join(private, "snap"))
+        e = Gmsd(os.path.join(d, "e.sock"), *allow)
+        os.chmod(e.sock, 0o777)
+        r = gfctl_as_nobody("gms", "restore", "--gms", e.uri, "--dir", os.path.join(private, "snap"))
+        assert r.returncode != 0 and "only root or the server's own uid" in r.stderr, r.stdout + r.stderr
+        assert status(e)["state"] == "EMPTY"
+        assert "event=restore_refused" in json.dumps(status(e))
+        # Root may.
+        gfctl("gms", "restore", "--gms", e.uri, "--dir", os.path.join(private, "snap"))
+        assert status(e)["layout_hash"] == st["layout_hash"]
+    finally:
+        if e:
+            e.stop()
+        g.stop()
+
+
+def test_symlinked_manifest_is_refused_without_quoting_it(tmp):
+    """A snapshot directory whose manifest.json is a symlink (here to
+    /etc/shadow) is refused by name; nothing of the target shows in the error."""
+    d, _ = tmp
+    evil = os.path.join(d, "evil")
+    os.mkdir(evil)
+    os.symlink("/etc/shadow" if os.path.exists("/etc/shadow") else "/etc/passwd", os.path.join(evil, "manifest.json"))
+    open(os.path.join(evil, "data.bin"), "wb").close()
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", evil, check=False)
+        assert r.returncode != 0 and "manifest.json" in r.stderr, r.stderr
+        assert "root" not in r.stderr and "near" not in r.stderr, r.stderr
+        assert status(g)["state"] == "EMPTY"
+    finally:
+        g.stop()
+
+
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "data.bin"])
+def test_fifo_in_a_snapshot_is_refused_and_the_gms_keeps_serving(tmp, which):
+    """A FIFO named manifest.json (or data.bin) is refused as not a regular
+    file; opening it never blocks the GMS, which keeps answering everyone."""
+    d, _ = tmp
+    snap, _ = snapshot_to(d, "snap", seed=23)
+    os.unlink(os.path.join(snap, which))
+    os.mkfifo(os.path.join(snap, which))
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", snap, "--timeout", "10s", check=False, timeout=60)
+        assert r.returncode != 0 and "not a regular file" in r.stderr, r.stdout + r.stderr
+        assert status(g)["state"] == "EMPTY"
+        load(g, seed=24)
+    finally:
+        g.stop()
+
+
+def test_sparse_manifest_is_refused_without_being_read(tmp):
+    """A sparse 1 GiB manifest.json (under the size bound) is refused at its
+    first byte: the GMS never reads it whole into memory."""
+    d, _ = tmp
+    snap, _ = snapshot_to(d, "snap", seed=25)
+    man = os.path.join(snap, "manifest.json")
+    os.unlink(man)
+    with open(man, "wb") as f:
+        f.truncate(1 << 30)
+    g = Gmsd(os.path.join(d, "g.sock"))
+    try:
+        r = gfctl("gms", "restore", "--gms", g.uri, "--dir", snap, "--timeout", "60s", check=False)
+        assert r.returncode != 0 and "not JSON: line 1" in r.stderr, r.stdout + r.stderr
+        assert vm_hwm_kib(g.p.pid) < 256 * 1024, "the manifest was read into memory"
+        assert status(g)["state"] == "EMPTY"
+    finally:
+        g.stop()
+
+
+class OpenGate:
+    """Holds every open of one file until allowed (fanotify FAN_OPEN_PERM; root only)."""
+    FAN_CLASS_CONTENT, FAN_CLOEXEC, FAN_MARK_ADD, FAN_OPEN_PERM, FAN_ALLOW = 0x4, 0x1, 0x1, 0x10000, 0x1
+
+    def __init__(self, path):
+        import ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
+                                            ctypes.c_char_p]
+        self.fd = self.libc.fanotify_init(self.FAN_CLASS_CONTENT | self.FAN_CLOEXEC, os.O_RDONLY)
+        if self.fd < 0:
+            pytest.skip(f"fanotify unavailable: {os.strerror(ctypes.get_errno())}")
+        if self.libc.fanotify_mark(self.fd, self.FAN_MARK_ADD, self.FAN_OPEN_PERM, -100, path.encode()) < 0:
+            os.close(self.fd)
+            pytest.skip(f"fanotify permission events unavailable: {os.strerror(ctypes.get_errno())}")
+
+    def wait_open(self, timeout=60):
+        """The next open of the file, held: (pid, event fd)."""
+        import select
+        import struct
+        assert select.select([self.fd], [], [], timeout)[0], "nobody opened the file"
+        buf = os.read(self.fd, 4096)
+        _, _, _, _, _, fd, pid = struct.unpack_from("IBBHQii", buf)
+        return pid, fd
+
+    def allow(self, fd):
+        import struct
+        os.write(self.fd, struct.pack("iI", fd, self.FAN_ALLOW))
+        os.close(fd)
+
+    def close(self):
+        os.close(self.fd)  # any open still held is allowed
+
+
+def test_client_restore_runs_off_the_loop(tmp):
+    """A restore a client asks for runs on the tier worker: while it waits
+    on data.bin (held open here), the GMS answers everyone else."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for fanotify")
+    d, _ = tmp
+    snap, st = snapshot_to(d, "snap", seed=27)
+    g = Gmsd(os.path.join(d, "g.sock"))
+    gate = OpenGate(os.path.join(snap, "data.bin"))
+    r = None
+    try:
+        r = subprocess.Popen([GFCTL, "gms", "restore", "--gms", g.uri, "--dir", snap], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        pid, fd = gate.wait_open()
+        assert pid == g.p.pid
+        now = status(g)
+        assert now["state"] == "EMPTY" and now["operation"]["phase"] == "Restoring", now
+        gate.allow(fd)
+        out, err = r.communicate(timeout=120)
+        assert r.returncode == 0 and "Restored" in out, out + err
+        assert status(g)["layout_hash"] == st["layout_hash"]
+    finally:
+        gate.close()
+        if r and r.poll() is None:
+            r.kill()
+            r.wait()
+        g.stop()

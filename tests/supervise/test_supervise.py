@@ -177,17 +177,35 @@ def test_retry_counter_resets_after_stable_period(tmp, sups):
     assert e["state"] == "running" and e["restarts"] == 2 and e["retries_left"] == 3
 
 
-def test_switchover_exit_restarts_without_a_retry(tmp, sups):
-    """Status 75 (GF_ENGINE_EXIT_SWITCHOVER) is a planned switchover: the
-    engine is restarted at once and no retry is counted, so three of them
-    pass a retry limit of 2 that three crashes would not."""
-    counter = os.path.join(tmp, "runs")
-    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("switcher", "--crash-runs", "3", counter,
-                                                           "--crash-code", "75")]})
+def test_exit_75_without_a_switchover_meets_the_retry_limit(tmp, sups):
+    """Status 75 (GF_ENGINE_EXIT_SWITCHOVER) alone is no switchover: a
+    process that exits 75 with none asked of it is paused and counted like
+    any failure, so it ends failed instead of restarting without a pause."""
+    periods = dict(FAST, retry_limit=1, retry_pause="1s")
+    s = Supervisor(tmp, {"periods": periods, "engines": [
+        {"name": "seventy-five", "argv": ["sh", "-c", "exit 75"], "probe_url": f"http://127.0.0.1:{free_port()}"}]})
     sups.append(s)
-    e = s.wait_state("switcher", "running")
-    assert e["restarts"] == 3 and e["retries"] == 0 and e["retries_left"] == 2, e
-    assert e["last_exit_status"] == 75
+    e = s.wait_state("seventy-five", "failed")
+    assert e["restarts"] == 1 and e["retries"] == 1, e
+    assert e["last_exit_status"] == 75 and e["last_exit_class"] == "retryable", e
+    assert "retry limit 1" in e["reason"], e
+
+
+def test_engine_gets_no_descriptor_of_the_supervisor(tmp, sups):
+    """An engine starts with stdin, stdout and stderr only: none of the
+    supervisor's sockets (libcurl's wake-up pair, probe connections, the
+    HTTP listener) leak into it."""
+    fds = os.path.join(tmp, "fds.json")
+    s = Supervisor(tmp, {"periods": FAST, "engines": [fake("lister", "--fds", fds)]})
+    sups.append(s)
+    s.wait_state("lister", "running")
+    # A second process is spawned after probes and the lock poll ran.
+    os.kill(s.engine("lister")["pid"], signal.SIGKILL)
+    os.unlink(fds)
+    wait_for(lambda: (x := s.engine("lister")) and x["restarts"] == 1 and os.path.exists(fds), "a restart")
+    with open(fds) as f:
+        got = json.load(f)
+    assert sorted(got, key=int) == ["0", "1", "2"], got
 
 
 def test_sigterm_ignored_is_killed_after_the_grace(tmp, sups):
@@ -289,6 +307,55 @@ def test_sigstopped_primary_is_forced_out(tmp, sups):
             p.wait(timeout=10)
 
 
+@pytest.mark.skipif(not (LOCKD and GMSD and ENGINE and GFCTL), reason="needs gf-lockd, gf-gmsd, gf-c-engine, gfctl")
+def test_switchover_restarts_the_primary_without_a_retry(tmp, sups):
+    """gfctl switchover: the primary steps down and exits 75; the supervisor
+    saw it hold the grant and the grant handed over, so the exit is planned:
+    restarted at once, no retry counted, and the standby serves."""
+    lock_uri, gms_uri = f"unix://{tmp}/lock.sock", f"unix://{tmp}/gms.sock"
+    side = []
+    try:
+        for argv in ([LOCKD, "--listen", lock_uri, "--state-file", f"{tmp}/lock.state"],
+                     [GMSD, "--listen", gms_uri, "--backend", "host"]):
+            side.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock") and os.path.exists(f"{tmp}/gms.sock"), "sockets")
+        engines, ports = [], {}
+        for name in ("engine-a", "engine-b"):
+            probe, serve = free_port(), free_port()
+            ports[name] = serve
+            engines.append({"name": name, "lock_id": name, "probe_url": f"http://127.0.0.1:{probe}",
+                            "argv": [ENGINE, "--lock", lock_uri, "--gms", gms_uri, "--id", name,
+                                     "--port", str(serve), "--probe-port", str(probe),
+                                     "--probe-address", "127.0.0.1", "--kv-bytes", "4M"]})
+        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
+                             "engines": engines})
+        sups.append(s)
+        s.wait_state("engine-a", "running")
+        s.wait_state("engine-b", "running")
+
+        def active():
+            for name, port in ports.items():
+                code, body = get(f"http://127.0.0.1:{port}/infer?seed=1", timeout=0.5)
+                if code == 200:
+                    return name, json.loads(body)
+            return None
+        primary, first = wait_for(active, "an active engine")
+        standby = "engine-b" if primary == "engine-a" else "engine-a"
+        wait_for(lambda: s.engine(primary)["lock_epoch"] == first["epoch"], "the supervisor sees the grant")
+        r = subprocess.run([GFCTL, "switchover", "--lock", lock_uri], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+        e = wait_for(lambda: (x := s.engine(primary)) and x["restarts"] == 1 and x, "the primary restarted")
+        assert e["last_exit_status"] == 75 and e["last_exit_class"] == "planned", e
+        assert e["retries"] == 0 and e["state"] != "paused", e
+        code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
+                              and r, "standby serving")
+        assert json.loads(body)["epoch"] > first["epoch"]
+    finally:
+        for p in side:
+            p.terminate()
+            p.wait(timeout=10)
+
+
 def test_shipped_example_config_is_valid():
     path = os.path.join(HERE, "..", "..", "examples", "gf-supervise", "supervise.json")
     r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
@@ -298,26 +365,28 @@ def test_shipped_example_config_is_valid():
 
 @pytest.mark.skipif(not (LOCKD and GFCTL), reason="needs gf-lockd and gfctl")
 def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
-    """The engine is killed, but its grant lives on in another process (as a
-    process stuck in the driver keeps its socket): after the forceful grace
-    the supervisor revokes exactly that epoch, the standby is granted a
-    higher one, and the old holder learns it lost the lock."""
+    """The engine's lock holder is a process of its own that survives the
+    engine (started in a session of its own, out of the group the
+    supervisor kills, as a process stuck in the driver survives SIGKILL):
+    after the forceful grace the supervisor revokes exactly the epoch it saw
+    that process hold, the standby is granted a higher one, and the old
+    holder learns it lost the lock."""
     lock_uri = f"unix://{tmp}/lock.sock"
     lockd = subprocess.Popen([LOCKD, "--listen", lock_uri], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    holder = standby = None
+    standby = None
+    out = os.path.join(tmp, "holder.out")
     try:
         wait_for(lambda: os.path.exists(f"{tmp}/lock.sock"), "lock socket")
-        holder = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "primary"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = holder.stdout.readline()
+        holder = ["sh", "-c", f"{GFCTL} lock acquire --lock {lock_uri} --id primary; echo exit=$?"]
+        engine = dict(fake("primary", "--live-fail", "--detached", json.dumps(holder), out), lock_id="primary")
+        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
+                             "engines": [engine]})
+        sups.append(s)
+        first = wait_for(lambda: os.path.exists(out) and open(out).readline(), "the grant")
         assert first.startswith("granted id=primary epoch="), first
         epoch1 = int(first.split("epoch=")[1])
         standby = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", lock_uri, "--id", "standby"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        engine = dict(fake("primary", "--live-fail"), lock_id="primary")
-        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
-                             "engines": [engine]})
-        sups.append(s)
         # Killed for failing /live; the grant survives it until the revocation.
         e = wait_for(lambda: (x := s.engine("primary")) and x["revoked_epoch"] == epoch1 and x,
                      "revocation\n" + s.text())
@@ -326,40 +395,85 @@ def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
         assert line.startswith("granted id=standby epoch="), line
         assert int(line.split("epoch=")[1]) > epoch1
         # The revoked holder is told: it exits with "lock lost" (4).
-        assert holder.wait(timeout=HANG_GUARD) == 4
+        wait_for(lambda: "exit=4" in open(out).read(), "the holder told")
         assert 'gf_supervisor_engine_revocations_total{engine="primary"} 1' in s.metrics()
         r = subprocess.run([GFCTL, "lock", "status", "--lock", lock_uri, "--json"], capture_output=True,
                            text=True, timeout=20)
         assert json.loads(r.stdout)["holder"] == "standby"
         assert f"revoked\" id=primary epoch={epoch1}" in lockd_text(lockd)
     finally:
-        for p in (holder, standby):
-            if p and p.poll() is None:
-                p.terminate()
-                p.wait(timeout=10)
+        if standby and standby.poll() is None:
+            standby.terminate()
+            standby.wait(timeout=10)
+        if os.path.exists(out + ".pid"):
+            try:
+                os.killpg(int(open(out + ".pid").read()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        lockd.terminate()
+        lockd.wait(timeout=10)
+
+
+@pytest.mark.skipif(not (LOCKD and GFCTL), reason="needs gf-lockd and gfctl")
+def test_healthy_engine_whose_child_holds_the_lock_is_not_revoked(tmp, sups):
+    """An engine started through "sh -c" whose lock holder is a child of the
+    spawned shell: an earlier exit of the engine must not get the current,
+    healthy process's grant revoked after the forceful grace."""
+    lock_uri = f"unix://{tmp}/lock.sock"
+    lockd = subprocess.Popen([LOCKD, "--listen", lock_uri], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock"), "lock socket")
+        port, counter, out = free_port(), os.path.join(tmp, "runs"), os.path.join(tmp, "holder.out")
+        script = (f'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}; '
+                  f'[ "$n" -ge 1 ] || exit 1; '
+                  f'{GFCTL} lock acquire --lock {lock_uri} --id primary > {out} 2>&1 & '
+                  f'{" ".join(FAKE)} {port}; wait')
+        engine = {"name": "primary", "lock_id": "primary", "argv": ["sh", "-c", script],
+                  "probe_url": f"http://127.0.0.1:{port}"}
+        s = Supervisor(tmp, {"periods": FAST, "lock": {"uri": lock_uri}, "engines": [engine]})
+        sups.append(s)
+        s.wait_state("primary", "running")
+        first = wait_for(lambda: os.path.exists(out) and open(out).readline(), "the grant")
+        epoch = int(first.split("epoch=")[1])
+        # The earlier exit's look at the lock comes forceful_grace (2 s) after it: wait past it.
+        time.sleep(4)
+        e = s.engine("primary")
+        assert e["revoked_epoch"] == 0 and e["state"] == "running" and e["pid"] > 0, e
+        assert 'gf_supervisor_engine_revocations_total{engine="primary"} 0' in s.metrics()
+        r = subprocess.run([GFCTL, "lock", "status", "--lock", lock_uri, "--json"], capture_output=True,
+                           text=True, timeout=20)
+        st = json.loads(r.stdout)
+        assert st["holder"] == "primary" and st["epoch"] == epoch, st
+        assert "lost" not in open(out).read()
+        # The supervisor knows the grant as the engine's own, through the shell's child.
+        assert s.engine("primary")["lock_epoch"] == epoch
+    finally:
         lockd.terminate()
         lockd.wait(timeout=10)
 
 
 def test_slow_lock_server_delays_no_other_engine(tmp, sups):
-    """The revocation's question to the lock server runs off the loop: while
-    it waits on a lock server that never answers, another engine's crash
-    loop goes on being restarted."""
+    """The supervisor's questions to the lock server run off the loop: while
+    it waits on a lock server that never answers (the poll of which grant
+    each engine holds), another engine's crash loop goes on being restarted.
+    (A revocation is asked only for a grant proven before, so a lock server
+    that never answered is never asked to revoke.)"""
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     mute.bind(f"{tmp}/mute.sock")
     mute.listen(16)  # accepts into its backlog, never answers a handshake
     try:
-        periods = dict(FAST, retry_limit=1000, forceful_grace="200ms")
-        primary = dict(fake("primary", "--exit", "1"), lock_id="primary")
+        periods = dict(FAST, retry_limit=1000)
+        primary = dict(fake("primary"), lock_id="primary")
         s = Supervisor(tmp, {"periods": periods, "lock": {"uri": f"unix://{tmp}/mute.sock"},
+                             "probe": {"interval": "1s", "timeout": "2s"},
                              "engines": [primary, fake("other", "--exit", "1")]})
         sups.append(s)
-        # The query ends when its 2 s run out; the other engine was restarted meanwhile.
-        wait_for(lambda: "engine=primary revoke: lock status" in s.text(), "the query's end\n" + s.text())
+        # The first poll starts with the engines and ends when its 2 s run out.
+        wait_for(lambda: "lock poll:" in s.text(), "the poll's end\n" + s.text())
         log = s.text()
-        start = log.index("engine=primary revoke: asking the lock server")
-        end = log.index("engine=primary revoke: lock status")
-        assert start < end and "engine=other started" in log[start:end], log
+        before = log[:log.index("lock poll:")]
+        assert before.count("engine=other started") >= 3, log
+        assert "revoke" not in log, log
     finally:
         mute.close()
 

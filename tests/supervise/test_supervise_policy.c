@@ -319,7 +319,7 @@ static void test_switchover_is_not_a_retry(void **state)
 	sim_init(&s);
 	start_healthy(&s);
 	ev(&s, GF_SV_EV_SWITCHOVER);
-	assert_int_equal(exited(&s, 0, 0), GF_SV_ACT_SPAWN);
+	assert_int_equal(exited(&s, 75, 0), GF_SV_ACT_SPAWN);
 	assert_int_equal(s.e.retries, 0);
 	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_PLANNED);
 	assert_int_equal(s.e.state, GF_SV_STARTING);
@@ -327,6 +327,51 @@ static void test_switchover_is_not_a_retry(void **state)
 	probe(&s, 1, 1, 1);
 	exited(&s, 1, 0);
 	assert_int_equal(s.e.retries, 1);
+}
+
+/* Status 75 proves nothing by itself: without a switchover asked of the
+ * process it is a failure like any other, paused and counted to the limit. */
+static void test_exit_75_without_a_switchover_is_retried(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
+	start_healthy(&s);
+	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_PAUSED);
+	assert_int_equal(s.e.retries, 1);
+	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
+	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
+	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_FAILED);
+	assert_int_equal(s.e.restarts, 2);
+}
+
+/* A switchover asked of a process that then crashes (or is killed) is a
+ * failure: only the step-down's own exit is planned. */
+static void test_crash_after_a_switchover_request_is_retried(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
+	start_healthy(&s);
+	ev(&s, GF_SV_EV_SWITCHOVER);
+	assert_int_equal(exited(&s, 1, 0), 0);
+	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
+	assert_int_equal(s.e.retries, 1);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
+	probe(&s, 1, 1, 1);
+	ev(&s, GF_SV_EV_SWITCHOVER);
+	assert_int_equal(exited(&s, -1, 9), 0);
+	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
+	assert_int_equal(s.e.retries, 2);
+	/* And a request does not outlive its process. */
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
+	probe(&s, 1, 1, 1);
+	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_FAILED);
 }
 
 static void test_stop(void **state)
@@ -391,6 +436,8 @@ int main(void)
 		cmocka_unit_test(test_sigkill_reset_counts_once),
 		cmocka_unit_test(test_admission_and_warmup),
 		cmocka_unit_test(test_switchover_is_not_a_retry),
+		cmocka_unit_test(test_exit_75_without_a_switchover_is_retried),
+		cmocka_unit_test(test_crash_after_a_switchover_request_is_retried),
 		cmocka_unit_test(test_stop),
 		cmocka_unit_test(test_spawn_failure),
 		cmocka_unit_test(test_retry_limit_zero),

@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The --metrics HTTP face of gf-lockd and gf-gmsd (examples/common/sidecar_http.c)
+against floods and slow clients: connections over the limit, opened and
+closed, must never wedge it (/metrics, /status, /ready answer again), and
+one source must not take every slot."""
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+LOCKD = os.environ.get("GF_LOCKD", "build/examples/gf-lockd/gf-lockd")
+GMSD = os.environ.get("GF_GMSD", "build/examples/gf-gmsd/gf-gmsd")
+
+CONN_LIMIT = 32   # sidecar_http.c HTTP_CONN_LIMIT
+PER_IP_LIMIT = 8  # sidecar_http.c HTTP_PER_IP_LIMIT
+HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def get(port, path, timeout=3.0):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def connect_from(src, port):
+    """A TCP connection from source address @src (any 127.x.y.z is this host)."""
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(HANG_GUARD)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+@pytest.fixture(params=["lock", "gms"])
+def daemon(request):
+    tmp = tempfile.mkdtemp(prefix="gf-sidecar-http-")
+    port = free_port()
+    if request.param == "lock":
+        argv = [LOCKD, "--listen", f"unix://{tmp}/s.sock"]
+        paths = ["/metrics", "/status", "/ready"]
+    else:
+        argv = [GMSD, "--listen", f"unix://{tmp}/s.sock", "--backend", "host"]
+        paths = ["/metrics", "/status"]
+    p = subprocess.Popen(argv + ["--metrics", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    end = time.monotonic() + HANG_GUARD
+    while get(port, "/status", 0.5) != 200:
+        assert p.poll() is None and time.monotonic() < end, "the daemon's HTTP never answered"
+        time.sleep(0.05)
+    yield port, paths
+    p.terminate()
+    p.wait(timeout=20)
+    subprocess.run(["rm", "-rf", tmp])
+
+
+def answers(port, paths):
+    # /ready answers 503 without a holder: any HTTP answer is an answer.
+    return {path: get(port, path) for path in paths}
+
+
+def test_connections_over_the_limit_never_wedge_it(daemon):
+    port, paths = daemon
+    # Spread over sources so the total limit, not the per-source one, is met.
+    for n in (CONN_LIMIT + 1, 2 * CONN_LIMIT, CONN_LIMIT + 1):
+        conns = [connect_from(f"127.0.0.{2 + i % 8}", port) for i in range(n)]
+        time.sleep(0.2)
+        for s in conns:
+            s.close()
+        got = answers(port, paths)
+        assert all(code is not None for code in got.values()), f"after {n} connections: {got}"
+
+
+def test_one_source_cannot_take_every_slot(daemon):
+    port, paths = daemon
+    slow = [connect_from("127.0.0.2", port) for _ in range(PER_IP_LIMIT)]
+    try:
+        # One connection over the per-source limit is closed unanswered.
+        extra = connect_from("127.0.0.2", port)
+        try:
+            extra.sendall(b"GET /status HTTP/1.0\r\n\r\n")
+            assert extra.recv(64) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        extra.close()
+        # A source holding every other slot it may (slow clients that send
+        # nothing) leaves the others served.
+        slow += [connect_from("127.0.0.2", port) for _ in range(CONN_LIMIT - PER_IP_LIMIT)]
+        got = answers(port, paths)
+        assert all(code is not None for code in got.values()), got
+    finally:
+        for s in slow:
+            s.close()
+    got = answers(port, paths)
+    assert all(code is not None for code in got.values()), got
