@@ -28,6 +28,20 @@ static inline int tu_count_entries(const char *path)
 	return n;
 }
 
+/* Mappings of memfds in this process ("/memfd:" lines of /proc/self/maps):
+ * whether a mapping still exists somewhere, wherever it was moved to. */
+static inline int tu_memfd_mappings(void)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	int n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "/memfd:") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* Number of open fds of this process, to check that nothing leaks. */
 static inline int tu_count_fds(void)
 {

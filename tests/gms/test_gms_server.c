@@ -673,7 +673,6 @@ static void test_unmap_remap(void **state)
 /* ---- sleeping with kept handles ---- */
 
 static void perms_at(uint64_t addr, char out[5]);
-static int memfd_mappings(void);
 
 /* Inode numbers of the memfds this process has open (server and client alike), sorted. */
 static size_t memfd_inodes(ino_t *out, size_t cap)
@@ -740,7 +739,7 @@ static void test_sleep_keeps_handles(void **state)
 	OK(gf_gms_map_all(r));
 	struct gf_gms_alloc_info a0, b0;
 	OK(gf_gms_alloc_at(r, 0, &a0));
-	int fds = tu_count_fds(), mapped = memfd_mappings();
+	int fds = tu_count_fds(), mapped = tu_memfd_mappings();
 	OK(gf_gms_unmap(r));
 	fds++; /* the watcher thread's eventfd, kept from the first sleep on */
 	assert_int_equal(tu_count_fds(), fds); /* session and four handles kept */
@@ -749,7 +748,7 @@ static void test_sleep_keeps_handles(void **state)
 	/* ... still mapped (these 1 MiB mappings are parked away from their
 	 * addresses with their page tables), but nothing readable there. */
 	assert_string_equal(p, "---p");
-	assert_int_equal(memfd_mappings(), mapped);
+	assert_int_equal(tu_memfd_mappings(), mapped);
 	assert_int_equal(sleeping(srv.uri), 1);
 	uint64_t rt = gf_gms_round_trips(r);
 	OK(gf_gms_remap(r, 1000));
@@ -811,19 +810,6 @@ static void on_lost(gf_gms *g, int err, const char *detail, void *ud)
 }
 
 /* The permissions of the mapping holding @addr in /proc/self/maps ("r--s", "---p", ...). */
-/* Mappings of memfds in this process ("/memfd:" lines of /proc/self/maps). */
-static int memfd_mappings(void)
-{
-	FILE *f = fopen("/proc/self/maps", "re");
-	char line[512];
-	int n = 0;
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, "/memfd:") != NULL;
-	if (f)
-		fclose(f);
-	return n;
-}
-
 static void perms_at(uint64_t addr, char out[5])
 {
 	FILE *f = fopen("/proc/self/maps", "re");

@@ -452,19 +452,6 @@ static void test_set_accessible(void **state)
 	gf_mem_free(m);
 }
 
-/* Mappings of memfds in this process ("/memfd:" lines of /proc/self/maps). */
-static int memfd_mappings(void)
-{
-	FILE *f = fopen("/proc/self/maps", "re");
-	char line[512];
-	int n = 0;
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, "/memfd:") != NULL;
-	if (f)
-		fclose(f);
-	return n;
-}
-
 /*
  * Fencing large mappings (host): they are moved away whole (parked, page
  * tables and all) and a placeholder takes their place, so a stale pointer
@@ -491,10 +478,10 @@ static void test_set_accessible_parks_large_mappings(void **state)
 	memset((void *)s, 3, g);
 	for (size_t i = 0; i < big; i += 4096)
 		(void)q[i];
-	int mapped = memfd_mappings();
+	int mapped = tu_memfd_mappings();
 	for (int round = 0; round < 2; round++) {
 		assert_int_equal(gf_mem_set_accessible(va, 0), 0);
-		assert_int_equal(memfd_mappings(), mapped); /* moved, not unmapped */
+		assert_int_equal(tu_memfd_mappings(), mapped); /* moved, not unmapped */
 		for (int which = 0; which < 3; which++) {
 			pid_t pid = fork_child();
 			if (pid == 0) {
@@ -526,7 +513,7 @@ static void test_set_accessible_parks_large_mappings(void **state)
 	/* Unmapped while parked: nothing of them stays mapped anywhere. */
 	assert_int_equal(gf_mem_set_accessible(va, 0), 0);
 	assert_int_equal(gf_mem_unmap_all(va), 0);
-	assert_int_equal(memfd_mappings(), mapped - 3);
+	assert_int_equal(tu_memfd_mappings(), mapped - 3);
 	gf_mem_alloc_free(a);
 	gf_mem_alloc_free(b);
 	gf_mem_alloc_free(c);
