@@ -231,6 +231,8 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
                         init_timeout=c["init_timeout"], memory_need=need, probe_port=c.get("probe_port"),
                         probe_address=c.get("probe_address"))
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
+        server_pid = int(c["server_pid"])
+        eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
         self._gf_engine = eng
         base_load = super().load_model
         loaded: "list[int]" = []

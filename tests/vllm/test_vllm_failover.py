@@ -86,6 +86,27 @@ def live_in_group(pgid):
     return found
 
 
+def listening_ports(pgid):
+    """TCP ports that processes of group @pgid listen on."""
+    inodes = set()
+    for pid in live_in_group(pgid):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 class Site:
     def __init__(self, tmp):
         self.dir = pathlib.Path(tmp)
@@ -276,8 +297,11 @@ def failover(site, victim, standby, refs, kill):
 
 def test_standby_is_asleep(site, pair):
     a, b = pair["a"], pair["b"]
-    assert probe_status(a, "/ready") == 200
-    assert probe_status(b, "/live") == 200 and probe_status(b, "/ready") == 503
+    assert probe_status(a, "/ready") == 200 and state(a) == "active"
+    # A healthy standby stays in service (docs/engine.md); the lock's
+    # listener, not readiness, keeps traffic away from it.
+    assert probe_status(b, "/live") == 200 and probe_status(b, "/ready") == 200 and state(b) == "standby"
+    assert listening_ports(b.pid) == {b.probe}, "the standby listens on more than its probe port"
     log = b.log.read_text()
     assert f"event=standby kv_released_bytes={2 * KV_BYTES}" in log or "event=standby kv_released_bytes=" in log
     assert "event=weights_mapped" in log and "event=weights_committed" not in log
