@@ -108,7 +108,7 @@ def parse_args(argv: "list[str]") -> "tuple[argparse.Namespace, list[str]]":
 
 
 async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
-    from vllm.entrypoints.launchers.api_server.entry import build_and_serve, build_async_engine_client
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -127,6 +127,9 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
     t_start = time.monotonic()
     async with build_async_engine_client(args) as client:
         log("engine_started", startup_s=round(time.monotonic() - t_start, 3))
+        # The HTTP app is built before the grant: a wake then only starts
+        # serving it (building it takes seconds).
+        app = await build_http_app(client, args)
         standby = await client.collective_rpc("gf_standby")
         watch_engine_process(int(standby[0]["pid"]))
         log("standby", kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
@@ -157,7 +160,7 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
         log("awake", epoch=woke[0]["epoch"], wake_ms=round(woke[0]["wake_s"] * 1000, 1))
         # vLLM's serve_http returns only when the server stops: serve in a
         # task, and enter Active once /health answers on the socket.
-        serving = asyncio.create_task(build_and_serve(client, f"http://{where}", sock, args))
+        serving = asyncio.create_task(serve(app, sock, args))
         await wait_healthy(sock, serving)
         served = await client.collective_rpc("gf_serve")
         log("active", epoch=woke[0]["epoch"], address=where,
@@ -167,6 +170,36 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
         await shutdown
     finally:
         sock.close()
+
+
+async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
+    """vLLM's build_and_serve() up to serving: the FastAPI app and its state."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+
+    tasks = await client.get_supported_tasks()
+    app = build_app(args, tasks, client.model_config)
+    await init_app_state(client, app.state, args, tasks)
+    return app
+
+
+async def serve(app: Any, sock: socket.socket, args: argparse.Namespace) -> Any:
+    """The rest of vLLM's build_and_serve(): uvicorn on @sock (returns when it stops)."""
+    import vllm.envs as envs
+    from vllm.entrypoints.launchers.launcher import serve_http
+    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config
+
+    kwargs: "dict[str, Any]" = {}
+    log_config = get_uvicorn_log_config(args)
+    if log_config is not None:
+        kwargs["log_config"] = log_config
+    return await serve_http(
+        app, sock=sock, enable_ssl_refresh=args.enable_ssl_refresh, host=args.host, port=args.port,
+        log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE, ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
+        ssl_ciphers=args.ssl_ciphers, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        h11_max_header_count=args.h11_max_header_count, **kwargs)
 
 
 async def wait_healthy(sock: socket.socket, serving: "asyncio.Task[Any]") -> None:

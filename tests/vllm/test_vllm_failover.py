@@ -15,6 +15,7 @@ and leave nothing running.
 The servers are started once per module (a vLLM start takes tens of
 seconds here) and the tests run in order, each handing on to the next."""
 import json
+import math
 import os
 import pathlib
 import signal
@@ -290,8 +291,15 @@ def failover(site, victim, standby, refs, kill):
         assert out == refs[PROMPTS[0]], f"a request sent {t0 - t_kill:.3f} s after the kill got {out!r}"
     wait_for(lambda: not live_in_group(victim.pid), 30, f"every process of {victim.name} to exit")
     first = min(t1 for t0, t1, out in after) - t_kill
+    k_us = int(t_kill * 1e6)
+    steps = {}
+    for line in standby.log.read_text(errors="replace").splitlines():
+        if "prog=gf-vllm component=worker" in line and " event=" in line:
+            mono, event = int(line.split()[0][8:]), line.split(" event=")[1].split()[0]
+            if mono >= k_us:
+                steps.setdefault(event, (mono - k_us) / 1000)
     print(f"\n{victim.name} -> {standby.name}: kill -> first answer {first:.3f} s "
-          f"({len(after)} requests after the kill, all answered, none refused)")
+          f"({len(after)} requests after the kill, all answered, none refused); ms after the kill: {steps}")
     return first
 
 
@@ -301,7 +309,11 @@ def test_standby_is_asleep(site, pair):
     # A healthy standby stays in service (docs/engine.md); the lock's
     # listener, not readiness, keeps traffic away from it.
     assert probe_status(b, "/live") == 200 and probe_status(b, "/ready") == 200 and state(b) == "standby"
-    assert listening_ports(b.pid) == {b.probe}, "the standby listens on more than its probe port"
+    # The standby holds no HTTP socket: not the lock's listener (only the
+    # holder has it), not vLLM's own --port (8000 by default).
+    assert site.port in listening_ports(a.pid)
+    b_ports = listening_ports(b.pid)
+    assert b.probe in b_ports and site.port not in b_ports and 8000 not in b_ports, b_ports
     log = b.log.read_text()
     assert f"event=standby kv_released_bytes={2 * KV_BYTES}" in log or "event=standby kv_released_bytes=" in log
     assert "event=weights_mapped" in log and "event=weights_committed" not in log
@@ -336,15 +348,16 @@ def commit_other_model(uri, reference_uri):
     each as float16: another model's layout (another dtype)."""
     mem = gf.Memory("host")
     ref = gf.GMSClient(reference_uri, mem, mode="ro", timeout=10)
+    ref.map_all()
     meta = ref.metadata
     ref.close()
     w = gf.GMSClient(uri, mem, mode="rw", timeout=10)
     shapes = {k: json.loads(v["value"])["shape"] for k, v in meta.items()}
-    sizes = [2 * max(1, __import__("math").prod(s)) for s in shapes.values()]
+    sizes = [2 * max(1, math.prod(s)) for s in shapes.values()]
     offsets, total = gfv.pack(sizes)
     aid = w.allocate(total, "weights.0")
     for (name, shape), off in zip(shapes.items(), offsets):
-        stride = [__import__("math").prod(shape[i + 1:]) for i in range(len(shape))]
+        stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         w.put_meta(name, aid, off, gfv.describe("float16", shape, stride))
     w.commit()
     return w, mem

@@ -23,7 +23,7 @@ from . import _gpufailover as _gf
 from ._gpufailover import Engine, GMSClient, LockClient
 
 if TYPE_CHECKING:
-    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend  # type: ignore[import-not-found, unused-ignore]
 
 BACKEND_NAME = "gpufailover"
 # vLLM's tags: weights live in the GMS; the KV cache is the engine's private memory.
@@ -197,11 +197,11 @@ def _restore_kv(a: _Attachment) -> None:
 
 def _make_backend_class() -> "Type[SleepModeBackend]":
     try:
-        from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _Base
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _Base  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
 
-    class GpuFailoverBackend(_Base):  # type: ignore[misc, valid-type]
+    class GpuFailoverBackend(_Base):  # type: ignore[misc, unused-ignore]  # Any without vLLM
         """Sleep unmaps the GMS weights and frees the private memory; wake
         remaps at the same addresses (fail-fast: StaleLayoutError when the GMS
         holds other weights, TimeoutError when it has none in time) and
@@ -297,7 +297,7 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point: register the backend as
     ``gpufailover``. Runs in every vLLM process, possibly more than once."""
     try:
-        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
     try:
