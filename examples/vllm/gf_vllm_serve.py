@@ -62,8 +62,7 @@ def die(reason: str, status: int = 1) -> None:
 
 
 def watch_engine_process(pid: int) -> None:
-    """Kill the tree when the engine's worker process (the lock holder)
-    exits (a SIGKILL of it or of vLLM's engine process, the loss policy, a
+    """Kill the tree when a worker process (rank 0 holds the lock) exits (a SIGKILL of it or of vLLM's engine process, the loss policy, a
     crash): an API server without its engine must not keep the listening
     socket and accept connections it cannot serve."""
     fd = os.pidfd_open(pid)
@@ -131,8 +130,9 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
         # serving it (building it takes seconds).
         app = await build_http_app(client, args)
         standby = await client.collective_rpc("gf_standby")
-        watch_engine_process(int(standby[0]["pid"]))
-        log("standby", kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
+        for rank in standby:  # the lock's holder (rank 0) and every other rank
+            watch_engine_process(int(rank["pid"]))
+        log("standby", ranks=len(standby), kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
 
         loop = asyncio.get_running_loop()
 
@@ -149,6 +149,11 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
             woke = await client.collective_rpc("gf_acquire", args=(fd_socket,))
         except Exception as e:
             die(f"wake failed: {e}", 1)
+        if len(woke) > 1:
+            try:
+                await client.collective_rpc("gf_wake_ranks", args=(woke[0]["granted_mono"],))
+            except Exception as e:
+                die(f"wake failed on a rank: {e}", 1)
         sock = await got
         receiver.close()
         await client.reset_prefix_cache()

@@ -205,7 +205,8 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
         self._gf_device = "cpu" if current_platform.is_cpu() else "cuda"
         if self._gf_device == "cpu" and not self._gf.get("cpu_repack", False):
             no_cpu_repack()
-        self._gf_engine: Optional[gf.Engine] = None
+        self._gf_engine: Optional[gf.Engine] = None  # rank 0
+        self._gf_rank_gms: Optional[gf.GMSClient] = None  # ranks 1..N-1
         self._gf_writing: Optional[gf.GMSClient] = None  # the writer's client while vLLM loads
         self._gf_kv: "list[tuple[Any, int]]" = []
         self._gf_granted_at = 0.0
@@ -225,15 +226,6 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         c = self._gf
         uri = c["gms"].replace("{rank}", str(self.local_rank))
-        need = self.cache_config.kv_cache_memory_bytes or 0
-        eng = gf.Engine(c["lock"], c["id"], [uri], role=c["role"], backend=c["backend"],
-                        waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
-                        init_timeout=c["init_timeout"], memory_need=need, probe_port=c.get("probe_port"),
-                        probe_address=c.get("probe_address"))
-        eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
-        server_pid = int(c["server_pid"])
-        eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
-        self._gf_engine = eng
         base_load = super().load_model
         loaded: "list[int]" = []
 
@@ -247,10 +239,13 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
             model = self.model_runner.get_model()
             generation = commit_cpu(gms, model) if self._gf_device == "cpu" else commit_gpu(gms, model)
             loaded.append(generation)
-            log("weights_committed", generation=generation, load_s=round(time.monotonic() - t0, 3))
+            log("weights_committed", rank=self.rank, generation=generation, load_s=round(time.monotonic() - t0, 3))
 
         t0 = time.monotonic()
-        eng.init_weights(load=load)
+        if self.rank == 0:
+            gms = self._init_engine(uri, load)
+        else:
+            gms = self._init_rank(uri, load)
         if not loaded:
             register_empty_loader()
             load_config = self.vllm_config.load_config
@@ -260,12 +255,46 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
             finally:
                 load_config.load_format = load_format
             try:
-                bind(eng.gms(0), self.model_runner.get_model(), self._gf_device)
+                bind(gms, self.model_runner.get_model(), self._gf_device)
             except gf.StaleLayoutError as e:
-                eng.mark_dead(str(e))
-                log("stale_layout", msg=json.dumps(str(e)))
+                if self._gf_engine is not None:
+                    self._gf_engine.mark_dead(str(e))
+                log("stale_layout", rank=self.rank, msg=json.dumps(str(e)))
                 raise
-            log("weights_mapped", bind_s=round(time.monotonic() - t0, 3))
+            log("weights_mapped", rank=self.rank, bind_s=round(time.monotonic() - t0, 3))
+
+    def _init_engine(self, uri: str, load: Callable[[int, gf.GMSClient], None]) -> gf.GMSClient:
+        """Rank 0: the engine (lock, probes, loss policy) over this rank's GMS."""
+        c = self._gf
+        need = self.cache_config.kv_cache_memory_bytes or 0
+        eng = gf.Engine(c["lock"], c["id"], [uri], role=c["role"], backend=c["backend"],
+                        waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
+                        init_timeout=c["init_timeout"], memory_need=need, probe_port=c.get("probe_port"),
+                        probe_address=c.get("probe_address"))
+        eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
+        server_pid = int(c["server_pid"])
+        eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
+        self._gf_engine = eng
+        eng.init_weights(load=load)
+        return eng.gms(0)
+
+    def _init_rank(self, uri: str, load: Callable[[int, gf.GMSClient], None]) -> gf.GMSClient:
+        """Ranks 1..N-1 (tensor parallelism): one GMS client for this rank's
+        device, with the engine's role: the loader's ranks RW or RO, the
+        follower's RO only (Decision 5). Every rank commits its own GMS; the
+        lock and the probes are rank 0's. A rank's death takes the engine
+        down: vLLM's engine process ends with it, and with that rank 0."""
+        c = self._gf
+        dev = {"device": self.local_rank} if self._gf_device == "cuda" else {}
+        mem = gf.Memory(c["backend"], **dev)
+        mode = "rw_or_ro" if c["role"] == "loader" else "ro"
+        gms = gf.GMSClient(uri, mem, mode=mode, timeout=c["init_timeout"])
+        if gms.mode == "rw":
+            load(self.local_rank, gms)
+        else:
+            gms.map_all()
+        self._gf_rank_gms = gms
+        return gms
 
     # --- KV cache: released while asleep, re-created at wake ---------------
     def _kv_storages(self) -> "Iterator[Any]":
@@ -273,7 +302,7 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
         for t in self.model_runner.kv_caches:
             for x in (t if isinstance(t, (list, tuple)) else [t]):
                 st = x.untyped_storage()
-                key = id(st._cdata) if hasattr(st, "_cdata") else st.data_ptr()
+                key = st._cdata  # the storage itself (views share it)
                 if key not in seen:
                     seen.add(key)
                     yield st
@@ -300,24 +329,29 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
 
     # --- the states, driven by gf_vllm_serve.py through collective_rpc -----
     def gf_standby(self) -> "dict[str, Any]":
-        eng = self._engine()
         freed = self._release_kv()
-        eng.sleep()
-        log("standby", kv_released_bytes=freed, role=self._gf["role"])
-        return {"pid": os.getpid(), "kv_released_bytes": freed, "state": eng.state}
+        if self._gf_engine is not None:
+            self._gf_engine.sleep()
+        elif self._gf_rank_gms is not None:
+            self._gf_rank_gms.unmap()
+        else:
+            raise gf.StateError("the gpufailover worker is not initialised (load_model has not run)")
+        log("standby", rank=self.rank, kv_released_bytes=freed, role=self._gf["role"])
+        return {"pid": os.getpid(), "rank": self.rank, "kv_released_bytes": freed}
 
     def gf_acquire(self, fd_socket: str) -> "dict[str, Any]":
+        if self.rank != 0:
+            return {}  # the lock is rank 0's; the other ranks wake in gf_wake_ranks
         eng = self._engine()
         epoch = eng.acquire()
         granted = time.monotonic()
+        self._gf_granted_at = granted
         log("granted", epoch=epoch)
         try:
             eng.wake_up()
             remapped = time.monotonic()
             kv = self._restore_kv()
-            waking_timeout = float(self._gf["waking_timeout"])
-            if time.monotonic() - granted > waking_timeout:
-                raise gf.TimeoutError(f"waking took longer than the waking timeout ({waking_timeout:g} s)")
+            self._check_waking("rank 0")
             if self._gf.get("listener"):
                 with eng.listener(self._gf["listener"]) as lsock, socket.socket(socket.AF_UNIX) as s:
                     s.connect(fd_socket)
@@ -328,19 +362,40 @@ class GfWorker(_Base):  # type: ignore[misc, valid-type]
             log("wake_failed", error=type(e).__name__, msg=json.dumps(str(e)))
             raise
         done = time.monotonic()
-        log("awake", epoch=epoch, remap_ms=round((remapped - granted) * 1000, 1),
+        log("awake", rank=0, epoch=epoch, remap_ms=round((remapped - granted) * 1000, 1),
             kv_ms=round((done - remapped) * 1000, 1), kv_bytes=kv)
-        return {"epoch": epoch, "remap_s": remapped - granted, "wake_s": done - granted}
+        return {"epoch": epoch, "granted_mono": granted, "remap_s": remapped - granted, "wake_s": done - granted}
+
+    def gf_wake_ranks(self, granted_mono: float) -> "dict[str, Any]":
+        """After rank 0's grant: ranks 1..N-1 remap their GMS (same
+        addresses) and re-create their KV cache, within the waking timeout
+        counted from the grant."""
+        if self.rank == 0 or self._gf_rank_gms is None:
+            return {}
+        self._gf_granted_at = granted_mono
+        t0 = time.monotonic()
+        try:
+            self._gf_rank_gms.remap(float(self._gf["remap_timeout"]))
+            kv = self._restore_kv()
+            self._check_waking(f"rank {self.rank}")
+        except BaseException as e:
+            log("wake_failed", rank=self.rank, error=type(e).__name__, msg=json.dumps(str(e)))
+            raise
+        log("awake", rank=self.rank, wake_ms=round((time.monotonic() - t0) * 1000, 1), kv_bytes=kv)
+        return {"rank": self.rank}
+
+    def _check_waking(self, who: str) -> None:
+        waking_timeout = float(self._gf["waking_timeout"])
+        if time.monotonic() - self._gf_granted_at > waking_timeout:
+            raise gf.TimeoutError(f"{who}: waking took longer than the waking timeout ({waking_timeout:g} s)")
 
     def gf_serve(self) -> "dict[str, Any]":
+        if self.rank != 0:
+            return {}
         eng = self._engine()
         eng.serve()
         log("active", epoch=eng.epoch)
         return {"state": eng.state, "metrics": {k: v for k, v in eng.metrics.items() if isinstance(v, (int, float))}}
-
-    def gf_state(self) -> "dict[str, Any]":
-        eng = self._engine()
-        return {"pid": os.getpid(), "state": eng.state, "probe_port": eng.probe_port}
 
     def _engine(self) -> gf.Engine:
         if self._gf_engine is None:
