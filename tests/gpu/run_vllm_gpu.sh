@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The vLLM failover test (tests/vllm/test_vllm_failover.py) on a GPU: CUDA
+# vLLM from the project's venv (tests/setup-frameworks.sh), gf-gmsd and the
+# GMS clients on the cuda backend. Skipped (exit 77), saying why, without a
+# usable GPU.
+set -euo pipefail
+src="${GF_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
+python="${GF_VENV:-$src/.venv}/bin/python"
+if ! "$python" -c 'import torch, vllm, pytest; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "SKIP: no CUDA GPU usable by torch (or no torch/vllm in ${GF_VENV:-$src/.venv}: tests/setup-frameworks.sh)"
+  exit 77
+fi
+export GF_VLLM_TEST_BACKEND=cuda
+exec "$python" -m pytest -q -p no:cacheprovider "$src/tests/vllm/test_vllm_failover.py" "$@"

