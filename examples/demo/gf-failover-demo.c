@@ -28,6 +28,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -449,8 +450,8 @@ static void usage(FILE *f)
 	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n"
 	      "--gms-crash: kill gf-gmsd during service instead; it restarts from its WARM snapshot\n"
 	      "(docs/tiers.md) and the shadow serves the same answers without a reload.\n"
-	      "--priority N: SCHED_FIFO priority of gf-lockd, gf-gmsd, the waking C engine and the\n"
-	      "client where permitted (default 1; 0: all at the ordinary priority).\n",
+	      "--priority N: gf-lockd, gf-gmsd, the client and the waking C engine under SCHED_FIFO N,\n"
+	      "the engines at nice -10, where permitted (default 0: all at the ordinary priority).\n",
 	      f);
 }
 
@@ -488,7 +489,7 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	ARG("%d", probe_port);
 	ARG("--backend");
 	ARG("%s", o->backend);
-	if (o->priority > 0 && strcmp(o->engine, "python") && strcmp(o->engine, "torch")) {
+	if (o->priority > 0 && !strcmp(o->engine, "c")) {
 		ARG("--wake-priority");
 		ARG("%d", o->priority);
 	}
@@ -760,11 +761,20 @@ static bool start_sidecars(struct demo *s)
 	return true;
 }
 
+/* Engines serve at nice ENGINE_NICE under --priority (where permitted): the
+ * SCHED_FIFO of their wake ends at Active, and their first answers must not
+ * then queue behind the machine's ordinary work. */
+#define ENGINE_NICE (-10)
+
 static struct child *spawn_engine(const struct demo *s, const char *name, const char *id, const char *role, int port)
 {
 	char *eargv[64], store[8192];
 	engine_argv(&s->o, eargv, store, sizeof(store), id, role, port);
-	return spawn(name, eargv);
+	struct child *c = spawn(name, eargv);
+	/* Before the engine starts its threads, which inherit it. */
+	if (c && s->o.priority > 0)
+		setpriority(PRIO_PROCESS, (id_t)c->pid, ENGINE_NICE);
+	return c;
 }
 
 static bool start_engines(struct demo *s)
@@ -995,7 +1005,7 @@ int main(int argc, char **argv)
 {
 	/* The example engines compute on the CPU over host pointers, so the GMS
 	 * they share uses the host backend unless told otherwise. */
-	struct demo s = { .o = { .engine = "c", .backend = "host", .devices = 1, .priority = 1 },
+	struct demo s = { .o = { .engine = "c", .backend = "host", .devices = 1 },
 			  .cl = { .mu = PTHREAD_MUTEX_INITIALIZER } };
 	int rc = parse_args(argc, argv, &s.o);
 	if (rc)
