@@ -124,6 +124,8 @@ static void usage(FILE *to)
 		"  --lock-reconnect-timeout DUR  after losing the lock server, how long to try to\n"
 		"                         get the lock back before giving up (default 12s)\n"
 		"  --kv-bytes N           private (KV) memory per device, e.g. 64M (default 16M)\n"
+		"  --wake-priority N      wait for the lock and wake under SCHED_FIFO priority N (1..99)\n"
+		"                         until Active, where permitted (CAP_SYS_NICE); 0: off (default)\n"
 		"  --ranks N              one process per rank (N = the number of --gms): this one is\n"
 		"                         rank 0 (device 0, the lock, the endpoints), ranks 1..N-1 are\n"
 		"                         its children with one GMS each; any rank's death ends the\n"
@@ -751,7 +753,7 @@ static void *signal_thread(void *arg)
 struct opts {
 	const char *lock_uri, *write_path, *probe_addr;
 	const char *gms[16];
-	int ngms, role, probe_port, nranks;
+	int ngms, role, probe_port, nranks, wake_priority;
 	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
 	uint64_t kv_bytes;
 	/* the lock server's standby pool */
@@ -781,6 +783,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "pin", no_argument, NULL, 'n' },             { "model", required_argument, NULL, 'm' },
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "listener", required_argument, NULL, 'S' },   { "ranks", required_argument, NULL, 'N' },
+		{ "wake-priority", required_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -880,6 +883,13 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'o':
 			o->write_path = optarg;
+			break;
+		case 'F':
+			if (parse_int(optarg, 0, 99, &v)) {
+				fprintf(stderr, PROG ": --wake-priority: \"%s\" is not 0..99\n", optarg);
+				return 2;
+			}
+			o->wake_priority = (int)v;
 			break;
 		case 'N':
 			if (parse_int(optarg, 1, 16, &v)) {
@@ -1031,6 +1041,8 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_lock_reconnect_timeout(e, o->reconnect_ms);
 	if (!rc)
 		rc = gf_engine_set_private_bytes(e, o->kv_bytes);
+	if (!rc)
+		rc = gf_engine_set_wake_priority(e, o->wake_priority);
 	if (!rc && o->startup_ms > 0)
 		rc = gf_engine_set_startup_deadline(e, o->startup_ms);
 	if (!rc)

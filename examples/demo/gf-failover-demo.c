@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -27,6 +28,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +66,7 @@ struct options {
 	bool short_mode;
 	bool keep;
 	bool gms_crash;       /* kill gf-gmsd instead of the primary; it restarts from WARM */
+	int priority;         /* SCHED_FIFO priority of the failover's parties, 0: none */
 };
 
 static int64_t now_us(void)
@@ -109,6 +112,19 @@ static struct child *spawn(const char *name, char *const argv[])
 	c->pid = pid;
 	nchildren++;
 	return c;
+}
+
+/*
+ * The failover's parties (the lock server's and the GMS's event loops, the
+ * waking engine, the client) run under SCHED_FIFO @prio where permitted, so a
+ * busy machine's ordinary work does not delay a hand-off by a wait for a CPU.
+ * Reset on fork: threads they start get the ordinary policy. @pid 0: the
+ * calling thread. false when not permitted (the demo then runs without).
+ */
+static bool prioritize(pid_t pid, int prio)
+{
+	struct sched_param p = { .sched_priority = prio };
+	return prio > 0 && sched_setscheduler(pid, SCHED_FIFO | SCHED_RESET_ON_FORK, &p) == 0;
 }
 
 static void stop_child(struct child *c, int sig)
@@ -261,11 +277,17 @@ struct client {
 	 * its GMS is gone; only answers from this engine count as the failover's. */
 	char after_from[64];
 	long ok_old_primary;
+	int priority;
+	bool prioritized; /* the client thread got the priority */
 };
 
 static void *client_main(void *p)
 {
 	struct client *c = p;
+	bool prio = prioritize(0, c->priority);
+	pthread_mutex_lock(&c->mu);
+	c->prioritized = prio;
+	pthread_mutex_unlock(&c->mu);
 	CURL *h = curl_easy_init();
 	/* A new connection per request, as a client behind a load balancer makes. */
 	curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
@@ -423,11 +445,13 @@ static void usage(FILE *f)
 	fputs("usage: gf-failover-demo [--engine c|python|torch] [--weights FILE.safetensors] [--devices N]\n"
 	      "                        [--backend auto|host|cuda] [--short] [--keep] [--bindir DIR]\n"
 	      "                        [--python-engine PATH] [--torch-engine PATH] [--lockd PATH] [--gmsd PATH]\n"
-	      "                        [--c-engine PATH] [--json FILE] [--gms-crash]\n"
+	      "                        [--c-engine PATH] [--json FILE] [--gms-crash] [--priority N]\n"
 	      "Starts gf-lockd, gf-gmsd per device, a primary and a shadow engine and a client;\n"
 	      "kills the primary and shows the failover. Exits non-zero if it did not go as it should.\n"
 	      "--gms-crash: kill gf-gmsd during service instead; it restarts from its WARM snapshot\n"
-	      "(docs/tiers.md) and the shadow serves the same answers without a reload.\n",
+	      "(docs/tiers.md) and the shadow serves the same answers without a reload.\n"
+	      "--priority N: gf-lockd, gf-gmsd, the client and the waking C engine under SCHED_FIFO N,\n"
+	      "the engines at nice -10, where permitted (default 0: all at the ordinary priority).\n",
 	      f);
 }
 
@@ -465,6 +489,10 @@ static int engine_argv(const struct options *o, char **argv, char *store, size_t
 	ARG("%d", probe_port);
 	ARG("--backend");
 	ARG("%s", o->backend);
+	if (o->priority > 0 && !strcmp(o->engine, "c")) {
+		ARG("--wake-priority");
+		ARG("%d", o->priority);
+	}
 	if (o->weights && !strcmp(role, "loader")) { /* a follower imports the loader's weights */
 		ARG("--weights");
 		ARG("%s", o->weights);
@@ -550,6 +578,16 @@ static int apply_option(int opt, const char *arg, struct options *o)
 	case 'X':
 		o->gms_crash = true;
 		return 0;
+	case 'R': {
+		char *end;
+		long v = strtol(arg, &end, 10);
+		if (*arg == '\0' || *end != '\0' || v < 0 || v > 99) {
+			fprintf(stderr, "demo: --priority: \"%s\" is not 0..99\n", arg);
+			return 2;
+		}
+		o->priority = (int)v;
+		return 0;
+	}
 	case 'h':
 		usage(stdout);
 		return EXIT_DONE;
@@ -612,7 +650,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "json", required_argument, NULL, 'J' },
 		{ "lockd", required_argument, NULL, 'L' }, { "gmsd", required_argument, NULL, 'G' },
 		{ "c-engine", required_argument, NULL, 'C' }, { "torch-engine", required_argument, NULL, 'T' },
-		{ "gms-crash", no_argument, NULL, 'X' },
+		{ "gms-crash", no_argument, NULL, 'X' }, { "priority", required_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -637,6 +675,7 @@ struct demo {
 	char lock_uri[400];
 	struct child *lockd, *gms0, *gms0b, *ea, *eb;
 	char gms0_args[5][600]; /* to restart gf-gmsd 0 as it was started */
+	bool prioritized;       /* --priority was permitted */
 	int64_t kill_at, t_gms_spawn;
 };
 
@@ -670,6 +709,7 @@ static bool start_lockd(struct demo *s)
 	char *lockd_argv[] = { a1, a3, a2, a4, "--reconnect-window=2s", "--exit-wait-timeout=5s", NULL };
 	s->lockd = spawn("gf-lockd", lockd_argv);
 	CHECK(s->lockd, "could not start gf-lockd");
+	s->prioritized = prioritize(s->lockd->pid, s->o.priority);
 	int64_t end = now_us() + 10000000;
 	while (gf_lock_ping(s->lock_uri, NULL, 0, 200) < 0 && now_us() < end)
 		usleep(10000);
@@ -692,6 +732,7 @@ static bool start_gms(struct demo *s, int d)
 	char *gargv[] = { g1, g2, g3, g4, s->o.gms_crash ? g5 : NULL, NULL };
 	struct child *g = spawn(name, gargv);
 	CHECK(g, "could not start %s", name);
+	prioritize(g->pid, s->o.priority);
 	if (d == 0) {
 		s->gms0 = g;
 		memcpy(s->gms0_args[0], g1, sizeof(g1));
@@ -720,11 +761,20 @@ static bool start_sidecars(struct demo *s)
 	return true;
 }
 
+/* Engines serve at nice ENGINE_NICE under --priority (where permitted): the
+ * SCHED_FIFO of their wake ends at Active, and their first answers must not
+ * then queue behind the machine's ordinary work. */
+#define ENGINE_NICE (-10)
+
 static struct child *spawn_engine(const struct demo *s, const char *name, const char *id, const char *role, int port)
 {
 	char *eargv[64], store[8192];
 	engine_argv(&s->o, eargv, store, sizeof(store), id, role, port);
-	return spawn(name, eargv);
+	struct child *c = spawn(name, eargv);
+	/* Before the engine starts its threads, which inherit it. */
+	if (c && s->o.priority > 0)
+		setpriority(PRIO_PROCESS, (id_t)c->pid, ENGINE_NICE);
+	return c;
 }
 
 static bool start_engines(struct demo *s)
@@ -758,6 +808,7 @@ static void start_client(struct demo *s)
 {
 	if (s->o.gms_crash)
 		snprintf(s->cl.after_from, sizeof(s->cl.after_from), "engine-b");
+	s->cl.priority = s->o.priority;
 	pthread_create(&s->cl.thread, NULL, client_main, &s->cl);
 	usleep(s->o.short_mode ? 300000 : 1500000);
 }
@@ -780,6 +831,7 @@ static bool kill_victim(struct demo *s)
 		s->gms0b = spawn("gf-gmsd-0-restarted", gargv);
 		s->t_gms_spawn = now_us();
 		CHECK(s->gms0b, "could not restart gf-gmsd");
+		prioritize(s->gms0b->pid, s->o.priority);
 		say("\n== SIGKILL gf-gmsd after %ld good responses; restarted it with --warm\n", before);
 	} else {
 		say("\n== SIGKILL engine-a after %ld good responses\n", before);
@@ -864,6 +916,9 @@ static void print_report(const struct demo *s, const struct timeline *tl)
 		say("  answered by engine-a from its mapping before it saw the GMS lost: %ld\n", cl->ok_old_primary);
 	say("  responses after failover: %ld, all identical to before: %s\n", cl->ok_after,
 	    cl->mismatched ? "NO" : "yes");
+	if (s->o.priority > 0)
+		say("  SCHED_FIFO %d for the lock server, GMS, waking engine and client: %s\n", s->o.priority,
+		    s->prioritized && cl->prioritized ? "yes" : "not permitted, ordinary priority");
 }
 
 /* The timeline as JSON, for the benchmark report. */

@@ -170,6 +170,18 @@ GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);
 /**
+ * Wake priority: the thread that calls gf_engine_acquire() runs under
+ * SCHED_FIFO at @p priority (1..99) from its wait on the lock until the
+ * engine is Active (or the step fails), then under its old policy again,
+ * so the grant wakes it ahead of ordinary work such as a dying engine's
+ * teardown, and it is never left above that work while serving. Threads it
+ * starts meanwhile do not inherit the priority. Where the platform does not
+ * permit it (no CAP_SYS_NICE, no RLIMIT_RTPRIO), the wake runs at the
+ * ordinary priority and a debug line says so: never an error. 0: off
+ * (default). GF_ERR_INVALID_ARG outside 0..99.
+ */
+GF_EXPORT int gf_engine_set_wake_priority(gf_engine *engine, int priority);
+/**
  * Startup watchdog: if the engine is not in Standby @p ms after
  * gf_engine_new(), it becomes Dead (cause "startup_deadline") and the loss
  * policy runs with GF_ERR_TIMEOUT (the default policy ends the process, so

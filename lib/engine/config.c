@@ -155,6 +155,17 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 	return 0;
 }
 
+GF_EXPORT int gf_engine_set_wake_priority(gf_engine *e, int priority)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_wake_priority");
+	if (rc)
+		return rc;
+	if (priority < 0 || priority > 99)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_wake_priority: %d is not a priority (0..99)", priority);
+	e->wake_priority = priority;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *e, int64_t ms)
 {
 	int rc = gf_engine_config_check(e, "gf_engine_set_startup_deadline");

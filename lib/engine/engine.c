@@ -333,6 +333,8 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 		gf_lock_interrupt(lock);
 }
 
+static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int64_t t0);
+
 GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 {
 	if (!e)
@@ -372,13 +374,29 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	}
 	if (atomic_exchange(&e->interrupted, false))
 		return gf_err(GF_ERR_INTERRUPTED, "acquire: interrupted");
+	/* The grant's fence proof is an HMAC, and the first one a process
+	 * computes loads the crypto library's providers (about 1 ms): that
+	 * happens now, while nobody waits, with a throwaway grant. */
+	struct gf_lock_grant warm = { .epoch = 1 };
+	struct gf_lock_proof warm_proof;
+	gf_lock_grant_proof(&warm, &warm_proof);
 	gf_log(GF_LOG_INFO, "engine", "event=lock_waiting id=%s lock=%s", e->id, e->lock_uri);
-	struct gf_lock_grant grant;
 	int64_t t0 = e->clock.now_us();
 	pthread_mutex_lock(&e->mu);
 	e->acquire_start_us = t0;
 	pthread_mutex_unlock(&e->mu);
-	rc = gf_lock_acquire(lock, timeout_ms, &grant);
+	gf_engine_boost(e);
+	rc = acquire_boosted(e, lock, timeout_ms, t0);
+	if (rc)
+		gf_engine_unboost(e);
+	return rc;
+}
+
+/* gf_engine_acquire() from the wait on: under the wake priority, if any. */
+static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int64_t t0)
+{
+	struct gf_lock_grant grant;
+	int rc = gf_lock_acquire(lock, timeout_ms, &grant);
 	if (rc == GF_ERR_EVICTED) {
 		/* Not a crash: the lock server made room on a GPU. Dead says why;
 		 * the caller exits with GF_ENGINE_EXIT_EVICTED. */
@@ -464,8 +482,10 @@ GF_EXPORT int gf_engine_wake_up(gf_engine *e)
 	if (!e)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_wake_up: NULL engine");
 	int rc = require_state(e, GF_ENGINE_WAKING, "wake_up");
-	if (rc)
+	if (rc) {
+		gf_engine_unboost(e); /* lost meanwhile: no wake to hurry */
 		return rc;
+	}
 	if (e->woken)
 		return gf_err(GF_ERR_STATE, "wake_up: already woken; serve next");
 	pthread_mutex_lock(&e->mu);
@@ -538,6 +558,7 @@ fail: {
 	gf_log(GF_LOG_ERR, "engine", "event=wake_failed id=%s err=%s detail=\"%s\"", e->id ? e->id : "",
 	       gf_error_name(rc) ? gf_error_name(rc) : "?", detail);
 	gf_engine_die(e, "wake_failed", reason);
+	gf_engine_unboost(e);
 	return gf_err(rc, "%s", detail);
 }
 }
@@ -547,8 +568,10 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 	if (!e)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_serve: NULL engine");
 	int rc = require_state(e, GF_ENGINE_WAKING, "serve");
-	if (rc)
+	if (rc) {
+		gf_engine_unboost(e); /* lost meanwhile: no wake to hurry */
 		return rc;
+	}
 	if (!e->woken)
 		return gf_err(GF_ERR_STATE, "serve: wake_up has not completed");
 	int64_t t0 = e->clock.now_us();
@@ -560,6 +583,7 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 			char reason[600];
 			snprintf(reason, sizeof(reason), "serve failed: %s", detail);
 			gf_engine_die(e, "serve_failed", reason);
+			gf_engine_unboost(e);
 			return gf_err(rc, "%s", detail);
 		}
 	}
@@ -569,6 +593,8 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 	e->m.wake_total_us = t1 - e->waking_since_us;
 	pthread_mutex_unlock(&e->mu);
 	rc = transition(e, GF_ENGINE_WAKING, GF_ENGINE_ACTIVE);
+	/* Serving runs at the priority the thread had before the wake. */
+	gf_engine_unboost(e);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&e->mu);

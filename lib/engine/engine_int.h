@@ -84,6 +84,12 @@ struct gf_engine {
 	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
+	int wake_priority; /* SCHED_FIFO priority of the wake, 0: none */
+	/* The stepping thread's policy before the wake raised it; only that
+	 * thread reads or writes these. */
+	bool boosted;
+	int boost_old_policy;
+	int boost_old_priority;
 	int64_t startup_deadline_ms; /* <= 0: none */
 	uint64_t memory_need;        /* free bytes per device the wake needs */
 	bool memory_need_set;        /* else the need is private_bytes */
@@ -163,6 +169,11 @@ void gf_engine_real_sleep_ms(int64_t ms);
 int gf_engine_start_watchdog(gf_engine *e);
 /* Free bytes every device must have before the engine enters Waking. */
 uint64_t gf_engine_memory_need(const gf_engine *e);
+/* Run the calling thread at the wake priority, if one is set and the
+ * platform permits it (else a debug line); gf_engine_unboost() puts its old
+ * policy back (a no-op when not raised). */
+void gf_engine_boost(gf_engine *e);
+void gf_engine_unboost(gf_engine *e);
 /* Declare the engine's pool resources on its new lock client (pool.c). */
 int gf_engine_pool_apply(gf_engine *e, gf_lock *lock);
 /* With the lock granted: wait until every device has the memory need free,

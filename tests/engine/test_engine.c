@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -518,6 +519,52 @@ static void test_dead_from_every_state(void **state)
 		expect_refused(e, GF_ENGINE_DEAD, target >= GF_ENGINE_WAKING);
 		teardown(&st);
 	}
+}
+
+/* The wake priority: SCHED_FIFO from the wait on the lock until Active (what
+ * the serve callback sees), the old policy after; an ordinary wake where the
+ * platform does not permit it. */
+struct prio_seen {
+	int in_serve;
+	int in_watcher; /* a thread started during the wake */
+};
+static void *policy_of_new_thread(void *ud)
+{
+	((struct prio_seen *)ud)->in_watcher = sched_getscheduler(0);
+	return NULL;
+}
+static int prio_serve(gf_engine *e, void *ud)
+{
+	struct prio_seen *seen = ud;
+	seen->in_serve = sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, policy_of_new_thread, seen), 0);
+	pthread_join(t, NULL);
+	return 0;
+}
+
+static void test_wake_priority(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_wake_priority(e, -1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_wake_priority(e, 100), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_wake_priority(NULL, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_wake_priority(e, 1), 0);
+	/* Whether this process may use SCHED_FIFO at all (root, CAP_SYS_NICE, RLIMIT_RTPRIO). */
+	struct sched_param p = { .sched_priority = 1 };
+	bool permitted = pthread_setschedparam(pthread_self(), SCHED_FIFO, &p) == 0;
+	p.sched_priority = 0;
+	pthread_setschedparam(pthread_self(), SCHED_OTHER, &p);
+	struct prio_seen seen = { -1, -1 };
+	struct gf_engine_callbacks cb = { .load_weights = real_load, .serve = prio_serve, .userdata = &seen };
+	assert_int_equal(gf_engine_run_shadow(e, &cb), 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	assert_int_equal(seen.in_serve, permitted ? SCHED_FIFO : SCHED_OTHER);
+	assert_int_equal(seen.in_watcher, SCHED_OTHER);
+	assert_int_equal(sched_getscheduler(0), SCHED_OTHER);
+	/* Configuration is frozen once the engine has started. */
+	assert_int_equal(gf_engine_set_wake_priority(e, 2), GF_ERR_STATE);
 }
 
 static void test_config_errors(void **state)
@@ -1628,6 +1675,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_priority, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow_probe_server_and_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_calls_hook, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lock_loss_stops_accepting, setup, teardown),
