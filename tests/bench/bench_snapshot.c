@@ -4,13 +4,14 @@
  * against baselines that do the same work with the same primitive, in the
  * same run, paired per round:
  *
- *   snapshot   gms_snapshot_write() of the allocations: it maps them afresh
- *              (its helper thread fills the page tables and hashes, one chunk
- *              ahead of the writes) and writes them to data.bin, with
- *              O_DIRECT on a disk (COLD) and through tmpfs (WARM), then fsync.
- *   copy       the same: a fresh read-only mapping of the same allocations,
- *              a write loop in the same chunks, O_DIRECT where the snapshot
- *              uses it, fsync; no checksum.
+ *   snapshot   gms_snapshot_write_from() of the allocations, from one
+ *              read-only mapping of them whose page tables are filled, as
+ *              the GMS's tier worker keeps it: writes data.bin with O_DIRECT
+ *              on a disk (COLD) and through tmpfs (WARM), then fsync, while
+ *              its helper thread hashes up to 8 chunks behind.
+ *   copy       the same: a write loop from the same populated mapping in
+ *              the same chunks, O_DIRECT where the snapshot uses it, fsync;
+ *              no checksum.
  *   copy+hash  the copy, then XXH3 of every allocation (the library's
  *              hasher, waited for): "copy, then xxhsum".
  *   restore    gms_snapshot_restore(): fresh allocations (memfds) filled
@@ -131,17 +132,15 @@ static void hash_each(struct gms_hasher *h, const uint8_t *p, size_t n, size_t e
 	}
 }
 
-/* Baseline write: a fresh mapping of the allocations into a new file in the
- * snapshot's chunks, O_DIRECT off tmpfs like the snapshot, fsync; with
- * @h, then every allocation hashed. Like the snapshot's figure it excludes
- * freeing the previous copy (unlinked before the clock starts). */
-static int64_t plain_write(const char *path, const struct shape *sh, struct gms_hasher *h)
+/* Baseline write: the populated mapping @p of the allocations into a new
+ * file in the snapshot's chunks, O_DIRECT off tmpfs like the snapshot,
+ * fsync; with @h, then every allocation hashed. Like the snapshot's figure
+ * it excludes freeing the previous copy (unlinked before the clock starts). */
+static int64_t plain_write(const char *path, const struct shape *sh, const uint8_t *p, struct gms_hasher *h)
 {
 	unlink(path);
 	settle();
 	int64_t t0 = gf_now_us();
-	gf_mem_va *va = map_fresh(sh);
-	const uint8_t *p = (const uint8_t *)(uintptr_t)gf_mem_va_addr(va);
 	size_t n = sh->n * sh->each;
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	struct statfs sfs;
@@ -162,9 +161,7 @@ static int64_t plain_write(const char *path, const struct shape *sh, struct gms_
 	close(fd);
 	if (h)
 		hash_each(h, p, sh->n, sh->each);
-	int64_t us = gf_now_us() - t0;
-	gf_mem_va_free(va);
-	return us;
+	return gf_now_us() - t0;
 }
 
 /* Drops @path's pages from the page cache (written back first). Not on
@@ -307,8 +304,12 @@ int main(int argc, char **argv)
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		memcpy(p + i, &x, 8);
 	}
-	/* Filled: the sides map the allocations afresh, as the snapshot does. */
+	/* Filled: every side reads one populated read-only mapping, as the tier worker keeps it. */
 	gf_mem_va_free(va);
+	struct shape sh0 = {.m = m, .allocs = allocs, .n = nallocs, .each = each};
+	gf_mem_va *src_va = map_fresh(&sh0);
+	const uint8_t *src = (const uint8_t *)(uintptr_t)gf_mem_va_addr(src_va);
+	gf_mem_populate((uint64_t)(uintptr_t)src, each * nallocs, false);
 	gms_manifest_layout_hash(mf, mf->layout_hash);
 	prime_bytes = bytes + bytes / 4; /* the copy plus its page cache and metadata */
 	struct shape sh = {.m = m, .allocs = allocs, .n = nallocs, .each = each};
@@ -333,12 +334,12 @@ int main(int argc, char **argv)
 				struct gms_snap_stats st;
 				if (side == 0) {
 					settle();
-					if ((rc = gms_snapshot_write(snap, m, mf, allocs, &st)) < 0)
+					if ((rc = gms_snapshot_write_from(snap, m, mf, allocs, (uint64_t)(uintptr_t)src, &st)) < 0)
 						die("snapshot", rc);
 					sw[r] = st.elapsed_us;
 				} else {
 					int64_t *t = side == 1 ? pw : hw;
-					t[r] = plain_write(plain, &sh, side == 1 ? NULL : h);
+					t[r] = plain_write(plain, &sh, src, side == 1 ? NULL : h);
 				}
 			}
 			for (int k = 0; k < 3; k++) {
@@ -396,6 +397,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench-snapshot: could not remove %s\n", snap);
 	}
 	gms_hasher_free(h);
+	gf_mem_va_free(src_va);
 	for (size_t i = 0; i < nallocs; i++)
 		gf_mem_alloc_free(allocs[i]);
 	free(allocs);
