@@ -31,6 +31,7 @@
 #include "client_fsm.h"
 #include "client_session.h"
 #include "gms_internal.h"
+#include "metablob.h"
 #include "wire.h"
 #include "xfer.h"
 
@@ -117,6 +118,10 @@ struct gf_gms {
 	struct cmeta *meta;
 	size_t nmeta, meta_cap;
 	bool meta_sorted;
+	/* A reader's metadata as the GMS sent them (one blob): entries point
+	 * into it rather than owning a block each. NULL when they came in chunks. */
+	uint8_t *meta_blob;
+	size_t meta_blob_len;
 
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
@@ -126,6 +131,14 @@ struct gf_gms {
 
 	uint64_t round_trips;
 };
+
+/* An entry decoded from the metadata blob lives in it: only chunk entries own their block. */
+static void meta_entry_free(const gf_gms *g, struct cmeta *e)
+{
+	uintptr_t k = (uintptr_t)e->key, b = (uintptr_t)g->meta_blob;
+	if (!g->meta_blob || k < b || k >= b + g->meta_blob_len)
+		free(e->key);
+}
 
 static uint64_t round_up(uint64_t v, uint64_t g)
 {
@@ -567,10 +580,10 @@ void gf_gms_free(gf_gms *gms)
 		close_conn(gms);
 	if (gms->parked_fd >= 0)
 		drop_parked(gms);
-	for (size_t i = 0; i < gms->nmeta; i++) {
-		free(gms->meta[i].key);
-	}
+	for (size_t i = 0; i < gms->nmeta; i++)
+		meta_entry_free(gms, &gms->meta[i]);
 	free(gms->meta);
+	free(gms->meta_blob);
 	free(gms->allocs);
 	gf_msg_free(gms->msg);
 	pthread_cond_destroy(&gms->w_idle);
@@ -659,17 +672,28 @@ static const struct calloc_entry *find_alloc(const gf_gms *g, uint64_t id)
 	return NULL;
 }
 
+/* Room for @more entries. */
+static int meta_reserve(gf_gms *g, size_t more)
+{
+	if (g->nmeta + more <= g->meta_cap)
+		return 0;
+	size_t cap = g->meta_cap ? g->meta_cap * 2 : 256;
+	while (cap < g->nmeta + more)
+		cap *= 2;
+	struct cmeta *n = realloc(g->meta, cap * sizeof(*n));
+	if (!n)
+		return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
+	g->meta = n;
+	g->meta_cap = cap;
+	return 0;
+}
+
 static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t offset, const void *value,
 		       size_t value_len)
 {
-	if (g->nmeta == g->meta_cap) {
-		size_t cap = g->meta_cap ? g->meta_cap * 2 : 256;
-		struct cmeta *n = realloc(g->meta, cap * sizeof(*n));
-		if (!n)
-			return gf_err(GF_ERR_NOMEM, "metadata: out of memory");
-		g->meta = n;
-		g->meta_cap = cap;
-	}
+	int rc = meta_reserve(g, 1);
+	if (rc < 0)
+		return rc;
 	struct cmeta *e = &g->meta[g->nmeta];
 	/* One block per entry: the key, its NUL, then the value (freed with the key). */
 	size_t klen = strlen(key);
@@ -792,6 +816,37 @@ struct listed {
 	size_t total; /* allocations the server announced */
 };
 
+static int meta_from_blob(void *ud, const struct gf_lc_meta *e)
+{
+	gf_gms *g = ud;
+	/* meta_take_blob() reserved room for every entry. */
+	g->meta[g->nmeta++] = (struct cmeta){(char *)e->key, e->alloc_id, e->offset, (uint8_t *)e->value, e->value_len};
+	return 0;
+}
+
+/* Read, check and take the metadata blob behind @fd (@size bytes, @count entries; the caller closes @fd). */
+static int meta_take_blob(gf_gms *g, int fd, uint64_t size, uint32_t count)
+{
+	if (g->meta_blob)
+		return gf_err(GF_ERR_PROTOCOL, "list: a second metadata blob");
+	uint8_t *buf;
+	int rc = meta_reserve(g, count);
+	if (rc == 0)
+		rc = gf_mb_read_fd(fd, size, &buf);
+	if (rc < 0)
+		return rc;
+	size_t before = g->nmeta;
+	rc = gf_mb_decode(buf, (size_t)size, count, meta_from_blob, g);
+	if (rc < 0) {
+		g->nmeta = before; /* the entries decoded so far point into buf */
+		free(buf);
+		return rc;
+	}
+	g->meta_blob = buf;
+	g->meta_blob_len = (size_t)size;
+	return 0;
+}
+
 /* Called by list_all() after each chunk with the index of its first allocation. */
 typedef int (*chunk_fn)(gf_gms *g, struct listed *l, size_t first);
 
@@ -820,6 +875,7 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 		g->msg->which_body = gf_Msg_gms_list_tag;
 		g->msg->body.gms_list.with_fds = true;
 		g->msg->body.gms_list.without_metadata = !with_meta;
+		g->msg->body.gms_list.metadata_blob = with_meta;
 		g->msg->seq = ++g->seq;
 		rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
 		if (rc < 0)
@@ -842,13 +898,26 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 						    gf_msg_name(g->msg));
 		}
 		const gf_GmsListChunk *ch = &g->msg->body.gms_list_chunk;
-		if (nfds != ch->allocations_count || ch->layout_hash.size != 16 ||
-		    (!first && memcmp(l->hash, ch->layout_hash.bytes, 16))) {
+		/* A metadata blob comes only in the first chunk of a list that asked for metadata, as its last fd. */
+		bool blob = ch->metadata_blob_size != 0;
+		if (nfds != (size_t)ch->allocations_count + (blob ? 1 : 0) || ch->layout_hash.size != 16 ||
+		    (!first && memcmp(l->hash, ch->layout_hash.bytes, 16)) ||
+		    (blob && (!first || !with_meta || ch->metadata_count))) {
 			gf_close_fds(fds, nfds);
 			free(fds);
 			listed_free(l);
-			return gf_err(GF_ERR_PROTOCOL, "list: chunk with %u allocations carries %zu fds",
-				      (unsigned)ch->allocations_count, nfds);
+			return gf_err(GF_ERR_PROTOCOL, "list: chunk with %u allocations%s carries %zu fds",
+				      (unsigned)ch->allocations_count, blob ? " and a metadata blob" : "", nfds);
+		}
+		if (blob) {
+			rc = meta_take_blob(g, fds[ch->allocations_count], ch->metadata_blob_size, ch->total_metadata);
+			gf_close(fds[ch->allocations_count]);
+			if (rc < 0) {
+				gf_close_fds(fds, ch->allocations_count);
+				free(fds);
+				listed_free(l);
+				return rc;
+			}
 		}
 		memcpy(l->hash, ch->layout_hash.bytes, 16);
 		l->generation = ch->generation;
@@ -948,6 +1017,7 @@ int gf_gms_map_all(gf_gms *gms)
 		return 0; /* the writer that committed, or already mapped */
 	struct listed l;
 	size_t meta_before = gms->nmeta;
+	bool blob_before = gms->meta_blob != NULL;
 	if ((rc = list_all(gms, true, &l, NULL, false)) < 0)
 		goto fail_meta;
 	/* The grant that made this client a reader named the layout the list must be. */
@@ -989,7 +1059,12 @@ int gf_gms_map_all(gf_gms *gms)
 fail_meta:
 	while (gms->nmeta > meta_before) {
 		gms->nmeta--;
-		free(gms->meta[gms->nmeta].key);
+		meta_entry_free(gms, &gms->meta[gms->nmeta]);
+	}
+	if (!blob_before && gms->meta_blob) {
+		free(gms->meta_blob);
+		gms->meta_blob = NULL;
+		gms->meta_blob_len = 0;
 	}
 	return rc;
 }

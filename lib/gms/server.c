@@ -24,6 +24,7 @@
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
+#include "metablob.h"
 #include "residency.h"
 #include "server.h"
 
@@ -78,7 +79,7 @@ struct client {
 	enum gms_residency_wait tier_wait;
 	uint32_t tier_seq;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
-	bool listing, list_fds, list_meta;
+	bool listing, list_fds, list_meta, list_blob;
 	size_t list_next, list_chunks;
 	bool connect_list; /* the pending GmsConnect asked for the list with the grant */
 	/* Asleep: a reader that gave the RO lock back (GmsDisconnect) keeps its
@@ -178,6 +179,11 @@ struct gf_gmsd {
 
 	uint64_t generation;
 	uint8_t hash[16];
+	/* The committed metadata as one sealed memfd for readers (metablob.h),
+	 * made once per layout: -1 until then, closed when the layout drops. */
+	int mblob_fd;
+	uint64_t mblob_size;
+	uint8_t mblob_hash[16];
 	uint64_t drops; /* layouts dropped since start: kept handles of an earlier one are stale */
 
 	struct gevent events[GMSD_EVENTS];
@@ -541,6 +547,8 @@ static void drop_layout(gf_gmsd *d, const char *reason)
 		free(d->meta[i].key);
 		free(d->meta[i].value);
 	}
+	gf_close(d->mblob_fd);
+	d->mblob_fd = -1;
 	d->nallocs = 0;
 	d->nmeta = 0;
 	d->alloc_bytes = 0;
@@ -793,7 +801,7 @@ static void fence_waiting_writers(gf_gmsd *d)
 	}
 }
 
-static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta);
+static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta, bool blob);
 
 /* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
 static int try_grant(gf_gmsd *d, struct client *c)
@@ -830,7 +838,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		return -1;
 	/* A reader waking asked for the list with the grant: no second round trip. */
 	if (c->connect_list && granted == GMS_MODE_RO && !valid)
-		start_list(d, c, c->seq, true, false);
+		start_list(d, c, c->seq, true, false, false);
 	c->connect_list = false;
 	return 1;
 }
@@ -1077,6 +1085,38 @@ static int meta_cmp(const void *a, const void *b)
 	return strcmp(((const struct gmeta *)a)->key, ((const struct gmeta *)b)->key);
 }
 
+/*
+ * The committed metadata as one sealed memfd, made once per layout (after
+ * the commit or at the first reader's list after a restore) and shared by
+ * every reader: a reader's list then costs one fd and one pread, not 32
+ * entries per chunk. False when there is none or it cannot be made (the
+ * list then carries the entries in chunks, as for an older client).
+ */
+static bool meta_blob(gf_gmsd *d)
+{
+	if (!d->nmeta)
+		return false;
+	if (d->mblob_fd >= 0 && !memcmp(d->mblob_hash, d->hash, 16))
+		return true;
+	gf_close(d->mblob_fd);
+	d->mblob_fd = -1;
+	struct gf_lc_meta *lm = calloc(d->nmeta, sizeof(*lm));
+	int rc = lm ? 0 : gf_err(GF_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; rc == 0 && i < d->nmeta; i++)
+		lm[i] = (struct gf_lc_meta){d->meta[i].key, d->meta[i].alloc_id, d->meta[i].offset, d->meta[i].value,
+					    d->meta[i].value_len};
+	if (rc == 0)
+		rc = gf_mb_make_memfd(lm, d->nmeta, &d->mblob_fd, &d->mblob_size);
+	free(lm);
+	if (rc < 0) {
+		gf_log(GF_LOG_DEBUG, "gms", "msg=\"metadata blob not made; lists carry the entries\" detail=\"%s\"",
+		       gf_error_detail());
+		return false;
+	}
+	memcpy(d->mblob_hash, d->hash, 16);
+	return true;
+}
+
 static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	if (c->phase != C_WRITER) {
@@ -1169,6 +1209,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	send_msg(d, c, NULL, 0);
 	d->changed = true;
 	gms_residency_committed(d->res);
+	meta_blob(d); /* now, after the reply, rather than in the first reader's map */
 }
 
 static void close_owned(const int *fds, const bool *owned, size_t n)
@@ -1189,14 +1230,14 @@ static void close_owned(const int *fds, const bool *owned, size_t n)
  * up to 32 entries of 1.3 KB, so fewer allocations keep it under 64 KiB. */
 static size_t chunk_allocs(const struct client *c)
 {
-	return c->list_meta ? GF_LIMIT_CHUNK_ALLOCS_WITH_META : GMSD_CHUNK_ALLOCS;
+	return c->list_meta && !c->list_blob ? GF_LIMIT_CHUNK_ALLOCS_WITH_META : GMSD_CHUNK_ALLOCS;
 }
 
 static void list_pump(gf_gmsd *d, struct client *c)
 {
-	int fds[GMSD_CHUNK_ALLOCS];
-	bool owned[GMSD_CHUNK_ALLOCS];
-	size_t nm = c->list_meta ? d->nmeta : 0, per = chunk_allocs(c);
+	int fds[GMSD_CHUNK_ALLOCS + 1];
+	bool owned[GMSD_CHUNK_ALLOCS + 1];
+	size_t nm = c->list_meta && !c->list_blob ? d->nmeta : 0, per = chunk_allocs(c);
 	for (int budget = 32; c->list_next < c->list_chunks; budget--) {
 		struct pollfd p = {.fd = c->p->fd, .events = POLLOUT};
 		if (budget == 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) {
@@ -1214,7 +1255,7 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			.generation = d->generation,
 			.hash = d->hash,
 			.total_allocations = (uint32_t)d->nallocs,
-			.total_metadata = (uint32_t)nm,
+			.total_metadata = (uint32_t)(c->list_meta ? d->nmeta : 0),
 		};
 		int rc = 0;
 		for (size_t i = a0; i < d->nallocs && i < a0 + per; i++) {
@@ -1232,6 +1273,12 @@ static void list_pump(gf_gmsd *d, struct client *c)
 		for (size_t i = m0; i < nm && i < m0 + GMSD_CHUNK_META; i++) {
 			const struct gmeta *e = &d->meta[i];
 			lm[ch.nmeta++] = (struct gf_lc_meta){e->key, e->alloc_id, e->offset, e->value, e->value_len};
+		}
+		/* The blob's fd follows the first chunk's allocation fds (not owned: kept for the next reader). */
+		if (rc == 0 && c->list_blob && k == 0) {
+			ch.metadata_blob_size = d->mblob_size;
+			fds[nfds] = d->mblob_fd;
+			owned[nfds++] = false;
 		}
 		size_t len = 0;
 		if (rc == 0)
@@ -1253,11 +1300,13 @@ static void list_pump(gf_gmsd *d, struct client *c)
 	gf_srv_want_write(d->srv, c->p, false);
 }
 
-static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta)
+static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta, bool blob)
 {
 	c->list_fds = with_fds;
 	c->list_meta = with_meta;
-	size_t nm = c->list_meta ? d->nmeta : 0;
+	/* A reader's committed layout only: a writer's metadata still change. */
+	c->list_blob = with_meta && blob && c->phase == C_READER && meta_blob(d);
+	size_t nm = c->list_meta && !c->list_blob ? d->nmeta : 0;
 	size_t per = chunk_allocs(c), chunks_a = (d->nallocs + per - 1) / per;
 	size_t chunks_m = (nm + GMSD_CHUNK_META - 1) / GMSD_CHUNK_META;
 	c->list_chunks = chunks_a > chunks_m ? chunks_a : chunks_m;
@@ -1275,7 +1324,8 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
 		return;
 	}
-	start_list(d, c, m->seq, m->body.gms_list.with_fds, !m->body.gms_list.without_metadata);
+	start_list(d, c, m->seq, m->body.gms_list.with_fds, !m->body.gms_list.without_metadata,
+		   m->body.gms_list.metadata_blob);
 }
 
 /* A reader going to sleep gives the RO lock back but keeps its session. */
@@ -1933,6 +1983,7 @@ int gf_gmsd_new(gf_gmsd **out)
 	gf_gmsd *d = calloc(1, sizeof(*d));
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
+	d->mblob_fd = -1;
 	static const struct gf_srv_handlers h = {
 		.on_ready = on_ready,
 		.on_message = on_message,

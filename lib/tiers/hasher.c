@@ -66,6 +66,13 @@ static const struct xxh3_ops *pick_ops(void)
 	return &lib_ops;
 }
 
+struct chunk {
+	const void *buf;
+	size_t n;
+	bool fault_in;
+	uint64_t *digest_out; /* the chunk ends a stream: its digest goes here */
+};
+
 struct gms_hasher {
 	const struct xxh3_ops *ops;
 	void *st;
@@ -73,10 +80,9 @@ struct gms_hasher {
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	const void *buf; /* the chunk to hash; NULL when idle */
-	size_t n;
-	bool fault_in;
-	uint64_t *digest_out; /* the chunk ends a stream: its digest goes here */
+	/* chunks submitted and not yet hashed, oldest at head (the one being hashed stays until done) */
+	struct chunk q[GMS_HASHER_QUEUE];
+	unsigned head, pending;
 	bool quit;
 };
 
@@ -97,18 +103,16 @@ static void *hasher_main(void *arg)
 	struct gms_hasher *h = arg;
 	pthread_mutex_lock(&h->lock);
 	for (;;) {
-		while (!h->buf && !h->quit)
+		while (!h->pending && !h->quit)
 			pthread_cond_wait(&h->cond, &h->lock);
-		if (!h->buf)
+		if (!h->pending)
 			break;
-		const void *buf = h->buf;
-		size_t n = h->n;
-		bool fault_in = h->fault_in;
-		uint64_t *out = h->digest_out;
+		struct chunk c = h->q[h->head];
 		pthread_mutex_unlock(&h->lock);
-		hash_chunk(h, buf, n, fault_in, out);
+		hash_chunk(h, c.buf, c.n, c.fault_in, c.digest_out);
 		pthread_mutex_lock(&h->lock);
-		h->buf = NULL;
+		h->head = (h->head + 1) % GMS_HASHER_QUEUE;
+		h->pending--;
 		pthread_cond_broadcast(&h->cond);
 	}
 	pthread_mutex_unlock(&h->lock);
@@ -138,7 +142,7 @@ void gms_hasher_wait(struct gms_hasher *h)
 	if (!h->threaded)
 		return;
 	pthread_mutex_lock(&h->lock);
-	while (h->buf)
+	while (h->pending)
 		pthread_cond_wait(&h->cond, &h->lock);
 	pthread_mutex_unlock(&h->lock);
 }
@@ -167,22 +171,30 @@ void gms_hasher_reset(struct gms_hasher *h)
 	h->ops->reset(h->st);
 }
 
-void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+/* Queue a chunk once fewer than @ahead chunks are still unhashed. */
+static void enqueue(struct gms_hasher *h, unsigned ahead, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
 	if (!h->threaded) {
 		hash_chunk(h, buf, n, fault_in, digest_out);
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
-	while (h->buf)
+	while (h->pending >= ahead)
 		pthread_cond_wait(&h->cond, &h->lock);
-	/* An empty chunk that ends a stream still has to deliver its digest. */
-	h->buf = n ? buf : (const void *)h;
-	h->n = n;
-	h->fault_in = fault_in && n;
-	h->digest_out = digest_out;
+	h->q[(h->head + h->pending) % GMS_HASHER_QUEUE] = (struct chunk){buf, n, fault_in && n, digest_out};
+	h->pending++;
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
+}
+
+void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+{
+	enqueue(h, 1, buf, n, fault_in, digest_out);
+}
+
+void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+{
+	enqueue(h, GMS_HASHER_QUEUE, buf, n, fault_in, digest_out);
 }
 
 void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n)

@@ -33,6 +33,20 @@ void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n);
  * next chunk starts a new stream.
  */
 void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
+/*
+ * Chunks gms_hasher_queue() may have waiting: 8 of GF_MEM_XFER_CHUNK, 64 MiB
+ * of slack, so a hasher held up for a while by a busy second core falls
+ * behind the I/O instead of stopping it.
+ */
+#define GMS_HASHER_QUEUE 8
+/*
+ * As gms_hasher_submit_ex(), but returns as soon as fewer than
+ * GMS_HASHER_QUEUE chunks are waiting: @buf must stay readable and
+ * unchanged until gms_hasher_wait(), gms_hasher_digest() or
+ * gms_hasher_reset() returns (a mapping of the whole source, not a buffer
+ * that is refilled).
+ */
+void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
 /* Wait until every submitted chunk is hashed. */
 void gms_hasher_wait(struct gms_hasher *h);
 /* gms_hasher_wait(), then the digest of the stream so far. */

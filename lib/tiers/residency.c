@@ -193,6 +193,7 @@ void gms_residency_committed(struct gms_residency *r)
 
 void gms_residency_dropped(struct gms_residency *r)
 {
+	gms_tierd_release_source(r->tierd);
 	set_resident(r, GMS_TIER_LOADER);
 }
 
@@ -377,6 +378,7 @@ static void demote_drop(struct gms_residency *r, const struct gms_host_layout *l
 		demote_finish(r, rc, "%s", gf_error_detail());
 		return;
 	}
+	gms_tierd_release_source(r->tierd);
 	memcpy(r->demoted_hash, l->hash, 16);
 	set_resident(r, to);
 	r->demotions++;

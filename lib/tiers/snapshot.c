@@ -234,8 +234,32 @@ static int write_host(int fd, const char *path, uint64_t base, struct gms_manife
 	return rc;
 }
 
-/* Write both files into the open temporary directory @tfd. */
-static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs)
+/*
+ * From a mapping whose page tables are already filled (the GMS keeps one of
+ * the committed layout): nothing to fault in, so each chunk is written at
+ * once and queued for the hasher, which may fall up to GMS_HASHER_QUEUE
+ * chunks behind the writes (a busy second core delays the end, not every
+ * write).
+ */
+static int queue_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last)
+{
+	(void)off;
+	struct write_ahead *w = ud;
+	gms_hasher_queue(w->h, p, n, false, last ? &w->mf->allocs[i].xxh3 : NULL);
+	return write_all(w->fd, p, n, w->path);
+}
+
+static int write_populated(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+{
+	struct write_ahead w = {.fd = fd, .path = path, .mf = mf, .h = h};
+	int rc = each_chunk(mf, base, queue_chunk, &w);
+	gms_hasher_wait(h);
+	return rc;
+}
+
+/* Write both files into the open temporary directory @tfd; from @src when not 0 (host: a populated mapping). */
+static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
+		       uint64_t src)
 {
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s", tmpname, GMS_SNAP_DATA);
@@ -267,11 +291,13 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 	if (rc == 0)
 		rc = gms_hasher_new(&h);
 	if (rc == 0)
-		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READ, &va);
-	if (rc == 0)
 		rc = gf_mem_xfer_new(m, 0, &x);
+	if (rc == 0 && (!src || gf_mem_xfer_staged(x)))
+		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READ, &va);
 	uint64_t at = 0;
-	if (rc == 0 && !gf_mem_xfer_staged(x))
+	if (rc == 0 && src && !gf_mem_xfer_staged(x))
+		rc = write_populated(fd, path, src, mf, h);
+	else if (rc == 0 && !gf_mem_xfer_staged(x))
 		rc = write_host(fd, path, gf_mem_va_addr(va), mf, h);
 	for (size_t i = 0; rc == 0 && gf_mem_xfer_staged(x) && i < mf->nallocs; i++) {
 		struct hash_io io = { .fd = fd, .path = path, .h = h };
@@ -337,6 +363,12 @@ static int install(int pfd, const char *tmpname, const char *base, const char *d
 int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
 		       struct gms_snap_stats *stats)
 {
+	return gms_snapshot_write_from(dir, m, mf, allocs, 0, stats);
+}
+
+int gms_snapshot_write_from(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
+			    uint64_t src, struct gms_snap_stats *stats)
+{
 	if (!dir || !m || !mf || (mf->nallocs && !allocs))
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
 	int64_t t0 = gf_now_us();
@@ -371,7 +403,7 @@ int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_m
 	}
 	int tfd = openat(pfd, tmpname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	rc = tfd < 0 ? file_err(errno, "snapshot: open temporary directory %s", tmpname)
-		     : write_files(tfd, tmpname, m, mf, allocs);
+		     : write_files(tfd, tmpname, m, mf, allocs, src);
 	gf_close(tfd);
 	bool displaced = false;
 	if (rc == 0)
@@ -614,8 +646,9 @@ static int fill_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t
 {
 	struct fill *f = ud;
 	int rc = gf_mem_xfer_fill_from_file(f->x, f->allocs[i], off, f->fd, &f->file_off, n);
+	/* The mapping stays until the hasher is freed: it may fall behind the copy. */
 	if (rc == 0)
-		gms_hasher_submit_ex(f->h, p, n, true, last ? &f->got[i] : NULL);
+		gms_hasher_queue(f->h, p, n, true, last ? &f->got[i] : NULL);
 	return rc;
 }
 

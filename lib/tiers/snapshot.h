@@ -123,6 +123,15 @@ int gms_manifest_format(const struct gms_manifest *mf, char **text, size_t *len)
  */
 int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
 		       struct gms_snap_stats *stats);
+/*
+ * gms_snapshot_write() from @src, the address where @allocs are mapped back
+ * to back with their page tables filled (the GMS's kept mapping, host
+ * backend): no mapping is made and nothing is faulted in, and the checksums
+ * run up to GMS_HASHER_QUEUE chunks behind the writes. @src 0, or a staged
+ * (device) backend, is gms_snapshot_write(). Same errors.
+ */
+int gms_snapshot_write_from(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
+			    uint64_t src, struct gms_snap_stats *stats);
 
 /*
  * Read and check the manifest of the snapshot at @dir and the size of its

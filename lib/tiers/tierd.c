@@ -8,11 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common.h"
 #include "tierd.h"
+#include "xfer.h"
 
 struct gms_tierd {
 	gf_mem *m;     /* the worker's own backend handle: imports never share objects with the server's */
@@ -35,7 +38,89 @@ struct gms_tierd {
 	struct gms_manifest *res_mf;
 	gf_mem_alloc **res_allocs;
 	enum gms_tier res_from;
+	/* Host: the committed layout mapped read-only back to back from the
+	 * job's fds, page tables filled, made by the first job after a commit
+	 * and kept for the next ones (both tiers, a later GmsSnapshot), so no
+	 * snapshot faults its source in. A plain mapping: it holds no fd (the
+	 * GMS's fd budget is one per allocation) but keeps the memory alive, so
+	 * it goes when the GMS drops the layout. Used by the job thread while
+	 * one runs. */
+	uint8_t *src;
+	size_t src_len;
+	ino_t *src_ino; /* the memfds it maps: a later job's layout is the same only with the same memory */
+	size_t src_n;
 };
+
+static void release_source(struct gms_tierd *t)
+{
+	if (t->src)
+		munmap(t->src, t->src_len);
+	free(t->src_ino);
+	t->src = NULL;
+	t->src_ino = NULL;
+	t->src_len = t->src_n = 0;
+}
+
+/* Whether the kept source maps exactly the memfds @fds (@n of them). */
+static bool same_source(const struct gms_tierd *t, const int *fds, size_t n)
+{
+	struct stat st;
+	if (!t->src || t->src_n != n)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (fstat(fds[i], &st) < 0 || st.st_ino != t->src_ino[i])
+			return false;
+	return true;
+}
+
+void gms_tierd_release_source(struct gms_tierd *t)
+{
+	if (t && !t->running)
+		release_source(t);
+}
+
+/*
+ * Map @fds (host memfds of @mf's allocations) read-only back to back and
+ * fill the page tables, on the job's thread; kept for the layout's later
+ * snapshots. 0 when not kept (a device backend, or mmap failed: the
+ * snapshot then maps its own as before).
+ */
+static uint64_t keep_source(struct gms_tierd *t, const struct gms_manifest *mf, const int *fds)
+{
+	struct stat st;
+	ino_t *ino = gf_mem_kind(t->m) == GF_MEM_HOST ? calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ino)) : NULL;
+	size_t total = 0;
+	for (size_t i = 0; ino && i < mf->nallocs; i++) {
+		total += mf->allocs[i].size;
+		if (fstat(fds[i], &st) < 0) {
+			free(ino);
+			return 0;
+		}
+		ino[i] = st.st_ino;
+	}
+	if (!ino)
+		return 0;
+	uint8_t *p = mmap(NULL, total ? total : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED) {
+		free(ino);
+		return 0;
+	}
+	size_t at = 0;
+	for (size_t i = 0; i < mf->nallocs; i++) {
+		if (mmap(p + at, mf->allocs[i].size, PROT_READ, MAP_SHARED | MAP_FIXED, fds[i], 0) == MAP_FAILED) {
+			munmap(p, total);
+			free(ino);
+			return 0;
+		}
+		at += mf->allocs[i].size;
+	}
+	gf_mem_populate((uint64_t)(uintptr_t)p, total, false);
+	t->src = p;
+	t->src_len = total ? total : 1;
+	t->src_ino = ino;
+	t->src_n = mf->nallocs;
+	return (uint64_t)(uintptr_t)p;
+}
 
 static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -116,6 +201,7 @@ void gms_tierd_free(struct gms_tierd *t)
 	gms_tierd_wait(t);
 	if (t->res_mf)
 		gms_snapshot_restored_free(t->res_mf, t->res_allocs);
+	release_source(t);
 	for (int i = 0; i < 3; i++)
 		free(t->dir[i]);
 	close(t->efd);
@@ -222,6 +308,12 @@ static void *job_main(void *arg)
 		  mf->nallocs);
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
 		rc = gf_mem_import(&allocs[i], t->m, t->job_fds[i], mf->allocs[i].size);
+	/* The same memfds in the same order (the committed bytes are sealed): the kept source is this layout's. */
+	uint64_t src = (uint64_t)(uintptr_t)t->src;
+	if (rc == 0 && !same_source(t, t->job_fds, mf->nallocs)) {
+		release_source(t);
+		src = keep_source(t, mf, t->job_fds);
+	}
 	const char *targets[2] = { t->job_dir, NULL };
 	struct gms_place_out pl = { .write_warm = true, .reason = "" };
 	bool to_warm = t->dir[GMS_TIER_WARM] && (!t->job_dir || !strcmp(t->job_dir, t->dir[GMS_TIER_WARM]));
@@ -240,7 +332,7 @@ static void *job_main(void *arg)
 	struct gms_snap_stats st = { 0 };
 	int64_t us = 0;
 	for (int i = 0; rc == 0 && i < 2 && targets[i]; i++) {
-		rc = gms_snapshot_write(targets[i], t->m, mf, allocs, &st);
+		rc = gms_snapshot_write_from(targets[i], t->m, mf, allocs, src, &st);
 		us += st.elapsed_us;
 	}
 	bool placed = to_warm && strcmp(pl.reason, "warm has room") != 0;

@@ -43,6 +43,10 @@ int gms_tierd_get_fd(const struct gms_tierd *t);
  * directory at all), GF_ERR_NOMEM.
  */
 int gms_tierd_snapshot_start(struct gms_tierd *t, const char *dir, struct gms_manifest *mf, int *fds);
+/* The GMS dropped its committed layout: let go of the populated mapping of it
+ * the jobs keep (host), which would otherwise hold its memory. Not while a job
+ * runs (the layout cannot drop then). NULL is a no-op. */
+void gms_tierd_release_source(struct gms_tierd *t);
 /* Whether a job runs. */
 bool gms_tierd_busy(struct gms_tierd *t);
 /* Drain the fd; true when a job finished since the last call (the caller then lets the layout change again). */

@@ -101,7 +101,8 @@ int gf_lc_encode(const struct gf_lc_chunk *c, uint8_t *buf, size_t cap, size_t *
 	body += uint_size(gf_GmsListChunk_last_tag, c->last) + uint_size(gf_GmsListChunk_generation_tag, c->generation) +
 		bytes_size(gf_GmsListChunk_layout_hash_tag, c->hash ? 16 : 0) +
 		uint_size(gf_GmsListChunk_total_allocations_tag, c->total_allocations) +
-		uint_size(gf_GmsListChunk_total_metadata_tag, c->total_metadata);
+		uint_size(gf_GmsListChunk_total_metadata_tag, c->total_metadata) +
+		uint_size(gf_GmsListChunk_metadata_blob_size_tag, c->metadata_blob_size);
 	size_t total = uint_size(gf_Msg_seq_tag, c->seq) + sub_size(gf_Msg_gms_list_chunk_tag, body);
 	if (total > cap)
 		return gf_err(GF_ERR_TOO_BIG, "list chunk: %zu bytes exceed %zu", total, cap);
@@ -129,6 +130,7 @@ int gf_lc_encode(const struct gf_lc_chunk *c, uint8_t *buf, size_t cap, size_t *
 	p = put_bytes(p, gf_GmsListChunk_layout_hash_tag, c->hash, c->hash ? 16 : 0);
 	p = put_uint(p, gf_GmsListChunk_total_allocations_tag, c->total_allocations);
 	p = put_uint(p, gf_GmsListChunk_total_metadata_tag, c->total_metadata);
+	p = put_uint(p, gf_GmsListChunk_metadata_blob_size_tag, c->metadata_blob_size);
 	*len = (size_t)(p - buf);
 	return 0;
 }

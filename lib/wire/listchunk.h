@@ -37,6 +37,7 @@ struct gf_lc_chunk {
 	uint64_t generation;
 	const uint8_t *hash; /* 16 bytes, or NULL for none */
 	uint32_t total_allocations, total_metadata;
+	uint64_t metadata_blob_size; /* 0: none */
 };
 
 /* Encode @c into @buf (@cap bytes); *@len gets the size. GF_ERR_TOO_BIG when

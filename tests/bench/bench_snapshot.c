@@ -1,20 +1,33 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Snapshot and restore throughput on the host backend, per tier directory,
- * against a plain sequential copy of the same bytes to the same place in the
- * same run: a write loop from the same mapped memory into a file beside the
- * snapshot plus fsync (what a snapshot must at least do), and a read loop of
- * that file into a fresh memfd (what a restore must at least do: the host
- * backend's allocations are memfds). Each timed copy starts from the same
- * state (sync, then half a second for the disk), and neither side's figure
- * includes freeing its previous copy. Both reads start with the file out of
- * the page cache (where the file system has one to drop: on tmpfs, WARM,
- * the file is the memory), as a COLD restore after a reboot or on another
- * node reads it from the disk. Every round's times are in the JSON
- * line too: on a virtual disk they can swing several-fold between rounds.
+ * against baselines that do the same work with the same primitive, in the
+ * same run, paired per round:
+ *
+ *   snapshot   gms_snapshot_write_from() of the allocations, from one
+ *              read-only mapping of them whose page tables are filled, as
+ *              the GMS's tier worker keeps it: writes data.bin with O_DIRECT
+ *              on a disk (COLD) and through tmpfs (WARM), then fsync, while
+ *              its helper thread hashes up to 8 chunks behind.
+ *   copy       the same: a write loop from the same populated mapping in
+ *              the same chunks, O_DIRECT where the snapshot uses it, fsync;
+ *              no checksum.
+ *   copy+hash  the copy, then XXH3 of every allocation (the library's
+ *              hasher, waited for): "copy, then xxhsum".
+ *   restore    gms_snapshot_restore(): fresh allocations (memfds) filled
+ *              from data.bin by splice and hashed through a fresh mapping.
+ *   splice     the same file spliced into as many fresh memfds, no checksum.
+ *   splice+hash  the splice, then XXH3 of each memfd through a fresh mapping.
+ *
+ * Each timed copy starts from the same state (sync, half a second for the
+ * disk, memory primed); the reads start with data.bin out of the page cache
+ * where the file system has one (COLD), as after a reboot. The three sides
+ * run in an order that rotates every round. Ratios are throughput ratios
+ * (baseline time / library time): the median of the per-round ratios with
+ * their min and max, so a slow round moves both sides of its pair.
  *
  * usage: bench-snapshot [TOTAL_MIB [NALLOCS [ROUNDS [DIR...]]]]
- *   defaults: 1024 MiB in 256 allocations, 3 rounds, WARM=/dev/shm and
+ *   defaults: 1024 MiB in 256 allocations, 7 rounds, WARM=/dev/shm and
  *   COLD=$TMPDIR (or /tmp). Prints a table, then one JSON line per directory.
  *   Reports; asserts no speed.
  */
@@ -29,6 +42,7 @@
 
 #include "common.h"
 #include "gpufailover.h"
+#include "hasher.h"
 #include "snapshot.h"
 #include "xfer.h"
 
@@ -87,17 +101,53 @@ static void settle(void)
 	prime();
 }
 
-/* Baseline write: the mapped bytes into a new file with a plain write loop,
- * then fsync. Like the snapshot's figure, it excludes freeing the previous
- * copy (unlinked before the clock starts). */
-static int64_t plain_write(const char *path, const uint8_t *p, size_t n)
+struct shape {
+	gf_mem *m;
+	gf_mem_alloc **allocs;
+	size_t n, each;
+};
+
+/* A fresh read-only mapping of every allocation, back to back (as the snapshot makes its own). */
+static gf_mem_va *map_fresh(const struct shape *sh)
+{
+	struct gf_mem_mapping *maps = calloc(sh->n, sizeof(*maps));
+	gf_mem_va *va;
+	int rc = gf_mem_reserve(&va, sh->m, sh->each * sh->n, 0);
+	for (size_t i = 0; i < sh->n; i++)
+		maps[i] = (struct gf_mem_mapping){.offset = i * sh->each, .alloc = sh->allocs[i]};
+	if (rc < 0 || (rc = gf_mem_map_many(va, maps, sh->n, GF_MEM_READ)) < 0)
+		die("map", rc);
+	free(maps);
+	return va;
+}
+
+/* Each allocation's XXH3 over @p, with the library's hasher (waited for). */
+static void hash_each(struct gms_hasher *h, const uint8_t *p, size_t n, size_t each)
+{
+	for (size_t i = 0; i < n; i++) {
+		gms_hasher_reset(h);
+		for (size_t off = 0; off < each; off += GF_MEM_XFER_CHUNK)
+			gms_hasher_submit(h, p + i * each + off, each - off < GF_MEM_XFER_CHUNK ? each - off : GF_MEM_XFER_CHUNK);
+		(void)gms_hasher_digest(h);
+	}
+}
+
+/* Baseline write: the populated mapping @p of the allocations into a new
+ * file in the snapshot's chunks, O_DIRECT off tmpfs like the snapshot,
+ * fsync; with @h, then every allocation hashed. Like the snapshot's figure
+ * it excludes freeing the previous copy (unlinked before the clock starts). */
+static int64_t plain_write(const char *path, const struct shape *sh, const uint8_t *p, struct gms_hasher *h)
 {
 	unlink(path);
 	settle();
 	int64_t t0 = gf_now_us();
+	size_t n = sh->n * sh->each;
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	struct statfs sfs;
 	if (fd < 0)
 		return -1;
+	if (fstatfs(fd, &sfs) == 0 && sfs.f_type != TMPFS_MAGIC)
+		(void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT);
 	for (size_t off = 0; off < n;) {
 		size_t c = n - off < GF_MEM_XFER_CHUNK ? n - off : GF_MEM_XFER_CHUNK;
 		ssize_t w = write(fd, p + off, c);
@@ -109,6 +159,8 @@ static int64_t plain_write(const char *path, const uint8_t *p, size_t n)
 	}
 	fsync(fd);
 	close(fd);
+	if (h)
+		hash_each(h, p, sh->n, sh->each);
 	return gf_now_us() - t0;
 }
 
@@ -129,36 +181,90 @@ static void drop_cache(const char *path)
 	close(fd);
 }
 
-/* Baseline read: that file with a plain read loop into fresh memory of the
- * kind a restore fills on this backend (one memfd, shared mapping). */
-static int64_t plain_read(const char *path, size_t n)
+/* Baseline read: @path spliced into @sh->n fresh memfds of @sh->each bytes
+ * (the restore's allocations on this backend) through a 1 MiB pipe, as the
+ * restore does; with @h, then each memfd hashed through a fresh mapping.
+ * Freeing the memfds is not timed (nor is it on the restore's side). */
+static int64_t plain_read(const char *path, const struct shape *sh, struct gms_hasher *h)
 {
+	int *mfd = calloc(sh->n, sizeof(int));
+	int pp[2];
 	int64_t t0 = gf_now_us();
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int mfd = memfd_create("gf-bench-plain", MFD_CLOEXEC);
-	if (fd < 0 || mfd < 0 || ftruncate(mfd, (off_t)n) < 0)
+	if (fd < 0 || pipe2(pp, O_CLOEXEC) < 0)
 		return -1;
-	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-	close(mfd);
-	if (p == MAP_FAILED)
-		return -1;
-	for (size_t off = 0; off < n;) {
-		size_t c = n - off < GF_MEM_XFER_CHUNK ? n - off : GF_MEM_XFER_CHUNK;
-		ssize_t r = read(fd, p + off, c);
-		if (r <= 0)
-			break;
-		off += (size_t)r;
+	fcntl(pp[1], F_SETPIPE_SZ, 1 << 20);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	loff_t in = 0;
+	for (size_t i = 0; i < sh->n; i++) {
+		mfd[i] = memfd_create("gf-bench-plain", MFD_CLOEXEC);
+		if (mfd[i] < 0 || ftruncate(mfd[i], (off_t)sh->each) < 0)
+			return -1;
+		loff_t out = 0;
+		for (size_t left = sh->each; left;) {
+			size_t c = left < GF_MEM_XFER_CHUNK ? left : GF_MEM_XFER_CHUNK;
+			(void)posix_fadvise(fd, in, (off_t)(2 * c), POSIX_FADV_WILLNEED);
+			ssize_t r = splice(fd, &in, pp[1], NULL, c, SPLICE_F_MOVE);
+			if (r <= 0)
+				return -1;
+			for (ssize_t held = r; held > 0;) {
+				ssize_t w = splice(pp[0], NULL, mfd[i], &out, (size_t)held, SPLICE_F_MOVE);
+				if (w <= 0)
+					return -1;
+				held -= w;
+			}
+			left -= (size_t)r;
+		}
+		if (h) {
+			uint8_t *q = mmap(NULL, sh->each, PROT_READ, MAP_SHARED, mfd[i], 0);
+			if (q == MAP_FAILED)
+				return -1;
+			hash_each(h, q, 1, sh->each);
+			munmap(q, sh->each);
+		}
 	}
+	int64_t us = gf_now_us() - t0;
 	close(fd);
-	munmap(p, n);
-	return gf_now_us() - t0;
+	close(pp[0]);
+	close(pp[1]);
+	gf_close_fds(mfd, sh->n);
+	free(mfd);
+	return us;
+}
+
+struct ratio3 {
+	double med, min, max;
+};
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Throughput ratios base[r] / lib[r] per round: median, min, max. */
+static struct ratio3 paired(const int64_t *lib, const int64_t *base, int n)
+{
+	double q[99];
+	for (int r = 0; r < n; r++)
+		q[r] = lib[r] > 0 ? (double)base[r] / (double)lib[r] : 0;
+	qsort(q, (size_t)n, sizeof(*q), cmp_d);
+	return (struct ratio3){n % 2 ? q[n / 2] : (q[n / 2 - 1] + q[n / 2]) / 2, q[0], q[n - 1]};
+}
+
+static void series(char *out, size_t cap, const int64_t *v, int n)
+{
+	size_t at = 0;
+	out[0] = 0;
+	for (int r = 0; r < n && at < cap; r++)
+		at += (size_t)snprintf(out + at, cap - at, "%s%lld", r ? "," : "", (long long)v[r]);
 }
 
 int main(int argc, char **argv)
 {
 	size_t total = (size_t)(argc > 1 ? atol(argv[1]) : 1024) << 20;
 	size_t nallocs = argc > 2 ? (size_t)atol(argv[2]) : 256;
-	int rounds = argc > 3 ? atoi(argv[3]) : 3;
+	int rounds = argc > 3 ? atoi(argv[3]) : 7;
 	const char *tmp = getenv("TMPDIR");
 	const char *defaults[] = { "/dev/shm", tmp && *tmp ? tmp : "/tmp" };
 	const char *const *dirs = argc > 4 ? (const char *const *)argv + 4 : defaults;
@@ -198,82 +304,100 @@ int main(int argc, char **argv)
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		memcpy(p + i, &x, 8);
 	}
+	/* Filled: every side reads one populated read-only mapping, as the tier worker keeps it. */
+	gf_mem_va_free(va);
+	struct shape sh0 = {.m = m, .allocs = allocs, .n = nallocs, .each = each};
+	gf_mem_va *src_va = map_fresh(&sh0);
+	const uint8_t *src = (const uint8_t *)(uintptr_t)gf_mem_va_addr(src_va);
+	gf_mem_populate((uint64_t)(uintptr_t)src, each * nallocs, false);
 	gms_manifest_layout_hash(mf, mf->layout_hash);
 	prime_bytes = bytes + bytes / 4; /* the copy plus its page cache and metadata */
+	struct shape sh = {.m = m, .allocs = allocs, .n = nallocs, .each = each};
+	struct gms_hasher *h;
+	if ((rc = gms_hasher_new(&h)) < 0)
+		die("hasher", rc);
 
-	printf("%-24s %10s %12s %12s %12s %8s\n", "tier dir", "MiB", "op", "lib GB/s", "plain GB/s", "ratio");
+	printf("%-16s %6s %5s %9s %8s %13s %18s %18s\n", "tier dir", "MiB", "allocs", "op", "lib GB/s", "base GB/s",
+	       "vs copy (min-max)", "vs copy+hash");
 	for (int d = 0; d < ndirs; d++) {
-		char snap[1024], plain[1024];
+		char snap[1024], plain[1024], data[1100];
 		snprintf(snap, sizeof(snap), "%s/gf-bench-snapshot-%ld", dirs[d], (long)getpid());
 		snprintf(plain, sizeof(plain), "%s/gf-bench-plain-%ld", dirs[d], (long)getpid());
-		int64_t sw[99], pw[99], sr[99], pr[99];
+		snprintf(data, sizeof(data), "%s/%s", snap, GMS_SNAP_DATA);
+		int64_t sw[99], pw[99], hw[99], sr[99], pr[99], hr[99];
 		for (int r = 0; r < rounds; r++) {
-			/* Alternate the order so neither side always gets the warmer cache,
-			 * and start each timed copy with no dirty pages left by the one
-			 * before (sync, untimed): on a disk, write-back of the previous
-			 * gigabyte otherwise lands on whichever copy runs second. */
-			struct gms_snap_stats st;
-			if (r % 2)
-				pw[r] = plain_write(plain, p, bytes);
-			settle();
-			if ((rc = gms_snapshot_write(snap, m, mf, allocs, &st)) < 0)
-				die("snapshot", rc);
-			sw[r] = st.elapsed_us;
-			if (!(r % 2))
-				pw[r] = plain_write(plain, p, bytes);
-			settle();
-
-			struct gms_manifest *back;
-			gf_mem_alloc **got;
-			char data[1100];
-			snprintf(data, sizeof(data), "%s/%s", snap, GMS_SNAP_DATA);
-			drop_cache(data);
-			drop_cache(plain);
-			prime();
-			if (r % 2) {
-				pr[r] = plain_read(plain, bytes);
-				prime();
+			/* The three sides in an order that rotates every round, so none
+			 * always runs first after the pause or on the warmer cache; each
+			 * starts with no dirty pages left by the one before. */
+			for (int k = 0; k < 3; k++) {
+				int side = (k + r) % 3;
+				struct gms_snap_stats st;
+				if (side == 0) {
+					settle();
+					if ((rc = gms_snapshot_write_from(snap, m, mf, allocs, (uint64_t)(uintptr_t)src, &st)) < 0)
+						die("snapshot", rc);
+					sw[r] = st.elapsed_us;
+				} else {
+					int64_t *t = side == 1 ? pw : hw;
+					t[r] = plain_write(plain, &sh, src, side == 1 ? NULL : h);
+				}
 			}
-			if ((rc = gms_snapshot_restore(snap, m, &back, &got, &st)) < 0)
-				die("restore", rc);
-			sr[r] = st.elapsed_us;
-			gms_snapshot_restored_free(back, got);
-			if (!(r % 2)) {
-				prime();
-				pr[r] = plain_read(plain, bytes);
+			for (int k = 0; k < 3; k++) {
+				int side = (k + r) % 3;
+				drop_cache(data);
+				settle();
+				if (side == 0) {
+					struct gms_snap_stats st;
+					struct gms_manifest *back;
+					gf_mem_alloc **got;
+					if ((rc = gms_snapshot_restore(snap, m, &back, &got, &st)) < 0)
+						die("restore", rc);
+					sr[r] = st.elapsed_us;
+					gms_snapshot_restored_free(back, got);
+				} else {
+					int64_t *t = side == 1 ? pr : hr;
+					t[r] = plain_read(data, &sh, side == 1 ? NULL : h);
+				}
 			}
-			if (pw[r] < 0 || pr[r] < 0) {
+			if (pw[r] < 0 || hw[r] < 0 || pr[r] < 0 || hr[r] < 0) {
 				fprintf(stderr, "bench-snapshot: plain copy in %s failed\n", dirs[d]);
 				return 1;
 			}
 		}
-		char per[4][99 * 12];
-		const int64_t *series[4] = {sw, pw, sr, pr};
-		for (int k = 0; k < 4; k++) {
-			size_t at = 0;
-			for (int r = 0; r < rounds; r++)
-				at += (size_t)snprintf(per[k] + at, sizeof(per[k]) - at, "%s%lld", r ? "," : "", (long long)series[k][r]);
-		}
-		int64_t msw = median(sw, rounds), mpw = median(pw, rounds), msr = median(sr, rounds), mpr = median(pr, rounds);
-		printf("%-24s %10zu %12s %12.2f %12.2f %8.2f\n", dirs[d], bytes >> 20, "snapshot", gbps(bytes, msw),
-		       gbps(bytes, mpw), (double)mpw / (double)msw);
-		printf("%-24s %10zu %12s %12.2f %12.2f %8.2f\n", dirs[d], bytes >> 20, "restore", gbps(bytes, msr),
-		       gbps(bytes, mpr), (double)mpr / (double)msr);
+		struct ratio3 wc = paired(sw, pw, rounds), wh = paired(sw, hw, rounds), rc_ = paired(sr, pr, rounds),
+			      rh = paired(sr, hr, rounds);
+		char per[6][99 * 12];
+		const int64_t *all[6] = {sw, pw, hw, sr, pr, hr};
+		for (int k = 0; k < 6; k++)
+			series(per[k], sizeof(per[k]), all[k], rounds);
+		int64_t msw = median(sw, rounds), mpw = median(pw, rounds), mhw = median(hw, rounds),
+			msr = median(sr, rounds), mpr = median(pr, rounds), mhr = median(hr, rounds);
+		printf("%-16s %6zu %5zu %9s %8.2f %6.2f/%6.2f %6.2f (%.2f-%.2f) %6.2f (%.2f-%.2f)\n", dirs[d], bytes >> 20,
+		       nallocs, "snapshot", gbps(bytes, msw), gbps(bytes, mpw), gbps(bytes, mhw), wc.med, wc.min, wc.max,
+		       wh.med, wh.min, wh.max);
+		printf("%-16s %6zu %5zu %9s %8.2f %6.2f/%6.2f %6.2f (%.2f-%.2f) %6.2f (%.2f-%.2f)\n", dirs[d], bytes >> 20,
+		       nallocs, "restore", gbps(bytes, msr), gbps(bytes, mpr), gbps(bytes, mhr), rc_.med, rc_.min, rc_.max,
+		       rh.med, rh.min, rh.max);
 		printf("{\"dir\": \"%s\", \"bytes\": %zu, \"allocations\": %zu, \"rounds\": %d, "
-		       "\"snapshot_us\": %lld, \"plain_write_us\": %lld, \"restore_us\": %lld, \"plain_read_us\": %lld, "
-		       "\"snapshot_gbps\": %.3f, \"plain_write_gbps\": %.3f, \"restore_gbps\": %.3f, \"plain_read_gbps\": %.3f, "
-		       "\"snapshot_ratio\": %.3f, \"restore_ratio\": %.3f, \"snapshot_rounds_us\": [%s], "
-		       "\"plain_write_rounds_us\": [%s], \"restore_rounds_us\": [%s], \"plain_read_rounds_us\": [%s]}\n",
-		       dirs[d], bytes, nallocs, rounds, (long long)msw, (long long)mpw, (long long)msr, (long long)mpr,
-		       gbps(bytes, msw), gbps(bytes, mpw), gbps(bytes, msr), gbps(bytes, mpr), (double)mpw / (double)msw,
-		       (double)mpr / (double)msr, per[0], per[1], per[2], per[3]);
+		       "\"snapshot_us\": %lld, \"copy_write_us\": %lld, \"copy_hash_write_us\": %lld, "
+		       "\"restore_us\": %lld, \"splice_read_us\": %lld, \"splice_hash_read_us\": %lld, "
+		       "\"snapshot_vs_copy\": %.3f, \"snapshot_vs_copy_min\": %.3f, \"snapshot_vs_copy_max\": %.3f, "
+		       "\"snapshot_vs_copy_hash\": %.3f, \"snapshot_vs_copy_hash_min\": %.3f, \"snapshot_vs_copy_hash_max\": %.3f, "
+		       "\"restore_vs_splice\": %.3f, \"restore_vs_splice_min\": %.3f, \"restore_vs_splice_max\": %.3f, "
+		       "\"restore_vs_splice_hash\": %.3f, \"restore_vs_splice_hash_min\": %.3f, \"restore_vs_splice_hash_max\": %.3f, "
+		       "\"snapshot_rounds_us\": [%s], \"copy_write_rounds_us\": [%s], \"copy_hash_write_rounds_us\": [%s], "
+		       "\"restore_rounds_us\": [%s], \"splice_read_rounds_us\": [%s], \"splice_hash_read_rounds_us\": [%s]}\n",
+		       dirs[d], bytes, nallocs, rounds, (long long)msw, (long long)mpw, (long long)mhw, (long long)msr,
+		       (long long)mpr, (long long)mhr, wc.med, wc.min, wc.max, wh.med, wh.min, wh.max, rc_.med, rc_.min,
+		       rc_.max, rh.med, rh.min, rh.max, per[0], per[1], per[2], per[3], per[4], per[5]);
 		fflush(stdout);
 		char cmd[2200];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", snap, plain);
 		if (system(cmd) != 0)
 			fprintf(stderr, "bench-snapshot: could not remove %s\n", snap);
 	}
-	gf_mem_va_free(va);
+	gms_hasher_free(h);
+	gf_mem_va_free(src_va);
 	for (size_t i = 0; i < nallocs; i++)
 		gf_mem_alloc_free(allocs[i]);
 	free(allocs);

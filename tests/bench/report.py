@@ -36,7 +36,10 @@ def main():
     ap.add_argument("--waiters", type=int, default=10000)
     ap.add_argument("--standbys", type=int, default=1000)
     ap.add_argument("--snapshot-mib", type=int, default=1024)
-    ap.add_argument("--snapshot-allocs", type=int, default=256)
+    # 1 GiB of weights in 256 x 4 MiB and in 16 x 64 MiB allocations
+    ap.add_argument("--snapshot-allocs", type=int, nargs="+", default=[256, 16])
+    # Rounds of the paired GMS benchmarks (map/wake, snapshot/restore): ratios are medians of per-round ratios.
+    ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     b = pathlib.Path(a.build)
     rows, raw = [], {}
@@ -89,29 +92,41 @@ def main():
             e["waiter_rss_bytes"], None, "etcdctl lock", e["etcdctl_waiter_rss_bytes"],
             round(e["waiter_rss_bytes"] / e["etcdctl_waiter_rss_bytes"], 2), unit="bytes")
 
-    print("running GMS remap vs raw fd receive+mmap ...", file=sys.stderr)
-    gms = json_lines([b / "tests/bench/bench-gms"], 900)
+    print("running GMS first map and wake vs raw fd receive+mmap(+populate) ...", file=sys.stderr)
+    gms = json_lines([b / "tests/bench/bench-gms", "-r", a.rounds], 900)
     raw["gms"] = gms
-    for g in gms:
-        row("gms remap (kept handles)", f"N={g['allocations']} M={g['metadata']} ({g['remap_round_trips']} round trips)",
-            g["remap_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_vs_raw"])
-        row("gms remap (handles released)",
-            f"N={g['allocations']} M={g['metadata']} ({g['remap_released_round_trips']} round trips)",
-            g["remap_released_us"], None, "fd recv+mmap", g["raw_fd_recv_mmap_us"], g["remap_released_vs_raw"])
 
-    print("running GMS snapshot/restore (WARM /dev/shm, COLD $TMPDIR) vs a plain write/read loop ...", file=sys.stderr)
-    snaps = json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, a.snapshot_allocs, 5], 1800)
+    def spread(d, key):
+        return f"{d[key]:.2f}x [{d[key + '_min']:.2f}-{d[key + '_max']:.2f}]"
+
+    for g in gms:
+        shape = f"N={g['allocations']}x{g['alloc_bytes'] >> 10}KiB M={g['metadata']}"
+        # Ratios: median of the per-round ratios (library / raw of the same round), [min-max] in the case.
+        row("gms first map (map_all)", f"{shape}, {spread(g, 'map_all_vs_raw')}", g["map_all_us"], None,
+            "fd recv+mmap", g["raw_us"], round(g["map_all_vs_raw"], 2))
+        row("gms wake (kept handles)", f"{shape}, {spread(g, 'remap_vs_raw')}", g["remap_us"], None,
+            "recv+mmap+populate", g["raw_populated_us"], round(g["remap_vs_raw"], 2))
+        row("gms wake (released)+prefault", f"{shape}, {spread(g, 'remap_released_vs_raw')}", g["remap_released_us"],
+            None, "recv+mmap+populate", g["raw_populated_us"], round(g["remap_released_vs_raw"], 2))
+
+    print("running GMS snapshot/restore (WARM /dev/shm, COLD $TMPDIR) vs the same copy without and with a hash ...",
+          file=sys.stderr)
+    snaps = []
+    for nallocs in a.snapshot_allocs:
+        snaps += json_lines([b / "tests/bench/bench-snapshot", a.snapshot_mib, nallocs, a.rounds], 3600)
     raw["snapshot"] = snaps
     for t in snaps:
         tier = "WARM" if t["dir"].startswith("/dev/shm") else "COLD"
         size = f"{t['bytes'] >> 20} MiB/{t['allocations']} allocs"
-        # Time ratios like every other row; throughput ratio = 1 / ratio (goal >= 0.9).
-        row(f"gms snapshot {tier}", f"{size}, {t['snapshot_gbps']:.2f} vs {t['plain_write_gbps']:.2f} GB/s",
-            t["snapshot_us"], None, "write loop+fsync", t["plain_write_us"],
-            round(t["snapshot_us"] / t["plain_write_us"], 2) if t["plain_write_us"] else None)
-        row(f"gms restore {tier}", f"{size}, {t['restore_gbps']:.2f} vs {t['plain_read_gbps']:.2f} GB/s",
-            t["restore_us"], None, "read loop", t["plain_read_us"],
-            round(t["restore_us"] / t["plain_read_us"], 2) if t["plain_read_us"] else None)
+        # Time ratios like every other row (median of the per-round ones, paired);
+        # the case shows the throughput ratios (goals: >= 0.9x the copy, >= 1.0x copy+hash).
+        for op, lib, base, base_name, key in (
+                ("snapshot", "snapshot_us", "copy_write_us", "write+fsync", "snapshot_vs_copy"),
+                ("snapshot", "snapshot_us", "copy_hash_write_us", "write+fsync+xxh3", "snapshot_vs_copy_hash"),
+                ("restore", "restore_us", "splice_read_us", "splice", "restore_vs_splice"),
+                ("restore", "restore_us", "splice_hash_read_us", "splice+xxh3", "restore_vs_splice_hash")):
+            row(f"gms {op} {tier}", f"{size}, throughput {spread(t, key)}", t[lib], None, base_name, t[base],
+                round(1 / t[key], 2) if t[key] else None)
 
     print(f"running the failover demo {a.demo_runs} times ...", file=sys.stderr)
     runs = []

@@ -86,6 +86,32 @@ static void test_digest_out_and_fault_in(void **state)
 	free(src);
 }
 
+/* Queued chunks (up to GMS_HASHER_QUEUE waiting, the ring wrapping many
+ * times) hash in order: each stream's digest_out is its one-shot XXH3. */
+static void test_queue_deep(void **state)
+{
+	(void)state;
+	uint8_t *p = random_bytes(7060000);
+	uint64_t got[40], want[40];
+	struct gms_hasher *h;
+	assert_int_equal(gms_hasher_new(&h), 0);
+	size_t at = 0;
+	for (int k = 0; k < 40; k++) {
+		size_t n = 1000 + (size_t)k * 9000, piece = 1 + (size_t)k * 1111;
+		want[k] = XXH3_64bits(p + at, n);
+		for (size_t off = 0; off < n; off += piece) {
+			size_t c = n - off < piece ? n - off : piece;
+			gms_hasher_queue(h, p + at + off, c, k % 2 == 0, off + c == n ? &got[k] : NULL);
+		}
+		at += n;
+	}
+	gms_hasher_wait(h);
+	for (int k = 0; k < 40; k++)
+		assert_true(got[k] == want[k]);
+	gms_hasher_free(h);
+	free(p);
+}
+
 static void test_avx2_build_equals_library(void **state)
 {
 	(void)state;
@@ -114,6 +140,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stream_equals_oneshot),
 		cmocka_unit_test(test_digest_out_and_fault_in),
+		cmocka_unit_test(test_queue_deep),
 		cmocka_unit_test(test_avx2_build_equals_library),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);

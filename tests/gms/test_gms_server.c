@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "gms_internal.h"
+#include "metablob.h"
 #include "gmstest.h"
 #include "testutil.h"
 #include "wire.h"
@@ -169,10 +170,11 @@ static void test_load_commit_read(void **state)
 	assert_non_null(strstr(j, "\"state\":\"COMMITTED\""));
 	free(j);
 	/* nothing leaked: only the (in-process) server still holds its 3 allocations, each with the
-	 * read-only description it lends to readers, once it has also seen the status connection close */
-	for (int i = 0; i < 200 && tu_count_fds() != fds0 + 6; i++)
+	 * read-only description it lends to readers, and the sealed metadata blob it lends them too,
+	 * once it has also seen the status connection close */
+	for (int i = 0; i < 200 && tu_count_fds() != fds0 + 7; i++)
 		usleep(5000);
-	assert_int_equal(tu_count_fds(), fds0 + 6);
+	assert_int_equal(tu_count_fds(), fds0 + 7);
 }
 
 static void test_timeouts(void **state)
@@ -483,6 +485,87 @@ static void test_bad_input(void **state)
 	gf_gms *g = load(srv.uri, GF_GMS_RW, 1, MiB, 1, 3);
 	check_bytes(g, 3);
 	gf_gms_free(g);
+}
+
+/* Receive a list reply on @r: entries and fds counted, the blob size of its first chunk. */
+static void raw_list(struct raw *r, bool blob, size_t *nmeta, size_t *nfds, uint64_t *blob_size, int *blob_fd)
+{
+	memset(r->m, 0, sizeof(*r->m));
+	r->m->which_body = gf_Msg_gms_list_tag;
+	r->m->body.gms_list.metadata_blob = blob;
+	OK(gf_msg_send(r->fd, r->m, NULL, 0, gf_deadline_from_ms(2000)));
+	*nmeta = *nfds = 0;
+	*blob_size = 0;
+	*blob_fd = -1;
+	for (bool first = true;; first = false) {
+		int *fds = NULL;
+		size_t n = 0;
+		OK(gf_msg_recv(&r->rd, r->fd, r->m, &fds, &n, gf_deadline_from_ms(2000)));
+		assert_int_equal(r->m->which_body, gf_Msg_gms_list_chunk_tag);
+		const gf_GmsListChunk *ch = &r->m->body.gms_list_chunk;
+		*nmeta += ch->metadata_count;
+		*nfds += n;
+		if (first && ch->metadata_blob_size) {
+			*blob_size = ch->metadata_blob_size;
+			*blob_fd = fds[n - 1];
+			fds[n - 1] = -1;
+		} else {
+			assert_int_equal(ch->metadata_blob_size, 0);
+		}
+		gf_close_fds(fds, n);
+		free(fds);
+		if (ch->last)
+			break;
+	}
+}
+
+/* A reader that asks gets the metadata as one sealed memfd; one that does not (an older client) in chunks. */
+static void test_metadata_blob(void **state)
+{
+	(void)state;
+	gf_gms *w;
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_allocate(w, MiB, "a", NULL));
+	for (int k = 0; k < 100; k++) {
+		char key[32];
+		snprintf(key, sizeof(key), "k%05d", k);
+		OK(gf_gms_put_meta(w, key, 1, (uint64_t)k, key, strlen(key)));
+	}
+	OK(gf_gms_commit(w, NULL));
+	struct raw r;
+	raw_open(&r, true);
+	memset(r.m, 0, sizeof(*r.m));
+	r.m->which_body = gf_Msg_gms_connect_tag;
+	r.m->body.gms_connect.mode = gf_GmsMode_GMS_MODE_RO;
+	r.m->body.gms_connect.timeout_ms = 1000;
+	assert_int_equal(raw_call(&r), 0);
+	size_t nmeta, nfds;
+	uint64_t size;
+	int bfd;
+	raw_list(&r, false, &nmeta, &nfds, &size, &bfd);
+	assert_int_equal(nmeta, 100);
+	assert_int_equal(nfds, 0);
+	assert_int_equal(size, 0);
+	raw_list(&r, true, &nmeta, &nfds, &size, &bfd);
+	assert_int_equal(nmeta, 0);
+	assert_int_equal(nfds, 1);
+	assert_true(size > GF_MB_HEADER);
+	uint8_t *buf;
+	OK(gf_mb_read_fd(bfd, size, &buf));
+	assert_true(write(bfd, "x", 1) < 0);
+	close(bfd);
+	free(buf);
+	raw_close(&r);
+	/* the library's reader takes the blob */
+	gf_gms *rd;
+	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_map_all(rd));
+	assert_int_equal(gf_gms_meta_count(rd), 100);
+	struct gf_gms_meta me;
+	OK(gf_gms_meta_get(rd, "k00042", &me));
+	assert_int_equal(me.offset, 42);
+	gf_gms_free(rd);
+	gf_gms_free(w);
 }
 
 /* A reader that asks for a big list and stops reading costs its connection, not the loop. */
@@ -1067,6 +1150,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_metadata_blob, setup, teardown),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

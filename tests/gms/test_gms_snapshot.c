@@ -206,6 +206,48 @@ static void test_round_trip(void **state)
 	restore_matches(dir, 1);
 }
 
+/* From a populated mapping of the layout (what the tier worker keeps): the same snapshot, verified and restored. */
+static void test_write_from_populated(void **state)
+{
+	(void)state;
+	struct layout *l = make_layout(3);
+	struct gf_mem_mapping *maps = calloc(l->n, sizeof(*maps));
+	uint64_t total = 0;
+	for (size_t i = 0; i < l->n; i++) {
+		maps[i] = (struct gf_mem_mapping){.offset = total, .alloc = l->allocs[i]};
+		total += gf_mem_alloc_size(l->allocs[i]);
+	}
+	gf_mem_va *va;
+	assert_int_equal(gf_mem_reserve(&va, l->m, total, 0), 0);
+	assert_int_equal(gf_mem_map_many(va, maps, l->n, GF_MEM_READ), 0);
+	if (kind == GF_MEM_HOST)
+		gf_mem_populate(gf_mem_va_addr(va), total, false);
+	const char *dir = path_in("from");
+	struct gms_snap_stats st = {0};
+	int rc = gms_snapshot_write_from(dir, l->m, l->mf, l->allocs, gf_mem_va_addr(va), &st);
+	if (rc < 0)
+		fail_msg("snapshot write_from: %s: %s", gf_error_name(rc), gf_error_detail());
+	assert_int_equal(st.bytes, total);
+	gf_mem_va_free(va);
+	free(maps);
+	assert_int_equal(gms_snapshot_verify(dir, NULL), 0);
+	free_layout(l);
+	restore_matches(dir, 3);
+}
+
+/* Mappings of the host backend's memfds in this process (the tier worker's kept source among them). */
+static int memfd_mappings(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "/memfd:gf-mem") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* A second snapshot replaces the first whole; a directory that is no snapshot is never replaced. */
 static void test_replace(void **state)
 {
@@ -591,6 +633,21 @@ static void test_tier_worker(void **state)
 		fail_msg("snapshot job: %s: %s", gms_phase_name(op.phase), op.reason);
 	assert_non_null(strstr(op.reason, "cold"));
 	assert_true(op.bytes > 2 * GF_MEM_XFER_CHUNK);
+	/* Host: the worker keeps the layout mapped, populated, for the next snapshot of it (another
+	 * directory here), and lets go when told the layout dropped. */
+	if (kind == GF_MEM_HOST) {
+		int kept = memfd_mappings();
+		assert_true(kept >= (int)l->n);
+		job_of(l, &mf, &fds);
+		assert_int_equal(gms_tierd_snapshot_start(t, path_in("again"), mf, fds), 0);
+		wait_job(t);
+		gms_tierd_op(t, &op);
+		assert_int_equal(op.phase, GMS_PHASE_CHECKPOINTED);
+		assert_int_equal(memfd_mappings(), kept);
+		assert_int_equal(gms_snapshot_verify(path_in("again"), NULL), 0);
+		gms_tierd_release_source(t);
+		assert_true(memfd_mappings() < kept);
+	}
 	struct gms_snap_probe pw, pc;
 	gms_tierd_probe(t, GMS_TIER_WARM, &pw);
 	gms_tierd_probe(t, GMS_TIER_COLD, &pc);
@@ -671,6 +728,7 @@ int main(int argc, char **argv)
 	}
 	struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_write_from_populated),
 		cmocka_unit_test(test_replace),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_killed_writer),
