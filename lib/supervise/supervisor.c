@@ -220,12 +220,12 @@ static int cfg_known_keys(json_t *obj, const char *where, const char *const *key
 
 static int cfg_periods(json_t *obj, const char *where, struct gf_sv_periods *p)
 {
-	static const char *const keys[] = { "admission",    "warmup",
-					    "failure_grace", "retry_pause",
-					    "retry_limit",  "term_grace",
-					    "revoke_grace", "deletion_on_failure_grace",
-					    "forceful_grace", "stable",
-					    "maximum",      NULL };
+	/* forceful_grace: revoke_grace's deprecated name, read below. */
+	static const char *const keys[] = { "admission",      "warmup",       "failure_grace",
+					    "retry_pause",    "retry_limit",  "term_grace",
+					    "revoke_grace",   "deletion_on_failure_grace",
+					    "forceful_grace", "stable",       "maximum",
+					    NULL };
 	struct {
 		const char *key;
 		int64_t *v;
