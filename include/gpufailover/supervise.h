@@ -10,18 +10,20 @@
  * group, revoke the lock; docs/supervisor.md has its states).
  * `gf-supervise` is a thin main() around it.
  *
- * The periods and their defaults follow AppWrapper's (docs/supervisor.md):
- * | period            | default | meaning |
+ * The periods and their defaults follow AppWrapper's (docs/supervisor.md maps
+ * each to AppWrapper's name):
+ * | period                    | default | meaning |
  * |---|---|---|
- * | admission         | 60 s    | spawn → the probe server answers at all |
- * | warmup            | 5 min   | spawn → /startup says 200 (Standby or Active reached) |
- * | failure_grace     | 60 s    | a failing probe (or a missed deadline) must persist this long |
- * | retry_pause       | 90 s    | pause between a reset and the next start |
- * | retry_limit       | 3       | resets allowed before Failed (0: never restart) |
- * | term_grace        | 30 s    | SIGTERM → SIGKILL of the process group |
- * | forceful_grace    | 10 min  | SIGKILL → confirmed exit; then the lock is revoked |
- * | stable            | 10 min  | healthy this long resets the retry counter |
- * | maximum           | 24 h    | clamps every other period |
+ * | admission                 | 60 s    | spawn → the probe server answers at all |
+ * | warmup                    | 5 min   | spawn → /startup says 200 (Standby or Active reached) |
+ * | failure_grace             | 60 s    | a failing probe, a missed deadline or an exit must persist this long before the reset |
+ * | retry_pause               | 90 s    | pause between a reset and the next start |
+ * | retry_limit               | 3       | resets allowed before Failed (0: never restart) |
+ * | deletion_on_failure_grace | 0       | a failure with no retry left: the process is kept (state held) this long before SIGTERM |
+ * | term_grace                | 30 s    | SIGTERM → SIGKILL of the process group (AppWrapper's ForcefulDeletionGracePeriod) |
+ * | revoke_grace              | 10 min  | SIGKILL → confirmed exit; then the lock is revoked (`forceful_grace`: its deprecated name) |
+ * | stable                    | 10 min  | healthy this long resets the retry counter |
+ * | maximum                   | 24 h    | clamps every other period |
  */
 #ifndef GPUFAILOVER_SUPERVISE_H
 #define GPUFAILOVER_SUPERVISE_H

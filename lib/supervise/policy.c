@@ -14,14 +14,17 @@
 
 void gf_sv_periods_default(struct gf_sv_periods *p)
 {
-	/* AppWrapper's defaults, plus our own term and stable periods (docs/design.md, decision 23). */
+	/* AppWrapper's defaults, plus our own revoke and stable periods (docs/design.md, decision 23);
+	 * term_grace is AppWrapper's ForcefulDeletionGracePeriod, shorter (docs/supervisor.md says why). */
 	p->admission_ms = 60 * MS;
 	p->warmup_ms = 5 * 60 * MS;
 	p->failure_grace_ms = 60 * MS;
 	p->retry_pause_ms = 90 * MS;
 	p->retry_limit = 3;
 	p->term_grace_ms = 30 * MS;
-	p->forceful_grace_ms = 10 * 60 * MS;
+	p->revoke_grace_ms = 10 * 60 * MS;
+	/* AppWrapper's default too: a failed engine is cleaned up at once, never left holding the lock. */
+	p->deletion_on_failure_grace_ms = 0;
 	p->stable_ms = 10 * 60 * MS;
 	p->maximum_ms = 24 * 60 * 60 * MS;
 }
@@ -34,7 +37,8 @@ int gf_sv_periods_validate(struct gf_sv_periods *p, char *note, size_t note_len)
 	} f[] = {
 		{ "admission", &p->admission_ms },         { "warmup", &p->warmup_ms },
 		{ "failure_grace", &p->failure_grace_ms }, { "retry_pause", &p->retry_pause_ms },
-		{ "term_grace", &p->term_grace_ms },       { "forceful_grace", &p->forceful_grace_ms },
+		{ "term_grace", &p->term_grace_ms },       { "revoke_grace", &p->revoke_grace_ms },
+		{ "deletion_on_failure_grace", &p->deletion_on_failure_grace_ms },
 		{ "stable", &p->stable_ms },
 	};
 	if (note && note_len)
@@ -70,7 +74,7 @@ const char *gf_sv_state_name(int state)
 		[GF_SV_STOPPED] = "stopped",         [GF_SV_STARTING] = "starting", [GF_SV_WARMING] = "warming",
 		[GF_SV_RUNNING] = "running",         [GF_SV_UNHEALTHY] = "unhealthy",
 		[GF_SV_TERMINATING] = "terminating", [GF_SV_KILLING] = "killing",   [GF_SV_PAUSED] = "paused",
-		[GF_SV_FAILED] = "failed",           [GF_SV_SUCCEEDED] = "succeeded",
+		[GF_SV_FAILED] = "failed",           [GF_SV_SUCCEEDED] = "succeeded", [GF_SV_HELD] = "held",
 	};
 	if (state < 0 || (size_t)state >= GF_ARRAY_SIZE(names) || !names[state])
 		return "unknown";
@@ -133,13 +137,33 @@ static int is_terminal(int status, const int *terminal, size_t n)
 	return 0;
 }
 
+/* The reset after a failure whose process is gone: count a retry and pause
+ * (or restart at once), or Failed when no retry is left. */
+static int reset_after(struct gf_sv_engine *e, const struct gf_sv_periods *p, int64_t now, const char *what)
+{
+	if (e->retries >= p->retry_limit) {
+		enter(e, GF_SV_FAILED, now, "retry limit %" PRId64 " reached (last: %s)", p->retry_limit, what);
+		return 0;
+	}
+	e->retries++;
+	if (p->retry_pause_ms == 0) {
+		int act = spawn(e, now);
+		snprintf(e->reason, sizeof(e->reason), "restarted (retry %" PRId64 "/%" PRId64 ") after %s",
+			 e->retries, p->retry_limit, what);
+		return act;
+	}
+	enter(e, GF_SV_PAUSED, now, "retry %" PRId64 "/%" PRId64 " after %s", e->retries, p->retry_limit, what);
+	return 0;
+}
+
 /* The current process is gone (exited, failed to start, or given up on after
  * revocation): decide between restart, pause and the end states. @planned:
- * the exit is the switchover's own (see GF_SV_EV_EXITED). */
-static int after_exit(struct gf_sv_engine *e, const struct gf_sv_periods *p, int cls, int planned, int64_t now,
-		      const char *what)
+ * the exit is the switchover's own (see GF_SV_EV_EXITED). @graced: a
+ * retryable failure waits the failure grace before its reset. */
+static int after_exit(struct gf_sv_engine *e, const struct gf_sv_periods *p, int cls, int planned, int graced,
+		      int64_t now, const char *what)
 {
-	int reset = e->state == GF_SV_TERMINATING || e->state == GF_SV_KILLING;
+	int reset = e->state == GF_SV_TERMINATING || e->state == GF_SV_KILLING || e->state == GF_SV_HELD;
 	e->alive = 0;
 	e->planned = 0;
 	e->last_exit_class = cls;
@@ -162,19 +186,16 @@ static int after_exit(struct gf_sv_engine *e, const struct gf_sv_periods *p, int
 		enter(e, GF_SV_SUCCEEDED, now, "exited successfully (%s)", what);
 		return 0;
 	}
-	if (e->retries >= p->retry_limit) {
-		enter(e, GF_SV_FAILED, now, "retry limit %" PRId64 " reached (last: %s)", p->retry_limit, what);
+	/* AppWrapper acts on a failed pod only after the failure grace, like on
+	 * any other failure; the grace runs from the first sign of failure (an
+	 * exit while already Unhealthy keeps its start). After the supervisor's
+	 * own SIGTERM or SIGKILL that grace is already spent. */
+	if (graced && !reset && p->failure_grace_ms > 0) {
+		snprintf(e->exit_what, sizeof(e->exit_what), "%s", what);
+		enter(e, GF_SV_UNHEALTHY, now, "%s; failure grace before the reset", what);
 		return 0;
 	}
-	e->retries++;
-	if (p->retry_pause_ms == 0) {
-		int act = spawn(e, now);
-		snprintf(e->reason, sizeof(e->reason), "restarted (retry %" PRId64 "/%" PRId64 ") after %s",
-			 e->retries, p->retry_limit, what);
-		return act;
-	}
-	enter(e, GF_SV_PAUSED, now, "retry %" PRId64 "/%" PRId64 " after %s", e->retries, p->retry_limit, what);
-	return 0;
+	return reset_after(e, p, now, what);
 }
 
 static int unhealthy(struct gf_sv_engine *e, int64_t now, const char *why)
@@ -206,7 +227,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			return 0;
 		e->last_exit_status = -1;
 		e->last_exit_signal = 0;
-		return after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, now_us, "spawn failed");
+		return after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, 0, now_us, "spawn failed");
 
 	case GF_SV_EV_EXITED: {
 		if (!e->alive)
@@ -229,11 +250,11 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 		 * pause and limit like any other. */
 		int planned = e->planned && exit_signal == 0 &&
 			      (exit_status == GF_ENGINE_EXIT_SWITCHOVER || exit_status == 0);
-		return after_exit(e, p, cls, planned, now_us, what);
+		return after_exit(e, p, cls, planned, 1, now_us, what);
 	}
 
 	case GF_SV_EV_PROBE: {
-		if (!probe)
+		if (!probe || !e->alive)
 			return 0;
 		int healthy = probe->reachable && probe->startup_ok && probe->live_ok;
 		switch (e->state) {
@@ -283,7 +304,20 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 		case GF_SV_UNHEALTHY:
 			if (now_us - e->since_us < p->failure_grace_ms * MS)
 				return 0;
+			if (!e->alive)
+				return reset_after(e, p, now_us, e->exit_what);
+			/* AppWrapper's DeletionOnFailureGracePeriod: with no retry left, keep
+			 * the failed process (and so its lock) for an operator to inspect. */
+			if (e->retries >= p->retry_limit && p->deletion_on_failure_grace_ms > 0) {
+				enter(e, GF_SV_HELD, now_us, "%.100s; no retry left: held for debugging", e->reason);
+				return 0;
+			}
 			enter(e, GF_SV_TERMINATING, now_us, "%.100s for the failure grace: SIGTERM", e->reason);
+			return GF_SV_ACT_TERM;
+		case GF_SV_HELD:
+			if (now_us - e->since_us < p->deletion_on_failure_grace_ms * MS)
+				return 0;
+			enter(e, GF_SV_TERMINATING, now_us, "held for the deletion-on-failure grace: SIGTERM");
 			return GF_SV_ACT_TERM;
 		case GF_SV_TERMINATING:
 			if (now_us - e->since_us < p->term_grace_ms * MS)
@@ -291,7 +325,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			enter(e, GF_SV_KILLING, now_us, "no exit within the term grace: SIGKILL");
 			return GF_SV_ACT_KILL;
 		case GF_SV_KILLING:
-			if (now_us - e->since_us < p->forceful_grace_ms * MS)
+			if (now_us - e->since_us < p->revoke_grace_ms * MS)
 				return 0;
 			/* The process will not die (uninterruptible sleep in a driver): revoke its
 			 * lock so the standby takes over anyway, and move on without it. */
@@ -299,7 +333,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			e->last_exit_status = -1;
 			e->last_exit_signal = 0;
 			return GF_SV_ACT_REVOKE |
-			       after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, now_us, "no exit after SIGKILL; lock revoked");
+			       after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, 0, now_us, "no exit after SIGKILL; lock revoked");
 		case GF_SV_PAUSED:
 			if (now_us - e->since_us < p->retry_pause_ms * MS)
 				return 0;
@@ -311,7 +345,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 	case GF_SV_EV_STOP:
 		e->stopping = 1;
 		if (!e->alive) {
-			if (e->state == GF_SV_PAUSED)
+			if (e->state == GF_SV_PAUSED || e->state == GF_SV_UNHEALTHY)
 				enter(e, GF_SV_STOPPED, now_us, "stopped on request");
 			return 0;
 		}
@@ -339,7 +373,8 @@ int64_t gf_sv_next_deadline(const struct gf_sv_engine *e, const struct gf_sv_per
 		return e->retries && e->healthy_since_us ? e->healthy_since_us + p->stable_ms * MS : INT64_MAX;
 	case GF_SV_UNHEALTHY: return e->since_us + p->failure_grace_ms * MS;
 	case GF_SV_TERMINATING: return e->since_us + p->term_grace_ms * MS;
-	case GF_SV_KILLING: return e->since_us + p->forceful_grace_ms * MS;
+	case GF_SV_KILLING: return e->since_us + p->revoke_grace_ms * MS;
+	case GF_SV_HELD: return e->since_us + p->deletion_on_failure_grace_ms * MS;
 	case GF_SV_PAUSED: return e->since_us + p->retry_pause_ms * MS;
 	default: return INT64_MAX;
 	}
@@ -347,5 +382,5 @@ int64_t gf_sv_next_deadline(const struct gf_sv_engine *e, const struct gf_sv_per
 
 int gf_sv_wants_probes(const struct gf_sv_engine *e)
 {
-	return e->state >= GF_SV_STARTING && e->state <= GF_SV_UNHEALTHY;
+	return e->alive && e->state >= GF_SV_STARTING && e->state <= GF_SV_UNHEALTHY;
 }

@@ -22,7 +22,8 @@ struct gf_sv_periods {
 	int64_t retry_pause_ms;
 	int64_t retry_limit;
 	int64_t term_grace_ms;
-	int64_t forceful_grace_ms;
+	int64_t revoke_grace_ms;
+	int64_t deletion_on_failure_grace_ms;
 	int64_t stable_ms;
 	int64_t maximum_ms;
 };
@@ -45,12 +46,13 @@ enum gf_sv_state {
 	GF_SV_STARTING = 1,    /**< spawned; waiting for its probe server (admission period) */
 	GF_SV_WARMING = 2,     /**< probe server up; waiting for /startup 200 (warmup period) */
 	GF_SV_RUNNING = 3,     /**< healthy: /live answers 200 */
-	GF_SV_UNHEALTHY = 4,   /**< a probe fails or a deadline passed; failure grace running */
+	GF_SV_UNHEALTHY = 4,   /**< a probe fails, a deadline passed or the process exited; failure grace running */
 	GF_SV_TERMINATING = 5, /**< SIGTERM sent; waiting term_grace for the exit */
-	GF_SV_KILLING = 6,     /**< SIGKILL sent to the process group; waiting forceful_grace */
+	GF_SV_KILLING = 6,     /**< SIGKILL sent to the process group; waiting revoke_grace */
 	GF_SV_PAUSED = 7,      /**< exited (or revoked); retry pause before the next start */
 	GF_SV_FAILED = 8,      /**< retry limit reached or terminal exit code: not restarted */
 	GF_SV_SUCCEEDED = 9,   /**< exited 0 on its own: not restarted */
+	GF_SV_HELD = 10,       /**< failed with no retry left; kept alive deletion_on_failure_grace for debugging */
 };
 
 /** Lower-case name of a state ("running", ...), as in status JSON and /metrics; "unknown" otherwise. */
@@ -111,6 +113,7 @@ struct gf_sv_engine {
 	int stopping;              /**< stop requested: do not restart */
 	int revoked;               /**< the lock was revoked for the current process */
 	int alive;                 /**< a process exists (spawned and not yet exited) */
+	char exit_what[64];        /**< Unhealthy after an exit: that exit, for the reset's reason */
 	char reason[160];          /**< why the engine is in its state (human-readable) */
 };
 
@@ -138,7 +141,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 /** When the policy next needs a GF_SV_EV_TICK (monotonic µs), or INT64_MAX for never. Pure. */
 int64_t gf_sv_next_deadline(const struct gf_sv_engine *e, const struct gf_sv_periods *p);
 
-/** Whether the state wants probe rounds (Starting .. Unhealthy). */
+/** Whether the state wants probe rounds (Starting .. Unhealthy, with a process alive). */
 int gf_sv_wants_probes(const struct gf_sv_engine *e);
 
 #endif

@@ -220,15 +220,20 @@ static int cfg_known_keys(json_t *obj, const char *where, const char *const *key
 
 static int cfg_periods(json_t *obj, const char *where, struct gf_sv_periods *p)
 {
-	static const char *const keys[] = { "admission", "warmup", "failure_grace", "retry_pause", "retry_limit",
-					    "term_grace", "forceful_grace", "stable", "maximum", NULL };
+	/* forceful_grace: revoke_grace's deprecated name, read below. */
+	static const char *const keys[] = { "admission",      "warmup",       "failure_grace",
+					    "retry_pause",    "retry_limit",  "term_grace",
+					    "revoke_grace",   "deletion_on_failure_grace",
+					    "forceful_grace", "stable",       "maximum",
+					    NULL };
 	struct {
 		const char *key;
 		int64_t *v;
 	} f[] = {
 		{ "admission", &p->admission_ms },         { "warmup", &p->warmup_ms },
 		{ "failure_grace", &p->failure_grace_ms }, { "retry_pause", &p->retry_pause_ms },
-		{ "term_grace", &p->term_grace_ms },       { "forceful_grace", &p->forceful_grace_ms },
+		{ "term_grace", &p->term_grace_ms },       { "revoke_grace", &p->revoke_grace_ms },
+		{ "deletion_on_failure_grace", &p->deletion_on_failure_grace_ms },
 		{ "stable", &p->stable_ms },               { "maximum", &p->maximum_ms },
 	};
 	char at[160];
@@ -242,6 +247,21 @@ static int cfg_periods(json_t *obj, const char *where, struct gf_sv_periods *p)
 		snprintf(at, sizeof(at), "%s.%s", where, f[i].key);
 		if (v && (r = cfg_duration(v, at, f[i].v)) < 0)
 			return r;
+	}
+	/* The old name of revoke_grace: it read as AppWrapper's
+	 * ForcefulDeletionGracePeriod, which is term_grace here. Still
+	 * accepted, with the same meaning as before. */
+	json_t *old = json_object_get(obj, "forceful_grace");
+	if (old) {
+		if (json_object_get(obj, "revoke_grace"))
+			return gf_err(GF_ERR_INVALID_ARG, "%s.forceful_grace: give only revoke_grace (its new name)", where);
+		snprintf(at, sizeof(at), "%s.forceful_grace", where);
+		if ((r = cfg_duration(old, at, &p->revoke_grace_ms)) < 0)
+			return r;
+		gf_log(GF_LOG_WARN, "supervise",
+		       "%s.forceful_grace is deprecated: it is revoke_grace (SIGKILL -> lock revocation); AppWrapper's "
+		       "ForcefulDeletionGracePeriod is term_grace",
+		       where);
 	}
 	json_t *lim = json_object_get(obj, "retry_limit");
 	if (lim) {
@@ -581,7 +601,7 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
  * Whether the grant @epoch is still held under @id, asked when an engine
  * that held it exits: only then, and only of a lock server that answered the
  * polls, so the wait (at most 2 s) is rare. Unknown (no answer) counts as
- * held: nothing is planned on a guess, and the look after the forceful
+ * held: nothing is planned on a guess, and the look after the revoke
  * grace decides about a revocation.
  */
 static int grant_kept(gf_supervisor *sv, const char *id, uint64_t epoch)
@@ -907,11 +927,11 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 		planned = status == GF_ENGINE_EXIT_SWITCHOVER && !kept;
 		/* Normally the lock server sees the exit and grants the next
 		 * waiter; if the grant outlives the process (a process of its
-		 * own that will not die), the forceful grace bounds the wait
+		 * own that will not die), the revoke grace bounds the wait
 		 * before that grant, and only that one, is revoked. */
 		if (kept) {
 			e->gone_epoch = e->held_epoch;
-			e->lock_check_at = now + e->periods.forceful_grace_ms * 1000;
+			e->lock_check_at = now + e->periods.revoke_grace_ms * 1000;
 		}
 	}
 	/* Whatever its helpers still do, the group goes with the engine. */
@@ -1115,7 +1135,7 @@ int gf_supervisor_metrics(gf_supervisor *sv, char **text)
 	      "# TYPE gf_supervisor_engine_state gauge\n",
 	      f);
 	for (size_t i = 0; i < sv->n; i++)
-		for (int s = GF_SV_STOPPED; s <= GF_SV_SUCCEEDED; s++)
+		for (int s = GF_SV_STOPPED; s <= GF_SV_HELD; s++)
 			fprintf(f, "gf_supervisor_engine_state{engine=\"%s\",state=\"%s\"} %d\n", sv->eng[i].name,
 				gf_sv_state_name(s), sv->eng[i].pol.state == s);
 	fputs("# HELP gf_supervisor_engine_state_seconds Time spent in the current state.\n"

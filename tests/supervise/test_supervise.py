@@ -118,7 +118,7 @@ def sups():
 
 
 FAST = {"admission": "5s", "warmup": "10s", "failure_grace": "1s", "retry_pause": "100ms",
-        "retry_limit": 2, "term_grace": "1s", "forceful_grace": "2s", "stable": "1h"}
+        "retry_limit": 2, "term_grace": "1s", "revoke_grace": "2s", "stable": "1h"}
 
 
 def fake(name, *args, port=None):
@@ -360,6 +360,54 @@ def test_shipped_example_config_is_valid():
     path = os.path.join(HERE, "..", "..", "examples", "gf-supervise", "supervise.json")
     r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
+    assert "deprecated" not in r.stderr, r.stderr
+
+
+def test_old_forceful_grace_key_is_accepted_with_a_warning(tmp):
+    """forceful_grace was renamed revoke_grace (it never timed AppWrapper's
+    ForcefulDeletionGracePeriod, which is term_grace): still accepted, with
+    a warning naming both; giving both is refused."""
+    path = os.path.join(tmp, "old.json")
+    for periods, rc in (({"forceful_grace": "2m"}, 0), ({"forceful_grace": "2m", "revoke_grace": "1m"}, 2)):
+        with open(path, "w") as f:
+            json.dump({"periods": periods, "engines": [fake("x")]}, f)
+        r = subprocess.run([SUPERVISE, "--config", path, "--check-config"], capture_output=True, text=True,
+                           timeout=20)
+        assert r.returncode == rc, r.stderr
+        if rc == 0:
+            assert "periods.forceful_grace is deprecated" in r.stderr and "term_grace" in r.stderr, r.stderr
+        else:
+            assert "give only revoke_grace" in r.stderr, r.stderr
+
+
+def test_exit_waits_the_failure_grace_and_a_failed_engine_is_held(tmp, sups):
+    """AppWrapper's timings with real processes. FailureGracePeriod: an
+    engine that exits is Unhealthy (its exit shown, no retry counted) for
+    failure_grace before the reset. DeletionOnFailureGracePeriod: an engine
+    failing with no retry left is held, still running, for
+    deletion_on_failure_grace, then terminated and Failed."""
+    periods = dict(FAST, failure_grace="2s", retry_limit=0, deletion_on_failure_grace="3s")
+    s = Supervisor(tmp, {"periods": dict(periods, retry_limit=1), "engines": [fake("crasher", "--exit", "1")]})
+    sups.append(s)
+    e = s.wait_state("crasher", "unhealthy")
+    assert e["pid"] == 0 and e["retries"] == 0 and e["last_exit_status"] == 1, e
+    assert "failure grace before the reset" in e["reason"], e
+    e = wait_for(lambda: (x := s.engine("crasher")) and x["retries"] == 1 and x, "the reset after the grace")
+    assert e["state"] in ("paused", "starting", "warming", "unhealthy"), e
+    s.stop()
+
+    s = Supervisor(tmp, {"periods": periods, "engines": [fake("wedged", "--live-fail")]})
+    sups.append(s)
+    e = s.wait_state("wedged", "held")
+    pid = e["pid"]
+    assert pid > 0 and e["last_exit_status"] == -1 and "held for debugging" in e["reason"], e
+    os.kill(pid, 0)  # still there for an operator to inspect
+    assert 'gf_supervisor_engine_state{engine="wedged",state="held"} 1' in s.metrics()
+    e = s.wait_state("wedged", "failed")
+    assert e["pid"] == 0 and e["restarts"] == 0, e
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "state=terminating from=held" in s.text()
 
 
 
@@ -368,7 +416,7 @@ def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
     """The engine's lock holder is a process of its own that survives the
     engine (started in a session of its own, out of the group the
     supervisor kills, as a process stuck in the driver survives SIGKILL):
-    after the forceful grace the supervisor revokes exactly the epoch it saw
+    after the revoke grace the supervisor revokes exactly the epoch it saw
     that process hold, the standby is granted a higher one, and the old
     holder learns it lost the lock."""
     lock_uri = f"unix://{tmp}/lock.sock"
@@ -418,7 +466,7 @@ def test_grant_that_outlives_its_engine_is_revoked_and_fenced(tmp, sups):
 def test_healthy_engine_whose_child_holds_the_lock_is_not_revoked(tmp, sups):
     """An engine started through "sh -c" whose lock holder is a child of the
     spawned shell: an earlier exit of the engine must not get the current,
-    healthy process's grant revoked after the forceful grace."""
+    healthy process's grant revoked after the revoke grace."""
     lock_uri = f"unix://{tmp}/lock.sock"
     lockd = subprocess.Popen([LOCKD, "--listen", lock_uri], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -435,7 +483,7 @@ def test_healthy_engine_whose_child_holds_the_lock_is_not_revoked(tmp, sups):
         s.wait_state("primary", "running")
         first = wait_for(lambda: os.path.exists(out) and open(out).readline(), "the grant")
         epoch = int(first.split("epoch=")[1])
-        # The earlier exit's look at the lock comes forceful_grace (2 s) after it: wait past it.
+        # The earlier exit's look at the lock comes revoke_grace (2 s) after it: wait past it.
         time.sleep(4)
         e = s.engine("primary")
         assert e["revoked_epoch"] == 0 and e["state"] == "running" and e["pid"] > 0, e
@@ -462,7 +510,8 @@ def test_slow_lock_server_delays_no_other_engine(tmp, sups):
     mute.bind(f"{tmp}/mute.sock")
     mute.listen(16)  # accepts into its backlog, never answers a handshake
     try:
-        periods = dict(FAST, retry_limit=1000)
+        # A short failure grace: an exit waits it before its reset (AppWrapper's FailureGracePeriod).
+        periods = dict(FAST, retry_limit=1000, failure_grace="100ms")
         primary = dict(fake("primary"), lock_id="primary")
         s = Supervisor(tmp, {"periods": periods, "lock": {"uri": f"unix://{tmp}/mute.sock"},
                              "probe": {"interval": "1s", "timeout": "2s"},

@@ -34,7 +34,8 @@ static void sim_init(struct sim *s)
 	s->p.retry_pause_ms = 3000;
 	s->p.retry_limit = 2;
 	s->p.term_grace_ms = 2000;
-	s->p.forceful_grace_ms = 4000;
+	s->p.revoke_grace_ms = 4000;
+	s->p.deletion_on_failure_grace_ms = 0;
 	s->p.stable_ms = 60000;
 	assert_int_equal(gf_sv_periods_validate(&s->p, NULL, 0), 0);
 	s->now = 1000 * S;
@@ -71,6 +72,15 @@ static int tick_to_deadline(struct sim *s)
 	return ev(s, GF_SV_EV_TICK);
 }
 
+/* A retryable exit of the process on its own: Unhealthy for the failure
+ * grace, then the reset. Returns the reset's actions. */
+static int crashed(struct sim *s, int status, int sig)
+{
+	assert_int_equal(exited(s, status, sig), 0);
+	assert_int_equal(s->e.state, GF_SV_UNHEALTHY);
+	return tick_to_deadline(s);
+}
+
 static void start_healthy(struct sim *s)
 {
 	assert_int_equal(ev(s, GF_SV_EV_START), GF_SV_ACT_SPAWN);
@@ -93,7 +103,10 @@ static void test_defaults_are_appwrapper(void **state)
 	assert_int_equal(p.failure_grace_ms, 60000);
 	assert_int_equal(p.retry_pause_ms, 90000);
 	assert_int_equal(p.retry_limit, 3);
-	assert_int_equal(p.forceful_grace_ms, 600000);
+	assert_int_equal(p.term_grace_ms, 30000);
+	assert_int_equal(p.revoke_grace_ms, 600000);
+	/* Off by default, as in AppWrapper: a failed engine never keeps its lock. */
+	assert_int_equal(p.deletion_on_failure_grace_ms, 0);
 	assert_int_equal(p.maximum_ms, 86400000);
 	assert_int_equal(gf_sv_periods_validate(&p, NULL, 0), 0);
 }
@@ -124,10 +137,15 @@ static void test_validation(void **state)
 	p.maximum_ms = 120000;
 	assert_int_equal(gf_sv_periods_validate(&p, note, sizeof(note)), 0);
 	assert_int_equal(p.warmup_ms, 120000);
-	assert_int_equal(p.forceful_grace_ms, 120000);
+	assert_int_equal(p.revoke_grace_ms, 120000);
 	assert_int_equal(p.admission_ms, 60000);
 	assert_non_null(strstr(note, "warmup clamped to 120000 ms"));
-	assert_non_null(strstr(note, "forceful_grace clamped"));
+	assert_non_null(strstr(note, "revoke_grace clamped"));
+
+	gf_sv_periods_default(&p);
+	p.deletion_on_failure_grace_ms = -1;
+	assert_int_equal(gf_sv_periods_validate(&p, note, sizeof(note)), GF_ERR_INVALID_ARG);
+	assert_non_null(strstr(gf_error_detail(), "deletion_on_failure_grace"));
 
 	/* Clamping can make admission > warmup impossible to honour: refused. */
 	gf_sv_periods_default(&p);
@@ -147,6 +165,7 @@ static void test_names(void **state)
 	(void)state;
 	assert_string_equal(gf_sv_state_name(GF_SV_RUNNING), "running");
 	assert_string_equal(gf_sv_state_name(GF_SV_FAILED), "failed");
+	assert_string_equal(gf_sv_state_name(GF_SV_HELD), "held");
 	assert_string_equal(gf_sv_state_name(99), "unknown");
 	assert_string_equal(gf_sv_state_name(-1), "unknown");
 	assert_string_equal(gf_sv_exit_class_name(GF_SV_EXIT_TERMINAL), "terminal");
@@ -160,7 +179,7 @@ static void test_crash_loop_reaches_retry_limit(void **state)
 	start_healthy(&s);
 	for (int i = 1; i <= 2; i++) {
 		s.now += S;
-		assert_int_equal(exited(&s, 1, 0), 0);
+		assert_int_equal(crashed(&s, 1, 0), 0);
 		assert_int_equal(s.e.state, GF_SV_PAUSED);
 		assert_int_equal(s.e.retries, i);
 		assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
@@ -171,7 +190,7 @@ static void test_crash_loop_reaches_retry_limit(void **state)
 		assert_int_equal(s.e.state, GF_SV_STARTING);
 	}
 	s.now += S;
-	assert_int_equal(exited(&s, 0, 9), 0);
+	assert_int_equal(crashed(&s, 0, 9), 0);
 	assert_int_equal(s.e.state, GF_SV_FAILED);
 	assert_non_null(strstr(s.e.reason, "retry limit 2"));
 	assert_int_equal(s.e.restarts, 2);
@@ -188,7 +207,7 @@ static void test_stable_period_resets_retries(void **state)
 	struct sim s;
 	sim_init(&s);
 	start_healthy(&s);
-	exited(&s, 1, 0);
+	crashed(&s, 1, 0);
 	tick_to_deadline(&s);
 	probe(&s, 1, 1, 1);
 	assert_int_equal(s.e.state, GF_SV_RUNNING);
@@ -325,7 +344,7 @@ static void test_switchover_is_not_a_retry(void **state)
 	assert_int_equal(s.e.state, GF_SV_STARTING);
 	/* Only the next exit was planned. */
 	probe(&s, 1, 1, 1);
-	exited(&s, 1, 0);
+	crashed(&s, 1, 0);
 	assert_int_equal(s.e.retries, 1);
 }
 
@@ -337,14 +356,14 @@ static void test_exit_75_without_a_switchover_is_retried(void **state)
 	struct sim s;
 	sim_init(&s);
 	start_healthy(&s);
-	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(crashed(&s, 75, 0), 0);
 	assert_int_equal(s.e.state, GF_SV_PAUSED);
 	assert_int_equal(s.e.retries, 1);
 	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
 	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
-	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(crashed(&s, 75, 0), 0);
 	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
-	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(crashed(&s, 75, 0), 0);
 	assert_int_equal(s.e.state, GF_SV_FAILED);
 	assert_int_equal(s.e.restarts, 2);
 }
@@ -358,19 +377,19 @@ static void test_crash_after_a_switchover_request_is_retried(void **state)
 	sim_init(&s);
 	start_healthy(&s);
 	ev(&s, GF_SV_EV_SWITCHOVER);
-	assert_int_equal(exited(&s, 1, 0), 0);
+	assert_int_equal(crashed(&s, 1, 0), 0);
 	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
 	assert_int_equal(s.e.retries, 1);
 	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
 	probe(&s, 1, 1, 1);
 	ev(&s, GF_SV_EV_SWITCHOVER);
-	assert_int_equal(exited(&s, -1, 9), 0);
+	assert_int_equal(crashed(&s, -1, 9), 0);
 	assert_int_equal(s.e.last_exit_class, GF_SV_EXIT_RETRYABLE);
 	assert_int_equal(s.e.retries, 2);
 	/* And a request does not outlive its process. */
 	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_SPAWN);
 	probe(&s, 1, 1, 1);
-	assert_int_equal(exited(&s, 75, 0), 0);
+	assert_int_equal(crashed(&s, 75, 0), 0);
 	assert_int_equal(s.e.state, GF_SV_FAILED);
 }
 
@@ -388,10 +407,22 @@ static void test_stop(void **state)
 	/* Stop during a pause: no restart. */
 	sim_init(&s);
 	start_healthy(&s);
-	exited(&s, 1, 0);
+	crashed(&s, 1, 0);
+	assert_int_equal(s.e.state, GF_SV_PAUSED);
 	assert_int_equal(ev(&s, GF_SV_EV_STOP), 0);
 	assert_int_equal(s.e.state, GF_SV_STOPPED);
 	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+
+	/* Stop during the failure grace after an exit: no reset, no restart. */
+	sim_init(&s);
+	start_healthy(&s);
+	exited(&s, 1, 0);
+	assert_int_equal(s.e.state, GF_SV_UNHEALTHY);
+	assert_int_equal(ev(&s, GF_SV_EV_STOP), 0);
+	assert_int_equal(s.e.state, GF_SV_STOPPED);
+	s.now += 60 * S;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	assert_int_equal(s.e.retries, 0);
 }
 
 static void test_spawn_failure(void **state)
@@ -417,8 +448,147 @@ static void test_retry_limit_zero(void **state)
 	sim_init(&s);
 	s.p.retry_limit = 0;
 	start_healthy(&s);
-	exited(&s, 1, 0);
+	crashed(&s, 1, 0);
 	assert_int_equal(s.e.state, GF_SV_FAILED);
+}
+
+/* FailureGracePeriod applies to an exit too: the reset (retry counted, pause
+ * started) waits the failure grace, counted from the first sign of failure. */
+static void test_exit_waits_the_failure_grace(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
+	start_healthy(&s);
+	int64_t t0 = s.now;
+	assert_int_equal(exited(&s, 1, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_UNHEALTHY);
+	assert_int_equal(s.e.retries, 0);
+	assert_int_equal(s.e.alive, 0);
+	assert_non_null(strstr(s.e.reason, "exit status 1"));
+	assert_int_equal(gf_sv_wants_probes(&s.e), 0);
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t0 + 5 * S);
+	/* A late probe answer of the gone process changes nothing. */
+	s.now = t0 + 5 * S - 1;
+	probe(&s, 1, 1, 1);
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	assert_int_equal(s.e.state, GF_SV_UNHEALTHY);
+	s.now = t0 + 5 * S;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	assert_int_equal(s.e.state, GF_SV_PAUSED);
+	assert_int_equal(s.e.retries, 1);
+	assert_non_null(strstr(s.e.reason, "after exit status 1"));
+	/* Then the retry pause, as before. */
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t0 + 8 * S);
+
+	/* An exit while a failing probe's grace already runs keeps its start. */
+	sim_init(&s);
+	start_healthy(&s);
+	t0 = s.now;
+	probe(&s, 1, 1, 0);
+	assert_int_equal(s.e.state, GF_SV_UNHEALTHY);
+	s.now = t0 + 3 * S;
+	assert_int_equal(exited(&s, -1, 11), 0);
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t0 + 5 * S);
+	assert_int_equal(tick_to_deadline(&s), 0);
+	assert_int_equal(s.e.state, GF_SV_PAUSED);
+
+	/* failure_grace 0: the reset at once. */
+	sim_init(&s);
+	s.p.failure_grace_ms = 0;
+	start_healthy(&s);
+	assert_int_equal(exited(&s, 1, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_PAUSED);
+	assert_int_equal(s.e.retries, 1);
+}
+
+/* term_grace is AppWrapper's ForcefulDeletionGracePeriod (normal delete →
+ * forceful delete: SIGTERM → SIGKILL); revoke_grace is ours (SIGKILL → revoke). */
+static void test_term_grace_then_revoke_grace(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_TERM);
+	int64_t t = s.now;
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t + 2 * S);
+	s.now = t + 2 * S - 1;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	s.now = t + 2 * S;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), GF_SV_ACT_KILL);
+	t = s.now;
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t + 4 * S);
+	s.now = t + 4 * S - 1;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	s.now = t + 4 * S;
+	assert_true(ev(&s, GF_SV_EV_TICK) & GF_SV_ACT_REVOKE);
+}
+
+/* DeletionOnFailureGracePeriod: a failure with no retry left keeps the
+ * process (Held) that long before it is terminated; with retries left, or
+ * at its default 0, nothing is held. */
+static void test_deletion_on_failure_grace_holds_a_failed_engine(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
+	s.p.retry_limit = 0;
+	s.p.deletion_on_failure_grace_ms = 7000;
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	assert_int_equal(tick_to_deadline(&s), 0);
+	assert_int_equal(s.e.state, GF_SV_HELD);
+	assert_int_equal(s.e.alive, 1);
+	assert_int_equal(gf_sv_wants_probes(&s.e), 0);
+	assert_non_null(strstr(s.e.reason, "held for debugging"));
+	int64_t t = s.now;
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), t + 7 * S);
+	/* A healthy answer does not undo a failure with no retry left. */
+	s.now = t + 7 * S - 1;
+	probe(&s, 1, 1, 1);
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+	assert_int_equal(s.e.state, GF_SV_HELD);
+	s.now = t + 7 * S;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), GF_SV_ACT_TERM);
+	assert_int_equal(s.e.state, GF_SV_TERMINATING);
+	assert_int_equal(exited(&s, 0, 0), 0);
+	assert_int_equal(s.e.state, GF_SV_FAILED);
+
+	/* The held process dying on its own: Failed at once. */
+	sim_init(&s);
+	s.p.retry_limit = 0;
+	s.p.deletion_on_failure_grace_ms = 7000;
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	tick_to_deadline(&s);
+	assert_int_equal(s.e.state, GF_SV_HELD);
+	assert_int_equal(exited(&s, -1, 9), 0);
+	assert_int_equal(s.e.state, GF_SV_FAILED);
+
+	/* A stop request ends the hold. */
+	sim_init(&s);
+	s.p.retry_limit = 0;
+	s.p.deletion_on_failure_grace_ms = 7000;
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	tick_to_deadline(&s);
+	assert_int_equal(ev(&s, GF_SV_EV_STOP), GF_SV_ACT_TERM);
+
+	/* Retries left: no hold. */
+	sim_init(&s);
+	s.p.deletion_on_failure_grace_ms = 7000;
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_TERM);
+
+	/* The default (0): no hold even on the last failure. */
+	sim_init(&s);
+	s.p.retry_limit = 0;
+	start_healthy(&s);
+	probe(&s, 1, 1, 0);
+	assert_int_equal(tick_to_deadline(&s), GF_SV_ACT_TERM);
 }
 
 int main(void)
@@ -441,6 +611,9 @@ int main(void)
 		cmocka_unit_test(test_stop),
 		cmocka_unit_test(test_spawn_failure),
 		cmocka_unit_test(test_retry_limit_zero),
+		cmocka_unit_test(test_exit_waits_the_failure_grace),
+		cmocka_unit_test(test_term_grace_then_revoke_grace),
+		cmocka_unit_test(test_deletion_on_failure_grace_holds_a_failed_engine),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
