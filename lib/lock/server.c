@@ -117,6 +117,7 @@ struct gf_lockd {
 	/* the standby pool (pool.h) */
 	struct gf_pool_policy pool;
 	uint64_t evicted, over_budget;
+	bool warned_no_gpu; /* logged once: a standby outside the budget (no GPU declared) */
 	/* When each engine id was last Active, so a standby that comes back
 	 * keeps its place in the LRU order; bounded, the oldest entry goes. */
 	struct seen {
@@ -1334,8 +1335,18 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 	 * newcomer and evict an older standby in its place. */
 	struct seen *e = seen_find(d, c->peer->id);
 	c->last_active_us = e && e->tcp == c->peer->tcp && e->uid == c->peer->uid ? e->last_active_us : 0;
-	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
+	if (d->pool.max_standby_per_gpu == 0)
 		return;
+	if (!c->decl || !c->decl->ngpus) {
+		/* The budget is per GPU UUID: engines on the host backend (HOST-…
+		 * device ids) declare none unless told, and would escape it silently. */
+		if (!d->warned_no_gpu)
+			gf_log(GF_LOG_WARN, "lock",
+			       "msg=\"a standby declared no GPU: the standby budget does not apply to it (engines on the host backend declare none unless given --gpu / gf_engine_set_gpus)\" id=%s pid=%u budget=%u",
+			       c->peer->id, c->peer->pid, d->pool.max_standby_per_gpu);
+		d->warned_no_gpu = true;
+		return;
+	}
 	/* The common case, every GPU within budget, costs one pass and no allocation. */
 	bool over = false;
 	for (size_t g = 0; g < c->decl->ngpus && !over; g++) {

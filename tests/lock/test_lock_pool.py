@@ -262,11 +262,12 @@ class Gms:
         self.engines = []
         wait_until(lambda: os.path.exists(f"{self.tmp}/gms.sock"), "gms socket")
 
-    def engine(self, name, env=None):
+    def engine(self, name, env=None, gpu=GPU):
         err = open(os.path.join(self.tmp, name + ".log"), "w")
-        p = subprocess.Popen([ENGINE, "--lock", self.pool.uri, "--gms", self.uri, "--id", name, "--gpu", GPU,
-                              "--port", str(free_port()), "--probe-port", "-1", "--kv-bytes", "1M",
-                              "--model", "tiny"], stdout=subprocess.DEVNULL, stderr=err,
+        p = subprocess.Popen([ENGINE, "--lock", self.pool.uri, "--gms", self.uri, "--id", name]
+                             + (["--gpu", gpu] if gpu else [])
+                             + ["--port", str(free_port()), "--probe-port", "-1", "--kv-bytes", "1M",
+                                "--model", "tiny"], stdout=subprocess.DEVNULL, stderr=err,
                              env=dict(os.environ, **(env or {})))
         self.engines.append(p)
         return p
@@ -313,6 +314,33 @@ def test_readiness_waits_until_the_holder_serves(tmp):
         code, body = get(f"http://127.0.0.1:{pool.port}/ready?gpu={GPU}&model=tiny")
         assert code == 200 and json.loads(body)["serving"] == "yes"
         assert "event=serving" in gms.log("good") and good.poll() is None
+    finally:
+        gms.close()
+        pool.close()
+
+
+@pytest.mark.skipif(not (GMSD and ENGINE), reason="needs gf-gmsd and gf-c-engine")
+def test_budget_on_the_host_backend_says_what_it_skips(tmp):
+    """Issue 29.8: the budget counts GPUs by UUID; engines on the host backend
+    declare none unless given --gpu, so they are outside it. The server says so
+    (once) instead of leaving the budget silently inert; with --gpu they count."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    gms = Gms(pool)
+    try:
+        pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), "holder granted")
+        gms.engine("bare-1", gpu=None)
+        gms.engine("bare-2", gpu=None)
+        wait_until(lambda: pool.waiting("bare-1") and pool.waiting("bare-2"), "two standbys without GPUs")
+        assert pool.status()["pool"]["evicted"] == 0
+        line = "a standby declared no GPU: the standby budget does not apply to it"
+        wait_until(lambda: line in pool.logtext(), "the server's warning")
+        assert pool.logtext().count(line) == 1
+        first = gms.engine("gpu-1")
+        wait_until(lambda: pool.waiting("gpu-1"), "gpu-1 in standby")
+        gms.engine("gpu-2")
+        assert first.wait(HANG_GUARD) == EXIT_EVICTED
+        assert pool.waiting("bare-1") and pool.waiting("bare-2")
     finally:
         gms.close()
         pool.close()
