@@ -540,6 +540,20 @@ static int cmd_revoke(struct lock_opts *o, char **extra)
 	return GFCTL_OK;
 }
 
+static int cmd_evict(struct lock_opts *o, char **extra)
+{
+	(void)extra;
+	if (!o->id) {
+		fprintf(stderr, "gfctl lock evict: --id ID is required (a waiting standby, from 'gfctl lock status')\n");
+		return GFCTL_EXIT_USAGE;
+	}
+	int rc = gf_lock_evict(o->uri, o->secret, o->secret_len, o->id, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc < 0)
+		return fail("evict", rc);
+	printf("evicted id=%s\n", o->id);
+	return GFCTL_OK;
+}
+
 static int cmd_ready(struct lock_opts *o, char **extra)
 {
 	(void)extra;
@@ -620,6 +634,11 @@ static int run_revoke(int argc, char **argv)
 	return run_lock_cmd(argc, argv, BIT(O_EPOCH) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_revoke, 0);
 }
 
+static int run_evict(int argc, char **argv)
+{
+	return run_lock_cmd(argc, argv, BIT(O_ID) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_evict, 0);
+}
+
 static int run_switchover(int argc, char **argv)
 {
 	return run_lock_cmd(argc, argv, BIT(O_EPOCH) | BIT(O_TIMEOUT) | BIT(O_SECRET), cmd_switchover, 0);
@@ -663,8 +682,10 @@ static const struct gfctl_cmd lock_cmds[] = {
 	{ "ready", "--lock URI [--gpu UUID ...] [--model NAME] [--timeout DUR]",
 	  "Is an engine Active for these GPUs and this model? Prints the answer as JSON.",
 	  "Answered from the lock server's state: ready when the holder declared every --gpu\n"
-	  "(none: any) and serves --model (none: any). The holder may still be waking; its own\n"
-	  "/ready probe says when it serves. gf-lockd --metrics serves the same at /ready.",
+	  "(none: any) and serves --model (none: any), and it serves: an engine says so when it\n"
+	  "enters Active (\"serving\": \"no\" while it wakes); a holder that does not report\n"
+	  "(gfctl, older clients) counts from its grant (\"serving\": \"unknown\").\n"
+	  "gf-lockd --metrics serves the same at /ready.",
 	  LOCK_OPT "  --gpu UUID             a GPU the engine must run on (repeatable, at most 8)\n"
 		   "  --model NAME           the model it must serve\n"
 		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
@@ -679,6 +700,15 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  LOCK_OPT "  --epoch N              the grant to revoke (see 'gfctl lock status')\n"
 		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
 	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when N is not the current grant", run_revoke },
+	{ "evict", "--lock URI --id ID [--timeout DUR]",
+	  "Evict the waiting standby ID from the standby pool, as the per-GPU budget does.",
+	  "Its acquire ends with GF_ERR_EVICTED (gfctl lock acquire and gf-c-engine exit 73)\n"
+	  "and the server closes its connection; a pinned standby too. The holder is not a\n"
+	  "standby (see 'revoke'). Allowed for root or the server's own uid (unix), or with the\n"
+	  "shared secret (tcp).",
+	  LOCK_OPT "  --id ID                the standby to evict (see 'gfctl lock status')\n"
+		   "  --timeout DUR          how long to wait for the answer (default 5s)\n" SECRET_OPT,
+	  ", 3 timeout, 5 unreachable, 6 refused (not an admin); 1 when no standby ID waits", run_evict },
 	{ "switchover", "--lock URI [--epoch N] [--timeout DUR]",
 	  "Planned switchover: the holder steps down, the first standby takes over (also 'gfctl switchover').",
 	  "The server asks the holder to step down; an engine built on the library stops\n"

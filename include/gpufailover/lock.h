@@ -94,6 +94,24 @@ GF_EXPORT int gf_lock_set_pinned(gf_lock *lock, int pinned);
  * Errors: GF_ERR_INVALID_ARG.
  */
 GF_EXPORT int gf_lock_set_model(gf_lock *lock, const char *model);
+/**
+ * Declare (@p on != 0, before the acquire) that this holder will call
+ * gf_lock_serving() once it serves: gf-lockd's readiness relay then answers
+ * "not ready" between the grant and that call (the holder is waking).
+ * Without it the relay counts the grant as ready and says "serving unknown".
+ * The engine library declares it. Takes effect at the next acquire.
+ * Errors: GF_ERR_INVALID_ARG. Thread-safe.
+ */
+GF_EXPORT int gf_lock_set_serving_report(gf_lock *lock, int on);
+/**
+ * Tell the lock server that this holder now serves (its engine entered
+ * Active); one small message on the lock's connection, no answer awaited,
+ * repeated by itself with a reclaim after a server restart. Does not block
+ * longer than sending one frame. Errors: GF_ERR_STATE (not held),
+ * GF_ERR_NOT_SUPPORTED (etcd locks: there is no relay), GF_ERR_UNREACHABLE
+ * (the send failed; the watcher reports the loss). Thread-safe.
+ */
+GF_EXPORT int gf_lock_serving(gf_lock *lock);
 
 /**
  * Called when the server asks this holder to step down for a planned
@@ -217,13 +235,30 @@ GF_EXPORT int gf_lock_status_json(const char *uri, const void *secret, size_t se
 GF_EXPORT int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
 			     int64_t timeout_ms);
 /**
+ * Admin request: evict the waiting standby @p engine_id from the standby
+ * pool, as the per-GPU budget does: its acquire returns GF_ERR_EVICTED (an
+ * engine exits 73) and the server closes its connection. A pinned standby
+ * may be evicted this way (the admin names it). The holder is not a standby:
+ * revoke it instead. Allowed for the same admins as gf_lock_revoke().
+ * Blocks up to @p timeout_ms. Errors: GF_ERR_INVALID_ARG (malformed id),
+ * GF_ERR_STATE (no waiter has that id), GF_ERR_PERMISSION,
+ * GF_ERR_NOT_SUPPORTED (etcd locks), GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT,
+ * GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_lock_evict(const char *uri, const void *secret, size_t secret_len, const char *engine_id,
+			    int64_t timeout_ms);
+/**
  * Readiness relay: is an engine Active (the lock's holder) for the GPU set
  * @p gpus (the holder declared every one of them; @p ngpus 0: any GPUs) and
- * the model @p model (NULL or "": any)? Answered from the server's state in
- * one status query; the holder may still be waking (its own /ready probe
- * says when it serves). Returns 1 (yes) or 0 (no), and when @p json is not
- * NULL the answer as a malloc'd JSON object ({"ready", "holder", "epoch",
- * "holder_model", "gpus", "model"}; free() it). Blocks up to @p timeout_ms.
+ * the model @p model (NULL or "": any), and serving? Answered from the
+ * server's state in one status query. A holder that declared it reports
+ * (gf_lock_set_serving_report(), as engines do) is ready only once it
+ * called gf_lock_serving(); one that did not counts as ready from its grant
+ * ("serving": "unknown"; it may still be waking). Returns 1 (yes) or 0
+ * (no), and when @p json is not NULL the answer as a malloc'd JSON object
+ * ({"ready", "holder", "epoch", "holder_model", "serving" ("yes", "no",
+ * "unknown" or null without a holder), "gpus", "model"}; free() it).
+ * Blocks up to @p timeout_ms.
  * Errors: GF_ERR_INVALID_ARG (malformed UUID or model, more than 8 GPUs),
  * GF_ERR_UNREACHABLE, GF_ERR_TIMEOUT, GF_ERR_PERMISSION, GF_ERR_PROTOCOL.
  */

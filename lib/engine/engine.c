@@ -597,6 +597,11 @@ GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userd
 	gf_engine_unboost(e);
 	if (rc)
 		return rc;
+	/* gf-lockd's readiness relay counts this holder ready from now on. */
+	gf_lock *lock = atomic_load(&e->lock);
+	if (lock && gf_lock_serving(lock) < 0)
+		gf_log(GF_LOG_DEBUG, "engine", "event=serving_not_reported id=%s detail=\"%s\"", e->id ? e->id : "",
+		       gf_error_detail());
 	pthread_mutex_lock(&e->mu);
 	e->m.failovers++;
 	gf_engine_record_failover(e);

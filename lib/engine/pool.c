@@ -94,5 +94,8 @@ int gf_engine_pool_apply(gf_engine *e, gf_lock *lock)
 		rc = gf_lock_set_pinned(lock, e->pinned);
 	if (!rc)
 		rc = gf_lock_set_model(lock, e->model);
+	/* The engine says when it serves (gf_engine_serve): readiness waits for it. */
+	if (!rc)
+		rc = gf_lock_set_serving_report(lock, 1);
 	return rc;
 }

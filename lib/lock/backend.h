@@ -58,6 +58,9 @@ struct gf_lock_backend {
 	/* In a fork child: drop what is the parent's (its connection, its lease) without touching it. */
 	void (*forked)(gf_lock *l);
 
+	/* Optional (NULL: GF_ERR_NOT_SUPPORTED): tell the server the holder serves. Takes l->mu. */
+	int (*serving)(gf_lock *l);
+
 	/* One-shot calls on a connection of their own (oneshot.c). */
 	int (*ping)(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);
 	int (*status_json)(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json);
@@ -80,6 +83,9 @@ struct gf_lock {
 	gf_lock_lost_fn lost_fn;
 	void *lost_ud;
 	struct gf_pool_decl decl; /* sent with every acquire */
+	/* gf_lock_set_serving_report(), and whether this grant serves already
+	 * (gf_lock_serving(); a reclaim says so again). Guarded by mu. */
+	bool reports_serving, serving;
 	gf_lock_step_down_fn step_down_fn;
 	void *step_down_ud;
 	int intr_fd; /* gf_lock_interrupt() */

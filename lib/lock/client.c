@@ -236,6 +236,25 @@ int gf_lock_set_model(gf_lock *l, const char *model)
 	return 0;
 }
 
+int gf_lock_set_serving_report(gf_lock *l, int on)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	pthread_mutex_lock(&l->mu);
+	l->reports_serving = on != 0;
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+int gf_lock_serving(gf_lock *l)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	if (!l->be->serving)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "lock %s: %s locks have no readiness relay", l->id, l->be->name);
+	return l->be->serving(l);
+}
+
 void gf_lock_set_step_down_fn(gf_lock *l, gf_lock_step_down_fn fn, void *userdata)
 {
 	if (!l)

@@ -71,6 +71,8 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json);
  * GF_ERR_INVALID_ARG for a malformed UUID or model. @json (may be NULL)
  * receives the answer as a malloc'd JSON object.
  */
+/* The holder's LockStatus.holder_serving as "yes", "no" or "unknown" (NULL without a holder). */
+const char *gf_lock_serving_name(const gf_LockStatus *s);
 int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, size_t ngpus, const char *model,
 			      char **json);
 

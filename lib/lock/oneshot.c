@@ -2,7 +2,7 @@
 /*
  * The lock's one-shot calls, each on a connection of its own: ping, status
  * (JSON for gfctl and HTTP; the typed holder query for the library's own
- * users), readiness, and the admin requests (revoke, switchover). Each goes to
+ * users), readiness, and the admin requests (revoke, switchover, evict). Each goes to
  * the backend of its URI (backend.h); the ones only gf-lockd answers are
  * refused on etcd.
  *
@@ -36,9 +36,9 @@ int gf_lock_status_json(const char *uri, const void *secret, size_t secret_len, 
 	return gf_lock_backend_for(uri)->status_json(uri, secret, secret_len, timeout_ms, json);
 }
 
-/* A request of gf-lockd's own whose body is only its tag (and an epoch for the admin ones). */
+/* A request of gf-lockd's own whose body is only its tag (and an epoch or an engine id for the admin ones). */
 static int simple_call(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, pb_size_t tag,
-		       uint64_t epoch, pb_size_t want, const char *what, gf_Msg **reply)
+		       uint64_t epoch, const char *id, pb_size_t want, const char *what, gf_Msg **reply)
 {
 	if (!uri)
 		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL uri");
@@ -54,6 +54,8 @@ static int simple_call(const char *uri, const void *secret, size_t secret_len, i
 		m->body.lock_revoke.epoch = epoch;
 	else if (tag == gf_Msg_lock_switchover_tag)
 		m->body.lock_switchover.epoch = epoch;
+	else if (tag == gf_Msg_lock_evict_tag)
+		snprintf(m->body.lock_evict.engine_id, sizeof(m->body.lock_evict.engine_id), "%s", id);
 	int rc = be->call(uri, secret, secret_len, timeout_ms, m, want, what);
 	if (rc == 0 && reply)
 		*reply = m;
@@ -76,7 +78,7 @@ int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, co
 	if (rc < 0)
 		return rc;
 	gf_Msg *m;
-	rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0, gf_Msg_lock_status_tag,
+	rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0, NULL, gf_Msg_lock_status_tag,
 			 "ready", &m);
 	if (rc < 0)
 		return rc;
@@ -87,7 +89,7 @@ int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, co
 
 int gf_lock_switchover(const char *uri, const void *secret, size_t secret_len, uint64_t epoch, int64_t timeout_ms)
 {
-	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_switchover_tag, epoch, gf_Msg_ok_tag,
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_switchover_tag, epoch, NULL, gf_Msg_ok_tag,
 			   "switchover", NULL);
 }
 
@@ -95,8 +97,17 @@ int gf_lock_revoke(const char *uri, const void *secret, size_t secret_len, uint6
 {
 	if (epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
-	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_revoke_tag, epoch, gf_Msg_ok_tag, "revoke",
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_revoke_tag, epoch, NULL, gf_Msg_ok_tag, "revoke",
 			   NULL);
+}
+
+int gf_lock_evict(const char *uri, const void *secret, size_t secret_len, const char *engine_id, int64_t timeout_ms)
+{
+	if (!engine_id || !gf_id_valid(engine_id))
+		return gf_err(GF_ERR_INVALID_ARG, "lock evict: engine id must be 1..127 bytes of printable ASCII without "
+						  "spaces, quotes, '\\' or '='");
+	return simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_evict_tag, 0, engine_id, gf_Msg_ok_tag,
+			   "evict", NULL);
 }
 
 /* ---- the fence proof ---- */

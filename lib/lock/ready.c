@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The readiness relay: "is an engine Active for this GPU set / this model", from a lock status. */
+/* The readiness relay: "is an engine Active and serving for this GPU set / this model", from a lock status. */
 #include <stdint.h>
 #include <string.h>
 
@@ -7,6 +7,13 @@
 
 #include "lockint.h"
 #include "pool.h"
+
+const char *gf_lock_serving_name(const gf_LockStatus *s)
+{
+	if (!s->holder[0])
+		return NULL;
+	return s->holder_serving == 2 ? "yes" : s->holder_serving == 1 ? "no" : "unknown";
+}
 
 int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, size_t ngpus, const char *model,
 			      char **json)
@@ -33,7 +40,10 @@ int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, s
 		}
 		hp = &h;
 	}
-	bool ready = gf_pool_ready(hp, (const char(*)[GF_POOL_UUID_MAX])want, ngpus, model);
+	/* A holder that reports when it serves is not ready while it wakes;
+	 * one that does not (an older client, gfctl) counts from its grant. */
+	bool ready = gf_pool_ready(hp, (const char(*)[GF_POOL_UUID_MAX])want, ngpus, model) && s->holder_serving != 1;
+	const char *serving = gf_lock_serving_name(s);
 	if (!json)
 		return ready;
 	json_t *o = json_object(), *ga = json_array();
@@ -48,6 +58,7 @@ int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, s
 	json_object_set_new(o, "holder", s->holder[0] ? json_string(s->holder) : json_null());
 	json_object_set_new(o, "epoch", json_integer(s->holder[0] ? (json_int_t)s->epoch : 0));
 	json_object_set_new(o, "holder_model", hp && hp->model[0] ? json_string(hp->model) : json_null());
+	json_object_set_new(o, "serving", serving ? json_string(serving) : json_null());
 	json_object_set_new(o, "gpus", ga);
 	json_object_set_new(o, "model", model && *model ? json_string(model) : json_null());
 	char *text = json_dumps(o, JSON_COMPACT);

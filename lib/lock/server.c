@@ -56,6 +56,9 @@ struct conn {
 	struct gf_pool_decl *decl;
 	int64_t since_mono;
 	int64_t last_active_us;
+	/* Readiness: the engine said it reports when it serves (LockServing),
+	 * and whether it has, for its grant. */
+	bool reports_serving, serving;
 };
 
 struct gf_lockd {
@@ -114,6 +117,7 @@ struct gf_lockd {
 	/* the standby pool (pool.h) */
 	struct gf_pool_policy pool;
 	uint64_t evicted, over_budget;
+	bool warned_no_gpu; /* logged once: a standby outside the budget (no GPU declared) */
 	/* When each engine id was last Active, so a standby that comes back
 	 * keeps its place in the LRU order; bounded, the oldest entry goes. */
 	struct seen {
@@ -707,6 +711,8 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	pool_fill_status(d, s);
 	gf_lsn_fill_status(d->lsn, s);
 	s->step_down_requested = d->holder && d->step_down_epoch == d->epoch;
+	if (d->holder && d->holder->reports_serving)
+		s->holder_serving = d->holder->serving ? 2 : 1;
 }
 
 int gf_lockd_status_json(gf_lockd *d, char **json)
@@ -771,6 +777,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	memcpy(m->body.lock_granted.session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN);
 	m->body.lock_granted.granted_at_us = d->granted_at_wall;
 	m->body.lock_granted.reclaimed = reclaimed;
+	m->body.lock_granted.takes_serving = true;
 	int lfds[GF_LSN_MAX];
 	size_t nl = 0;
 	if (p->tcp) {
@@ -1062,6 +1069,40 @@ static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
 	reply(d, c, m);
 }
 
+/*
+ * An admin evicts one named standby, as the budget would: its acquire ends
+ * with GF_ERR_EVICTED. Only waiters: the holder is revoked, not evicted.
+ */
+static void handle_evict(gf_lockd *d, struct conn *c, const char *id)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[300];
+	if (!is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"evict refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		reply_error(d, c, GF_ERR_PERMISSION, "evict: only root or the server's own uid may evict", false);
+		return;
+	}
+	struct conn *v = d->whead;
+	while (v && strcmp(v->peer->id, id))
+		v = v->wnext;
+	if (!v) {
+		snprintf(det, sizeof(det), "evict: no standby \"%.127s\" is waiting%s", id,
+			 d->holder && !strcmp(d->holder->peer->id, id) ? " (it holds the lock: revoke it instead)" : "");
+		reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	gf_log(GF_LOG_WARN, "lock", "msg=\"evicted\" id=%s pid=%u by=%s reason=\"evicted by an admin\"", v->peer->id,
+	       v->peer->pid, p->id);
+	d->evicted++;
+	waiter_unlink(d, v);
+	snprintf(det, sizeof(det), "evicted from the standby pool by an admin (%.127s)", p->id);
+	reply_error(d, v, GF_ERR_EVICTED, det, true);
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	reply(d, c, d->msg);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -1117,6 +1158,17 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		return;
 	case gf_Msg_lock_switchover_tag:
 		handle_switchover(d, c, m->body.lock_switchover.epoch);
+		return;
+	case gf_Msg_lock_serving_tag:
+		/* No answer: a late report of an earlier grant is simply ignored. */
+		if (c->role == R_HOLDER && m->body.lock_serving.epoch == d->epoch && !c->serving) {
+			c->serving = true;
+			gf_log(GF_LOG_INFO, "lock", "msg=\"holder serving\" id=%s epoch=%llu", p->id,
+			       (unsigned long long)d->epoch);
+		}
+		return;
+	case gf_Msg_lock_evict_tag:
+		handle_evict(d, c, m->body.lock_evict.engine_id);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {
@@ -1251,6 +1303,9 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 	int rc = gf_pool_decl_from_acquire(a, &tmp);
 	if (rc < 0)
 		return rc;
+	c->reports_serving = a->reports_serving;
+	/* Only a holder reclaiming its grant already serves. */
+	c->serving = a->serving && a->session_token.size > 0;
 	/* A pinned standby is never evicted, so the next one on its GPU is:
 	 * pinning is the operator's decision, not any allowed engine's. */
 	if (tmp.pinned && !is_admin(c->peer)) {
@@ -1280,8 +1335,18 @@ static void pool_registered(gf_lockd *d, struct conn *c)
 	 * newcomer and evict an older standby in its place. */
 	struct seen *e = seen_find(d, c->peer->id);
 	c->last_active_us = e && e->tcp == c->peer->tcp && e->uid == c->peer->uid ? e->last_active_us : 0;
-	if (!c->decl || !c->decl->ngpus || d->pool.max_standby_per_gpu == 0)
+	if (d->pool.max_standby_per_gpu == 0)
 		return;
+	if (!c->decl || !c->decl->ngpus) {
+		/* The budget is per GPU UUID: engines on the host backend (HOST-…
+		 * device ids) declare none unless told, and would escape it silently. */
+		if (!d->warned_no_gpu)
+			gf_log(GF_LOG_WARN, "lock",
+			       "msg=\"a standby declared no GPU: the standby budget does not apply to it (engines on the host backend declare none unless given --gpu / gf_engine_set_gpus)\" id=%s pid=%u budget=%u",
+			       c->peer->id, c->peer->pid, d->pool.max_standby_per_gpu);
+		d->warned_no_gpu = true;
+		return;
+	}
 	/* The common case, every GPU within budget, costs one pass and no allocation. */
 	bool over = false;
 	for (size_t g = 0; g < c->decl->ngpus && !over; g++) {

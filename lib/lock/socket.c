@@ -44,6 +44,7 @@ struct sock {
 	/* The listeners that came with the grant (unix only); ours, closed on release. */
 	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
 	size_t nlsn;
+	bool takes_serving; /* the grant said the server relays readiness (LockServing) */
 };
 
 static void drop_conn(gf_lock *l)
@@ -138,6 +139,8 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	a->asleep_bytes = l->decl.asleep_bytes;
 	a->pinned = l->decl.pinned;
 	memcpy(a->model, l->decl.model, sizeof(a->model));
+	a->reports_serving = l->reports_serving;
+	a->serving = reclaim && l->serving;
 	int fds[GF_LIMIT_LISTENERS];
 	size_t nfds = 0;
 	if (reclaim) {
@@ -177,6 +180,7 @@ static void take_grant(gf_lock *l, const gf_LockGranted *g)
 	s->grant.reclaimed = g->reclaimed;
 	s->eff_hb_ms = g->heartbeat_ms > 0 && g->heartbeat_ms < l->hb_ms ? g->heartbeat_ms : l->hb_ms;
 	s->eff_fence_ms = g->fence_ms > 0 && g->fence_ms < l->fence_ms ? g->fence_ms : l->fence_ms;
+	s->takes_serving = g->takes_serving;
 	atomic_store(&s->epoch, g->epoch);
 	s->last_heard = gf_now_us();
 	s->next_hb = s->last_heard + s->eff_hb_ms * 1000;
@@ -202,6 +206,9 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 		return gf_err(GF_ERR_STATE, "lock %s: an acquire is already in progress", l->id);
 	atomic_store(&s->state, C_WAITING);
 	drop_listeners(l);
+	pthread_mutex_lock(&l->mu);
+	l->serving = false;
+	pthread_mutex_unlock(&l->mu);
 	/* 0 means ask once: one connection attempt, and the server answers the
 	 * acquire at once (granted, or timed out when the lock is held). */
 	const bool once = timeout_ms == 0;
@@ -484,6 +491,29 @@ static int sock_release(gf_lock *l)
 	return rc;
 }
 
+static int sock_serving(gf_lock *l)
+{
+	struct sock *s = l->priv;
+	int rc = 0;
+	pthread_mutex_lock(&l->mu);
+	int st = atomic_load(&s->state);
+	if (st != C_HELD && st != C_RECONNECTING) {
+		rc = gf_err(GF_ERR_STATE, "lock %s: serving: not held", l->id);
+	} else {
+		l->serving = true;
+		/* Reconnecting: the reclaim says so. An older server takes no LockServing. */
+		if (st == C_HELD && s->takes_serving && s->fd >= 0) {
+			gf_Msg *m = s->msg;
+			memset(m, 0, sizeof(*m));
+			m->which_body = gf_Msg_lock_serving_tag;
+			m->body.lock_serving.epoch = s->grant.epoch;
+			rc = gf_msg_send(s->fd, m, NULL, 0, gf_now_us() + 10000);
+		}
+	}
+	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
 static int sock_listeners(const gf_lock *l, const struct gf_lock_listener **out, size_t *n)
 {
 	const struct sock *s = l->priv;
@@ -736,6 +766,7 @@ const struct gf_lock_backend gf_lock_socket_backend = {
 	.set_secret = sock_set_secret,
 	.acquire = sock_acquire,
 	.release = sock_release,
+	.serving = sock_serving,
 	.process = sock_process,
 	.get_fd = sock_get_fd,
 	.get_timeout_ms = sock_get_timeout_ms,

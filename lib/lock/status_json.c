@@ -120,6 +120,8 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 	json_object_set_new(root, "listeners", ls ? ls : json_null());
 	json_object_set_new(root, "listeners_pending", json_integer(s->listeners_pending));
 	json_object_set_new(root, "step_down_requested", json_boolean(s->step_down_requested));
+	const char *serving = gf_lock_serving_name(s);
+	json_object_set_new(root, "holder_serving", serving ? json_string(serving) : json_null());
 	char *text = json_dumps(root, JSON_COMPACT);
 	json_decref(root);
 	if (!text)

@@ -236,6 +236,8 @@ def test_readiness_relay(tmp):
         assert r.returncode == 0, r.stdout + r.stderr
         ans = json.loads(r.stdout)
         assert ans["ready"] and ans["holder"] == "h" and ans["epoch"] > 0 and ans["holder_model"] == "llama-3"
+        # gfctl never reports serving: ready from its grant, as before, and says it does not know.
+        assert ans["serving"] == "unknown" and pool.status()["holder_serving"] == "unknown"
         assert ready().returncode == 0  # any GPU, any model
         assert ready("--model", "qwen").returncode == 1
         assert ready("--gpu", "GPU-0a1b2c3d-0000-4000-8000-0000000000ff").returncode == 1
@@ -245,6 +247,140 @@ def test_readiness_relay(tmp):
         code, body = get(f"http://127.0.0.1:{pool.port}/ready?gpu=GPU-nope")
         assert code == 400 and "not a UUID" in json.loads(body)["error"]
         assert get(f"http://127.0.0.1:{pool.port}/nothing")[0] == 404
+    finally:
+        pool.close()
+
+
+class Gms:
+    """A gf-gmsd (host backend) and gf-c-engines around a Pool."""
+
+    def __init__(self, pool):
+        self.pool, self.tmp = pool, pool.tmp
+        self.uri = f"unix://{self.tmp}/gms.sock"
+        self.proc = subprocess.Popen([GMSD, "--listen", self.uri, "--backend", "host"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        self.engines = []
+        wait_until(lambda: os.path.exists(f"{self.tmp}/gms.sock"), "gms socket")
+
+    def engine(self, name, env=None, gpu=GPU):
+        err = open(os.path.join(self.tmp, name + ".log"), "w")
+        p = subprocess.Popen([ENGINE, "--lock", self.pool.uri, "--gms", self.uri, "--id", name]
+                             + (["--gpu", gpu] if gpu else [])
+                             + ["--port", str(free_port()), "--probe-port", "-1", "--kv-bytes", "1M",
+                                "--model", "tiny"], stdout=subprocess.DEVNULL, stderr=err,
+                             env=dict(os.environ, **(env or {})))
+        self.engines.append(p)
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.tmp, name + ".log")) as f:
+            return f.read()
+
+    def close(self):
+        for p in self.engines:
+            if p.poll() is None:
+                p.terminate()
+            p.wait(HANG_GUARD)
+        self.proc.terminate()
+        self.proc.wait(HANG_GUARD)
+
+
+@pytest.mark.skipif(not (GMSD and ENGINE), reason="needs gf-gmsd and gf-c-engine")
+def test_readiness_waits_until_the_holder_serves(tmp):
+    """Issue 29.8: granted is not serving. An engine whose wake hangs holds the
+    lock, but the relay (gfctl lock ready, /ready) says not ready until it
+    enters Active; the next engine, whose wake completes, is ready."""
+    pool = Pool(tmp)
+    gms = Gms(pool)
+    try:
+        def ready():
+            r = subprocess.run([GFCTL, "lock", "ready", "--lock", pool.uri, "--gpu", GPU, "--model", "tiny"],
+                               capture_output=True, text=True, timeout=HANG_GUARD)
+            return r.returncode, json.loads(r.stdout) if r.stdout else r.stderr
+        hung = gms.engine("hung", env={"GF_ENGINE_TEST_HANG_WAKE_MS": "60000"})
+        wait_until(lambda: "event=test_hang_wake" in gms.log("hung"), "hung engine waking")
+        assert pool.status()["holder"] == "hung"
+        code, ans = ready()
+        assert code == 1 and ans["ready"] is False and ans["holder"] == "hung" and ans["serving"] == "no", ans
+        assert get(f"http://127.0.0.1:{pool.port}/ready?gpu={GPU}&model=tiny")[0] == 503
+        assert pool.status()["holder_serving"] == "no"
+        good = gms.engine("good")
+        wait_until(lambda: pool.waiting("good"), "good in standby")
+        hung.terminate()
+        assert hung.wait(HANG_GUARD) == 0
+        wait_until(lambda: ready()[0] == 0, "the next engine ready")
+        code, ans = ready()
+        assert ans["holder"] == "good" and ans["serving"] == "yes", ans
+        code, body = get(f"http://127.0.0.1:{pool.port}/ready?gpu={GPU}&model=tiny")
+        assert code == 200 and json.loads(body)["serving"] == "yes"
+        assert "event=serving" in gms.log("good") and good.poll() is None
+    finally:
+        gms.close()
+        pool.close()
+
+
+@pytest.mark.skipif(not (GMSD and ENGINE), reason="needs gf-gmsd and gf-c-engine")
+def test_budget_on_the_host_backend_says_what_it_skips(tmp):
+    """Issue 29.8: the budget counts GPUs by UUID; engines on the host backend
+    declare none unless given --gpu, so they are outside it. The server says so
+    (once) instead of leaving the budget silently inert; with --gpu they count."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    gms = Gms(pool)
+    try:
+        pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), "holder granted")
+        gms.engine("bare-1", gpu=None)
+        gms.engine("bare-2", gpu=None)
+        wait_until(lambda: pool.waiting("bare-1") and pool.waiting("bare-2"), "two standbys without GPUs")
+        assert pool.status()["pool"]["evicted"] == 0
+        line = "a standby declared no GPU: the standby budget does not apply to it"
+        wait_until(lambda: line in pool.logtext(), "the server's warning")
+        assert pool.logtext().count(line) == 1
+        first = gms.engine("gpu-1")
+        wait_until(lambda: pool.waiting("gpu-1"), "gpu-1 in standby")
+        gms.engine("gpu-2")
+        assert first.wait(HANG_GUARD) == EXIT_EVICTED
+        assert pool.waiting("bare-1") and pool.waiting("bare-2")
+    finally:
+        gms.close()
+        pool.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run gfctl as another uid")
+def test_admin_evicts_a_named_standby(tmp):
+    """Issue 29.8: gfctl lock evict --id ID (gf_lock_evict) ends that standby's
+    acquire with GF_ERR_EVICTED (exit 73) like a budget eviction; an allowed
+    non-admin uid is refused (exit 6) and evicts nothing; the holder and
+    unknown ids are not standbys (exit 1)."""
+    os.chmod(tmp, 0o755)
+    pool = Pool(tmp, "--allow-uid", "0", "--allow-uid", "65534")
+    os.chmod(pool.uri[len("unix://"):], 0o666)  # the uid check under test is the server's, not the file's
+    try:
+        def evict(name, uid=None):
+            argv = [GFCTL, "lock", "evict", "--lock", pool.uri, "--id", name]
+            if uid is not None:
+                argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] + argv
+            return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_GUARD)
+        pool.engine("holder")
+        wait_until(lambda: pool.granted("holder"), "holder granted")
+        victim = pool.engine("victim", "--pin")
+        other = pool.engine("other")
+        wait_until(lambda: pool.waiting("victim") and pool.waiting("other"), "two standbys")
+        r = evict("victim", uid=65534)
+        assert r.returncode == 6 and "GF_ERR_PERMISSION" in r.stderr, (r.returncode, r.stderr)
+        assert pool.waiting("victim") and pool.status()["pool"]["evicted"] == 0
+        r = evict("victim")
+        assert r.returncode == 0 and r.stdout.strip() == "evicted id=victim", (r.returncode, r.stdout, r.stderr)
+        assert victim.wait(HANG_GUARD) == EXIT_EVICTED
+        assert "evicted from the standby pool by an admin" in pool.stderr_of("victim")
+        assert 'msg="evicted" id=victim' in pool.logtext()
+        st = pool.status()
+        assert st["pool"]["evicted"] == 1 and [w["id"] for w in st["waiters"]] == ["other"]
+        r = evict("victim")
+        assert r.returncode == 1 and "no standby" in r.stderr, (r.returncode, r.stderr)
+        r = evict("holder")
+        assert r.returncode == 1 and "revoke" in r.stderr, (r.returncode, r.stderr)
+        assert other.poll() is None and st["holder"] == "holder"
     finally:
         pool.close()
 
