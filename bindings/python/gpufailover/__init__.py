@@ -56,6 +56,7 @@ from ._gpufailover import (
 )
 from . import _gpufailover
 from typing import Any
+import importlib
 
 
 def gms_tiers(uri: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -88,8 +89,8 @@ def torch_allocator() -> Any:
             model = load_model()          # weight tensors land in GMS allocations
         writer.commit()
     """
-    import torch
-
+    # PyTorch is optional: imported by name so the type checker needs no torch installed.
+    torch = importlib.import_module("torch")
     return torch.cuda.memory.CUDAPluggableAllocator(torch_allocator_path(), "gf_torch_malloc", "gf_torch_free")
 
 

@@ -4,6 +4,9 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, f
 import builtins
 import os
 import socket
+import sys
+
+from typing_extensions import Buffer
 
 __version__: str
 
@@ -85,7 +88,7 @@ class LockClient:
     def __exit__(self, *exc: object) -> None: ...
 
 @final
-class Mapping:
+class Mapping(Buffer):
     @property
     def addr(self) -> int: ...
     @property
@@ -95,8 +98,11 @@ class Mapping:
     def __dlpack__(self, *, stream: Any = ..., max_version: Optional[Tuple[int, int]] = ...,
                    dl_device: Any = ..., copy: Optional[bool] = ...) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
-    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    # The buffer protocol has a Python face from 3.12 on; before, Buffer
+    # (a base here) declares it for type checkers only.
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+        def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
 @final
 class GMSClient:
