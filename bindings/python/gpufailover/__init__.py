@@ -39,18 +39,24 @@ from ._gpufailover import (
     TimeoutError,
     UnreachableError,
     __version__,
+    device_find_by_uuid,
+    device_list,
     gms_restore,
     gms_snapshot,
     gms_status,
     install_fault_reporter,
+    lock_revoke,
     lock_status,
+    lock_switchover,
     parse_duration,
+    ready_for,
     remove_fault_reporter,
     safetensors_header,
     strerror,
 )
 from . import _gpufailover
 from typing import Any
+import importlib
 
 
 def gms_tiers(uri: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -83,8 +89,8 @@ def torch_allocator() -> Any:
             model = load_model()          # weight tensors land in GMS allocations
         writer.commit()
     """
-    import torch
-
+    # PyTorch is optional: imported by name so the type checker needs no torch installed.
+    torch = importlib.import_module("torch")
     return torch.cuda.memory.CUDAPluggableAllocator(torch_allocator_path(), "gf_torch_malloc", "gf_torch_free")
 
 
@@ -122,13 +128,18 @@ __all__ = [
     "TimeoutError",
     "UnreachableError",
     "__version__",
+    "device_find_by_uuid",
+    "device_list",
     "gms_restore",
     "gms_snapshot",
     "gms_status",
     "gms_tiers",
     "install_fault_reporter",
+    "lock_revoke",
     "lock_status",
+    "lock_switchover",
     "parse_duration",
+    "ready_for",
     "remove_fault_reporter",
     "safetensors_header",
     "strerror",

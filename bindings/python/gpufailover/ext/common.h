@@ -121,6 +121,25 @@ int64_t gfpy_now_ms(void);
 int gfpy_wait_interruptible(int (*call)(void *ctx, int64_t ms), void *ctx, void (*intr)(void *),
 		       void *(*handle)(PyObject *obj), PyObject *obj, Py_ssize_t *busy, const int *stop, int64_t ms);
 
+/*
+ * Run fn(arg, json), a one-shot request to the server at uri bounded by
+ * timeout_ms (-1: none), on a thread of its own and wait for it with the GIL
+ * released, interruptible by signal handlers (a raising handler ends the
+ * wait; the request then finishes on its own). free_arg(arg) runs when both
+ * sides are done, also on failure here. Returns fn's result (>= 0) as an int
+ * object, or NULL with an exception (fn's error with its detail, naming
+ * what). *json (if json is not NULL) receives fn's malloc'd text on
+ * success: the caller frees it.
+ */
+PyObject *gfpy_oneshot_run(const char *what, const char *uri, int64_t timeout_ms, int (*fn)(void *arg, char **json),
+			   void *arg, void (*free_arg)(void *arg), char **json);
+/* A sequence of str (not a str itself) as a NULL-terminated malloc'd array of
+ * UTF-8 copies, at most max entries; *n its length. Frees with gfpy_strv_free(). */
+int gfpy_strv_arg(PyObject *obj, const char *what, size_t max, char ***out, size_t *n);
+void gfpy_strv_free(char **v);
+/* pinned=: a bool, TypeError for anything else (1 or "yes" would be a mistake). */
+int gfpy_bool_arg(PyObject *obj, void *out);
+
 /* the types, each in its own file */
 extern PyTypeObject gfpy_MemoryType, gfpy_LockType, gfpy_GMSType, gfpy_MappingType, gfpy_EngineType;
 int gfpy_backend_arg(PyObject *obj, int *kind);
@@ -131,6 +150,13 @@ int gfpy_no_exports(GMSObject *self, const char *what);
 void gfpy_engine_forget_view(PyObject *engine, GMSObject *view);
 PyObject *gfpy_install_fault_reporter(PyObject *self, PyObject *arg);
 PyObject *gfpy_remove_fault_reporter(PyObject *self, PyObject *args);
+PyObject *gfpy_lock_status(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_gms_status(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_ready_for(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_lock_revoke(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_lock_switchover(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_device_list(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_device_find_by_uuid(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_gms_snapshot(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_gms_restore(PyObject *self, PyObject *args, PyObject *kw);
 

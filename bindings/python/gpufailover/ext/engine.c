@@ -119,9 +119,8 @@ static int health_trampoline(gf_engine *e, void *ud)
 {
 	EngineObject *self = ud;
 	PyGILState_STATE st = PyGILState_Ensure();
-	int healthy = 1; /* no health callable: Active is healthy, as in C */
+	int healthy = 0;
 	if (self->health) {
-		healthy = 0;
 		PyObject *r = PyObject_CallNoArgs(self->health);
 		if (r)
 			healthy = PyObject_IsTrue(r) == 1;
@@ -177,18 +176,24 @@ static int role_arg(PyObject *obj, int *role)
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
-				  "init_timeout", "private_bytes", "probe_port", "probe_address", "memory_need", NULL };
+				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
+				  "asleep_bytes", "pinned", "model", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
-	uint64_t priv = 0, need = 0;
-	PyObject *needobj = Py_None; /* None: the library's default (the private bytes) */
+	uint64_t priv = 0, need = 0, asleep = 0;
+	PyObject *gpus_obj = Py_None, *need_obj = NULL;
+	const char *model = NULL;
+	char **gpus = NULL;
+	size_t ngpus = 0;
+	int pinned = 0;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzO", kwlist, &lock_uri, &id, &gms_list, &roleobj,
-					 &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr, &needobj))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzOOO&O&z", kwlist, &lock_uri, &id, &gms_list,
+					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
+					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model))
 		return -1;
-	if (needobj != Py_None && !gfpy_u64_arg(needobj, &need))
+	if (need_obj && need_obj != Py_None && !gfpy_u64_arg(need_obj, &need))
 		return -1;
 	if (self->engine) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
@@ -209,11 +214,16 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 			return -1;
 		}
 	}
-	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
-	if (!seq)
+	if (gpus_obj != Py_None && gfpy_strv_arg(gpus_obj, "gpus", 8, &gpus, &ngpus) < 0)
 		return -1;
+	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
+	if (!seq) {
+		gfpy_strv_free(gpus);
+		return -1;
+	}
 	if (PySequence_Fast_GET_SIZE(seq) < 1) {
 		Py_DECREF(seq);
+		gfpy_strv_free(gpus);
 		PyErr_SetString(PyExc_ValueError, "gms must name at least one GMS URI");
 		return -1;
 	}
@@ -226,6 +236,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		const char *us = PyUnicode_Check(u) ? PyUnicode_AsUTF8(u) : NULL;
 		if (!us) {
 			Py_DECREF(seq);
+			gfpy_strv_free(gpus);
 			gf_engine_free(e);
 			if (!PyErr_Occurred())
 				PyErr_SetString(PyExc_TypeError, "gms entries must be str URIs");
@@ -246,8 +257,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_init_timeout(e, init_ms);
 	if (rc == 0 && priv)
 		rc = gf_engine_set_private_bytes(e, priv);
-	if (rc == 0 && needobj != Py_None)
+	if (rc == 0 && need_obj && need_obj != Py_None)
 		rc = gf_engine_set_memory_need(e, need);
+	if (rc == 0 && gpus_obj != Py_None)
+		rc = gf_engine_set_gpus(e, (const char *const *)gpus, ngpus);
+	gfpy_strv_free(gpus);
+	if (rc == 0 && asleep)
+		rc = gf_engine_set_asleep_bytes(e, asleep);
+	if (rc == 0 && pinned)
+		rc = gf_engine_set_pinned(e, pinned);
+	if (rc == 0 && model)
+		rc = gf_engine_set_model(e, model);
 	if (rc == 0 && probe_port >= 0)
 		rc = gf_engine_set_probe_address(e, probe_addr, (int)probe_port);
 	if (rc == 0)
@@ -722,11 +742,16 @@ PyTypeObject gfpy_EngineType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
-		  "       probe_address=None, memory_need=None)\n\n"
+		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
+		  "       model=None)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
-		  "memory_need: bytes free per device before Waking (None: private_bytes; 0: no gate).",
+		  "memory_need: free bytes every device must have before Waking (None: private_bytes;\n"
+		  "0: no gate). The standby pool, declared to the lock server with every acquire:\n"
+		  "gpus (at most 8 UUIDs; None: the devices' own UUIDs on cuda, none on host),\n"
+		  "asleep_bytes (memory kept while asleep), pinned (never evicted for a GPU's standby\n"
+		  "budget) and model (answered by ready_for()).",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

@@ -6,6 +6,7 @@ typedef struct {
 	PyObject_HEAD
 	gf_lock *lock;
 	PyObject *on_lost; /* callable or None */
+	PyObject *on_step_down; /* callable(epoch) or NULL */
 	Py_ssize_t busy;   /* calls running with the GIL released */
 	int closing;       /* close() is ending a blocked acquire() */
 } LockObject;
@@ -15,6 +16,22 @@ static PyObject *GrantType; /* a namedtuple made in module exec */
 static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
 {
 	gfpy_run_hook(((LockObject *)ud)->on_lost, err, detail);
+}
+
+/* A planned switchover asks this holder to step down (the watcher thread). */
+static void lock_step_down_trampoline(gf_lock *l, uint64_t epoch, void *ud)
+{
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *fn = ((LockObject *)ud)->on_step_down;
+	if (fn) {
+		Py_INCREF(fn); /* another thread may replace the hook while it runs */
+		PyObject *r = PyObject_CallFunction(fn, "K", (unsigned long long)epoch);
+		if (!r)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(r);
+		Py_DECREF(fn);
+	}
+	PyGILState_Release(g);
 }
 
 static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
@@ -65,6 +82,7 @@ static void Lock_dealloc(LockObject *self)
 	gf_lock_free(l);
 	Py_END_ALLOW_THREADS
 	Py_XDECREF(self->on_lost);
+	Py_XDECREF(self->on_step_down);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -252,6 +270,57 @@ static PyObject *Lock_listeners(LockObject *self, PyObject *unused)
 	return d;
 }
 
+static PyObject *Lock_set_resources(LockObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "gpus", "wake_bytes", "asleep_bytes", NULL };
+	PyObject *gobj;
+	uint64_t wake = 0, asleep = 0;
+	char **gpus = NULL;
+	size_t n = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O&O&", kwlist, &gobj, gfpy_u64_arg, &wake, gfpy_u64_arg, &asleep))
+		return NULL;
+	if (lock_ready(self) < 0 || gfpy_strv_arg(gobj, "gpus", 8, &gpus, &n) < 0)
+		return NULL;
+	int rc = gf_lock_set_resources(self->lock, (const char *const *)gpus, n, wake, asleep);
+	gfpy_strv_free(gpus);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_set_pinned(LockObject *self, PyObject *arg)
+{
+	int pinned;
+	if (lock_ready(self) < 0 || !gfpy_bool_arg(arg, &pinned))
+		return NULL;
+	int rc = gf_lock_set_pinned(self->lock, pinned);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Lock_set_model(LockObject *self, PyObject *arg)
+{
+	const char *model = NULL;
+	if (lock_ready(self) < 0)
+		return NULL;
+	if (arg != Py_None) {
+		Py_ssize_t sz;
+		model = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &sz) : NULL;
+		if (!model) {
+			if (!PyErr_Occurred())
+				PyErr_Format(PyExc_TypeError, "model must be str or None, not %.100s", Py_TYPE(arg)->tp_name);
+			return NULL;
+		}
+		if ((size_t)sz != strlen(model))
+			return PyErr_Format(PyExc_ValueError, "model contains a NUL character");
+	}
+	int rc = gf_lock_set_model(self->lock, model);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Lock_get_held(LockObject *self, void *c)
 {
 	return PyBool_FromLong(self->lock && gf_lock_is_held(self->lock));
@@ -270,6 +339,30 @@ static PyObject *Lock_get_on_lost(LockObject *self, void *c)
 static int Lock_set_on_lost(LockObject *self, PyObject *v, void *c)
 {
 	return gfpy_hook_set(&self->on_lost, v, "on_lost");
+}
+
+static PyObject *Lock_get_on_step_down(LockObject *self, void *c)
+{
+	return gfpy_hook_get(self->on_step_down);
+}
+
+static int Lock_set_on_step_down(LockObject *self, PyObject *v, void *c)
+{
+	if (lock_ready(self) < 0)
+		return -1;
+	if (v && v != Py_None && !PyCallable_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "on_step_down must be callable(epoch) or None");
+		return -1;
+	}
+	if (!v || v == Py_None) {
+		gf_lock_set_step_down_fn(self->lock, NULL, NULL);
+		Py_CLEAR(self->on_step_down);
+	} else {
+		Py_INCREF(v);
+		Py_XSETREF(self->on_step_down, v);
+		gf_lock_set_step_down_fn(self->lock, lock_step_down_trampoline, self);
+	}
+	return 0;
 }
 
 static PyObject *Lock_enter(PyObject *self, PyObject *unused)
@@ -310,6 +403,21 @@ static PyMethodDef Lock_methods[] = {
 	  "prepare_watch() did)." },
 	{ "stop_watch", (PyCFunction)Lock_stop_watch, METH_NOARGS, "stop_watch($self, /)\n--\n\n"
 	  "Stop the watcher thread." },
+	{ "set_resources", (PyCFunction)(void (*)(void))Lock_set_resources, METH_VARARGS | METH_KEYWORDS,
+	  "set_resources($self, gpus, wake_bytes=0, asleep_bytes=0)\n--\n\n"
+	  "Declare this engine's resources for the server's standby pool, sent with every\n"
+	  "acquire: the GPUs it runs on (at most 8 UUIDs, 'GPU-' or 'MIG-' and 8-4-4-4-12 hex\n"
+	  "digits), the memory its wake needs and the memory it keeps while asleep (bytes).\n"
+	  "Replaces an earlier declaration; takes effect at the next acquire. A server with a\n"
+	  "per-GPU standby budget may evict this engine while it waits: acquire() then raises\n"
+	  "GpuFailoverError (EVICTED). Raises ValueError for a malformed or\n"
+	  "repeated UUID (nothing changed)." },
+	{ "set_pinned", (PyCFunction)Lock_set_pinned, METH_O, "set_pinned($self, pinned, /)\n--\n\n"
+	  "Declare this engine pinned (True): the server never evicts it to keep a GPU's standby budget." },
+	{ "set_model", (PyCFunction)Lock_set_model, METH_O, "set_model($self, model, /)\n--\n\n"
+	  "Declare the model this engine serves (the engine id rule: 1..127 printable ASCII\n"
+	  "characters without spaces, quotes, backslash or '='; None or '' clears), answered by\n"
+	  "ready_for() queries." },
 	{ "__enter__", (PyCFunction)Lock_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL },
 	{ NULL },
@@ -320,6 +428,10 @@ static PyGetSetDef Lock_getset[] = {
 	{ "epoch", (getter)Lock_get_epoch, NULL, "fencing epoch of the current grant (0 if never granted)", NULL },
 	{ "on_lost", (getter)Lock_get_on_lost, (setter)Lock_set_on_lost,
 	  "callable(code, detail) run (on the watcher thread) when a held lock is lost", NULL },
+	{ "on_step_down", (getter)Lock_get_on_step_down, (setter)Lock_set_on_step_down,
+	  "callable(epoch) run on the watcher thread when a planned switchover (lock_switchover())\n"
+	  "asks this holder to step down: hand the work to another thread, which stops accepting,\n"
+	  "drains and calls release(). None: the request is ignored.", NULL },
 	{ NULL },
 };
 

@@ -29,56 +29,6 @@ static PyObject *py_strerror(PyObject *self, PyObject *arg)
 	return PyUnicode_FromString(gf_strerror((int)code));
 }
 
-static PyObject *py_lock_status(PyObject *self, PyObject *args, PyObject *kw)
-{
-	static char *kwlist[] = { "uri", "timeout", "secret", NULL };
-	const char *uri;
-	PyObject *tobj = NULL;
-	Py_buffer secret = { 0 };
-	int64_t ms;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$y*", kwlist, &uri, &tobj, &secret))
-		return NULL;
-	if (tobj == NULL)
-		ms = 5000;
-	else if (gfpy_timeout_arg(tobj, &ms, 0) < 0) {
-		PyBuffer_Release(&secret);
-		return NULL;
-	}
-	char *json = NULL;
-	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_lock_status_json(uri, secret.buf, (size_t)secret.len, ms, &json);
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&secret);
-	if (rc < 0)
-		return gfpy_raise_gf(rc);
-	PyObject *r = gfpy_json_loads(json);
-	free(json);
-	return r;
-}
-
-static PyObject *py_gms_status(PyObject *self, PyObject *args, PyObject *kw)
-{
-	static char *kwlist[] = { "uri", "timeout", NULL };
-	const char *uri;
-	PyObject *tobj = NULL;
-	int64_t ms = 5000;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O", kwlist, &uri, &tobj))
-		return NULL;
-	if (tobj && gfpy_timeout_arg(tobj, &ms, 0) < 0)
-		return NULL;
-	char *json = NULL;
-	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_status_json(uri, ms, &json);
-	Py_END_ALLOW_THREADS
-	if (rc < 0)
-		return gfpy_raise_gf(rc);
-	PyObject *r = gfpy_json_loads(json);
-	free(json);
-	return r;
-}
-
 /* The PyTorch pluggable allocator: route gf_torch_malloc to a GMS writer. */
 
 static PyObject *py_torch_pool_begin(PyObject *self, PyObject *arg)
@@ -116,10 +66,42 @@ static PyMethodDef module_methods[] = {
 	  "parse_duration('250ms') -> seconds (float)" },
 	{ "strerror", py_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
 	  "strerror(code) -> text" },
-	{ "lock_status", (PyCFunction)(void (*)(void))py_lock_status, METH_VARARGS | METH_KEYWORDS,
+	{ "lock_status", (PyCFunction)(void (*)(void))gfpy_lock_status, METH_VARARGS | METH_KEYWORDS,
 	  "lock_status($module, uri, timeout=5.0, *, secret=None)\n--\n\n"
-	  "lock_status(uri, timeout=5.0, *, secret=None) -> dict" },
-	{ "gms_status", (PyCFunction)(void (*)(void))py_gms_status, METH_VARARGS | METH_KEYWORDS,
+	  "lock_status(uri, timeout=5.0, *, secret=None) -> dict\n\nThe lock server's status document (holder,\n"
+	  "epoch, waiters, ...). Signal handlers run while it waits." },
+	{ "ready_for", (PyCFunction)(void (*)(void))gfpy_ready_for, METH_VARARGS | METH_KEYWORDS,
+	  "ready_for($module, uri, gpus=None, model=None, timeout=5.0, *, secret=None)\n--\n\n"
+	  "Readiness relay: is an engine Active (the lock's holder) for every GPU UUID in gpus\n"
+	  "(None or []: any) and for model (None or '': any)? Returns the answer as a dict\n"
+	  "{'ready', 'holder', 'epoch', 'holder_model', 'gpus', 'model'}; the holder may still be\n"
+	  "waking (its own /ready probe says when it serves). Raises ValueError for more than 8\n"
+	  "GPUs, ValueError for a malformed UUID or model, UnreachableError,\n"
+	  "TimeoutError, PermissionError." },
+	{ "lock_revoke", (PyCFunction)(void (*)(void))gfpy_lock_revoke, METH_VARARGS | METH_KEYWORDS,
+	  "lock_revoke($module, uri, epoch, timeout=5.0, *, secret=None)\n--\n\n"
+	  "Admin request: revoke the grant of epoch (the current holder's): the server drops that\n"
+	  "holder without waiting for its process to exit and grants the next waiter. Allowed for\n"
+	  "the server's admin uids (unix) or with the shared secret (tcp). Raises StateError when\n"
+	  "epoch is not the current grant, PermissionError, UnreachableError, TimeoutError." },
+	{ "lock_switchover", (PyCFunction)(void (*)(void))gfpy_lock_switchover, METH_VARARGS | METH_KEYWORDS,
+	  "lock_switchover($module, uri, epoch=0, timeout=5.0, *, secret=None)\n--\n\n"
+	  "Admin request: planned switchover. The holder (the grant of epoch; 0: whoever holds the\n"
+	  "lock) is asked to step down (Engine.on_step_down), drains and releases; the first waiter\n"
+	  "is granted. Returns once the holder was asked. Raises StateError when nobody holds the\n"
+	  "lock, epoch is not the current grant or no waiter would take over; PermissionError,\n"
+	  "UnreachableError, TimeoutError." },
+	{ "device_list", (PyCFunction)(void (*)(void))gfpy_device_list, METH_VARARGS | METH_KEYWORDS,
+	  "device_list($module, backend='auto')\n--\n\n"
+	  "The devices the backend sees, in index order: a list of dicts {'index', 'uuid', 'name',\n"
+	  "'total_bytes', 'free_bytes', 'mig'} (cuda applies CUDA_VISIBLE_DEVICES). Releases the GIL\n"
+	  "(reading free memory blocks in the driver)." },
+	{ "device_find_by_uuid", (PyCFunction)(void (*)(void))gfpy_device_find_by_uuid, METH_VARARGS | METH_KEYWORDS,
+	  "device_find_by_uuid($module, uuid, backend='auto')\n--\n\n"
+	  "The index (for Memory(device=...)) of the device with this UUID, with or without its\n"
+	  "'GPU-'/'MIG-' prefix, or a unique prefix of it. Raises NotFoundError when none matches,\n"
+	  "ValueError when the prefix is ambiguous." },
+	{ "gms_status", (PyCFunction)(void (*)(void))gfpy_gms_status, METH_VARARGS | METH_KEYWORDS,
 	  "gms_status($module, uri, timeout=5.0)\n--\n\n"
 	  "gms_status(uri, timeout=5.0) -> dict" },
 	{ "gms_snapshot", (PyCFunction)(void (*)(void))gfpy_gms_snapshot, METH_VARARGS | METH_KEYWORDS,
