@@ -119,8 +119,9 @@ static int health_trampoline(gf_engine *e, void *ud)
 {
 	EngineObject *self = ud;
 	PyGILState_STATE st = PyGILState_Ensure();
-	int healthy = 0;
+	int healthy = 1; /* no health callable: Active is healthy, as in C */
 	if (self->health) {
+		healthy = 0;
 		PyObject *r = PyObject_CallNoArgs(self->health);
 		if (r)
 			healthy = PyObject_IsTrue(r) == 1;
