@@ -184,5 +184,5 @@ int main(void)
 		cmocka_unit_test(test_fd_checks),
 		cmocka_unit_test(test_malformed),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }
