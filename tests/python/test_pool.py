@@ -71,6 +71,11 @@ def test_engine_declares_its_pool_entry(cluster):
     info = gf.lock_status(cluster.lock_uri)["holder_info"]
     assert (info["gpus"], info["asleep_bytes"], info["pinned"], info["model"]) == (
         [GPU_A, GPU_B], 123, True, "llama-8b")
+    # Granted but not serving yet: the relay says so (docs/lock.md, readiness).
+    answer = gf.ready_for(cluster.lock_uri, [GPU_B], "llama-8b")
+    assert answer["ready"] is False and answer["holder"] == "engine-pool" and answer["epoch"] == epoch
+    eng.wake_up()
+    eng.serve()
     answer = gf.ready_for(cluster.lock_uri, [GPU_B], "llama-8b")
     assert answer["ready"] is True and answer["holder"] == "engine-pool" and answer["epoch"] == epoch
     eng.close()
