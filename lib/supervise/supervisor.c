@@ -526,8 +526,10 @@ int gf_supervisor_load_config(gf_supervisor *sv, const char *path, const char *j
 	if (sv->loaded)
 		return gf_err(GF_ERR_STATE, "supervisor config already loaded");
 	json_error_t jerr;
+	/* The operator's config file (or text): the only JSON this file parses;
+	 * lock state comes from the typed query (gf_lock_query_start()). */
 	json_t *root = path ? json_load_file(path, JSON_REJECT_DUPLICATES, &jerr)
-			    : json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+			    : json_loadb(json, strlen(json), JSON_REJECT_DUPLICATES, &jerr);
 	if (!root)
 		return gf_err(GF_ERR_INVALID_ARG, "%s:%d:%d: %s", path ? path : "config", jerr.line, jerr.column,
 			      jerr.text);
