@@ -122,7 +122,8 @@ def test_mypy_strict_package(python, tmp_path):
 
 def doc_snippets():
     text = (SOURCE / "docs" / "python.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    # Run or not (``` python excerpt, tests/docs/test_code_blocks.py), every one type-checks.
+    return re.findall(r"```python(?: excerpt)?\n(.*?)```", text, flags=re.S)
 
 
 def test_documented_examples_pass_mypy_strict(tmp_path):

@@ -23,13 +23,15 @@ from . import _gpufailover as _gf
 from ._gpufailover import Engine, GMSClient, LockClient
 
 if TYPE_CHECKING:
-    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend  # type: ignore[import-not-found, unused-ignore]
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _SleepModeBackend  # type: ignore[import-not-found, unused-ignore]
 
 BACKEND_NAME = "gpufailover"
 # vLLM's tags: weights live in the GMS; the KV cache is the engine's private memory.
 TAGS = ("weights", "kv_cache")
 
-__all__ = ["BACKEND_NAME", "Engine", "GpuFailoverBackend", "LockClient", "TAGS", "attach", "attached", "check_entry",
+# GpuFailoverBackend is public too, but resolved by name only (module
+# __getattr__ below): listing it here would make `import *` import vLLM.
+__all__ = ["BACKEND_NAME", "Engine", "LockClient", "TAGS", "attach", "attached", "check_entry",
            "describe", "detach", "pack", "register"]
 
 # The weight layout every gpufailover vLLM worker (CPU or GPU) writes and
@@ -195,91 +197,96 @@ def _restore_kv(a: _Attachment) -> None:
         a.kv_held = True
 
 
-def _make_backend_class() -> "Type[SleepModeBackend]":
+# The backend's methods, gathered into a class by _make_backend_class() once
+# vLLM's base class is there. They are module functions, not a class body in
+# that function, because type checkers list a class made in a function as a
+# symbol of the module, which it is not at run time.
+
+def _suspend(self: Any, level: int = 1) -> None:
+    # Both levels keep the weights resident in the GMS: there is
+    # nothing to copy out (level 1) or to reload (level 2).
+    if level not in (1, 2):
+        raise ValueError(f"sleep level must be 1 or 2, not {level!r}")
+    a = _current()
+    _unmap(a)
+    _release_kv(a)
+    self._state = "SUSPENDED"
+
+
+def _resume(self: Any, tags: Optional[Iterable[str]] = None) -> None:
+    chosen = _tags(tags)
+    a = _current()
+    before, remapped = self._state, False
+    self._state = "RESUMING"
+    try:
+        if "weights" in chosen and not a.weights_mapped:
+            _remap(a)
+            remapped = True
+        if "kv_cache" in chosen:
+            _restore_kv(a)
+    except BaseException:
+        if remapped:
+            _unmap(a)
+        self._state = before
+        raise
+    self._state = "RUNNING" if a.weights_mapped and a.kv_held else "SUSPENDED"
+
+
+def _discard(self: Any, tags: Iterable[str]) -> None:
+    chosen = _tags(tags)
+    a = _current()
+    # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
+    if "weights" in chosen:
+        _unmap(a)
+    if "kv_cache" in chosen:
+        _release_kv(a)
+    self._state = "SUSPENDED"
+
+
+# What vLLM asks of a backend class, and why each answer holds here.
+_CAPABILITIES = {
+    # The library is linked into the extension; the host and cuda backends
+    # are chosen when the GMS clients are made.
+    "is_supported": True,
+    # Sleep touches only GMS weights and private memory, never NCCL.
+    "preserves_communicators": True,
+    # The process lives on and the weights come back at the same addresses.
+    "preserves_compiled_artifacts": True,
+    # Graphs also hold KV-cache addresses, and the private memory is
+    # re-created by the engine, not promised at the same addresses.
+    "preserves_graphs_with_communicators": False,
+    # The GMS keeps weights across process restarts on the node, but nothing
+    # here persists suspended state to disk or object storage.
+    "supports_durable_storage": False,
+}
+
+
+def _answer(value: bool) -> Any:
+    return classmethod(lambda cls: value)
+
+
+def _make_backend_class() -> "Type[_SleepModeBackend]":
     try:
         from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _Base  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(f"gpufailover.vllm needs vLLM with sleep-mode backends (vllm>=0.32): {e}") from e
-
-    class GpuFailoverBackend(_Base):  # type: ignore[misc, unused-ignore]  # Any without vLLM
-        """Sleep unmaps the GMS weights and frees the private memory; wake
-        remaps at the same addresses (fail-fast: StaleLayoutError when the GMS
-        holds other weights, TimeoutError when it has none in time) and
-        re-creates the private memory. All-or-nothing: a failed call leaves the
-        state it found."""
-
-        def suspend(self, level: int = 1) -> None:
-            # Both levels keep the weights resident in the GMS: there is
-            # nothing to copy out (level 1) or to reload (level 2).
-            if level not in (1, 2):
-                raise ValueError(f"sleep level must be 1 or 2, not {level!r}")
-            a = _current()
-            _unmap(a)
-            _release_kv(a)
-            self._state = "SUSPENDED"
-
-        def resume(self, tags: Optional[Iterable[str]] = None) -> None:
-            chosen = _tags(tags)
-            a = _current()
-            before, remapped = self._state, False
-            self._state = "RESUMING"
-            try:
-                if "weights" in chosen and not a.weights_mapped:
-                    _remap(a)
-                    remapped = True
-                if "kv_cache" in chosen:
-                    _restore_kv(a)
-            except BaseException:
-                if remapped:
-                    _unmap(a)
-                self._state = before
-                raise
-            self._state = "RUNNING" if a.weights_mapped and a.kv_held else "SUSPENDED"
-
-        def discard(self, tags: Iterable[str]) -> None:
-            chosen = _tags(tags)
-            a = _current()
-            # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
-            if "weights" in chosen:
-                _unmap(a)
-            if "kv_cache" in chosen:
-                _release_kv(a)
-            self._state = "SUSPENDED"
-
-        @classmethod
-        def is_supported(cls) -> bool:
-            # The library is linked into the extension; the host and cuda
-            # backends are chosen when the GMS clients are made.
-            return True
-
-        @classmethod
-        def preserves_communicators(cls) -> bool:
-            # Sleep touches only GMS weights and private memory, never NCCL.
-            return True
-
-        @classmethod
-        def preserves_compiled_artifacts(cls) -> bool:
-            # The process lives on and the weights come back at the same addresses.
-            return True
-
-        @classmethod
-        def preserves_graphs_with_communicators(cls) -> bool:
-            # Graphs also hold KV-cache addresses, and the private memory is
-            # re-created by the engine, not promised at the same addresses.
-            return False
-
-        @classmethod
-        def supports_durable_storage(cls) -> bool:
-            # The GMS keeps weights across process restarts on the node, but
-            # nothing here persists suspended state to disk or object storage.
-            return False
-
-    GpuFailoverBackend.__module__ = __name__
-    GpuFailoverBackend.__qualname__ = "GpuFailoverBackend"
-    return GpuFailoverBackend
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": "GpuFailoverBackend",
+        "__doc__": "Sleep unmaps the GMS weights and frees the private memory; wake remaps at the same addresses "
+                   "(fail-fast: StaleLayoutError when the GMS holds other weights, TimeoutError when it has none "
+                   "in time) and re-creates the private memory. All-or-nothing: a failed call leaves the state it "
+                   "found.",
+        "suspend": _suspend,
+        "resume": _resume,
+        "discard": _discard,
+    }
+    namespace.update({name: _answer(value) for name, value in _CAPABILITIES.items()})
+    cls: "Type[_SleepModeBackend]" = type("GpuFailoverBackend", (_Base,), namespace)
+    return cls
 
 
-_backend_class: "Optional[Type[SleepModeBackend]]" = None
+_backend_class: "Optional[Type[_SleepModeBackend]]" = None
 
 
 def __getattr__(name: str) -> Any:
