@@ -5,7 +5,7 @@
  *        probe decisions, failover metrics and one loss policy hook.
  *
  * States (docs/engine.md has the full text):
- * ```
+ * ```text
  * Init -> Standby -> Waking -> Active -> Dead      (no way back)
  * ```
  * A shadow engine runs the linear loop

@@ -54,7 +54,7 @@ def main():
         if doc:
             out += [doc, ""]
         for comment, decl in declarations(src):
-            out += ["```c", decl, "```", ""]
+            out += ["```c excerpt", decl, "```", ""]
             if comment:
                 out += [comment, ""]
     sys.stdout.write("\n".join(out).rstrip() + "\n")
