@@ -312,6 +312,13 @@ GF_EXPORT int gf_engine_sleep(gf_engine *e)
 	}
 	gf_log(GF_LOG_INFO, "engine", "event=weights_unmapped devices=%d us=%" PRId64, e->ndev,
 	       e->clock.now_us() - t0);
+	/* The grant's fence proof is an HMAC, and the first one a process
+	 * computes loads the crypto library's providers (about 1 ms, far more
+	 * under a debugger): that happens now, before the engine waits for the
+	 * lock, with a throwaway grant. */
+	struct gf_lock_grant warm = { .epoch = 1 };
+	struct gf_lock_proof warm_proof;
+	gf_lock_grant_proof(&warm, &warm_proof);
 	return transition(e, GF_ENGINE_INIT, GF_ENGINE_STANDBY);
 }
 
@@ -374,12 +381,6 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	}
 	if (atomic_exchange(&e->interrupted, false))
 		return gf_err(GF_ERR_INTERRUPTED, "acquire: interrupted");
-	/* The grant's fence proof is an HMAC, and the first one a process
-	 * computes loads the crypto library's providers (about 1 ms): that
-	 * happens now, while nobody waits, with a throwaway grant. */
-	struct gf_lock_grant warm = { .epoch = 1 };
-	struct gf_lock_proof warm_proof;
-	gf_lock_grant_proof(&warm, &warm_proof);
 	gf_log(GF_LOG_INFO, "engine", "event=lock_waiting id=%s lock=%s", e->id, e->lock_uri);
 	int64_t t0 = e->clock.now_us();
 	pthread_mutex_lock(&e->mu);

@@ -419,8 +419,10 @@ def test_tensor_parallel_2(model):
             args = dict(gms=gms, vllm_extra=["--tensor-parallel-size", "2"],
                         extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
             a = tp.server("tp-a", "loader", model, **args)
-            b = tp.server("tp-b", "follower", model, **args)
+            # The follower starts once the loader serves: started together,
+            # either could be first in line for the lock.
             wait_state(a, "active")
+            b = tp.server("tp-b", "follower", model, **args)
             wait_state(b, "standby")
             a_log, b_log = a.log.read_text(), b.log.read_text()
             for rank in (0, 1):
