@@ -595,7 +595,7 @@ void gf_gms_free(gf_gms *gms)
 
 int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 {
-	int mode, rc = check_usable(gms, &mode);
+	int mode = -1, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
 	if (mode != GF_GMS_RW)
@@ -714,7 +714,7 @@ static int meta_append(gf_gms *g, const char *key, uint64_t alloc_id, uint64_t o
 int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, uint64_t offset, const void *value,
 		    size_t value_len)
 {
-	int mode, rc = check_usable(gms, &mode);
+	int mode = -1, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
 	if (mode != GF_GMS_RW)
@@ -760,7 +760,7 @@ static struct gf_mem_mapping *mapping_list(gf_gms *g)
 
 int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 {
-	int mode, rc = check_usable(gms, &mode);
+	int mode = -1, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
 	if (mode != GF_GMS_RW)
@@ -1008,7 +1008,7 @@ static int import_and_map(gf_gms *g, struct listed *l)
 
 int gf_gms_map_all(gf_gms *gms)
 {
-	int mode, rc = check_usable(gms, &mode);
+	int mode = -1, rc = check_usable(gms, &mode);
 	if (rc < 0)
 		return rc;
 	if (mode != GF_GMS_RO)

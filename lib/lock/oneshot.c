@@ -77,7 +77,7 @@ int gf_lock_ready_for(const char *uri, const void *secret, size_t secret_len, co
 	free(empty);
 	if (rc < 0)
 		return rc;
-	gf_Msg *m;
+	gf_Msg *m = NULL;
 	rc = simple_call(uri, secret, secret_len, timeout_ms, gf_Msg_lock_status_request_tag, 0, NULL, gf_Msg_lock_status_tag,
 			 "ready", &m);
 	if (rc < 0)

@@ -730,7 +730,7 @@ static int status_call(const char *uri, const void *secret, size_t secret_len, i
 
 static int sock_status_json(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json)
 {
-	gf_Msg *m;
+	gf_Msg *m = NULL;
 	int rc = status_call(uri, secret, secret_len, timeout_ms, NULL, &m);
 	if (rc < 0)
 		return rc;
@@ -742,7 +742,7 @@ static int sock_status_json(const char *uri, const void *secret, size_t secret_l
 static int sock_holder(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms,
 		       const struct gf_lock_proof *proof, struct gf_lock_holder *out)
 {
-	gf_Msg *m;
+	gf_Msg *m = NULL;
 	int rc = status_call(uri, secret, secret_len, timeout_ms, proof, &m);
 	if (rc < 0)
 		return rc;
