@@ -31,10 +31,24 @@ HERE = pathlib.Path(__file__).resolve().parent
 PROMPT = "The quick brown fox"
 
 
+_next_port = 20000 + os.getpid() % 800 * 16
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port below the kernel's ephemeral range (20000-32767), free now: a
+    port from bind(0) is one any outgoing connection may take as its source
+    port before the server that is given it binds it (the standby binds only
+    when it takes over)."""
+    global _next_port
+    for _ in range(12768):
+        port, _next_port = _next_port, 20000 if _next_port >= 32767 else _next_port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free TCP port in 20000..32767")
 
 
 class Run:

@@ -3,6 +3,7 @@
 same Cluster as tests/python), and the installed torch and vllm packages."""
 import importlib.util
 import json
+import os
 import pathlib
 import socket
 import sys
@@ -27,10 +28,8 @@ def load_torch_engine():
     return mod
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def get(port, path, timeout=2.0):

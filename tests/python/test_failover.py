@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Failover between real engine processes: Python→Python and C↔Python."""
 import json
+import os
 import socket
 import sys
 import urllib.request
@@ -10,10 +11,8 @@ import pytest
 from conftest import C_ENGINE, PY_ENGINE, gf, wait_for
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def get(port, path, timeout=1.0):

@@ -11,6 +11,7 @@ import resource
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -421,12 +422,8 @@ def test_lock_refuses_a_peer_it_cannot_watch(tmp, daemons):
     assert refused, "no connection was refused for want of a pidfd at either limit"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def test_lock_rate_limits_wrong_secrets_per_source(tmp, daemons):

@@ -6,6 +6,7 @@ one source must not take every slot."""
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -21,12 +22,8 @@ PER_IP_LIMIT = 8  # sidecar_http.c HTTP_PER_IP_LIMIT
 HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def get(port, path, timeout=3.0):

@@ -29,15 +29,13 @@ pytestmark = pytest.mark.skipif(not SUPERVISE, reason="GF_SUPERVISE must point a
 HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def wait_for(pred, what, timeout=HANG_GUARD):
+    """what: a string, or a function returning one (a report made only on
+    failure, from the state at that moment)."""
     end = time.monotonic() + timeout
     last = None
     while time.monotonic() < end:
@@ -45,7 +43,20 @@ def wait_for(pred, what, timeout=HANG_GUARD):
         if last:
             return last
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+
+
+def pair_report(s, lock_uri, ports):
+    """What a failed failover wait prints: each engine's endpoint, the lock
+    server's view and the supervisor's log (the engines log there too)."""
+    lines = []
+    for name, port in ports.items():
+        lines.append(f"{name} :{port}/infer -> {get(f'http://127.0.0.1:{port}/infer?seed=1', 0.5)}")
+    if GFCTL:
+        r = subprocess.run([GFCTL, "lock", "status", "--lock", lock_uri], capture_output=True, text=True, timeout=20)
+        lines.append(f"gfctl lock status: {r.returncode} {r.stdout}{r.stderr}")
+    lines.append(f"supervisor status: {json.dumps(s.status())}")
+    return "\n" + "\n".join(lines) + "\nlog:\n" + s.text()
 
 
 def get(url, timeout=2.0):
@@ -297,7 +308,7 @@ def test_sigstopped_primary_is_forced_out(tmp, sups):
                      "primary killed")
         assert e["retries"] == 1
         code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
-                              and r, "standby serving")
+                              and r, lambda: "standby serving" + pair_report(s, lock_uri, ports))
         after = json.loads(body)
         assert after["epoch"] > first["epoch"]
         assert after["checksum"] == first["checksum"]
@@ -348,7 +359,7 @@ def test_switchover_restarts_the_primary_without_a_retry(tmp, sups):
         assert e["last_exit_status"] == 75 and e["last_exit_class"] == "planned", e
         assert e["retries"] == 0 and e["state"] != "paused", e
         code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
-                              and r, "standby serving")
+                              and r, lambda: "standby serving" + pair_report(s, lock_uri, ports))
         assert json.loads(body)["epoch"] > first["epoch"]
     finally:
         for p in side:

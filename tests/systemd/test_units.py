@@ -14,6 +14,7 @@ import socket
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -131,12 +132,8 @@ def test_example_config_uses_the_sockets_the_units_listen_on():
     assert used == listens, (used, listens)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def http_get(url):

@@ -49,10 +49,8 @@ BACKEND = os.environ.get("GF_VLLM_TEST_BACKEND", "host")
 START_TIMEOUT = 400.0  # a vLLM start on 2 busy cores
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
 def env():
