@@ -57,15 +57,21 @@ PyObject *gfpy_json_loads(const char *text)
 	return r;
 }
 
-/* Call fn(code, detail) from whatever thread the library calls back on. */
-void gfpy_run_hook(PyObject *fn, int err, const char *detail)
+/* Call the hook in *slot as fn(code, detail), from whatever thread the
+ * library calls back on. The slot is read only once the GIL is held, and the
+ * hook is called through a reference of its own: a setter on another thread
+ * may replace (and free) the slot's object at any moment the GIL is free. */
+void gfpy_run_hook(PyObject *const *slot, int err, const char *detail)
 {
 	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *fn = *slot;
 	if (fn && fn != Py_None) {
+		Py_INCREF(fn);
 		PyObject *r = PyObject_CallFunction(fn, "is", err, detail ? detail : "");
 		if (!r)
 			PyErr_WriteUnraisable(fn);
 		Py_XDECREF(r);
+		Py_DECREF(fn);
 	}
 	PyGILState_Release(g);
 }

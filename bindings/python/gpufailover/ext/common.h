@@ -98,7 +98,7 @@ int gfpy_timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
  * (never wrapped, as the "K" format would), TypeError for non-integers. */
 int gfpy_u64_arg(PyObject *obj, void *out);
 PyObject *gfpy_json_loads(const char *text);
-void gfpy_run_hook(PyObject *fn, int err, const char *detail);
+void gfpy_run_hook(PyObject *const *slot, int err, const char *detail);
 PyObject *gfpy_hook_get(PyObject *slot);
 int gfpy_hook_set(PyObject **slot, PyObject *v, const char *what);
 extern unsigned long gfpy_main_thread_ident;

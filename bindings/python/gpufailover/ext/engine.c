@@ -135,7 +135,7 @@ static int health_trampoline(gf_engine *e, void *ud)
 
 static void loss_trampoline(gf_engine *e, int err, const char *detail, void *ud)
 {
-	gfpy_run_hook(((EngineObject *)ud)->on_loss, err, detail);
+	gfpy_run_hook(&((EngineObject *)ud)->on_loss, err, detail);
 }
 
 /* After a step: re-raise an exception from a callback, else the library error. */

@@ -42,7 +42,7 @@ static int mode_arg(PyObject *obj, int *mode)
 
 static void gms_lost_trampoline(gf_gms *g, int err, const char *detail, void *ud)
 {
-	gfpy_run_hook(((GMSObject *)ud)->on_lost, err, detail);
+	gfpy_run_hook(&((GMSObject *)ud)->on_lost, err, detail);
 }
 
 /* The fence proof of a Grant (Lock.acquire()): its epoch and session token. */

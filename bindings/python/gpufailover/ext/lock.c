@@ -15,7 +15,7 @@ static PyObject *GrantType; /* a namedtuple made in module exec */
 
 static void lock_lost_trampoline(gf_lock *l, int err, const char *detail, void *ud)
 {
-	gfpy_run_hook(((LockObject *)ud)->on_lost, err, detail);
+	gfpy_run_hook(&((LockObject *)ud)->on_lost, err, detail);
 }
 
 /* A planned switchover asks this holder to step down (the watcher thread). */
