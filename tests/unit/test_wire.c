@@ -431,6 +431,17 @@ static void test_auth_mac(void **state)
 	mac[0] ^= 1;
 	assert_false(gf_auth_verify(secret, 6, chal, 32, mac, 32));
 	assert_false(gf_auth_verify(secret, 6, chal, 32, mac, 31));
+	/* HMAC-SHA256 itself, as every peer computes it: RFC 4231, test case 2,
+	 * twice (the second through the same per-process context). */
+	static const uint8_t want[32] = { 0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+					  0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+					  0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43 };
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(gf_auth_mac((const uint8_t *)"Jefe", 4, (const uint8_t *)"what do ya want for nothing?",
+					     28, mac),
+				 0);
+		assert_memory_equal(mac, want, 32);
+	}
 }
 
 static bool all_zero(const void *p, size_t n)
