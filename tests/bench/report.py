@@ -149,7 +149,7 @@ def main():
             row("demo failover (from SIGKILL)", label, statistics.median(vals), pct(vals, 0.99), "", None, None)
     # Failover protocol time: from the moment the lock server saw the holder
     # exit to the first response of the new holder (grant, remap, KV, serve,
-    # accept from the lock's listener). Goal: <= 500 us on the host backend.
+    # accept from the lock's listener). Goal: <= 200 us on the host backend.
     proto = [r["first_response_us"] - r["release_us"] for r in runs if r["release_us"] >= 0]
     if proto:
         row("demo failover protocol", f"first response - holder exit seen ({len(proto)} runs)",
