@@ -25,13 +25,14 @@
 #include <cmocka.h>
 
 #include "../common/testutil.h"
+#include "gpu_driver.h"
 
 #include <cuda.h>
 
 #include "gpufailover.h"
 #include "wire.h"
 
-#define SKIP 77
+#define SKIP GPU_SKIP
 
 struct drv {
 	CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
@@ -288,6 +289,27 @@ static void test_map_many_remap(void **state)
 	gf_mem_free(m);
 }
 
+/* Whether the real driver works with a device, and then its copy
+ * functions and device 0's context: 0, SKIP (the reason printed) or 1.
+ * Loads the driver. */
+static int find_driver(void)
+{
+	if (!gpu_real_driver())
+		return SKIP;
+	if (setup_driver(0) < 0) {
+		printf("FAIL: cannot look up cuMemcpyHtoD/DtoH in the driver\n");
+		return 1;
+	}
+	return 0;
+}
+
+/* In each test's process: the driver and its device files, before the runner counts fds. */
+static void load_driver(void)
+{
+	if (!drv.memcpy_htod && find_driver() != 0)
+		fprintf(stderr, "the driver did not load in the test's process\n");
+}
+
 int main(int argc, char **argv)
 {
 	self_exe = "/proc/self/exe";
@@ -295,26 +317,15 @@ int main(int argc, char **argv)
 		unsetenv("GF_LIBCUDA");
 		return child_main(argv[2], atoi(argv[3]), (size_t)strtoull(argv[4], NULL, 10));
 	}
-	/* Only the real driver counts: no override, no test driver. */
+	/* Only the real driver counts: no override, no test driver. The driver
+	 * is loaded in forked children only (a process that initialised it
+	 * cannot use it in its fork children): one to decide SKIP, then one per
+	 * test (the runner forks each). */
 	unsetenv("GF_LIBCUDA");
-	gf_mem *m = NULL;
-	int rc = gf_mem_open(&m, GF_MEM_CUDA, 0);
-	if (rc < 0) {
-		printf("SKIP: no usable GPU: %s\n", gf_error_detail());
-		return SKIP;
-	}
-	gf_mem_free(m);
-	Dl_info info;
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-	void *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
-	if (!sym || !dladdr(sym, &info) || strstr(info.dli_fname, "fakecuda")) {
-		printf("SKIP: the loaded libcuda.so.1 is the test driver, not a GPU driver\n");
-		return SKIP;
-	}
-	if (setup_driver(0) < 0) {
-		printf("FAIL: cannot look up cuMemcpyHtoD/DtoH in the driver\n");
-		return 1;
-	}
+	int rc = gpu_decide_in_child(find_driver);
+	if (rc != 0)
+		return rc;
+	tu_process_init = load_driver;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_identity),
 		cmocka_unit_test(test_two_processes_and_decision7),

@@ -22,9 +22,10 @@
 
 #include <cuda.h>
 
+#include "gpu_driver.h"
 #include "gpufailover.h"
 
-#define SKIP 77
+#define SKIP GPU_SKIP
 #define SIZE (2u * 1024 * 1024)
 
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
@@ -388,19 +389,8 @@ int main(int argc, char **argv)
 		       : !strcmp(r, "creator") && argc == 4 ? role_creator(atoi(argv[3]))
 							    : 2;
 	}
-	gf_mem *m = NULL;
-	if (gf_mem_open(&m, GF_MEM_CUDA, 0) < 0) {
-		printf("SKIP: no usable GPU: %s\n", gf_error_detail());
+	if (!gpu_real_driver())
 		return SKIP;
-	}
-	gf_mem_free(m);
-	Dl_info info;
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-	void *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
-	if (!sym || !dladdr(sym, &info) || strstr(info.dli_fname, "fakecuda")) {
-		printf("SKIP: the loaded libcuda.so.1 is the test driver, not a GPU driver\n");
-		return SKIP;
-	}
 	int failed = 0;
 	/* The fault scenario last: a device-side fault may upset the GPU. */
 	static const char *const roles[] = { "identity", "smaller", "readonly", "fork", "exporter", "sticky" };

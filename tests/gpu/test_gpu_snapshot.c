@@ -21,12 +21,13 @@
 
 #include <cuda.h>
 
+#include "gpu_driver.h"
 #include "gpufailover.h"
 #include "snapshot.h"
 #include "testutil.h"
 #include "xfer.h"
 
-#define SKIP 77
+#define SKIP GPU_SKIP
 #define NALLOCS 3
 
 static CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
@@ -53,19 +54,9 @@ static void dev_copy(gf_mem *m, gf_mem_alloc *a, uint8_t *host, bool to_device)
  * 0, SKIP (the reason printed) or 1. Loads the driver. */
 static int find_driver(void)
 {
-	gf_mem *m = NULL;
-	if (gf_mem_open(&m, GF_MEM_CUDA, 0) < 0) {
-		printf("SKIP: no usable GPU: %s\n", gf_error_detail());
+	void *sym = gpu_real_driver();
+	if (!sym)
 		return SKIP;
-	}
-	gf_mem_free(m);
-	Dl_info info;
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-	void *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
-	if (!sym || !dladdr(sym, &info) || strstr(info.dli_fname, "fakecuda")) {
-		printf("SKIP: the loaded libcuda.so.1 is the test driver, not a GPU driver\n");
-		return SKIP;
-	}
 	CUresult (*gp)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
 		(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))sym;
 	if (gp("cuMemcpyHtoD", (void **)&memcpy_htod, 12000, 0, NULL) != CUDA_SUCCESS ||
@@ -142,20 +133,9 @@ int main(void)
 	 * cannot use it in its fork children): one to decide SKIP, then one per
 	 * test. */
 	unsetenv("GF_LIBCUDA");
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid < 0)
-		return 1;
-	if (pid == 0) {
-		int rc = find_driver();
-		fflush(stdout);
-		_exit(rc);
-	}
-	int st;
-	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-		return 1;
-	if (WEXITSTATUS(st) != 0)
-		return WEXITSTATUS(st);
+	int rc = gpu_decide_in_child(find_driver);
+	if (rc != 0)
+		return rc;
 	tu_process_init = load_driver;
 	const struct CMUnitTest tests[] = { cmocka_unit_test(test_round_trip) };
 	return tu_run_group_tests(tests, NULL, NULL);
