@@ -22,6 +22,13 @@ struct gms_residency {
 	struct gms_tierd *tierd;       /* NULL until needed */
 	bool holding;                  /* a snapshot job holds the layout (export_layout) */
 	bool restore_from_dir;         /* the restore job reads a named directory, not a kept tier */
+	/* a promotion: a reader woke after a demotion, a restore job brings the layout back */
+	struct {
+		bool active;           /* its restore job is running */
+		enum gms_tier tier;    /* the tier that job reads */
+		unsigned tried;        /* bit per tier whose restore failed in this promotion */
+		int64_t t0_us;
+	} promo;
 	/* demotion (docs/tiers.md, "Demotion") */
 	int64_t min_resident_us;
 	bool pinned;
@@ -200,6 +207,7 @@ void gms_residency_dropped(struct gms_residency *r)
 static void demote_continue(struct gms_residency *r);
 
 static void restore_finish(struct gms_residency *r);
+static void promote_next(struct gms_residency *r);
 
 void gms_residency_process(struct gms_residency *r)
 {
@@ -309,6 +317,24 @@ static void restore_finish(struct gms_residency *r)
 	if (rc < 0) {
 		snprintf(why, sizeof(why), "%s", gf_error_detail());
 		event(r, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed", why);
+	}
+	if (r->promo.active) {
+		/* The readers waiting for it are granted by the state change
+		 * (COMMITTED), or wait on for a loader: no request to answer. */
+		r->promo.active = false;
+		if (rc == 0) {
+			struct gms_host_layout l;
+			layout(r, &l);
+			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(r->promo.tier),
+			      (unsigned long long)l.generation, (gf_now_us() - r->promo.t0_us) / 1e6);
+		} else if (rc == GF_ERR_OUT_OF_MEMORY) {
+			/* The tier is intact, the memory is pinned: the next reader tries again. */
+			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(r->promo.tier), why);
+		} else {
+			r->promo.tried |= 1u << r->promo.tier;
+			promote_next(r);
+		}
+		return;
 	}
 	r->ops->answer(r->host, GMS_WAIT_RESTORE, rc, why);
 }
@@ -489,7 +515,39 @@ int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char
 	return 0;
 }
 
-/* A reader connects to a demoted GMS: restore the dropped layout from its tier (the other one if it holds the same). */
+/*
+ * Start the promotion's restore job from the demoted layout's tier, or else
+ * the other one if it holds the same layout, skipping tiers that already
+ * failed; the job runs on the tier worker, so the GMS serves its other
+ * clients meanwhile. Nothing usable left: readers wait for a loader.
+ */
+static void promote_next(struct gms_residency *r)
+{
+	enum gms_tier from = r->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
+	enum gms_tier order[2] = { from, other };
+	for (int i = 0; i < 2; i++) {
+		const char *dir = tier_dir(r, order[i]);
+		if ((r->promo.tried & (1u << order[i])) || !tier_holds(dir, r->demoted_hash))
+			continue;
+		int rc = gms_residency_restore_start(r, dir);
+		if (rc == 0) {
+			r->promo.active = true;
+			r->promo.tier = order[i];
+			return;
+		}
+		if (rc == GF_ERR_OUT_OF_MEMORY) {
+			/* The tier is intact, the memory is pinned: the next reader tries again. */
+			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(order[i]), gf_error_detail());
+			return;
+		}
+		r->promo.tried |= 1u << order[i];
+	}
+	event(r, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
+	      gms_tier_name(from), gf_error_detail());
+	set_resident(r, GMS_TIER_LOADER);
+}
+
+/* A reader connects to a demoted GMS: bring the dropped layout back from its tier (promote_next). */
 void gms_residency_reader_connects(struct gms_residency *r)
 {
 	struct gms_host_layout l;
@@ -498,30 +556,9 @@ void gms_residency_reader_connects(struct gms_residency *r)
 	if (!l.empty || (r->resident != GMS_TIER_WARM && r->resident != GMS_TIER_COLD) ||
 	    (r->tierd && gms_tierd_busy(r->tierd)))
 		return;
-	enum gms_tier from = r->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
-	enum gms_tier order[2] = { from, other };
-	int64_t t0 = gf_now_us();
-	for (int i = 0; i < 2; i++) {
-		const char *dir = tier_dir(r, order[i]);
-		if (!tier_holds(dir, r->demoted_hash))
-			continue;
-		int rc = gms_residency_restore(r, dir);
-		if (rc == 0) {
-			layout(r, &l);
-			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(order[i]),
-			      (unsigned long long)l.generation, (gf_now_us() - t0) / 1e6);
-			return;
-		}
-		if (rc == GF_ERR_OUT_OF_MEMORY) {
-			/* The tier is intact, the memory is pinned: the next reader tries again. */
-			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(from), gf_error_detail());
-			return;
-		}
-	}
-	/* Nothing usable below: readers wait for a loader, as on a GMS without tiers. */
-	event(r, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
-	      gms_tier_name(from), gf_error_detail());
-	set_resident(r, GMS_TIER_LOADER);
+	r->promo.tried = 0;
+	r->promo.t0_us = gf_now_us();
+	promote_next(r);
 }
 
 int64_t gms_residency_deadline(struct gms_residency *r)

@@ -118,7 +118,9 @@ void gms_residency_start(struct gms_residency *r, gf_mem *m, int device);
 void gms_residency_committed(struct gms_residency *r);
 /* A writer replaced the committed layout: no tier is resident until the next commit or restore. */
 void gms_residency_dropped(struct gms_residency *r);
-/* A reader asks for the layout: when a demotion emptied the GMS, restore that layout from its tier first (blocks). */
+/* A reader asks for the layout: when a demotion emptied the GMS, start a
+ * restore job that brings that layout back from its tier (on the tier
+ * worker; the reader is granted when the layout is adopted). Returns at once. */
 void gms_residency_reader_connects(struct gms_residency *r);
 
 /* Whether @dir names one of the kept tiers, as configured (byte for byte). */

@@ -135,6 +135,53 @@ def test_demote_frees_and_reader_gets_same_layout_back(tmp):
         g.stop()
 
 
+def test_promotion_runs_off_the_loop(tmp):
+    """The restore a reader's connect starts after a demotion is a job on the
+    tier worker: while it waits on the tier's data.bin (held open here), the
+    GMS answers everyone else; once allowed, the waiting reader is granted
+    the same layout."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for fanotify")
+    d, warm = tmp
+    g = gmsd(d, "--warm", warm)
+    gate, e = None, None
+    try:
+        before = tp.load(g, seed=31)
+        assert tp.wait_phase(g, ("Checkpointed", "Failed"))["phase"] == "Checkpointed"
+        wait_state(g, "COMMITTED")
+        past_min_resident(g)
+        r = demote(g)
+        assert r.returncode == 0, r.stdout + r.stderr
+        gate = tp.OpenGate(os.path.join(warm, "data.bin"), tids=True)
+        e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--timeout", "60000", "--seed", "31"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # The loop (gf-gmsd's main thread) may look at the tier first (its
+        # manifest and data.bin's size); the restore reads data.bin on
+        # another thread of the same process: that open is held.
+        while True:
+            tid, fd = gate.wait_open()
+            if tid != g.p.pid:
+                break
+            gate.allow(fd)
+        assert os.path.exists(f"/proc/{g.p.pid}/task/{tid}"), "data.bin was opened by another process"
+        now = tp.status(g)
+        assert now["state"] == "EMPTY" and now["operation"]["phase"] == "Restoring", now
+        assert e.poll() is None, "the reader did not wait for the restore"
+        gate.allow(fd)
+        out, _ = e.communicate(input="\n", timeout=120)
+        assert e.returncode == 0 and "verified allocs=8" in out, out
+        after = tp.status(g)
+        assert after["layout_hash"] == before["layout_hash"] and after["resident_tier"] == "hot"
+        assert "event=promoted from=warm to=hot" in g.text()
+    finally:
+        if gate:
+            gate.close()
+        if e and e.poll() is None:
+            e.kill()
+            e.wait()
+        g.stop()
+
+
 def reader(g, seed, word, *flags):
     """A reader engine on @g (gms-engine ro), once it has printed @word ("asleep", "holding")."""
     e = subprocess.Popen([tp.ENGINE, g.uri, "ro", "--backend", "host", "--seed", str(seed), *flags],

@@ -578,15 +578,18 @@ def test_sparse_manifest_is_refused_without_being_read(tmp):
 
 
 class OpenGate:
-    """Holds every open of one file until allowed (fanotify FAN_OPEN_PERM; root only)."""
+    """Holds every open of one file until allowed (fanotify FAN_OPEN_PERM; root only).
+    With tids=True an event names the opening thread, not its process."""
     FAN_CLASS_CONTENT, FAN_CLOEXEC, FAN_MARK_ADD, FAN_OPEN_PERM, FAN_ALLOW = 0x4, 0x1, 0x1, 0x10000, 0x1
+    FAN_REPORT_TID = 0x100
 
-    def __init__(self, path):
+    def __init__(self, path, tids=False):
         import ctypes
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
                                             ctypes.c_char_p]
-        self.fd = self.libc.fanotify_init(self.FAN_CLASS_CONTENT | self.FAN_CLOEXEC, os.O_RDONLY)
+        flags = self.FAN_CLASS_CONTENT | self.FAN_CLOEXEC | (self.FAN_REPORT_TID if tids else 0)
+        self.fd = self.libc.fanotify_init(flags, os.O_RDONLY)
         if self.fd < 0:
             pytest.skip(f"fanotify unavailable: {os.strerror(ctypes.get_errno())}")
         if self.libc.fanotify_mark(self.fd, self.FAN_MARK_ADD, self.FAN_OPEN_PERM, -100, path.encode()) < 0:
@@ -594,7 +597,7 @@ class OpenGate:
             pytest.skip(f"fanotify permission events unavailable: {os.strerror(ctypes.get_errno())}")
 
     def wait_open(self, timeout=60):
-        """The next open of the file, held: (pid, event fd)."""
+        """The next open of the file, held: (pid or tid, event fd)."""
         import select
         import struct
         assert select.select([self.fd], [], [], timeout)[0], "nobody opened the file"
