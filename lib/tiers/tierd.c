@@ -23,6 +23,12 @@ struct gms_tierd {
 	char *dir[3];  /* indexed by enum gms_tier: WARM, COLD */
 	pthread_mutex_t lock;
 	struct gms_op op;        /* under lock */
+	/* A job's last phase (Checkpointed, Restored, Failed), set on its thread
+	 * and published by the loop when it collects the job (under lock). */
+	bool final_held;
+	enum gms_phase final_phase;
+	uint64_t final_bytes;
+	char final_reason[256];
 	char op_dir[512];        /* under lock */
 	struct gms_snap_probe probe[3]; /* under lock */
 	bool running;            /* a thread was started and not joined (loop thread only) */
@@ -122,6 +128,26 @@ static uint64_t keep_source(struct gms_tierd *t, const struct gms_manifest *mf, 
 	return (uint64_t)(uintptr_t)p;
 }
 
+/* Set on a job's own thread: its last phase waits for the loop (set_phase). */
+static _Thread_local bool on_job_thread;
+
+static void publish_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *reason)
+{
+	pthread_mutex_lock(&t->lock);
+	gms_op_step(&t->op, to, reason, gf_wall_us());
+	if (bytes)
+		t->op.bytes = bytes;
+	pthread_mutex_unlock(&t->lock);
+	gf_log(to == GMS_PHASE_FAILED ? GF_LOG_WARN : GF_LOG_INFO, "gms", "operation=%s phase=%s reason=\"%s\"",
+	       gms_op_name(t->op.kind), gms_phase_name(to), reason);
+}
+
+/*
+ * A job's last phase is published by the loop when it collects the job
+ * (gms_tierd_collect()), not by the job's thread: until then the loop has
+ * not adopted a restore nor let go of the layout a snapshot held, and a
+ * status that said Restored or Checkpointed would be ahead of the GMS.
+ */
 static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, const char *fmt, ...)
@@ -131,13 +157,17 @@ static void set_phase(struct gms_tierd *t, enum gms_phase to, uint64_t bytes, co
 	va_start(ap, fmt);
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
-	pthread_mutex_lock(&t->lock);
-	gms_op_step(&t->op, to, reason, gf_wall_us());
-	if (bytes)
-		t->op.bytes = bytes;
-	pthread_mutex_unlock(&t->lock);
-	gf_log(to == GMS_PHASE_FAILED ? GF_LOG_WARN : GF_LOG_INFO, "gms", "operation=%s phase=%s reason=\"%s\"",
-	       gms_op_name(t->op.kind), gms_phase_name(to), reason);
+	bool last = to == GMS_PHASE_CHECKPOINTED || to == GMS_PHASE_RESTORED || to == GMS_PHASE_FAILED;
+	if (on_job_thread && last) {
+		pthread_mutex_lock(&t->lock);
+		t->final_held = true;
+		t->final_phase = to;
+		t->final_bytes = bytes;
+		snprintf(t->final_reason, sizeof(t->final_reason), "%s", reason);
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	publish_phase(t, to, bytes, reason);
 }
 
 /* Begin an operation (Pending); false when one is still running. */
@@ -301,6 +331,7 @@ static void place(struct gms_tierd *t, const struct gms_manifest *mf, struct gms
 static void *job_main(void *arg)
 {
 	struct gms_tierd *t = arg;
+	on_job_thread = true;
 	struct gms_manifest *mf = t->job_mf;
 	gf_mem_alloc **allocs = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*allocs));
 	int rc = allocs ? 0 : gf_err(GF_ERR_NOMEM, "tiers: out of memory");
@@ -402,6 +433,16 @@ bool gms_tierd_collect(struct gms_tierd *t)
 	if (read(t->efd, &n, sizeof(n)) != sizeof(n))
 		return false;
 	gms_tierd_wait(t);
+	pthread_mutex_lock(&t->lock);
+	bool held = t->final_held;
+	enum gms_phase to = t->final_phase;
+	uint64_t bytes = t->final_bytes;
+	char reason[sizeof(t->final_reason)];
+	memcpy(reason, t->final_reason, sizeof(reason));
+	t->final_held = false;
+	pthread_mutex_unlock(&t->lock);
+	if (held)
+		publish_phase(t, to, bytes, reason);
 	return true;
 }
 
@@ -465,6 +506,7 @@ int gms_tierd_restore(struct gms_tierd *t, const char *dir, gf_mem *m, struct gm
 static void *restore_main(void *arg)
 {
 	struct gms_tierd *t = arg;
+	on_job_thread = true;
 	t->res_rc = restore_run(t, t->job_dir, t->m, &t->res_mf, &t->res_allocs, &t->res_from);
 	if (t->res_rc < 0) {
 		snprintf(t->res_detail, sizeof(t->res_detail), "%s", gf_error_detail());

@@ -93,9 +93,9 @@ def test_demote_frees_and_reader_gets_same_layout_back(tmp):
     try:
         before = tp.load(g, seed=21)
         assert tp.wait_phase(g, ("Checkpointed", "Failed"))["phase"] == "Checkpointed"
-        # The tier's thread reports Checkpointed before gf-gmsd's loop ends the
-        # job and lets go of the layout (state RO until then).
-        wait_state(g, "COMMITTED")
+        # Checkpointed is published by gf-gmsd's loop as it ends the job and
+        # lets go of the layout: the snapshot no longer holds it (not RO).
+        assert tp.status(g)["state"] == "COMMITTED"
         assert before["resident_tier"] == "hot" and before["last_demotion"] is None
         assert memfds(g) >= 8
         # Hysteresis: refused before min_resident, with the figures.

@@ -181,11 +181,11 @@ static void test_demote_in_process(void **state)
 	struct client_job w = { .uri = f->uri, .writer = true, .seed = 0x41 };
 	assert_int_equal(run_client(f->d, &w), 0);
 	pump_until(f->d, "phase", "Checkpointed");
-	/* The tier's thread reports Checkpointed before the loop ends the job and
-	 * lets go of the layout (state RO until then): a demotion asked in
-	 * between is only under way (0, dropped when the job ends), and this test
-	 * wants the drop at once. */
-	pump_until(f->d, "state", "COMMITTED");
+	/* The loop publishes Checkpointed as it ends the job and lets go of the
+	 * layout: from then on the snapshot holds it no more (never RO here). */
+	json_t *done = status(f->d);
+	assert_string_equal(str(done, "state"), "COMMITTED");
+	json_decref(done);
 	assert_int_equal(gf_gmsd_demote(f->d, 7), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_gmsd_demote(f->d, GF_GMS_TIER_COLD), GF_ERR_INVALID_ARG);
 	assert_non_null(strstr(gf_error_detail(), "no COLD tier kept"));
