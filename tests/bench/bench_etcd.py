@@ -12,7 +12,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys

@@ -5,7 +5,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import socket
 import sys
 import urllib.request
 

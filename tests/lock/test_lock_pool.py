@@ -8,7 +8,6 @@ GF_GMSD, GF_C_ENGINE."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile

@@ -2,7 +2,6 @@
 """Failover between real engine processes: Python→Python and C↔Python."""
 import json
 import os
-import socket
 import sys
 import urllib.request
 

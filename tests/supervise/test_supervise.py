@@ -3,6 +3,7 @@
 period, SIGTERM ignored, a SIGSTOPped primary forced out so the standby takes
 over, and bad configs refused with the key named. Binaries from meson:
 GF_SUPERVISE, GF_LOCKD, GF_GMSD, GF_C_ENGINE."""
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -270,8 +272,12 @@ def test_not_json_is_a_clear_error(tmp):
     assert r.returncode == 2 and "bad.json:1" in r.stderr, r.stderr
 
 
-@pytest.mark.skipif(not (LOCKD and GMSD and ENGINE), reason="needs gf-lockd, gf-gmsd, gf-c-engine")
-def test_sigstopped_primary_is_forced_out(tmp, sups):
+@contextlib.contextmanager
+def supervised_pair(tmp, sups, periods):
+    """gf-lockd and gf-gmsd (host backend) beside gf-supervise running two
+    gf-c-engines on them; yields once one serves: a namespace with the
+    supervisor (s), lock_uri, each engine's serving port (ports), primary,
+    standby and the primary's first answer (first). The daemons stop after."""
     lock_uri, gms_uri = f"unix://{tmp}/lock.sock", f"unix://{tmp}/gms.sock"
     side = []
     try:
@@ -287,7 +293,6 @@ def test_sigstopped_primary_is_forced_out(tmp, sups):
                             "argv": [ENGINE, "--lock", lock_uri, "--gms", gms_uri, "--id", name,
                                      "--port", str(serve), "--probe-port", str(probe),
                                      "--probe-address", "127.0.0.1", "--kv-bytes", "4M"]})
-        periods = dict(FAST, retry_pause="5s", retry_limit=3)
         s = Supervisor(tmp, {"periods": periods, "lock": {"uri": lock_uri}, "engines": engines})
         sups.append(s)
         s.wait_state("engine-a", "running")
@@ -301,21 +306,33 @@ def test_sigstopped_primary_is_forced_out(tmp, sups):
             return None
         primary, first = wait_for(active, "an active engine")
         standby = "engine-b" if primary == "engine-a" else "engine-a"
+
+        def standby_serving():
+            """The standby's first answer (waits for it; the failure says why not)."""
+            code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0]
+                                  == 200 and r, lambda: "standby serving" + pair_report(s, lock_uri, ports))
+            return json.loads(body)
+        yield types.SimpleNamespace(s=s, lock_uri=lock_uri, ports=ports, primary=primary, standby=standby,
+                                    first=first, standby_serving=standby_serving)
+    finally:
+        for p in side:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+@pytest.mark.skipif(not (LOCKD and GMSD and ENGINE), reason="needs gf-lockd, gf-gmsd, gf-c-engine")
+def test_sigstopped_primary_is_forced_out(tmp, sups):
+    with supervised_pair(tmp, sups, dict(FAST, retry_pause="5s", retry_limit=3)) as p:
+        s, primary = p.s, p.primary
         os.kill(s.engine(primary)["pid"], signal.SIGSTOP)
         s.wait_state(primary, "unhealthy")
         # The stopped primary is killed, the standby takes over with a higher epoch.
         e = wait_for(lambda: (x := s.engine(primary)) and x["last_exit_signal"] == signal.SIGKILL and x,
                      "primary killed")
         assert e["retries"] == 1
-        code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
-                              and r, lambda: "standby serving" + pair_report(s, lock_uri, ports))
-        after = json.loads(body)
-        assert after["epoch"] > first["epoch"]
-        assert after["checksum"] == first["checksum"]
-    finally:
-        for p in side:
-            p.terminate()
-            p.wait(timeout=10)
+        after = p.standby_serving()
+        assert after["epoch"] > p.first["epoch"]
+        assert after["checksum"] == p.first["checksum"]
 
 
 @pytest.mark.skipif(not (LOCKD and GMSD and ENGINE and GFCTL), reason="needs gf-lockd, gf-gmsd, gf-c-engine, gfctl")
@@ -323,48 +340,15 @@ def test_switchover_restarts_the_primary_without_a_retry(tmp, sups):
     """gfctl switchover: the primary steps down and exits 75; the supervisor
     saw it hold the grant and the grant handed over, so the exit is planned:
     restarted at once, no retry counted, and the standby serves."""
-    lock_uri, gms_uri = f"unix://{tmp}/lock.sock", f"unix://{tmp}/gms.sock"
-    side = []
-    try:
-        for argv in ([LOCKD, "--listen", lock_uri, "--state-file", f"{tmp}/lock.state"],
-                     [GMSD, "--listen", gms_uri, "--backend", "host"]):
-            side.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for(lambda: os.path.exists(f"{tmp}/lock.sock") and os.path.exists(f"{tmp}/gms.sock"), "sockets")
-        engines, ports = [], {}
-        for name in ("engine-a", "engine-b"):
-            probe, serve = free_port(), free_port()
-            ports[name] = serve
-            engines.append({"name": name, "lock_id": name, "probe_url": f"http://127.0.0.1:{probe}",
-                            "argv": [ENGINE, "--lock", lock_uri, "--gms", gms_uri, "--id", name,
-                                     "--port", str(serve), "--probe-port", str(probe),
-                                     "--probe-address", "127.0.0.1", "--kv-bytes", "4M"]})
-        s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="30s"), "lock": {"uri": lock_uri},
-                             "engines": engines})
-        sups.append(s)
-        s.wait_state("engine-a", "running")
-        s.wait_state("engine-b", "running")
-
-        def active():
-            for name, port in ports.items():
-                code, body = get(f"http://127.0.0.1:{port}/infer?seed=1", timeout=0.5)
-                if code == 200:
-                    return name, json.loads(body)
-            return None
-        primary, first = wait_for(active, "an active engine")
-        standby = "engine-b" if primary == "engine-a" else "engine-a"
-        wait_for(lambda: s.engine(primary)["lock_epoch"] == first["epoch"], "the supervisor sees the grant")
-        r = subprocess.run([GFCTL, "switchover", "--lock", lock_uri], capture_output=True, text=True, timeout=20)
+    with supervised_pair(tmp, sups, dict(FAST, retry_pause="30s")) as p:
+        s, primary = p.s, p.primary
+        wait_for(lambda: s.engine(primary)["lock_epoch"] == p.first["epoch"], "the supervisor sees the grant")
+        r = subprocess.run([GFCTL, "switchover", "--lock", p.lock_uri], capture_output=True, text=True, timeout=20)
         assert r.returncode == 0, r.stderr
         e = wait_for(lambda: (x := s.engine(primary)) and x["restarts"] == 1 and x, "the primary restarted")
         assert e["last_exit_status"] == 75 and e["last_exit_class"] == "planned", e
         assert e["retries"] == 0 and e["state"] != "paused", e
-        code, body = wait_for(lambda: (r := get(f"http://127.0.0.1:{ports[standby]}/infer?seed=1", 0.5))[0] == 200
-                              and r, lambda: "standby serving" + pair_report(s, lock_uri, ports))
-        assert json.loads(body)["epoch"] > first["epoch"]
-    finally:
-        for p in side:
-            p.terminate()
-            p.wait(timeout=10)
+        assert p.standby_serving()["epoch"] > p.first["epoch"]
 
 
 def test_shipped_example_config_is_valid():
