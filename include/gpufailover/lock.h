@@ -35,6 +35,11 @@ struct gf_lock_grant {
 	uint8_t session_token[32]; /**< proves this grant after a server restart */
 	int64_t granted_at_us;     /**< server wall clock, microseconds since the epoch */
 	int reclaimed;             /**< 1 when an earlier grant was kept across a server restart */
+	/** gf_lock_grant_proof() of this grant as the lock server computed it
+	 *  ahead of the grant (valid when @c has_fence_proof): a new holder
+	 *  then computes no MAC on its way to serving. */
+	uint8_t fence_proof[32];
+	int has_fence_proof; /**< 1 when @c fence_proof is set */
 };
 
 /**
@@ -298,7 +303,10 @@ struct gf_lock_proof {
 
 /**
  * Derive the fence proof of @p grant (as filled by gf_lock_acquire()). Pure:
- * no I/O. Errors: GF_ERR_INVALID_ARG (NULL, epoch 0), GF_ERR_NOMEM.
+ * no I/O. A grant from a lock server (unix:// or tcp://) carries the proof
+ * the server made ahead of the grant (gf_lock_grant.has_fence_proof), which
+ * is copied; otherwise (etcd, or a grant built from its epoch and token) it
+ * is computed. Errors: GF_ERR_INVALID_ARG (NULL, epoch 0), GF_ERR_NOMEM.
  */
 GF_EXPORT int gf_lock_grant_proof(const struct gf_lock_grant *grant, struct gf_lock_proof *out);
 

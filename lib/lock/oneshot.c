@@ -116,6 +116,12 @@ int gf_lock_grant_proof(const struct gf_lock_grant *grant, struct gf_lock_proof 
 {
 	if (!grant || !out || grant->epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock proof: no grant");
+	if (grant->has_fence_proof) {
+		/* The server's copy: the same MAC, computed before the grant. */
+		out->epoch = grant->epoch;
+		memcpy(out->token, grant->fence_proof, GF_LOCK_PROOF_LEN);
+		return 0;
+	}
 	uint8_t msg[32 + 8];
 	int n = snprintf((char *)msg, sizeof(msg), "gf-fence-proof:");
 	for (int i = 0; i < 8; i++)

@@ -74,6 +74,8 @@ struct gf_lockd {
 	 * holder's exit and the next grant. */
 	uint8_t next_token[GF_LOCK_TOKEN_LEN];
 	bool next_token_ready;
+	/* The next grant's fence proof, made with its token while idle (0: none yet). */
+	struct gf_lock_proof next_proof;
 	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms;
 	int64_t started_at;
 
@@ -733,6 +735,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 {
 	struct gf_srv_peer *p = c->peer;
 	struct gf_lock_state old = d->rec;
+	struct gf_lock_proof ahead = { .epoch = 0 }; /* the proof made with the token taken, if any */
 	if (!reclaimed) {
 		if (!gf_lock_next_epoch(d->epoch, &d->rec.epoch)) {
 			if (!d->epochs_exhausted)
@@ -743,6 +746,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		}
 		if (d->next_token_ready) {
 			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
+			ahead = d->next_proof;
 		} else if (gf_random_bytes(d->rec.token, sizeof(d->rec.token)) < 0) {
 			/* No grant without a token nobody can guess: hold grants and
 			 * retry as after a failed state write. */
@@ -753,6 +757,7 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 			return GF_ERR_IO;
 		}
 		d->next_token_ready = false;
+		d->next_proof.epoch = 0;
 	}
 	d->rec.has_holder = true;
 	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->peer->id);
@@ -778,6 +783,19 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	m->body.lock_granted.granted_at_us = d->granted_at_wall;
 	m->body.lock_granted.reclaimed = reclaimed;
 	m->body.lock_granted.takes_serving = true;
+	/* The holder's fence proof goes with the grant: made ahead for a new
+	 * grant, computed now for a reclaim (not on a failover's path). */
+	struct gf_lock_proof proof = ahead;
+	if (proof.epoch != d->epoch) {
+		struct gf_lock_grant g = { .epoch = d->epoch };
+		memcpy(g.session_token, d->rec.token, sizeof(g.session_token));
+		if (gf_lock_grant_proof(&g, &proof) < 0)
+			proof.epoch = 0;
+	}
+	if (proof.epoch == d->epoch) {
+		m->body.lock_granted.fence_proof.size = GF_LOCK_PROOF_LEN;
+		memcpy(m->body.lock_granted.fence_proof.bytes, proof.token, GF_LOCK_PROOF_LEN);
+	}
 	int lfds[GF_LSN_MAX];
 	size_t nl = 0;
 	if (p->tcp) {
@@ -847,6 +865,13 @@ static void settle(void *ctx)
 	/* Ready for the next grant: its token, and its state file's temp file. */
 	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
 		d->next_token_ready = true;
+	uint64_t next_epoch;
+	if (d->next_token_ready && d->next_proof.epoch == 0 && gf_lock_next_epoch(d->epoch, &next_epoch)) {
+		struct gf_lock_grant g = { .epoch = next_epoch };
+		memcpy(g.session_token, d->next_token, sizeof(g.session_token));
+		if (gf_lock_grant_proof(&g, &d->next_proof) < 0)
+			d->next_proof.epoch = 0;
+	}
 	prepare_store(d);
 }
 

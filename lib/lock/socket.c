@@ -178,6 +178,10 @@ static void take_grant(gf_lock *l, const gf_LockGranted *g)
 	       g->session_token.size < GF_LOCK_TOKEN_LEN ? g->session_token.size : GF_LOCK_TOKEN_LEN);
 	s->grant.granted_at_us = g->granted_at_us;
 	s->grant.reclaimed = g->reclaimed;
+	s->grant.has_fence_proof = g->fence_proof.size == GF_LOCK_PROOF_LEN;
+	memset(s->grant.fence_proof, 0, sizeof(s->grant.fence_proof));
+	if (s->grant.has_fence_proof)
+		memcpy(s->grant.fence_proof, g->fence_proof.bytes, GF_LOCK_PROOF_LEN);
 	s->eff_hb_ms = g->heartbeat_ms > 0 && g->heartbeat_ms < l->hb_ms ? g->heartbeat_ms : l->hb_ms;
 	s->eff_fence_ms = g->fence_ms > 0 && g->fence_ms < l->fence_ms ? g->fence_ms : l->fence_ms;
 	s->takes_serving = g->takes_serving;

@@ -134,6 +134,20 @@ static struct gf_lock_proof proof_of(const struct gf_lock_grant *g)
 	return p;
 }
 
+/* A grant from gf-lockd carries its proof, made by the server ahead of the
+ * grant: the same MAC the holder would compute from the token. */
+static void assert_carries_proof(const struct gf_lock_grant *g)
+{
+	assert_int_equal(g->has_fence_proof, 1);
+	struct gf_lock_grant bare = *g;
+	bare.has_fence_proof = 0;
+	memset(bare.fence_proof, 0, sizeof(bare.fence_proof));
+	struct gf_lock_proof computed = proof_of(&bare), carried = proof_of(g);
+	assert_int_equal(carried.epoch, g->epoch);
+	assert_memory_equal(computed.token, g->fence_proof, GF_LOCK_PROOF_LEN);
+	assert_memory_equal(carried.token, computed.token, GF_LOCK_PROOF_LEN);
+}
+
 /* The first byte of the committed weights, read by an RO client. */
 static int first_byte(struct world *w)
 {
@@ -172,10 +186,12 @@ static void test_fence(void **state)
 	assert_int_equal(gf_lock_new(&a, w->lock_uri, "a"), 0);
 	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
 	struct gf_lock_proof pa = proof_of(&ga);
+	assert_carries_proof(&ga);
 	/* A writer without the grant, or with a wrong one, cannot drop the weights. */
 	assert_int_equal(load(w, NULL, 0x22), GF_ERR_PERMISSION);
 	struct gf_lock_grant wrong = ga;
 	wrong.epoch++;
+	wrong.has_fence_proof = 0; /* computed for the wrong epoch, not the server's copy */
 	struct gf_lock_proof pw = proof_of(&wrong);
 	assert_int_equal(load(w, &pw, 0x22), GF_ERR_PERMISSION);
 	/* Nor can anyone quoting the public epoch (gfctl lock status shows it), or a forged proof. */
@@ -205,6 +221,7 @@ static void test_fence(void **state)
 	assert_int_equal(load(w, &pa, 0x44), GF_ERR_PERMISSION);
 	assert_int_equal(first_byte(w), 0x33);
 	struct gf_lock_proof pb = proof_of(&gb);
+	assert_carries_proof(&gb);
 	assert_int_equal(load(w, &pb, 0x55), 0);
 	assert_int_equal(first_byte(w), 0x55);
 
