@@ -266,14 +266,17 @@ GF_EXPORT int gf_mem_region_new(gf_mem_region **out, gf_mem *m, size_t size);
 /**
  * Reserve the address range of a region of @p size bytes (rounded up to the
  * granularity) with no memory behind it yet: the address is final, any
- * access faults until gf_mem_region_back(). Caller frees with
- * gf_mem_region_free(). Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM,
+ * access faults until gf_mem_region_back(). On the host backend, where an
+ * allocation holds no memory until touched, the allocation the next
+ * gf_mem_region_back() maps is created here (and again at each release), so
+ * backing only maps it; on cuda nothing is allocated ahead. Caller frees
+ * with gf_mem_region_free(). Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM,
  * GF_ERR_DRIVER.
  */
 GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size);
 /**
- * Create the region's memory and map it read-write at the reserved address,
- * all-or-nothing (on failure nothing stays allocated). Errors: GF_ERR_STATE
+ * Create the region's memory (host: take the one made ahead, fresh and
+ * zero-filled) and map it read-write at the reserved address, all-or-nothing (on failure nothing stays allocated). Errors: GF_ERR_STATE
  * (already backed), GF_ERR_OUT_OF_MEMORY (worth retrying once memory is
  * freed), GF_ERR_DRIVER, GF_ERR_INVALID_ARG (NULL).
  */

@@ -54,6 +54,9 @@ struct gf_mem_backend {
 
 	/* Physical allocations. @size is already rounded to the granularity. */
 	int (*create)(gf_mem *m, size_t size, uint64_t *handle);
+	/* An allocation takes no memory until its pages are touched (host: an
+	 * empty memfd), so one may be created ahead of the moment it is needed. */
+	bool create_is_free;
 	int (*export_fd)(gf_mem *m, uint64_t handle, int *out_fd);
 	/* @size rounded; the caller's fd stays the caller's. */
 	int (*import_fd)(gf_mem *m, int fd, size_t size, uint64_t *handle);

@@ -392,6 +392,7 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.plenty_free = host_plenty_free,
 	.synchronize = host_synchronize,
 	.create = host_create,
+	.create_is_free = true,
 	.export_fd = host_export,
 	.import_fd = host_import,
 	.import_adopt = host_import_adopt,

@@ -502,6 +502,11 @@ int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned)
 	return 0;
 }
 
+bool gf_mem_create_is_free(const gf_mem *m)
+{
+	return m && m->be->create_is_free;
+}
+
 int gf_mem_seal(gf_mem_alloc *a)
 {
 	if (!a)

@@ -38,4 +38,8 @@ int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned);
  */
 int gf_mem_seal(gf_mem_alloc *a);
 
+/* Whether creating an allocation takes no memory until it is used (host),
+ * so that it can be made ahead, off a wake's path. */
+bool gf_mem_create_is_free(const gf_mem *m);
+
 #endif

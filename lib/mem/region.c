@@ -3,21 +3,36 @@
  * A private region: one allocation mapped read-write into its own
  * reservation, the shape of an engine's KV cache. The reservation can come
  * first and the memory later (and go again), so the region's address is
- * known, and stable, before any memory backs it. Built only from the public
+ * known, and stable, before any memory backs it. Built from the public
  * memory API so the unwinding below is the one place that knows the order
- * (map after reserve after create; undo in reverse).
+ * (map after reserve after create; undo in reverse). Where an allocation
+ * takes no memory until it is touched (host: an empty memfd), the next one
+ * is created ahead, at reserve and at release, so backing the region (an
+ * engine's wake, on the failover's path) only maps it.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common.h"
 #include "gpufailover/mem.h"
+#include "mem_int.h"
 
 struct gf_mem_region {
 	gf_mem *m;
 	gf_mem_va *va;       /* the address range, for the region's whole life */
 	gf_mem_alloc *alloc; /* the memory behind it while backed, else NULL */
+	gf_mem_alloc *spare; /* made ahead, unmapped and untouched (host only), else NULL */
 };
+
+/* The next backing, created now where that takes no memory; a failure here
+ * only means gf_mem_region_back() creates it. */
+static void make_spare(gf_mem_region *r)
+{
+	if (r->spare || !gf_mem_create_is_free(r->m))
+		return;
+	if (gf_mem_create(&r->spare, r->m, gf_mem_va_size(r->va)) < 0)
+		r->spare = NULL;
+}
 
 GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size)
 {
@@ -42,6 +57,7 @@ GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size)
 		free(r);
 		return rc;
 	}
+	make_spare(r);
 	*out = r;
 	return 0;
 }
@@ -53,9 +69,15 @@ GF_EXPORT int gf_mem_region_back(gf_mem_region *r)
 	if (r->alloc)
 		return gf_err(GF_ERR_STATE, "gf_mem_region_back: already backed");
 	size_t size = gf_mem_va_size(r->va);
-	int rc = gf_mem_create(&r->alloc, r->m, size);
-	if (rc < 0)
-		goto fail;
+	int rc = 0;
+	if (r->spare) {
+		r->alloc = r->spare;
+		r->spare = NULL;
+	} else {
+		rc = gf_mem_create(&r->alloc, r->m, size);
+		if (rc < 0)
+			goto fail;
+	}
 	if (gf_mem_alloc_size(r->alloc) != size) {
 		rc = gf_err(GF_ERR_DRIVER, "gf_mem_region_back: the allocation is %zu bytes, the range %zu",
 			    gf_mem_alloc_size(r->alloc), size);
@@ -86,6 +108,7 @@ GF_EXPORT int gf_mem_region_release(gf_mem_region *r)
 	int rc = gf_mem_unmap_all(r->va);
 	gf_mem_alloc_free(r->alloc);
 	r->alloc = NULL;
+	make_spare(r);
 	return rc;
 }
 
@@ -118,6 +141,7 @@ GF_EXPORT void gf_mem_region_free(gf_mem_region *r)
 	if (!r)
 		return;
 	gf_mem_region_release(r);
+	gf_mem_alloc_free(r->spare);
 	gf_mem_va_free(r->va);
 	free(r);
 }

@@ -10,6 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -184,6 +187,74 @@ static void test_region_access_fails(void **state)
 	expect_unwound("FAKECUDA_FAIL", "cuMemSetAccess:1", GF_ERR_DRIVER);
 }
 
+/* The region's memfds (host): how many, and the pages they hold in all. */
+static int region_memfds(long long *blocks)
+{
+	int n = 0;
+	*blocks = 0;
+	DIR *d = opendir("/proc/self/fd");
+	assert_non_null(d);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char path[300], target[256];
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+		ssize_t len = readlink(path, target, sizeof(target) - 1);
+		if (len <= 0)
+			continue;
+		target[len] = '\0';
+		struct stat st;
+		if (strncmp(target, "/memfd:gf-mem ", 14) != 0 || stat(path, &st) != 0)
+			continue;
+		n++;
+		*blocks += (long long)st.st_blocks;
+	}
+	closedir(d);
+	return n;
+}
+
+/* Where an allocation costs nothing until touched (host), the next backing
+ * is made ahead, at reserve and at release, so that backing (a wake) only
+ * maps it: it holds no page while unused, and each backing is fresh memory
+ * (zeros, nothing of the last one). Where it costs memory (cuda), nothing
+ * is made ahead: a reserved region takes no device memory. */
+static void test_region_backing_made_ahead(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	uint64_t used = kind == GF_MEM_CUDA ? used_bytes(m) : 0;
+	size_t minimum;
+	assert_int_equal(gf_mem_granularity(m, &minimum, NULL), 0);
+	long long blocks;
+	int before = region_memfds(&blocks);
+	gf_mem_region *r = NULL;
+	assert_int_equal(gf_mem_region_reserve(&r, m, 4 * minimum), 0);
+	if (kind == GF_MEM_CUDA) {
+		assert_int_equal(used_bytes(m), used);
+	} else {
+		assert_int_equal(region_memfds(&blocks), before + 1);
+		assert_int_equal(blocks, 0);
+	}
+	uint8_t *p = (uint8_t *)(uintptr_t)gf_mem_region_addr(r);
+	for (int round = 0; round < 3; round++) {
+		assert_int_equal(gf_mem_region_back(r), 0);
+		if (kind != GF_MEM_CUDA) /* the spare was mapped: none made meanwhile */
+			assert_int_equal(region_memfds(&blocks), before + 1);
+		for (size_t i = 0; i < gf_mem_region_size(r); i += 4096)
+			assert_int_equal(p[i], 0);
+		memset(p, 0x5a, gf_mem_region_size(r));
+		assert_int_equal(gf_mem_region_release(r), 0);
+		if (kind == GF_MEM_CUDA) {
+			assert_int_equal(used_bytes(m), used);
+		} else {
+			assert_int_equal(region_memfds(&blocks), before + 1);
+			assert_int_equal(blocks, 0);
+		}
+	}
+	gf_mem_region_free(r);
+	assert_int_equal(region_memfds(&blocks), before);
+	gf_mem_free(m);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
@@ -199,13 +270,13 @@ int main(int argc, char **argv)
 	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_read_write), cmocka_unit_test(test_region_bad_args),
-		cmocka_unit_test(test_region_reserve_back_release),
+		cmocka_unit_test(test_region_reserve_back_release), cmocka_unit_test(test_region_backing_made_ahead),
 		cmocka_unit_test(test_region_oom),        cmocka_unit_test(test_region_reserve_fails),
 		cmocka_unit_test(test_region_map_fails),  cmocka_unit_test(test_region_access_fails),
 		cmocka_unit_test(test_region_back_oom_keeps_reservation),
 	};
-	/* The host backend has no fault knobs: it runs the first three only. */
-	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 3;
+	/* The host backend has no fault knobs: it runs the first four only. */
+	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 4;
 	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];
