@@ -115,6 +115,16 @@ GF_EXPORT void gf_set_log_level(int level);
  * @p userdata may be a program name (const char *) added as `prog=`, or NULL.
  */
 GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, void *userdata);
+/**
+ * When the line being delivered was logged: CLOCK_MONOTONIC and wall-clock
+ * microseconds (either pointer may be NULL). The one call a gf_log_fn may
+ * make into the library. An engine holds its info lines from the grant to
+ * Active, so that writing them does not delay the first answer, and delivers
+ * them together once Active (a warning or an error goes out at once, after
+ * what was held): a hook that stamps lines should stamp this time, which is
+ * what gf_log_stderr() does. Outside a delivery it is the current time.
+ */
+GF_EXPORT void gf_log_line_time(int64_t *mono_us, int64_t *wall_us);
 /** @} */
 
 /** @defgroup util Utilities

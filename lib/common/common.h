@@ -23,6 +23,17 @@ void gf_err_clear(void);
 
 void gf_log(int level, const char *component, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool gf_log_enabled(int level);
+/*
+ * Hold this thread's info and debug lines, stamped with the time they were
+ * logged, instead of delivering each (a write per line) while an engine wakes:
+ * gf_log_release() delivers them in order, together (gf_log_stderr() then
+ * writes them with one write). A warning or an error, or more lines than the
+ * hold keeps, releases at once, the line after what was held. Idempotent.
+ */
+void gf_log_hold(void);
+void gf_log_release(void);
+/* The hold's buffers, allocated and touched now (before a wait), not at the hold. */
+void gf_log_hold_prepare(void);
 
 /* The longest duration a setting or a peer may ask for (a year): its
  * microseconds stay far from overflowing 64 bits when added to a clock. */

@@ -14,6 +14,26 @@ static void *log_userdata;
 static int log_level = GF_LOG_INFO;
 static int env_level = -2; /* -2: not read yet, -1: GF_LOG unset */
 
+/* Lines held by gf_log_hold(); heap-allocated (a library loaded with dlopen
+ * gets little static TLS) when the hold starts. */
+#define HOLD_MAX 24
+struct held_line {
+	int level;
+	const char *component; /* a static string (gf_log_fn's contract) */
+	int64_t mono_us, wall_us;
+	char msg[1024];
+};
+static _Thread_local struct held_line *held;
+static _Thread_local int nheld;
+static _Thread_local bool holding;
+/* While a line is being delivered: when it was logged (gf_log_line_time()). */
+static _Thread_local bool line_time_set;
+static _Thread_local int64_t line_mono_us, line_wall_us;
+/* While held lines are delivered: gf_log_stderr() appends here, one write at the end. */
+static _Thread_local char *batch;
+static _Thread_local size_t batch_len, batch_cap;
+static _Thread_local bool batching;
+
 static int level_from_env(void)
 {
 	const char *v = getenv("GF_LOG");
@@ -59,24 +79,64 @@ static const char *level_name(int level)
 	}
 }
 
+GF_EXPORT void gf_log_line_time(int64_t *mono_us, int64_t *wall_us)
+{
+	bool set = line_time_set;
+	if (mono_us)
+		*mono_us = set ? line_mono_us : gf_now_us();
+	if (wall_us)
+		*wall_us = set ? line_wall_us : gf_wall_us();
+}
+
+/* Appends to the batch; false when it cannot grow (the line is then written alone). */
+static bool batch_add(const char *line, size_t len)
+{
+	if (batch_len + len > batch_cap) {
+		size_t cap = batch_cap ? batch_cap : 4096;
+		while (cap < batch_len + len)
+			cap *= 2;
+		char *b = realloc(batch, cap);
+		if (!b)
+			return false;
+		batch = b;
+		batch_cap = cap;
+	}
+	memcpy(batch + batch_len, line, len);
+	batch_len += len;
+	return true;
+}
+
 GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, void *userdata)
 {
-	struct timespec ts;
+	/* mono_us (CLOCK_MONOTONIC, shared by all processes of the machine) lets
+	 * a reader order and time events across processes to the microsecond;
+	 * both times are the line's, also for a line delivered after a hold. */
+	int64_t mono, wall;
+	gf_log_line_time(&mono, &wall);
+	time_t sec = (time_t)(wall / 1000000);
 	struct tm tm;
 	char when[40];
-	clock_gettime(CLOCK_REALTIME, &ts);
-	gmtime_r(&ts.tv_sec, &tm);
+	gmtime_r(&sec, &tm);
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-	/* One fprintf per line keeps lines from concurrent threads whole. */
-	/* mono_us (CLOCK_MONOTONIC, shared by all processes of the machine) lets
-	 * a reader order and time events across processes to the microsecond. */
-	long long mono = (long long)gf_now_us();
+	char line[1400];
+	int n;
 	if (userdata)
-		fprintf(stderr, "ts=%s.%03ldZ mono_us=%lld prog=%s level=%s component=%s %s\n", when,
-			ts.tv_nsec / 1000000, mono, (const char *)userdata, level_name(level), component, msg);
+		n = snprintf(line, sizeof(line), "ts=%s.%03dZ mono_us=%lld prog=%s level=%s component=%s %s\n", when,
+			     (int)(wall % 1000000 / 1000), (long long)mono, (const char *)userdata, level_name(level),
+			     component, msg);
 	else
-		fprintf(stderr, "ts=%s.%03ldZ mono_us=%lld level=%s component=%s %s\n", when,
-			ts.tv_nsec / 1000000, mono, level_name(level), component, msg);
+		n = snprintf(line, sizeof(line), "ts=%s.%03dZ mono_us=%lld level=%s component=%s %s\n", when,
+			     (int)(wall % 1000000 / 1000), (long long)mono, level_name(level), component, msg);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line)) {
+		n = sizeof(line) - 1;
+		line[n - 1] = '\n';
+	}
+	if (batching && batch_add(line, (size_t)n))
+		return;
+	/* One write per line keeps lines from concurrent threads whole. */
+	fwrite(line, 1, (size_t)n, stderr);
 }
 
 bool gf_log_enabled(int level)
@@ -93,24 +153,82 @@ bool gf_log_enabled(int level)
 	return on;
 }
 
-void gf_log(int level, const char *component, const char *fmt, ...)
+/* Hands one line to the hook (or stderr), telling it when the line was logged. */
+static void deliver(int level, const char *component, const char *msg, int64_t mono_us, int64_t wall_us)
 {
-	char msg[1024];
-	gf_log_fn fn;
-	void *ud;
-	va_list ap;
-
-	if (!gf_log_enabled(level))
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	pthread_mutex_lock(&log_lock);
-	fn = log_fn;
-	ud = log_userdata;
+	gf_log_fn fn = log_fn;
+	void *ud = log_userdata;
 	pthread_mutex_unlock(&log_lock);
+	line_time_set = true;
+	line_mono_us = mono_us;
+	line_wall_us = wall_us;
 	if (fn)
 		fn(level, component, msg, ud);
 	else
 		gf_log_stderr(level, component, msg, NULL);
+	line_time_set = false;
+}
+
+void gf_log_hold_prepare(void)
+{
+	if (!held && (held = malloc(HOLD_MAX * sizeof(*held))))
+		memset(held, 0, HOLD_MAX * sizeof(*held)); /* touched now: no page fault at the hold */
+	if (!batch && (batch = malloc(HOLD_MAX * 1200))) {
+		memset(batch, 0, HOLD_MAX * 1200);
+		batch_cap = HOLD_MAX * 1200;
+	}
+}
+
+void gf_log_hold(void)
+{
+	if (holding)
+		return;
+	gf_log_hold_prepare();
+	/* Without the buffer lines go out one by one, as without a hold. */
+	holding = held != NULL;
+	nheld = 0;
+}
+
+void gf_log_release(void)
+{
+	if (!holding)
+		return;
+	holding = false;
+	batching = true;
+	batch_len = 0;
+	for (int i = 0; i < nheld; i++)
+		deliver(held[i].level, held[i].component, held[i].msg, held[i].mono_us, held[i].wall_us);
+	batching = false;
+	if (batch_len)
+		fwrite(batch, 1, batch_len, stderr);
+	nheld = 0;
+	/* The buffers stay for the next hold (a thread holds again at its next wake). */
+}
+
+void gf_log(int level, const char *component, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	if (!gf_log_enabled(level))
+		return;
+	int64_t mono = gf_now_us(), wall = gf_wall_us();
+	if (holding && level >= GF_LOG_INFO && nheld < HOLD_MAX) {
+		struct held_line *h = &held[nheld++];
+		va_start(ap, fmt);
+		vsnprintf(h->msg, sizeof(h->msg), fmt, ap);
+		va_end(ap);
+		h->level = level;
+		h->component = component;
+		h->mono_us = mono;
+		h->wall_us = wall;
+		return;
+	}
+	/* A warning, an error or a full hold: what was held first, in order. */
+	gf_log_release();
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	deliver(level, component, msg, mono, wall);
 }

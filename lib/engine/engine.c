@@ -382,14 +382,17 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	if (atomic_exchange(&e->interrupted, false))
 		return gf_err(GF_ERR_INTERRUPTED, "acquire: interrupted");
 	gf_log(GF_LOG_INFO, "engine", "event=lock_waiting id=%s lock=%s", e->id, e->lock_uri);
+	gf_log_hold_prepare();
 	int64_t t0 = e->clock.now_us();
 	pthread_mutex_lock(&e->mu);
 	e->acquire_start_us = t0;
 	pthread_mutex_unlock(&e->mu);
 	gf_engine_boost(e);
 	rc = acquire_boosted(e, lock, timeout_ms, t0);
-	if (rc)
+	if (rc) {
+		gf_log_release();
 		gf_engine_unboost(e);
+	}
 	return rc;
 }
 
@@ -406,6 +409,10 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
 	}
 	if (rc)
 		return rc;
+	/* From the grant to Active this thread's info lines are held and
+	 * written together once serving (gf_engine_serve()): a write per line
+	 * would be on the failover's path. */
+	gf_log_hold();
 	int64_t t1 = e->clock.now_us();
 	pthread_mutex_lock(&e->mu);
 	e->m.epoch = grant.epoch;
@@ -478,7 +485,17 @@ static int alloc_private(gf_engine *e, int i, int64_t deadline_us)
 	return rc;
 }
 
+static int wake_up(gf_engine *e);
+
 GF_EXPORT int gf_engine_wake_up(gf_engine *e)
+{
+	int rc = wake_up(e);
+	if (rc)
+		gf_log_release(); /* no serve follows to write what the wake held */
+	return rc;
+}
+
+static int wake_up(gf_engine *e)
 {
 	if (!e)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_wake_up: NULL engine");
@@ -564,7 +581,17 @@ fail: {
 }
 }
 
+static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata);
+
 GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userdata)
+{
+	int rc = serve_step(e, serve, userdata);
+	/* Active (or failed): the lines held since the grant are written now, together. */
+	gf_log_release();
+	return rc;
+}
+
+static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata)
 {
 	if (!e)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_serve: NULL engine");

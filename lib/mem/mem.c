@@ -864,8 +864,11 @@ GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on)
 		return gf_err(GF_ERR_NOT_SUPPORTED, "%s backend: mappings cannot be fenced in place (unmap them)",
 			      va->m->be->name);
 	if (on) {
-		int rc = unpark(va);
+		/* The mappings fenced in place first: a parked one kept its access
+		 * where it was parked, and moving it back is all it needs (one
+		 * more mprotect of it would walk its page tables for nothing). */
 		int r2 = protect_in_place(va, 1);
+		int rc = unpark(va);
 		return rc < 0 ? rc : r2;
 	}
 	int rc = 0;

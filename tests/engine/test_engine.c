@@ -449,6 +449,72 @@ static void test_legal_path(void **state)
 	assert_int_equal(m.transitions, 4);
 }
 
+/* The engine's log lines, with when each was logged and when it was delivered. */
+static pthread_mutex_t wl_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	char msg[160];
+	int64_t mono, delivered;
+} wl[256];
+static int nwl;
+
+static void wake_log(int level, const char *c, const char *msg, void *ud)
+{
+	(void)level;
+	(void)ud;
+	if (strcmp(c, "engine") != 0)
+		return;
+	pthread_mutex_lock(&wl_mu);
+	if (nwl < 256) {
+		snprintf(wl[nwl].msg, sizeof(wl[nwl].msg), "%s", msg);
+		gf_log_line_time(&wl[nwl].mono, NULL);
+		wl[nwl].delivered = gf_now_us();
+		nwl++;
+	}
+	pthread_mutex_unlock(&wl_mu);
+}
+
+static int wake_line(const char *event)
+{
+	for (int i = 0; i < nwl; i++)
+		if (strstr(wl[i].msg, event))
+			return i;
+	fail_msg("no engine line with %s", event);
+	return -1;
+}
+
+/* The lines of a wake (grant to Active) are written once the engine is
+ * Active, not one write each on the way, and keep the times they were
+ * logged at, in order. */
+static void test_wake_lines_held_until_active(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	to_standby(e);
+	nwl = 0;
+	gf_set_log_fn(wake_log, NULL);
+	gf_set_log_level(GF_LOG_INFO);
+	int64_t before_acquire = gf_now_us();
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	usleep(2000);
+	int64_t before_serve = gf_now_us();
+	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
+	int64_t after_serve = gf_now_us();
+	gf_set_log_fn(NULL, NULL);
+	int granted = wake_line("event=lock_granted"), remapped = wake_line("event=weights_remapped"),
+	    serving = wake_line("event=serving");
+	assert_true(granted < remapped && remapped < serving);
+	assert_true(wl[granted].mono >= before_acquire && wl[remapped].mono < before_serve);
+	assert_true(wl[granted].mono <= wl[remapped].mono && wl[remapped].mono <= wl[serving].mono);
+	assert_true(wl[serving].mono <= after_serve);
+	/* Delivered together at Active: after the 2 ms between wake and serve. */
+	assert_true(wl[granted].delivered >= before_serve);
+	assert_true(wl[remapped].delivered >= before_serve);
+	/* Before the grant nothing is held. */
+	int waiting = wake_line("event=lock_waiting");
+	assert_true(wl[waiting].delivered < before_serve);
+}
+
 /* Every step that is not the next one is refused and changes nothing. */
 static void expect_refused(gf_engine *e, int state, bool woken)
 {
@@ -1671,6 +1737,7 @@ int main(int argc, char **argv)
 	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_legal_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_lines_held_until_active, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_illegal_transitions, setup, teardown),
 		cmocka_unit_test(test_dead_from_every_state),
 		cmocka_unit_test_setup_teardown(test_config_errors, setup, teardown),

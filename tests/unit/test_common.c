@@ -160,12 +160,129 @@ static void test_log_hook(void **state)
 	gf_set_log_fn(NULL, NULL);
 }
 
+struct rec_line {
+	int level;
+	char msg[64];
+	int64_t mono, wall, called_at;
+};
+static struct rec_line recs[64];
+static int nrecs;
+
+static void record_log(int level, const char *c, const char *msg, void *ud)
+{
+	(void)c;
+	(void)ud;
+	if (nrecs >= 64)
+		return;
+	struct rec_line *r = &recs[nrecs++];
+	r->level = level;
+	snprintf(r->msg, sizeof(r->msg), "%s", msg);
+	gf_log_line_time(&r->mono, &r->wall);
+	r->called_at = gf_now_us();
+}
+
+/* Held lines reach the hook only at the release, in order, each with the
+ * time it was logged; a warning releases what was held before it; more
+ * lines than the hold keeps go out rather than being dropped. */
+static void test_log_hold(void **state)
+{
+	(void)state;
+	nrecs = 0;
+	gf_set_log_fn(record_log, NULL);
+	gf_set_log_level(GF_LOG_DEBUG);
+	int64_t t0 = gf_now_us();
+	gf_log_hold();
+	gf_log(GF_LOG_INFO, "test", "one");
+	usleep(3000);
+	gf_log(GF_LOG_DEBUG, "test", "two %d", 2);
+	assert_int_equal(nrecs, 0);
+	int64_t t1 = gf_now_us();
+	gf_log_release();
+	assert_int_equal(nrecs, 2);
+	assert_string_equal(recs[0].msg, "one");
+	assert_string_equal(recs[1].msg, "two 2");
+	assert_int_equal(recs[1].level, GF_LOG_DEBUG);
+	assert_true(recs[0].mono >= t0 && recs[1].mono <= t1);
+	assert_true(recs[1].mono - recs[0].mono >= 3000);
+	assert_true(recs[0].called_at >= t1);
+	assert_true(recs[1].wall - recs[0].wall >= 2000);
+	gf_log_release(); /* nothing held: a no-op */
+	assert_int_equal(nrecs, 2);
+
+	/* A warning goes out at once, after what was held; the hold ends. */
+	nrecs = 0;
+	gf_log_hold();
+	gf_log(GF_LOG_INFO, "test", "before");
+	gf_log(GF_LOG_WARN, "test", "warned");
+	assert_int_equal(nrecs, 2);
+	assert_string_equal(recs[0].msg, "before");
+	assert_string_equal(recs[1].msg, "warned");
+	gf_log(GF_LOG_INFO, "test", "after");
+	assert_int_equal(nrecs, 3);
+
+	/* Overflow: nothing is lost, and the order is kept. */
+	nrecs = 0;
+	gf_log_hold();
+	for (int i = 0; i < 40; i++)
+		gf_log(GF_LOG_INFO, "test", "line %d", i);
+	gf_log_release();
+	assert_int_equal(nrecs, 40);
+	for (int i = 0; i < 40; i++) {
+		char want[32];
+		snprintf(want, sizeof(want), "line %d", i);
+		assert_string_equal(recs[i].msg, want);
+	}
+	/* Outside a delivery the time is now. */
+	int64_t mono, wall;
+	gf_log_line_time(&mono, &wall);
+	assert_true(mono >= t1 && mono <= gf_now_us());
+	gf_set_log_fn(NULL, NULL);
+}
+
+/* gf_log_stderr() writes held lines together, each with its own time. */
+static void test_log_hold_stderr(void **state)
+{
+	(void)state;
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	int saved = dup(2);
+	assert_true(saved >= 0);
+	assert_true(dup2(p[1], 2) >= 0);
+	gf_set_log_fn(gf_log_stderr, (void *)"unit");
+	gf_set_log_level(GF_LOG_INFO);
+	int64_t t0 = gf_now_us();
+	gf_log_hold();
+	gf_log(GF_LOG_INFO, "test", "held a");
+	usleep(2000);
+	gf_log(GF_LOG_INFO, "test", "held b");
+	int64_t t1 = gf_now_us();
+	gf_log_release();
+	gf_set_log_fn(NULL, NULL);
+	assert_true(dup2(saved, 2) >= 0);
+	close(saved);
+	close(p[1]);
+	char buf[4096];
+	ssize_t n = read(p[0], buf, sizeof(buf) - 1);
+	close(p[0]);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	char *a = strstr(buf, "held a"), *b = strstr(buf, "held b");
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_true(a < b);
+	long long ma = strtoll(strstr(buf, "mono_us=") + 8, NULL, 10);
+	long long mb = strtoll(strstr(a, "mono_us=") + 8, NULL, 10);
+	assert_true(ma >= t0 && mb <= t1 && mb - ma >= 2000);
+	assert_non_null(strstr(buf, "prog=unit level=info component=test held a\n"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_uri_ok),       cmocka_unit_test(test_uri_bad),
 		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration), cmocka_unit_test(test_bytes),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
+		cmocka_unit_test(test_log_hold),     cmocka_unit_test(test_log_hold_stderr),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
