@@ -59,6 +59,7 @@ struct conn {
 	/* Readiness: the engine said it reports when it serves (LockServing),
 	 * and whether it has, for its grant. */
 	bool reports_serving, serving;
+	bool takes_next; /* told LockNext before its grant */
 };
 
 struct gf_lockd {
@@ -744,6 +745,18 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 			d->epochs_exhausted = true;
 			return GF_ERR_STATE;
 		}
+		if (c->takes_next) {
+			/* Told now, the waiter wakes while the state is written below
+			 * instead of after: its wake-up is off the failover's path. */
+			gf_Msg *n = d->msg;
+			gf_msg_start(n, gf_Msg_lock_next_tag);
+			n->seq = c->seq;
+			n->body.lock_next.epoch = d->rec.epoch;
+			if (gf_srv_send(d->srv, p, n, NULL, 0) < 0) {
+				d->rec = old; /* the send closed it (on_close ran): grant the next one */
+				return GF_ERR_CLOSED;
+			}
+		}
 		if (d->next_token_ready) {
 			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
 			ahead = d->next_proof;
@@ -849,6 +862,8 @@ static void settle(void *ctx)
 			reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
 			continue;
 		}
+		if (grc == GF_ERR_CLOSED)
+			continue; /* gone while being told: no longer a waiter */
 		if (grc < 0)
 			break; /* store() wrote the pending release line */
 		granted = true;
@@ -1329,6 +1344,7 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 	if (rc < 0)
 		return rc;
 	c->reports_serving = a->reports_serving;
+	c->takes_next = a->takes_next;
 	/* Only a holder reclaiming its grant already serves. */
 	c->serving = a->serving && a->session_token.size > 0;
 	/* A pinned standby is never evicted, so the next one on its GPU is:

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,6 +24,10 @@
 
 #define RETRY_US 50000           /* between reconnect attempts */
 #define ATTEMPT_US 1000000       /* one reconnect attempt (connect+handshake+reply) at most */
+/* After LockNext the grant follows once the server has written its state
+ * file (tens of microseconds on tmpfs): the waiter polls without sleeping,
+ * yielding its CPU, for at most this long, then blocks as before. */
+#define NEXT_SPIN_US 2000
 #define RELEASE_WAIT_US 1000000  /* wait for the server's Ok to an explicit release */
 
 enum cstate { C_IDLE, C_WAITING, C_HELD, C_RECONNECTING, C_LOST };
@@ -140,6 +145,7 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	a->pinned = l->decl.pinned;
 	memcpy(a->model, l->decl.model, sizeof(a->model));
 	a->reports_serving = l->reports_serving;
+	a->takes_next = true;
 	a->serving = reclaim && l->serving;
 	int fds[GF_LIMIT_LISTENERS];
 	size_t nfds = 0;
@@ -218,6 +224,7 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 	const bool once = timeout_ms == 0;
 	const int64_t deadline = once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
 	int64_t unreachable_since = -1; /* when the server was last lost */
+	int64_t spin_until = 0;         /* told LockNext: poll without sleeping until then */
 	int rc;
 	for (;;) {
 		int64_t now = gf_now_us();
@@ -269,7 +276,12 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 			if (s->last_heard + l->fence_ms * 1000 < wake)
 				wake = s->last_heard + l->fence_ms * 1000;
 		}
-		int n = poll(p, 2, gf_poll_timeout_ms(wake));
+		bool spin = spin_until && gf_now_us() < spin_until;
+		int n = poll(p, 2, spin ? 0 : gf_poll_timeout_ms(wake));
+		if (n == 0 && spin) {
+			sched_yield(); /* the server may be waiting for this CPU */
+			continue;
+		}
 		if (n < 0 && errno != EINTR) {
 			rc = gf_err_errno(GF_ERR_IO, errno, "lock: poll");
 			break;
@@ -319,6 +331,8 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 				rc = gf_msg_error_code(m);
 				break;
 			}
+			if (m->which_body == gf_Msg_lock_next_tag)
+				spin_until = gf_now_us() + NEXT_SPIN_US;
 			/* Answer the server's heartbeats: a waiter does not know the
 			 * server's interval before its grant, this keeps pace with it. */
 			if (m->which_body == gf_Msg_heartbeat_tag && is_tcp(l)) {

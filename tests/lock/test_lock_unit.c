@@ -348,6 +348,50 @@ static void test_fifo_and_epochs(void **s)
 	srv_stop(&sv);
 }
 
+/* A waiter that takes LockNext hears it before its grant, with the grant's
+ * epoch, and only the waiter about to be granted hears it; one that did not
+ * ask gets its grant alone. */
+static void test_next_before_grant(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	struct raw a, b, c, d;
+	raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	uint64_t e = a.m.body.lock_granted.epoch;
+	raw_open(&b, sv.uri, "b");
+	raw_open(&c, sv.uri, "c");
+	raw_open(&d, sv.uri, "d");
+	struct raw *w[] = { &b, &c, &d };
+	const char *ids[] = { "b", "c", "d" };
+	for (int i = 0; i < 3; i++) {
+		memset(&w[i]->m, 0, sizeof(w[i]->m));
+		w[i]->m.which_body = gf_Msg_lock_acquire_tag;
+		strcpy(w[i]->m.body.lock_acquire.engine_id, ids[i]);
+		w[i]->m.body.lock_acquire.timeout_ms = -1;
+		w[i]->m.body.lock_acquire.takes_next = i < 2; /* d does not */
+		assert_int_equal(gf_msg_send(w[i]->fd, &w[i]->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	}
+	assert_int_equal(raw_next(&b, 100), 0);
+	raw_close(&a);
+	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(b.m.body.lock_next.epoch, e + 1);
+	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
+	assert_int_equal(raw_next(&c, 100), 0); /* not next yet: told nothing */
+	raw_close(&b);
+	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(c.m.body.lock_next.epoch, e + 2);
+	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
+	raw_close(&c);
+	assert_int_equal(raw_next(&d, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(d.m.body.lock_granted.epoch, e + 3);
+	raw_close(&d);
+	srv_stop(&sv);
+}
+
 static void test_waiter_timeout_and_client(void **s)
 {
 	(void)s;
@@ -761,7 +805,7 @@ int main(void)
 		cmocka_unit_test(test_state_truncated),
 		cmocka_unit_test(test_state_store_load),
 		cmocka_unit_test(test_state_format_roundtrip),
-		cmocka_unit_test(test_fifo_and_epochs),
+		cmocka_unit_test(test_fifo_and_epochs), cmocka_unit_test(test_next_before_grant),
 		cmocka_unit_test(test_waiter_timeout_and_client),
 		cmocka_unit_test(test_interrupt),
 		cmocka_unit_test(test_reconnect_window_reclaim),
