@@ -219,6 +219,15 @@ GF_EXPORT int gf_gms_remap(gf_gms *gms, int64_t timeout_ms);
  */
 GF_EXPORT int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms);
 /**
+ * Take back a gf_gms_remap_begin() no gf_gms_remap() will follow (the
+ * caller did not get the lock after all): the kept session is closed, so the
+ * GMS lets go of the RO lock it may have granted (a reader that never maps
+ * must not hold back a writer), and the kept handles are released; the next
+ * gf_gms_remap() connects afresh and imports the list. A no-op (0) when no
+ * request is out. Errors: GF_ERR_INVALID_ARG (NULL).
+ */
+GF_EXPORT int gf_gms_remap_cancel(gf_gms *gms);
+/**
  * Fill the page tables of every mapped allocation now (host backend, one
  * call per allocation), so the first reads take no page faults; a no-op on
  * device memory. A hint: where the kernel cannot, the faults come later as

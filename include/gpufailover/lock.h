@@ -131,6 +131,23 @@ typedef void (*gf_lock_step_down_fn)(gf_lock *lock, uint64_t epoch, void *userda
 /** Install the step-down hook (NULL removes it). */
 GF_EXPORT void gf_lock_set_step_down_fn(gf_lock *lock, gf_lock_step_down_fn fn, void *userdata);
 
+struct gf_lock_proof;
+/**
+ * Called on the thread in gf_lock_acquire() when the lock server says this
+ * waiter is next (@p next 1): the grant, of @p proof's epoch (@p proof is
+ * that grant's fence proof, NULL when the server sent none), follows once
+ * the server has written its state file. Work that needs the grant's
+ * arrival but not the lock itself (an engine's GMS wake request) can start
+ * now and overlap the write. @p next 0 says the grant will not come after
+ * all (the connection broke first, or gf_lock_acquire() returns an error):
+ * undo that work. Called again with 1 if the server tells it again (a state
+ * write retried). Must not call gf_lock_* on @p lock. Unix and TCP lock
+ * servers; the etcd backend never calls it.
+ */
+typedef void (*gf_lock_next_fn)(gf_lock *lock, int next, const struct gf_lock_proof *proof, void *userdata);
+/** Install the next hook (NULL removes it). */
+GF_EXPORT void gf_lock_set_next_fn(gf_lock *lock, gf_lock_next_fn fn, void *userdata);
+
 /**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
  * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most

@@ -342,6 +342,35 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 
 static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int64_t t0);
 
+/*
+ * The lock server says this engine is next (gf_lock_set_next_fn()), on the
+ * thread waiting in gf_engine_acquire(): the GMS wake requests go out now,
+ * with the coming grant's proof, so each GMS answers while the lock server
+ * writes its state and the grant travels, instead of after. A wake request
+ * is an RO request, which needs no lock; a grant that does not come after
+ * all takes them back (a reader that never maps must not hold back a writer).
+ */
+static void lock_next_hook(gf_lock *lock, int next, const struct gf_lock_proof *proof, void *userdata)
+{
+	gf_engine *e = userdata;
+	(void)lock;
+	if (gf_engine_state(e) != GF_ENGINE_STANDBY)
+		return;
+	for (int i = 0; i < e->ndev; i++) {
+		gf_gms *g = e->dev[i].gms;
+		if (!g)
+			continue;
+		if (!next) {
+			gf_gms_remap_cancel(g);
+			continue;
+		}
+		if (proof)
+			gf_gms_set_lock_proof(g, proof);
+		if (gf_gms_remap_begin(g, e->remap_timeout_ms) < 0)
+			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());
+	}
+}
+
 GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 {
 	if (!e)
@@ -377,6 +406,7 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		/* The hook is in place before the lock can be held. */
 		gf_lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
 		gf_lock_set_step_down_fn(lock, gf_engine_lock_step_down_hook, e);
+		gf_lock_set_next_fn(lock, lock_next_hook, e);
 		atomic_store(&e->lock, lock);
 	}
 	if (atomic_exchange(&e->interrupted, false))
@@ -432,7 +462,8 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
 	}
 	/* The GMS answers the wake's request while this thread does the rest
 	 * of the wake (log, memory gate, lock watcher); wake_up() reads it. A
-	 * refusal here only means the remap connects afresh. */
+	 * refusal here only means the remap connects afresh. Sent already when
+	 * the lock server said this engine was next (lock_next_hook()). */
 	for (int i = 0; i < e->ndev; i++)
 		if (e->dev[i].gms && gf_gms_remap_begin(e->dev[i].gms, e->remap_timeout_ms) < 0)
 			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());

@@ -1299,6 +1299,18 @@ int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
 	return 0;
 }
 
+int gf_gms_remap_cancel(gf_gms *gms)
+{
+	if (!gms)
+		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
+	struct gmsc_fsm f = fsm_get(gms);
+	if (gmsc_fsm_wake_path(&f) != GMSC_WAKE_READ)
+		return 0;
+	gf_log(GF_LOG_INFO, "gms", "wake: request to %s taken back; the next wake connects afresh", gms->uri_text);
+	drop_parked(gms);
+	return 0;
+}
+
 int gf_gms_unmap(gf_gms *gms)
 {
 	if (!gms)

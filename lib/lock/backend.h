@@ -87,6 +87,8 @@ struct gf_lock {
 	 * (gf_lock_serving(); a reclaim says so again). Guarded by mu. */
 	bool reports_serving, serving;
 	gf_lock_step_down_fn step_down_fn;
+	gf_lock_next_fn next_fn; /* called on the acquiring thread (socket backend) */
+	void *next_ud;
 	void *step_down_ud;
 	int intr_fd; /* gf_lock_interrupt() */
 	/*

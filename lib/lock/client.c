@@ -255,6 +255,16 @@ int gf_lock_serving(gf_lock *l)
 	return l->be->serving(l);
 }
 
+void gf_lock_set_next_fn(gf_lock *l, gf_lock_next_fn fn, void *userdata)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->next_fn = fn;
+	l->next_ud = userdata;
+	pthread_mutex_unlock(&l->mu);
+}
+
 void gf_lock_set_step_down_fn(gf_lock *l, gf_lock_step_down_fn fn, void *userdata)
 {
 	if (!l)

@@ -745,18 +745,6 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 			d->epochs_exhausted = true;
 			return GF_ERR_STATE;
 		}
-		if (c->takes_next) {
-			/* Told now, the waiter wakes while the state is written below
-			 * instead of after: its wake-up is off the failover's path. */
-			gf_Msg *n = d->msg;
-			gf_msg_start(n, gf_Msg_lock_next_tag);
-			n->seq = c->seq;
-			n->body.lock_next.epoch = d->rec.epoch;
-			if (gf_srv_send(d->srv, p, n, NULL, 0) < 0) {
-				d->rec = old; /* the send closed it (on_close ran): grant the next one */
-				return GF_ERR_CLOSED;
-			}
-		}
 		if (d->next_token_ready) {
 			memcpy(d->rec.token, d->next_token, sizeof(d->rec.token));
 			ahead = d->next_proof;
@@ -771,6 +759,25 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 		}
 		d->next_token_ready = false;
 		d->next_proof.epoch = 0;
+		if (c->takes_next) {
+			/* Told now, with the grant's epoch and proof, the waiter wakes
+			 * (and starts what needs no lock) while the state is written
+			 * below instead of after: its wake-up leaves the failover's path. */
+			gf_Msg *n = d->msg;
+			gf_msg_start(n, gf_Msg_lock_next_tag);
+			n->seq = c->seq;
+			n->body.lock_next.epoch = d->rec.epoch;
+			if (ahead.epoch == d->rec.epoch) {
+				n->body.lock_next.fence_proof.size = GF_LOCK_PROOF_LEN;
+				memcpy(n->body.lock_next.fence_proof.bytes, ahead.token, GF_LOCK_PROOF_LEN);
+			}
+			if (gf_srv_send(d->srv, p, n, NULL, 0) < 0) {
+				/* The send closed it (on_close ran): the next waiter goes.
+				 * The token stays unused; a new one is drawn for the next grant. */
+				d->rec = old;
+				return GF_ERR_CLOSED;
+			}
+		}
 	}
 	d->rec.has_holder = true;
 	snprintf(d->rec.holder, sizeof(d->rec.holder), "%s", c->peer->id);

@@ -206,6 +206,23 @@ static bool nap(gf_lock *l, int64_t until_us)
 	return false;
 }
 
+/* Tells the next hook (gf_lock_set_next_fn()) that this waiter is next, or no longer. */
+static void tell_next(gf_lock *l, int next, const gf_LockNext *n)
+{
+	pthread_mutex_lock(&l->mu);
+	gf_lock_next_fn fn = l->next_fn;
+	void *ud = l->next_ud;
+	pthread_mutex_unlock(&l->mu);
+	if (!fn)
+		return;
+	struct gf_lock_proof proof = { .epoch = 0 };
+	if (next && n && n->epoch && n->fence_proof.size == GF_LOCK_PROOF_LEN) {
+		proof.epoch = n->epoch;
+		memcpy(proof.token, n->fence_proof.bytes, GF_LOCK_PROOF_LEN);
+	}
+	fn(l, next, proof.epoch ? &proof : NULL, ud);
+}
+
 static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 {
 	struct sock *s = l->priv;
@@ -225,6 +242,7 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 	const int64_t deadline = once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
 	int64_t unreachable_since = -1; /* when the server was last lost */
 	int64_t spin_until = 0;         /* told LockNext: poll without sleeping until then */
+	bool told_next = false;         /* the next hook was told 1 and not yet 0 */
 	int rc;
 	for (;;) {
 		int64_t now = gf_now_us();
@@ -295,6 +313,11 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 			if (now - s->last_heard >= l->fence_ms * 1000) {
 				/* A silent TCP server: reconnect and keep waiting. */
 				drop_conn(l);
+				spin_until = 0;
+				if (told_next) {
+					told_next = false;
+					tell_next(l, 0, NULL);
+				}
 				continue;
 			}
 			if (now >= s->next_hb) {
@@ -331,8 +354,11 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 				rc = gf_msg_error_code(m);
 				break;
 			}
-			if (m->which_body == gf_Msg_lock_next_tag)
+			if (m->which_body == gf_Msg_lock_next_tag) {
+				tell_next(l, 1, &m->body.lock_next);
+				told_next = true;
 				spin_until = gf_now_us() + NEXT_SPIN_US;
+			}
 			/* Answer the server's heartbeats: a waiter does not know the
 			 * server's interval before its grant, this keeps pace with it. */
 			if (m->which_body == gf_Msg_heartbeat_tag && is_tcp(l)) {
@@ -348,11 +374,19 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 		if (rc < 0)
 			break;
 		if (lost_conn) {
-			/* The server went away: a waiter reconnects and keeps waiting. */
+			/* The server went away: a waiter reconnects and keeps waiting,
+			 * and is not next any more (it queues again). */
 			gf_log(GF_LOG_INFO, "lock", "msg=\"server connection lost while waiting; reconnecting\" id=%s", l->id);
 			drop_conn(l);
+			spin_until = 0;
+			if (told_next) {
+				told_next = false;
+				tell_next(l, 0, NULL);
+			}
 		}
 	}
+	if (told_next)
+		tell_next(l, 0, NULL);
 	drop_conn(l);
 	atomic_store(&s->state, C_IDLE);
 	return rc;

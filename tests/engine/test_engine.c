@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -513,6 +514,121 @@ static void test_wake_lines_held_until_active(void **state)
 	/* Before the grant nothing is held. */
 	int waiting = wake_line("event=lock_waiting");
 	assert_true(wl[waiting].delivered < before_serve);
+}
+
+static int gms_readers(struct fixture *f)
+{
+	char *js;
+	if (gf_gms_status_json(f->gms[0].uri, 2000, &js) < 0)
+		return -1;
+	const char *r = strstr(js, "\"readers\":");
+	int n = r ? atoi(r + 10) : -1;
+	free(js);
+	return n;
+}
+
+struct acq {
+	gf_engine *e;
+	int64_t timeout_ms;
+	atomic_int rc, done;
+};
+static void *acquire_main(void *p)
+{
+	struct acq *a = p;
+	atomic_store(&a->rc, gf_engine_acquire(a->e, a->timeout_ms));
+	atomic_store(&a->done, 1);
+	return NULL;
+}
+
+/*
+ * Told it is next (LockNext, before the lock server writes its state), the
+ * engine sends its GMS wake requests at once: the GMS grants the RO lock while
+ * the lock is not granted yet. When the grant does not come after all (here:
+ * the state file cannot be written, then the lock server goes away), the
+ * requests are taken back and the GMS lets go of the reader; the engine stays
+ * Standby and wakes normally under the next lock server.
+ */
+static void test_next_sends_the_wake_early(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	/* A lock server of its own whose state directory can be taken away. */
+	char sdir[400], sstate[450], suri[420];
+	snprintf(sdir, sizeof(sdir), "%s/st", f->dir);
+	snprintf(sstate, sizeof(sstate), "%s/lock.state", sdir);
+	snprintf(suri, sizeof(suri), "unix://%s/own-lock.sock", f->dir);
+	assert_int_equal(mkdir(sdir, 0700), 0);
+	gf_lockd *d;
+	pthread_t dt;
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_add_listen(d, suri), 0);
+	assert_int_equal(gf_lockd_set_state_file(d, sstate), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(d, 0), 0);
+	assert_int_equal(gf_lockd_start(d), 0);
+	assert_int_equal(pthread_create(&dt, NULL, lockd_main, d), 0);
+	assert_int_equal(gf_engine_set_lock(e, suri, "eng-next"), 0);
+	to_standby(e);
+	assert_int_equal(gms_readers(f), 0);
+	gf_lock *h;
+	struct gf_lock_grant hg;
+	assert_int_equal(gf_lock_new(&h, suri, "holder"), 0);
+	assert_int_equal(gf_lock_acquire(h, 2000, &hg), 0);
+	struct acq a = { .e = e, .timeout_ms = 3000 };
+	pthread_t at;
+	assert_int_equal(pthread_create(&at, NULL, acquire_main, &a), 0);
+	char *js = NULL;
+	for (int i = 0; i < 5000; i++) {
+		free(js);
+		js = NULL;
+		if (gf_lock_status_json(suri, NULL, 0, 2000, &js) == 0 && strstr(js, "\"waiter_count\":1"))
+			break;
+		usleep(1000);
+	}
+	assert_non_null(strstr(js, "\"waiter_count\":1"));
+	free(js);
+	/* The state file can no longer be written: the server tells the engine
+	 * it is next, then holds the grant (retrying the write). */
+	char p[600];
+	const char *names[] = { "lock.state", "lock.state.tmp", "lock.state.lock" };
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(p, sizeof(p), "%s/%s", sdir, names[i]);
+		unlink(p);
+	}
+	assert_int_equal(rmdir(sdir), 0);
+	gf_lock_free(h); /* released: the engine is next */
+	EVENTUALLY(gms_readers(f) == 1);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	assert_int_equal(atomic_load(&a.done), 0);
+	assert_int_equal(gf_lock_status_json(suri, NULL, 0, 2000, &js), 0);
+	assert_null(strstr(js, "\"holder\":\"eng-next\""));
+	free(js);
+	/* The lock server goes: the grant will not come; the reader is let go. */
+	gf_lockd_stop(d);
+	pthread_join(dt, NULL);
+	gf_lockd_free(d);
+	EVENTUALLY(gms_readers(f) == 0);
+	pthread_join(at, NULL);
+	assert_true(atomic_load(&a.rc) < 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
+	/* Under a working lock server it wakes, connecting to the GMS afresh. */
+	assert_int_equal(mkdir(sdir, 0700), 0);
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_add_listen(d, suri), 0);
+	assert_int_equal(gf_lockd_set_state_file(d, sstate), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(d, 0), 0);
+	assert_int_equal(gf_lockd_start(d), 0);
+	assert_int_equal(pthread_create(&dt, NULL, lockd_main, d), 0);
+	assert_int_equal(gf_engine_acquire(e, 3000), 0);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
+	assert_int_equal(mapped_count(e), ndev);
+	assert_int_equal(gms_readers(f), 1);
+	assert_int_equal(gf_engine_mark_dead(e, "test"), 0);
+	gf_lockd_stop(d);
+	pthread_join(dt, NULL);
+	gf_lockd_free(d);
 }
 
 /* Every step that is not the next one is refused and changes nothing. */
@@ -1738,6 +1854,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_legal_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_lines_held_until_active, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_next_sends_the_wake_early, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_illegal_transitions, setup, teardown),
 		cmocka_unit_test(test_dead_from_every_state),
 		cmocka_unit_test_setup_teardown(test_config_errors, setup, teardown),
