@@ -607,19 +607,16 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 			return rc;
 		}
 		/* Non-blocking for every holder (the flag is the socket's): a
-		 * connection reset before accept() must not block this loop. */
+		 * connection reset before accept() must not block this loop. The
+		 * lock server's listeners are already. */
 		int fl = fcntl(fd, F_GETFL);
-		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)) {
 			logf_(GF_LOG_ERR, "event=serve_failed listener=%s msg=\"%s\"", a->listener, strerror(errno));
 			close(fd);
 			return GF_ERR_IO;
 		}
 		a->lfd = fd;
-		struct sockaddr_storage ss;
-		socklen_t len = sizeof(ss);
-		if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0 && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6))
-			port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-							     : ((struct sockaddr_in6 *)&ss)->sin6_port);
+		port = -1; /* looked up when logged, after the first answers */
 	} else {
 		a->http = MHD_start_daemon(MHD_USE_EPOLL, (uint16_t)a->port, NULL, NULL,
 					   handle_http, a, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
@@ -1084,6 +1081,15 @@ static int run(struct app *a)
 		 * after them. */
 		if (a->listener && accept_pending(a))
 			MHD_run(a->http);
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+		if (a->serve_port < 0) {
+			a->serve_port = a->port;
+			if (a->lfd >= 0 && getsockname(a->lfd, (struct sockaddr *)&ss, &len) == 0 &&
+			    (ss.ss_family == AF_INET || ss.ss_family == AF_INET6))
+				a->serve_port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+									      : ((struct sockaddr_in6 *)&ss)->sin6_port);
+		}
 		logf_(GF_LOG_INFO, "event=endpoint_listening port=%d epoch=%" PRIu64, a->serve_port, gf_engine_epoch(e));
 		struct gf_engine_metrics m;
 		gf_engine_metrics(e, &m);

@@ -413,6 +413,7 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		return gf_err(GF_ERR_INTERRUPTED, "acquire: interrupted");
 	gf_log(GF_LOG_INFO, "engine", "event=lock_waiting id=%s lock=%s", e->id, e->lock_uri);
 	gf_log_hold_prepare();
+	gf_engine_listener_prepare(e);
 	int64_t t0 = e->clock.now_us();
 	pthread_mutex_lock(&e->mu);
 	e->acquire_start_us = t0;

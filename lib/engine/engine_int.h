@@ -162,6 +162,8 @@ void gf_engine_fatal_async(gf_engine *e, int err, const char *cause, const char 
 
 /* Make every listener duplicate handed out stop accepting (listener.c). Any thread. */
 void gf_engine_stop_accepting(gf_engine *e);
+/* Makes what gf_engine_stop_accepting() needs ahead (before the wait). */
+void gf_engine_listener_prepare(gf_engine *e);
 
 /* guards.c: the startup watchdog, the memory gate and the real sleep. */
 void gf_engine_real_sleep_ms(int64_t ms);

@@ -18,6 +18,16 @@ static bool same_socket(int fd, uint64_t dev, uint64_t ino)
 	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
 }
 
+/* The datagram socket gf_engine_stop_accepting() points handed-out fds at,
+ * made before the wait rather than on the way to serving. */
+void gf_engine_listener_prepare(gf_engine *e)
+{
+	pthread_mutex_lock(&e->mu);
+	if (e->lsn_dummy < 0)
+		e->lsn_dummy = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	pthread_mutex_unlock(&e->mu);
+}
+
 /* Remember @fd; entries whose socket the caller has closed since are dropped to make room. */
 static void remember(gf_engine *e, int fd)
 {
