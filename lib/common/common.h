@@ -26,9 +26,11 @@ bool gf_log_enabled(int level);
 /*
  * Hold this thread's info and debug lines, stamped with the time they were
  * logged, instead of delivering each (a write per line) while an engine wakes:
- * gf_log_release() delivers them in order, together (gf_log_stderr() then
- * writes them with one write). A warning or an error, or more lines than the
- * hold keeps, releases at once, the line after what was held. Idempotent.
+ * gf_log_release(), from any thread, delivers them in order, together
+ * (gf_log_stderr() then writes them with one write). One hold per process;
+ * while another thread holds, gf_log_hold() does nothing. The owner's
+ * warning or error, a full hold (24 lines) or one older than a second
+ * releases at the owner's next line, that line after what was held.
  */
 void gf_log_hold(void);
 void gf_log_release(void);

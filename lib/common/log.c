@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,18 +15,28 @@ static void *log_userdata;
 static int log_level = GF_LOG_INFO;
 static int env_level = -2; /* -2: not read yet, -1: GF_LOG unset */
 
-/* Lines held by gf_log_hold(); heap-allocated (a library loaded with dlopen
- * gets little static TLS) when the hold starts. */
+/*
+ * The hold (gf_log_hold()): one per process, owned by the thread that took
+ * it (an engine's, from its grant), whose info lines wait here; any thread
+ * may release it (an engine may serve on another thread than the one that
+ * acquired). The lines are heap-allocated ahead (gf_log_hold_prepare()):
+ * touched before the wait, not at the hold.
+ */
 #define HOLD_MAX 24
+#define HOLD_MAX_US 1000000 /* a hold older than this is released by the owner's next line */
 struct held_line {
 	int level;
 	const char *component; /* a static string (gf_log_fn's contract) */
 	int64_t mono_us, wall_us;
 	char msg[1024];
 };
-static _Thread_local struct held_line *held;
-static _Thread_local int nheld;
-static _Thread_local bool holding;
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct held_line *held; /* guarded by hold_mu */
+static struct held_line *held_spare; /* the other buffer: a release delivers from it */
+static int nheld;
+static pthread_t hold_owner;
+static int64_t hold_since;
+static atomic_bool holding; /* read without hold_mu by every gf_log() */
 /* While a line is being delivered: when it was logged (gf_log_line_time()). */
 static _Thread_local bool line_time_set;
 static _Thread_local int64_t line_mono_us, line_wall_us;
@@ -170,40 +181,104 @@ static void deliver(int level, const char *component, const char *msg, int64_t m
 	line_time_set = false;
 }
 
-void gf_log_hold_prepare(void)
+/* The batch buffer of the calling thread (gf_log_release() delivers on it). */
+static void batch_prepare(void)
 {
-	if (!held && (held = malloc(HOLD_MAX * sizeof(*held))))
-		memset(held, 0, HOLD_MAX * sizeof(*held)); /* touched now: no page fault at the hold */
 	if (!batch && (batch = malloc(HOLD_MAX * 1200))) {
 		memset(batch, 0, HOLD_MAX * 1200);
 		batch_cap = HOLD_MAX * 1200;
 	}
 }
 
+void gf_log_hold_prepare(void)
+{
+	pthread_mutex_lock(&hold_mu);
+	/* Touched now: no page fault at the hold or at its release. */
+	if (!held && (held = malloc(HOLD_MAX * sizeof(*held))))
+		memset(held, 0, HOLD_MAX * sizeof(*held));
+	if (!held_spare && (held_spare = malloc(HOLD_MAX * sizeof(*held_spare))))
+		memset(held_spare, 0, HOLD_MAX * sizeof(*held_spare));
+	pthread_mutex_unlock(&hold_mu);
+	batch_prepare();
+}
+
 void gf_log_hold(void)
 {
-	if (holding)
-		return;
 	gf_log_hold_prepare();
-	/* Without the buffer lines go out one by one, as without a hold. */
-	holding = held != NULL;
-	nheld = 0;
+	pthread_mutex_lock(&hold_mu);
+	/* One hold at a time: another thread's stays, this one's lines go out as usual. */
+	if (held && !atomic_load(&holding)) {
+		hold_owner = pthread_self();
+		hold_since = gf_now_us();
+		nheld = 0;
+		atomic_store(&holding, true);
+	}
+	pthread_mutex_unlock(&hold_mu);
 }
 
 void gf_log_release(void)
 {
-	if (!holding)
+	if (!atomic_load(&holding))
 		return;
-	holding = false;
+	pthread_mutex_lock(&hold_mu);
+	if (!atomic_load(&holding)) {
+		pthread_mutex_unlock(&hold_mu);
+		return;
+	}
+	/* The lines leave with their buffer; the spare one takes its place
+	 * (made again if a concurrent release still delivers from it). */
+	int n = nheld;
+	struct held_line *lines = held;
+	held = held_spare;
+	held_spare = NULL;
+	nheld = 0;
+	atomic_store(&holding, false);
+	pthread_mutex_unlock(&hold_mu);
+	/* Delivered outside hold_mu: a hook may log (it must not call back, but
+	 * a hook that does must not deadlock here). */
+	batch_prepare();
 	batching = true;
 	batch_len = 0;
-	for (int i = 0; i < nheld; i++)
-		deliver(held[i].level, held[i].component, held[i].msg, held[i].mono_us, held[i].wall_us);
+	for (int i = 0; i < n; i++)
+		deliver(lines[i].level, lines[i].component, lines[i].msg, lines[i].mono_us, lines[i].wall_us);
 	batching = false;
 	if (batch_len)
 		fwrite(batch, 1, batch_len, stderr);
-	nheld = 0;
-	/* The buffers stay for the next hold (a thread holds again at its next wake). */
+	pthread_mutex_lock(&hold_mu);
+	if (!held_spare)
+		held_spare = lines;
+	else if (!held)
+		held = lines;
+	else
+		free(lines);
+	pthread_mutex_unlock(&hold_mu);
+}
+
+enum hold_verdict { HOLD_NONE, HOLD_TAKEN, HOLD_RELEASE };
+
+/* Whether the line joins the hold (this thread owns it, the line is info or
+ * debug, the hold has room and is recent), goes out after a release (the
+ * owner's warning or error, a full or old hold), or goes out as usual. */
+static enum hold_verdict hold_line(int level, const char *component, const char *fmt, va_list ap, int64_t mono,
+				   int64_t wall)
+{
+	pthread_mutex_lock(&hold_mu);
+	enum hold_verdict v = HOLD_NONE;
+	if (atomic_load(&holding) && pthread_equal(hold_owner, pthread_self())) {
+		if (level >= GF_LOG_INFO && nheld < HOLD_MAX && mono - hold_since < HOLD_MAX_US) {
+			struct held_line *h = &held[nheld++];
+			vsnprintf(h->msg, sizeof(h->msg), fmt, ap);
+			h->level = level;
+			h->component = component;
+			h->mono_us = mono;
+			h->wall_us = wall;
+			v = HOLD_TAKEN;
+		} else {
+			v = HOLD_RELEASE;
+		}
+	}
+	pthread_mutex_unlock(&hold_mu);
+	return v;
 }
 
 void gf_log(int level, const char *component, const char *fmt, ...)
@@ -214,19 +289,17 @@ void gf_log(int level, const char *component, const char *fmt, ...)
 	if (!gf_log_enabled(level))
 		return;
 	int64_t mono = gf_now_us(), wall = gf_wall_us();
-	if (holding && level >= GF_LOG_INFO && nheld < HOLD_MAX) {
-		struct held_line *h = &held[nheld++];
+	if (atomic_load(&holding)) {
 		va_start(ap, fmt);
-		vsnprintf(h->msg, sizeof(h->msg), fmt, ap);
+		enum hold_verdict v = hold_line(level, component, fmt, ap, mono, wall);
 		va_end(ap);
-		h->level = level;
-		h->component = component;
-		h->mono_us = mono;
-		h->wall_us = wall;
-		return;
+		if (v == HOLD_TAKEN)
+			return;
+		/* The owner's warning or error, a full or old hold: what was held
+		 * first, in order. Another thread's line goes out as usual. */
+		if (v == HOLD_RELEASE)
+			gf_log_release();
 	}
-	/* A warning, an error or a full hold: what was held first, in order. */
-	gf_log_release();
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);

@@ -86,6 +86,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 {
 	if (!e)
 		return;
+	gf_log_release(); /* a wake's held lines, if it never got to serve */
 	if (e->watchdog_running) {
 		atomic_store(&e->watchdog_stop, true);
 		pthread_join(e->watchdog, NULL);
@@ -181,6 +182,8 @@ void gf_engine_die(gf_engine *e, const char *cause, const char *reason)
 	snprintf(e->dead_cause, sizeof(e->dead_cause), "%s", cause);
 	snprintf(e->dead_reason, sizeof(e->dead_reason), "%s", reason ? reason : "");
 	pthread_mutex_unlock(&e->mu);
+	/* A wake that ends here (on whichever thread) writes what it held first. */
+	gf_log_release();
 	gf_log(GF_LOG_WARN, "engine", "event=state from=%s to=dead id=%s cause=%s reason=\"%s\"",
 	       gf_engine_state_name(from), e->id ? e->id : "", cause, reason ? reason : "");
 }

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* URIs, durations, error names: pure parsing, no sockets. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -239,6 +240,53 @@ static void test_log_hold(void **state)
 	gf_set_log_fn(NULL, NULL);
 }
 
+static void *log_from_other_thread(void *arg)
+{
+	gf_log(GF_LOG_INFO, "test", "%s", (const char *)arg);
+	return NULL;
+}
+
+static void *release_from_other_thread(void *arg)
+{
+	(void)arg;
+	gf_log_release();
+	return NULL;
+}
+
+/* The hold is its owner's: another thread's lines go out as usual, another
+ * thread may release it (an engine may serve on another thread than the one
+ * that waited), and a hold older than a second lets its owner's next line out. */
+static void test_log_hold_threads(void **state)
+{
+	(void)state;
+	nrecs = 0;
+	gf_set_log_fn(record_log, NULL);
+	gf_set_log_level(GF_LOG_INFO);
+	gf_log_hold();
+	gf_log(GF_LOG_INFO, "test", "mine");
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, log_from_other_thread, (void *)"theirs"), 0);
+	pthread_join(t, NULL);
+	assert_int_equal(nrecs, 1);
+	assert_string_equal(recs[0].msg, "theirs");
+	assert_int_equal(pthread_create(&t, NULL, release_from_other_thread, NULL), 0);
+	pthread_join(t, NULL);
+	assert_int_equal(nrecs, 2);
+	assert_string_equal(recs[1].msg, "mine");
+	gf_log(GF_LOG_INFO, "test", "after");
+	assert_int_equal(nrecs, 3);
+
+	nrecs = 0;
+	gf_log_hold();
+	gf_log(GF_LOG_INFO, "test", "early");
+	usleep(1100000);
+	gf_log(GF_LOG_INFO, "test", "late");
+	assert_int_equal(nrecs, 2);
+	assert_string_equal(recs[0].msg, "early");
+	assert_string_equal(recs[1].msg, "late");
+	gf_set_log_fn(NULL, NULL);
+}
+
 /* gf_log_stderr() writes held lines together, each with its own time. */
 static void test_log_hold_stderr(void **state)
 {
@@ -283,6 +331,7 @@ int main(void)
 		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration), cmocka_unit_test(test_bytes),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
 		cmocka_unit_test(test_log_hold),     cmocka_unit_test(test_log_hold_stderr),
+		cmocka_unit_test(test_log_hold_threads),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
