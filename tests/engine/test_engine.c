@@ -540,6 +540,18 @@ static void *acquire_main(void *p)
 	return NULL;
 }
 
+/* A lock server in a thread of this process, on @uri with state file @state. */
+static void own_lockd_start(gf_lockd **d, pthread_t *t, const char *uri, const char *state)
+{
+	assert_int_equal(gf_lockd_new(d), 0);
+	assert_int_equal(gf_lockd_add_listen(*d, uri), 0);
+	assert_int_equal(gf_lockd_set_state_file(*d, state), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(*d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(*d, 0), 0);
+	assert_int_equal(gf_lockd_start(*d), 0);
+	assert_int_equal(pthread_create(t, NULL, lockd_main, *d), 0);
+}
+
 /*
  * Told it is next (LockNext, before the lock server writes its state), the
  * engine sends its GMS wake requests at once: the GMS grants the RO lock while
@@ -560,13 +572,7 @@ static void test_next_sends_the_wake_early(void **state)
 	assert_int_equal(mkdir(sdir, 0700), 0);
 	gf_lockd *d;
 	pthread_t dt;
-	assert_int_equal(gf_lockd_new(&d), 0);
-	assert_int_equal(gf_lockd_add_listen(d, suri), 0);
-	assert_int_equal(gf_lockd_set_state_file(d, sstate), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(d, 0), 0);
-	assert_int_equal(gf_lockd_start(d), 0);
-	assert_int_equal(pthread_create(&dt, NULL, lockd_main, d), 0);
+	own_lockd_start(&d, &dt, suri, sstate);
 	assert_int_equal(gf_engine_set_lock(e, suri, "eng-next"), 0);
 	to_standby(e);
 	assert_int_equal(gms_readers(f), 0);
@@ -613,13 +619,7 @@ static void test_next_sends_the_wake_early(void **state)
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 	/* Under a working lock server it wakes, connecting to the GMS afresh. */
 	assert_int_equal(mkdir(sdir, 0700), 0);
-	assert_int_equal(gf_lockd_new(&d), 0);
-	assert_int_equal(gf_lockd_add_listen(d, suri), 0);
-	assert_int_equal(gf_lockd_set_state_file(d, sstate), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(d, 0), 0);
-	assert_int_equal(gf_lockd_start(d), 0);
-	assert_int_equal(pthread_create(&dt, NULL, lockd_main, d), 0);
+	own_lockd_start(&d, &dt, suri, sstate);
 	assert_int_equal(gf_engine_acquire(e, 3000), 0);
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
