@@ -40,9 +40,12 @@ static atomic_bool holding; /* read without hold_mu by every gf_log() */
 /* While a line is being delivered: when it was logged (gf_log_line_time()). */
 static _Thread_local bool line_time_set;
 static _Thread_local int64_t line_mono_us, line_wall_us;
-/* While held lines are delivered: gf_log_stderr() appends here, one write at the end. */
-static _Thread_local char *batch;
-static _Thread_local size_t batch_len, batch_cap;
+/* While held lines are delivered (by the thread whose batching is set,
+ * holding batch_mu): gf_log_stderr() appends here, one write at the end.
+ * One buffer for the process, made once: releases are rare. */
+static pthread_mutex_t batch_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *batch;
+static size_t batch_len, batch_cap;
 static _Thread_local bool batching;
 
 static int level_from_env(void)
@@ -181,13 +184,15 @@ static void deliver(int level, const char *component, const char *msg, int64_t m
 	line_time_set = false;
 }
 
-/* The batch buffer of the calling thread (gf_log_release() delivers on it). */
+/* The batch buffer, made and touched ahead. */
 static void batch_prepare(void)
 {
+	pthread_mutex_lock(&batch_mu);
 	if (!batch && (batch = malloc(HOLD_MAX * 1200))) {
 		memset(batch, 0, HOLD_MAX * 1200);
 		batch_cap = HOLD_MAX * 1200;
 	}
+	pthread_mutex_unlock(&batch_mu);
 }
 
 void gf_log_hold_prepare(void)
@@ -237,6 +242,7 @@ void gf_log_release(void)
 	/* Delivered outside hold_mu: a hook may log (it must not call back, but
 	 * a hook that does must not deadlock here). */
 	batch_prepare();
+	pthread_mutex_lock(&batch_mu);
 	batching = true;
 	batch_len = 0;
 	for (int i = 0; i < n; i++)
@@ -244,6 +250,7 @@ void gf_log_release(void)
 	batching = false;
 	if (batch_len)
 		fwrite(batch, 1, batch_len, stderr);
+	pthread_mutex_unlock(&batch_mu);
 	pthread_mutex_lock(&hold_mu);
 	if (!held_spare)
 		held_spare = lines;
