@@ -120,6 +120,7 @@ struct gf_lockd {
 	/* the standby pool (pool.h) */
 	struct gf_pool_policy pool;
 	uint64_t evicted, over_budget;
+	uint64_t store_failures; /* state-file writes that failed */
 	bool warned_no_gpu; /* logged once: a standby outside the budget (no GPU declared) */
 	/* When each engine id was last Active, so a standby that comes back
 	 * keeps its place in the LRU order; bounded, the oldest entry goes. */
@@ -374,6 +375,7 @@ static int store(gf_lockd *d)
 		flush_release_log(d);
 		gf_log(GF_LOG_ERR, "lock", "msg=\"cannot write the state file; holding grants\" path=%s error=\"%s\"",
 		       d->state_path, gf_error_detail());
+		d->store_failures++;
 		d->store_retry_at = gf_now_us() + STORE_RETRY_US;
 		return rc;
 	}
@@ -703,6 +705,8 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 		snprintf(s->previous_holder, sizeof(s->previous_holder), "%s", d->prev.holder);
 	}
 	s->exit_wait = d->exit_pidfd >= 0;
+	s->state_write_failing = d->store_retry_at != 0;
+	s->state_write_failures = d->store_failures;
 	s->uptime_ms = gf_srv_started(d->srv) ? (now - d->started_at) / 1000 : 0;
 	struct gf_srv_stats st;
 	gf_srv_stats(d->srv, &st);
@@ -1643,6 +1647,10 @@ static int render_metrics(gf_lockd *d, char **text)
 	fprintf(f, "gf_lock_epoch %llu\n", (unsigned long long)d->epoch);
 	metric(f, "gf_lock_waiters", "gauge", "standby engines waiting for the lock");
 	fprintf(f, "gf_lock_waiters %zu\n", d->nwaiters);
+	metric(f, "gf_lock_grants_held", "gauge", "1 while grants are held: the last state-file write failed and is retried");
+	fprintf(f, "gf_lock_grants_held %d\n", d->store_retry_at != 0);
+	metric(f, "gf_lock_state_write_failures_total", "counter", "state-file writes that failed");
+	fprintf(f, "gf_lock_state_write_failures_total %llu\n", (unsigned long long)d->store_failures);
 	metric(f, "gf_lock_connections", "gauge", "open connections");
 	fprintf(f, "gf_lock_connections %u\n", st.connections);
 	metric(f, "gf_lock_pool_max_standby_per_gpu", "gauge", "standby budget per GPU (0: none)");

@@ -97,6 +97,8 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 	json_object_set_new(root, "previous_holder",
 			    s->previous_holder[0] ? json_string(s->previous_holder) : json_null());
 	json_object_set_new(root, "exit_wait", json_boolean(s->exit_wait));
+	json_object_set_new(root, "state_write_failing", json_boolean(s->state_write_failing));
+	json_object_set_new(root, "state_write_failures", json_integer((json_int_t)s->state_write_failures));
 	json_object_set_new(root, "uptime_ms", json_integer(s->uptime_ms));
 	json_object_set_new(root, "connections", json_integer(s->connections));
 	json_object_set_new(root, "fd_limit", json_integer(s->fd_limit > INT64_MAX ? -1 : (json_int_t)s->fd_limit));

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -389,6 +390,64 @@ static void test_next_before_grant(void **s)
 	assert_int_equal(raw_next(&d, 2000), gf_Msg_lock_granted_tag);
 	assert_int_equal(d.m.body.lock_granted.epoch, e + 3);
 	raw_close(&d);
+	srv_stop(&sv);
+}
+
+/* Removes every entry of @dir, then @dir. */
+static void remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	assert_non_null(d);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		char p[600];
+		snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+		assert_int_equal(unlink(p), 0);
+	}
+	closedir(d);
+	assert_int_equal(rmdir(dir), 0);
+}
+
+/* A state file that cannot be written holds grants: the waiter is told it
+ * is next but gets no grant, and status JSON and /metrics say so. */
+static void test_grants_held_shown(void **s)
+{
+	(void)s;
+	struct srv sv;
+	srv_start(&sv, NULL, 1000);
+	struct raw a, b;
+	raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	raw_open(&b, sv.uri, "b");
+	memset(&b.m, 0, sizeof(b.m));
+	b.m.which_body = gf_Msg_lock_acquire_tag;
+	strcpy(b.m.body.lock_acquire.engine_id, "b");
+	b.m.body.lock_acquire.timeout_ms = -1;
+	b.m.body.lock_acquire.takes_next = true;
+	assert_int_equal(gf_msg_send(b.fd, &b.m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	char *json, *text;
+	assert_int_equal(gf_lockd_status_json(sv.d, &json), 0);
+	assert_non_null(strstr(json, "\"state_write_failing\":false"));
+	assert_non_null(strstr(json, "\"state_write_failures\":0"));
+	free(json);
+	remove_dir(sv.dir);
+	raw_close(&a);
+	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(raw_next(&b, 300), 0); /* no grant: the write failed */
+	assert_int_equal(gf_lockd_status_json(sv.d, &json), 0);
+	assert_non_null(strstr(json, "\"state_write_failing\":true"));
+	assert_null(strstr(json, "\"state_write_failures\":0"));
+	assert_non_null(strstr(json, "\"holder\":null"));
+	free(json);
+	assert_int_equal(gf_lockd_metrics(sv.d, &text), 0);
+	assert_non_null(strstr(text, "\ngf_lock_grants_held 1\n"));
+	assert_null(strstr(text, "\ngf_lock_state_write_failures_total 0\n"));
+	assert_non_null(strstr(text, "# TYPE gf_lock_state_write_failures_total counter\n"));
+	free(text);
+	raw_close(&b);
 	srv_stop(&sv);
 }
 
@@ -806,6 +865,7 @@ int main(void)
 		cmocka_unit_test(test_state_store_load),
 		cmocka_unit_test(test_state_format_roundtrip),
 		cmocka_unit_test(test_fifo_and_epochs), cmocka_unit_test(test_next_before_grant),
+		cmocka_unit_test(test_grants_held_shown),
 		cmocka_unit_test(test_waiter_timeout_and_client),
 		cmocka_unit_test(test_interrupt),
 		cmocka_unit_test(test_reconnect_window_reclaim),
