@@ -276,6 +276,17 @@ static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const
 	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
 }
 
+/* An acquire that asks to be told LockNext (@next), as the library's client does. */
+static void raw_acquire_next(struct raw *r, const char *id, bool next)
+{
+	memset(&r->m, 0, sizeof(r->m));
+	r->m.which_body = gf_Msg_lock_acquire_tag;
+	snprintf(r->m.body.lock_acquire.engine_id, sizeof(r->m.body.lock_acquire.engine_id), "%s", id);
+	r->m.body.lock_acquire.timeout_ms = -1;
+	r->m.body.lock_acquire.takes_next = next;
+	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+}
+
 /* Next message within @ms: its tag, or 0 on timeout. */
 static int raw_next(struct raw *r, int ms)
 {
@@ -367,14 +378,8 @@ static void test_next_before_grant(void **s)
 	raw_open(&d, sv.uri, "d");
 	struct raw *w[] = { &b, &c, &d };
 	const char *ids[] = { "b", "c", "d" };
-	for (int i = 0; i < 3; i++) {
-		memset(&w[i]->m, 0, sizeof(w[i]->m));
-		w[i]->m.which_body = gf_Msg_lock_acquire_tag;
-		strcpy(w[i]->m.body.lock_acquire.engine_id, ids[i]);
-		w[i]->m.body.lock_acquire.timeout_ms = -1;
-		w[i]->m.body.lock_acquire.takes_next = i < 2; /* d does not */
-		assert_int_equal(gf_msg_send(w[i]->fd, &w[i]->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
-	}
+	for (int i = 0; i < 3; i++)
+		raw_acquire_next(w[i], ids[i], i < 2); /* d does not ask */
 	assert_int_equal(raw_next(&b, 100), 0);
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
@@ -422,12 +427,7 @@ static void test_grants_held_shown(void **s)
 	raw_acquire(&a, "a", -1, NULL, 0);
 	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
 	raw_open(&b, sv.uri, "b");
-	memset(&b.m, 0, sizeof(b.m));
-	b.m.which_body = gf_Msg_lock_acquire_tag;
-	strcpy(b.m.body.lock_acquire.engine_id, "b");
-	b.m.body.lock_acquire.timeout_ms = -1;
-	b.m.body.lock_acquire.takes_next = true;
-	assert_int_equal(gf_msg_send(b.fd, &b.m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	raw_acquire_next(&b, "b", true);
 	char *json, *text;
 	assert_int_equal(gf_lockd_status_json(sv.d, &json), 0);
 	assert_non_null(strstr(json, "\"state_write_failing\":false"));
