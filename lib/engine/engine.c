@@ -353,25 +353,38 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
  * is an RO request, which needs no lock; a grant that does not come after
  * all takes them back (a reader that never maps must not hold back a writer).
  */
+/*
+ * Every GMS gets the wake's request (gf_gms_remap_begin(): a no-op once
+ * sent), carrying @proof when there is one: a GMS fenced by the lock
+ * (gf-gmsd --lock) then knows the wake's connects as the holder's. A
+ * refusal only means the remap connects afresh.
+ */
+static void send_wake_requests(gf_engine *e, const struct gf_lock_proof *proof)
+{
+	for (int i = 0; i < e->ndev; i++) {
+		gf_gms *g = e->dev[i].gms;
+		if (!g)
+			continue;
+		if (proof)
+			gf_gms_set_lock_proof(g, proof);
+		if (gf_gms_remap_begin(g, e->remap_timeout_ms) < 0)
+			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());
+	}
+}
+
 static void lock_next_hook(gf_lock *lock, int next, const struct gf_lock_proof *proof, void *userdata)
 {
 	gf_engine *e = userdata;
 	(void)lock;
 	if (gf_engine_state(e) != GF_ENGINE_STANDBY)
 		return;
-	for (int i = 0; i < e->ndev; i++) {
-		gf_gms *g = e->dev[i].gms;
-		if (!g)
-			continue;
-		if (!next) {
-			gf_gms_remap_cancel(g);
-			continue;
-		}
-		if (proof)
-			gf_gms_set_lock_proof(g, proof);
-		if (gf_gms_remap_begin(g, e->remap_timeout_ms) < 0)
-			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());
+	if (next) {
+		send_wake_requests(e, proof);
+		return;
 	}
+	for (int i = 0; i < e->ndev; i++)
+		if (e->dev[i].gms)
+			gf_gms_remap_cancel(e->dev[i].gms);
 }
 
 GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
@@ -454,23 +467,16 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
 	e->m.remap_us = e->m.private_alloc_us = e->m.serve_us = e->m.wake_total_us = -1;
 	e->m.private_alloc_retries = 0;
 	pthread_mutex_unlock(&e->mu);
-	/* The wake's connects carry the grant's fence proof: a GMS fenced by
-	 * the lock (gf-gmsd --lock) then knows them as the holder's. */
-	struct gf_lock_proof proof;
-	if (gf_lock_grant_proof(&grant, &proof) == 0) {
-		for (int i = 0; i < e->ndev; i++)
-			if (e->dev[i].gms)
-				gf_gms_set_lock_proof(e->dev[i].gms, &proof);
-	} else {
-		gf_log(GF_LOG_WARN, "engine", "event=fence_proof msg=\"%s\"", gf_error_detail());
-	}
 	/* The GMS answers the wake's request while this thread does the rest
-	 * of the wake (log, memory gate, lock watcher); wake_up() reads it. A
-	 * refusal here only means the remap connects afresh. Sent already when
-	 * the lock server said this engine was next (lock_next_hook()). */
-	for (int i = 0; i < e->ndev; i++)
-		if (e->dev[i].gms && gf_gms_remap_begin(e->dev[i].gms, e->remap_timeout_ms) < 0)
-			gf_log(GF_LOG_DEBUG, "engine", "event=remap_begin device=%d msg=\"%s\"", i, gf_error_detail());
+	 * of the wake (log, memory gate, lock watcher); wake_up() reads it.
+	 * Sent already when the lock server said this engine was next
+	 * (lock_next_hook()); the grant's own proof replaces that one for the
+	 * connects to come. */
+	struct gf_lock_proof proof;
+	bool proven = gf_lock_grant_proof(&grant, &proof) == 0;
+	if (!proven)
+		gf_log(GF_LOG_WARN, "engine", "event=fence_proof msg=\"%s\"", gf_error_detail());
+	send_wake_requests(e, proven ? &proof : NULL);
 	gf_log(GF_LOG_INFO, "engine", "event=lock_granted epoch=%" PRIu64 " id=%s wait_us=%" PRId64 "%s", grant.epoch,
 	       e->id, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
 	rc = gf_engine_memory_gate(e, t1 + e->waking_timeout_ms * 1000);

@@ -223,6 +223,15 @@ static void tell_next(gf_lock *l, int next, const gf_LockNext *n)
 	fn(l, next, proof.epoch ? &proof : NULL, ud);
 }
 
+/* A waiter told it was next and then not granted (the connection broke, or the acquire ends) is no longer so. */
+static void no_longer_next(gf_lock *l, bool *told)
+{
+	if (!*told)
+		return;
+	*told = false;
+	tell_next(l, 0, NULL);
+}
+
 static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 {
 	struct sock *s = l->priv;
@@ -314,10 +323,7 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 				/* A silent TCP server: reconnect and keep waiting. */
 				drop_conn(l);
 				spin_until = 0;
-				if (told_next) {
-					told_next = false;
-					tell_next(l, 0, NULL);
-				}
+				no_longer_next(l, &told_next);
 				continue;
 			}
 			if (now >= s->next_hb) {
@@ -379,14 +385,10 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 			gf_log(GF_LOG_INFO, "lock", "msg=\"server connection lost while waiting; reconnecting\" id=%s", l->id);
 			drop_conn(l);
 			spin_until = 0;
-			if (told_next) {
-				told_next = false;
-				tell_next(l, 0, NULL);
-			}
+			no_longer_next(l, &told_next);
 		}
 	}
-	if (told_next)
-		tell_next(l, 0, NULL);
+	no_longer_next(l, &told_next);
 	drop_conn(l);
 	atomic_store(&s->state, C_IDLE);
 	return rc;
