@@ -378,8 +378,22 @@ static void test_next_before_grant(void **s)
 	raw_open(&d, sv.uri, "d");
 	struct raw *w[] = { &b, &c, &d };
 	const char *ids[] = { "b", "c", "d" };
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 3; i++) {
 		raw_acquire_next(w[i], ids[i], i < 2); /* d does not ask */
+		/* Queued before the next one asks: the FIFO order is the test's. */
+		char want[32], *json = NULL;
+		snprintf(want, sizeof(want), "\"waiter_count\":%d", i + 1);
+		for (int k = 0; k < 2000 && !(json && strstr(json, want)); k++) {
+			free(json);
+			json = NULL;
+			if (gf_lock_status_json(sv.uri, NULL, 0, 2000, &json) < 0)
+				json = NULL;
+			usleep(1000);
+		}
+		assert_non_null(json);
+		assert_non_null(strstr(json, want));
+		free(json);
+	}
 	assert_int_equal(raw_next(&b, 100), 0);
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
@@ -429,7 +443,7 @@ static void test_grants_held_shown(void **s)
 	raw_open(&b, sv.uri, "b");
 	raw_acquire_next(&b, "b", true);
 	char *json, *text;
-	assert_int_equal(gf_lockd_status_json(sv.d, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
 	assert_non_null(strstr(json, "\"state_write_failing\":false"));
 	assert_non_null(strstr(json, "\"state_write_failures\":0"));
 	free(json);
@@ -437,6 +451,10 @@ static void test_grants_held_shown(void **s)
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
 	assert_int_equal(raw_next(&b, 300), 0); /* no grant: the write failed */
+	/* Its socket's name is gone with the directory: asked in-process, on
+	 * this thread once the loop has stopped (the state stays until freed). */
+	gf_lockd_stop(sv.d);
+	pthread_join(sv.t, NULL);
 	assert_int_equal(gf_lockd_status_json(sv.d, &json), 0);
 	assert_non_null(strstr(json, "\"state_write_failing\":true"));
 	assert_null(strstr(json, "\"state_write_failures\":0"));
@@ -448,7 +466,7 @@ static void test_grants_held_shown(void **s)
 	assert_non_null(strstr(text, "# TYPE gf_lock_state_write_failures_total counter\n"));
 	free(text);
 	raw_close(&b);
-	srv_stop(&sv);
+	gf_lockd_free(sv.d);
 }
 
 static void test_waiter_timeout_and_client(void **s)
