@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* XXH3-64 on a helper thread (hasher.h). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -67,11 +69,17 @@ static const struct xxh3_ops *pick_ops(void)
 }
 
 struct chunk {
-	const void *buf;
+	const void *buf; /* NULL: read @n bytes of @fd from @off instead */
 	size_t n;
 	bool fault_in;
 	uint64_t *digest_out; /* the chunk ends a stream: its digest goes here */
+	int fd;
+	uint64_t off;
 };
+
+/* Reads of a file chunk: small enough that the bytes read stay in the
+ * core's cache until they are hashed. */
+#define READ_PIECE ((size_t)256 << 10)
 
 struct gms_hasher {
 	const struct xxh3_ops *ops;
@@ -84,16 +92,46 @@ struct gms_hasher {
 	struct chunk q[GMS_HASHER_QUEUE];
 	unsigned head, pending;
 	bool quit;
+	void *piece;    /* READ_PIECE bytes for file chunks, made at the first */
+	int read_error; /* the first failed read of a file chunk (errno), 0: none */
 };
 
-/* One chunk, on whichever thread runs it. */
-static void hash_chunk(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+/* A file chunk: read in pieces into the hasher's buffer, each hashed while
+ * it is in the cache. A failed or short read is kept for the caller. */
+static void hash_file(struct gms_hasher *h, int fd, uint64_t off, size_t n)
 {
-	if (fault_in)
-		gf_mem_populate((uint64_t)(uintptr_t)buf, n, false);
-	h->ops->update(h->st, buf, n);
-	if (digest_out) {
-		*digest_out = h->ops->digest(h->st);
+	if (!h->piece && !(h->piece = malloc(READ_PIECE))) {
+		h->read_error = h->read_error ? h->read_error : ENOMEM;
+		return;
+	}
+	while (n) {
+		size_t want = n < READ_PIECE ? n : READ_PIECE;
+		ssize_t r = pread(fd, h->piece, want, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			if (!h->read_error)
+				h->read_error = r < 0 ? errno : EIO;
+			return;
+		}
+		h->ops->update(h->st, h->piece, (size_t)r);
+		off += (uint64_t)r;
+		n -= (size_t)r;
+	}
+}
+
+/* One chunk, on whichever thread runs it. */
+static void hash_chunk(struct gms_hasher *h, const struct chunk *c)
+{
+	if (!c->buf) {
+		hash_file(h, c->fd, c->off, c->n);
+	} else {
+		if (c->fault_in)
+			gf_mem_populate((uint64_t)(uintptr_t)c->buf, c->n, false);
+		h->ops->update(h->st, c->buf, c->n);
+	}
+	if (c->digest_out) {
+		*c->digest_out = h->ops->digest(h->st);
 		h->ops->reset(h->st);
 	}
 }
@@ -109,7 +147,7 @@ static void *hasher_main(void *arg)
 			break;
 		struct chunk c = h->q[h->head];
 		pthread_mutex_unlock(&h->lock);
-		hash_chunk(h, c.buf, c.n, c.fault_in, c.digest_out);
+		hash_chunk(h, &c);
 		pthread_mutex_lock(&h->lock);
 		h->head = (h->head + 1) % GMS_HASHER_QUEUE;
 		h->pending--;
@@ -162,6 +200,7 @@ void gms_hasher_free(struct gms_hasher *h)
 	pthread_cond_destroy(&h->cond);
 	pthread_mutex_destroy(&h->lock);
 	h->ops->destroy(h->st);
+	free(h->piece);
 	free(h);
 }
 
@@ -172,16 +211,16 @@ void gms_hasher_reset(struct gms_hasher *h)
 }
 
 /* Queue a chunk once fewer than @ahead chunks are still unhashed. */
-static void enqueue(struct gms_hasher *h, unsigned ahead, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+static void enqueue(struct gms_hasher *h, unsigned ahead, struct chunk c)
 {
 	if (!h->threaded) {
-		hash_chunk(h, buf, n, fault_in, digest_out);
+		hash_chunk(h, &c);
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
 	while (h->pending >= ahead)
 		pthread_cond_wait(&h->cond, &h->lock);
-	h->q[(h->head + h->pending) % GMS_HASHER_QUEUE] = (struct chunk){buf, n, fault_in && n, digest_out};
+	h->q[(h->head + h->pending) % GMS_HASHER_QUEUE] = c;
 	h->pending++;
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
@@ -189,12 +228,23 @@ static void enqueue(struct gms_hasher *h, unsigned ahead, const void *buf, size_
 
 void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
-	enqueue(h, 1, buf, n, fault_in, digest_out);
+	enqueue(h, 1, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
 }
 
 void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
-	enqueue(h, GMS_HASHER_QUEUE, buf, n, fault_in, digest_out);
+	enqueue(h, GMS_HASHER_QUEUE, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
+}
+
+void gms_hasher_queue_file(struct gms_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out)
+{
+	enqueue(h, GMS_HASHER_QUEUE, (struct chunk){ NULL, n, false, digest_out, fd, off });
+}
+
+int gms_hasher_read_error(struct gms_hasher *h)
+{
+	gms_hasher_wait(h);
+	return h->read_error;
 }
 
 void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n)

@@ -47,6 +47,16 @@ void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool 
  * that is refilled).
  */
 void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
+/*
+ * As gms_hasher_queue(), for @n bytes of the file @fd from @off: the helper
+ * reads them (pread, in pieces that stay in its cache) and hashes what it
+ * read, so the caller needs no mapping of them. @fd must stay open until
+ * the next wait. A read that fails or ends early is remembered (see
+ * gms_hasher_read_error()); the digest is then meaningless.
+ */
+void gms_hasher_queue_file(struct gms_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out);
+/* Waits, then the errno of the first failed read of a file chunk since the hasher was made, 0 if none. */
+int gms_hasher_read_error(struct gms_hasher *h);
 /* Wait until every submitted chunk is hashed. */
 void gms_hasher_wait(struct gms_hasher *h);
 /* gms_hasher_wait(), then the digest of the stream so far. */
