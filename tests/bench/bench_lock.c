@@ -439,6 +439,20 @@ static pid_t idle_waiters(int n, int wfd)
 		pause();
 }
 
+/* Everything the servers made, their temp files too, then the directory. */
+static void remove_dir(void)
+{
+	static const char *const made[] = { "lock.sock", "state.json", "state.json.tmp", "state.json.lock",
+					    "flock",     "relay.sock", "relay.state",    "relay.tmp" };
+	for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+		char path[400];
+		snprintf(path, sizeof(path), "%s/%s", dir, made[i]);
+		unlink(path);
+	}
+	if (rmdir(dir) < 0)
+		fprintf(stderr, "bench: %s left behind: %s\n", dir, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	int trials = argc > 1 ? atoi(argv[1]) : 500;
@@ -497,6 +511,9 @@ int main(int argc, char **argv)
 	if (hrc < 0) {
 		kill(server, SIGKILL);
 		kill(relay, SIGKILL);
+		waitpid(server, NULL, 0);
+		waitpid(relay, NULL, 0);
+		remove_dir();
 		return 1;
 	}
 	int64_t med = median64(all[M_LOCK], trials), p99 = p99_64(all[M_LOCK], trials);
@@ -564,16 +581,7 @@ int main(int argc, char **argv)
 	waitpid(holder, NULL, 0);
 	waitpid(server, NULL, 0);
 	waitpid(relay, NULL, 0);
-	/* Everything the servers made, their temp files too, then the directory. */
-	static const char *const leave[] = { "lock.sock", "state.json", "state.json.tmp", "state.json.lock",
-					     "flock",     "relay.sock", "relay.state",    "relay.tmp" };
-	for (size_t i = 0; i < sizeof(leave) / sizeof(leave[0]); i++) {
-		char path[400];
-		snprintf(path, sizeof(path), "%s/%s", dir, leave[i]);
-		unlink(path);
-	}
-	if (rmdir(dir) < 0)
-		fprintf(stderr, "bench: %s left behind: %s\n", dir, strerror(errno));
+	remove_dir();
 	for (int k = 0; k < M_COUNT; k++) {
 		free(lat[k]);
 		free(all[k]);
