@@ -7,9 +7,11 @@
  *
  *   map_all_us        gf_gms_map_all() with a fresh RO client (allocation
  *                     list, metadata, fds): mapped, page tables empty, like
- *   raw_us            the same N fds received over a unix socket
- *                     (gf_frame_send/recv, 253 per frame) and mmapped
- *                     read-only at fixed offsets of one reservation.
+ *   raw_us            the same N fds asked for and received over a unix
+ *                     socket (one request byte, then gf_frame_send/recv,
+ *                     253 per frame: one round trip, as the library's wake
+ *                     makes) and mmapped read-only at fixed offsets of one
+ *                     reservation.
  *   remap_us          the default wake (handles kept while asleep): page
  *                     tables ready to serve, no fault on first use, like
  *   raw_populated_us  raw_us plus MADV_POPULATE_READ of every mapping.
@@ -20,9 +22,10 @@
  *
  * The allocations' pages exist on both sides before any round (the writer
  * and the raw side fill them), so no side pays for allocating memory. The
- * raw sender thread sends its frames ahead of the receiver, so the raw
- * figure holds little sender-side work: a lower bound. The raw side runs
- * before the library in even rounds and after it in odd ones.
+ * raw sender thread answers each request at once from fds it holds ready,
+ * so the raw figure holds the round trip and little sender-side work: a
+ * lower bound. The raw side runs before the library in even rounds and
+ * after it in odd ones.
  *
  * Per figure the JSON line has the median over the rounds and, per ratio,
  * the median of the per-round ratios (library / raw of the same round) with
@@ -115,8 +118,12 @@ static void *raw_send(void *arg)
 {
 	struct raw *s = arg;
 	uint8_t body[1] = {0};
-	for (int r = 0; r < s->frames; r++)
+	for (int r = 0; r < s->frames; r++) {
+		char req;
+		if (read(s->sv[0], &req, 1) != 1) /* the receiver asks, as a wake asks the GMS */
+			exit(1);
 		check(gf_frame_send(s->sv[0], body, sizeof(body), s->fds, s->n, INT64_MAX), "raw send");
+	}
 	return NULL;
 }
 
@@ -143,6 +150,9 @@ static void raw_open(struct raw *s, size_t n, size_t size, int frames)
 static double raw_once(struct raw *s, bool populate)
 {
 	int64_t t0 = gf_now_us();
+	char req = 'r';
+	if (write(s->sv[1], &req, 1) != 1)
+		exit(1);
 	check(gf_frame_recv(&s->rd, s->sv[1], INT64_MAX), "raw recv");
 	int *got;
 	size_t ng;
