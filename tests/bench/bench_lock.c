@@ -43,7 +43,7 @@
 #include "gpufailover/lock.h"
 #include "wire.h"
 
-static char dir[256], uri[300], state[300], flock_path[300], relay_path[300], relay_state[300];
+static char dir[256], uri[300], state[300], flock_path[300], relay_path[300];
 
 enum mode { M_LOCK, M_FLOCK, M_RELAY, M_COUNT };
 static const char *const mode_name[M_COUNT] = { "gf-lockd", "flock(2)", "minimal server" };
@@ -482,7 +482,6 @@ int main(int argc, char **argv)
 	snprintf(state, sizeof(state), "%s/state.json", dir);
 	snprintf(flock_path, sizeof(flock_path), "%s/flock", dir);
 	snprintf(relay_path, sizeof(relay_path), "%s/relay.sock", dir);
-	snprintf(relay_state, sizeof(relay_state), "%s/relay.state", dir);
 
 	pid_t server = start_server();
 	pid_t relay = start_relay();
