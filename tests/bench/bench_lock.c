@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
+#include "minlock.h"
 #include "wire.h"
 
 static char dir[256], uri[300], state[300], flock_path[300], relay_path[300];
@@ -104,32 +105,6 @@ static struct sockaddr_un relay_addr(void)
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	memcpy(a.sun_path, relay_path, strlen(relay_path) + 1);
 	return a;
-}
-
-static int relay_prepare(int dirfd)
-{
-	return openat(dirfd, "relay.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-}
-
-static int relay_store(int dirfd, int *tmpfd, uint64_t epoch, pid_t pid)
-{
-	char text[256];
-	int n = snprintf(text, sizeof(text), "{\"version\":1,\"holder\":\"w%d\",\"epoch\":%llu,\"pid\":%d,\"granted_at_us\":%lld}\n",
-			 (int)pid, (unsigned long long)epoch, (int)pid, (long long)gf_wall_us());
-	if (*tmpfd < 0 && (*tmpfd = relay_prepare(dirfd)) < 0)
-		return -1;
-	int rc = write(*tmpfd, text, (size_t)n) == n && fdatasync(*tmpfd) == 0 ? 0 : -1;
-	close(*tmpfd);
-	*tmpfd = -1;
-	if (rc == 0 && (renameat(dirfd, "relay.tmp", dirfd, "relay.state") < 0 || fsync(dirfd) < 0))
-		rc = -1;
-	return rc;
-}
-
-static bool relay_exited(int pidfd)
-{
-	struct pollfd p = { .fd = pidfd, .events = POLLIN };
-	return poll(&p, 1, 0) == 1;
 }
 
 static void relay_watch(int ep, int fd, uint32_t events, uint64_t tag)
