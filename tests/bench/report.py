@@ -134,19 +134,31 @@ def main():
             row(f"gms {op} {tier}", f"{size}, throughput {spread(t, key)}", t[lib], None, base_name, t[base],
                 round(1 / t[key], 2) if t[key] else None)
 
-    print(f"running the failover demo {a.demo_runs} times ...", file=sys.stderr)
-    runs = []
+    print(f"running the failover demo {a.demo_runs} times, each paired with a run of failover-floor ...",
+          file=sys.stderr)
+    runs, floors = [], []
     with tempfile.TemporaryDirectory() as d:
         for i in range(a.demo_runs):
             path = pathlib.Path(d) / f"demo{i}.json"
-            out = subprocess.run([b / "examples/demo/gf-failover-demo", "--short", "--json", path,
-                                  "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd",
-                                  "--c-engine", b / "examples/c-engine/gf-c-engine"],
-                                 capture_output=True, text=True, timeout=120)
-            if out.returncode != 0 or not path.exists():
-                raise RuntimeError("demo failed:\n" + out.stdout[-3000:])
-            runs.append(json.loads(path.read_text()))
+
+            def demo():
+                out = subprocess.run([b / "examples/demo/gf-failover-demo", "--short", "--json", path,
+                                      "--lockd", b / "examples/gf-lockd/gf-lockd",
+                                      "--gmsd", b / "examples/gf-gmsd/gf-gmsd",
+                                      "--c-engine", b / "examples/c-engine/gf-c-engine"],
+                                     capture_output=True, text=True, timeout=120)
+                if out.returncode != 0 or not path.exists():
+                    raise RuntimeError("demo failed:\n" + out.stdout[-3000:])
+                runs.append(json.loads(path.read_text()))
+
+            def floor():
+                floors.append(json_lines([b / "tests/bench/failover-floor", 1], 120)[-1])
+
+            # The order alternates, so that neither side always runs on a machine the other just warmed.
+            for step in ((demo, floor) if i % 2 == 0 else (floor, demo)):
+                step()
     raw["demo"] = runs
+    raw["failover_floor"] = floors
     for key, label in (("release_us", "lock released (holder exit seen)"), ("grant_us", "lock granted"),
                        ("remapped_us", "weights remapped"), ("kv_allocated_us", "KV allocated"),
                        ("serving_us", "serving"), ("first_response_us", "first response")):
@@ -160,6 +172,16 @@ def main():
     if proto:
         row("demo failover protocol", f"first response - holder exit seen ({len(proto)} runs)",
             statistics.median(proto), pct(proto, 0.99), "", None, None)
+    # Against the same interval of failover-floor, paired run by run: the
+    # least work that keeps the design's guarantees, in plain C.
+    pairs = [(r["first_response_us"] - r["release_us"], f["protocol_us"]) for r, f in zip(runs, floors)
+             if r["release_us"] >= 0 and f["protocol_us"] > 0]
+    if pairs:
+        ratios = sorted(x / y for x, y in pairs)
+        row("demo failover protocol", f"paired with failover-floor ({len(pairs)} runs), ratio "
+            f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]",
+            statistics.median(x for x, _ in pairs), None, "failover-floor",
+            statistics.median(y for _, y in pairs), round(statistics.median(ratios), 2))
     for key, label in (("refused", "connections refused"), ("failed_in_flight", "requests failed in flight"),
                        ("longest_wait_us", "longest client wait")):
         vals = [r[key] for r in runs if key in r]
