@@ -1042,6 +1042,9 @@ static int configure(gf_engine *e, const struct opts *o, struct app *a)
 		rc = gf_engine_set_private_bytes(e, o->kv_bytes);
 	if (!rc)
 		rc = gf_engine_set_wake_priority(e, o->wake_priority);
+	/* run() answers what waited through a failover, then settles. */
+	if (!rc)
+		rc = gf_engine_set_settle_deferred(e, 1);
 	if (!rc && o->startup_ms > 0)
 		rc = gf_engine_set_startup_deadline(e, o->startup_ms);
 	if (!rc)
@@ -1077,10 +1080,11 @@ static int run(struct app *a)
 	int status = 0;
 	if (rc == 0) {
 		/* The connections that waited through the failover first: their
-		 * answers are what the failover is measured by; the log lines
-		 * after them. */
+		 * answers are what the failover is measured by; the readiness
+		 * report and the log lines after them (settling deferred). */
 		if (a->listener && accept_pending(a))
 			MHD_run(a->http);
+		gf_engine_settle(e);
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);
 		if (a->serve_port < 0) {

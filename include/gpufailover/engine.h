@@ -182,6 +182,18 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);
  */
 GF_EXPORT int gf_engine_set_wake_priority(gf_engine *engine, int priority);
 /**
+ * Settle later: with @p deferred 1, gf_engine_serve() (and so
+ * gf_engine_run_shadow()) return at Active without the two steps that
+ * otherwise follow it there: telling the lock server's readiness relay
+ * that this holder serves, and writing the log lines the wake held since
+ * the grant. The engine answers the connections that waited through the
+ * failover first, then calls gf_engine_settle(). Until then the relay
+ * counts the holder not ready, and the held lines come out with the
+ * stepping thread's next warning or error, or its next line a second after
+ * the grant. 0 (default): both at Active.
+ */
+GF_EXPORT int gf_engine_set_settle_deferred(gf_engine *engine, int deferred);
+/**
  * Startup watchdog: if the engine is not in Standby @p ms after
  * gf_engine_new(), it becomes Dead (cause "startup_deadline") and the loss
  * policy runs with GF_ERR_TIMEOUT (the default policy ends the process, so
@@ -355,6 +367,13 @@ GF_EXPORT int gf_engine_mark_dead(gf_engine *engine, const char *reason);
  * threads) or the first step's error.
  */
 GF_EXPORT int gf_engine_run_shadow(gf_engine *engine, const struct gf_engine_callbacks *callbacks);
+/**
+ * After an Active whose settling was deferred (gf_engine_set_settle_deferred()):
+ * report serving to the lock server's readiness relay and write the log
+ * lines the wake held. Any thread; once per wake (later calls, and calls
+ * with nothing deferred, do nothing and return 0).
+ */
+GF_EXPORT int gf_engine_settle(gf_engine *engine);
 /** Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED. Async-signal-safe, any thread. */
 GF_EXPORT void gf_engine_interrupt(gf_engine *engine);
 

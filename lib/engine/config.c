@@ -166,6 +166,15 @@ GF_EXPORT int gf_engine_set_wake_priority(gf_engine *e, int priority)
 	return 0;
 }
 
+GF_EXPORT int gf_engine_set_settle_deferred(gf_engine *e, int deferred)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_settle_deferred");
+	if (rc)
+		return rc;
+	e->settle_deferred = deferred != 0;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *e, int64_t ms)
 {
 	int rc = gf_engine_config_check(e, "gf_engine_set_startup_deadline");

@@ -624,12 +624,39 @@ fail: {
 
 static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata);
 
+/* What follows Active: the readiness relay told, the wake's held lines written (together). */
+static void settle(gf_engine *e)
+{
+	gf_lock *lock = atomic_load(&e->lock);
+	/* gf-lockd's readiness relay counts this holder ready from now on (not a dead one). */
+	if (lock && gf_engine_state(e) == GF_ENGINE_ACTIVE && gf_lock_serving(lock) < 0)
+		gf_log(GF_LOG_DEBUG, "engine", "event=serving_not_reported id=%s detail=\"%s\"", e->id ? e->id : "",
+		       gf_error_detail());
+	gf_log_release();
+}
+
 GF_EXPORT int gf_engine_serve(gf_engine *e, gf_engine_step_fn serve, void *userdata)
 {
 	int rc = serve_step(e, serve, userdata);
-	/* Active (or failed): the lines held since the grant are written now, together. */
-	gf_log_release();
+	if (rc == 0 && e->settle_deferred) {
+		/* The engine answers what waited first (gf_engine_settle()). */
+		atomic_store(&e->settle_pending, true);
+		return 0;
+	}
+	if (rc == 0)
+		settle(e);
+	else
+		gf_log_release(); /* failed: what the wake held, now */
 	return rc;
+}
+
+GF_EXPORT int gf_engine_settle(gf_engine *e)
+{
+	if (!e)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_settle: NULL engine");
+	if (atomic_exchange(&e->settle_pending, false))
+		settle(e);
+	return 0;
 }
 
 static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata)
@@ -666,11 +693,6 @@ static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata)
 	gf_engine_unboost(e);
 	if (rc)
 		return rc;
-	/* gf-lockd's readiness relay counts this holder ready from now on. */
-	gf_lock *lock = atomic_load(&e->lock);
-	if (lock && gf_lock_serving(lock) < 0)
-		gf_log(GF_LOG_DEBUG, "engine", "event=serving_not_reported id=%s detail=\"%s\"", e->id ? e->id : "",
-		       gf_error_detail());
 	pthread_mutex_lock(&e->mu);
 	e->m.failovers++;
 	gf_engine_record_failover(e);

@@ -85,6 +85,8 @@ struct gf_engine {
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
 	int wake_priority; /* SCHED_FIFO priority of the wake, 0: none */
+	bool settle_deferred; /* Active's readiness report and held lines wait for gf_engine_settle() */
+	atomic_bool settle_pending;
 	/* The stepping thread's policy before the wake raised it; only that
 	 * thread reads or writes these. */
 	bool boosted;

@@ -516,6 +516,65 @@ static void test_wake_lines_held_until_active(void **state)
 	assert_true(wl[waiting].delivered < before_serve);
 }
 
+static int find_line(const char *event)
+{
+	pthread_mutex_lock(&wl_mu);
+	int found = -1;
+	for (int i = 0; i < nwl && found < 0; i++)
+		if (strstr(wl[i].msg, event))
+			found = i;
+	pthread_mutex_unlock(&wl_mu);
+	return found;
+}
+
+/* The lock server's view of the holder: "yes", "no" or "unknown" serving. */
+static bool lock_says_serving(struct fixture *f, const char *want)
+{
+	char *js = NULL, pat[64];
+	snprintf(pat, sizeof(pat), "\"holder_serving\":\"%s\"", want);
+	bool ok = gf_lock_status_json(f->lock_uri, NULL, 0, 2000, &js) == 0 && strstr(js, pat);
+	free(js);
+	return ok;
+}
+
+/* Settling deferred: Active comes without the readiness report and the
+ * wake's lines; gf_engine_settle() sends and writes them, once. */
+static void test_settle_deferred(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_settle_deferred(NULL, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_settle(NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_settle_deferred(e, 1), 0);
+	assert_int_equal(gf_engine_settle(e), 0); /* nothing deferred yet: nothing done */
+	to_standby(e);
+	assert_int_equal(gf_engine_set_settle_deferred(e, 0), GF_ERR_STATE); /* configuration is over */
+	nwl = 0;
+	gf_set_log_fn(wake_log, NULL);
+	gf_set_log_level(GF_LOG_INFO);
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	assert_int_equal(gf_engine_wake_up(e), 0);
+	assert_int_equal(gf_engine_serve(e, NULL, NULL), 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	usleep(20000);
+	/* Active, yet nothing of the wake written and the holder not counted ready. */
+	assert_int_equal(find_line("event=lock_granted"), -1);
+	assert_int_equal(find_line("event=serving"), -1);
+	assert_true(lock_says_serving(f, "no"));
+	assert_int_equal(gf_engine_settle(e), 0);
+	int granted = find_line("event=lock_granted"), serving = find_line("event=serving");
+	assert_true(granted >= 0 && serving > granted);
+	int64_t end = gf_now_us() + 5000000;
+	while (!lock_says_serving(f, "yes") && gf_now_us() < end)
+		usleep(2000);
+	assert_true(lock_says_serving(f, "yes"));
+	/* Once: a second call writes nothing again. */
+	int lines = nwl;
+	assert_int_equal(gf_engine_settle(e), 0);
+	assert_int_equal(nwl, lines);
+	gf_set_log_fn(NULL, NULL);
+}
+
 static int gms_readers(struct fixture *f)
 {
 	char *js;
@@ -1854,6 +1913,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_legal_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_lines_held_until_active, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_settle_deferred, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_next_sends_the_wake_early, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_illegal_transitions, setup, teardown),
 		cmocka_unit_test(test_dead_from_every_state),
