@@ -148,21 +148,7 @@ static void relay_main(int lfd, int qfd)
 					release = true;
 				}
 			} else if (evs[i].data.u64 == RT_HOLDER) {
-				/* The holder never sends: readable means its end closed. */
-				epoll_ctl(ep, EPOLL_CTL_DEL, holder.fd, NULL);
-				close(holder.fd);
-				holder.fd = -1;
-				int64_t until = gf_now_us() + 200; /* its exit is a few microseconds behind its close */
-				while (!relay_exited(holder.pidfd) && gf_now_us() < until)
-					sched_yield();
-				if (relay_exited(holder.pidfd)) {
-					close(holder.pidfd);
-					release = true;
-				} else {
-					exit_pidfd = holder.pidfd;
-					relay_watch(ep, exit_pidfd, EPOLLIN, RT_EXIT);
-				}
-				holder.pidfd = -1;
+				release = relay_holder_closed(ep, &holder.fd, &holder.pidfd, &exit_pidfd, RT_EXIT);
 			} else if (evs[i].data.u64 == RT_EXIT) {
 				epoll_ctl(ep, EPOLL_CTL_DEL, exit_pidfd, NULL);
 				close(exit_pidfd);

@@ -153,21 +153,36 @@ static void watch(int ep, int fd, uint32_t events, uint64_t tag)
 		die("epoll_ctl");
 }
 
-static int send_grant(int fd, int listener)
-{
-	char g = 'g';
-	struct iovec iov = { &g, 1 };
+/* One byte, 'g', with room for one fd (SCM_RIGHTS): the grant, as sent and as received. */
+struct grant_msg {
+	char g;
+	struct iovec iov;
 	union {
 		char buf[CMSG_SPACE(sizeof(int))];
 		struct cmsghdr align;
 	} u;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	struct msghdr mh;
+};
+
+static struct msghdr *grant_msg(struct grant_msg *m)
+{
+	m->g = 'g';
+	m->iov = (struct iovec){ &m->g, 1 };
+	m->mh = (struct msghdr){ .msg_iov = &m->iov, .msg_iovlen = 1, .msg_control = m->u.buf,
+				 .msg_controllen = sizeof(m->u.buf) };
+	return &m->mh;
+}
+
+static int send_grant(int fd, int listener)
+{
+	struct grant_msg m;
+	struct msghdr *mh = grant_msg(&m);
+	struct cmsghdr *c = CMSG_FIRSTHDR(mh);
 	c->cmsg_level = SOL_SOCKET;
 	c->cmsg_type = SCM_RIGHTS;
 	c->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(c), &listener, sizeof(int));
-	return sendmsg(fd, &mh, MSG_NOSIGNAL) == 1 ? 0 : -1;
+	return sendmsg(fd, mh, MSG_NOSIGNAL) == 1 ? 0 : -1;
 }
 
 static void lock_main(int lfd, int listener)
@@ -202,21 +217,7 @@ static void lock_main(int lfd, int listener)
 			qn++;
 			release = holder.fd < 0 && exit_pidfd < 0;
 		} else if (ev.data.u64 == T_HOLDER) {
-			/* The holder never sends: readable means its end closed. */
-			epoll_ctl(ep, EPOLL_CTL_DEL, holder.fd, NULL);
-			close(holder.fd);
-			holder.fd = -1;
-			int64_t until = gf_now_us() + 200; /* its exit is a few microseconds behind its close */
-			while (!relay_exited(holder.pidfd) && gf_now_us() < until)
-				sched_yield();
-			if (relay_exited(holder.pidfd)) {
-				close(holder.pidfd);
-				release = true;
-			} else {
-				exit_pidfd = holder.pidfd;
-				watch(ep, exit_pidfd, EPOLLIN, T_EXIT);
-			}
-			holder.pidfd = -1;
+			release = relay_holder_closed(ep, &holder.fd, &holder.pidfd, &exit_pidfd, T_EXIT);
 		} else if (ev.data.u64 == T_EXIT) {
 			epoll_ctl(ep, EPOLL_CTL_DEL, exit_pidfd, NULL);
 			close(exit_pidfd);
@@ -292,17 +293,13 @@ struct weights {
 
 static int recv_grant(int fd, int *listener)
 {
-	char g;
-	struct iovec iov = { &g, 1 };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
-	if (recvmsg(fd, &mh, MSG_CMSG_CLOEXEC) != 1 || g != 'g')
+	struct grant_msg m;
+	struct msghdr *mh = grant_msg(&m);
+	m.g = 0;
+	if (recvmsg(fd, mh, MSG_CMSG_CLOEXEC) != 1 || m.g != 'g')
 		return -1;
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-	if (!c || c->cmsg_type != SCM_RIGHTS)
+	struct cmsghdr *c = CMSG_FIRSTHDR(mh);
+	if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
 		return -1;
 	memcpy(listener, CMSG_DATA(c), sizeof(int));
 	return 0;

@@ -4,17 +4,19 @@
  * holder's death and the next grant, in plain C for the benchmarks'
  * baselines (bench-lock's minimal server, failover-floor's lock server):
  * the state file written durably the way gf-lockd writes it (a temp file
- * made ahead, write, fdatasync, rename, fsync of the directory), and a look
- * at whether the holder's process has exited.
+ * made ahead, write, fdatasync, rename, fsync of the directory), and the
+ * wait for a holder's process to exit once its connection closed.
  */
 #ifndef GF_BENCH_MINLOCK_H
 #define GF_BENCH_MINLOCK_H
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/epoll.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -46,6 +48,33 @@ static inline bool relay_exited(int pidfd)
 {
 	struct pollfd p = { .fd = pidfd, .events = POLLIN };
 	return poll(&p, 1, 0) == 1;
+}
+
+/*
+ * The holder's connection closed (it never sends: readable means closed).
+ * Closes *@fd; true when its process has exited (*@pidfd closed too), else
+ * false with the pidfd moved to *@exit_pidfd and watched in @ep under
+ * @exit_tag. Either way *@fd and *@pidfd are -1 after.
+ */
+static inline bool relay_holder_closed(int ep, int *fd, int *pidfd, int *exit_pidfd, uint64_t exit_tag)
+{
+	epoll_ctl(ep, EPOLL_CTL_DEL, *fd, NULL);
+	close(*fd);
+	*fd = -1;
+	int64_t until = gf_now_us() + 200; /* its exit is a few microseconds behind its close */
+	while (!relay_exited(*pidfd) && gf_now_us() < until)
+		sched_yield();
+	bool gone = relay_exited(*pidfd);
+	if (gone) {
+		close(*pidfd);
+	} else {
+		struct epoll_event e = { .events = EPOLLIN, .data.u64 = exit_tag };
+		*exit_pidfd = *pidfd;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, *exit_pidfd, &e) < 0)
+			_exit(1);
+	}
+	*pidfd = -1;
+	return gone;
 }
 
 #endif
