@@ -33,8 +33,10 @@
  *
  * usage: failover-floor [RUNS]  (default 1). One JSON line per run:
  * protocol_us (the client has the answer - exit seen) and each step's time
- * after the exit was seen. tests/bench/report.py interleaves it with the
- * demo's runs and reports the demo's protocol time against it.
+ * after the exit was seen; exit status 1 when a run saw no failover (no
+ * answer from the primary before the kill, or none from the standby after
+ * it). tests/bench/report.py interleaves it with the demo's runs and
+ * reports the demo's protocol time against it.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -624,5 +626,10 @@ int main(int argc, char **argv)
 	int failed = 0;
 	for (int r = 0; r < runs; r++)
 		failed |= run_once(r, &w) < 0;
+	model_clear(&w.layout);
+	free(w.gen);
+	close(w.fd);
+	munmap(sh, sizeof(*sh));
+	curl_global_cleanup();
 	return failed;
 }
