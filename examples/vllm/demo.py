@@ -96,6 +96,15 @@ class Run:
             except ProcessLookupError:
                 pass
             p.wait()
+        # The killed vLLM trees' /dev/shm files, as the next launcher would
+        # remove them (shm_files.py), once their processes are gone.
+        import shm_files
+        end = time.monotonic() + 30
+        while any(shm_files.group_members(p.pid) for p in self.procs) and time.monotonic() < end:
+            time.sleep(0.05)
+        if os.access(shm_files.SHM_DIR, os.W_OK):
+            removed, nbytes = shm_files.sweep()
+            print(f"demo: removed {removed} /dev/shm files the killed servers left ({nbytes / 1e6:.1f} MB)")
 
 
 def state(p: Any) -> Optional[str]:

@@ -25,7 +25,9 @@ vLLM's --host/--port after the grant.
 The process tree dies as one: this process leads its process group; the
 engine processes get SIGKILL when their parent dies (PR_SET_PDEATHSIG), this
 process kills the group when the engine process exits, and the engine's
-loss policy (lock or GMS lost) kills the group.
+loss policy (lock or GMS lost) kills the group. A killed tree cannot remove
+vLLM's /dev/shm files: each launcher lists its tree's files and, at its
+start, removes those of trees that are gone (shm_files.py).
 """
 import argparse
 import asyncio
@@ -106,7 +108,32 @@ def parse_args(argv: "list[str]") -> "tuple[argparse.Namespace, list[str]]":
     return p.parse_args(argv[:cut]), argv[cut + 1:]
 
 
-async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
+def open_shm_list() -> "Optional[Any]":
+    """Remove the /dev/shm files that killed vLLM trees left (shm_files.py),
+    then start this tree's own list. Without a writable /dev/shm, neither."""
+    import shm_files
+    if not os.access(shm_files.SHM_DIR, os.W_OK):
+        return None
+    try:
+        removed, nbytes = shm_files.sweep()
+        if removed:
+            log("shm_swept", files=removed, bytes=nbytes)
+        return shm_files.FileList()
+    except OSError as e:
+        log("shm_list_failed", error=json.dumps(str(e)))
+        return None
+
+
+def record_shm(shm_list: "Optional[Any]") -> None:
+    if shm_list is None:
+        return
+    try:
+        log("shm_listed", files=shm_list.record(os.getpgid(0)), list=shm_list.path)
+    except OSError as e:
+        log("shm_list_failed", error=json.dumps(str(e)))
+
+
+async def run(a: argparse.Namespace, vllm_argv: "list[str]", shm_list: "Optional[Any]") -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -132,9 +159,9 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
         standby = await client.collective_rpc("gf_standby")
         for rank in standby:  # the lock's holder (rank 0) and every other rank
             watch_engine_process(int(rank["pid"]))
-        log("standby", ranks=len(standby), kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
-
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, record_shm, shm_list)  # a scan of /proc: off the loop
+        log("standby", ranks=len(standby), kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
 
         def receive() -> Optional[socket.socket]:
             if not a.listener:
@@ -170,6 +197,7 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]") -> None:
         served = await client.collective_rpc("gf_serve")
         log("active", epoch=woke[0]["epoch"], address=where,
             **{k: v for k, v in served[0]["metrics"].items() if k.endswith("_us")})
+        await loop.run_in_executor(None, record_shm, shm_list)
         shutdown = await serving
     try:
         await shutdown
@@ -241,9 +269,10 @@ def main(argv: "Optional[list[str]]" = None) -> int:
         "server_pid": os.getpid()})
     # Until uvicorn installs its handlers, SIGTERM ends the whole tree.
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM", 0))
+    shm_list = open_shm_list()
     import uvloop
     try:
-        uvloop.run(run(a, vllm_argv))
+        uvloop.run(run(a, vllm_argv, shm_list))
     except Exception as e:  # an engine that failed to start: nothing of it may stay
         die(f"{type(e).__name__}: {e}", 1)
     die("server stopped", 0)

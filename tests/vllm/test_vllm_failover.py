@@ -38,6 +38,9 @@ sys.path.insert(0, str(BUILD / "bindings" / "python"))
 import gpufailover as gf  # noqa: E402
 import gpufailover.vllm as gfv  # noqa: E402
 
+sys.path.insert(0, str(SOURCE / "examples" / "vllm"))
+import shm_files  # noqa: E402
+
 LOCKD = BUILD / "examples" / "gf-lockd" / "gf-lockd"
 GMSD = BUILD / "examples" / "gf-gmsd" / "gf-gmsd"
 EXAMPLE = SOURCE / "examples" / "vllm"
@@ -170,6 +173,10 @@ class Site:
             except ProcessLookupError:
                 pass
             p.wait()
+        for p in self.servers:
+            wait_for(lambda: not live_in_group(p.pid), 30, f"every process of {p.name} to exit")
+        if os.access("/dev/shm", os.W_OK):
+            shm_files.sweep()  # what the killed trees left, as their next launcher would
         for p in reversed(self.daemons):
             p.send_signal(signal.SIGTERM)
             try:
@@ -369,16 +376,48 @@ def test_standby_is_asleep(site, pair):
     print(f"\ncold start of vllm-a (process start -> serving): {pair['cold_s']:.1f} s")
 
 
+SHM = pathlib.Path("/dev/shm")
+
+
+def shm_left(listed):
+    """The files of a launcher's /dev/shm list that are still there (same
+    name, same inode)."""
+    left = {}
+    for name, ino in listed.items():
+        try:
+            if (SHM / name).stat().st_ino == ino:
+                left[name] = ino
+        except OSError:
+            pass
+    return left
+
+
 def test_failover_when_the_api_server_is_killed(site, pair):
     a, b = pair["a"], pair["b"]
     pair["first_s"] = failover(site, a, b, pair["refs"], lambda: os.kill(a.pid, signal.SIGKILL))
     assert "vllm-b" in json.dumps(gf.lock_status(site.lock_uri))
+    if os.access(SHM, os.W_OK):
+        # The killed tree could not remove its /dev/shm files; its launcher
+        # listed them (examples/vllm/shm_files.py).
+        lists = list(SHM.glob(f"gf-vllm-{a.pid}-*.shm-list"))
+        assert len(lists) == 1, f"vllm-a's /dev/shm list: {lists}"
+        listed = json.loads(lists[0].read_text())["files"]
+        assert any(n.startswith("psm_") for n in listed), f"vllm-a listed no shared_memory segment: {listed}"
+        pair["a_shm"] = (lists[0], listed, shm_left(listed))
 
 
 def test_failover_when_the_whole_tree_is_killed(site, pair, model):
     b = pair["b"]
     c = site.server("vllm-c", "follower", model)
     wait_state(c, "standby")
+    if "a_shm" in pair:
+        # vllm-c's launcher removed what vllm-a's killed tree left, and not
+        # one file of the live vllm-b, which serves on below.
+        lst, listed, left = pair["a_shm"]
+        assert not lst.exists(), "vllm-a's /dev/shm list is still there"
+        assert not shm_left(listed), f"vllm-a's /dev/shm files are still there: {shm_left(listed)}"
+        if left:
+            assert f"event=shm_swept files={len(left)} " in c.log.read_text()
     failover(site, b, c, pair["refs"], lambda: os.killpg(b.pid, signal.SIGKILL))
 
 
