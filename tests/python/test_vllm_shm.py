@@ -107,11 +107,11 @@ def test_a_live_launchers_list_is_left_alone(shm):
 def test_a_file_made_again_under_a_listed_name_stays(shm):
     old = make(shm, "psm_reused")
     lst = write_list(shm, [old])
-    old.unlink()
-    keep = make(shm, "psm_placeholder")  # holds the old inode number off: a new file gets a new one
+    moved = old.rename(shm / "psm_moved")  # the old inode lives on, so the new file cannot get its number
     new = make(shm, "psm_reused")
+    assert new.stat().st_ino != moved.stat().st_ino
     assert shm_files.sweep(str(shm)) == (0, 0)
-    assert new.exists() and keep.exists() and not lst.exists()
+    assert new.exists() and moved.exists() and not lst.exists()
 
 
 @pytest.mark.parametrize("text", [b"", b"{", b"[1, 2]", b'{"files": [1]}', b'{"files": {"../x": 1, "a/b": 2}}',
