@@ -99,11 +99,8 @@ class Run:
         # The killed vLLM trees' /dev/shm files, as the next launcher would
         # remove them (shm_files.py), once their processes are gone.
         import shm_files
-        end = time.monotonic() + 30
-        while any(shm_files.group_members(p.pid) for p in self.procs) and time.monotonic() < end:
-            time.sleep(0.05)
         if os.access(shm_files.SHM_DIR, os.W_OK):
-            removed, nbytes = shm_files.sweep()
+            removed, nbytes = shm_files.sweep_when_gone([p.pid for p in self.procs])
             print(f"demo: removed {removed} /dev/shm files the killed servers left ({nbytes / 1e6:.1f} MB)")
 
 

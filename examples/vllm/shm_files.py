@@ -29,6 +29,7 @@ import json
 import os
 import secrets
 import stat
+import time
 from typing import Iterator, Optional
 
 SHM_DIR = "/dev/shm"
@@ -42,7 +43,9 @@ def _pids() -> "Iterator[int]":
             yield int(d)
 
 
-def _pgid(pid: int) -> Optional[int]:
+def _live_pgid(pid: int) -> Optional[int]:
+    """@pid's process group; None when it is gone or a zombie (which maps
+    and holds nothing)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
@@ -50,12 +53,24 @@ def _pgid(pid: int) -> Optional[int]:
         return None
     # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
     fields = text[text.rfind(b")") + 2:].split()
-    return int(fields[2]) if len(fields) > 2 else None
+    if len(fields) < 3 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[2])
 
 
 def group_members(pgid: int) -> "list[int]":
-    """The processes of group @pgid this one can see (zombies included)."""
-    return [pid for pid in _pids() if _pgid(pid) == pgid]
+    """The live processes of group @pgid this one can see."""
+    return [pid for pid in _pids() if _live_pgid(pid) == pgid]
+
+
+def sweep_when_gone(pgids: "list[int]", timeout: float = 30.0, shm_dir: str = SHM_DIR) -> "tuple[int, int]":
+    """For whoever killed vLLM trees (the groups @pgids): wait up to
+    @timeout s for their processes to end, then sweep() as their next
+    launcher would. A file a process still uses stays either way."""
+    end = time.monotonic() + timeout
+    while any(group_members(g) for g in pgids) and time.monotonic() < end:
+        time.sleep(0.05)
+    return sweep(shm_dir)
 
 
 def _used_by(pid: int, shm_dir: str, dev: int) -> "set[int]":

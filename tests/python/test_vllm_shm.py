@@ -163,3 +163,22 @@ def test_a_mapping_in_this_process_counts_too(shm):
         assert shm_files.sweep(str(shm)) == (0, 0) and f.exists()
     finally:
         m.close()
+
+
+def test_sweep_when_gone_waits_for_a_killed_group(shm):
+    """After a killpg the files go once the group's processes are gone; an
+    unreaped zombie of the group (it maps nothing) is not waited for."""
+    f = make(shm, "psm_killed")
+    write_list(shm, [f])
+    p = child(f"""
+        import mmap
+        fh = open({str(f)!r}, "r+b"); m = mmap.mmap(fh.fileno(), 0); fh.close()
+    """)
+    assert shm_files.group_members(p.pid) == [p.pid]
+    os.killpg(p.pid, signal.SIGKILL)  # not reaped until the end: a zombie meanwhile
+    try:
+        assert shm_files.sweep_when_gone([p.pid], timeout=20, shm_dir=str(shm))[0] == 1
+        assert not f.exists()
+        assert shm_files.group_members(p.pid) == []
+    finally:
+        p.wait()

@@ -174,12 +174,9 @@ class Site:
                 pass
             p.wait()
         # What the killed trees left in /dev/shm, as their next launcher would
-        # remove it, once their processes are gone (a courtesy: no assertion).
-        end = time.monotonic() + 30
-        while any(live_in_group(p.pid) for p in self.servers) and time.monotonic() < end:
-            time.sleep(0.05)
+        # remove it (a courtesy: no assertion).
         if os.access("/dev/shm", os.W_OK):
-            shm_files.sweep()
+            shm_files.sweep_when_gone([p.pid for p in self.servers])
         for p in reversed(self.daemons):
             p.send_signal(signal.SIGTERM)
             try:
