@@ -25,6 +25,9 @@ then
   exit 0
 fi
 echo "setup-frameworks: installing torch $torch_version and vllm $vllm_version (large; takes minutes)" >&2
+# Measured: 12.3 GB at the peak (the downloads and the installed files), 8.6 GB after.
+. "$here/tests/disk-check.sh"
+disk_check setup-frameworks "$venv" 13 "installing torch and vllm"
 # No wheel cache: it would keep gigabytes of downloads the disk may not have
 # (tests/setup-vllm-cpu.sh hard-links what it shares with this environment).
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "torch==$torch_version" "vllm==$vllm_version"
