@@ -175,8 +175,10 @@ def main() -> int:
               flush=True)
         lock, gms, port = run.site("pair")
         a_srv = run.server("vllm-a", "loader", lock, gms, model)
-        b_srv = run.server("vllm-b", "follower", lock, gms, model)
+        # vllm-b starts once vllm-a serves: started together, either could
+        # be first in line for the lock, and the demo kills vllm-a.
         wait_state(a_srv, "active")
+        b_srv = run.server("vllm-b", "follower", lock, gms, model)
         wait_state(b_srv, "standby")
         _, ref = first_token(port)
         print(f"demo: vllm-a active, vllm-b standby (weights mapped from gf-gmsd, KV released); "

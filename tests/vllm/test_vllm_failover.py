@@ -125,8 +125,22 @@ class Site:
         p = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
                              env={**env(), **(extra_env or {})}, start_new_session=True)
         log.close()
-        p.name, p.log = name, self.dir / f"{name}.log"
+        p.name, p.log, p.site = name, self.dir / f"{name}.log", self
         return p
+
+    def report(self, but=None):
+        """What the lock server and the other servers said last: the site's
+        logs go with its directory, so a failure carries them."""
+        out = []
+        for p in self.daemons[:1] + [q for q in self.servers if q is not but]:
+            lines = p.log.read_text(errors="replace").splitlines()
+            if p in self.servers:
+                lines = [line for line in lines if " event=" in line]
+                out.append(f"--- {p.name} (state {state(p)}, exit {p.poll()}):")
+            else:
+                out.append(f"--- {p.name}:")
+            out += lines[-8:]
+        return "\n".join(out)
 
     def gms_uri(self, n):
         return f"unix://{self.dir}/gms{n}.sock"
@@ -210,7 +224,8 @@ def wait_state(p, want, timeout=START_TIMEOUT):
         if state(p) == want:
             return
         time.sleep(0.1)
-    raise AssertionError(f"{p.name} not {want} after {timeout:g} s (state {state(p)}):\n{tail(p)}")
+    raise AssertionError(f"{p.name} not {want} after {timeout:g} s (state {state(p)}):\n{tail(p)}\n"
+                         f"{p.site.report(but=p)}")
 
 
 def tail(p, n=40):
@@ -271,9 +286,13 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pair(site, model):
     a = site.server("vllm-a", "loader", model)
-    b = site.server("vllm-b", "follower", model)
+    # The follower starts once the loader serves: started together, either
+    # could be first in line for the lock (the follower maps the committed
+    # weights while the loader still finishes vLLM's start-up), and the
+    # tests below need to know which one serves.
     wait_state(a, "active")
     cold = time.monotonic() - a.started
+    b = site.server("vllm-b", "follower", model)
     wait_state(b, "standby")
     refs = {p: complete(site.port, p) for p in PROMPTS}
     return {"a": a, "b": b, "refs": refs, "cold_s": cold}
