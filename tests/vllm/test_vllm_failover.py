@@ -189,7 +189,7 @@ class Site:
             p.wait()
         # What the killed trees left in /dev/shm, as their next launcher would
         # remove it (a courtesy: no assertion).
-        if os.access("/dev/shm", os.W_OK):
+        if os.access(shm_files.SHM_DIR, os.W_OK):
             shm_files.sweep_when_gone([p.pid for p in self.servers])
         for p in reversed(self.daemons):
             p.send_signal(signal.SIGTERM)
@@ -395,7 +395,7 @@ def test_standby_is_asleep(site, pair):
     print(f"\ncold start of vllm-a (process start -> serving): {pair['cold_s']:.1f} s")
 
 
-SHM = pathlib.Path("/dev/shm")
+SHM = pathlib.Path(shm_files.SHM_DIR)
 
 
 def shm_left(listed):
