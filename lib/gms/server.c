@@ -296,10 +296,10 @@ static void retired_free(struct retired *r)
 	free(r->h);
 }
 
-/* Whether the dropped layouts' holders can be seen exactly: the host backend's memfds are files in /proc. */
+/* Whether the dropped layouts' holders can be seen exactly: where allocations are files, /proc names them. */
 static bool pins_exact(const gf_gmsd *d)
 {
-	return d->mem && gf_mem_kind(d->mem) == GF_MEM_HOST;
+	return gf_mem_caps(d->mem) & GF_MEM_CAP_FILES;
 }
 
 /*

@@ -154,27 +154,6 @@ static int get_u64(json_t *o, const char *k, const char *where, uint64_t *out)
 	return 0;
 }
 
-static int unhex(const char *s, size_t n, uint8_t *out)
-{
-	for (size_t i = 0; i < n; i++) {
-		unsigned v = 0;
-		for (int h = 0; h < 2; h++) {
-			char c = s[2 * i + h];
-			v <<= 4;
-			if (c >= '0' && c <= '9')
-				v |= (unsigned)(c - '0');
-			else if (c >= 'a' && c <= 'f')
-				v |= (unsigned)(c - 'a' + 10);
-			else if (c >= 'A' && c <= 'F')
-				v |= (unsigned)(c - 'A' + 10);
-			else
-				return -1;
-		}
-		out[i] = (uint8_t)v;
-	}
-	return 0;
-}
-
 /* A hex string field of at most @max decoded bytes (exactly @max when @exact). */
 static int get_hex(json_t *o, const char *k, const char *where, size_t max, bool exact, uint8_t *out, size_t *n)
 {
@@ -182,7 +161,7 @@ static int get_hex(json_t *o, const char *k, const char *where, size_t max, bool
 	if (!json_is_string(v))
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %s: \"%s\" missing or not a string", where, k);
 	size_t l = json_string_length(v);
-	if (l % 2 || l / 2 > max || (exact && l / 2 != max) || unhex(json_string_value(v), l / 2, out) < 0)
+	if (l % 2 || l / 2 > max || (exact && l / 2 != max) || gf_unhex(json_string_value(v), l / 2, out) < 0)
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %s: \"%s\" is not %s%zu bytes of hex", where, k,
 			      exact ? "" : "at most ", max);
 	if (n)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "mem_int.h"
 #include "tierd.h"
 #include "xfer.h"
 
@@ -86,15 +87,15 @@ void gms_tierd_release_source(struct gms_tierd *t)
 }
 
 /*
- * Map @fds (host memfds of @mf's allocations) read-only back to back and
+ * Map @fds (the files of @mf's allocations) read-only back to back and
  * fill the page tables, on the job's thread; kept for the layout's later
- * snapshots. 0 when not kept (a device backend, or mmap failed: the
- * snapshot then maps its own as before).
+ * snapshots. 0 when not kept (allocations that are not files, or mmap
+ * failed: the snapshot then maps its own as before).
  */
 static uint64_t keep_source(struct gms_tierd *t, const struct gms_manifest *mf, const int *fds)
 {
 	struct stat st;
-	ino_t *ino = gf_mem_kind(t->m) == GF_MEM_HOST ? calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ino)) : NULL;
+	ino_t *ino = (gf_mem_caps(t->m) & GF_MEM_CAP_FILES) ? calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ino)) : NULL;
 	size_t total = 0;
 	for (size_t i = 0; ino && i < mf->nallocs; i++) {
 		total += mf->allocs[i].size;
