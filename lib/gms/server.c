@@ -20,13 +20,13 @@
 #include <unistd.h>
 
 #include "mem_int.h"
-#include "client_session.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
 #include "metablob.h"
 #include "residency.h"
 #include "server.h"
+#include "status_json.h"
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
