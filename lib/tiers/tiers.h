@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Residency tiers and operation phases as pure decisions (no I/O), like
- * fsm.c: residency.c feeds the GMS's facts in and acts on the answer. See
- * docs/tiers.md.
+ * fsm.c: residency.c (for the GMS) and tierd.c (the tier worker) feed their
+ * facts in and act on the answer. See docs/tiers.md.
  *
  * Tiers, best first, modelled on NDIF's candidate levels (a lower level is a
  * cheaper way to have the weights in the GMS):
