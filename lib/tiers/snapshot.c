@@ -362,13 +362,13 @@ static int install(int pfd, const char *tmpname, const char *base, const char *d
 }
 
 int tiers_snapshot_write(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
-		       struct tiers_snap_stats *stats)
+			 struct tiers_snap_stats *stats)
 {
 	return tiers_snapshot_write_from(dir, m, mf, allocs, 0, stats);
 }
 
 int tiers_snapshot_write_from(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
-			    uint64_t src, struct tiers_snap_stats *stats)
+			      uint64_t src, struct tiers_snap_stats *stats)
 {
 	if (!dir || !m || !mf || (mf->nallocs && !allocs))
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
@@ -688,7 +688,7 @@ static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct t
 }
 
 int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
-			 struct tiers_snap_stats *stats)
+			   struct tiers_snap_stats *stats)
 {
 	if (!m || !mf_out || !allocs_out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot restore: NULL argument");

@@ -122,7 +122,7 @@ int tiers_manifest_format(const struct tiers_manifest *mf, char **text, size_t *
  * snapshot at @dir is untouched and no temporary is left behind.
  */
 int tiers_snapshot_write(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
-		       struct tiers_snap_stats *stats);
+			 struct tiers_snap_stats *stats);
 /*
  * tiers_snapshot_write() from @src, the address where @allocs are mapped back
  * to back with their page tables filled (the GMS's kept mapping, host
@@ -131,7 +131,7 @@ int tiers_snapshot_write(const char *dir, gf_mem *m, struct tiers_manifest *mf, 
  * (device) backend, is tiers_snapshot_write(). Same errors.
  */
 int tiers_snapshot_write_from(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
-			    uint64_t src, struct tiers_snap_stats *stats);
+			      uint64_t src, struct tiers_snap_stats *stats);
 
 /*
  * Read and check the manifest of the snapshot at @dir and the size of its
@@ -157,7 +157,7 @@ int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out);
  * ("checksum mismatch in allocation N"), GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER.
  */
 int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
-			 struct tiers_snap_stats *stats);
+			   struct tiers_snap_stats *stats);
 /* Free what a successful tiers_snapshot_restore() returned (either may be NULL). */
 void tiers_snapshot_restored_free(struct tiers_manifest *mf, gf_mem_alloc **allocs);
 

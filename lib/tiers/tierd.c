@@ -295,7 +295,7 @@ uint64_t tier_fs_free(const char *dir)
 }
 
 void tier_place_facts(const char *warm, const char *cold, const uint8_t hash[16], uint64_t bytes,
-			  struct tiers_place_in *in)
+		      struct tiers_place_in *in)
 {
 	struct tiers_snap_probe p;
 	memset(&p, 0, sizeof(p));
@@ -497,7 +497,7 @@ static int restore_run(struct tierd *t, const char *dir, gf_mem *m, struct tiers
 }
 
 int tierd_restore(struct tierd *t, const char *dir, gf_mem *m, struct tiers_manifest **mf_out,
-		      gf_mem_alloc ***allocs_out, enum tier *from)
+		  gf_mem_alloc ***allocs_out, enum tier *from)
 {
 	if (t->running)
 		return gf_err(GF_ERR_BUSY, "tiers: a snapshot or restore job is running");
@@ -548,7 +548,7 @@ bool tierd_restoring(const struct tierd *t)
 }
 
 int tierd_restore_result(struct tierd *t, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
-			     enum tier *from)
+			 enum tier *from)
 {
 	t->job_restore = false;
 	if (t->res_rc < 0)

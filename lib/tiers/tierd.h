@@ -64,7 +64,7 @@ void tierd_wait(struct tierd *t);
  * while a snapshot job runs.
  */
 int tierd_restore(struct tierd *t, const char *dir, gf_mem *m, struct tiers_manifest **mf_out,
-		      gf_mem_alloc ***allocs_out, enum tier *from);
+		  gf_mem_alloc ***allocs_out, enum tier *from);
 
 /*
  * The same on the worker's thread, into the worker's own backend handle, so
@@ -78,7 +78,7 @@ int tierd_restore_start(struct tierd *t, const char *dir);
 bool tierd_restoring(const struct tierd *t);
 /* The result of the restore job collected last: 0 with *@mf_out and *@allocs_out the caller's, or its error. */
 int tierd_restore_result(struct tierd *t, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
-			     enum tier *from);
+			 enum tier *from);
 
 /* The current or last operation (copy). */
 void tierd_op(struct tierd *t, struct tiers_op *out);
@@ -106,6 +106,6 @@ void tierd_metrics(struct tierd *t, char *buf, size_t cap, size_t *len);
 uint64_t tier_fs_free(const char *dir);
 /* The facts tier_place() needs for a layout of @hash and @bytes, probed now (WARM @warm, COLD @cold; NULL: not kept). */
 void tier_place_facts(const char *warm, const char *cold, const uint8_t hash[16], uint64_t bytes,
-			  struct tiers_place_in *in);
+		      struct tiers_place_in *in);
 
 #endif
