@@ -44,7 +44,7 @@ typedef struct gf_supervisor gf_supervisor;
 
 /** New supervisor with no engines. Caller frees with gf_supervisor_free(). */
 GF_EXPORT int gf_supervisor_new(gf_supervisor **out);
-/** Stop watching (does not kill the children: call gf_supervisor_stop() and run first). NULL is a no-op. */
+/** Stop watching (does not kill the children: stop them first with gf_supervisor_request_stop() and let gf_supervisor_run() return). NULL is a no-op. */
 GF_EXPORT void gf_supervisor_free(gf_supervisor *sv);
 
 /**

@@ -64,6 +64,9 @@ int gf_poll_timeout_ms(int64_t deadline_us);
 int gf_random_bytes(void *buf, size_t len);
 /* Lower-case hex of @len bytes into @out (2*len+1 bytes). */
 void gf_hex(const uint8_t *in, size_t len, char *out);
+/* @len bytes from the 2*@len hex digits (either case) at @in into @out: 0, or
+ * -1 at the first character that is no hex digit (@out then partly written). */
+int gf_unhex(const char *in, size_t len, uint8_t *out);
 
 /* Engine and peer ids: buffer size including the NUL (the schema's limit). */
 #define GF_ID_MAX 128

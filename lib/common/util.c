@@ -80,6 +80,28 @@ void gf_hex(const uint8_t *in, size_t len, char *out)
 	out[2 * len] = '\0';
 }
 
+static int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int gf_unhex(const char *in, size_t len, uint8_t *out)
+{
+	for (size_t i = 0; i < len; i++) {
+		int hi = hex_digit(in[2 * i]), lo = hi < 0 ? -1 : hex_digit(in[2 * i + 1]);
+		if (lo < 0)
+			return -1;
+		out[i] = (uint8_t)(hi << 4 | lo);
+	}
+	return 0;
+}
+
 void gf_close(int fd)
 {
 	if (fd >= 0) {

@@ -1242,8 +1242,11 @@ static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
 	}
 }
 
+/* Fill the page tables of every mapping, where the backend's mappings have page tables to fill. */
 static void populate_all(gf_gms *g)
 {
+	if (!(gf_mem_caps(g->mem) & GF_MEM_CAP_HOST_PAGES))
+		return;
 	for (size_t i = 0; i < g->nallocs; i++)
 		gf_mem_populate(gf_mem_va_addr(g->va) + g->allocs[i].offset, g->allocs[i].size, false);
 }
@@ -1255,9 +1258,9 @@ int gf_gms_prefault(gf_gms *gms)
 	struct gmsc_fsm f = fsm_get(gms);
 	if (!gmsc_fsm_mapped(&f) || !gms->va)
 		return gf_err(GF_ERR_STATE, "prefault: nothing mapped");
-	/* Device memory takes no page faults; host mappings fault per 64 KiB on
-	 * first touch, unless the wake opened them in place (page tables kept). */
-	if (gf_mem_kind(gms->mem) != GF_MEM_HOST || f.in_place)
+	/* Host pages fault per 64 KiB on first touch, unless the wake opened the
+	 * mappings in place (page tables kept); device memory takes no faults. */
+	if (f.in_place)
 		return 0;
 	populate_all(gms);
 	return 0;
@@ -1327,10 +1330,10 @@ int gf_gms_unmap(gf_gms *gms)
 	char why[512] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", gf_error_detail()); /* the fence must not hide it */
-	/* Kept handles stay mapped, fenced, where the backend can (host): as
+	/* Kept handles stay mapped, fenced, where the backend can: as
 	 * unreadable as unmapped, and the wake is one mprotect, without faults:
 	 * the page tables are filled now, while nobody waits, not at the wake. */
-	enum gmsc_kept kept = gmsc_fsm_sleep_plan(&f, gms->keep_handles, gf_mem_kind(gms->mem) == GF_MEM_HOST);
+	enum gmsc_kept kept = gmsc_fsm_sleep_plan(&f, gms->keep_handles, gf_mem_caps(gms->mem) & GF_MEM_CAP_FENCE);
 	if (kept == GMSC_KEPT_MAPPED) {
 		populate_all(gms);
 		if (gf_mem_set_accessible(gms->va, 0) < 0)

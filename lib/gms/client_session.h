@@ -16,8 +16,4 @@
 int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t deadline, int *out_fd,
 			struct gf_frame_reader *rd, size_t max_fds);
 
-/* The status as the JSON object gf_gms_status_json() documents; *json is
- * malloc'd. Shared by that call and the server's own gf_gmsd_status_json(). */
-int gf_gms_status_to_json(const gf_GmsStatus *s, char **json);
-
 #endif

@@ -20,13 +20,13 @@
 #include <unistd.h>
 
 #include "mem_int.h"
-#include "client_session.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
 #include "metablob.h"
 #include "residency.h"
 #include "server.h"
+#include "status_json.h"
 
 #define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
 #define GMSD_OOM_RETRY_US 50000
@@ -76,7 +76,7 @@ struct client {
 	bool commit_pending;    /* a writer's commit waits for the fence's answer */
 	uint32_t commit_seq;
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
-	enum gms_residency_wait tier_wait;
+	enum tiers_residency_wait tier_wait;
 	uint32_t tier_seq;
 	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
 	bool listing, list_fds, list_meta, list_blob;
@@ -198,7 +198,7 @@ struct gf_gmsd {
 	size_t lock_secret_len;
 	uint64_t fence_refusals;
 	/* residency tiers (lib/tiers/residency.h, docs/tiers.md) */
-	struct gms_residency *res;
+	struct tiers_residency *res;
 	struct gf_srv_watch tier_watch;
 	/* dropped layouts still held by released sleepers (oldest first) */
 	struct retired *retired;
@@ -296,10 +296,10 @@ static void retired_free(struct retired *r)
 	free(r->h);
 }
 
-/* Whether the dropped layouts' holders can be seen exactly: the host backend's memfds are files in /proc. */
+/* Whether the dropped layouts' holders can be seen exactly: where allocations are files, /proc names them. */
 static bool pins_exact(const gf_gmsd *d)
 {
-	return d->mem && gf_mem_kind(d->mem) == GF_MEM_HOST;
+	return gf_mem_caps(d->mem) & GF_MEM_CAP_FILES;
 }
 
 /*
@@ -816,7 +816,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
 		drop_layout(d, "new_load");
-		gms_residency_dropped(d->res);
+		tiers_residency_dropped(d->res);
 	}
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
@@ -907,7 +907,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->phase = C_WAIT;
 	/* A reader waking after a demotion: bring the same layout back from its tier, then grant. */
 	if (c->mode != GMS_MODE_RW)
-		gms_residency_reader_connects(d->res);
+		tiers_residency_reader_connects(d->res);
 	int g = try_grant(d, c);
 	if (g != 0)
 		return;
@@ -1208,7 +1208,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	d->out->body.gms_committed.layout_hash.size = 16;
 	send_msg(d, c, NULL, 0);
 	d->changed = true;
-	gms_residency_committed(d->res);
+	tiers_residency_committed(d->res);
 	meta_blob(d); /* now, after the reply, rather than in the first reader's map */
 }
 
@@ -1405,7 +1405,7 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
 		s->events_count++;
 	}
-	gms_residency_status(d->res, s);
+	tiers_residency_status(d->res, s);
 }
 
 static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -1479,7 +1479,7 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		fprintf(f, "gf_gms_pinned_by_bytes{pid=\"%u\",peer=\"%s\",generation=\"%llu\"} %llu\n", s->pinned_by[i].pid,
 			s->pinned_by[i].peer, (unsigned long long)s->pinned_by[i].generation,
 			(unsigned long long)s->pinned_by[i].bytes);
-	gms_residency_metrics(d->res, s, f);
+	tiers_residency_metrics(d->res, s, f);
 	free(s);
 	if (fclose(f) != 0) {
 		free(buf);
@@ -1491,10 +1491,10 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 
 /* ---------------------------------------------------------------- tiers (lib/tiers/residency.h) */
 
-static void host_layout(void *host, struct gms_host_layout *l)
+static void host_layout(void *host, struct tiers_host_layout *l)
 {
 	gf_gmsd *d = host;
-	*l = (struct gms_host_layout){
+	*l = (struct tiers_host_layout){
 		.empty = d->fsm.state == GMS_EMPTY,
 		.hot = d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO,
 		.writer = d->fsm.state == GMS_RW,
@@ -1517,12 +1517,12 @@ static void host_layout(void *host, struct gms_host_layout *l)
 }
 
 /* The committed layout as a snapshot job (a manifest and one exported fd per allocation), held like a reader. */
-static int host_export(void *host, struct gms_manifest **out, int **out_fds)
+static int host_export(void *host, struct tiers_manifest **out, int **out_fds)
 {
 	gf_gmsd *d = host;
 	if (d->fsm.state != GMS_COMMITTED && d->fsm.state != GMS_RO)
 		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", gms_state_name(d->fsm.state));
-	struct gms_manifest *mf = gms_manifest_new();
+	struct tiers_manifest *mf = tiers_manifest_new();
 	int *fds = malloc((d->nallocs ? d->nallocs : 1) * sizeof(*fds));
 	int rc = 0;
 	if (!mf || !fds || !(mf->allocs = calloc(d->nallocs ? d->nallocs : 1, sizeof(*mf->allocs))) ||
@@ -1538,7 +1538,7 @@ static int host_export(void *host, struct gms_manifest **out, int **out_fds)
 		nfds += rc == 0;
 	}
 	for (size_t i = 0; rc == 0 && i < d->nmeta; i++) {
-		struct gms_snap_meta *e = &mf->meta[i];
+		struct tiers_snap_meta *e = &mf->meta[i];
 		e->key = strdup(d->meta[i].key);
 		e->value = malloc(d->meta[i].value_len ? d->meta[i].value_len : 1);
 		mf->nmeta = i + 1;
@@ -1554,7 +1554,7 @@ static int host_export(void *host, struct gms_manifest **out, int **out_fds)
 	if (rc < 0) {
 		gf_close_fds(fds, nfds);
 		free(fds);
-		gms_manifest_free(mf);
+		tiers_manifest_free(mf);
 		return rc;
 	}
 	mf->generation = d->generation;
@@ -1574,7 +1574,7 @@ static void host_release(void *host)
 }
 
 /* Adopt a verified restore: allocations, metadata, generation and hash exactly as snapshotted; EMPTY -> COMMITTED. */
-static int host_adopt(void *host, struct gms_manifest *mf, gf_mem_alloc **allocs)
+static int host_adopt(void *host, struct tiers_manifest *mf, gf_mem_alloc **allocs)
 {
 	gf_gmsd *d = host;
 	if (d->fsm.state != GMS_EMPTY)
@@ -1646,7 +1646,7 @@ static void host_event(void *host, const char *text)
 	event(host, "%s", text);
 }
 
-static void host_answer(void *host, enum gms_residency_wait what, int err, const char *detail)
+static void host_answer(void *host, enum tiers_residency_wait what, int err, const char *detail)
 {
 	gf_gmsd *d = host;
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
@@ -1655,11 +1655,11 @@ static void host_answer(void *host, enum gms_residency_wait what, int err, const
 		c->tier_wait = 0;
 		if (err < 0) {
 			reply_error(d, c, c->tier_seq, err, "%s: %s",
-				    what == GMS_WAIT_SNAPSHOT ? "snapshot failed" : what == GMS_WAIT_RESTORE ? "restore" : "demote",
+				    what == TIERS_WAIT_SNAPSHOT ? "snapshot failed" : what == TIERS_WAIT_RESTORE ? "restore" : "demote",
 				    detail);
 			continue;
 		}
-		if (what == GMS_WAIT_DEMOTION && d->nretired) {
+		if (what == TIERS_WAIT_DEMOTION && d->nretired) {
 			/* The answer (and the status it is read with) says what the drop really freed. */
 			c->settling = true;
 			c->settle_until_us = gf_now_us() + GMSD_PIN_SETTLE_US;
@@ -1675,7 +1675,7 @@ static void host_answer(void *host, enum gms_residency_wait what, int err, const
 static void on_tier_ready(void *ctx, struct gf_srv_watch *w)
 {
 	(void)w;
-	gms_residency_process(((gf_gmsd *)ctx)->res);
+	tiers_residency_process(((gf_gmsd *)ctx)->res);
 }
 
 static int host_watch(void *host, int fd)
@@ -1685,7 +1685,7 @@ static int host_watch(void *host, int fd)
 	return gf_srv_watch_add(d->srv, fd, &d->tier_watch);
 }
 
-static const struct gms_residency_host residency_host = {
+static const struct tiers_residency_host residency_host = {
 	.layout = host_layout,
 	.export_layout = host_export,
 	.release = host_release,
@@ -1700,14 +1700,14 @@ int gf_gmsd_restore(gf_gmsd *d, const char *dir)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return gms_residency_restore(d->res, dir);
+	return tiers_residency_restore(d->res, dir);
 }
 
 int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
 {
 	if (!d || !d->started)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return gms_residency_snapshot(d->res, dir && *dir ? dir : NULL);
+	return tiers_residency_snapshot(d->res, dir && *dir ? dir : NULL);
 }
 
 /* Root or the server's own uid: the operator's own tools. */
@@ -1725,7 +1725,7 @@ static bool admin_peer(const struct client *c)
  */
 static int client_dir_allowed(gf_gmsd *d, struct client *c, uint32_t seq, const char *what, const char *dir)
 {
-	if (!dir || admin_peer(c) || gms_residency_is_tier_dir(d->res, dir))
+	if (!dir || admin_peer(c) || tiers_residency_is_tier_dir(d->res, dir))
 		return 0;
 	event(d, "event=%s_refused peer=%s uid=%u reason=\"not an admin uid: only a kept tier\"", what, c->peer,
 	      c->p->uid);
@@ -1739,12 +1739,12 @@ static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
 	if (client_dir_allowed(d, c, m->seq, "snapshot", dir) < 0)
 		return;
-	int rc = gms_residency_snapshot(d->res, dir);
+	int rc = tiers_residency_snapshot(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 		return;
 	}
-	c->tier_wait = GMS_WAIT_SNAPSHOT;
+	c->tier_wait = TIERS_WAIT_SNAPSHOT;
 	c->tier_seq = m->seq;
 }
 
@@ -1754,12 +1754,12 @@ static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (client_dir_allowed(d, c, m->seq, "restore", dir) < 0)
 		return;
 	/* On the tier worker: reading and checking a snapshot never holds up the loop. */
-	int rc = gms_residency_restore_start(d->res, dir);
+	int rc = tiers_residency_restore_start(d->res, dir);
 	if (rc < 0) {
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 		return;
 	}
-	c->tier_wait = GMS_WAIT_RESTORE;
+	c->tier_wait = TIERS_WAIT_RESTORE;
 	c->tier_seq = m->seq;
 }
 
@@ -1773,19 +1773,18 @@ static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
 		return;
 	}
-	enum gms_tier want = !*to ? GMS_TIER_HOT : !strcmp(to, "warm") ? GMS_TIER_WARM : !strcmp(to, "cold") ? GMS_TIER_COLD
-													     : GMS_TIER_LOADER;
-	if (want == GMS_TIER_LOADER) {
+	enum tier want = !*to ? TIER_HOT : !strcmp(to, "warm") ? TIER_WARM : !strcmp(to, "cold") ? TIER_COLD : TIER_LOADER;
+	if (want == TIER_LOADER) {
 		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "demote: to must be warm, cold or empty, not '%s'", to);
 		return;
 	}
 	char why[160];
 	snprintf(why, sizeof(why), "requested by peer=%s pid=%u", c->peer, c->pid);
 	/* Waiting first: a demotion that ends at once answers it; one refused to begin (busy) does not. */
-	c->tier_wait = GMS_WAIT_DEMOTION;
+	c->tier_wait = TIERS_WAIT_DEMOTION;
 	c->tier_seq = m->seq;
-	int rc = gms_residency_demote(d->res, want, why);
-	if (rc < 0 && c->tier_wait == GMS_WAIT_DEMOTION) {
+	int rc = tiers_residency_demote(d->res, want, why);
+	if (rc < 0 && c->tier_wait == TIERS_WAIT_DEMOTION) {
 		c->tier_wait = 0;
 		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
 	}
@@ -1797,7 +1796,7 @@ int gf_gmsd_demote(gf_gmsd *d, int to)
 		return gf_err(GF_ERR_STATE, "gmsd not started");
 	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
 		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
-	return gms_residency_demote(d->res, (enum gms_tier)to, "requested in process");
+	return tiers_residency_demote(d->res, (enum tier)to, "requested in process");
 }
 
 /* Returns false when the client was closed. */
@@ -1951,7 +1950,7 @@ static void on_timer(void *ctx, int64_t now)
 		d->out->which_body = gf_Msg_ok_tag;
 		send_msg(d, c, NULL, 0);
 	}
-	gms_residency_timer(d->res, now);
+	tiers_residency_timer(d->res, now);
 }
 
 static int64_t next_deadline(void *ctx)
@@ -1970,7 +1969,7 @@ static int64_t next_deadline(void *ctx)
 	}
 	if (d->nretired && d->pin_next_us < next)
 		next = d->pin_next_us;
-	int64_t p = gms_residency_deadline(d->res);
+	int64_t p = tiers_residency_deadline(d->res);
 	return p < next ? p : next;
 }
 
@@ -2001,7 +2000,7 @@ int gf_gmsd_new(gf_gmsd **out)
 		.peer_data_size = sizeof(struct client),
 	};
 	int rc = gf_srv_new(&d->srv, &cfg, &h, d);
-	if (rc == 0 && (rc = gms_residency_new(&d->res, &residency_host, d)) < 0)
+	if (rc == 0 && (rc = tiers_residency_new(&d->res, &residency_host, d)) < 0)
 		gf_srv_free(d->srv);
 	if (rc < 0) {
 		free(d);
@@ -2115,7 +2114,7 @@ int gf_gmsd_start(gf_gmsd *d)
 		return rc;
 	d->started = true;
 	d->started_us = gf_now_us();
-	gms_residency_start(d->res, d->mem, d->device);
+	tiers_residency_start(d->res, d->mem, d->device);
 	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
 	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);
 	return 0;
@@ -2160,7 +2159,7 @@ void gf_gmsd_free(gf_gmsd *d)
 {
 	if (!d)
 		return;
-	gms_residency_free(d->res); /* waits for a running snapshot job */
+	tiers_residency_free(d->res); /* waits for a running snapshot job */
 	for (struct client *c = d->srv ? next_client(d, NULL) : NULL; c; c = next_client(d, c))
 		fence_cancel(d, c);
 	gf_srv_free(d->srv);
@@ -2183,25 +2182,25 @@ void gf_gmsd_free(gf_gmsd *d)
 int gf_gmsd_set_tiers(gf_gmsd *d, const char *warm_dir, const char *cold_dir)
 {
 	NOT_STARTED(d);
-	return gms_residency_set_dirs(d->res, warm_dir, cold_dir);
+	return tiers_residency_set_dirs(d->res, warm_dir, cold_dir);
 }
 
 int gf_gmsd_set_min_resident(gf_gmsd *d, int64_t ms)
 {
 	NOT_STARTED(d);
-	return gms_residency_set_min_resident(d->res, ms);
+	return tiers_residency_set_min_resident(d->res, ms);
 }
 
 int gf_gmsd_set_pinned(gf_gmsd *d, int pinned)
 {
 	NOT_STARTED(d);
-	gms_residency_set_pinned(d->res, pinned != 0);
+	tiers_residency_set_pinned(d->res, pinned != 0);
 	return 0;
 }
 
 int gf_gmsd_set_demote_below_free(gf_gmsd *d, uint64_t bytes)
 {
 	NOT_STARTED(d);
-	gms_residency_set_demote_below_free(d->res, bytes);
+	tiers_residency_set_demote_below_free(d->res, bytes);
 	return 0;
 }

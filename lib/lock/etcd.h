@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The lock on etcd (etcd:// and etcds:// URIs): what lib/lock/client.c
- * dispatches to. Same contract as the gf_lock_* functions of the same name;
- * docs/lock.md describes the recipe and the lease arithmetic.
+ * The lock on etcd (etcd:// and etcds:// URIs): what etcd_backend.c puts
+ * behind the lock backend table (backend.h) that lib/lock/client.c and
+ * oneshot.c dispatch through. Same contract as the gf_lock_* functions of the
+ * same name; docs/lock.md describes the recipe and the lease arithmetic.
  */
 #ifndef GF_LOCK_ETCD_H
 #define GF_LOCK_ETCD_H

@@ -17,17 +17,6 @@
 /* A state file is a few hundred bytes; anything much larger is not ours. */
 #define STATE_MAX_SIZE (64 * 1024)
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 int gf_lock_state_parse(const char *buf, size_t len, struct gf_lock_state *out)
 {
 	struct gf_lock_state st;
@@ -85,14 +74,9 @@ int gf_lock_state_parse(const char *buf, size_t len, struct gf_lock_state *out)
 				    2 * GF_LOCK_TOKEN_LEN);
 			goto out;
 		}
-		const char *t = json_string_value(v);
-		for (int i = 0; i < GF_LOCK_TOKEN_LEN; i++) {
-			int hi = hexval(t[2 * i]), lo = hexval(t[2 * i + 1]);
-			if (hi < 0 || lo < 0) {
-				rc = gf_err(GF_ERR_PROTOCOL, "state file: 'session_token' is not hex");
-				goto out;
-			}
-			st.token[i] = (uint8_t)(hi << 4 | lo);
+		if (gf_unhex(json_string_value(v), GF_LOCK_TOKEN_LEN, st.token) < 0) {
+			rc = gf_err(GF_ERR_PROTOCOL, "state file: 'session_token' is not hex");
+			goto out;
 		}
 	}
 	v = json_object_get(root, "granted_at_us");

@@ -26,6 +26,9 @@
 struct gf_mem_backend {
 	const char *name; /* "cuda" / "host" */
 	int kind;         /* GF_MEM_CUDA / GF_MEM_HOST */
+	/* What it can do (GF_MEM_CAP_*, mem_int.h), fencing aside: that is
+	 * having protect(). */
+	unsigned caps;
 
 	/* Device-level queries, usable without an open gf_mem. */
 	int (*device_count)(int *out);
@@ -54,9 +57,6 @@ struct gf_mem_backend {
 
 	/* Physical allocations. @size is already rounded to the granularity. */
 	int (*create)(gf_mem *m, size_t size, uint64_t *handle);
-	/* An allocation takes no memory until its pages are touched (host: an
-	 * empty memfd), so one may be created ahead of the moment it is needed. */
-	bool create_is_free;
 	int (*export_fd)(gf_mem *m, uint64_t handle, int *out_fd);
 	/* @size rounded; the caller's fd stays the caller's. */
 	int (*import_fd)(gf_mem *m, int fd, size_t size, uint64_t *handle);
@@ -68,9 +68,6 @@ struct gf_mem_backend {
 	int (*export_borrow)(gf_mem *m, uint64_t handle, int *fd);
 	/* Optional: a new fd on a read-only file description of @handle. */
 	int (*export_readonly)(gf_mem *m, uint64_t handle, int *out_fd);
-	/* Optional: the fd export_borrow() lends is a file holding the bytes
-	 * (host: the memfd), so file-to-file copies can fill it. */
-	bool borrow_is_file;
 	/* Optional: refuse later writes and writable mappings of @handle. */
 	int (*seal)(gf_mem *m, uint64_t handle);
 	int (*release)(gf_mem *m, uint64_t handle);

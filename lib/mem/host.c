@@ -28,17 +28,6 @@ static int host_device_count(int *out)
 	return 0;
 }
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* 32 hex digits (dashes skipped) from the first line of @path. */
 static bool read_id_file(const char *path, uint8_t out[16])
 {
@@ -50,20 +39,12 @@ static bool read_id_file(const char *path, uint8_t out[16])
 	fclose(f);
 	if (!ok)
 		return false;
-	int n = 0;
-	for (const char *p = line; *p && *p != '\n' && n < 32; p++) {
-		if (*p == '-')
-			continue;
-		int v = hexval(*p);
-		if (v < 0)
-			return false;
-		if (n % 2 == 0)
-			out[n / 2] = (uint8_t)(v << 4);
-		else
-			out[n / 2] |= (uint8_t)v;
-		n++;
-	}
-	return n == 32;
+	char digits[32];
+	size_t n = 0;
+	for (const char *p = line; *p && *p != '\n' && n < sizeof(digits); p++)
+		if (*p != '-')
+			digits[n++] = *p;
+	return n == sizeof(digits) && gf_unhex(digits, 16, out) == 0;
 }
 
 /* The machine's identity: machine-id (stable across boots), else boot_id. */
@@ -380,6 +361,7 @@ static int host_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int 
 const struct gf_mem_backend gf_mem_host_backend = {
 	.name = "host",
 	.kind = GF_MEM_HOST,
+	.caps = GF_MEM_CAP_CREATE_FREE | GF_MEM_CAP_FILES | GF_MEM_CAP_HOST_PAGES,
 	.device_count = host_device_count,
 	.device_uuid = host_device_uuid,
 	.uuid_prefix = "HOST-",
@@ -392,12 +374,10 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.plenty_free = host_plenty_free,
 	.synchronize = host_synchronize,
 	.create = host_create,
-	.create_is_free = true,
 	.export_fd = host_export,
 	.import_fd = host_import,
 	.import_adopt = host_import_adopt,
 	.export_borrow = host_export_borrow,
-	.borrow_is_file = true,
 	.export_readonly = host_export_readonly,
 	.seal = host_seal,
 	.release = host_release,

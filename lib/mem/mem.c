@@ -502,9 +502,11 @@ int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned)
 	return 0;
 }
 
-bool gf_mem_create_is_free(const gf_mem *m)
+unsigned gf_mem_caps(const gf_mem *m)
 {
-	return m && m->be->create_is_free;
+	if (!m)
+		return 0;
+	return m->be->caps | (m->be->protect ? GF_MEM_CAP_FENCE : 0);
 }
 
 int gf_mem_seal(gf_mem_alloc *a)

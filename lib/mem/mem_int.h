@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What in-library users of lib/mem (the GMS client and server) need beyond
+ * What in-library users of lib/mem (the GMS client and server, the tiers) need beyond
  * the public API: bulk paths one system call cheaper per allocation, and the
  * protection of committed weights. Not the backend vtable (backend.h).
  */
@@ -38,8 +38,29 @@ int gf_mem_export_readonly(gf_mem_alloc *a, int *fd, bool *owned);
  */
 int gf_mem_seal(gf_mem_alloc *a);
 
-/* Whether creating an allocation takes no memory until it is used (host),
- * so that it can be made ahead, off a wake's path. */
-bool gf_mem_create_is_free(const gf_mem *m);
+/*
+ * What a backend can do, for in-library users whose best path depends on it.
+ * They ask gf_mem_caps(), never the backend's kind, so that a new backend is
+ * one table in lib/mem and nothing outside it changes.
+ */
+enum gf_mem_cap {
+	/* Creating an allocation takes no memory until its pages are used, so
+	 * one can be made ahead, off a wake's path (host: an empty memfd). */
+	GF_MEM_CAP_CREATE_FREE = 1u << 0,
+	/* Each allocation is a file of its own holding its bytes (host: a
+	 * memfd): host code can mmap its fds and fill it with file-to-file
+	 * copies, and /proc names it by its inode in the fd tables and maps of
+	 * the processes that hold or map it. */
+	GF_MEM_CAP_FILES = 1u << 1,
+	/* Mappings are host memory whose page tables fill at the first touch of
+	 * each page: gf_mem_populate() fills them ahead, while nobody waits. */
+	GF_MEM_CAP_HOST_PAGES = 1u << 2,
+	/* Mappings can be fenced and opened again in place, keeping them
+	 * mapped (gf_mem_set_accessible()). */
+	GF_MEM_CAP_FENCE = 1u << 3,
+};
+
+/* The GF_MEM_CAP_* flags of @m's backend; 0 for NULL. */
+unsigned gf_mem_caps(const gf_mem *m);
 
 #endif

@@ -28,7 +28,7 @@ struct gf_mem_region {
  * only means gf_mem_region_back() creates it. */
 static void make_spare(gf_mem_region *r)
 {
-	if (r->spare || !gf_mem_create_is_free(r->m))
+	if (r->spare || !(gf_mem_caps(r->m) & GF_MEM_CAP_CREATE_FREE))
 		return;
 	if (gf_mem_create(&r->spare, r->m, gf_mem_va_size(r->va)) < 0)
 		r->spare = NULL;

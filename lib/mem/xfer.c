@@ -238,7 +238,7 @@ static int drain_pipe(gf_mem_xfer *x, int dst, loff_t *dst_off, size_t held)
 
 bool gf_mem_xfer_files(const gf_mem_xfer *x)
 {
-	return x && x->m->be->borrow_is_file && x->m->be->export_borrow;
+	return x && (x->m->be->caps & GF_MEM_CAP_FILES) && x->m->be->export_borrow;
 }
 
 int gf_mem_xfer_fill_from_file(gf_mem_xfer *x, gf_mem_alloc *a, uint64_t a_off, int src_fd, uint64_t *src_off,

@@ -55,8 +55,8 @@ static uint64_t lib_digest(void *st)
 
 static const struct xxh3_ops lib_ops = {lib_create, lib_destroy, lib_reset, lib_update, lib_digest};
 #if GF_HAVE_XXH3_AVX2
-static const struct xxh3_ops avx2_ops = {gms_xxh3_avx2_new, gms_xxh3_avx2_free, gms_xxh3_avx2_reset,
-					 gms_xxh3_avx2_update, gms_xxh3_avx2_digest};
+static const struct xxh3_ops avx2_ops = {tiers_xxh3_avx2_new, tiers_xxh3_avx2_free, tiers_xxh3_avx2_reset,
+					 tiers_xxh3_avx2_update, tiers_xxh3_avx2_digest};
 #endif
 
 static const struct xxh3_ops *pick_ops(void)
@@ -81,7 +81,7 @@ struct chunk {
  * core's cache until they are hashed. */
 #define READ_PIECE ((size_t)256 << 10)
 
-struct gms_hasher {
+struct tiers_hasher {
 	const struct xxh3_ops *ops;
 	void *st;
 	bool threaded;
@@ -89,7 +89,7 @@ struct gms_hasher {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	/* chunks submitted and not yet hashed, oldest at head (the one being hashed stays until done) */
-	struct chunk q[GMS_HASHER_QUEUE];
+	struct chunk q[TIERS_HASHER_QUEUE];
 	unsigned head, pending;
 	bool quit;
 	void *piece;    /* READ_PIECE bytes for file chunks, made at the first */
@@ -98,7 +98,7 @@ struct gms_hasher {
 
 /* A file chunk: read in pieces into the hasher's buffer, each hashed while
  * it is in the cache. A failed or short read is kept for the caller. */
-static void hash_file(struct gms_hasher *h, int fd, uint64_t off, size_t n)
+static void hash_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n)
 {
 	if (!h->piece && !(h->piece = malloc(READ_PIECE))) {
 		h->read_error = h->read_error ? h->read_error : ENOMEM;
@@ -121,7 +121,7 @@ static void hash_file(struct gms_hasher *h, int fd, uint64_t off, size_t n)
 }
 
 /* One chunk, on whichever thread runs it. */
-static void hash_chunk(struct gms_hasher *h, const struct chunk *c)
+static void hash_chunk(struct tiers_hasher *h, const struct chunk *c)
 {
 	if (!c->buf) {
 		hash_file(h, c->fd, c->off, c->n);
@@ -138,7 +138,7 @@ static void hash_chunk(struct gms_hasher *h, const struct chunk *c)
 
 static void *hasher_main(void *arg)
 {
-	struct gms_hasher *h = arg;
+	struct tiers_hasher *h = arg;
 	pthread_mutex_lock(&h->lock);
 	for (;;) {
 		while (!h->pending && !h->quit)
@@ -149,7 +149,7 @@ static void *hasher_main(void *arg)
 		pthread_mutex_unlock(&h->lock);
 		hash_chunk(h, &c);
 		pthread_mutex_lock(&h->lock);
-		h->head = (h->head + 1) % GMS_HASHER_QUEUE;
+		h->head = (h->head + 1) % TIERS_HASHER_QUEUE;
 		h->pending--;
 		pthread_cond_broadcast(&h->cond);
 	}
@@ -157,9 +157,9 @@ static void *hasher_main(void *arg)
 	return NULL;
 }
 
-int gms_hasher_new(struct gms_hasher **out)
+int tiers_hasher_new(struct tiers_hasher **out)
 {
-	struct gms_hasher *h = calloc(1, sizeof(*h));
+	struct tiers_hasher *h = calloc(1, sizeof(*h));
 	if (h)
 		h->ops = pick_ops();
 	if (!h || !(h->st = h->ops->create())) {
@@ -175,7 +175,7 @@ int gms_hasher_new(struct gms_hasher **out)
 	return 0;
 }
 
-void gms_hasher_wait(struct gms_hasher *h)
+void tiers_hasher_wait(struct tiers_hasher *h)
 {
 	if (!h->threaded)
 		return;
@@ -185,12 +185,12 @@ void gms_hasher_wait(struct gms_hasher *h)
 	pthread_mutex_unlock(&h->lock);
 }
 
-void gms_hasher_free(struct gms_hasher *h)
+void tiers_hasher_free(struct tiers_hasher *h)
 {
 	if (!h)
 		return;
 	if (h->threaded) {
-		gms_hasher_wait(h);
+		tiers_hasher_wait(h);
 		pthread_mutex_lock(&h->lock);
 		h->quit = true;
 		pthread_cond_broadcast(&h->cond);
@@ -204,14 +204,14 @@ void gms_hasher_free(struct gms_hasher *h)
 	free(h);
 }
 
-void gms_hasher_reset(struct gms_hasher *h)
+void tiers_hasher_reset(struct tiers_hasher *h)
 {
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	h->ops->reset(h->st);
 }
 
 /* Queue a chunk once fewer than @ahead chunks are still unhashed. */
-static void enqueue(struct gms_hasher *h, unsigned ahead, struct chunk c)
+static void enqueue(struct tiers_hasher *h, unsigned ahead, struct chunk c)
 {
 	if (!h->threaded) {
 		hash_chunk(h, &c);
@@ -220,41 +220,41 @@ static void enqueue(struct gms_hasher *h, unsigned ahead, struct chunk c)
 	pthread_mutex_lock(&h->lock);
 	while (h->pending >= ahead)
 		pthread_cond_wait(&h->cond, &h->lock);
-	h->q[(h->head + h->pending) % GMS_HASHER_QUEUE] = c;
+	h->q[(h->head + h->pending) % TIERS_HASHER_QUEUE] = c;
 	h->pending++;
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
 }
 
-void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+void tiers_hasher_submit_ex(struct tiers_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
 	enqueue(h, 1, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
 }
 
-void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
+void tiers_hasher_queue(struct tiers_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out)
 {
-	enqueue(h, GMS_HASHER_QUEUE, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
+	enqueue(h, TIERS_HASHER_QUEUE, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
 }
 
-void gms_hasher_queue_file(struct gms_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out)
+void tiers_hasher_queue_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out)
 {
-	enqueue(h, GMS_HASHER_QUEUE, (struct chunk){ NULL, n, false, digest_out, fd, off });
+	enqueue(h, TIERS_HASHER_QUEUE, (struct chunk){ NULL, n, false, digest_out, fd, off });
 }
 
-int gms_hasher_read_error(struct gms_hasher *h)
+int tiers_hasher_read_error(struct tiers_hasher *h)
 {
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	return h->read_error;
 }
 
-void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n)
+void tiers_hasher_submit(struct tiers_hasher *h, const void *buf, size_t n)
 {
 	if (n)
-		gms_hasher_submit_ex(h, buf, n, false, NULL);
+		tiers_hasher_submit_ex(h, buf, n, false, NULL);
 }
 
-uint64_t gms_hasher_digest(struct gms_hasher *h)
+uint64_t tiers_hasher_digest(struct tiers_hasher *h)
 {
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	return h->ops->digest(h->st);
 }

@@ -4,62 +4,62 @@
  * chunk overlaps the file I/O of the same (snapshot) or the next (restore)
  * chunk instead of adding to it. Chunks are hashed in submission order; a
  * submitted buffer must stay readable and unchanged until the next
- * gms_hasher_submit(), gms_hasher_wait() or gms_hasher_digest() returns.
+ * tiers_hasher_submit(), tiers_hasher_wait() or tiers_hasher_digest() returns.
  * When the thread cannot be started, every call hashes inline instead.
  * One user thread at a time.
  */
-#ifndef GF_GMS_HASHER_H
-#define GF_GMS_HASHER_H
+#ifndef GF_TIERS_HASHER_H
+#define GF_TIERS_HASHER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-struct gms_hasher;
+struct tiers_hasher;
 
 /* 0 or GF_ERR_NOMEM. */
-int gms_hasher_new(struct gms_hasher **out);
+int tiers_hasher_new(struct tiers_hasher **out);
 /* Waits for the last chunk and stops the thread. NULL is a no-op. */
-void gms_hasher_free(struct gms_hasher *h);
+void tiers_hasher_free(struct tiers_hasher *h);
 /* Start a new stream (waits for the previous one's last chunk). */
-void gms_hasher_reset(struct gms_hasher *h);
+void tiers_hasher_reset(struct tiers_hasher *h);
 /* Wait until the previous chunk is hashed, then hand over @buf. */
-void gms_hasher_submit(struct gms_hasher *h, const void *buf, size_t n);
+void tiers_hasher_submit(struct tiers_hasher *h, const void *buf, size_t n);
 /*
- * As gms_hasher_submit(), and: with @fault_in, @buf is a fresh host mapping
+ * As tiers_hasher_submit(), and: with @fault_in, @buf is a fresh host mapping
  * whose page tables the helper fills first (so that work leaves the
  * caller's thread too); with @digest_out, this chunk ends the stream: the
  * digest is stored there once hashed (read it after the next wait) and the
  * next chunk starts a new stream.
  */
-void gms_hasher_submit_ex(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
+void tiers_hasher_submit_ex(struct tiers_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
 /*
- * Chunks gms_hasher_queue() may have waiting: 8 of GF_MEM_XFER_CHUNK, 64 MiB
+ * Chunks tiers_hasher_queue() may have waiting: 8 of GF_MEM_XFER_CHUNK, 64 MiB
  * of slack, so a hasher held up for a while by a busy second core falls
  * behind the I/O instead of stopping it.
  */
-#define GMS_HASHER_QUEUE 8
+#define TIERS_HASHER_QUEUE 8
 /*
- * As gms_hasher_submit_ex(), but returns as soon as fewer than
- * GMS_HASHER_QUEUE chunks are waiting: @buf must stay readable and
- * unchanged until gms_hasher_wait(), gms_hasher_digest() or
- * gms_hasher_reset() returns (a mapping of the whole source, not a buffer
+ * As tiers_hasher_submit_ex(), but returns as soon as fewer than
+ * TIERS_HASHER_QUEUE chunks are waiting: @buf must stay readable and
+ * unchanged until tiers_hasher_wait(), tiers_hasher_digest() or
+ * tiers_hasher_reset() returns (a mapping of the whole source, not a buffer
  * that is refilled).
  */
-void gms_hasher_queue(struct gms_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
+void tiers_hasher_queue(struct tiers_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
 /*
- * As gms_hasher_queue(), for @n bytes of the file @fd from @off: the helper
+ * As tiers_hasher_queue(), for @n bytes of the file @fd from @off: the helper
  * reads them (pread, in pieces that stay in its cache) and hashes what it
  * read, so the caller needs no mapping of them. @fd must stay open until
  * the next wait. A read that fails or ends early is remembered (see
- * gms_hasher_read_error()); the digest is then meaningless.
+ * tiers_hasher_read_error()); the digest is then meaningless.
  */
-void gms_hasher_queue_file(struct gms_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out);
+void tiers_hasher_queue_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out);
 /* Waits, then the errno of the first failed read of a file chunk since the hasher was made, 0 if none. */
-int gms_hasher_read_error(struct gms_hasher *h);
+int tiers_hasher_read_error(struct tiers_hasher *h);
 /* Wait until every submitted chunk is hashed. */
-void gms_hasher_wait(struct gms_hasher *h);
-/* gms_hasher_wait(), then the digest of the stream so far. */
-uint64_t gms_hasher_digest(struct gms_hasher *h);
+void tiers_hasher_wait(struct tiers_hasher *h);
+/* tiers_hasher_wait(), then the digest of the stream so far. */
+uint64_t tiers_hasher_digest(struct tiers_hasher *h);
 
 #endif

@@ -12,20 +12,20 @@
 #define PRESSURE_CHECK_US 1000000          /* free memory is looked at once a second */
 #define PRESSURE_RETRY_US 30000000         /* after an automatic demotion failed */
 
-struct gms_residency {
-	const struct gms_residency_host *ops;
+struct tiers_residency {
+	const struct tiers_residency_host *ops;
 	void *host;
 	gf_mem *mem;                   /* the GMS's (not ours): restores and free memory */
 	int device;
 	bool started;
 	char *warm_dir, *cold_dir;
-	struct gms_tierd *tierd;       /* NULL until needed */
+	struct tierd *tierd;       /* NULL until needed */
 	bool holding;                  /* a snapshot job holds the layout (export_layout) */
 	bool restore_from_dir;         /* the restore job reads a named directory, not a kept tier */
 	/* a promotion: a reader woke after a demotion, a restore job brings the layout back */
 	struct {
 		bool active;           /* its restore job is running */
-		enum gms_tier tier;    /* the tier that job reads */
+		enum tier tier;    /* the tier that job reads */
 		unsigned tried;        /* bit per tier whose restore failed in this promotion */
 		int64_t t0_us;
 	} promo;
@@ -33,14 +33,14 @@ struct gms_residency {
 	int64_t min_resident_us;
 	bool pinned;
 	uint64_t demote_below_free;    /* 0: no automatic pressure */
-	enum gms_tier resident;        /* HOT, WARM or COLD after a demotion, LOADER when nothing is kept */
+	enum tier resident;        /* HOT, WARM or COLD after a demotion, LOADER when nothing is kept */
 	int64_t resident_since_us;     /* monotonic, when it got there */
 	uint8_t demoted_hash[16];      /* the layout a demotion dropped: what a restore must bring back */
 	struct {
 		bool active;           /* planned, waiting for its snapshot */
 		bool requested;        /* a request, not free memory */
 		bool wrote;            /* its own snapshot job was started */
-		enum gms_tier want;    /* HOT: the policy chooses */
+		enum tier want;    /* HOT: the policy chooses */
 		char why[160];
 		int result;            /* how the last one ended: 0 or its error */
 		char refusal[256];
@@ -51,8 +51,8 @@ struct gms_residency {
 	gf_GmsDemotion last;
 };
 
-static void event(struct gms_residency *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void event(struct gms_residency *r, const char *fmt, ...)
+static void event(struct tiers_residency *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event(struct tiers_residency *r, const char *fmt, ...)
 {
 	char text[512];
 	va_list ap;
@@ -62,36 +62,36 @@ static void event(struct gms_residency *r, const char *fmt, ...)
 	r->ops->event(r->host, text);
 }
 
-static void layout(struct gms_residency *r, struct gms_host_layout *l)
+static void layout(struct tiers_residency *r, struct tiers_host_layout *l)
 {
 	r->ops->layout(r->host, l);
 }
 
-int gms_residency_new(struct gms_residency **out, const struct gms_residency_host *ops, void *host)
+int tiers_residency_new(struct tiers_residency **out, const struct tiers_residency_host *ops, void *host)
 {
-	struct gms_residency *r = calloc(1, sizeof(*r));
+	struct tiers_residency *r = calloc(1, sizeof(*r));
 	if (!r)
 		return gf_err(GF_ERR_NOMEM, "tiers: out of memory");
 	r->ops = ops;
 	r->host = host;
 	r->min_resident_us = MIN_RESIDENT_US;
-	r->resident = GMS_TIER_LOADER;
+	r->resident = TIER_LOADER;
 	*out = r;
 	return 0;
 }
 
-void gms_residency_free(struct gms_residency *r)
+void tiers_residency_free(struct tiers_residency *r)
 {
 	if (!r)
 		return;
 	/* A running snapshot job reads the allocations through its own imports; let it finish. */
-	gms_tierd_free(r->tierd);
+	tierd_free(r->tierd);
 	free(r->warm_dir);
 	free(r->cold_dir);
 	free(r);
 }
 
-int gms_residency_set_dirs(struct gms_residency *r, const char *warm, const char *cold)
+int tiers_residency_set_dirs(struct tiers_residency *r, const char *warm, const char *cold)
 {
 	char *w = warm && *warm ? strdup(warm) : NULL, *c = cold && *cold ? strdup(cold) : NULL;
 	if ((warm && *warm && !w) || (cold && *cold && !c)) {
@@ -106,7 +106,7 @@ int gms_residency_set_dirs(struct gms_residency *r, const char *warm, const char
 	return 0;
 }
 
-int gms_residency_set_min_resident(struct gms_residency *r, int64_t ms)
+int tiers_residency_set_min_resident(struct tiers_residency *r, int64_t ms)
 {
 	if (ms < 0 || ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "min resident %lldms outside 0..%lldms", (long long)ms,
@@ -115,17 +115,17 @@ int gms_residency_set_min_resident(struct gms_residency *r, int64_t ms)
 	return 0;
 }
 
-void gms_residency_set_pinned(struct gms_residency *r, bool pinned)
+void tiers_residency_set_pinned(struct tiers_residency *r, bool pinned)
 {
 	r->pinned = pinned;
 }
 
-void gms_residency_set_demote_below_free(struct gms_residency *r, uint64_t bytes)
+void tiers_residency_set_demote_below_free(struct tiers_residency *r, uint64_t bytes)
 {
 	r->demote_below_free = bytes;
 }
 
-void gms_residency_start(struct gms_residency *r, gf_mem *m, int device)
+void tiers_residency_start(struct tiers_residency *r, gf_mem *m, int device)
 {
 	r->mem = m;
 	r->device = device;
@@ -133,7 +133,7 @@ void gms_residency_start(struct gms_residency *r, gf_mem *m, int device)
 	r->resident_since_us = gf_now_us();
 }
 
-static void set_resident(struct gms_residency *r, enum gms_tier t)
+static void set_resident(struct tiers_residency *r, enum tier t)
 {
 	r->resident = t;
 	r->resident_since_us = gf_now_us();
@@ -141,30 +141,30 @@ static void set_resident(struct gms_residency *r, enum gms_tier t)
 
 /* ---------------------------------------------------------------- snapshot and restore */
 
-static int tierd_ready(struct gms_residency *r)
+static int tierd_ready(struct tiers_residency *r)
 {
 	if (r->tierd)
 		return 0;
-	int rc = gms_tierd_new(&r->tierd, gf_mem_kind(r->mem), r->device);
+	int rc = tierd_new(&r->tierd, gf_mem_kind(r->mem), r->device);
 	if (rc == 0)
-		rc = gms_tierd_set_dirs(r->tierd, r->warm_dir, r->cold_dir);
+		rc = tierd_set_dirs(r->tierd, r->warm_dir, r->cold_dir);
 	if (rc == 0)
-		rc = r->ops->watch(r->host, gms_tierd_get_fd(r->tierd));
+		rc = r->ops->watch(r->host, tierd_get_fd(r->tierd));
 	if (rc < 0) {
-		gms_tierd_free(r->tierd);
+		tierd_free(r->tierd);
 		r->tierd = NULL;
 	}
 	return rc;
 }
 
-bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir)
+bool tiers_residency_is_tier_dir(const struct tiers_residency *r, const char *dir)
 {
 	return dir && ((r->warm_dir && !strcmp(dir, r->warm_dir)) || (r->cold_dir && !strcmp(dir, r->cold_dir)));
 }
 
-int gms_residency_snapshot(struct gms_residency *r, const char *dir)
+int tiers_residency_snapshot(struct tiers_residency *r, const char *dir)
 {
-	struct gms_host_layout l;
+	struct tiers_host_layout l;
 	layout(r, &l);
 	if (!l.hot)
 		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", l.state);
@@ -173,14 +173,14 @@ int gms_residency_snapshot(struct gms_residency *r, const char *dir)
 	int rc = tierd_ready(r);
 	if (rc < 0)
 		return rc;
-	if (gms_tierd_busy(r->tierd))
+	if (tierd_busy(r->tierd))
 		return gf_err(GF_ERR_BUSY, "snapshot: one is already being written");
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	int *fds;
 	/* The export holds the layout like a reader until the job ends, so no writer replaces it meanwhile. */
 	if ((rc = r->ops->export_layout(r->host, &mf, &fds)) < 0)
 		return rc;
-	if ((rc = gms_tierd_snapshot_start(r->tierd, dir, mf, fds)) < 0) {
+	if ((rc = tierd_snapshot_start(r->tierd, dir, mf, fds)) < 0) {
 		r->ops->release(r->host);
 		return rc;
 	}
@@ -190,41 +190,41 @@ int gms_residency_snapshot(struct gms_residency *r, const char *dir)
 	return 0;
 }
 
-void gms_residency_committed(struct gms_residency *r)
+void tiers_residency_committed(struct tiers_residency *r)
 {
-	set_resident(r, GMS_TIER_HOT);
+	set_resident(r, TIER_HOT);
 	/* Keep the tiers current: every new layout goes to WARM, then COLD. */
-	if ((r->warm_dir || r->cold_dir) && gms_residency_snapshot(r, NULL) < 0)
+	if ((r->warm_dir || r->cold_dir) && tiers_residency_snapshot(r, NULL) < 0)
 		event(r, "event=snapshot phase=Failed reason=\"%s\"", gf_error_detail());
 }
 
-void gms_residency_dropped(struct gms_residency *r)
+void tiers_residency_dropped(struct tiers_residency *r)
 {
-	gms_tierd_release_source(r->tierd);
-	set_resident(r, GMS_TIER_LOADER);
+	tierd_release_source(r->tierd);
+	set_resident(r, TIER_LOADER);
 }
 
-static void demote_continue(struct gms_residency *r);
+static void demote_continue(struct tiers_residency *r);
 
-static void restore_finish(struct gms_residency *r);
-static void promote_next(struct gms_residency *r);
+static void restore_finish(struct tiers_residency *r);
+static void promote_next(struct tiers_residency *r);
 
-void gms_residency_process(struct gms_residency *r)
+void tiers_residency_process(struct tiers_residency *r)
 {
-	if (!r->tierd || !gms_tierd_collect(r->tierd))
+	if (!r->tierd || !tierd_collect(r->tierd))
 		return;
-	if (gms_tierd_restoring(r->tierd)) {
+	if (tierd_restoring(r->tierd)) {
 		restore_finish(r);
 		return;
 	}
-	struct gms_op op;
-	gms_tierd_op(r->tierd, &op);
+	struct tiers_op op;
+	tierd_op(r->tierd, &op);
 	if (r->holding) {
 		r->holding = false;
 		r->ops->release(r->host);
 	}
-	event(r, "event=snapshot phase=%s reason=\"%s\"", gms_phase_name(op.phase), op.reason);
-	r->ops->answer(r->host, GMS_WAIT_SNAPSHOT, op.phase == GMS_PHASE_CHECKPOINTED ? 0 : GF_ERR_IO, op.reason);
+	event(r, "event=snapshot phase=%s reason=\"%s\"", tiers_phase_name(op.phase), op.reason);
+	r->ops->answer(r->host, TIERS_WAIT_SNAPSHOT, op.phase == TIERS_PHASE_CHECKPOINTED ? 0 : GF_ERR_IO, op.reason);
 	if (r->dem.active)
 		demote_continue(r);
 }
@@ -234,17 +234,17 @@ void gms_residency_process(struct gms_residency *r)
  * the snapshot would not fit in what is free, refuse before allocating and
  * say who holds the rest (docs/gms.md, "Memory a sleeper still pins").
  */
-static int restore_room(struct gms_residency *r, const struct gms_host_layout *l, const char *dir)
+static int restore_room(struct tiers_residency *r, const struct tiers_host_layout *l, const char *dir)
 {
 	if (!l->pinned_bytes)
 		return 0;
 	const char *dirs[3] = { dir, dir ? NULL : r->warm_dir, dir ? NULL : r->cold_dir };
 	uint64_t need = 0, free_b = 0;
 	for (int i = 0; i < 3 && !need; i++) {
-		struct gms_snap_probe p;
+		struct tiers_snap_probe p;
 		if (!dirs[i])
 			continue;
-		gms_snapshot_probe(dirs[i], &p);
+		tiers_snapshot_probe(dirs[i], &p);
 		need = p.present ? p.bytes : 0;
 	}
 	if (!need || gf_mem_info(r->mem, &free_b, NULL) < 0 || free_b >= need)
@@ -256,9 +256,9 @@ static int restore_room(struct gms_residency *r, const struct gms_host_layout *l
 }
 
 /* The restore checks, shared by both ways to run one. */
-static int restore_check(struct gms_residency *r, const char *dir)
+static int restore_check(struct tiers_residency *r, const char *dir)
 {
-	struct gms_host_layout l;
+	struct tiers_host_layout l;
 	layout(r, &l);
 	if (!l.empty)
 		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", l.state);
@@ -273,17 +273,17 @@ static int restore_check(struct gms_residency *r, const char *dir)
 }
 
 /* Make a restored layout the GMS's (EMPTY -> COMMITTED). */
-static int restore_adopt(struct gms_residency *r, const char *what, struct gms_manifest *mf, gf_mem_alloc **allocs)
+static int restore_adopt(struct tiers_residency *r, const char *what, struct tiers_manifest *mf, gf_mem_alloc **allocs)
 {
 	int rc = r->ops->adopt(r->host, mf, allocs);
 	if (rc < 0) {
-		gms_snapshot_restored_free(mf, allocs);
+		tiers_snapshot_restored_free(mf, allocs);
 		return rc;
 	}
 	free(allocs);
-	gms_manifest_free(mf);
-	set_resident(r, GMS_TIER_HOT);
-	struct gms_host_layout l;
+	tiers_manifest_free(mf);
+	set_resident(r, TIER_HOT);
+	struct tiers_host_layout l;
 	layout(r, &l);
 	char hex[33];
 	gf_hex(l.hash, 16, hex);
@@ -292,11 +292,11 @@ static int restore_adopt(struct gms_residency *r, const char *what, struct gms_m
 	return 0;
 }
 
-int gms_residency_restore_start(struct gms_residency *r, const char *dir)
+int tiers_residency_restore_start(struct tiers_residency *r, const char *dir)
 {
 	int rc = restore_check(r, dir);
 	if (rc == 0)
-		rc = gms_tierd_restore_start(r->tierd, dir);
+		rc = tierd_restore_start(r->tierd, dir);
 	if (rc < 0)
 		return rc;
 	r->restore_from_dir = dir != NULL;
@@ -305,14 +305,14 @@ int gms_residency_restore_start(struct gms_residency *r, const char *dir)
 }
 
 /* A restore job ended: adopt what it read (unless a writer began meanwhile) and answer. */
-static void restore_finish(struct gms_residency *r)
+static void restore_finish(struct tiers_residency *r)
 {
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	gf_mem_alloc **allocs;
-	enum gms_tier from = GMS_TIER_LOADER;
-	int rc = gms_tierd_restore_result(r->tierd, &mf, &allocs, &from);
+	enum tier from = TIER_LOADER;
+	int rc = tierd_restore_result(r->tierd, &mf, &allocs, &from);
 	if (rc == 0)
-		rc = restore_adopt(r, r->restore_from_dir ? "dir" : gms_tier_name(from), mf, allocs);
+		rc = restore_adopt(r, r->restore_from_dir ? "dir" : tier_name(from), mf, allocs);
 	char why[512] = "";
 	if (rc < 0) {
 		snprintf(why, sizeof(why), "%s", gf_error_detail());
@@ -323,39 +323,39 @@ static void restore_finish(struct gms_residency *r)
 		 * (COMMITTED), or wait on for a loader: no request to answer. */
 		r->promo.active = false;
 		if (rc == 0) {
-			struct gms_host_layout l;
+			struct tiers_host_layout l;
 			layout(r, &l);
-			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", gms_tier_name(r->promo.tier),
+			event(r, "event=promoted from=%s to=hot generation=%llu seconds=%.3f", tier_name(r->promo.tier),
 			      (unsigned long long)l.generation, (gf_now_us() - r->promo.t0_us) / 1e6);
 		} else if (rc == GF_ERR_OUT_OF_MEMORY) {
 			/* The tier is intact, the memory is pinned: the next reader tries again. */
-			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(r->promo.tier), why);
+			event(r, "event=promote_waits from=%s reason=\"%s\"", tier_name(r->promo.tier), why);
 		} else {
 			r->promo.tried |= 1u << r->promo.tier;
 			promote_next(r);
 		}
 		return;
 	}
-	r->ops->answer(r->host, GMS_WAIT_RESTORE, rc, why);
+	r->ops->answer(r->host, TIERS_WAIT_RESTORE, rc, why);
 }
 
-int gms_residency_restore(struct gms_residency *r, const char *dir)
+int tiers_residency_restore(struct tiers_residency *r, const char *dir)
 {
 	int rc = restore_check(r, dir);
 	if (rc < 0)
 		return rc;
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	gf_mem_alloc **allocs;
-	enum gms_tier from = GMS_TIER_LOADER;
+	enum tier from = TIER_LOADER;
 	event(r, "event=restore phase=Restoring from=%s", dir ? dir : "best tier");
-	rc = gms_tierd_restore(r->tierd, dir, r->mem, &mf, &allocs, &from);
+	rc = tierd_restore(r->tierd, dir, r->mem, &mf, &allocs, &from);
 	if (rc < 0) {
 		event(r, "event=restore phase=%s reason=\"%s\"", rc == GF_ERR_NOT_FOUND ? "none" : "Failed",
 		      gf_error_detail());
 		return rc;
 	}
 	/* The allocations are now the GMS's; the array and the manifest are not. */
-	return restore_adopt(r, dir ? "dir" : gms_tier_name(from), mf, allocs);
+	return restore_adopt(r, dir ? "dir" : tier_name(from), mf, allocs);
 }
 
 /* ---------------------------------------------------------------- demotion */
@@ -363,21 +363,21 @@ int gms_residency_restore(struct gms_residency *r, const char *dir)
 /* Whether @dir holds a whole snapshot of exactly @hash (probed now: the tier worker's probe may be older). */
 static bool tier_holds(const char *dir, const uint8_t hash[16])
 {
-	struct gms_snap_probe p;
+	struct tiers_snap_probe p;
 	if (!dir)
 		return false;
-	gms_snapshot_probe(dir, &p);
+	tiers_snapshot_probe(dir, &p);
 	return p.present && !memcmp(p.layout_hash, hash, 16);
 }
 
-static const char *tier_dir(struct gms_residency *r, enum gms_tier t)
+static const char *tier_dir(struct tiers_residency *r, enum tier t)
 {
-	return t == GMS_TIER_WARM ? r->warm_dir : t == GMS_TIER_COLD ? r->cold_dir : NULL;
+	return t == TIER_WARM ? r->warm_dir : t == TIER_COLD ? r->cold_dir : NULL;
 }
 
 /* Answer the waiting request (if any) and end the demotion; an error also goes to the events. */
-static void demote_finish(struct gms_residency *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void demote_finish(struct gms_residency *r, int err, const char *fmt, ...)
+static void demote_finish(struct tiers_residency *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void demote_finish(struct tiers_residency *r, int err, const char *fmt, ...)
 {
 	char why[256];
 	va_list ap;
@@ -393,26 +393,26 @@ static void demote_finish(struct gms_residency *r, int err, const char *fmt, ...
 			r->pressure_next_us = gf_now_us() + PRESSURE_RETRY_US;
 	}
 	r->dem.active = false;
-	r->ops->answer(r->host, GMS_WAIT_DEMOTION, err, why);
+	r->ops->answer(r->host, TIERS_WAIT_DEMOTION, err, why);
 }
 
 /* Free every allocation of the layout now kept in @to: the GMS becomes EMPTY, "demoted to @to". */
-static void demote_drop(struct gms_residency *r, const struct gms_host_layout *l, enum gms_tier to, const char *policy)
+static void demote_drop(struct tiers_residency *r, const struct tiers_host_layout *l, enum tier to, const char *policy)
 {
 	int rc = r->ops->drop(r->host);
 	if (rc < 0) {
 		demote_finish(r, rc, "%s", gf_error_detail());
 		return;
 	}
-	gms_tierd_release_source(r->tierd);
+	tierd_release_source(r->tierd);
 	memcpy(r->demoted_hash, l->hash, 16);
 	set_resident(r, to);
 	r->demotions++;
 	r->has_last = true;
 	gf_GmsDemotion *d = &r->last;
 	memset(d, 0, sizeof(*d));
-	snprintf(d->from, sizeof(d->from), "%s", gms_tier_name(GMS_TIER_HOT));
-	snprintf(d->to, sizeof(d->to), "%s", gms_tier_name(to));
+	snprintf(d->from, sizeof(d->from), "%s", tier_name(TIER_HOT));
+	snprintf(d->to, sizeof(d->to), "%s", tier_name(to));
 	snprintf(d->reason, sizeof(d->reason), "%s", r->dem.requested ? "request" : "free_memory");
 	snprintf(d->detail, sizeof(d->detail), "%s; %s", policy, r->dem.why);
 	d->at_unix_ms = gf_wall_us() / 1000;
@@ -425,12 +425,12 @@ static void demote_drop(struct gms_residency *r, const struct gms_host_layout *l
 	demote_finish(r, 0, "%s", policy);
 }
 
-/* Plan the next step of the active demotion and take it (see gms_demote_plan()). */
-static void demote_continue(struct gms_residency *r)
+/* Plan the next step of the active demotion and take it (see tiers_demote_plan()). */
+static void demote_continue(struct tiers_residency *r)
 {
-	struct gms_host_layout l;
+	struct tiers_host_layout l;
 	layout(r, &l);
-	struct gms_demote_facts f = {
+	struct tiers_demote_facts f = {
 		.committed = l.hot,
 		.holders = l.readers - (r->holding ? 1 : 0) + l.writer,
 		.pinned = r->pinned,
@@ -444,17 +444,17 @@ static void demote_continue(struct gms_residency *r)
 	if (l.hot) {
 		f.warm_current = tier_holds(r->warm_dir, l.hash);
 		f.cold_current = tier_holds(r->cold_dir, l.hash);
-		/* WARM has room also when evicting its older snapshot makes it (gms_tier_place()). */
-		struct gms_place_in pin;
-		struct gms_place_out pout;
-		gms_tier_place_facts(r->warm_dir, r->cold_dir, l.hash, l.bytes, &pin);
-		gms_tier_place(&pin, &pout);
+		/* WARM has room also when evicting its older snapshot makes it (tier_place()). */
+		struct tiers_place_in pin;
+		struct tiers_place_out pout;
+		tier_place_facts(r->warm_dir, r->cold_dir, l.hash, l.bytes, &pin);
+		tier_place(&pin, &pout);
 		f.warm_room = f.warm_current || (r->warm_dir && pout.write_warm);
-		f.cold_room = f.cold_current || (r->cold_dir && gms_tier_fs_free(r->cold_dir) >= l.bytes);
+		f.cold_room = f.cold_current || (r->cold_dir && tier_fs_free(r->cold_dir) >= l.bytes);
 	}
-	struct gms_demote_plan p;
-	gms_demote_plan(&f, &p);
-	if (p.step == GMS_DEMOTE_STAY) {
+	struct tiers_demote_plan p;
+	tiers_demote_plan(&f, &p);
+	if (p.step == TIERS_DEMOTE_STAY) {
 		if (p.err == GF_ERR_BUSY)
 			demote_finish(r, p.err, "%s (%u readers, %s)", p.reason, f.holders - l.writer,
 				      l.writer ? "a writer" : "no writer");
@@ -469,30 +469,30 @@ static void demote_continue(struct gms_residency *r)
 	}
 	if (r->holding)
 		return; /* a snapshot (a commit's) is being written from the layout: plan again when it ends */
-	if (p.step == GMS_DEMOTE_DROP) {
+	if (p.step == TIERS_DEMOTE_DROP) {
 		demote_drop(r, &l, p.to, p.reason);
 		return;
 	}
 	if (r->dem.wrote) {
 		/* Never drop what is not safely below: the snapshot failed, the layout stays HOT. */
-		struct gms_op op;
-		gms_tierd_op(r->tierd, &op);
-		demote_finish(r, GF_ERR_IO, "the snapshot to %s failed, staying hot: %s", gms_tier_name(p.to),
-			      op.phase == GMS_PHASE_FAILED ? op.reason : "the tier does not hold this layout");
+		struct tiers_op op;
+		tierd_op(r->tierd, &op);
+		demote_finish(r, GF_ERR_IO, "the snapshot to %s failed, staying hot: %s", tier_name(p.to),
+			      op.phase == TIERS_PHASE_FAILED ? op.reason : "the tier does not hold this layout");
 		return;
 	}
-	int rc = gms_residency_snapshot(r, tier_dir(r, p.to));
+	int rc = tiers_residency_snapshot(r, tier_dir(r, p.to));
 	if (rc < 0) {
-		demote_finish(r, rc, "snapshot to %s: %s", gms_tier_name(p.to), gf_error_detail());
+		demote_finish(r, rc, "snapshot to %s: %s", tier_name(p.to), gf_error_detail());
 		return;
 	}
 	r->dem.wrote = true;
-	event(r, "event=demote phase=snapshot to=%s generation=%llu", gms_tier_name(p.to),
+	event(r, "event=demote phase=snapshot to=%s generation=%llu", tier_name(p.to),
 	      (unsigned long long)l.generation);
 }
 
 /* Start a demotion (pressure once): 0 when it may go on, else the refusal. */
-static int demote_begin(struct gms_residency *r, enum gms_tier want, bool requested, const char *why)
+static int demote_begin(struct tiers_residency *r, enum tier want, bool requested, const char *why)
 {
 	if (r->dem.active)
 		return gf_err(GF_ERR_BUSY, "demote: a demotion is already under way (%s)", r->dem.why);
@@ -504,7 +504,7 @@ static int demote_begin(struct gms_residency *r, enum gms_tier want, bool reques
 	return 0;
 }
 
-int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char *why)
+int tiers_residency_demote(struct tiers_residency *r, enum tier want, const char *why)
 {
 	int rc = demote_begin(r, want, true, why);
 	if (rc < 0)
@@ -521,15 +521,15 @@ int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char
  * failed; the job runs on the tier worker, so the GMS serves its other
  * clients meanwhile. Nothing usable left: readers wait for a loader.
  */
-static void promote_next(struct gms_residency *r)
+static void promote_next(struct tiers_residency *r)
 {
-	enum gms_tier from = r->resident, other = from == GMS_TIER_WARM ? GMS_TIER_COLD : GMS_TIER_WARM;
-	enum gms_tier order[2] = { from, other };
+	enum tier from = r->resident, other = from == TIER_WARM ? TIER_COLD : TIER_WARM;
+	enum tier order[2] = { from, other };
 	for (int i = 0; i < 2; i++) {
 		const char *dir = tier_dir(r, order[i]);
 		if ((r->promo.tried & (1u << order[i])) || !tier_holds(dir, r->demoted_hash))
 			continue;
-		int rc = gms_residency_restore_start(r, dir);
+		int rc = tiers_residency_restore_start(r, dir);
 		if (rc == 0) {
 			r->promo.active = true;
 			r->promo.tier = order[i];
@@ -537,45 +537,45 @@ static void promote_next(struct gms_residency *r)
 		}
 		if (rc == GF_ERR_OUT_OF_MEMORY) {
 			/* The tier is intact, the memory is pinned: the next reader tries again. */
-			event(r, "event=promote_waits from=%s reason=\"%s\"", gms_tier_name(order[i]), gf_error_detail());
+			event(r, "event=promote_waits from=%s reason=\"%s\"", tier_name(order[i]), gf_error_detail());
 			return;
 		}
 		r->promo.tried |= 1u << order[i];
 	}
 	event(r, "event=promote_failed from=%s reason=\"no tier holds the demoted layout intact\" detail=\"%s\"",
-	      gms_tier_name(from), gf_error_detail());
-	set_resident(r, GMS_TIER_LOADER);
+	      tier_name(from), gf_error_detail());
+	set_resident(r, TIER_LOADER);
 }
 
 /* A reader connects to a demoted GMS: bring the dropped layout back from its tier (promote_next). */
-void gms_residency_reader_connects(struct gms_residency *r)
+void tiers_residency_reader_connects(struct tiers_residency *r)
 {
-	struct gms_host_layout l;
+	struct tiers_host_layout l;
 	layout(r, &l);
 	/* A restore job on its way brings a layout (and the readers their grant) when it ends. */
-	if (!l.empty || (r->resident != GMS_TIER_WARM && r->resident != GMS_TIER_COLD) ||
-	    (r->tierd && gms_tierd_busy(r->tierd)))
+	if (!l.empty || (r->resident != TIER_WARM && r->resident != TIER_COLD) ||
+	    (r->tierd && tierd_busy(r->tierd)))
 		return;
 	r->promo.tried = 0;
 	r->promo.t0_us = gf_now_us();
 	promote_next(r);
 }
 
-int64_t gms_residency_deadline(struct gms_residency *r)
+int64_t tiers_residency_deadline(struct tiers_residency *r)
 {
-	if (!r->demote_below_free || r->pinned || r->resident != GMS_TIER_HOT || r->dem.active)
+	if (!r->demote_below_free || r->pinned || r->resident != TIER_HOT || r->dem.active)
 		return INT64_MAX;
 	int64_t at = r->resident_since_us + r->min_resident_us;
 	return at > r->pressure_next_us ? at : r->pressure_next_us;
 }
 
 /* Free memory below the threshold is pressure: demote once min_resident passed and nobody holds the lock. */
-void gms_residency_timer(struct gms_residency *r, int64_t now)
+void tiers_residency_timer(struct tiers_residency *r, int64_t now)
 {
-	if (now < gms_residency_deadline(r))
+	if (now < tiers_residency_deadline(r))
 		return;
 	r->pressure_next_us = now + PRESSURE_CHECK_US;
-	struct gms_host_layout l;
+	struct tiers_host_layout l;
 	layout(r, &l);
 	if (!l.hot || l.readers > 0)
 		return; /* readers hold the layout (or a snapshot is written): look again later */
@@ -590,15 +590,15 @@ void gms_residency_timer(struct gms_residency *r, int64_t now)
 	char why[160];
 	snprintf(why, sizeof(why), "free memory %llu bytes below %llu", (unsigned long long)free_b,
 		 (unsigned long long)r->demote_below_free);
-	if (demote_begin(r, GMS_TIER_HOT, false, why) == 0)
+	if (demote_begin(r, TIER_HOT, false, why) == 0)
 		demote_continue(r);
 }
 
 /* ---------------------------------------------------------------- status and metrics */
 
-void gms_residency_status(struct gms_residency *r, gf_GmsStatus *s)
+void tiers_residency_status(struct tiers_residency *r, gf_GmsStatus *s)
 {
-	snprintf(s->resident_tier, sizeof(s->resident_tier), "%s", gms_tier_name(r->resident));
+	snprintf(s->resident_tier, sizeof(s->resident_tier), "%s", tier_name(r->resident));
 	s->resident_seconds = r->started ? (gf_now_us() - r->resident_since_us) / 1e6 : 0;
 	s->pinned = r->pinned;
 	s->min_resident_seconds = r->min_resident_us / 1e6;
@@ -609,14 +609,14 @@ void gms_residency_status(struct gms_residency *r, gf_GmsStatus *s)
 		s->last_demotion = r->last;
 	if (!r->tierd)
 		return;
-	for (int i = GMS_TIER_WARM; i <= GMS_TIER_COLD; i++) {
-		const char *dir = gms_tierd_dir(r->tierd, (enum gms_tier)i);
+	for (int i = TIER_WARM; i <= TIER_COLD; i++) {
+		const char *dir = tierd_dir(r->tierd, (enum tier)i);
 		if (!dir)
 			continue;
-		struct gms_snap_probe p;
-		gms_tierd_probe(r->tierd, (enum gms_tier)i, &p);
+		struct tiers_snap_probe p;
+		tierd_probe(r->tierd, (enum tier)i, &p);
 		gf_GmsTier *t = &s->tiers[s->tiers_count++];
-		snprintf(t->name, sizeof(t->name), "%s", gms_tier_name((enum gms_tier)i));
+		snprintf(t->name, sizeof(t->name), "%s", tier_name((enum tier)i));
 		snprintf(t->dir, sizeof(t->dir), "%s", dir);
 		t->present = p.present;
 		t->bytes = p.bytes;
@@ -626,25 +626,25 @@ void gms_residency_status(struct gms_residency *r, gf_GmsStatus *s)
 		t->age_seconds = p.present && ms > 0 ? ms / 1000.0 : 0;
 		snprintf(t->error, sizeof(t->error), "%s", p.error);
 	}
-	struct gms_op op;
-	gms_tierd_op(r->tierd, &op);
-	if (op.phase == GMS_PHASE_NONE)
+	struct tiers_op op;
+	tierd_op(r->tierd, &op);
+	if (op.phase == TIERS_PHASE_NONE)
 		return;
 	s->has_operation = true;
-	snprintf(s->operation.kind, sizeof(s->operation.kind), "%s", gms_op_name(op.kind));
-	snprintf(s->operation.phase, sizeof(s->operation.phase), "%s", gms_phase_name(op.phase));
+	snprintf(s->operation.kind, sizeof(s->operation.kind), "%s", tiers_op_name(op.kind));
+	snprintf(s->operation.phase, sizeof(s->operation.phase), "%s", tiers_phase_name(op.phase));
 	snprintf(s->operation.reason, sizeof(s->operation.reason), "%s", op.reason);
 	s->operation.bytes = op.bytes;
 	s->operation.seconds = ((op.ended_us ? op.ended_us : gf_wall_us()) - op.started_us) / 1e6;
 }
 
-void gms_residency_metrics(struct gms_residency *r, const gf_GmsStatus *s, FILE *f)
+void tiers_residency_metrics(struct tiers_residency *r, const gf_GmsStatus *s, FILE *f)
 {
 	fputs("# HELP gf_gms_resident_tier Where the layout is: 1 for the current tier (loader: nowhere).\n"
 	      "# TYPE gf_gms_resident_tier gauge\n", f);
-	for (int t = GMS_TIER_HOT; t <= GMS_TIER_LOADER; t++)
-		fprintf(f, "gf_gms_resident_tier{tier=\"%s\"} %d\n", gms_tier_name((enum gms_tier)t),
-			!strcmp(s->resident_tier, gms_tier_name((enum gms_tier)t)));
+	for (int t = TIER_HOT; t <= TIER_LOADER; t++)
+		fprintf(f, "gf_gms_resident_tier{tier=\"%s\"} %d\n", tier_name((enum tier)t),
+			!strcmp(s->resident_tier, tier_name((enum tier)t)));
 	fprintf(f, "# HELP gf_gms_resident_seconds Time the layout has been at its resident tier.\n"
 		   "# TYPE gf_gms_resident_seconds gauge\ngf_gms_resident_seconds %.3f\n"
 		   "# HELP gf_gms_pinned 1 when the layout is never demoted (gf-gmsd --pin).\n"
@@ -667,7 +667,7 @@ void gms_residency_metrics(struct gms_residency *r, const gf_GmsStatus *s, FILE 
 	if (r->tierd) {
 		char tiers[4096];
 		size_t tl = 0;
-		gms_tierd_metrics(r->tierd, tiers, sizeof(tiers), &tl);
+		tierd_metrics(r->tierd, tiers, sizeof(tiers), &tl);
 		fwrite(tiers, 1, tl, f);
 	}
 }

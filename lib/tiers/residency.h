@@ -6,10 +6,10 @@
  * about them. This header is the whole interface between the GMS server and
  * its tiers, both ways:
  *
- *   GMS -> tiers  the gms_residency_* calls below, made where the server's
+ *   GMS -> tiers  the tiers_residency_* calls below, made where the server's
  *                 state changes (a commit, a drop, a reader connecting, a
  *                 request, its timer, the worker's fd turning readable);
- *   tiers -> GMS  only struct gms_residency_host, which the server fills:
+ *   tiers -> GMS  only struct tiers_residency_host, which the server fills:
  *                 look at the layout, export it (held until released), adopt
  *                 a restored one, drop it; and three notifications (an event
  *                 line, the answer to a request waiting on a job, an fd to
@@ -33,7 +33,7 @@
 #include "tiers.h"
 
 /* What the GMS holds now, as its tiers need to see it. */
-struct gms_host_layout {
+struct tiers_host_layout {
 	bool empty;         /* EMPTY: a restore may be adopted */
 	bool hot;           /* COMMITTED or RO: a layout to snapshot or demote */
 	bool writer;        /* RW: a writer is loading */
@@ -50,16 +50,16 @@ struct gms_host_layout {
 };
 
 /* Which request an answer is for. */
-enum gms_residency_wait {
-	GMS_WAIT_SNAPSHOT = 1, /* GmsSnapshot: answered when the snapshot job ends */
-	GMS_WAIT_DEMOTION = 2, /* GmsDemote: answered when the layout is dropped or the demotion refused */
-	GMS_WAIT_RESTORE = 3,  /* GmsRestore: answered when the restore job ends (adopted or refused) */
+enum tiers_residency_wait {
+	TIERS_WAIT_SNAPSHOT = 1, /* GmsSnapshot: answered when the snapshot job ends */
+	TIERS_WAIT_DEMOTION = 2, /* GmsDemote: answered when the layout is dropped or the demotion refused */
+	TIERS_WAIT_RESTORE = 3,  /* GmsRestore: answered when the restore job ends (adopted or refused) */
 };
 
 /* What the tiers may do to the GMS: the server implements these on its loop thread. */
-struct gms_residency_host {
+struct tiers_residency_host {
 	/* Fill @out (never fails). */
-	void (*layout)(void *host, struct gms_host_layout *out);
+	void (*layout)(void *host, struct tiers_host_layout *out);
 	/*
 	 * The committed layout as a snapshot job: a manifest with allocation
 	 * ids, sizes, tags, metadata (in layout-hash order), generation and
@@ -68,7 +68,7 @@ struct gms_residency_host {
 	 * it cannot change, until release(). GF_ERR_STATE when nothing is
 	 * committed, else GF_ERR_NOMEM or gf_mem_export()'s errors.
 	 */
-	int (*export_layout)(void *host, struct gms_manifest **mf, int **fds);
+	int (*export_layout)(void *host, struct tiers_manifest **mf, int **fds);
 	/* End the hold of the last successful export_layout(). */
 	void (*release)(void *host);
 	/*
@@ -79,7 +79,7 @@ struct gms_residency_host {
 	 * nothing was taken over. GF_ERR_STATE (not EMPTY), GF_ERR_NOMEM, or
 	 * gf_mem_seal()'s errors.
 	 */
-	int (*adopt)(void *host, struct gms_manifest *mf, gf_mem_alloc **allocs);
+	int (*adopt)(void *host, struct tiers_manifest *mf, gf_mem_alloc **allocs);
 	/*
 	 * Free the committed layout, which a lower tier now holds (COMMITTED ->
 	 * EMPTY). GF_ERR_BUSY, with the detail set, while anyone holds the lock.
@@ -88,87 +88,87 @@ struct gms_residency_host {
 	/* One line ("event=... key=value") for the GMS's recent events. */
 	void (*event)(void *host, const char *text);
 	/* Answer every request waiting on @what: 0 (done) or @err with @detail. */
-	void (*answer)(void *host, enum gms_residency_wait what, int err, const char *detail);
-	/* Watch @fd in the loop; when readable, call gms_residency_process(). 0 or the loop's error. */
+	void (*answer)(void *host, enum tiers_residency_wait what, int err, const char *detail);
+	/* Watch @fd in the loop; when readable, call tiers_residency_process(). 0 or the loop's error. */
 	int (*watch)(void *host, int fd);
 };
 
-struct gms_residency;
+struct tiers_residency;
 
 /*
  * Tiers for the GMS @host, reached through @ops (kept, not copied). Nothing
  * is kept and demotion needs a request until configured. 0 or GF_ERR_NOMEM.
  */
-int gms_residency_new(struct gms_residency **out, const struct gms_residency_host *ops, void *host);
+int tiers_residency_new(struct tiers_residency **out, const struct tiers_residency_host *ops, void *host);
 /* Waits for a running snapshot job, then frees; calls nothing in the host. NULL is a no-op. */
-void gms_residency_free(struct gms_residency *r);
+void tiers_residency_free(struct tiers_residency *r);
 
-/* Settings, before gms_residency_start(): the WARM and COLD directories (NULL or "": not kept). 0 or GF_ERR_NOMEM. */
-int gms_residency_set_dirs(struct gms_residency *r, const char *warm, const char *cold);
+/* Settings, before tiers_residency_start(): the WARM and COLD directories (NULL or "": not kept). 0 or GF_ERR_NOMEM. */
+int tiers_residency_set_dirs(struct tiers_residency *r, const char *warm, const char *cold);
 /* No demotion before the layout was HOT this long (default 10 minutes). GF_ERR_INVALID_ARG outside 0..GF_MAX_DURATION_MS. */
-int gms_residency_set_min_resident(struct gms_residency *r, int64_t ms);
+int tiers_residency_set_min_resident(struct tiers_residency *r, int64_t ms);
 /* A pinned layout is never demoted. */
-void gms_residency_set_pinned(struct gms_residency *r, bool pinned);
+void tiers_residency_set_pinned(struct tiers_residency *r, bool pinned);
 /* Free device memory below @bytes is pressure to demote (0: only requests). */
-void gms_residency_set_demote_below_free(struct gms_residency *r, uint64_t bytes);
+void tiers_residency_set_demote_below_free(struct tiers_residency *r, uint64_t bytes);
 /* The GMS started on @m, device @device: the worker opens its own handle to the same device when first needed. */
-void gms_residency_start(struct gms_residency *r, gf_mem *m, int device);
+void tiers_residency_start(struct tiers_residency *r, gf_mem *m, int device);
 
 /* A writer committed a new layout: it is HOT; write it to the kept tiers (a failure is an event). */
-void gms_residency_committed(struct gms_residency *r);
+void tiers_residency_committed(struct tiers_residency *r);
 /* A writer replaced the committed layout: no tier is resident until the next commit or restore. */
-void gms_residency_dropped(struct gms_residency *r);
+void tiers_residency_dropped(struct tiers_residency *r);
 /* A reader asks for the layout: when a demotion emptied the GMS, start a
  * restore job that brings that layout back from its tier (on the tier
  * worker; the reader is granted when the layout is adopted). Returns at once. */
-void gms_residency_reader_connects(struct gms_residency *r);
+void tiers_residency_reader_connects(struct tiers_residency *r);
 
 /* Whether @dir names one of the kept tiers, as configured (byte for byte). */
-bool gms_residency_is_tier_dir(const struct gms_residency *r, const char *dir);
+bool tiers_residency_is_tier_dir(const struct tiers_residency *r, const char *dir);
 
 /*
  * Start writing the committed layout to @dir (NULL: the kept tiers) on the
- * worker's thread; the end comes as answer(GMS_WAIT_SNAPSHOT). Errors:
+ * worker's thread; the end comes as answer(TIERS_WAIT_SNAPSHOT). Errors:
  * GF_ERR_STATE (nothing committed), GF_ERR_INVALID_ARG (no directory at
  * all), GF_ERR_BUSY (a snapshot is being written), GF_ERR_NOMEM, the
  * worker's start errors.
  */
-int gms_residency_snapshot(struct gms_residency *r, const char *dir);
+int tiers_residency_snapshot(struct tiers_residency *r, const char *dir);
 /*
  * Restore the EMPTY GMS from @dir (NULL: the best kept tier) and adopt it.
  * Blocks. Errors: GF_ERR_STATE (not EMPTY), GF_ERR_INVALID_ARG (no
  * directory at all), GF_ERR_NOT_FOUND (no tier holds a usable snapshot),
- * else as gms_tierd_restore() and adopt().
+ * else as tierd_restore() and adopt().
  */
-int gms_residency_restore(struct gms_residency *r, const char *dir);
+int tiers_residency_restore(struct tiers_residency *r, const char *dir);
 /*
  * The same for a client's request, on the tier worker's thread (the loop
  * keeps serving; the GMS stays EMPTY meanwhile, so a writer granted RW in
  * the meantime wins and the restore is then refused as not EMPTY). Its end
- * comes as answer(GMS_WAIT_RESTORE). Errors before it starts: as
- * gms_residency_restore()'s checks, GF_ERR_BUSY (a job runs).
+ * comes as answer(TIERS_WAIT_RESTORE). Errors before it starts: as
+ * tiers_residency_restore()'s checks, GF_ERR_BUSY (a job runs).
  */
-int gms_residency_restore_start(struct gms_residency *r, const char *dir);
+int tiers_residency_restore_start(struct tiers_residency *r, const char *dir);
 /*
- * Demote the HOT layout to @want (GMS_TIER_HOT: the policy chooses), asked
+ * Demote the HOT layout to @want (TIER_HOT: the policy chooses), asked
  * for by a request described by @why. 0 when it is done or waits for its
- * snapshot; either way its end comes as answer(GMS_WAIT_DEMOTION), which
+ * snapshot; either way its end comes as answer(TIERS_WAIT_DEMOTION), which
  * may happen before this returns. Errors: GF_ERR_BUSY when another demotion
  * is under way (no answer: a request marked as waiting before the call is
  * still waiting after it), or the refusal it ended with (answered).
  */
-int gms_residency_demote(struct gms_residency *r, enum gms_tier want, const char *why);
+int tiers_residency_demote(struct tiers_residency *r, enum tier want, const char *why);
 
 /* The watched fd is readable: finish a snapshot job, answer its waiters, continue a demotion. */
-void gms_residency_process(struct gms_residency *r);
-/* When gms_residency_timer() wants to look at free memory next (INT64_MAX: never), monotonic µs. */
-int64_t gms_residency_deadline(struct gms_residency *r);
+void tiers_residency_process(struct tiers_residency *r);
+/* When tiers_residency_timer() wants to look at free memory next (INT64_MAX: never), monotonic µs. */
+int64_t tiers_residency_deadline(struct tiers_residency *r);
 /* The loop's timer at @now: demote under free-memory pressure. */
-void gms_residency_timer(struct gms_residency *r, int64_t now);
+void tiers_residency_timer(struct tiers_residency *r, int64_t now);
 
 /* The tiers, the last operation and the demotion fields of the GMS's status. */
-void gms_residency_status(struct gms_residency *r, gf_GmsStatus *s);
-/* Prometheus text for the residency (@s as filled by gms_residency_status()) and the tiers. */
-void gms_residency_metrics(struct gms_residency *r, const gf_GmsStatus *s, FILE *f);
+void tiers_residency_status(struct tiers_residency *r, gf_GmsStatus *s);
+/* Prometheus text for the residency (@s as filled by tiers_residency_status()) and the tiers. */
+void tiers_residency_metrics(struct tiers_residency *r, const gf_GmsStatus *s, FILE *f);
 
 #endif

@@ -63,8 +63,8 @@ static void remove_snapshot_dir(int parentfd, const char *name)
 {
 	int fd = openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd >= 0) {
-		unlinkat(fd, GMS_SNAP_MANIFEST, 0);
-		unlinkat(fd, GMS_SNAP_DATA, 0);
+		unlinkat(fd, TIERS_SNAP_MANIFEST, 0);
+		unlinkat(fd, TIERS_SNAP_DATA, 0);
 		close(fd);
 	}
 	unlinkat(parentfd, name, AT_REMOVEDIR);
@@ -124,7 +124,7 @@ static int write_all(int fd, const void *buf, size_t n, const char *path)
 struct hash_io {
 	int fd;
 	const char *path;
-	struct gms_hasher *h;
+	struct tiers_hasher *h;
 	uint64_t file_off; /* restore: where the next read starts */
 };
 
@@ -133,9 +133,9 @@ static int sink_write(void *ud, const void *buf, size_t n)
 	struct hash_io *io = ud;
 	/* Hash on the helper thread while this thread writes the same bytes;
 	 * both are done before the buffer goes back to the transfer. */
-	gms_hasher_submit(io->h, buf, n);
+	tiers_hasher_submit(io->h, buf, n);
 	int rc = write_all(io->fd, buf, n, io->path);
-	gms_hasher_wait(io->h);
+	tiers_hasher_wait(io->h);
 	return rc;
 }
 
@@ -163,7 +163,7 @@ static int map_all(gf_mem *m, gf_mem_alloc *const *allocs, size_t n, uint64_t to
 	return 0;
 }
 
-static int fill_identity(gf_mem *m, struct gms_manifest *mf)
+static int fill_identity(gf_mem *m, struct tiers_manifest *mf)
 {
 	size_t gmin, grec;
 	int rc = gf_mem_granularity(m, &gmin, &grec);
@@ -172,7 +172,7 @@ static int fill_identity(gf_mem *m, struct gms_manifest *mf)
 	if (rc < 0)
 		return rc;
 	snprintf(mf->backend, sizeof(mf->backend), "%s", gf_mem_kind_name(gf_mem_kind(m)));
-	mf->version = GMS_SNAP_VERSION;
+	mf->version = TIERS_SNAP_VERSION;
 	mf->granularity = gmin;
 	mf->created_unix_ms = wall_ms();
 	return 0;
@@ -190,7 +190,7 @@ static int fill_identity(gf_mem *m, struct gms_manifest *mf)
  * mapping at @base, its offset in the allocation and length, and whether it
  * is the allocation's last. Stops at the first error. */
 typedef int (*chunk_fn)(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last);
-static int each_chunk(const struct gms_manifest *mf, uint64_t base, chunk_fn fn, void *ud)
+static int each_chunk(const struct tiers_manifest *mf, uint64_t base, chunk_fn fn, void *ud)
 {
 	int rc = 0;
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
@@ -207,8 +207,8 @@ static int each_chunk(const struct gms_manifest *mf, uint64_t base, chunk_fn fn,
 struct write_ahead {
 	int fd;
 	const char *path;
-	struct gms_manifest *mf;
-	struct gms_hasher *h;
+	struct tiers_manifest *mf;
+	struct tiers_hasher *h;
 	const uint8_t *prev; /* the chunk handed to the hasher before this one */
 	size_t prev_n;
 };
@@ -218,18 +218,18 @@ static int write_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_
 	(void)off;
 	struct write_ahead *w = ud;
 	/* Returns once the previous chunk is hashed (and so mapped). */
-	gms_hasher_submit_ex(w->h, p, n, true, last ? &w->mf->allocs[i].xxh3 : NULL);
+	tiers_hasher_submit_ex(w->h, p, n, true, last ? &w->mf->allocs[i].xxh3 : NULL);
 	int rc = w->prev ? write_all(w->fd, w->prev, w->prev_n, w->path) : 0;
 	w->prev = p;
 	w->prev_n = n;
 	return rc;
 }
 
-static int write_host(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+static int write_host(int fd, const char *path, uint64_t base, struct tiers_manifest *mf, struct tiers_hasher *h)
 {
 	struct write_ahead w = {.fd = fd, .path = path, .mf = mf, .h = h};
 	int rc = each_chunk(mf, base, write_chunk, &w);
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	if (rc == 0 && w.prev)
 		rc = write_all(fd, w.prev, w.prev_n, path);
 	return rc;
@@ -238,7 +238,7 @@ static int write_host(int fd, const char *path, uint64_t base, struct gms_manife
 /*
  * From a mapping whose page tables are already filled (the GMS keeps one of
  * the committed layout): nothing to fault in, so each chunk is written at
- * once and queued for the hasher, which may fall up to GMS_HASHER_QUEUE
+ * once and queued for the hasher, which may fall up to TIERS_HASHER_QUEUE
  * chunks behind the writes (a busy second core delays the end, not every
  * write).
  */
@@ -246,25 +246,25 @@ static int queue_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_
 {
 	(void)off;
 	struct write_ahead *w = ud;
-	gms_hasher_queue(w->h, p, n, false, last ? &w->mf->allocs[i].xxh3 : NULL);
+	tiers_hasher_queue(w->h, p, n, false, last ? &w->mf->allocs[i].xxh3 : NULL);
 	return write_all(w->fd, p, n, w->path);
 }
 
-static int write_populated(int fd, const char *path, uint64_t base, struct gms_manifest *mf, struct gms_hasher *h)
+static int write_populated(int fd, const char *path, uint64_t base, struct tiers_manifest *mf, struct tiers_hasher *h)
 {
 	struct write_ahead w = {.fd = fd, .path = path, .mf = mf, .h = h};
 	int rc = each_chunk(mf, base, queue_chunk, &w);
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	return rc;
 }
 
 /* Write both files into the open temporary directory @tfd; from @src when not 0 (host: a populated mapping). */
-static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
+static int write_files(int tfd, const char *tmpname, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
 		       uint64_t src)
 {
 	char path[512];
-	snprintf(path, sizeof(path), "%s/%s", tmpname, GMS_SNAP_DATA);
-	int fd = openat(tfd, GMS_SNAP_DATA, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	snprintf(path, sizeof(path), "%s/%s", tmpname, TIERS_SNAP_DATA);
+	int fd = openat(tfd, TIERS_SNAP_DATA, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return file_err(errno, "snapshot: create %s", path);
 	/* A file system that clearly cannot hold the data fails here, before any
@@ -288,9 +288,9 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 		(void)fcntl(fd, F_SETFL, fl | O_DIRECT);
 	gf_mem_va *va = NULL;
 	gf_mem_xfer *x = NULL;
-	struct gms_hasher *h = NULL;
+	struct tiers_hasher *h = NULL;
 	if (rc == 0)
-		rc = gms_hasher_new(&h);
+		rc = tiers_hasher_new(&h);
 	if (rc == 0)
 		rc = gf_mem_xfer_new(m, 0, &x);
 	if (rc == 0 && (!src || gf_mem_xfer_staged(x)))
@@ -302,14 +302,14 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 		rc = write_host(fd, path, gf_mem_va_addr(va), mf, h);
 	for (size_t i = 0; rc == 0 && gf_mem_xfer_staged(x) && i < mf->nallocs; i++) {
 		struct hash_io io = { .fd = fd, .path = path, .h = h };
-		gms_hasher_reset(h);
+		tiers_hasher_reset(h);
 		rc = gf_mem_xfer_read(x, gf_mem_va_addr(va) + at, mf->allocs[i].size, sink_write, &io);
-		mf->allocs[i].xxh3 = gms_hasher_digest(h);
+		mf->allocs[i].xxh3 = tiers_hasher_digest(h);
 		at += mf->allocs[i].size;
 	}
 	gf_mem_xfer_free(x);
 	gf_mem_va_free(va);
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	if (rc == 0 && fsync(fd) < 0)
 		rc = file_err(errno, "snapshot: fsync %s", path);
 	if (close(fd) < 0 && rc == 0)
@@ -319,11 +319,11 @@ static int write_files(int tfd, const char *tmpname, gf_mem *m, struct gms_manif
 
 	char *text = NULL;
 	size_t len = 0;
-	snprintf(path, sizeof(path), "%s/%s", tmpname, GMS_SNAP_MANIFEST);
-	rc = gms_manifest_format(mf, &text, &len);
+	snprintf(path, sizeof(path), "%s/%s", tmpname, TIERS_SNAP_MANIFEST);
+	rc = tiers_manifest_format(mf, &text, &len);
 	if (rc < 0)
 		return rc;
-	fd = openat(tfd, GMS_SNAP_MANIFEST, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	fd = openat(tfd, TIERS_SNAP_MANIFEST, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
 		rc = file_err(errno, "snapshot: create %s", path);
 	if (rc == 0)
@@ -351,7 +351,7 @@ static int install(int pfd, const char *tmpname, const char *base, const char *d
 	int ofd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
 	if (ofd < 0)
 		return file_err(errno, "snapshot: open %s", dir);
-	bool is_snapshot = faccessat(ofd, GMS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, GMS_SNAP_DATA, F_OK, 0) == 0;
+	bool is_snapshot = faccessat(ofd, TIERS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, TIERS_SNAP_DATA, F_OK, 0) == 0;
 	close(ofd);
 	if (!is_snapshot)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: %s exists and is not a snapshot directory; not replacing it", dir);
@@ -361,14 +361,14 @@ static int install(int pfd, const char *tmpname, const char *base, const char *d
 	return 0;
 }
 
-int gms_snapshot_write(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
-		       struct gms_snap_stats *stats)
+int tiers_snapshot_write(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
+			 struct tiers_snap_stats *stats)
 {
-	return gms_snapshot_write_from(dir, m, mf, allocs, 0, stats);
+	return tiers_snapshot_write_from(dir, m, mf, allocs, 0, stats);
 }
 
-int gms_snapshot_write_from(const char *dir, gf_mem *m, struct gms_manifest *mf, gf_mem_alloc *const *allocs,
-			    uint64_t src, struct gms_snap_stats *stats)
+int tiers_snapshot_write_from(const char *dir, gf_mem *m, struct tiers_manifest *mf, gf_mem_alloc *const *allocs,
+			      uint64_t src, struct tiers_snap_stats *stats)
 {
 	if (!dir || !m || !mf || (mf->nallocs && !allocs))
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
@@ -431,7 +431,7 @@ int gms_snapshot_write_from(const char *dir, gf_mem *m, struct gms_manifest *mf,
 	return 0;
 }
 
-int gms_snapshot_remove(const char *dir)
+int tiers_snapshot_remove(const char *dir)
 {
 	char parent[4096], base[256];
 	int rc = dir ? split_dir(dir, parent, sizeof(parent), base, sizeof(base))
@@ -448,7 +448,7 @@ int gms_snapshot_remove(const char *dir)
 		close(pfd);
 		return rc;
 	}
-	bool is_snapshot = faccessat(ofd, GMS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, GMS_SNAP_DATA, F_OK, 0) == 0;
+	bool is_snapshot = faccessat(ofd, TIERS_SNAP_MANIFEST, F_OK, 0) == 0 || faccessat(ofd, TIERS_SNAP_DATA, F_OK, 0) == 0;
 	close(ofd);
 	if (!is_snapshot) {
 		close(pfd);
@@ -466,7 +466,7 @@ int gms_snapshot_remove(const char *dir)
 /* ---------------------------------------------------------------- reading */
 
 /* Open and check the snapshot at @dir; *@data_fd is its data file, open for reading. */
-static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_fd)
+static int open_snapshot(const char *dir, struct tiers_manifest **out, int *data_fd)
 {
 	if (!dir || !out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot: NULL argument");
@@ -477,41 +477,41 @@ static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_f
 		return file_err(errno, "snapshot: open %s", dir);
 	/* Not through a symlink (to a file the caller could not read), and a
 	 * FIFO or device must not block the open: what it is comes next. */
-	int mfd = openat(dfd, GMS_SNAP_MANIFEST, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	int mfd = openat(dfd, TIERS_SNAP_MANIFEST, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (mfd < 0) {
-		int rc = file_err(errno, "snapshot: %s/" GMS_SNAP_MANIFEST, dir);
+		int rc = file_err(errno, "snapshot: %s/" TIERS_SNAP_MANIFEST, dir);
 		close(dfd);
 		return rc;
 	}
 	struct stat st;
 	int rc = 0;
-	struct gms_manifest *mf = NULL;
+	struct tiers_manifest *mf = NULL;
 	if (fstat(mfd, &st) < 0)
-		rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_MANIFEST, dir);
-	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > GMS_SNAP_MAX_MANIFEST)
-		rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_MANIFEST " is not a regular file of at most %llu bytes",
-			    dir, GMS_SNAP_MAX_MANIFEST);
+		rc = file_err(errno, "snapshot: stat %s/" TIERS_SNAP_MANIFEST, dir);
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > TIERS_SNAP_MAX_MANIFEST)
+		rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" TIERS_SNAP_MANIFEST " is not a regular file of at most %llu bytes",
+			    dir, TIERS_SNAP_MAX_MANIFEST);
 	else
-		rc = gms_manifest_read(mfd, (uint64_t)st.st_size, &mf);
+		rc = tiers_manifest_read(mfd, (uint64_t)st.st_size, &mf);
 	close(mfd);
 	int fd = -1;
 	if (rc == 0) {
-		fd = openat(dfd, GMS_SNAP_DATA, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		fd = openat(dfd, TIERS_SNAP_DATA, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 		if (fd < 0)
-			rc = file_err(errno, "snapshot: %s/" GMS_SNAP_DATA, dir);
+			rc = file_err(errno, "snapshot: %s/" TIERS_SNAP_DATA, dir);
 		else if (fstat(fd, &st) < 0)
-			rc = file_err(errno, "snapshot: stat %s/" GMS_SNAP_DATA, dir);
+			rc = file_err(errno, "snapshot: stat %s/" TIERS_SNAP_DATA, dir);
 		else if (!S_ISREG(st.st_mode))
-			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_DATA " is not a regular file", dir);
+			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" TIERS_SNAP_DATA " is not a regular file", dir);
 		else if ((uint64_t)st.st_size != mf->total_bytes)
-			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" GMS_SNAP_DATA " has %lld bytes, the manifest says %" PRIu64
+			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s/" TIERS_SNAP_DATA " has %lld bytes, the manifest says %" PRIu64
 				    " (%s)", dir, (long long)st.st_size, mf->total_bytes,
 				    (uint64_t)st.st_size < mf->total_bytes ? "truncated" : "trailing bytes");
 	}
 	close(dfd);
 	if (rc < 0) {
 		gf_close(fd);
-		gms_manifest_free(mf);
+		tiers_manifest_free(mf);
 		return rc;
 	}
 	if (data_fd) {
@@ -524,7 +524,7 @@ static int open_snapshot(const char *dir, struct gms_manifest **out, int *data_f
 	return 0;
 }
 
-int gms_snapshot_open(const char *dir, struct gms_manifest **out)
+int tiers_snapshot_open(const char *dir, struct tiers_manifest **out)
 {
 	return open_snapshot(dir, out, NULL);
 }
@@ -549,11 +549,11 @@ static int source_read(void *ud, void *buf, size_t n)
 	}
 	/* Hashed on the helper thread while the next chunk is read; the buffer
 	 * is refilled only after a later submit, wait or digest returned. */
-	gms_hasher_submit(io->h, buf, n);
+	tiers_hasher_submit(io->h, buf, n);
 	return 0;
 }
 
-static int checksum_mismatch(const char *dir, const struct gms_snap_alloc *a, uint64_t got)
+static int checksum_mismatch(const char *dir, const struct tiers_snap_alloc *a, uint64_t got)
 {
 	return gf_err(GF_ERR_PROTOCOL,
 		      "snapshot: %s: checksum mismatch in allocation %" PRIu64 " (tag \"%s\", %" PRIu64
@@ -561,54 +561,54 @@ static int checksum_mismatch(const char *dir, const struct gms_snap_alloc *a, ui
 		      dir, a->id, a->tag, a->size, a->xxh3, got);
 }
 
-int gms_snapshot_verify(const char *dir, struct gms_manifest **out)
+int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out)
 {
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	int fd;
 	int rc = open_snapshot(dir, &mf, &fd);
 	if (rc < 0)
 		return rc;
-	struct gms_hasher *h = NULL;
+	struct tiers_hasher *h = NULL;
 	size_t bufsize = GF_MEM_XFER_CHUNK;
 	/* Two buffers: one is read into while the other is hashed. */
 	uint8_t *buf = malloc(2 * bufsize);
 	if (!buf)
 		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
 	if (rc == 0)
-		rc = gms_hasher_new(&h);
+		rc = tiers_hasher_new(&h);
 	struct hash_io io = { .fd = fd, .path = dir, .h = h };
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++) {
-		gms_hasher_reset(h);
+		tiers_hasher_reset(h);
 		size_t k = 0;
 		for (uint64_t off = 0; rc == 0 && off < mf->allocs[i].size; off += bufsize, k++) {
 			uint64_t left = mf->allocs[i].size - off;
 			rc = source_read(&io, buf + (k & 1) * bufsize, left < bufsize ? (size_t)left : bufsize);
 		}
-		uint64_t got = gms_hasher_digest(h);
+		uint64_t got = tiers_hasher_digest(h);
 		if (rc == 0 && got != mf->allocs[i].xxh3)
 			rc = checksum_mismatch(dir, &mf->allocs[i], got);
 	}
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	free(buf);
 	close(fd);
 	if (rc < 0 || !out)
-		gms_manifest_free(mf);
+		tiers_manifest_free(mf);
 	else
 		*out = mf;
 	return rc;
 }
 
-void gms_snapshot_restored_free(struct gms_manifest *mf, gf_mem_alloc **allocs)
+void tiers_snapshot_restored_free(struct tiers_manifest *mf, gf_mem_alloc **allocs)
 {
 	if (allocs && mf)
 		for (size_t i = 0; i < mf->nallocs; i++)
 			gf_mem_alloc_free(allocs[i]);
 	free(allocs);
-	gms_manifest_free(mf);
+	tiers_manifest_free(mf);
 }
 
 /* Refuse a snapshot another backend or granularity wrote; a node move (other UUID) is fine. */
-static int check_compatible(const char *dir, gf_mem *m, const struct gms_manifest *mf)
+static int check_compatible(const char *dir, gf_mem *m, const struct tiers_manifest *mf)
 {
 	size_t gmin, grec;
 	char uuid[64];
@@ -632,7 +632,7 @@ static int check_compatible(const char *dir, gf_mem *m, const struct gms_manifes
  * Where allocations are files (host memfds), the data file is copied into
  * them file to file: no page of the new memory is zero-filled or faulted
  * in by the copy. What landed is then read back from the allocation and
- * hashed on the helper thread, up to GMS_HASHER_QUEUE chunks behind the
+ * hashed on the helper thread, up to TIERS_HASHER_QUEUE chunks behind the
  * copy, in pieces that stay in its cache: no mapping of the new memory is
  * made, so no page table is filled for the hash and none torn down after it
  * (at 1 GiB in 256 x 4 MiB the WARM restore went from 0.88x to 0.95-0.98x
@@ -643,7 +643,7 @@ struct fill {
 	int fd;
 	uint64_t file_off;
 	gf_mem_alloc *const *allocs;
-	struct gms_hasher *h;
+	struct tiers_hasher *h;
 	uint64_t *got;
 };
 
@@ -663,21 +663,21 @@ static int fill_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t
 	}
 	/* The allocation's own fd: open until the allocations are freed, after the hasher. */
 	if (rc == 0)
-		gms_hasher_queue_file(f->h, afd, off, n, last ? &f->got[i] : NULL);
+		tiers_hasher_queue_file(f->h, afd, off, n, last ? &f->got[i] : NULL);
 	return rc;
 }
 
-static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct gms_manifest *mf,
-			 gf_mem_alloc *const *allocs, struct gms_hasher *h)
+static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct tiers_manifest *mf,
+			 gf_mem_alloc *const *allocs, struct tiers_hasher *h)
 {
 	struct fill f = {.x = x, .fd = fd, .allocs = allocs, .h = h,
 			 .got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(uint64_t))};
 	if (!f.got)
 		return gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
 	int rc = each_chunk(mf, 0, fill_chunk, &f);
-	int rerr = gms_hasher_read_error(h);
+	int rerr = tiers_hasher_read_error(h);
 	if (rc < 0)
-		rc = gf_err(rc, "snapshot: %s/" GMS_SNAP_DATA ": %s", dir, gf_error_detail());
+		rc = gf_err(rc, "snapshot: %s/" TIERS_SNAP_DATA ": %s", dir, gf_error_detail());
 	else if (rerr)
 		rc = gf_err_errno(GF_ERR_IO, rerr, "snapshot restore: reading back the restored memory to verify it");
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
@@ -687,13 +687,13 @@ static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct g
 	return rc;
 }
 
-int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_out, gf_mem_alloc ***allocs_out,
-			 struct gms_snap_stats *stats)
+int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
+			   struct tiers_snap_stats *stats)
 {
 	if (!m || !mf_out || !allocs_out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot restore: NULL argument");
 	int64_t t0 = gf_now_us();
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	int fd;
 	int rc = open_snapshot(dir, &mf, &fd);
 	if (rc < 0)
@@ -710,28 +710,28 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	}
 	gf_mem_va *va = NULL;
 	gf_mem_xfer *x = NULL;
-	struct gms_hasher *h = NULL;
+	struct tiers_hasher *h = NULL;
 	if (rc == 0)
-		rc = gms_hasher_new(&h);
+		rc = tiers_hasher_new(&h);
 	if (rc == 0)
 		rc = gf_mem_xfer_new(m, 0, &x);
 	/* Only a staged copy (cuda) writes through a mapping. */
 	if (rc == 0 && !gf_mem_xfer_files(x))
 		rc = map_all(m, allocs, mf->nallocs, mf->total_bytes, GF_MEM_READWRITE, &va);
 	char path[4200];
-	snprintf(path, sizeof(path), "%s/" GMS_SNAP_DATA, dir);
+	snprintf(path, sizeof(path), "%s/" TIERS_SNAP_DATA, dir);
 	struct hash_io io = { .fd = fd, .path = path, .h = h };
 	if (rc == 0 && gf_mem_xfer_files(x))
 		rc = restore_files(dir, x, fd, mf, allocs, h);
 	for (size_t i = 0; rc == 0 && !gf_mem_xfer_files(x) && i < mf->nallocs; i++) {
-		gms_hasher_reset(h);
+		tiers_hasher_reset(h);
 		rc = gf_mem_xfer_write(x, gf_mem_va_addr(va) + mf->allocs[i].offset, mf->allocs[i].size, source_read, &io);
-		uint64_t got = gms_hasher_digest(h);
+		uint64_t got = tiers_hasher_digest(h);
 		if (rc == 0 && got != mf->allocs[i].xxh3)
 			rc = checksum_mismatch(dir, &mf->allocs[i], got);
 	}
 	/* The hasher may still read the last chunk's buffer: done before the transfer frees it. */
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	gf_mem_xfer_free(x);
 	/* The device must hold every byte before anyone may map it read-only. */
 	if (rc == 0)
@@ -739,7 +739,7 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	gf_mem_va_free(va);
 	close(fd);
 	if (rc < 0) {
-		gms_snapshot_restored_free(mf, allocs);
+		tiers_snapshot_restored_free(mf, allocs);
 		return rc;
 	}
 	if (stats) {
@@ -751,11 +751,11 @@ int gms_snapshot_restore(const char *dir, gf_mem *m, struct gms_manifest **mf_ou
 	return 0;
 }
 
-void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out)
+void tiers_snapshot_probe(const char *dir, struct tiers_snap_probe *out)
 {
 	memset(out, 0, sizeof(*out));
-	struct gms_manifest *mf;
-	int rc = dir ? gms_snapshot_open(dir, &mf) : GF_ERR_NOT_FOUND;
+	struct tiers_manifest *mf;
+	int rc = dir ? tiers_snapshot_open(dir, &mf) : GF_ERR_NOT_FOUND;
 	if (rc < 0) {
 		/* A tier that was never written is simply absent; anything else is worth saying. */
 		if (rc != GF_ERR_NOT_FOUND)
@@ -771,5 +771,5 @@ void gms_snapshot_probe(const char *dir, struct gms_snap_probe *out)
 	int64_t age = wall_ms() - mf->created_unix_ms;
 	out->age_ms = age > 0 ? age : 0;
 	snprintf(out->backend, sizeof(out->backend), "%s", mf->backend);
-	gms_manifest_free(mf);
+	tiers_manifest_free(mf);
 }

@@ -13,15 +13,15 @@
 #include "layout.h"
 #include "snapshot.h"
 
-struct gms_manifest *gms_manifest_new(void)
+struct tiers_manifest *tiers_manifest_new(void)
 {
-	struct gms_manifest *mf = calloc(1, sizeof(*mf));
+	struct tiers_manifest *mf = calloc(1, sizeof(*mf));
 	if (mf)
-		mf->version = GMS_SNAP_VERSION;
+		mf->version = TIERS_SNAP_VERSION;
 	return mf;
 }
 
-void gms_manifest_free(struct gms_manifest *mf)
+void tiers_manifest_free(struct tiers_manifest *mf)
 {
 	if (!mf)
 		return;
@@ -34,7 +34,7 @@ void gms_manifest_free(struct gms_manifest *mf)
 	free(mf);
 }
 
-int gms_manifest_layout_hash(const struct gms_manifest *mf, uint8_t out[16])
+int tiers_manifest_layout_hash(const struct tiers_manifest *mf, uint8_t out[16])
 {
 	uint64_t *sizes = malloc((mf->nallocs ? mf->nallocs : 1) * sizeof(*sizes));
 	struct gms_layout_meta *lm = malloc((mf->nmeta ? mf->nmeta : 1) * sizeof(*lm));
@@ -87,11 +87,11 @@ static int set_new(json_t *o, const char *k, json_t *v)
 	return v ? json_object_set_new(o, k, v) : -1;
 }
 
-int gms_manifest_format(const struct gms_manifest *mf, char **text, size_t *len)
+int tiers_manifest_format(const struct tiers_manifest *mf, char **text, size_t *len)
 {
 	json_t *root = json_object(), *allocs = json_array(), *meta = json_array();
 	int bad = !root || !allocs || !meta;
-	bad |= set_new(root, "format", json_string(GMS_SNAP_FORMAT));
+	bad |= set_new(root, "format", json_string(TIERS_SNAP_FORMAT));
 	bad |= set_new(root, "version", json_integer(mf->version));
 	bad |= set_new(root, "backend", json_string(mf->backend));
 	bad |= set_new(root, "device_uuid", json_string(mf->device_uuid));
@@ -101,7 +101,7 @@ int gms_manifest_format(const struct gms_manifest *mf, char **text, size_t *len)
 	bad |= set_new(root, "created_unix_ms", json_integer(mf->created_unix_ms));
 	bad |= set_new(root, "total_bytes", json_integer((json_int_t)mf->total_bytes));
 	for (size_t i = 0; !bad && i < mf->nallocs; i++) {
-		const struct gms_snap_alloc *a = &mf->allocs[i];
+		const struct tiers_snap_alloc *a = &mf->allocs[i];
 		json_t *o = json_object();
 		bad |= !o || json_array_append_new(allocs, o);
 		bad |= set_new(o, "id", json_integer((json_int_t)a->id));
@@ -114,7 +114,7 @@ int gms_manifest_format(const struct gms_manifest *mf, char **text, size_t *len)
 			   : set_new(o, "tag_hex", hex_string((const uint8_t *)a->tag, strnlen(a->tag, sizeof(a->tag))));
 	}
 	for (size_t i = 0; !bad && i < mf->nmeta; i++) {
-		const struct gms_snap_meta *e = &mf->meta[i];
+		const struct tiers_snap_meta *e = &mf->meta[i];
 		json_t *o = json_object();
 		bad |= !o || json_array_append_new(meta, o);
 		json_t *key = json_string(e->key);
@@ -154,27 +154,6 @@ static int get_u64(json_t *o, const char *k, const char *where, uint64_t *out)
 	return 0;
 }
 
-static int unhex(const char *s, size_t n, uint8_t *out)
-{
-	for (size_t i = 0; i < n; i++) {
-		unsigned v = 0;
-		for (int h = 0; h < 2; h++) {
-			char c = s[2 * i + h];
-			v <<= 4;
-			if (c >= '0' && c <= '9')
-				v |= (unsigned)(c - '0');
-			else if (c >= 'a' && c <= 'f')
-				v |= (unsigned)(c - 'a' + 10);
-			else if (c >= 'A' && c <= 'F')
-				v |= (unsigned)(c - 'A' + 10);
-			else
-				return -1;
-		}
-		out[i] = (uint8_t)v;
-	}
-	return 0;
-}
-
 /* A hex string field of at most @max decoded bytes (exactly @max when @exact). */
 static int get_hex(json_t *o, const char *k, const char *where, size_t max, bool exact, uint8_t *out, size_t *n)
 {
@@ -182,7 +161,7 @@ static int get_hex(json_t *o, const char *k, const char *where, size_t max, bool
 	if (!json_is_string(v))
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %s: \"%s\" missing or not a string", where, k);
 	size_t l = json_string_length(v);
-	if (l % 2 || l / 2 > max || (exact && l / 2 != max) || unhex(json_string_value(v), l / 2, out) < 0)
+	if (l % 2 || l / 2 > max || (exact && l / 2 != max) || gf_unhex(json_string_value(v), l / 2, out) < 0)
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %s: \"%s\" is not %s%zu bytes of hex", where, k,
 			      exact ? "" : "at most ", max);
 	if (n)
@@ -215,20 +194,20 @@ static int get_text(json_t *o, const char *k, const char *where, size_t max, boo
 	return 0;
 }
 
-static int parse_allocs(json_t *arr, struct gms_manifest *mf)
+static int parse_allocs(json_t *arr, struct tiers_manifest *mf)
 {
 	if (!json_is_array(arr))
 		return bad_field("allocations", "missing or not an array");
 	size_t n = json_array_size(arr);
-	if (n > GMS_SNAP_MAX_ALLOCS)
-		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %zu allocations, at most %d", n, GMS_SNAP_MAX_ALLOCS);
+	if (n > TIERS_SNAP_MAX_ALLOCS)
+		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %zu allocations, at most %d", n, TIERS_SNAP_MAX_ALLOCS);
 	mf->allocs = calloc(n ? n : 1, sizeof(*mf->allocs));
 	if (!mf->allocs)
 		return gf_err(GF_ERR_NOMEM, "snapshot manifest: out of memory");
 	uint64_t at = 0;
 	for (size_t i = 0; i < n; i++) {
 		json_t *o = json_array_get(arr, i);
-		struct gms_snap_alloc *a = &mf->allocs[i];
+		struct tiers_snap_alloc *a = &mf->allocs[i];
 		char where[48];
 		uint8_t x[8];
 		snprintf(where, sizeof(where), "allocation %zu", i);
@@ -268,33 +247,33 @@ static int parse_allocs(json_t *arr, struct gms_manifest *mf)
 	return 0;
 }
 
-static int parse_meta(json_t *arr, struct gms_manifest *mf)
+static int parse_meta(json_t *arr, struct tiers_manifest *mf)
 {
 	if (!json_is_array(arr))
 		return bad_field("metadata", "missing or not an array");
 	size_t n = json_array_size(arr);
-	if (n > GMS_SNAP_MAX_META)
-		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %zu metadata entries, at most %d", n, GMS_SNAP_MAX_META);
+	if (n > TIERS_SNAP_MAX_META)
+		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: %zu metadata entries, at most %d", n, TIERS_SNAP_MAX_META);
 	mf->meta = calloc(n ? n : 1, sizeof(*mf->meta));
 	if (!mf->meta)
 		return gf_err(GF_ERR_NOMEM, "snapshot manifest: out of memory");
-	char key[GMS_SNAP_MAX_KEY + 1];
-	uint8_t value[GMS_SNAP_MAX_VALUE];
+	char key[TIERS_SNAP_MAX_KEY + 1];
+	uint8_t value[TIERS_SNAP_MAX_VALUE];
 	for (size_t i = 0; i < n; i++) {
 		json_t *o = json_array_get(arr, i);
-		struct gms_snap_meta *e = &mf->meta[i];
+		struct tiers_snap_meta *e = &mf->meta[i];
 		char where[48];
 		size_t vlen = 0;
 		snprintf(where, sizeof(where), "metadata entry %zu", i);
 		if (!json_is_object(o))
 			return bad_field(where, "not an object");
-		int rc = get_text(o, "key", where, GMS_SNAP_MAX_KEY, false, key);
+		int rc = get_text(o, "key", where, TIERS_SNAP_MAX_KEY, false, key);
 		if (rc == 0)
 			rc = get_u64(o, "alloc_id", where, &e->alloc_id);
 		if (rc == 0)
 			rc = get_u64(o, "offset", where, &e->offset);
 		if (rc == 0)
-			rc = get_hex(o, "value_hex", where, GMS_SNAP_MAX_VALUE, false, value, &vlen);
+			rc = get_hex(o, "value_hex", where, TIERS_SNAP_MAX_VALUE, false, value, &vlen);
 		if (rc < 0)
 			return rc;
 		e->key = strdup(key);
@@ -317,20 +296,20 @@ static int parse_meta(json_t *arr, struct gms_manifest *mf)
 	return 0;
 }
 
-static int parse_root(json_t *root, struct gms_manifest *mf)
+static int parse_root(json_t *root, struct tiers_manifest *mf)
 {
 	if (!json_is_object(root))
 		return bad_field("top level", "not an object");
 	json_t *fmt = json_object_get(root, "format");
-	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), GMS_SNAP_FORMAT) != 0)
-		return bad_field("format", "missing or not \"" GMS_SNAP_FORMAT "\"");
+	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TIERS_SNAP_FORMAT) != 0)
+		return bad_field("format", "missing or not \"" TIERS_SNAP_FORMAT "\"");
 	uint64_t v;
 	int rc = get_u64(root, "version", "top level", &v);
 	if (rc < 0)
 		return rc;
-	if (v != GMS_SNAP_VERSION)
+	if (v != TIERS_SNAP_VERSION)
 		return gf_err(GF_ERR_VERSION, "snapshot manifest: format version %" PRIu64 ", this library reads version %d",
-			      v, GMS_SNAP_VERSION);
+			      v, TIERS_SNAP_VERSION);
 	mf->version = (unsigned)v;
 	uint64_t created;
 	rc = get_text(root, "backend", "top level", sizeof(mf->backend) - 1, false, mf->backend);
@@ -357,7 +336,7 @@ static int parse_root(json_t *root, struct gms_manifest *mf)
 	if (rc < 0)
 		return rc;
 	uint8_t h[16];
-	rc = gms_manifest_layout_hash(mf, h);
+	rc = tiers_manifest_layout_hash(mf, h);
 	if (rc < 0)
 		return rc;
 	if (memcmp(h, mf->layout_hash, 16) != 0)
@@ -366,7 +345,7 @@ static int parse_root(json_t *root, struct gms_manifest *mf)
 }
 
 /* The manifest from parsed JSON (@root, NULL when it did not parse: @jerr says why). */
-static int from_json(json_t *root, const json_error_t *jerr, struct gms_manifest **out)
+static int from_json(json_t *root, const json_error_t *jerr, struct tiers_manifest **out)
 {
 	if (!root) {
 		/* jansson quotes the text it stopped at ("... near 'root:$6$...'"): the
@@ -379,18 +358,18 @@ static int from_json(json_t *root, const json_error_t *jerr, struct gms_manifest
 		return gf_err(GF_ERR_PROTOCOL, "snapshot manifest: not JSON: line %d column %d: %s", jerr->line,
 			      jerr->column, why);
 	}
-	struct gms_manifest *mf = gms_manifest_new();
+	struct tiers_manifest *mf = tiers_manifest_new();
 	int rc = mf ? parse_root(root, mf) : gf_err(GF_ERR_NOMEM, "snapshot manifest: out of memory");
 	json_decref(root);
 	if (rc < 0) {
-		gms_manifest_free(mf);
+		tiers_manifest_free(mf);
 		return rc;
 	}
 	*out = mf;
 	return 0;
 }
 
-int gms_manifest_parse(const char *text, size_t len, struct gms_manifest **out)
+int tiers_manifest_parse(const char *text, size_t len, struct tiers_manifest **out)
 {
 	if (!text || !out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: NULL argument");
@@ -423,7 +402,7 @@ static size_t fd_source_read(void *buf, size_t n, void *ud)
 	}
 }
 
-int gms_manifest_read(int fd, uint64_t len, struct gms_manifest **out)
+int tiers_manifest_read(int fd, uint64_t len, struct tiers_manifest **out)
 {
 	if (fd < 0 || !out)
 		return gf_err(GF_ERR_INVALID_ARG, "snapshot manifest: bad argument");

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Residency tiers and operation phases as pure decisions (no I/O), like
- * fsm.c: residency.c feeds the GMS's facts in and acts on the answer. See
- * docs/tiers.md.
+ * fsm.c: residency.c (for the GMS) and tierd.c (the tier worker) feed their
+ * facts in and act on the answer. See docs/tiers.md.
  *
  * Tiers, best first, modelled on NDIF's candidate levels (a lower level is a
  * cheaper way to have the weights in the GMS):
@@ -11,8 +11,8 @@
  *   COLD   a snapshot on disk
  *   LOADER nothing usable: wait for an engine to load from the model files
  */
-#ifndef GF_GMS_TIERS_H
-#define GF_GMS_TIERS_H
+#ifndef GF_TIERS_TIERS_H
+#define GF_TIERS_TIERS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,27 +20,27 @@
 
 #include "gpufailover/base.h"
 
-enum gms_tier { GMS_TIER_HOT = 0, GMS_TIER_WARM = 1, GMS_TIER_COLD = 2, GMS_TIER_LOADER = 3 };
+enum tier { TIER_HOT = 0, TIER_WARM = 1, TIER_COLD = 2, TIER_LOADER = 3 };
 
 /* "hot", "warm", "cold", "loader" ("unknown" otherwise). */
-const char *gms_tier_name(enum gms_tier t);
+const char *tier_name(enum tier t);
 
-/* What is present, as checked by gms_snapshot_open() (present = a snapshot
+/* What is present, as checked by tiers_snapshot_open() (present = a snapshot
  * whose manifest and data size check out, compatible with this device). */
-struct gms_tier_view {
+struct tier_view {
 	bool hot;
 	bool warm;
 	bool cold;
 };
 
 /* Where a GMS starting EMPTY restores from: the best present tier below HOT
- * (WARM before COLD), else GMS_TIER_LOADER. A HOT layout needs no restore:
- * the answer is then GMS_TIER_HOT. */
-enum gms_tier gms_tier_restore_source(const struct gms_tier_view *v);
+ * (WARM before COLD), else TIER_LOADER. A HOT layout needs no restore:
+ * the answer is then TIER_HOT. */
+enum tier tier_restore_source(const struct tier_view *v);
 
 /* One demotion question: should the weights at tier @at move down? */
-struct gms_demote_in {
-	enum gms_tier at;        /* where they are now (HOT, WARM or COLD) */
+struct tiers_demote_in {
+	enum tier at;        /* where they are now (HOT, WARM or COLD) */
 	bool pinned;             /* never demoted while pinned */
 	bool pressure;           /* the tier above needs the room (eviction requested) */
 	int64_t resident_us;     /* how long they have been at @at */
@@ -49,8 +49,8 @@ struct gms_demote_in {
 	bool cold_room;          /* the COLD tier can take them */
 };
 
-struct gms_demote_out {
-	enum gms_tier to;   /* == in->at when they stay */
+struct tiers_demote_out {
+	enum tier to;   /* == in->at when they stay */
 	const char *reason; /* static text: why they move or stay */
 };
 
@@ -60,46 +60,46 @@ struct gms_demote_out {
  * (HOT → WARM, or COLD when WARM has none; WARM → COLD); stay when no tier
  * below has room. COLD is the last tier that holds bytes: it stays.
  */
-void gms_tier_demote(const struct gms_demote_in *in, struct gms_demote_out *out);
+void tier_demote(const struct tiers_demote_in *in, struct tiers_demote_out *out);
 
 /*
  * What a GMS does about one demotion question for its HOT layout, around
- * gms_tier_demote(): the facts the server has, the step it takes next.
+ * tier_demote(): the facts the server has, the step it takes next.
  */
-struct gms_demote_facts {
+struct tiers_demote_facts {
 	bool committed;          /* a layout is HOT (COMMITTED or RO) */
 	unsigned holders;        /* connections holding the RO or RW lock (a snapshot job is not one) */
 	bool pinned;
 	bool pressure;           /* an explicit request, or free memory below the threshold */
 	int64_t resident_us, min_resident_us;
-	enum gms_tier want;      /* GMS_TIER_WARM or GMS_TIER_COLD as asked, GMS_TIER_HOT: the policy chooses */
+	enum tier want;      /* TIER_WARM or TIER_COLD as asked, TIER_HOT: the policy chooses */
 	bool warm_kept, cold_kept;   /* the tier's directory is configured */
 	bool warm_room, cold_room;   /* its file system can take the layout (or already holds it) */
 	bool warm_current, cold_current; /* it holds a snapshot of exactly this layout (generation and hash) */
 };
 
-enum gms_demote_step {
-	GMS_DEMOTE_STAY = 0,     /* nothing to do now: @reason (and @err for a request) says why */
-	GMS_DEMOTE_SNAPSHOT = 1, /* write the layout to @to first, then ask again */
-	GMS_DEMOTE_DROP = 2,     /* @to holds this layout: drop it from the GMS */
+enum tiers_demote_step {
+	TIERS_DEMOTE_STAY = 0,     /* nothing to do now: @reason (and @err for a request) says why */
+	TIERS_DEMOTE_SNAPSHOT = 1, /* write the layout to @to first, then ask again */
+	TIERS_DEMOTE_DROP = 2,     /* @to holds this layout: drop it from the GMS */
 };
 
-struct gms_demote_plan {
-	enum gms_demote_step step;
-	enum gms_tier to;   /* target (HOT when staying) */
+struct tiers_demote_plan {
+	enum tiers_demote_step step;
+	enum tier to;   /* target (HOT when staying) */
 	int err;            /* STAY: the error a request gets (GF_ERR_STATE, GF_ERR_BUSY, GF_ERR_INVALID_ARG) */
 	const char *reason; /* static text */
 };
 
 /*
  * Plan a demotion of the HOT layout: stay when nothing is committed, when
- * the asked tier is not kept (GF_ERR_INVALID_ARG), when gms_tier_demote()
+ * the asked tier is not kept (GF_ERR_INVALID_ARG), when tier_demote()
  * says stay (pinned, no pressure, before min_resident, no room below:
  * GF_ERR_STATE) or while any connection holds the lock (GF_ERR_BUSY);
  * otherwise drop when the target tier already holds this layout, else write
  * it there first. A tier asked for by name is the only candidate.
  */
-void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *out);
+void tiers_demote_plan(const struct tiers_demote_facts *f, struct tiers_demote_plan *out);
 
 /*
  * Where a snapshot of the HOT layout goes when the kept tiers are written
@@ -107,7 +107,7 @@ void gms_demote_plan(const struct gms_demote_facts *f, struct gms_demote_plan *o
  * room, the steps to take. WARM holds one snapshot; a replacement is written
  * beside it and exchanged, so it needs room for the whole new layout.
  */
-struct gms_place_in {
+struct tiers_place_in {
 	uint64_t bytes;            /* the layout's size */
 	bool warm_kept, cold_kept;
 	bool warm_current;         /* WARM already holds exactly this layout */
@@ -116,7 +116,7 @@ struct gms_place_in {
 	uint64_t warm_other_bytes; /* its size */
 };
 
-struct gms_place_out {
+struct tiers_place_out {
 	bool evict_warm;    /* remove WARM's older snapshot first */
 	bool write_warm;
 	bool write_cold;
@@ -132,28 +132,28 @@ struct gms_place_out {
  * is evicted all the same, so a restart restores COLD's current layout
  * rather than WARM's stale one. COLD is written whenever it is kept.
  */
-void gms_tier_place(const struct gms_place_in *in, struct gms_place_out *out);
+void tier_place(const struct tiers_place_in *in, struct tiers_place_out *out);
 
 /* Phases of one snapshot or restore (docs/design.md, decision 24). */
-enum gms_phase {
-	GMS_PHASE_NONE = 0, /* no operation yet */
-	GMS_PHASE_PENDING,
-	GMS_PHASE_CHECKPOINTING,
-	GMS_PHASE_CHECKPOINTED,
-	GMS_PHASE_RESTORING,
-	GMS_PHASE_RESTORED,
-	GMS_PHASE_FAILED,
+enum tiers_phase {
+	TIERS_PHASE_NONE = 0, /* no operation yet */
+	TIERS_PHASE_PENDING,
+	TIERS_PHASE_CHECKPOINTING,
+	TIERS_PHASE_CHECKPOINTED,
+	TIERS_PHASE_RESTORING,
+	TIERS_PHASE_RESTORED,
+	TIERS_PHASE_FAILED,
 };
-enum gms_op_kind { GMS_OP_SNAPSHOT = 1, GMS_OP_RESTORE = 2 };
+enum tiers_op_kind { TIERS_OP_SNAPSHOT = 1, TIERS_OP_RESTORE = 2 };
 
 /* "None", "Pending", "Checkpointing", "Checkpointed", "Restoring", "Restored", "Failed". */
-const char *gms_phase_name(enum gms_phase p);
+const char *tiers_phase_name(enum tiers_phase p);
 /* "snapshot" / "restore". */
-const char *gms_op_name(enum gms_op_kind k);
+const char *tiers_op_name(enum tiers_op_kind k);
 
-struct gms_op {
-	enum gms_op_kind kind;
-	enum gms_phase phase;
+struct tiers_op {
+	enum tiers_op_kind kind;
+	enum tiers_phase phase;
 	char reason[256];
 	int64_t started_us, ended_us; /* wall clock; ended_us 0 until a final phase */
 	uint64_t bytes;
@@ -163,15 +163,15 @@ struct gms_op {
  * Start operation @kind at @now_us: phase Pending. Refused (false) while
  * another operation is in a non-final phase.
  */
-bool gms_op_begin(struct gms_op *op, enum gms_op_kind kind, int64_t now_us);
+bool tiers_op_begin(struct tiers_op *op, enum tiers_op_kind kind, int64_t now_us);
 /*
  * Move to phase @to with @reason (may be NULL), at @now_us. Allowed:
  * snapshot Pending → Checkpointing → Checkpointed, restore Pending →
  * Restoring → Restored, and any non-final phase → Failed. Returns false
  * (nothing changed) for any other step.
  */
-bool gms_op_step(struct gms_op *op, enum gms_phase to, const char *reason, int64_t now_us);
+bool tiers_op_step(struct tiers_op *op, enum tiers_phase to, const char *reason, int64_t now_us);
 /* Whether @p ends an operation (Checkpointed, Restored, Failed) or none runs. */
-bool gms_phase_final(enum gms_phase p);
+bool tiers_phase_final(enum tiers_phase p);
 
 #endif

@@ -12,7 +12,7 @@
 
 #include "xxh3_fast.h"
 
-void *gms_xxh3_avx2_new(void)
+void *tiers_xxh3_avx2_new(void)
 {
 	XXH3_state_t *st = XXH3_createState();
 	if (st)
@@ -20,22 +20,22 @@ void *gms_xxh3_avx2_new(void)
 	return st;
 }
 
-void gms_xxh3_avx2_free(void *st)
+void tiers_xxh3_avx2_free(void *st)
 {
 	XXH3_freeState(st);
 }
 
-void gms_xxh3_avx2_reset(void *st)
+void tiers_xxh3_avx2_reset(void *st)
 {
 	XXH3_64bits_reset(st);
 }
 
-void gms_xxh3_avx2_update(void *st, const void *buf, size_t n)
+void tiers_xxh3_avx2_update(void *st, const void *buf, size_t n)
 {
 	XXH3_64bits_update(st, buf, n);
 }
 
-uint64_t gms_xxh3_avx2_digest(void *st)
+uint64_t tiers_xxh3_avx2_digest(void *st)
 {
 	return XXH3_64bits_digest(st);
 }

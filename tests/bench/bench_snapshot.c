@@ -4,7 +4,7 @@
  * against baselines that do the same work with the same primitive, in the
  * same run, paired per round:
  *
- *   snapshot   gms_snapshot_write_from() of the allocations, from one
+ *   snapshot   tiers_snapshot_write_from() of the allocations, from one
  *              read-only mapping of them whose page tables are filled, as
  *              the GMS's tier worker keeps it: writes data.bin with O_DIRECT
  *              on a disk (COLD) and through tmpfs (WARM), then fsync, while
@@ -14,7 +14,7 @@
  *              no checksum.
  *   copy+hash  the copy, then XXH3 of every allocation (the library's
  *              hasher, waited for): "copy, then xxhsum".
- *   restore    gms_snapshot_restore(): fresh allocations (memfds) filled
+ *   restore    tiers_snapshot_restore(): fresh allocations (memfds) filled
  *              from data.bin by splice and hashed through a fresh mapping.
  *   splice     the same file spliced into as many fresh memfds, no checksum.
  *   splice+hash  the splice, then XXH3 of each memfd through a fresh mapping.
@@ -122,13 +122,13 @@ static gf_mem_va *map_fresh(const struct shape *sh)
 }
 
 /* Each allocation's XXH3 over @p, with the library's hasher (waited for). */
-static void hash_each(struct gms_hasher *h, const uint8_t *p, size_t n, size_t each)
+static void hash_each(struct tiers_hasher *h, const uint8_t *p, size_t n, size_t each)
 {
 	for (size_t i = 0; i < n; i++) {
-		gms_hasher_reset(h);
+		tiers_hasher_reset(h);
 		for (size_t off = 0; off < each; off += GF_MEM_XFER_CHUNK)
-			gms_hasher_submit(h, p + i * each + off, each - off < GF_MEM_XFER_CHUNK ? each - off : GF_MEM_XFER_CHUNK);
-		(void)gms_hasher_digest(h);
+			tiers_hasher_submit(h, p + i * each + off, each - off < GF_MEM_XFER_CHUNK ? each - off : GF_MEM_XFER_CHUNK);
+		(void)tiers_hasher_digest(h);
 	}
 }
 
@@ -136,7 +136,7 @@ static void hash_each(struct gms_hasher *h, const uint8_t *p, size_t n, size_t e
  * file in the snapshot's chunks, O_DIRECT off tmpfs like the snapshot,
  * fsync; with @h, then every allocation hashed. Like the snapshot's figure
  * it excludes freeing the previous copy (unlinked before the clock starts). */
-static int64_t plain_write(const char *path, const struct shape *sh, const uint8_t *p, struct gms_hasher *h)
+static int64_t plain_write(const char *path, const struct shape *sh, const uint8_t *p, struct tiers_hasher *h)
 {
 	unlink(path);
 	settle();
@@ -185,7 +185,7 @@ static void drop_cache(const char *path)
  * (the restore's allocations on this backend) through a 1 MiB pipe, as the
  * restore does; with @h, then each memfd hashed through a fresh mapping.
  * Freeing the memfds is not timed (nor is it on the restore's side). */
-static int64_t plain_read(const char *path, const struct shape *sh, struct gms_hasher *h)
+static int64_t plain_read(const char *path, const struct shape *sh, struct tiers_hasher *h)
 {
 	int *mfd = calloc(sh->n, sizeof(int));
 	int pp[2];
@@ -280,7 +280,7 @@ int main(int argc, char **argv)
 	if (rc < 0 || (rc = gf_mem_granularity(m, &g, &rec)) < 0)
 		die("open host backend", rc);
 	size_t each = (total / nallocs + g - 1) / g * g;
-	struct gms_manifest *mf = gms_manifest_new();
+	struct tiers_manifest *mf = tiers_manifest_new();
 	gf_mem_alloc **allocs = calloc(nallocs, sizeof(*allocs));
 	struct gf_mem_mapping *maps = calloc(nallocs, sizeof(*maps));
 	mf->allocs = calloc(nallocs, sizeof(*mf->allocs));
@@ -310,11 +310,11 @@ int main(int argc, char **argv)
 	gf_mem_va *src_va = map_fresh(&sh0);
 	const uint8_t *src = (const uint8_t *)(uintptr_t)gf_mem_va_addr(src_va);
 	gf_mem_populate((uint64_t)(uintptr_t)src, each * nallocs, false);
-	gms_manifest_layout_hash(mf, mf->layout_hash);
+	tiers_manifest_layout_hash(mf, mf->layout_hash);
 	prime_bytes = bytes + bytes / 4; /* the copy plus its page cache and metadata */
 	struct shape sh = {.m = m, .allocs = allocs, .n = nallocs, .each = each};
-	struct gms_hasher *h;
-	if ((rc = gms_hasher_new(&h)) < 0)
+	struct tiers_hasher *h;
+	if ((rc = tiers_hasher_new(&h)) < 0)
 		die("hasher", rc);
 
 	printf("%-16s %6s %5s %9s %8s %13s %18s %18s\n", "tier dir", "MiB", "allocs", "op", "lib GB/s", "base GB/s",
@@ -323,7 +323,7 @@ int main(int argc, char **argv)
 		char snap[1024], plain[1024], data[1100];
 		snprintf(snap, sizeof(snap), "%s/gf-bench-snapshot-%ld", dirs[d], (long)getpid());
 		snprintf(plain, sizeof(plain), "%s/gf-bench-plain-%ld", dirs[d], (long)getpid());
-		snprintf(data, sizeof(data), "%s/%s", snap, GMS_SNAP_DATA);
+		snprintf(data, sizeof(data), "%s/%s", snap, TIERS_SNAP_DATA);
 		int64_t sw[99], pw[99], hw[99], sr[99], pr[99], hr[99];
 		for (int r = 0; r < rounds; r++) {
 			/* The three sides in an order that rotates every round, so none
@@ -331,10 +331,10 @@ int main(int argc, char **argv)
 			 * starts with no dirty pages left by the one before. */
 			for (int k = 0; k < 3; k++) {
 				int side = (k + r) % 3;
-				struct gms_snap_stats st;
+				struct tiers_snap_stats st;
 				if (side == 0) {
 					settle();
-					if ((rc = gms_snapshot_write_from(snap, m, mf, allocs, (uint64_t)(uintptr_t)src, &st)) < 0)
+					if ((rc = tiers_snapshot_write_from(snap, m, mf, allocs, (uint64_t)(uintptr_t)src, &st)) < 0)
 						die("snapshot", rc);
 					sw[r] = st.elapsed_us;
 				} else {
@@ -347,13 +347,13 @@ int main(int argc, char **argv)
 				drop_cache(data);
 				settle();
 				if (side == 0) {
-					struct gms_snap_stats st;
-					struct gms_manifest *back;
+					struct tiers_snap_stats st;
+					struct tiers_manifest *back;
 					gf_mem_alloc **got;
-					if ((rc = gms_snapshot_restore(snap, m, &back, &got, &st)) < 0)
+					if ((rc = tiers_snapshot_restore(snap, m, &back, &got, &st)) < 0)
 						die("restore", rc);
 					sr[r] = st.elapsed_us;
-					gms_snapshot_restored_free(back, got);
+					tiers_snapshot_restored_free(back, got);
 				} else {
 					int64_t *t = side == 1 ? pr : hr;
 					t[r] = plain_read(data, &sh, side == 1 ? NULL : h);
@@ -396,13 +396,13 @@ int main(int argc, char **argv)
 		if (system(cmd) != 0)
 			fprintf(stderr, "bench-snapshot: could not remove %s\n", snap);
 	}
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	gf_mem_va_free(src_va);
 	for (size_t i = 0; i < nallocs; i++)
 		gf_mem_alloc_free(allocs[i]);
 	free(allocs);
 	free(maps);
-	gms_manifest_free(mf);
+	tiers_manifest_free(mf);
 	gf_mem_free(m);
 	return 0;
 }

@@ -11,14 +11,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct gms_manifest *mf, *back;
-	if (gms_manifest_parse((const char *)data, size, &mf) < 0)
+	struct tiers_manifest *mf, *back;
+	if (tiers_manifest_parse((const char *)data, size, &mf) < 0)
 		return 0;
 	char *text;
 	size_t len;
-	if (gms_manifest_format(mf, &text, &len) < 0)
+	if (tiers_manifest_format(mf, &text, &len) < 0)
 		abort();
-	if (gms_manifest_parse(text, len, &back) < 0)
+	if (tiers_manifest_parse(text, len, &back) < 0)
 		abort();
 	if (back->nallocs != mf->nallocs || back->nmeta != mf->nmeta || back->total_bytes != mf->total_bytes ||
 	    back->generation != mf->generation || memcmp(back->layout_hash, mf->layout_hash, 16) ||
@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (back->allocs[i].xxh3 != mf->allocs[i].xxh3 || strcmp(back->allocs[i].tag, mf->allocs[i].tag))
 			abort();
 	free(text);
-	gms_manifest_free(back);
-	gms_manifest_free(mf);
+	tiers_manifest_free(back);
+	tiers_manifest_free(mf);
 	return 0;
 }

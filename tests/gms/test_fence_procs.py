@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_tiers_procs as tp  # noqa: E402  (the gf-gmsd, gfctl and engine helpers)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tiers"))
+import test_tiers_procs as tp  # noqa: E402  (tests/tiers: the gf-gmsd, gfctl and engine helpers)
 
 LOCKD = os.environ.get("GF_LOCKD", "build/examples/gf-lockd/gf-lockd")
 

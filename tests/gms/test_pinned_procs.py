@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_demote_procs as dp  # noqa: E402  (gf-gmsd with --min-resident, demote, reader, metrics)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tiers"))
+import test_demote_procs as dp  # noqa: E402  (tests/tiers: gf-gmsd with --min-resident, demote, reader, metrics)
 import test_tiers_procs as tp  # noqa: E402
 
 MIB = 1 << 20

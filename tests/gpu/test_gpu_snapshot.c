@@ -84,7 +84,7 @@ static void test_round_trip(void **state)
 	assert_int_equal(gf_mem_granularity(m, &g, &rec), 0);
 	size_t sizes[NALLOCS] = { g, (2 * GF_MEM_XFER_CHUNK + g) / g * g + g, 3 * g };
 	gf_mem_alloc *allocs[NALLOCS];
-	struct gms_manifest *mf = gms_manifest_new();
+	struct tiers_manifest *mf = tiers_manifest_new();
 	mf->allocs = calloc(NALLOCS, sizeof(*mf->allocs));
 	mf->nallocs = NALLOCS;
 	for (size_t i = 0; i < NALLOCS; i++) {
@@ -97,15 +97,15 @@ static void test_round_trip(void **state)
 		mf->allocs[i].id = i + 1;
 		mf->allocs[i].size = gf_mem_alloc_size(allocs[i]);
 	}
-	assert_int_equal(gms_manifest_layout_hash(mf, mf->layout_hash), 0);
+	assert_int_equal(tiers_manifest_layout_hash(mf, mf->layout_hash), 0);
 	char *tmp = tu_tmpdir(), dir[600];
 	snprintf(dir, sizeof(dir), "%s/snap", tmp);
-	int rc = gms_snapshot_write(dir, m, mf, allocs, NULL);
+	int rc = tiers_snapshot_write(dir, m, mf, allocs, NULL);
 	if (rc < 0)
 		fail_msg("snapshot: %s", gf_error_detail());
-	struct gms_manifest *back;
+	struct tiers_manifest *back;
 	gf_mem_alloc **got;
-	rc = gms_snapshot_restore(dir, m, &back, &got, NULL);
+	rc = tiers_snapshot_restore(dir, m, &back, &got, NULL);
 	if (rc < 0)
 		fail_msg("restore: %s", gf_error_detail());
 	for (size_t i = 0; i < NALLOCS; i++) {
@@ -117,8 +117,8 @@ static void test_round_trip(void **state)
 		free(h);
 		gf_mem_alloc_free(allocs[i]);
 	}
-	gms_snapshot_restored_free(back, got);
-	gms_manifest_free(mf);
+	tiers_snapshot_restored_free(back, got);
+	tiers_manifest_free(mf);
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
 	assert_int_equal(system(cmd), 0);

@@ -23,6 +23,7 @@
 
 #include "../common/testutil.h"
 #include "gpufailover.h"
+#include "mem_int.h"
 #include "wire.h"
 
 static int kind = GF_MEM_HOST;
@@ -453,6 +454,52 @@ static void test_set_accessible(void **state)
 }
 
 /*
+ * What the backend says it can do (what the GMS and the tiers ask instead of
+ * its kind) is what it does: host allocations are files that host code can
+ * map, filled on first touch, creatable ahead and fenceable in place; cuda
+ * claims none of it.
+ */
+static void test_caps(void **state)
+{
+	(void)state;
+	assert_int_equal(gf_mem_caps(NULL), 0);
+	gf_mem *m = open_mem();
+	unsigned caps = gf_mem_caps(m);
+	if (kind == GF_MEM_CUDA) {
+		assert_int_equal(caps, 0);
+		gf_mem_free(m);
+		return;
+	}
+	assert_int_equal(caps, GF_MEM_CAP_CREATE_FREE | GF_MEM_CAP_FILES | GF_MEM_CAP_HOST_PAGES | GF_MEM_CAP_FENCE);
+	size_t g = gran(m);
+	gf_mem_alloc *a = NULL;
+	gf_mem_va *va = NULL;
+	assert_int_equal(gf_mem_create(&a, m, g), 0);
+	assert_int_equal(gf_mem_reserve(&va, m, g, 0), 0);
+	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
+	memset(ptr(va, 0), 0x5a, g);
+	/* FILES: an exported fd maps in plain host code, with the same bytes and one inode. */
+	int fd = -1;
+	struct stat st1, st2;
+	assert_int_equal(gf_mem_export(a, &fd), 0);
+	int fd2 = -1;
+	assert_int_equal(gf_mem_export(a, &fd2), 0);
+	assert_int_equal(fstat(fd, &st1), 0);
+	assert_int_equal(fstat(fd2, &st2), 0);
+	assert_true(st1.st_ino == st2.st_ino);
+	const uint8_t *f = mmap(NULL, g, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(f != MAP_FAILED);
+	assert_int_equal(f[0], 0x5a);
+	assert_int_equal(f[g - 1], 0x5a);
+	munmap((void *)f, g);
+	close(fd);
+	close(fd2);
+	gf_mem_va_free(va);
+	gf_mem_alloc_free(a);
+	gf_mem_free(m);
+}
+
+/*
  * Fencing large mappings (host): they are moved away whole (parked, page
  * tables and all) and a placeholder takes their place, so a stale pointer
  * faults; reopened, they are back at their addresses with every page
@@ -824,6 +871,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_two_processes),
 		cmocka_unit_test(test_readonly_faults),
 		cmocka_unit_test(test_set_accessible),
+		cmocka_unit_test(test_caps),
 		cmocka_unit_test(test_has_free),
 		cmocka_unit_test(test_refcount_decision7),
 		cmocka_unit_test(test_map_many),

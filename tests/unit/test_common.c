@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* URIs, durations, error names: pure parsing, no sockets. */
+/* URIs, durations, sizes, hex, error names: pure parsing, no sockets. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "../common/testutil.h"
+#include "common.h"
 #include "gf-config.h"
 #include "wire.h"
 
@@ -100,6 +101,25 @@ static void test_bytes(void **state)
 		assert_int_equal(gf_parse_bytes(bad[i], &b), GF_ERR_INVALID_ARG);
 	assert_true(b == 7); /* nothing written on failure */
 	assert_int_equal(gf_parse_bytes(NULL, &b), GF_ERR_INVALID_ARG);
+}
+
+/* The one hex decoder: either case, exactly 2 digits a byte, the first stray character refused. */
+static void test_unhex(void **state)
+{
+	(void)state;
+	uint8_t b[4] = {0}, want[4] = {0x00, 0x9f, 0xab, 0xff};
+	assert_int_equal(gf_unhex("009fABff", 4, b), 0);
+	assert_memory_equal(b, want, 4);
+	char text[9];
+	gf_hex(want, 4, text);
+	memset(b, 0, sizeof(b));
+	assert_int_equal(gf_unhex(text, 4, b), 0);
+	assert_memory_equal(b, want, 4);
+	assert_int_equal(gf_unhex("", 0, b), 0);
+	static const char *bad[] = {"0g", "g0", "-1", " 1", "1 ", "0x", "\0\0"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(gf_unhex(bad[i], 1, b), -1);
+	assert_int_equal(gf_unhex("00112z", 3, b), -1); /* the last digit counts too */
 }
 
 static void test_duration(void **state)
@@ -329,6 +349,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_uri_ok),       cmocka_unit_test(test_uri_bad),
 		cmocka_unit_test(test_uri_listen_connect), cmocka_unit_test(test_duration), cmocka_unit_test(test_bytes),
+		cmocka_unit_test(test_unhex),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
 		cmocka_unit_test(test_log_hold),     cmocka_unit_test(test_log_hold_stderr),
 		cmocka_unit_test(test_log_hold_threads),

@@ -47,16 +47,16 @@ static void test_stream_equals_oneshot(void **state)
 {
 	(void)state;
 	uint8_t *p = random_bytes(1000003);
-	struct gms_hasher *h;
-	assert_int_equal(gms_hasher_new(&h), 0);
+	struct tiers_hasher *h;
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
 		size_t n = lengths[k];
-		gms_hasher_reset(h);
+		tiers_hasher_reset(h);
 		for (size_t off = 0; off < n; off += 7777)
-			gms_hasher_submit(h, p + off, n - off < 7777 ? n - off : 7777);
-		assert_true(gms_hasher_digest(h) == XXH3_64bits(p, n));
+			tiers_hasher_submit(h, p + off, n - off < 7777 ? n - off : 7777);
+		assert_true(tiers_hasher_digest(h) == XXH3_64bits(p, n));
 	}
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	free(p);
 }
 
@@ -71,46 +71,46 @@ static void test_digest_out_and_fault_in(void **state)
 	assert_int_equal(write(fd, src, 2 * n), (ssize_t)(2 * n));
 	uint8_t *m = mmap(NULL, 2 * n, PROT_READ, MAP_SHARED, fd, 0);
 	assert_true(m != MAP_FAILED);
-	struct gms_hasher *h;
-	assert_int_equal(gms_hasher_new(&h), 0);
+	struct tiers_hasher *h;
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	uint64_t d[3] = {0, 0, 0};
-	gms_hasher_submit_ex(h, m, page, true, NULL);
-	gms_hasher_submit_ex(h, m + page, n - page, true, &d[0]); /* stream 1: the first n bytes */
-	gms_hasher_submit_ex(h, m + n, n, true, &d[1]);          /* stream 2: the next n */
-	gms_hasher_submit_ex(h, m, 0, false, &d[2]);              /* an empty stream */
-	gms_hasher_wait(h);
+	tiers_hasher_submit_ex(h, m, page, true, NULL);
+	tiers_hasher_submit_ex(h, m + page, n - page, true, &d[0]); /* stream 1: the first n bytes */
+	tiers_hasher_submit_ex(h, m + n, n, true, &d[1]);          /* stream 2: the next n */
+	tiers_hasher_submit_ex(h, m, 0, false, &d[2]);              /* an empty stream */
+	tiers_hasher_wait(h);
 	assert_true(d[0] == XXH3_64bits(src, n));
 	assert_true(d[1] == XXH3_64bits(src + n, n));
 	assert_true(d[2] == XXH3_64bits(NULL, 0));
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	munmap(m, 2 * n);
 	close(fd);
 	free(src);
 }
 
-/* Queued chunks (up to GMS_HASHER_QUEUE waiting, the ring wrapping many
+/* Queued chunks (up to TIERS_HASHER_QUEUE waiting, the ring wrapping many
  * times) hash in order: each stream's digest_out is its one-shot XXH3. */
 static void test_queue_deep(void **state)
 {
 	(void)state;
 	uint8_t *p = random_bytes(7060000);
 	uint64_t got[40], want[40];
-	struct gms_hasher *h;
-	assert_int_equal(gms_hasher_new(&h), 0);
+	struct tiers_hasher *h;
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	size_t at = 0;
 	for (int k = 0; k < 40; k++) {
 		size_t n = 1000 + (size_t)k * 9000, piece = 1 + (size_t)k * 1111;
 		want[k] = XXH3_64bits(p + at, n);
 		for (size_t off = 0; off < n; off += piece) {
 			size_t c = n - off < piece ? n - off : piece;
-			gms_hasher_queue(h, p + at + off, c, k % 2 == 0, off + c == n ? &got[k] : NULL);
+			tiers_hasher_queue(h, p + at + off, c, k % 2 == 0, off + c == n ? &got[k] : NULL);
 		}
 		at += n;
 	}
-	gms_hasher_wait(h);
+	tiers_hasher_wait(h);
 	for (int k = 0; k < 40; k++)
 		assert_true(got[k] == want[k]);
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 	free(p);
 }
 
@@ -124,32 +124,32 @@ static void test_file_chunks(void **state)
 	int fd = memfd_create("hasher-file-test", MFD_CLOEXEC);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, src, total), (ssize_t)total);
-	struct gms_hasher *h;
-	assert_int_equal(gms_hasher_new(&h), 0);
+	struct tiers_hasher *h;
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	uint64_t d[4] = { 0, 0, 0, 0 };
-	gms_hasher_queue_file(h, fd, 0, piece, &d[0]);              /* exactly one piece */
-	gms_hasher_queue_file(h, fd, piece, 2 * piece + 12345, &d[1]); /* two and a bit */
-	gms_hasher_queue_file(h, fd, 7, 100, NULL);                  /* a file chunk, then memory, one stream */
-	gms_hasher_queue(h, src + 107, 1000, false, &d[2]);
-	gms_hasher_queue_file(h, fd, 5, 0, &d[3]);                   /* empty */
-	assert_int_equal(gms_hasher_read_error(h), 0);
+	tiers_hasher_queue_file(h, fd, 0, piece, &d[0]);              /* exactly one piece */
+	tiers_hasher_queue_file(h, fd, piece, 2 * piece + 12345, &d[1]); /* two and a bit */
+	tiers_hasher_queue_file(h, fd, 7, 100, NULL);                  /* a file chunk, then memory, one stream */
+	tiers_hasher_queue(h, src + 107, 1000, false, &d[2]);
+	tiers_hasher_queue_file(h, fd, 5, 0, &d[3]);                   /* empty */
+	assert_int_equal(tiers_hasher_read_error(h), 0);
 	assert_true(d[0] == XXH3_64bits(src, piece));
 	assert_true(d[1] == XXH3_64bits(src + piece, 2 * piece + 12345));
 	assert_true(d[2] == XXH3_64bits(src + 7, 1100));
 	assert_true(d[3] == XXH3_64bits(NULL, 0));
-	gms_hasher_free(h);
+	tiers_hasher_free(h);
 
 	/* A chunk past the end of the file, or of a closed fd, is a read
 	 * error the caller sees, whatever the digest. */
-	assert_int_equal(gms_hasher_new(&h), 0);
-	gms_hasher_queue_file(h, fd, total - 10, 20, &d[0]);
-	assert_int_equal(gms_hasher_read_error(h), EIO);
-	gms_hasher_free(h);
+	assert_int_equal(tiers_hasher_new(&h), 0);
+	tiers_hasher_queue_file(h, fd, total - 10, 20, &d[0]);
+	assert_int_equal(tiers_hasher_read_error(h), EIO);
+	tiers_hasher_free(h);
 	close(fd);
-	assert_int_equal(gms_hasher_new(&h), 0);
-	gms_hasher_queue_file(h, fd, 0, 10, &d[0]);
-	assert_int_equal(gms_hasher_read_error(h), EBADF);
-	gms_hasher_free(h);
+	assert_int_equal(tiers_hasher_new(&h), 0);
+	tiers_hasher_queue_file(h, fd, 0, 10, &d[0]);
+	assert_int_equal(tiers_hasher_read_error(h), EBADF);
+	tiers_hasher_free(h);
 	free(src);
 }
 
@@ -160,16 +160,16 @@ static void test_avx2_build_equals_library(void **state)
 	if (!__builtin_cpu_supports("avx2"))
 		skip();
 	uint8_t *p = random_bytes(1000003);
-	void *st = gms_xxh3_avx2_new();
+	void *st = tiers_xxh3_avx2_new();
 	assert_non_null(st);
 	for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
 		size_t n = lengths[k];
-		gms_xxh3_avx2_reset(st);
+		tiers_xxh3_avx2_reset(st);
 		for (size_t off = 0; off < n; off += 4099)
-			gms_xxh3_avx2_update(st, p + off, n - off < 4099 ? n - off : 4099);
-		assert_true(gms_xxh3_avx2_digest(st) == XXH3_64bits(p, n));
+			tiers_xxh3_avx2_update(st, p + off, n - off < 4099 ? n - off : 4099);
+		assert_true(tiers_xxh3_avx2_digest(st) == XXH3_64bits(p, n));
 	}
-	gms_xxh3_avx2_free(st);
+	tiers_xxh3_avx2_free(st);
 	free(p);
 #else
 	skip();

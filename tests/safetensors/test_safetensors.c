@@ -2,7 +2,7 @@
 /* The example engine's safetensors reader/writer and its deterministic
  * model, and the library's reader under it: good files round-trip, every kind
  * of malformed file is refused with a message (the reference library's rules:
- * tests/engine/test_safetensors_ref.py checks them against it), and inference
+ * tests/safetensors/test_safetensors_ref.py checks them against it), and inference
  * is a pure function of weights and seed. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -49,8 +49,8 @@ static void test_corpus(void **state)
 		size_t len;
 		snprintf(path, sizeof(path), "%s/%s", corpus, e->d_name);
 		char *text = slurp(path, &len);
-		struct gms_manifest *mf = NULL;
-		int rc = gms_manifest_parse(text, len, &mf);
+		struct tiers_manifest *mf = NULL;
+		int rc = tiers_manifest_parse(text, len, &mf);
 		int want = !strcmp(e->d_name, "valid") ? 0 : !strcmp(e->d_name, "other_version") ? GF_ERR_VERSION : GF_ERR_PROTOCOL;
 		if (rc != want)
 			fail_msg("%s: got %s (%s), want %s", e->d_name, gf_error_name(rc), gf_error_detail(), gf_error_name(want));
@@ -64,9 +64,9 @@ static void test_corpus(void **state)
 			assert_int_equal(mf->meta[0].value_len, 3);
 			assert_memory_equal(mf->meta[0].value, "\x01\x00\x02", 3);
 			uint8_t h[16];
-			assert_int_equal(gms_manifest_layout_hash(mf, h), 0);
+			assert_int_equal(tiers_manifest_layout_hash(mf, h), 0);
 			assert_memory_equal(h, mf->layout_hash, 16);
-			gms_manifest_free(mf);
+			tiers_manifest_free(mf);
 		}
 		free(text);
 		seen++;

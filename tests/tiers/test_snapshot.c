@@ -41,7 +41,7 @@ struct layout {
 	gf_mem *m;
 	size_t n;
 	gf_mem_alloc **allocs;
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 };
 
 static uint8_t pattern(uint64_t seed, size_t alloc, uint64_t off)
@@ -87,7 +87,7 @@ static struct layout *make_layout(uint64_t seed)
 	size_t sizes[] = { g, 3 * g, (2 * GF_MEM_XFER_CHUNK + 5 * g + g - 1) / g * g, g };
 	l->n = GF_ARRAY_SIZE(sizes);
 	l->allocs = calloc(l->n, sizeof(*l->allocs));
-	l->mf = gms_manifest_new();
+	l->mf = tiers_manifest_new();
 	l->mf->allocs = calloc(l->n, sizeof(*l->mf->allocs));
 	l->mf->nallocs = l->n;
 	for (size_t i = 0; i < l->n; i++) {
@@ -101,7 +101,7 @@ static struct layout *make_layout(uint64_t seed)
 	l->mf->meta = calloc(GF_ARRAY_SIZE(keys), sizeof(*l->mf->meta));
 	l->mf->nmeta = GF_ARRAY_SIZE(keys);
 	for (size_t i = 0; i < l->mf->nmeta; i++) {
-		struct gms_snap_meta *e = &l->mf->meta[i];
+		struct tiers_snap_meta *e = &l->mf->meta[i];
 		e->key = strdup(keys[i]);
 		e->alloc_id = i % l->n + 1;
 		e->offset = i * 16;
@@ -111,7 +111,7 @@ static struct layout *make_layout(uint64_t seed)
 			e->value[b] = (uint8_t)(seed + b * 7 + i); /* binary values, NULs included */
 	}
 	l->mf->generation = seed;
-	assert_int_equal(gms_manifest_layout_hash(l->mf, l->mf->layout_hash), 0);
+	assert_int_equal(tiers_manifest_layout_hash(l->mf, l->mf->layout_hash), 0);
 	return l;
 }
 
@@ -120,7 +120,7 @@ static void free_layout(struct layout *l)
 	for (size_t i = 0; i < l->n; i++)
 		gf_mem_alloc_free(l->allocs[i]);
 	free(l->allocs);
-	gms_manifest_free(l->mf);
+	tiers_manifest_free(l->mf);
 	gf_mem_free(l->m);
 	free(l);
 }
@@ -137,8 +137,8 @@ static char *path_in(const char *name)
 
 static void write_ok(struct layout *l, const char *dir)
 {
-	struct gms_snap_stats st = { 0 };
-	int rc = gms_snapshot_write(dir, l->m, l->mf, l->allocs, &st);
+	struct tiers_snap_stats st = { 0 };
+	int rc = tiers_snapshot_write(dir, l->m, l->mf, l->allocs, &st);
 	if (rc < 0)
 		fail_msg("snapshot write %s: %s: %s", dir, gf_error_name(rc), gf_error_detail());
 	assert_true(st.bytes > 2 * GF_MEM_XFER_CHUNK);
@@ -161,10 +161,10 @@ static int temps_in(const char *parent)
 static void restore_matches(const char *dir, uint64_t seed)
 {
 	struct layout *want = make_layout(seed);
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	gf_mem_alloc **allocs;
-	struct gms_snap_stats st = { 0 };
-	int rc = gms_snapshot_restore(dir, want->m, &mf, &allocs, &st);
+	struct tiers_snap_stats st = { 0 };
+	int rc = tiers_snapshot_restore(dir, want->m, &mf, &allocs, &st);
 	if (rc < 0)
 		fail_msg("restore %s: %s: %s", dir, gf_error_name(rc), gf_error_detail());
 	assert_int_equal(st.bytes, mf->total_bytes);
@@ -186,7 +186,7 @@ static void restore_matches(const char *dir, uint64_t seed)
 		if (!holds(want->m, allocs[i], seed, i))
 			fail_msg("restored allocation %zu differs from the snapshotted bytes", i + 1);
 	}
-	gms_snapshot_restored_free(mf, allocs);
+	tiers_snapshot_restored_free(mf, allocs);
 	free_layout(want);
 }
 
@@ -197,14 +197,14 @@ static void test_round_trip(void **state)
 	const char *dir = path_in("rt");
 	write_ok(l, dir);
 	assert_int_equal(temps_in(tmp), 0);
-	struct gms_manifest *mf;
-	assert_int_equal(gms_snapshot_verify(dir, &mf), 0);
+	struct tiers_manifest *mf;
+	assert_int_equal(tiers_snapshot_verify(dir, &mf), 0);
 	assert_string_equal(mf->backend, gf_mem_kind_name(kind));
 	char uuid[64];
 	assert_int_equal(gf_mem_device_uuid(l->m, uuid, sizeof(uuid)), 0);
 	assert_string_equal(mf->device_uuid, uuid);
-	assert_int_equal(mf->version, GMS_SNAP_VERSION);
-	gms_manifest_free(mf);
+	assert_int_equal(mf->version, TIERS_SNAP_VERSION);
+	tiers_manifest_free(mf);
 	free_layout(l);
 	restore_matches(dir, 1);
 }
@@ -226,14 +226,14 @@ static void test_write_from_populated(void **state)
 	if (kind == GF_MEM_HOST)
 		gf_mem_populate(gf_mem_va_addr(va), total, false);
 	const char *dir = path_in("from");
-	struct gms_snap_stats st = {0};
-	int rc = gms_snapshot_write_from(dir, l->m, l->mf, l->allocs, gf_mem_va_addr(va), &st);
+	struct tiers_snap_stats st = {0};
+	int rc = tiers_snapshot_write_from(dir, l->m, l->mf, l->allocs, gf_mem_va_addr(va), &st);
 	if (rc < 0)
 		fail_msg("snapshot write_from: %s: %s", gf_error_name(rc), gf_error_detail());
 	assert_int_equal(st.bytes, total);
 	gf_mem_va_free(va);
 	free(maps);
-	assert_int_equal(gms_snapshot_verify(dir, NULL), 0);
+	assert_int_equal(tiers_snapshot_verify(dir, NULL), 0);
 	free_layout(l);
 	restore_matches(dir, 3);
 }
@@ -269,7 +269,7 @@ static void test_replace(void **state)
 	FILE *f = fopen(keep, "w");
 	fputs("mine", f);
 	fclose(f);
-	assert_int_equal(gms_snapshot_write(other, a->m, a->mf, a->allocs, NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(tiers_snapshot_write(other, a->m, a->mf, a->allocs, NULL), GF_ERR_INVALID_ARG);
 	assert_non_null(strstr(gf_error_detail(), "not a snapshot directory"));
 	assert_int_equal(access(keep, F_OK), 0);
 	assert_int_equal(temps_in(tmp), 0);
@@ -306,7 +306,7 @@ static void copy_snapshot(const char *from, const char *to)
 	char a[600], b[600];
 	size_t n;
 	mkdir(to, 0755);
-	const char *files[] = { GMS_SNAP_MANIFEST, GMS_SNAP_DATA };
+	const char *files[] = { TIERS_SNAP_MANIFEST, TIERS_SNAP_DATA };
 	for (size_t i = 0; i < 2; i++) {
 		snprintf(a, sizeof(a), "%s/%s", from, files[i]);
 		snprintf(b, sizeof(b), "%s/%s", to, files[i]);
@@ -322,9 +322,9 @@ static void refused(const char *dir, int code, const char *words)
 	gf_mem *m;
 	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
 	int fds = tu_count_fds();
-	struct gms_manifest *mf = NULL;
+	struct tiers_manifest *mf = NULL;
 	gf_mem_alloc **allocs = NULL;
-	int rc = gms_snapshot_restore(dir, m, &mf, &allocs, NULL);
+	int rc = tiers_snapshot_restore(dir, m, &mf, &allocs, NULL);
 	if (rc != code || !strstr(gf_error_detail(), words))
 		fail_msg("restore %s: got %s \"%s\", want %s with \"%s\"", dir, gf_error_name(rc), gf_error_detail(),
 			 gf_error_name(code), words);
@@ -339,7 +339,7 @@ static void edit_manifest(const char *dir, const char *from, const char *to)
 {
 	char p[600];
 	size_t n;
-	snprintf(p, sizeof(p), "%s/%s", dir, GMS_SNAP_MANIFEST);
+	snprintf(p, sizeof(p), "%s/%s", dir, TIERS_SNAP_MANIFEST);
 	char *s = slurp(p, &n);
 	char *at = strstr(s, from);
 	if (!at)
@@ -365,27 +365,27 @@ static void test_refusals(void **state)
 
 	const char *flip = path_in("flipped");
 	copy_snapshot(good, flip);
-	snprintf(p, sizeof(p), "%s/%s", flip, GMS_SNAP_DATA);
+	snprintf(p, sizeof(p), "%s/%s", flip, TIERS_SNAP_DATA);
 	char *s = slurp(p, &n);
 	s[n / 2] ^= 0x10;
 	spit(p, s, n);
 	free(s);
 	refused(flip, GF_ERR_PROTOCOL, "checksum mismatch in allocation 3");
-	assert_int_equal(gms_snapshot_verify(flip, NULL), GF_ERR_PROTOCOL);
+	assert_int_equal(tiers_snapshot_verify(flip, NULL), GF_ERR_PROTOCOL);
 	/* The manifest itself is fine: only reading the data finds the flip. */
-	struct gms_manifest *mf;
-	assert_int_equal(gms_snapshot_open(flip, &mf), 0);
-	gms_manifest_free(mf);
+	struct tiers_manifest *mf;
+	assert_int_equal(tiers_snapshot_open(flip, &mf), 0);
+	tiers_manifest_free(mf);
 
 	const char *trunc = path_in("truncated");
 	copy_snapshot(good, trunc);
-	snprintf(p, sizeof(p), "%s/%s", trunc, GMS_SNAP_DATA);
+	snprintf(p, sizeof(p), "%s/%s", trunc, TIERS_SNAP_DATA);
 	assert_int_equal(truncate(p, (off_t)(l->mf->total_bytes - 1)), 0);
 	refused(trunc, GF_ERR_PROTOCOL, "truncated");
 
 	const char *mtrunc = path_in("manifest-truncated");
 	copy_snapshot(good, mtrunc);
-	snprintf(p, sizeof(p), "%s/%s", mtrunc, GMS_SNAP_MANIFEST);
+	snprintf(p, sizeof(p), "%s/%s", mtrunc, TIERS_SNAP_MANIFEST);
 	s = slurp(p, &n);
 	spit(p, s, n / 2);
 	free(s);
@@ -428,8 +428,8 @@ static void test_refusals(void **state)
 	refused(path_in("absent"), GF_ERR_NOT_FOUND, "absent");
 
 	/* Probes: present with its figures, absent without a word, refused with the reason. */
-	struct gms_snap_probe pr;
-	gms_snapshot_probe(good, &pr);
+	struct tiers_snap_probe pr;
+	tiers_snapshot_probe(good, &pr);
 	assert_true(pr.present);
 	assert_int_equal(pr.bytes, l->mf->total_bytes);
 	assert_int_equal(pr.allocations, l->n);
@@ -437,13 +437,13 @@ static void test_refusals(void **state)
 	assert_memory_equal(pr.layout_hash, l->mf->layout_hash, 16);
 	assert_true(pr.age_ms >= 0 && pr.age_ms < 600000);
 	assert_string_equal(pr.backend, gf_mem_kind_name(kind));
-	gms_snapshot_probe(path_in("absent"), &pr);
+	tiers_snapshot_probe(path_in("absent"), &pr);
 	assert_false(pr.present);
 	assert_string_equal(pr.error, "");
-	gms_snapshot_probe(ver, &pr);
+	tiers_snapshot_probe(ver, &pr);
 	assert_false(pr.present);
 	assert_non_null(strstr(pr.error, "format version 2"));
-	gms_snapshot_probe(trunc, &pr);
+	tiers_snapshot_probe(trunc, &pr);
 	assert_false(pr.present);
 	assert_non_null(strstr(pr.error, "truncated"));
 	restore_matches(good, 4);
@@ -464,19 +464,19 @@ static void test_killed_writer(void **state)
 		if (pid == 0) {
 			struct layout *b = make_layout(6);
 			for (;;)
-				gms_snapshot_write(dir, b->m, b->mf, b->allocs, NULL);
+				tiers_snapshot_write(dir, b->m, b->mf, b->allocs, NULL);
 		}
 		usleep(20000 + 40000 * round);
 		kill(pid, SIGKILL);
 		int st;
 		waitpid(pid, &st, 0);
 		/* Whichever snapshot is there (5, or 6 if one completed), it is whole. */
-		struct gms_manifest *mf;
-		int rc = gms_snapshot_verify(dir, &mf);
+		struct tiers_manifest *mf;
+		int rc = tiers_snapshot_verify(dir, &mf);
 		if (rc < 0)
 			fail_msg("after SIGKILL (round %d): %s: %s", round, gf_error_name(rc), gf_error_detail());
 		uint64_t gen = mf->generation;
-		gms_manifest_free(mf);
+		tiers_manifest_free(mf);
 		assert_true(gen == 5 || gen == 6);
 		restore_matches(dir, gen);
 	}
@@ -501,7 +501,7 @@ static void test_stale_temps(void **state)
 	snprintf(t2, sizeof(t2), "%s/.stale.tmp-%ld-0badf00d", tmp, (long)getppid());
 	assert_int_equal(mkdir(t1, 0755), 0);
 	assert_int_equal(mkdir(t2, 0755), 0);
-	snprintf(f, sizeof(f), "%s/%s", t1, GMS_SNAP_DATA);
+	snprintf(f, sizeof(f), "%s/%s", t1, TIERS_SNAP_DATA);
 	spit(f, "partial", 7);
 	struct layout *l = make_layout(8);
 	write_ok(l, dir);
@@ -535,14 +535,14 @@ static void test_disk_full_and_readonly(void **state)
 	snprintf(dir, sizeof(dir), "%s/snap", mnt);
 	write_ok(l, dir);
 	struct layout *big = make_layout(10);
-	int rc = gms_snapshot_write(dir, big->m, big->mf, big->allocs, NULL);
+	int rc = tiers_snapshot_write(dir, big->m, big->mf, big->allocs, NULL);
 	if (rc != GF_ERR_IO || !strstr(gf_error_detail(), "no space left"))
 		fail_msg("disk full: got %s \"%s\"", gf_error_name(rc), gf_error_detail());
 	assert_int_equal(temps_in(mnt), 0);
 	restore_matches(dir, 9);
 
 	assert_int_equal(mount(NULL, mnt, NULL, MS_REMOUNT | MS_RDONLY, NULL), 0);
-	rc = gms_snapshot_write(dir, big->m, big->mf, big->allocs, NULL);
+	rc = tiers_snapshot_write(dir, big->m, big->mf, big->allocs, NULL);
 	if (rc != GF_ERR_IO || !strstr(gf_error_detail(), "Read-only"))
 		fail_msg("read-only: got %s \"%s\"", gf_error_name(rc), gf_error_detail());
 	restore_matches(dir, 9);
@@ -560,7 +560,7 @@ static void test_copy_fault(void **state)
 	struct layout *a = make_layout(11), *b = make_layout(12);
 	write_ok(a, dir);
 	tu_env_set("FAKECUDA_COPY_FAIL", "2");
-	int rc = gms_snapshot_write(dir, b->m, b->mf, b->allocs, NULL);
+	int rc = tiers_snapshot_write(dir, b->m, b->mf, b->allocs, NULL);
 	tu_env_set("FAKECUDA_COPY_FAIL", NULL);
 	if (rc != GF_ERR_DRIVER || !strstr(gf_error_detail(), "cuMemcpyDtoHAsync"))
 		fail_msg("copy fault: got %s \"%s\"", gf_error_name(rc), gf_error_detail());
@@ -571,12 +571,12 @@ static void test_copy_fault(void **state)
 }
 
 /* Export one fd per allocation and copy the manifest's layout, as the server hands a job over. */
-static void job_of(struct layout *l, struct gms_manifest **mf, int **fds)
+static void job_of(struct layout *l, struct tiers_manifest **mf, int **fds)
 {
 	*fds = calloc(l->n, sizeof(**fds));
 	for (size_t i = 0; i < l->n; i++)
 		assert_int_equal(gf_mem_export(l->allocs[i], &(*fds)[i]), 0);
-	struct gms_manifest *c = gms_manifest_new();
+	struct tiers_manifest *c = tiers_manifest_new();
 	c->nallocs = l->n;
 	c->allocs = calloc(l->n, sizeof(*c->allocs));
 	memcpy(c->allocs, l->mf->allocs, l->n * sizeof(*c->allocs));
@@ -593,47 +593,47 @@ static void job_of(struct layout *l, struct gms_manifest **mf, int **fds)
 	*mf = c;
 }
 
-static void wait_job(struct gms_tierd *t)
+static void wait_job(struct tierd *t)
 {
-	struct pollfd p = { .fd = gms_tierd_get_fd(t), .events = POLLIN };
+	struct pollfd p = { .fd = tierd_get_fd(t), .events = POLLIN };
 	assert_int_equal(poll(&p, 1, 120000), 1);
-	assert_true(gms_tierd_collect(t));
-	assert_false(gms_tierd_busy(t));
+	assert_true(tierd_collect(t));
+	assert_false(tierd_busy(t));
 }
 
 /* The tier worker: snapshot to WARM and COLD on its thread, phases, status, metrics, best-tier restore with fallback. */
 static void test_tier_worker(void **state)
 {
 	(void)state;
-	struct gms_tierd *t;
-	assert_int_equal(gms_tierd_new(&t, kind, 0), 0);
+	struct tierd *t;
+	assert_int_equal(tierd_new(&t, kind, 0), 0);
 	char warm[600], cold[600];
 	snprintf(warm, sizeof(warm), "%s/warm", tmp);
 	snprintf(cold, sizeof(cold), "%s/cold", tmp);
-	assert_int_equal(gms_tierd_set_dirs(t, warm, cold), 0);
+	assert_int_equal(tierd_set_dirs(t, warm, cold), 0);
 	gf_mem *m;
 	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
-	struct gms_manifest *mf;
+	struct tiers_manifest *mf;
 	gf_mem_alloc **allocs;
-	enum gms_tier from;
-	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_NOT_FOUND);
+	enum tier from;
+	assert_int_equal(tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_NOT_FOUND);
 	assert_non_null(strstr(gf_error_detail(), "wait for the loader"));
 
 	struct layout *l = make_layout(21);
 	int *fds;
 	job_of(l, &mf, &fds);
 	int nfds = tu_count_fds();
-	assert_int_equal(gms_tierd_snapshot_start(t, NULL, mf, fds), 0);
-	struct gms_op op;
-	gms_tierd_op(t, &op);
-	assert_int_equal(op.kind, GMS_OP_SNAPSHOT);
-	assert_true(op.phase == GMS_PHASE_PENDING || op.phase == GMS_PHASE_CHECKPOINTING ||
-		    op.phase == GMS_PHASE_CHECKPOINTED);
+	assert_int_equal(tierd_snapshot_start(t, NULL, mf, fds), 0);
+	struct tiers_op op;
+	tierd_op(t, &op);
+	assert_int_equal(op.kind, TIERS_OP_SNAPSHOT);
+	assert_true(op.phase == TIERS_PHASE_PENDING || op.phase == TIERS_PHASE_CHECKPOINTING ||
+		    op.phase == TIERS_PHASE_CHECKPOINTED);
 	wait_job(t);
 	assert_true(tu_count_fds() < nfds); /* the worker closed the fds it was given */
-	gms_tierd_op(t, &op);
-	if (op.phase != GMS_PHASE_CHECKPOINTED)
-		fail_msg("snapshot job: %s: %s", gms_phase_name(op.phase), op.reason);
+	tierd_op(t, &op);
+	if (op.phase != TIERS_PHASE_CHECKPOINTED)
+		fail_msg("snapshot job: %s: %s", tiers_phase_name(op.phase), op.reason);
 	assert_non_null(strstr(op.reason, "cold"));
 	assert_true(op.bytes > 2 * GF_MEM_XFER_CHUNK);
 	/* Host: the worker keeps the layout mapped, populated, for the next snapshot of it (another
@@ -642,23 +642,23 @@ static void test_tier_worker(void **state)
 		int kept = memfd_mappings();
 		assert_true(kept >= (int)l->n);
 		job_of(l, &mf, &fds);
-		assert_int_equal(gms_tierd_snapshot_start(t, path_in("again"), mf, fds), 0);
+		assert_int_equal(tierd_snapshot_start(t, path_in("again"), mf, fds), 0);
 		wait_job(t);
-		gms_tierd_op(t, &op);
-		assert_int_equal(op.phase, GMS_PHASE_CHECKPOINTED);
+		tierd_op(t, &op);
+		assert_int_equal(op.phase, TIERS_PHASE_CHECKPOINTED);
 		assert_int_equal(memfd_mappings(), kept);
-		assert_int_equal(gms_snapshot_verify(path_in("again"), NULL), 0);
-		gms_tierd_release_source(t);
+		assert_int_equal(tiers_snapshot_verify(path_in("again"), NULL), 0);
+		tierd_release_source(t);
 		assert_true(memfd_mappings() < kept);
 	}
-	struct gms_snap_probe pw, pc;
-	gms_tierd_probe(t, GMS_TIER_WARM, &pw);
-	gms_tierd_probe(t, GMS_TIER_COLD, &pc);
+	struct tiers_snap_probe pw, pc;
+	tierd_probe(t, TIER_WARM, &pw);
+	tierd_probe(t, TIER_COLD, &pc);
 	assert_true(pw.present && pc.present);
 	assert_int_equal(pw.generation, 21);
 	assert_int_equal(pc.bytes, op.bytes);
 
-	json_t *js = gms_tierd_status_json(t);
+	json_t *js = tierd_status_json(t);
 	assert_non_null(js);
 	assert_true(json_is_true(json_object_get(json_object_get(js, "warm"), "present")));
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(js, "cold"), "generation")), 21);
@@ -666,53 +666,53 @@ static void test_tier_worker(void **state)
 	json_decref(js);
 	char text[8192];
 	size_t len = 0;
-	gms_tierd_metrics(t, text, sizeof(text), &len);
+	tierd_metrics(t, text, sizeof(text), &len);
 	assert_non_null(strstr(text, "gf_gms_tier_present{tier=\"warm\"} 1\n"));
 	assert_non_null(strstr(text, "gf_gms_tier_present{tier=\"cold\"} 1\n"));
 	assert_non_null(strstr(text, "gf_gms_operation_phase{operation=\"snapshot\",phase=\"Checkpointed\"} 1\n"));
 	assert_non_null(strstr(text, "gf_gms_tier_age_seconds{tier=\"warm\"}"));
 
 	/* Best tier first. */
-	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
-	assert_int_equal(from, GMS_TIER_WARM);
+	assert_int_equal(tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
+	assert_int_equal(from, TIER_WARM);
 	assert_memory_equal(mf->layout_hash, l->mf->layout_hash, 16);
-	gms_snapshot_restored_free(mf, allocs);
-	gms_tierd_op(t, &op);
-	assert_int_equal(op.phase, GMS_PHASE_RESTORED);
+	tiers_snapshot_restored_free(mf, allocs);
+	tierd_op(t, &op);
+	assert_int_equal(op.phase, TIERS_PHASE_RESTORED);
 
 	/* A WARM copy with a flipped byte is refused and COLD serves, saying so. */
 	char p[700];
 	size_t n;
-	snprintf(p, sizeof(p), "%s/%s", warm, GMS_SNAP_DATA);
+	snprintf(p, sizeof(p), "%s/%s", warm, TIERS_SNAP_DATA);
 	char *s = slurp(p, &n);
 	s[0] ^= 1;
 	spit(p, s, n);
 	free(s);
-	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
-	assert_int_equal(from, GMS_TIER_COLD);
-	gms_snapshot_restored_free(mf, allocs);
-	gms_tierd_op(t, &op);
-	assert_int_equal(op.phase, GMS_PHASE_RESTORED);
+	assert_int_equal(tierd_restore(t, NULL, m, &mf, &allocs, &from), 0);
+	assert_int_equal(from, TIER_COLD);
+	tiers_snapshot_restored_free(mf, allocs);
+	tierd_op(t, &op);
+	assert_int_equal(op.phase, TIERS_PHASE_RESTORED);
 	assert_non_null(strstr(op.reason, "checksum mismatch"));
 
 	/* Both broken: Failed with the reason, nothing returned. */
-	snprintf(p, sizeof(p), "%s/%s", cold, GMS_SNAP_DATA);
+	snprintf(p, sizeof(p), "%s/%s", cold, TIERS_SNAP_DATA);
 	assert_int_equal(truncate(p, 10), 0);
-	assert_int_equal(gms_tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_PROTOCOL);
-	gms_tierd_op(t, &op);
-	assert_int_equal(op.phase, GMS_PHASE_FAILED);
+	assert_int_equal(tierd_restore(t, NULL, m, &mf, &allocs, &from), GF_ERR_PROTOCOL);
+	tierd_op(t, &op);
+	assert_int_equal(op.phase, TIERS_PHASE_FAILED);
 	assert_non_null(strstr(op.reason, "checksum mismatch"));
 
 	/* A snapshot that cannot be written ends Failed with the reason. */
 	job_of(l, &mf, &fds);
-	assert_int_equal(gms_tierd_snapshot_start(t, "/nonexistent-dir/x/snap", mf, fds), 0);
+	assert_int_equal(tierd_snapshot_start(t, "/nonexistent-dir/x/snap", mf, fds), 0);
 	wait_job(t);
-	gms_tierd_op(t, &op);
-	assert_int_equal(op.phase, GMS_PHASE_FAILED);
+	tierd_op(t, &op);
+	assert_int_equal(op.phase, TIERS_PHASE_FAILED);
 	assert_non_null(strstr(op.reason, "/nonexistent-dir/x"));
 	free_layout(l);
 	gf_mem_free(m);
-	gms_tierd_free(t);
+	tierd_free(t);
 }
 
 int main(int argc, char **argv)
