@@ -240,14 +240,21 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		if (rc)
 			goto fail;
 		int64_t init_ms = gf_engine_init_timeout(e);
-		rc = gf_gms_connect(&d->gms, d->uri, d->mem, mode, init_ms);
-		if (rc == GF_ERR_TIMEOUT && e->role == GF_ENGINE_FOLLOWER) {
+		/* A slow loader is not a missing one: the wait goes on while the
+		 * GMS's writer makes progress, whatever the load takes. */
+		rc = gf_gms_connect_by_progress(&d->gms, d->uri, d->mem, mode, init_ms, NULL);
+		if (rc == GF_ERR_TIMEOUT) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", gf_error_detail());
 			rc = gf_err(GF_ERR_TIMEOUT,
-				    "init_weights: no committed layout in the GMS of device %d (%s) within the init "
-				    "timeout of %" PRId64 " ms: is a loader running against it? (%s)",
-				    i, d->uri, init_ms, gf_error_detail());
-			gf_log(GF_LOG_ERR, "engine", "event=init_timeout id=%s device=%d gms=%s timeout_ms=%" PRId64,
-			       e->id ? e->id : "", i, d->uri, init_ms);
+				    "init_weights: no committed layout in the GMS of device %d (%s), init timeout %" PRId64
+				    " ms: %s",
+				    i, d->uri, init_ms, why);
+			gf_log(GF_LOG_ERR, "engine",
+			       "event=init_timeout id=%s device=%d gms=%s timeout_ms=%" PRId64 " reason=%s",
+			       e->id ? e->id : "", i, d->uri, init_ms,
+			       strstr(why, "no writer connected") ? "no_writer"
+			       : strstr(why, "made no progress") ? "writer_stalled" : "timeout");
 		}
 		if (rc)
 			goto fail;

@@ -331,7 +331,9 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	int64_t reply_deadline = deadline == INT64_MAX || by_progress ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
+	/* 0 asks the GMS "only if grantable now": the handshake before it still needs its round trip. */
+	int64_t open_deadline = timeout_ms == 0 ? gf_now_us() + GMS_REPLY_GRACE_US : deadline;
+	int rc = gf_gms_open_session(g->uri_text, &g->uri, open_deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
 	fill_connect(g, mode, timeout_ms, false, false, by_progress);

@@ -83,13 +83,13 @@ out:
 
 static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", NULL };
+	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", "by_progress", NULL };
 	const char *uri;
 	PyObject *mobj, *modeobj = NULL, *tobj = Py_None, *grant = Py_None;
-	int mode = GF_GMS_RO;
+	int mode = GF_GMS_RO, by_progress = 0;
 	int64_t ms;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$O", kwlist, &uri, &gfpy_MemoryType, &mobj, &modeobj, &tobj,
-					 &grant))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$Op", kwlist, &uri, &gfpy_MemoryType, &mobj, &modeobj, &tobj,
+					 &grant, &by_progress))
 		return -1;
 	struct gf_lock_proof proof;
 	if (grant != Py_None && grant_proof(grant, &proof) < 0)
@@ -106,7 +106,10 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	int rc;
 	gf_mem *mem = ((MemoryObject *)mobj)->mem;
 	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
+	if (by_progress)
+		rc = gf_gms_connect_by_progress(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
+	else
+		rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
 	Py_END_ALLOW_THREADS
 	if (rc < 0) {
 		gfpy_raise_gf(rc);
@@ -197,6 +200,21 @@ static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
 	if (rc < 0)
 		return gfpy_raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(gen);
+}
+
+static PyObject *GMS_report_progress(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "done", "total", NULL };
+	uint64_t done, total = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&", kwlist, gfpy_u64_arg, &done, gfpy_u64_arg, &total))
+		return NULL;
+	if (gms_idle(self, "report_progress") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_gms_report_progress(self->gms, done, total));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
@@ -555,6 +573,11 @@ static PyMethodDef GMS_methods[] = {
 	{ "commit", (PyCFunction)GMS_commit, METH_NOARGS,
 	  "commit($self, /)\n--\n\n"
 	  "commit() -> generation\n\nWriter: validate, hash the layout, commit; the client becomes a reader." },
+	{ "report_progress", (PyCFunction)(void (*)(void))GMS_report_progress, METH_VARARGS | METH_KEYWORDS,
+	  "report_progress($self, done, total=0)\n--\n\n"
+	  "report_progress(done, total=0)\n\nWriter: bytes written so far (of total, 0: unknown). Readers waiting\n"
+	  "by_progress keep waiting while the writer reports; at most one report per 100 ms\n"
+	  "goes to the GMS (later calls return at once)." },
 	{ "map_all", (PyCFunction)GMS_map_all, METH_NOARGS,
 	  "map_all($self, /)\n--\n\n"
 	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },
@@ -604,10 +627,13 @@ PyTypeObject gfpy_GMSType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
 	.tp_basicsize = sizeof(GMSObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None, *, grant=None)\n--\n\n"
+	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None, *, grant=None, by_progress=False)\n--\n\n"
 		  "Client of one GPU Memory Service; the connection is the RW/RO lock. grant (the\n"
 		  "Grant of Lock.acquire()) makes the connect carry its fence proof: a GMS fenced by\n"
-		  "the lock (gf-gmsd --lock) lets only the current holder replace committed weights.",
+		  "the lock (gf-gmsd --lock) lets only the current holder replace committed weights.\n"
+		  "by_progress: the timeout counts only while no writer makes progress (a follower\n"
+		  "waiting for its loader): TimeoutError once no writer has been connected, or the\n"
+		  "connected one has made no progress, for timeout seconds.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)GMS_init,
 	.tp_dealloc = (destructor)GMS_dealloc,
