@@ -6,8 +6,10 @@ the connected one stalled. Against a real gf-gmsd.
 
 Only outcomes and error texts are asserted: the writer reports every 50 ms
 against a 1 s timeout, and loads for three times that."""
+import re
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -51,9 +53,16 @@ def slow_load(w, seconds):
     return done
 
 
+def metrics(gmsd):
+    port = int(re.search(r'msg="metrics listening" address=\S+ port=(\d+)', gmsd.text()).group(1))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 def test_reader_waits_while_the_writer_makes_progress(cluster):
-    cluster.gmsd()
+    g = cluster.gmsd(0, "--metrics", "127.0.0.1:0")
     uri = cluster.gms_uri()
+    assert "gf_gms_writer_connected 0\n" in metrics(g)
     w = gf.GMSClient(uri, gf.Memory("host"), mode="rw", timeout=5)
     r = Reader(uri, WAIT)
     r.start()
@@ -66,6 +75,9 @@ def test_reader_waits_while_the_writer_makes_progress(cluster):
     assert st["writer_progress"]["progress_reports"] > 0
     assert st["writer_progress"]["total_bytes"] == 1 << 20
     assert st["no_writer_since_unix_ms"] is None
+    text = metrics(g)
+    assert "gf_gms_writer_connected 1\n" in text and "gf_gms_waiters_by_progress 1\n" in text
+    assert "gf_gms_writer_idle_seconds " in text
     assert r.is_alive(), f"the reader gave up while the writer made progress: {r.error}"
     w.commit()
     r.join(20)
