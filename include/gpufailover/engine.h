@@ -283,8 +283,11 @@ GF_EXPORT int gf_engine_probe_port(const gf_engine *engine);
  * role is granted @p load is called and must commit; elsewhere the committed
  * weights are imported and mapped read-only. Stays in Init.
  * Errors: GF_ERR_STATE (not Init, or already done), GF_ERR_INVALID_ARG (no
- * GMS configured, loader without @p load), whatever the GMS client or @p load
- * returned; on failure everything connected so far is closed again.
+ * GMS configured, loader without @p load), GF_ERR_TIMEOUT (the init timeout
+ * passed without a writer's progress), GF_ERR_INTERRUPTED
+ * (gf_engine_interrupt() during a GMS wait), whatever the GMS client or
+ * @p load returned; on failure everything connected so far is closed again
+ * and the call may be repeated.
  */
 GF_EXPORT int gf_engine_init_weights(gf_engine *engine, gf_engine_load_fn load, void *userdata);
 /** Sleep: unmap every GMS (addresses stay reserved) and enter Standby. Needs Init with weights. */
@@ -382,7 +385,12 @@ GF_EXPORT int gf_engine_run_shadow(gf_engine *engine, const struct gf_engine_cal
  * with nothing deferred, do nothing and return 0).
  */
 GF_EXPORT int gf_engine_settle(gf_engine *engine);
-/** Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED. Async-signal-safe, any thread. */
+/**
+ * Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED; in Init, the
+ * wait of gf_engine_init_weights() in a GMS (now, or its next one: an
+ * interrupt that no wait of Init took goes to the next acquire).
+ * Async-signal-safe, any thread.
+ */
 GF_EXPORT void gf_engine_interrupt(gf_engine *engine);
 
 /* ---- inspection (any thread) ---- */

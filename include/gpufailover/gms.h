@@ -127,10 +127,13 @@ GF_EXPORT int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, i
  * decides when the wait ends, the client sets no deadline of its own on the
  * answer: a stopped GMS keeps it waiting (as with @p timeout_ms < 0). A GMS
  * older than this call counts @p timeout_ms from the request. @p proof may
- * be NULL. Blocks. Errors as gf_gms_connect_proof().
+ * be NULL. @p cancel_fd (-1: none) ends the wait early: once it is readable
+ * (e.g. an eventfd written from a signal handler) the request is withdrawn
+ * and the call returns GF_ERR_INTERRUPTED; the fd is only polled, the caller
+ * drains it. Blocks. Errors as gf_gms_connect_proof(), and GF_ERR_INTERRUPTED.
  */
 GF_EXPORT int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-					 const struct gf_lock_proof *proof);
+					 const struct gf_lock_proof *proof, int cancel_fd);
 /**
  * The lock grant this client's later connects carry (a wake's, gf_gms_remap()):
  * @p proof (copied; NULL: none from now on). An engine that connected before

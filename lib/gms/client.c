@@ -323,11 +323,47 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 }
 
 /*
+ * Send the request in @g->msg, then wait until its answer arrives or
+ * @cancel_fd is readable (GF_ERR_INTERRUPTED; the caller drains it and
+ * closes the connection, which withdraws the request in the server).
+ */
+static int wait_cancelable(gf_gms *g, int cancel_fd, int64_t deadline)
+{
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	for (;;) {
+		struct pollfd p[2] = { { .fd = g->fd, .events = POLLIN }, { .fd = cancel_fd, .events = POLLIN } };
+		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us() + 999) / 1000;
+		int n = poll(p, 2, left < 0 ? -1 : left > INT32_MAX ? INT32_MAX : (int)left);
+		if (n < 0 && errno != EINTR)
+			return gf_err(GF_ERR_IO, "connect: poll: %s", strerror(errno));
+		if (n > 0 && p[0].revents)
+			return 0; /* the answer (or a hangup) is there: read it */
+		if (n > 0 && p[1].revents)
+			return gf_err(GF_ERR_INTERRUPTED, "connect to %s: interrupted while waiting", g->uri_text);
+		if (n == 0 && left == 0)
+			return 0; /* read now, and time out there */
+	}
+}
+
+/* Read the answer to a request wait_cancelable() sent. */
+static int request_reply(gf_gms *g, int64_t deadline)
+{
+	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	g->round_trips++;
+	return gf_msg_error_code(g->msg);
+}
+
+/*
  * Connect and take the lock in @mode; fills @g->grant. By progress the
  * server alone knows when the wait ends (a writer's progress moves it), so
  * the reply has no deadline here: only the connect and handshake do.
  */
-static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress)
+static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress, int cancel_fd)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	int64_t reply_deadline = deadline == INT64_MAX || by_progress ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
@@ -337,7 +373,9 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress)
 	if (rc < 0)
 		return rc;
 	fill_connect(g, mode, timeout_ms, false, false, by_progress);
-	rc = request(g, NULL, NULL, reply_deadline);
+	rc = cancel_fd >= 0 ? wait_cancelable(g, cancel_fd, reply_deadline) : 0;
+	if (rc == 0)
+		rc = cancel_fd >= 0 ? request_reply(g, reply_deadline) : request(g, NULL, NULL, reply_deadline);
 	if (rc == 0)
 		rc = take_connected(g);
 	if (rc < 0) {
@@ -350,7 +388,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress)
 }
 
 static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress);
+			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd);
 
 int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
 {
@@ -361,7 +399,7 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 			 uint64_t lock_epoch)
 {
 	struct gf_lock_proof p = { .epoch = lock_epoch };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false, false);
+	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false, false, -1);
 }
 
 int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
@@ -370,20 +408,21 @@ int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	if (proof && proof->epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_proof: a proof of epoch 0 names no grant");
 	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, false);
+	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, false, -1);
 }
 
 int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			       const struct gf_lock_proof *proof)
+			       const struct gf_lock_proof *proof, int cancel_fd)
 {
 	if (proof && proof->epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_by_progress: a proof of epoch 0 names no grant");
 	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, true);
+	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, true,
+			      cancel_fd);
 }
 
 static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress)
+			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd)
 {
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
@@ -415,7 +454,7 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	if (rc == 0)
 		rc = gf_mem_granularity(mem, &g->gran, &rec);
 	if (rc == 0)
-		rc = do_connect(g, mode, timeout_ms, by_progress);
+		rc = do_connect(g, mode, timeout_ms, by_progress, cancel_fd);
 	if (rc == 0 && !gmsc_fsm_granted(&g->fsm, g->grant.mode)) /* no watcher yet: no lock needed */
 		rc = gf_err(GF_ERR_PROTOCOL, "connect: unexpected grant %d", g->grant.mode);
 	if (rc == 0 && g->grant.mode == GF_GMS_RW) {
@@ -1281,7 +1320,7 @@ static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	for (;;) {
 		int64_t left = (deadline - gf_now_us()) / 1000;
-		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0, false);
+		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0, false, -1);
 		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
 			return rc;
 		usleep(50000);

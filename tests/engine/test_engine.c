@@ -975,6 +975,52 @@ static void test_follower_waits_for_a_slow_loader(void **state)
 	gf_engine_free(s);
 }
 
+struct init_thread {
+	gf_engine *e;
+	int rc;
+	pthread_t th;
+};
+
+static void *init_main(void *arg)
+{
+	struct init_thread *t = arg;
+	t->rc = gf_engine_init_weights(t->e, NULL, NULL);
+	return NULL;
+}
+
+/* gf_engine_interrupt() ends a follower's wait in Init; Init may then be repeated. */
+static void test_interrupt_ends_init_wait(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 60000), 0);
+	struct init_thread t = { .e = e };
+	assert_int_equal(pthread_create(&t.th, NULL, init_main, &t), 0);
+	char *js = NULL;
+	for (int i = 0; i < 2000; i++) {
+		free(js);
+		assert_int_equal(gf_gms_status_json(f->gms[0].uri, 2000, &js), 0);
+		if (strstr(js, "\"waiters_by_progress\":1"))
+			break;
+		usleep(10000);
+	}
+	assert_non_null(strstr(js, "\"waiters_by_progress\":1"));
+	free(js);
+	gf_engine_interrupt(e);
+	pthread_join(t.th, NULL);
+	assert_int_equal(t.rc, GF_ERR_INTERRUPTED);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_null(gf_engine_gms(e, 0));
+	/* Again, once a loader committed: it maps. */
+	gf_engine *l = new_engine(f);
+	assert_int_equal(gf_engine_init_weights(l, real_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_true(weights_mapped(e, i));
+	gf_engine_free(l);
+}
+
 static void test_loader_must_commit(void **state)
 {
 	struct fixture *f = *state;
@@ -2013,6 +2059,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_loader_must_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_follower_init_timeout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_follower_waits_for_a_slow_loader, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_interrupt_ends_init_wait, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_private_address_from_init, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_connect_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_declaration, setup, teardown),

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -67,6 +68,7 @@ static int teardown(void **state)
 struct reader {
 	bool by_progress;
 	int64_t timeout_ms;
+	int cancel_fd;
 	int rc;
 	char detail[512];
 	gf_gms *g;
@@ -78,7 +80,7 @@ static void *reader_main(void *arg)
 {
 	struct reader *r = arg;
 	if (r->by_progress)
-		r->rc = gf_gms_connect_by_progress(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, NULL);
+		r->rc = gf_gms_connect_by_progress(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, NULL, r->cancel_fd);
 	else
 		r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms);
 	snprintf(r->detail, sizeof(r->detail), "%s", r->rc < 0 ? gf_error_detail() : "");
@@ -91,6 +93,7 @@ static void reader_start(struct reader *r, bool by_progress, int64_t timeout_ms)
 	memset(r, 0, sizeof(*r));
 	r->by_progress = by_progress;
 	r->timeout_ms = timeout_ms;
+	r->cancel_fd = -1;
 	assert_int_equal(pthread_create(&r->th, NULL, reader_main, r), 0);
 }
 
@@ -193,7 +196,7 @@ static void test_no_writer_times_out(void **state)
 {
 	(void)state;
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL, -1), GF_ERR_TIMEOUT);
 	assert_null(g);
 	assert_non_null(strstr(gf_error_detail(), "no writer connected for 0.3 s"));
 	assert_true(status_has("reason=no_writer"));
@@ -220,7 +223,7 @@ static void test_stalled_writer_times_out(void **state)
 	OK(gf_gms_allocate(w, 64 * KiB, "weights", &id));
 	OK(gf_gms_report_progress(w, 1000, 5000));
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL, -1), GF_ERR_TIMEOUT);
 	assert_null(g);
 	const char *d = gf_error_detail();
 	assert_non_null(strstr(d, "writer connected but made no progress for 0.3 s"));
@@ -247,11 +250,33 @@ static void test_report_progress_rules(void **state)
 	OK(gf_gms_commit(w, &gen));
 	assert_int_equal(gf_gms_report_progress(w, 3, 0), GF_ERR_STATE);
 	gf_gms *r;
-	OK(gf_gms_connect_by_progress(&r, srv.uri, mem, GF_GMS_RO, 0, NULL));
+	OK(gf_gms_connect_by_progress(&r, srv.uri, mem, GF_GMS_RO, 0, NULL, -1));
 	assert_int_equal(gf_gms_granted_mode(r), GF_GMS_RO);
 	assert_int_equal(gf_gms_report_progress(r, 3, 0), GF_ERR_STATE);
 	gf_gms_free(r);
 	gf_gms_free(w);
+}
+
+/* The cancel fd withdraws a wait: GF_ERR_INTERRUPTED, and the GMS no longer counts the waiter. */
+static void test_cancel_fd_withdraws_the_wait(void **state)
+{
+	(void)state;
+	int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	assert_true(efd >= 0);
+	struct reader r;
+	memset(&r, 0, sizeof(r));
+	r.by_progress = true;
+	r.timeout_ms = 60000;
+	r.cancel_fd = efd;
+	assert_int_equal(pthread_create(&r.th, NULL, reader_main, &r), 0);
+	wait_status("\"waiters_by_progress\":1");
+	uint64_t one = 1;
+	assert_int_equal(write(efd, &one, sizeof(one)), sizeof(one));
+	pthread_join(r.th, NULL);
+	assert_int_equal(r.rc, GF_ERR_INTERRUPTED);
+	assert_null(r.g);
+	wait_status("\"waiters\":0");
+	close(efd);
 }
 
 int main(void)
@@ -261,6 +286,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_no_writer_times_out, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stalled_writer_times_out, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_progress_rules, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_fd_withdraws_the_wait, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

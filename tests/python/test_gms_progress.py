@@ -7,6 +7,7 @@ the connected one stalled. Against a real gf-gmsd.
 Only outcomes and error texts are asserted: the writer reports every 50 ms
 against a 1 s timeout, and loads for three times that."""
 import re
+import signal
 import threading
 import time
 import urllib.request
@@ -128,3 +129,76 @@ def test_follower_init_fails_without_a_loader(cluster):
                     init_timeout=0.3)
     with pytest.raises(gf.TimeoutError, match="no writer connected for 0.3 s"):
         eng.init_weights()
+
+
+class Deadline(Exception):
+    pass
+
+
+@pytest.fixture
+def alarm():
+    old = signal.getsignal(signal.SIGALRM)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def raise_deadline(signum, frame):
+    raise Deadline()
+
+
+def test_raising_handler_ends_a_wait_by_progress(cluster, alarm):
+    """PEP 475: a wait that may last a whole load runs Python's signal handlers."""
+    cluster.gmsd()
+    signal.signal(signal.SIGALRM, raise_deadline)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    # Without it this waits the whole minute, then TimeoutError.
+    with pytest.raises(Deadline):
+        gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="ro", timeout=60, by_progress=True)
+    deadline = time.monotonic() + 20
+    while gf.gms_status(cluster.gms_uri(), 2)["waiters"]:  # the request was withdrawn
+        assert time.monotonic() < deadline, "the interrupted request still waits in the GMS"
+        time.sleep(0.01)
+
+
+def test_returning_handler_lets_a_wait_by_progress_go_on(cluster, alarm):
+    cluster.gmsd()
+    uri = cluster.gms_uri()
+    ran = []
+    signal.signal(signal.SIGALRM, lambda signum, frame: ran.append(signum))
+    w = gf.GMSClient(uri, gf.Memory("host"), mode="rw", timeout=5)
+
+    def load_after_the_handler():
+        deadline = time.monotonic() + 20
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        slow_load(w, 0.2)
+        w.commit()
+
+    loader = threading.Thread(target=load_after_the_handler, daemon=True)
+    loader.start()
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    r = gf.GMSClient(uri, gf.Memory("host"), mode="ro", timeout=WAIT, by_progress=True)
+    loader.join(20)
+    assert ran and r.mode == "ro"
+    r.close()
+    w.close()
+
+
+def test_raising_handler_ends_a_followers_init(cluster, alarm):
+    cluster.lockd()
+    cluster.gmsd()
+    eng = gf.Engine(cluster.lock_uri, "follower", [cluster.gms_uri()], role="follower", backend="host",
+                    init_timeout=60)
+    signal.signal(signal.SIGALRM, raise_deadline)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    with pytest.raises(Deadline):
+        eng.init_weights()
+    assert eng.state_info()["state"] == "init"
+    # Init may be tried again: a loader committed meanwhile, so it maps at once.
+    w = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="rw", timeout=5)
+    slow_load(w, 0)
+    w.commit()
+    eng.init_weights()
+    assert bytes(memoryview(eng.gms(0).buffer("w"))[:1]) == b"\x5a"
+    w.close()

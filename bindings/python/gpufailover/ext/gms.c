@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* GMSClient: client of one GPU Memory Service. */
+#include <sys/eventfd.h>
+
 #include "common.h"
 
 int gfpy_gms_ready(GMSObject *self)
@@ -81,6 +83,76 @@ out:
 	return rc;
 }
 
+/*
+ * A wait by progress may last as long as a loader loads, so it follows PEP
+ * 475 as LockClient.acquire() does: a signal with a Python handler writes
+ * the eventfd the connect polls, the wait is withdrawn, the handler runs,
+ * and unless it raised the connect is made again (its timeout counting
+ * afresh).
+ */
+struct progress_connect {
+	const char *uri;
+	gf_mem *mem;
+	int mode;
+	int64_t ms;
+	const struct gf_lock_proof *proof;
+	int cancel_fd;
+	gf_gms *g;
+};
+
+static int progress_connect_call(void *ctx, int64_t unused)
+{
+	struct progress_connect *p = ctx;
+	int rc = gf_gms_connect_by_progress(&p->g, p->uri, p->mem, p->mode, p->ms, p->proof, p->cancel_fd);
+	if (rc == GF_ERR_INTERRUPTED) {
+		uint64_t n;
+		ssize_t r = read(p->cancel_fd, &n, sizeof(n));
+		(void)r; /* non-blocking: drained or already empty */
+	}
+	return rc;
+}
+
+/* From a signal handler: async-signal-safe. */
+static void progress_connect_wake(void *ctx)
+{
+	uint64_t one = 1;
+	ssize_t n = write(((struct progress_connect *)ctx)->cancel_fd, &one, sizeof(one));
+	(void)n; /* a full counter already wakes the wait */
+}
+
+static void *progress_connect_handle(PyObject *capsule)
+{
+	return PyCapsule_GetPointer(capsule, NULL);
+}
+
+/* Connect by progress, interruptible; 0 with *out set, or -1 with an exception. */
+static int connect_by_progress(GMSObject *self, struct progress_connect *p, gf_gms **out)
+{
+	p->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (p->cancel_fd < 0) {
+		PyErr_SetFromErrno(PyExc_OSError);
+		return -1;
+	}
+	PyObject *capsule = PyCapsule_New(p, NULL, NULL);
+	if (!capsule) {
+		close(p->cancel_fd);
+		return -1;
+	}
+	const int stop = 0;
+	int rc = gfpy_wait_interruptible(progress_connect_call, p, progress_connect_wake, progress_connect_handle,
+					 capsule, &self->busy, &stop, -1);
+	Py_DECREF(capsule);
+	close(p->cancel_fd);
+	if (rc == GFPY_PYERR)
+		return -1;
+	if (rc < 0) {
+		gfpy_raise_gf(rc);
+		return -1;
+	}
+	*out = p->g;
+	return 0;
+}
+
 static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", "by_progress", NULL };
@@ -105,15 +177,18 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	gf_gms *g = NULL;
 	int rc;
 	gf_mem *mem = ((MemoryObject *)mobj)->mem;
-	Py_BEGIN_ALLOW_THREADS
-	if (by_progress)
-		rc = gf_gms_connect_by_progress(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
-	else
+	if (by_progress) {
+		struct progress_connect p = { uri, mem, mode, ms, grant != Py_None ? &proof : NULL, -1, NULL };
+		if (connect_by_progress(self, &p, &g) < 0)
+			return -1;
+	} else {
+		Py_BEGIN_ALLOW_THREADS
 		rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
-	Py_END_ALLOW_THREADS
-	if (rc < 0) {
-		gfpy_raise_gf(rc);
-		return -1;
+		Py_END_ALLOW_THREADS
+		if (rc < 0) {
+			gfpy_raise_gf(rc);
+			return -1;
+		}
 	}
 	self->gms = g;
 	self->mem = mem;
