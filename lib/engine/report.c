@@ -300,6 +300,11 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 		json_object_set_new(o, "init_timeout_ms", init_ms < 0 ? json_null() : json_integer(init_ms));
 		json_object_set_new(o, "read_protection", json_string(read_protection(e)));
 		json_object_set_new(o, "device_lost", json_boolean(device_lost(e)));
+		/* A rank engine (>= 1) holds no lock: its epoch is its holder's, given at the wake. */
+		json_object_set_new(o, "rank", json_integer(e->rank));
+		pthread_mutex_lock(gf_engine_mu(e));
+		json_object_set_new(o, "holder_pids", json_integer((json_int_t)e->nholder_pids));
+		pthread_mutex_unlock(gf_engine_mu(e));
 	}
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
