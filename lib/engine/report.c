@@ -205,6 +205,10 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "# TYPE gf_engine_device_lost gauge\n"
 		   "gf_engine_device_lost %d\n",
 		device_lost(e));
+	fprintf(f, "# HELP gf_engine_rank The engine's rank: 0 holds the lock, >= 1 wakes with its holder's epoch.\n"
+		   "# TYPE gf_engine_rank gauge\n"
+		   "gf_engine_rank %d\n",
+		e->rank);
 	fprintf(f, "# HELP gf_engine_memory_need_bytes Free memory every device needs before the engine wakes (0: no "
 		   "gate).\n"
 		   "# TYPE gf_engine_memory_need_bytes gauge\n"

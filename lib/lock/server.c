@@ -1806,6 +1806,8 @@ static void engine_metrics(FILE *f, const char *name, const struct conn *c, cons
 		v = decl ? decl->wake_bytes : 0;
 	else if (!strcmp(name, "gf_lock_engine_asleep_bytes"))
 		v = decl ? decl->asleep_bytes : 0;
+	else if (!strcmp(name, "gf_lock_engine_pids"))
+		v = c->npids;
 	else
 		v = decl && decl->pinned;
 	fprintf(f, "%s{id=\"%s\",role=\"%s\"} %llu\n", name, c->peer->id, role, (unsigned long long)v);
@@ -1900,6 +1902,7 @@ static int render_metrics(gf_lockd *d, char **text)
 		{ "gf_lock_engine_wake_bytes", "gauge", "private memory the engine's wake needs, as declared" },
 		{ "gf_lock_engine_asleep_bytes", "gauge", "memory the engine keeps while asleep, as declared" },
 		{ "gf_lock_engine_pinned", "gauge", "1 when the engine is never evicted" },
+		{ "gf_lock_engine_pids", "gauge", "further processes (ranks) the engine registered with the lock" },
 	};
 	for (size_t k = 0; k < GF_ARRAY_SIZE(per_engine); k++) {
 		metric(f, per_engine[k].name, per_engine[k].type, per_engine[k].help);

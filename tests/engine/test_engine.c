@@ -1976,6 +1976,9 @@ static void test_rank_engine(void **state)
 	assert_non_null(strstr(js, "\"rank\":1"));
 	assert_non_null(strstr(js, "\"id\":\"eng-a\""));
 	free(js);
+	assert_int_equal(gf_engine_metrics_text(r, &js), 0);
+	assert_non_null(strstr(js, "\ngf_engine_rank 1\n"));
+	free(js);
 	/* No lock: no listener, no step-down, never "may accept" from one. */
 	int fd;
 	assert_int_equal(gf_engine_listener(r, "http", &fd), GF_ERR_STATE);
