@@ -156,6 +156,34 @@ def _add_pids(s, fds, count):
     s.sendmsg([_frame(body, nfds=len(fds))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
+def test_more_than_64_processes_is_dropped(tmp, procs):
+    """The client library never registers more than 64 live processes: a
+    peer that does is answered GF_ERR_TOO_BIG and closed, its pidfds with it."""
+    d = start_lockd(procs, tmp)
+    kids = [subprocess.Popen(["sleep", "600"]) for _ in range(65)]
+    fds = [os.pidfd_open(k.pid) for k in kids]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect(d.sock)
+        _hello(s, "x")
+        for i in range(0, 64, 16):
+            _add_pids(s, fds[i:i + 16], 16)
+        _add_pids(s, fds[64:], 1)
+        body = _read_frame(s)
+        assert body is not None and body[2] == (14 << 3 | 2), body  # Msg.error
+        assert b"more than 64" in body, body
+        assert _read_frame(s) is None  # closed
+        assert gfctl("lock", "ping", "--lock", d.uri).returncode == 0
+    finally:
+        s.close()
+        for f in fds:
+            os.close(f)
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
 @pytest.mark.parametrize("case", ["not-a-pidfd", "count-mismatch"])
 def test_hostile_add_pids_is_dropped(tmp, procs, case):
     """A peer that sends something else than pidfds, or not the count it

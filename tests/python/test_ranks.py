@@ -170,3 +170,50 @@ def test_rank_memory_gate(cluster, monkeypatch):
     finally:
         e1.close()
         e0.close()
+
+
+WATCHING_HOLDER = textwrap.dedent("""
+    import sys, time
+    import gpufailover as gf
+    lock = gf.LockClient(sys.argv[1], "a", reconnect_timeout=30)
+    lock.add_pid(int(sys.argv[2]))
+    g = lock.acquire(timeout=10)
+    lock.start_watch()
+    print("granted", g.epoch, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_reclaim_registers_the_ranks_again(cluster):
+    """The registrations are not in the state file: after a lock-server
+    restart the holder's reclaim sends them again, and they still fence."""
+    server = cluster.lockd("--reconnect-window=20s")
+    rank = subprocess.Popen(["sleep", "600"])
+    holder = subprocess.Popen([sys.executable, "-c", WATCHING_HOLDER, cluster.lock_uri, str(rank.pid)],
+                              stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert holder.stdout.readline().startswith("granted")
+        server.kill()
+        cluster.lockd("--reconnect-window=20s")
+        wait_for(lambda: gf.lock_status(cluster.lock_uri)["holder"] == "a", 30, what="the reclaim")
+        assert gf.lock_status(cluster.lock_uri)["holder_pids"] == 1
+        b = gf.LockClient(cluster.lock_uri, "b")
+        got = []
+        t = threading.Thread(target=lambda: got.append(b.acquire(timeout=60)))
+        t.start()
+        wait_for(lambda: gf.lock_status(cluster.lock_uri)["waiter_count"] == 1, what="b waiting")
+        holder.kill()
+        holder.wait()
+        wait_for(lambda: gf.lock_status(cluster.lock_uri)["exit_wait_processes"] == 1, what="the exit wait")
+        t.join(1.0)
+        assert not got
+        rank.kill()
+        rank.wait()
+        t.join(30)
+        assert got
+        b.close()
+    finally:
+        for p in (holder, rank):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
