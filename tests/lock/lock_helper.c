@@ -6,10 +6,13 @@
  *                                   "child=PID", then wait to be killed
  *   lock-helper URI ID linger MS    hold, close the socket without releasing,
  *                                   stay alive MS more, print "exiting", exit
- *   lock-helper URI ID rank MS WHEN a holder with one more rank: fork a child
+ *   lock-helper URI ID rank MS WHEN [fork-keep]
+ *                                   a holder with one more rank: fork a child
  *                                   that outlives this process by MS, register
  *                                   it (WHEN: "before" the acquire or "after"
- *                                   the grant), print "rank=PID", wait to be killed
+ *                                   the grant), print "rank=PID" (with
+ *                                   fork-keep, also a child that keeps the
+ *                                   socket open: "child=PID"), wait to be killed
  *   lock-helper URI ID add-pid-errors
  *                                   print what gf_lock_add_pid() answers to
  *                                   bad pids and too many, one "case=ERR" a line
@@ -125,6 +128,17 @@ int main(int argc, char **argv)
 	}
 	if (rank) {
 		printf("rank=%d\n", (int)rank);
+		if (argc > 6 && !strcmp(argv[6], "fork-keep")) {
+			/* A child keeps the lock's socket open past this process's death. */
+			int keep = dup(gf_lock_get_fd(l));
+			pid_t pid = fork();
+			if (pid == 0) {
+				sleep(60);
+				close(keep);
+				_exit(0);
+			}
+			printf("child=%d\n", (int)pid);
+		}
 		fflush(stdout);
 		for (;;)
 			pause();

@@ -99,6 +99,39 @@ def test_slow_rank_holds_the_grant_back(tmp, procs, when):
         h.cleanup()
 
 
+def test_holder_exit_with_its_socket_kept_still_waits_for_the_rank(tmp, procs):
+    """The holder's process exits while a forked child keeps its socket open:
+    the lock is released on the exit, and still waits for the registered rank."""
+    d = start_lockd(procs, tmp, "--exit-wait-timeout", "60s")
+    p = subprocess.Popen([HELPER, d.uri, "a", "rank", str(RANK_LINGER_MS), "after", "fork-keep"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("granted id=a")
+    rank = int(p.stdout.readline().split("=")[1])
+    child = int(p.stdout.readline().split("=")[1])
+    try:
+        b = spawn(procs, d.uri, "b")
+        wait_until(lambda: status(d.uri)["waiter_count"] == 1, 5, "b waiting")
+        p.kill()
+        p.wait()
+        assert alive(child)  # the socket stays open
+        epoch = None
+        while epoch is None:
+            rank_alive = alive(rank)
+            epoch = b.wait_granted(0.05)
+            if epoch is not None:
+                assert not alive(rank)
+            elif not rank_alive:
+                epoch = b.wait_granted(10)
+                assert epoch is not None, d.logtext()
+        assert "holder's process exited while its socket is still open" in d.logtext()
+    finally:
+        for pid in (rank, child):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_rank_that_exited_first_delays_nothing(tmp, procs):
     """A rank that exited before its holder leaves nothing to wait for."""
     d = start_lockd(procs, tmp, "--exit-wait-timeout", "60s")
