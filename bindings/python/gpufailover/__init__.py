@@ -60,8 +60,10 @@ from ._gpufailover import (
     strerror,
 )
 from . import _gpufailover
-from typing import Any
+from typing import Any, Optional, Union
+import atexit
 import importlib
+import logging
 
 
 def gms_tiers(uri: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -97,6 +99,52 @@ def torch_allocator() -> Any:
     # PyTorch is optional: imported by name so the type checker needs no torch installed.
     torch = importlib.import_module("torch")
     return torch.cuda.memory.CUDAPluggableAllocator(torch_allocator_path(), "gf_torch_malloc", "gf_torch_free")
+
+
+# The library's levels are syslog priorities.
+_TO_LOGGING = {3: logging.ERROR, 4: logging.WARNING, 6: logging.INFO, 7: logging.DEBUG}
+_atexit_registered = False
+
+
+def _gf_level(level: int) -> int:
+    return 7 if level <= logging.DEBUG else 6 if level <= logging.INFO else 4 if level <= logging.WARNING else 3
+
+
+def log_to_logging(logger: Union[str, logging.Logger, None] = "gpufailover", level: int = logging.INFO) -> None:
+    """Send the library's log lines to the ``logging`` module.
+
+    Each line becomes a record of the logger ``<logger>.<component>`` (``lock``,
+    ``gms``, ``engine`` ...) at the matching level, its message the line's
+    ``key=value`` text, ``created`` the time it was logged, and the extra
+    attributes ``gf_component`` and ``gf_mono_us`` (CLOCK_MONOTONIC, comparable
+    across processes). Lines less severe than ``level`` are dropped in the
+    library. The lines of library threads are queued and handed to
+    ``logging`` on the main thread at its next chance (never under a library
+    lock); ``logger=None`` removes the bridge (back to ``GF_LOG``).
+    """
+    global _atexit_registered
+    if logger is None:
+        _gpufailover._set_log_sink(None)
+        return
+    base = logging.getLogger(logger) if isinstance(logger, str) else logger
+
+    def sink(gf_level: int, component: str, msg: str, mono_us: int, wall_us: int, dropped: int) -> None:
+        if dropped:
+            base.warning("event=log_lines_dropped count=%d", dropped)
+        log = base.getChild(component)
+        lvl = _TO_LOGGING.get(gf_level, logging.DEBUG)
+        if not log.isEnabledFor(lvl):
+            return
+        record = log.makeRecord(log.name, lvl, "", 0, msg, (), None,
+                                extra={"gf_component": component, "gf_mono_us": mono_us})
+        record.created = wall_us / 1e6
+        record.msecs = (wall_us // 1000) % 1000
+        log.handle(record)
+
+    _gpufailover._set_log_sink(sink, _gf_level(level))
+    if not _atexit_registered:
+        atexit.register(_gpufailover._set_log_sink, None)
+        _atexit_registered = True
 
 
 class torch_pool:
@@ -149,6 +197,7 @@ __all__ = [
     "lock_revoke",
     "lock_status",
     "lock_switchover",
+    "log_to_logging",
     "parse_duration",
     "ready_for",
     "remove_fault_reporter",

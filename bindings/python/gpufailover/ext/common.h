@@ -156,6 +156,8 @@ PyObject *gfpy_ready_for(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_lock_revoke(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_lock_switchover(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_lock_ping(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *gfpy_set_log_sink(PyObject *self, PyObject *args);
+PyObject *gfpy_drain_log(PyObject *self, PyObject *unused);
 PyObject *gfpy_lock_evict(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_gms_ping(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_gms_wait_committed(PyObject *self, PyObject *args, PyObject *kw);

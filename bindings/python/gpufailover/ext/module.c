@@ -137,6 +137,12 @@ static PyMethodDef module_methods[] = {
 	  "Raises PermissionError (not an admin uid), StateError (refused, or a client holds the\n"
 	  "lock: the detail says which), ValueError (that tier is not kept), GpuFailoverError (the\n"
 	  "snapshot failed: the layout stays), TimeoutError, UnreachableError." },
+	{ "_set_log_sink", gfpy_set_log_sink, METH_VARARGS,
+	  "_set_log_sink($module, sink, level=-1, /)\n--\n\n"
+	  "Send the library's log lines to sink(level, component, msg, mono_us, wall_us, dropped),\n"
+	  "called on the main thread; None removes it. Use gpufailover.log_to_logging()." },
+	{ "_drain_log", gfpy_drain_log, METH_NOARGS, "_drain_log($module, /)\n--\n\n"
+	  "Deliver the queued log lines now (they are otherwise delivered at the next chance)." },
 	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "_torch_pool_begin($module, writer, /)\n--\n\n"
 	  "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
