@@ -297,7 +297,7 @@ static enum hold_verdict hold_line(int level, const char *component, const char 
 	if (atomic_load(&holding) && pthread_equal(hold_owner, pthread_self())) {
 		if (level >= GF_LOG_INFO && nheld < HOLD_MAX && mono - hold_since < HOLD_MAX_US) {
 			struct held_line *h = &held[nheld++];
-			vsnprintf(h->msg, sizeof(h->msg), fmt, ap);
+			gf_log_vformat(h->msg, sizeof(h->msg), fmt, ap);
 			h->level = level;
 			h->component = component;
 			h->mono_us = mono;
@@ -331,7 +331,7 @@ void gf_log(int level, const char *component, const char *fmt, ...)
 			gf_log_release();
 	}
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	gf_log_vformat(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	deliver(level, component, msg, mono, wall);
 }

@@ -121,3 +121,74 @@ def test_gf_log_sets_a_daemons_level(tmp_path):
     granted = re.compile(r"level=info component=lock .*id=logged")
     assert granted.search(start_lockd(tmp_path, {"GF_LOG": "info"}))
     assert not granted.search(start_lockd(tmp_path, {"GF_LOG": "warn"}))
+
+
+def logfmt(line):
+    """A logfmt parser (the format of Heroku's and Go's logfmt): key=value
+    pairs, a value bare or in double quotes with backslash escapes."""
+    pairs, i, n = {}, 0, len(line)
+    while i < n:
+        while i < n and line[i] == " ":
+            i += 1
+        j = i
+        while j < n and line[j] not in "= ":
+            j += 1
+        key = line[i:j]
+        if j >= n or line[j] != "=":
+            pairs[key], i = True, j
+            continue
+        j += 1
+        if j < n and line[j] == '"':
+            j, out = j + 1, []
+            while j < n and line[j] != '"':
+                if line[j] == "\\" and j + 1 < n:
+                    j += 1
+                    out.append({"n": "\n", "t": "\t", "r": "\r"}.get(line[j], line[j]))
+                else:
+                    out.append(line[j])
+                j += 1
+            assert j < n, f"unterminated value in {line!r}"
+            pairs[key], i = "".join(out), j + 1
+        else:
+            k = j
+            while k < n and line[k] != " ":
+                k += 1
+            pairs[key], i = line[j:k], k
+    return pairs
+
+
+def test_a_value_with_a_space_and_a_quote_round_trips(tmp_path):
+    d = tmp_path / 'a dir "quoted" = here'
+    d.mkdir()
+    state = d / "lock.state"
+    out = tmp_path / "err.log"
+    with open(out, "wb") as err:
+        p = subprocess.Popen([LOCKD, f"--listen=unix://{tmp_path}/l.sock", f"--state-file={state}"], stderr=err,
+                             env=dict(os.environ, GF_LOG="info"))
+    try:
+        wait_for(lambda: gf.lock_status(f"unix://{tmp_path}/l.sock", 0.2), what="gf-lockd")
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    lines = out.read_text().splitlines()
+    (line,) = [l for l in lines if "state file missing" in l]
+    kv = logfmt(line)
+    assert kv["path"] == str(state), line
+    assert kv["error"] == f"open {state}: No such file or directory", line
+    assert kv["level"] == "error" and kv["component"] == "lock" and kv["event"] == "state_file"
+    assert kv["msg"].startswith("state file missing;")
+    for l in lines:
+        assert "event" in logfmt(l) or "msg" in logfmt(l), l
+
+
+def test_python_engines_write_the_same_format(capfd):
+    gf.log_event("python-engine", "weights_loaded", path='/m/a b"c', n=3, ok=True)
+    line = capfd.readouterr().err.strip()
+    kv = logfmt(line)
+    assert (kv["prog"], kv["level"], kv["component"], kv["event"]) == ("python-engine", "info", "python-engine",
+                                                                       "weights_loaded")
+    assert kv["path"] == '/m/a b"c' and kv["n"] == "3" and kv["ok"] == "True"
+    assert re.match(r"ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z mono_us=\d+ ", line), line
+    assert gf.logfmt_value("plain") == "plain" and gf.logfmt_value("") == '""'
+    tricky = "a=b \\ c"
+    assert logfmt("k=" + gf.logfmt_value(tricky))["k"] == tricky

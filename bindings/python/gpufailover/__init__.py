@@ -64,6 +64,9 @@ from typing import Any, Optional, Union
 import atexit
 import importlib
 import logging
+import os
+import sys
+import time
 
 
 def gms_tiers(uri: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -147,6 +150,49 @@ def log_to_logging(logger: Union[str, logging.Logger, None] = "gpufailover", lev
         _atexit_registered = True
 
 
+def logfmt_value(value: object) -> str:
+    """``value`` as a logfmt value: bare when it can be, else in double
+    quotes with ``"``, ``\\`` and line breaks escaped."""
+    text = str(value)
+    if text and not any(c <= " " or c in '"=\\' or c == "\x7f" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace(
+        "\r", "\\r").replace("\t", "\\t") + '"'
+
+
+_LEVEL_NAMES = {"error": 3, "warn": 4, "info": 6, "debug": 7}
+_journal: Optional[bool] = None
+
+
+def _stderr_is_journal() -> bool:
+    global _journal
+    if _journal is None:
+        try:
+            dev, ino = (int(x) for x in os.environ.get("JOURNAL_STREAM", "").split(":"))
+            st = os.fstat(sys.stderr.fileno())
+            _journal = (st.st_dev, st.st_ino) == (dev, ino)
+        except (ValueError, OSError, AttributeError):
+            _journal = False
+    return _journal
+
+
+def log_event(prog: str, event: str, level: str = "info", **fields: object) -> None:
+    """Write one line to stderr in the format of the library and its daemons:
+    ``ts= mono_us= prog= level= component= event=`` and ``fields`` as
+    logfmt pairs, values quoted and escaped where they need it (and the
+    journald priority in front when stderr is the journal's stream)."""
+    if level not in _LEVEL_NAMES:
+        raise ValueError(f"level must be one of {', '.join(_LEVEL_NAMES)}, not {level!r}")
+    wall = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall * 1000) % 1000:03d}Z"
+    pairs = " ".join(f"{k}={logfmt_value(v)}" for k, v in fields.items())
+    prefix = f"<{_LEVEL_NAMES[level]}>" if _stderr_is_journal() else ""
+    sys.stderr.write(f"{prefix}ts={ts} mono_us={time.monotonic_ns() // 1000} prog={logfmt_value(prog)} "
+                     f"level={level} component={logfmt_value(prog)} event={logfmt_value(event)}"
+                     f"{' ' + pairs if pairs else ''}\n")
+    sys.stderr.flush()
+
+
 class torch_pool:
     """Context manager: allocations through gf_torch_malloc go to ``writer``'s GMS."""
 
@@ -197,7 +243,9 @@ __all__ = [
     "lock_revoke",
     "lock_status",
     "lock_switchover",
+    "log_event",
     "log_to_logging",
+    "logfmt_value",
     "parse_duration",
     "ready_for",
     "remove_fault_reporter",

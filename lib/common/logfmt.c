@@ -1,0 +1,344 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The text of a log line: printf formatting that keeps the line logfmt.
+ *
+ * The library's lines are `key=value` pairs written with printf formats, and
+ * a value that comes from outside (a path, a URI, a peer's error text) may
+ * hold a space, a quote or an `=` that would end the value early or start a
+ * key. So a string argument in value position is written as logfmt wants
+ * it: `key=%s` quoted when it needs quotes, `key=\"%s\"` with its quotes,
+ * backslashes and line breaks escaped. And a line that names its event with
+ * `msg="..."` also gets the one event key every line carries, `event=`, made
+ * from the message's words, in front. Pure: no I/O, no allocation. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+
+/* One conversion of a printf format: its text, and what it consumes. */
+struct spec {
+	const char *start; /* at '%' */
+	size_t len;        /* through the conversion character */
+	char conv;         /* 'd', 's', 'f' ... ('%' for "%%", 0 for one we do not take) */
+	char length[3];    /* "", "h", "hh", "l", "ll", "z", "j", "t", "L" */
+	int star_width, star_precision, precision;
+};
+
+static const char *parse_spec(const char *p, struct spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->start = p++;
+	s->precision = -1;
+	if (*p == '%') {
+		s->conv = '%';
+		s->len = 2;
+		return p + 1;
+	}
+	while (*p && strchr("-+ #0'", *p))
+		p++;
+	if (*p == '*') {
+		s->star_width = 1;
+		p++;
+	}
+	while (isdigit((unsigned char)*p))
+		p++;
+	if (*p == '.') {
+		p++;
+		s->precision = 0;
+		if (*p == '*') {
+			s->star_precision = 1;
+			p++;
+		}
+		while (isdigit((unsigned char)*p))
+			s->precision = s->precision * 10 + (*p++ - '0');
+	}
+	size_t n = 0;
+	while (*p && strchr("hlzjtL", *p) && n < 2)
+		s->length[n++] = *p++;
+	s->conv = *p && strchr("diouxXcspfFeEgGaA", *p) ? *p : 0;
+	if (*p)
+		p++;
+	s->len = (size_t)(p - s->start);
+	return p;
+}
+
+/* A string argument's place: after `=` (a bare value), between `="` and `"`
+ * (a quoted one), or in free text. */
+enum place { FREE, BARE, QUOTED };
+
+static enum place place_of(const char *fmt, const struct spec *s)
+{
+	if (s->conv != 's' || s->precision >= 0 || s->star_precision || s->len != 2)
+		return FREE;
+	const char *at = s->start;
+	if (at > fmt && at[-1] == '=')
+		return BARE;
+	if (at - fmt >= 2 && at[-1] == '"' && at[-2] == '=' && at[2] == '"')
+		return QUOTED;
+	return FREE;
+}
+
+static int bare_needs_quotes(const char *v)
+{
+	if (!*v)
+		return 1;
+	for (const unsigned char *c = (const unsigned char *)v; *c; c++)
+		if (*c <= ' ' || *c == '"' || *c == '=' || *c == '\\' || *c == 0x7f)
+			return 1;
+	return 0;
+}
+
+static int quoted_needs_escapes(const char *v)
+{
+	return strpbrk(v, "\"\\\n\r\t") != NULL;
+}
+
+struct out {
+	char *buf;
+	size_t cap, len;
+};
+
+static void put(struct out *o, const char *s, size_t n)
+{
+	for (size_t i = 0; i < n && o->len + 1 < o->cap; i++)
+		o->buf[o->len++] = s[i];
+	if (o->cap)
+		o->buf[o->len] = '\0';
+}
+
+static void put_escaped(struct out *o, const char *v)
+{
+	for (; *v; v++) {
+		switch (*v) {
+		case '"':
+			put(o, "\\\"", 2);
+			break;
+		case '\\':
+			put(o, "\\\\", 2);
+			break;
+		case '\n':
+			put(o, "\\n", 2);
+			break;
+		case '\r':
+			put(o, "\\r", 2);
+			break;
+		case '\t':
+			put(o, "\\t", 2);
+			break;
+		default:
+			put(o, v, 1);
+		}
+	}
+}
+
+/* Consume one conversion's arguments; *str receives a string argument.
+ * Returns 0, or -1 for a conversion this walker does not know. */
+static int skip_arg(const struct spec *s, va_list *ap, const char **str)
+{
+	if (s->star_width)
+		(void)va_arg(*ap, int);
+	if (s->star_precision)
+		(void)va_arg(*ap, int);
+	const char *l = s->length;
+	switch (s->conv) {
+	case '%':
+		return 0;
+	case 'd':
+	case 'i':
+	case 'o':
+	case 'u':
+	case 'x':
+	case 'X':
+		if (!strcmp(l, "ll"))
+			(void)va_arg(*ap, long long);
+		else if (!strcmp(l, "l"))
+			(void)va_arg(*ap, long);
+		else if (!strcmp(l, "z"))
+			(void)va_arg(*ap, size_t);
+		else if (!strcmp(l, "j"))
+			(void)va_arg(*ap, intmax_t);
+		else if (!strcmp(l, "t"))
+			(void)va_arg(*ap, ptrdiff_t);
+		else
+			(void)va_arg(*ap, int);
+		return 0;
+	case 'c':
+		(void)va_arg(*ap, int);
+		return 0;
+	case 's':
+		*str = va_arg(*ap, const char *);
+		return 0;
+	case 'p':
+		(void)va_arg(*ap, void *);
+		return 0;
+	case 'f':
+	case 'F':
+	case 'e':
+	case 'E':
+	case 'g':
+	case 'G':
+	case 'a':
+	case 'A':
+		if (!strcmp(l, "L"))
+			(void)va_arg(*ap, long double);
+		else
+			(void)va_arg(*ap, double);
+		return 0;
+	default:
+		return -1;
+	}
+}
+
+/* Whether some string argument must be quoted or escaped (the rare case). */
+static int needs_rewrite(const char *fmt, va_list ap0)
+{
+	va_list ap;
+	va_copy(ap, ap0);
+	int need = 0;
+	for (const char *p = fmt; *p && !need;) {
+		if (*p != '%') {
+			p++;
+			continue;
+		}
+		struct spec s;
+		p = parse_spec(p, &s);
+		const char *str = NULL;
+		if (skip_arg(&s, &ap, &str) < 0)
+			break; /* unknown: printed as printf prints it */
+		enum place where = place_of(fmt, &s);
+		if (str && where == BARE)
+			need = bare_needs_quotes(str);
+		else if (str && where == QUOTED)
+			need = quoted_needs_escapes(str);
+	}
+	va_end(ap);
+	return need;
+}
+
+/* printf, one conversion at a time, writing string values as logfmt wants. */
+static void rewrite(struct out *o, const char *fmt, va_list ap0)
+{
+	va_list ap;
+	va_copy(ap, ap0);
+	for (const char *p = fmt; *p;) {
+		const char *lit = p;
+		while (*p && *p != '%')
+			p++;
+		put(o, lit, (size_t)(p - lit));
+		if (!*p)
+			break;
+		struct spec s;
+		p = parse_spec(p, &s);
+		if (s.conv == 's') {
+			const char *v = va_arg(ap, const char *);
+			v = v ? v : "(null)";
+			enum place where = place_of(fmt, &s);
+			if (where == BARE && bare_needs_quotes(v)) {
+				put(o, "\"", 1);
+				put_escaped(o, v);
+				put(o, "\"", 1);
+			} else if (where == QUOTED) {
+				put_escaped(o, v);
+			} else {
+				/* width or precision: printf's own way */
+				char one[32];
+				snprintf(one, sizeof(one), "%.*s", (int)s.len, s.start);
+				char piece[512];
+				snprintf(piece, sizeof(piece), one, v);
+				put(o, piece, strlen(piece));
+			}
+			continue;
+		}
+		if (s.conv == '%') {
+			put(o, "%", 1);
+			continue;
+		}
+		if (s.conv == 0 || s.star_width || s.star_precision || s.len >= 32) {
+			/* Not one of ours (never in the library's formats): stop here. */
+			put(o, s.start, strlen(s.start));
+			break;
+		}
+		char one[32], piece[128];
+		snprintf(one, sizeof(one), "%.*s", (int)s.len, s.start);
+		const char *l = s.length;
+		switch (s.conv) {
+		case 'd':
+		case 'i':
+		case 'o':
+		case 'u':
+		case 'x':
+		case 'X':
+			if (!strcmp(l, "ll"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, long long));
+			else if (!strcmp(l, "l"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, long));
+			else if (!strcmp(l, "z"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, size_t));
+			else if (!strcmp(l, "j"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, intmax_t));
+			else if (!strcmp(l, "t"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, ptrdiff_t));
+			else
+				snprintf(piece, sizeof(piece), one, va_arg(ap, int));
+			break;
+		case 'c':
+			snprintf(piece, sizeof(piece), one, va_arg(ap, int));
+			break;
+		case 'p':
+			snprintf(piece, sizeof(piece), one, va_arg(ap, void *));
+			break;
+		default:
+			if (!strcmp(l, "L"))
+				snprintf(piece, sizeof(piece), one, va_arg(ap, long double));
+			else
+				snprintf(piece, sizeof(piece), one, va_arg(ap, double));
+		}
+		put(o, piece, strlen(piece));
+	}
+	va_end(ap);
+}
+
+/* `event=` from a `msg="..."` line's words: up to the first conversion or
+ * punctuation, lower case, words joined by '_'. */
+static void put_event(struct out *o, const char *fmt)
+{
+	static const char lead[] = "msg=\"";
+	if (strncmp(fmt, lead, sizeof(lead) - 1) != 0)
+		return;
+	char slug[48];
+	size_t n = 0;
+	int gap = 0;
+	for (const char *p = fmt + sizeof(lead) - 1; *p && !strchr("\"%;:(,.", *p) && n + 2 < sizeof(slug); p++) {
+		if (isalnum((unsigned char)*p)) {
+			if (gap && n)
+				slug[n++] = '_';
+			slug[n++] = (char)tolower((unsigned char)*p);
+			gap = 0;
+		} else {
+			gap = 1;
+		}
+	}
+	if (!n)
+		return;
+	put(o, "event=", 6);
+	put(o, slug, n);
+	put(o, " ", 1);
+}
+
+void gf_log_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
+{
+	struct out o = { buf, cap, 0 };
+	if (!cap)
+		return;
+	buf[0] = '\0';
+	put_event(&o, fmt);
+	if (needs_rewrite(fmt, ap)) {
+		rewrite(&o, fmt, ap);
+		return;
+	}
+	/* The common case: plain printf after the event key. */
+	vsnprintf(buf + o.len, cap - o.len, fmt, ap);
+}
