@@ -6,9 +6,11 @@
  * hold a space, a quote or an `=` that would end the value early or start a
  * key. So a string argument in value position is written as logfmt wants
  * it: `key=%s` quoted when it needs quotes, `key=\"%s\"` with its quotes,
- * backslashes and line breaks escaped. And a line that names its event with
- * `msg="..."` also gets the one event key every line carries, `event=`, made
- * from the message's words, in front. Pure: no I/O, no allocation. */
+ * backslashes and line breaks escaped. A line that describes its event with
+ * `msg="..."` and names none also gets the event key every line carries,
+ * `event=`, made from the message's words, in front. (A line of free text,
+ * no `key=` first, is left as written: its call site should say it as
+ * pairs.) Pure: no I/O, no allocation. */
 #include <ctype.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -301,17 +303,14 @@ static void rewrite(struct out *o, const char *fmt, va_list ap0)
 	va_end(ap);
 }
 
-/* `event=` from a `msg="..."` line's words: up to the first conversion or
- * punctuation, lower case, words joined by '_'. */
-static void put_event(struct out *o, const char *fmt)
+/* `event=` from words: up to the first conversion or punctuation, lower
+ * case, joined by '_'; nothing when there are none. */
+static void put_slug(struct out *o, const char *words)
 {
-	static const char lead[] = "msg=\"";
-	if (strncmp(fmt, lead, sizeof(lead) - 1) != 0)
-		return;
 	char slug[48];
 	size_t n = 0;
 	int gap = 0;
-	for (const char *p = fmt + sizeof(lead) - 1; *p && !strchr("\"%;:(,.", *p) && n + 2 < sizeof(slug); p++) {
+	for (const char *p = words; *p && !strchr("\"%;:(,.", *p) && n + 2 < sizeof(slug); p++) {
 		if (isalnum((unsigned char)*p)) {
 			if (gap && n)
 				slug[n++] = '_';
@@ -328,13 +327,24 @@ static void put_event(struct out *o, const char *fmt)
 	put(o, " ", 1);
 }
 
+/* The words of the line's `msg="..."` when it names no `event=`, else NULL. */
+static const char *described(const char *fmt)
+{
+	if (!strncmp(fmt, "event=", 6) || strstr(fmt, " event="))
+		return NULL;
+	const char *m = !strncmp(fmt, "msg=\"", 5) ? fmt : strstr(fmt, " msg=\"");
+	return m ? m + (*m == ' ' ? 6 : 5) : NULL;
+}
+
 void gf_log_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
 {
 	struct out o = { buf, cap, 0 };
 	if (!cap)
 		return;
 	buf[0] = '\0';
-	put_event(&o, fmt);
+	const char *words = described(fmt);
+	if (words)
+		put_slug(&o, words);
 	if (needs_rewrite(fmt, ap)) {
 		rewrite(&o, fmt, ap);
 		return;

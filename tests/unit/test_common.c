@@ -346,6 +346,13 @@ static void test_log_format(void **state)
 	assert_string_equal(b, "event=e empty=\"\" free text a b");
 	fmt(b, sizeof(b), "event=p pct=%d%% w=%5s|%-3d|%x", 5, "ab", 1, 255);
 	assert_string_equal(b, "event=p pct=5% w=   ab|1  |ff");
+	fmt(b, sizeof(b), "backend=host msg=\"a parked mapping could not be moved back\" error=%s", "EINVAL");
+	assert_string_equal(b, "event=a_parked_mapping_could_not_be_moved_back backend=host msg=\"a parked mapping could not "
+			       "be moved back\" error=EINVAL");
+	fmt(b, sizeof(b), "wake: kept session to %s is gone", "unix:///g.sock"); /* free text: as written */
+	assert_string_equal(b, "wake: kept session to unix:///g.sock is gone");
+	fmt(b, sizeof(b), "engine=%s started pid=%d", "a", 7);
+	assert_string_equal(b, "engine=a started pid=7");
 	fmt(b, 12, "msg=\"long message\" v=%s", "x y");
 	assert_int_equal(strlen(b), 11);
 }
