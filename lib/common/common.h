@@ -28,6 +28,9 @@ bool gf_log_enabled(int level);
  * values after `key=` quoted as logfmt needs, those in `key=\"%s\"` escaped,
  * and `event=` put in front of a `msg="..."` line. Always NUL-terminated. */
 void gf_log_vformat(char *buf, size_t cap, const char *fmt, va_list ap);
+/* "event=... " for a line that describes its event (`msg="..."`) and names
+ * none, else "": for lines made elsewhere (the daemons' own). Returns its length. */
+size_t gf_log_event_prefix(char *buf, size_t cap, const char *text);
 /*
  * Hold this thread's info and debug lines, stamped with the time they were
  * logged, instead of delivering each (a write per line) while an engine wakes:

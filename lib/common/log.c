@@ -150,18 +150,19 @@ GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, 
 	char when[40];
 	gmtime_r(&sec, &tm);
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-	char line[1400], pri[8] = "";
+	char line[1400], pri[8] = "", event[64];
 	int n;
+	gf_log_event_prefix(event, sizeof(event), msg);
 	pthread_once(&journal_once, journal_check);
 	if (journal_stream)
 		snprintf(pri, sizeof(pri), "<%d>", level < GF_LOG_ERR ? GF_LOG_ERR : level > GF_LOG_DEBUG ? GF_LOG_DEBUG : level);
 	if (userdata)
-		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld prog=%s level=%s component=%s %s\n", pri,
+		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld prog=%s level=%s component=%s %s%s\n", pri,
 			     when, (int)(wall % 1000000 / 1000), (long long)mono, (const char *)userdata,
-			     level_name(level), component, msg);
+			     level_name(level), component, event, msg);
 	else
-		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld level=%s component=%s %s\n", pri, when,
-			     (int)(wall % 1000000 / 1000), (long long)mono, level_name(level), component, msg);
+		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld level=%s component=%s %s%s\n", pri, when,
+			     (int)(wall % 1000000 / 1000), (long long)mono, level_name(level), component, event, msg);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line)) {

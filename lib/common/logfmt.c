@@ -336,6 +336,18 @@ static const char *described(const char *fmt)
 	return m ? m + (*m == ' ' ? 6 : 5) : NULL;
 }
 
+size_t gf_log_event_prefix(char *buf, size_t cap, const char *text)
+{
+	struct out o = { buf, cap, 0 };
+	if (!cap)
+		return 0;
+	buf[0] = '\0';
+	const char *words = described(text);
+	if (words)
+		put_slug(&o, words);
+	return o.len;
+}
+
 void gf_log_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
 {
 	struct out o = { buf, cap, 0 };
