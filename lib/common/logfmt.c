@@ -220,6 +220,18 @@ static int needs_rewrite(const char *fmt, va_list ap0)
 	return need;
 }
 
+/* One conversion as printf writes it, with its '*' width and precision. */
+#define PIECE(T)                                                                              \
+	do {                                                                                  \
+		T v_ = va_arg(ap, T);                                                         \
+		if (s.star_width && s.star_precision)                                         \
+			snprintf(piece, sizeof(piece), one, width, precision, v_);            \
+		else if (s.star_width || s.star_precision)                                    \
+			snprintf(piece, sizeof(piece), one, s.star_width ? width : precision, v_); \
+		else                                                                          \
+			snprintf(piece, sizeof(piece), one, v_);                              \
+	} while (0)
+
 /* printf, one conversion at a time, writing string values as logfmt wants. */
 static void rewrite(struct out *o, const char *fmt, va_list ap0)
 {
@@ -234,39 +246,39 @@ static void rewrite(struct out *o, const char *fmt, va_list ap0)
 			break;
 		struct spec s;
 		p = parse_spec(p, &s);
-		if (s.conv == 's') {
-			const char *v = va_arg(ap, const char *);
-			v = v ? v : "(null)";
-			enum place where = place_of(fmt, &s);
-			if (where == BARE && bare_needs_quotes(v)) {
-				put(o, "\"", 1);
-				put_escaped(o, v);
-				put(o, "\"", 1);
-			} else if (where == QUOTED) {
-				put_escaped(o, v);
-			} else {
-				/* width or precision: printf's own way */
-				char one[32];
-				snprintf(one, sizeof(one), "%.*s", (int)s.len, s.start);
-				char piece[512];
-				snprintf(piece, sizeof(piece), one, v);
-				put(o, piece, strlen(piece));
-			}
-			continue;
-		}
 		if (s.conv == '%') {
 			put(o, "%", 1);
 			continue;
 		}
-		if (s.conv == 0 || s.star_width || s.star_precision || s.len >= 32) {
-			/* Not one of ours (never in the library's formats): stop here. */
+		if (s.conv == 0 || s.len >= 32) {
+			/* Not a conversion the library's formats use: the rest as written. */
 			put(o, s.start, strlen(s.start));
 			break;
 		}
-		char one[32], piece[128];
+		int width = s.star_width ? va_arg(ap, int) : 0;
+		int precision = s.star_precision ? va_arg(ap, int) : 0;
+		char one[32], piece[512];
 		snprintf(one, sizeof(one), "%.*s", (int)s.len, s.start);
 		const char *l = s.length;
+		enum place where = place_of(fmt, &s);
 		switch (s.conv) {
+		case 's':
+			if (where != FREE) {
+				const char *v = va_arg(ap, const char *);
+				v = v ? v : "(null)";
+				int quote = where == BARE && bare_needs_quotes(v);
+				if (quote)
+					put(o, "\"", 1);
+				if (quote || where == QUOTED)
+					put_escaped(o, v);
+				else
+					put(o, v, strlen(v));
+				if (quote)
+					put(o, "\"", 1);
+				continue;
+			}
+			PIECE(const char *);
+			break;
 		case 'd':
 		case 'i':
 		case 'o':
@@ -274,29 +286,29 @@ static void rewrite(struct out *o, const char *fmt, va_list ap0)
 		case 'x':
 		case 'X':
 			if (!strcmp(l, "ll"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, long long));
+				PIECE(long long);
 			else if (!strcmp(l, "l"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, long));
+				PIECE(long);
 			else if (!strcmp(l, "z"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, size_t));
+				PIECE(size_t);
 			else if (!strcmp(l, "j"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, intmax_t));
+				PIECE(intmax_t);
 			else if (!strcmp(l, "t"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, ptrdiff_t));
+				PIECE(ptrdiff_t);
 			else
-				snprintf(piece, sizeof(piece), one, va_arg(ap, int));
+				PIECE(int);
 			break;
 		case 'c':
-			snprintf(piece, sizeof(piece), one, va_arg(ap, int));
+			PIECE(int);
 			break;
 		case 'p':
-			snprintf(piece, sizeof(piece), one, va_arg(ap, void *));
+			PIECE(void *);
 			break;
 		default:
 			if (!strcmp(l, "L"))
-				snprintf(piece, sizeof(piece), one, va_arg(ap, long double));
+				PIECE(long double);
 			else
-				snprintf(piece, sizeof(piece), one, va_arg(ap, double));
+				PIECE(double);
 		}
 		put(o, piece, strlen(piece));
 	}

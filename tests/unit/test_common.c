@@ -351,6 +351,8 @@ static void test_log_format(void **state)
 			       "be moved back\" error=EINVAL");
 	fmt(b, sizeof(b), "wake: kept session to %s is gone", "unix:///g.sock"); /* free text: as written */
 	assert_string_equal(b, "wake: kept session to unix:///g.sock is gone");
+	fmt(b, sizeof(b), "event=s cut=%.*s w=%*d path=%s", 2, "abc", 3, 7, "a b");
+	assert_string_equal(b, "event=s cut=ab w=  7 path=\"a b\"");
 	fmt(b, sizeof(b), "engine=%s started pid=%d", "a", 7);
 	assert_string_equal(b, "engine=a started pid=7");
 	fmt(b, 12, "msg=\"long message\" v=%s", "x y");
