@@ -101,8 +101,9 @@ enum gf_log_level {
 
 /**
  * Log callback. @p component is a short static string ("lock", "gms", "mem",
- * "engine", "wire"); @p msg is a formatted line without trailing newline that
- * may contain `key=value` pairs. Called from whichever thread logs; must be
+ * "engine", "wire"); @p msg is a formatted line without trailing newline,
+ * mostly logfmt `key=value` pairs: string values quoted where they need it,
+ * `event=NAME` first (a line that says it in words has `msg="..."` too). Called from whichever thread logs; must be
  * thread-safe and must not call back into the library.
  */
 typedef void (*gf_log_fn)(int level, const char *component, const char *msg, void *userdata);
@@ -113,7 +114,7 @@ GF_EXPORT void gf_set_log_fn(gf_log_fn fn, void *userdata);
 GF_EXPORT void gf_set_log_level(int level);
 /**
  * A ready-made hook writing structured lines to stderr:
- * `ts=2026-11-21T10:00:00.123Z mono_us=123456789 level=info component=lock msg="..."`
+ * `ts=2026-11-21T10:00:00.123Z mono_us=123456789 level=info component=lock event=released msg="released" id=a`
  * (mono_us is CLOCK_MONOTONIC in microseconds, comparable across processes).
  * When stderr is the journald stream named by JOURNAL_STREAM (a systemd
  * service), each line starts with `<N>`, its level as a syslog priority, so
