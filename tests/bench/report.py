@@ -3,7 +3,10 @@
 """Runs every benchmark of the project and prints one table of medians, p99s
 and ratios against the baselines measured in the same run, plus a JSON file.
 Nothing here asserts a speed: timings on a shared 2-core machine are noisy,
-the ratios are what to read."""
+the ratios are what to read. Each section (lock, pool, mem, etcd, gms,
+snapshot, demo, vllm) runs on its own: one that fails is named at the end
+and in the JSON ("failed"), the others' rows are kept, and the exit status
+is 1. --only runs some of them."""
 import argparse
 import json
 import os
