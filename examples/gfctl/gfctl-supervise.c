@@ -140,7 +140,7 @@ static const struct gfctl_cmd supervise_cmds[] = {
 	{ "status", "--url http://ADDR:PORT [--json] [--timeout DUR]",
 	  "Show each supervised engine: state, pid, retries used, restarts, last exit and why.",
 	  "Reads gf-supervise's /status (started with --http ADDR:PORT).",
-	  "  --url URL              gf-supervise's HTTP address, e.g. http://127.0.0.1:9100\n"
+	  "  --url URL              gf-supervise's HTTP address, e.g. http://127.0.0.1:7462\n"
 	  "  --json                 the status as one JSON object\n"
 	  "  --timeout DUR          how long to wait for the answer (default 5s)\n",
 	  ", 3 timeout, 5 unreachable", run_status },

@@ -43,11 +43,9 @@ M64 = (1 << 64) - 1
 
 
 def log(event, **kv):
-    """One key=value line on stderr with the monotonic clock the library uses."""
-    fields = " ".join(f"{k}={v}" for k, v in kv.items())
-    sys.stderr.write(f"mono_us={time.monotonic_ns() // 1000} prog=python-engine component=python-engine "
-                     f"event={event} {fields}\n")
-    sys.stderr.flush()
+    """One line on stderr in the library's format (gf.log_event): the same
+    clocks, levels and logfmt quoting as the daemons' lines."""
+    gf.log_event("python-engine", event, **kv)
 
 
 def splitmix_units(seed, count):

@@ -86,8 +86,11 @@ GF_EXPORT const char *gf_error_detail(void);
 
 /** @defgroup logging Logging
  *  The library logs only through this hook. Without a hook it is silent,
- *  unless the environment variable GF_LOG is set to err|warn|info|debug,
- *  in which case lines at that level or more severe go to stderr.
+ *  unless the environment variable GF_LOG is set to err|warn|info|debug
+ *  (error and warning are the same; any other value means warn), in which
+ *  case lines at that level or more severe go to stderr as
+ *  gf_log_stderr() writes them. With a hook, GF_LOG sets the level until
+ *  gf_set_log_level() is called.
  *  @{ */
 enum gf_log_level {
 	GF_LOG_ERR = 3,
@@ -98,20 +101,24 @@ enum gf_log_level {
 
 /**
  * Log callback. @p component is a short static string ("lock", "gms", "mem",
- * "engine", "wire"); @p msg is a formatted line without trailing newline that
- * may contain `key=value` pairs. Called from whichever thread logs; must be
+ * "engine", "wire"); @p msg is a formatted line without trailing newline,
+ * mostly logfmt `key=value` pairs: string values quoted where they need it,
+ * `event=NAME` first (a line that says it in words has `msg="..."` too). Called from whichever thread logs; must be
  * thread-safe and must not call back into the library.
  */
 typedef void (*gf_log_fn)(int level, const char *component, const char *msg, void *userdata);
 
 /** Install (or with NULL, remove) the process-wide log hook. Thread-safe. */
 GF_EXPORT void gf_set_log_fn(gf_log_fn fn, void *userdata);
-/** Drop messages less severe than @p level before they reach the hook. Default GF_LOG_INFO with a hook. */
+/** Drop messages less severe than @p level before they reach the hook. Default with a hook: GF_LOG's level if set, else GF_LOG_INFO. */
 GF_EXPORT void gf_set_log_level(int level);
 /**
  * A ready-made hook writing structured lines to stderr:
- * `ts=2026-11-21T10:00:00.123Z mono_us=123456789 level=info component=lock msg="..."`
+ * `ts=2026-11-21T10:00:00.123Z mono_us=123456789 level=info component=lock event=released msg="released" id=a`
  * (mono_us is CLOCK_MONOTONIC in microseconds, comparable across processes).
+ * When stderr is the journald stream named by JOURNAL_STREAM (a systemd
+ * service), each line starts with `<N>`, its level as a syslog priority, so
+ * journald records it at that priority.
  * @p userdata may be a program name (const char *) added as `prog=`, or NULL.
  */
 GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, void *userdata);

@@ -3,6 +3,7 @@
 #ifndef GF_COMMON_H
 #define GF_COMMON_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,13 @@ void gf_err_clear(void);
 
 void gf_log(int level, const char *component, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool gf_log_enabled(int level);
+/* The text of a log line from a printf format (lib/common/logfmt.c): string
+ * values after `key=` quoted as logfmt needs, those in `key=\"%s\"` escaped,
+ * and `event=` put in front of a `msg="..."` line. Always NUL-terminated. */
+void gf_log_vformat(char *buf, size_t cap, const char *fmt, va_list ap);
+/* "event=... " for a line that describes its event (`msg="..."`) and names
+ * none, else "": for lines made elsewhere (the daemons' own). Returns its length. */
+size_t gf_log_event_prefix(char *buf, size_t cap, const char *text);
 /*
  * Hold this thread's info and debug lines, stamped with the time they were
  * logged, instead of delivering each (a write per line) while an engine wakes:

@@ -5,14 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static gf_log_fn log_fn;
 static void *log_userdata;
-static int log_level = GF_LOG_INFO;
+static int log_level = -1;  /* -1: not set by gf_set_log_level() */
 static int env_level = -2; /* -2: not read yet, -1: GF_LOG unset */
 
 /*
@@ -120,6 +122,22 @@ static bool batch_add(const char *line, size_t len)
 	return true;
 }
 
+/* Under systemd stderr is often a stream to journald, named by
+ * JOURNAL_STREAM (its device:inode). There a "<N>" prefix gives the line its
+ * syslog priority (the log levels are those numbers), so that `journalctl -p
+ * err` finds the errors; anywhere else it would be noise. Checked once. */
+static pthread_once_t journal_once = PTHREAD_ONCE_INIT;
+static bool journal_stream;
+
+static void journal_check(void)
+{
+	const char *v = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	journal_stream = v && sscanf(v, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0 &&
+			 (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, void *userdata)
 {
 	/* mono_us (CLOCK_MONOTONIC, shared by all processes of the machine) lets
@@ -132,15 +150,19 @@ GF_EXPORT void gf_log_stderr(int level, const char *component, const char *msg, 
 	char when[40];
 	gmtime_r(&sec, &tm);
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-	char line[1400];
+	char line[1400], pri[8] = "", event[64];
 	int n;
+	gf_log_event_prefix(event, sizeof(event), msg);
+	pthread_once(&journal_once, journal_check);
+	if (journal_stream)
+		snprintf(pri, sizeof(pri), "<%d>", level < GF_LOG_ERR ? GF_LOG_ERR : level > GF_LOG_DEBUG ? GF_LOG_DEBUG : level);
 	if (userdata)
-		n = snprintf(line, sizeof(line), "ts=%s.%03dZ mono_us=%lld prog=%s level=%s component=%s %s\n", when,
-			     (int)(wall % 1000000 / 1000), (long long)mono, (const char *)userdata, level_name(level),
-			     component, msg);
+		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld prog=%s level=%s component=%s %s%s\n", pri,
+			     when, (int)(wall % 1000000 / 1000), (long long)mono, (const char *)userdata,
+			     level_name(level), component, event, msg);
 	else
-		n = snprintf(line, sizeof(line), "ts=%s.%03dZ mono_us=%lld level=%s component=%s %s\n", when,
-			     (int)(wall % 1000000 / 1000), (long long)mono, level_name(level), component, msg);
+		n = snprintf(line, sizeof(line), "%sts=%s.%03dZ mono_us=%lld level=%s component=%s %s%s\n", pri, when,
+			     (int)(wall % 1000000 / 1000), (long long)mono, level_name(level), component, event, msg);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(line)) {
@@ -159,8 +181,10 @@ bool gf_log_enabled(int level)
 	pthread_mutex_lock(&log_lock);
 	if (env_level == -2)
 		env_level = level_from_env();
+	/* With a hook: gf_set_log_level()'s level, else GF_LOG's, else info;
+	 * without one, nothing unless GF_LOG asks (a library is quiet). */
 	if (log_fn)
-		on = level <= log_level;
+		on = level <= (log_level >= 0 ? log_level : env_level >= 0 ? env_level : GF_LOG_INFO);
 	else
 		on = env_level >= 0 && level <= env_level;
 	pthread_mutex_unlock(&log_lock);
@@ -274,7 +298,7 @@ static enum hold_verdict hold_line(int level, const char *component, const char 
 	if (atomic_load(&holding) && pthread_equal(hold_owner, pthread_self())) {
 		if (level >= GF_LOG_INFO && nheld < HOLD_MAX && mono - hold_since < HOLD_MAX_US) {
 			struct held_line *h = &held[nheld++];
-			vsnprintf(h->msg, sizeof(h->msg), fmt, ap);
+			gf_log_vformat(h->msg, sizeof(h->msg), fmt, ap);
 			h->level = level;
 			h->component = component;
 			h->mono_us = mono;
@@ -308,7 +332,7 @@ void gf_log(int level, const char *component, const char *fmt, ...)
 			gf_log_release();
 	}
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	gf_log_vformat(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	deliver(level, component, msg, mono, wall);
 }

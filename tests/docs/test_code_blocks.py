@@ -15,7 +15,8 @@ or marked for what it is, and the marks are checked:
   must exit 0 (a line may say what exit it expects with `|| true`).
 
 A block with no language, or a language this test does not know, fails:
-say what it is."""
+say what it is. Commands too long to run here (the benchmark report, the
+vLLM demo) are named in COVERED_ELSEWHERE with the test that runs them."""
 import json
 import os
 import pathlib
@@ -162,3 +163,26 @@ def test_json_blocks_parse_and_their_reader_accepts_them(block):
             finally:
                 p.terminate()
                 p.wait(10)
+
+
+# Commands README and docs/ present that take too long to run here (a
+# benchmark of many minutes; real vLLM servers), with the test of the suite
+# that runs each (the report on its quick sections, with a stand-in vLLM
+# row; the vLLM demo in full, in the vllm suite).
+COVERED_ELSEWHERE = {
+    "bash tests/bench/report.sh": "tests/bench/test_report.py",
+    "examples/demo/run.sh --engine vllm": "tests/vllm/test_vllm_demo.py",
+}
+
+
+def test_long_commands_are_run_by_a_test_of_the_suite():
+    docs = "\n".join(p.read_text() for p in DOCS)
+    meson = "\n".join(p.read_text() for p in (SOURCE / "tests").rglob("meson.build"))
+    for cmd, test in COVERED_ELSEWHERE.items():
+        assert cmd in docs, f"{cmd!r} is no longer documented: drop it here"
+        assert (SOURCE / test).is_file(), test
+        assert pathlib.Path(test).name in meson, f"{test} is not registered in a meson.build"
+        # In a block, it must be marked so that test_shell_blocks_run leaves it to that test.
+        for b in ALL:
+            if b[2] == "sh" and cmd in b[4] and not is_readme_commands(b):
+                assert "excerpt" in b[3], f"{where(b)}: {cmd!r} runs in {test}; mark the block excerpt"

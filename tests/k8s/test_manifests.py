@@ -40,15 +40,28 @@ def docs():
     return d
 
 
-@pytest.fixture(scope="module")
-def pod(docs):
-    pods = [d for d in docs if d["kind"] == "Pod"]
-    assert len(pods) == 1
-    return pods[0]["spec"]
+def pods(docs):
+    return [d for d in docs if d["kind"] == "Pod"]
+
+
+POD_NAMES = [d["metadata"]["name"] for d in load_docs() if d["kind"] == "Pod"]
+
+
+@pytest.fixture(scope="module", params=POD_NAMES)
+def pod(request, docs):
+    return next(d for d in pods(docs) if d["metadata"]["name"] == request.param)["spec"]
+
+
+def test_both_pods_are_shipped():
+    assert {"llm-failover", "vllm-failover"} <= set(POD_NAMES)
 
 
 def all_containers(pod):
     return pod.get("initContainers", []) + pod["containers"]
+
+
+def sidecar(pod, name):
+    return next(c for c in pod["initContainers"] if c["name"] == name)
 
 
 def test_shared_process_namespace(pod):
@@ -83,11 +96,10 @@ def test_volumes_exist_and_sockets_live_on_memory_emptydir(pod):
 
 
 def test_engines_agree_with_sidecars_on_socket_paths(pod):
-    lockd = next(c for c in pod["initContainers"] if c["name"] == "gf-lockd")
-    listen = flag(lockd, "listen")
-    engines = [c for c in pod["containers"]]
+    listen = flag(sidecar(pod, "gf-lockd"), "listen")
+    engines = pod["containers"]
     assert len(engines) == 2
-    gmsd = next(c for c in pod["initContainers"] if c["name"] == "gf-gmsd")
+    gmsd = sidecar(pod, "gf-gmsd")
     env = {e["name"]: e["value"] for e in gmsd.get("env", [])}
     sock_dir = env["GF_GMS_SOCKET_DIR"]
     mounts = [m["mountPath"] for m in gmsd["volumeMounts"] if m["name"] == "gf-run"]
@@ -98,26 +110,81 @@ def test_engines_agree_with_sidecars_on_socket_paths(pod):
     assert probe[probe.index("--gms") + 1] in served
     for e in engines:
         assert flag(e, "lock") == listen
-        assert flag(e, "gms") in served
+        # the vLLM launcher names one GMS per rank: {rank} is the device of a one-GPU server
+        assert flag(e, "gms").replace("{rank}", "0") in served
 
 
 def test_engines_are_symmetric(pod):
     a, b = pod["containers"]
-    assert a["image"] == b["image"]
-    strip = lambda c: sorted(re.sub(r"(engine-|http-|probe-)[ab]|80\d\d|follower|loader", "X", x) for x in c["args"])
+    assert a["image"] == b["image"] and a.get("command") == b.get("command")
+    strip = lambda c: sorted(re.sub(r"(engine-|http-|probe-)[ab]|=[ab]$|80\d\d|follower|loader", "X", x)
+                             for x in c["args"])
     assert strip(a) == strip(b)
     assert {flag(a, "role"), flag(b, "role")} == {"loader", "follower"}
 
 
-def test_probes_use_declared_ports_and_the_state_table_paths(pod):
+def listener_ports(lockd):
+    """{name: port} of gf-lockd's --listener=NAME=tcp://ADDR:PORT flags."""
+    out = {}
+    for a in lockd["args"]:
+        m = re.fullmatch(r"--listener=([\w-]+)=tcp://[^:]+:(\d+)", a)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def served_ports(c):
+    """The TCP ports a container's program listens on, read from its flags."""
+    ports = set()
+    if c["name"] == "gf-lockd":
+        ports |= set(listener_ports(c).values())
+    for name in ("probe-port", "port", "metrics", "http"):
+        v = flag(c, name)
+        if v:
+            ports.add(int(v.rsplit(":", 1)[-1]))
+    return ports
+
+
+def probe_port(c, probe):
+    get = c[probe]["httpGet"]
+    declared = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    return declared[get["port"]] if isinstance(get["port"], str) else get["port"]
+
+
+def test_served_through_the_locks_listener(docs, pod):
+    lockd = sidecar(pod, "gf-lockd")
+    listeners = listener_ports(lockd)
+    assert "http" in listeners, "gf-lockd must carry the serving socket (--listener=http=tcp://...)"
+    port = listeners["http"]
+    assert {p["containerPort"] for p in lockd["ports"]} >= {port}, "gf-lockd must declare the listener's port"
+    # The Service that selects this pod targets the listener, not an engine.
+    labels = next(d for d in pods(docs) if d["spec"] is pod)["metadata"]["labels"]
+    services = [d for d in docs if d["kind"] == "Service" and d["spec"]["selector"].items() <= labels.items()]
+    assert len(services) == 1, f"one Service must select {labels}"
+    (svc_port,) = services[0]["spec"]["ports"]
+    assert svc_port["targetPort"] == port
+    for e in pod["containers"]:
+        assert flag(e, "listener") == "http", f"{e['name']} must serve from the lock's listener"
+        assert port not in served_ports(e), f"{e['name']} binds the Service's port {port} itself"
+        assert port not in {p["containerPort"] for p in e.get("ports", [])}
+
+
+def test_probes_hit_ports_their_container_serves(pod):
+    for c in all_containers(pod):
+        declared = {p["containerPort"] for p in c.get("ports", [])}
+        assert declared <= served_ports(c), f"{c['name']} declares a port nothing in it listens on"
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if "httpGet" in c.get(probe, {}):
+                assert probe_port(c, probe) in served_ports(c), f"{c['name']} {probe}: a port it does not serve"
+    # Containers of a pod share one network namespace: no port twice.
+    every = [p for c in all_containers(pod) for p in served_ports(c)]
+    assert len(every) == len(set(every)), f"a port is served twice in the pod: {sorted(every)}"
+
+
+def test_probes_use_the_state_table_paths(pod):
     for c in pod["containers"]:
-        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert ports[next(n for n in ports if n.startswith("probe"))] == int(flag(c, "probe-port"))
-        assert ports[next(n for n in ports if n.startswith("http"))] == int(flag(c, "port"))
         for probe, path in (("startupProbe", "/startup"), ("livenessProbe", "/live"), ("readinessProbe", "/ready")):
-            get = c[probe]["httpGet"]
-            assert get["path"] == path
-            assert get["port"] in ports
+            assert c[probe]["httpGet"]["path"] == path
         # Startup covers model loading (Decision 2: ~2 h budget).
         s = c["startupProbe"]
         assert s["periodSeconds"] * s["failureThreshold"] >= 3600
@@ -132,11 +199,11 @@ def test_gpu_shared_through_one_claim(docs, pod):
     for c in all_containers(pod):
         for claim in c.get("resources", {}).get("claims", []):
             assert claim["name"] in claims
-    assert {"gf-gmsd", "engine-a", "engine-b"} <= set(users)
+    assert {"gf-gmsd"} | {c["name"] for c in pod["containers"]} <= set(users)
 
 
 def test_timeouts_are_consistent(pod):
-    lockd = next(c for c in pod["initContainers"] if c["name"] == "gf-lockd")
+    lockd = sidecar(pod, "gf-lockd")
     window = duration_s(flag(lockd, "reconnect-window"))
     exit_wait = duration_s(flag(lockd, "exit-wait-timeout"))
     grace = pod["terminationGracePeriodSeconds"]
@@ -154,6 +221,15 @@ def test_timeouts_are_consistent(pod):
         s = c["startupProbe"]
         assert 0 < init < s["periodSeconds"] * s["failureThreshold"]
     assert window > 0
+
+
+def test_vllm_pod_runs_the_packaged_launcher(docs):
+    (pod,) = [d["spec"] for d in pods(docs) if d["metadata"]["name"] == "vllm-failover"]
+    for c in pod["containers"]:
+        assert c["command"] == ["gf-vllm"] and c["args"][0] == "serve" and not c["args"][1].startswith("-")
+        assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/run/gf", "/dev/shm"}
+    assert sorted(int(flag(c, "probe-port")) for c in pod["containers"]) == [8091, 8092]
+    assert sorted(flag(c, "id") for c in pod["containers"]) == ["a", "b"]
 
 
 def documented_minimum():

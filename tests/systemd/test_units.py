@@ -146,12 +146,38 @@ def http_get(url):
         return None, ""
 
 
+def moved(line, run):
+    """A unit's command line with /run/gf moved to @run (systemd's
+    RuntimeDirectory), the instance %i = 0 and the --metrics port moved to
+    a free one (a machine running the real units holds the real ports)."""
+    line = line.replace("/run/gf", run).replace("%i", "0")
+    return re.sub(r"--metrics=127\.0\.0\.1:\d+", lambda m: f"--metrics=127.0.0.1:{free_port()}", line)
+
+
 def exec_lines(path, key, run):
-    """The unit's KEY= command lines with /run/gf moved to @run (systemd's
-    RuntimeDirectory) and the instance %i = 0."""
+    """The unit's KEY= command lines, moved()."""
     with open(path) as f:
-        return [shlex.split(l[len(key) + 1:].replace("/run/gf", run).replace("%i", "0"))
-                for l in f if l.startswith(key + "=")]
+        return [shlex.split(moved(l[len(key) + 1:], run)) for l in f if l.startswith(key + "=")]
+
+
+# Ports other software on a node commonly holds: Prometheus (9090), its
+# exporters (the 9100-9999 range, node_exporter's 9100 first), web servers and
+# inference servers (80, 443, 8000, 8080), the kubelet (10250).
+COMMON_PORTS = {80, 443, 8000, 8080, 10250} | set(range(9090, 10000))
+
+
+def test_every_daemon_serves_metrics_on_a_port_nothing_common_uses():
+    seen = {}
+    for name, flag in (("gf-lockd.service", "--metrics="), ("gf-gmsd@.service", "--metrics="),
+                       ("gf-supervise.service", "--http ")):
+        (line,) = [l for l in unit_text(name).splitlines() if l.startswith("ExecStart=")]
+        m = re.search(re.escape(flag) + r"127\.0\.0\.1:(\d+)(%i)?", line)
+        assert m, f"{name}: no {flag.strip()} on 127.0.0.1 in {line}"
+        for i in range(10 if m.group(2) else 1):
+            port = int(m.group(1) + (str(i) if m.group(2) else ""))
+            assert port not in COMMON_PORTS, f"{name}: {port} is a port other software commonly uses"
+            assert port not in seen, f"{name} and {seen.get(port)} both use {port}"
+            seen[port] = name
 
 
 def test_the_set_starts_as_systemd_starts_it(staged):
@@ -185,7 +211,7 @@ def test_the_set_starts_as_systemd_starts_it(staged):
             r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_GUARD)
             assert r.returncode == 0, r.stderr
         (argv,) = exec_lines(sup, "ExecStart", run)
-        argv = [a.replace("127.0.0.1:9100", f"127.0.0.1:{http_port}") for a in argv]
+        argv = [a.replace("127.0.0.1:7462", f"127.0.0.1:{http_port}") for a in argv]
         log = open(os.path.join(tmp, "supervise.log"), "wb")
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                              env=dict(env, NOTIFY_SOCKET=os.path.join(tmp, "notify")))
@@ -239,7 +265,7 @@ def test_every_exec_start_runs(staged):
     for name, probe in probes.items():
         with open(os.path.join(units, name)) as f:
             line = next(l for l in f if l.startswith("ExecStart="))
-        argv = shlex.split(line[len("ExecStart="):].replace("/run/gf", run).replace("%i", "0"))
+        argv = shlex.split(moved(line[len("ExecStart="):], run))
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ok(probe)

@@ -344,6 +344,41 @@ static void test_log_hold_stderr(void **state)
 	assert_non_null(strstr(buf, "prog=unit level=info component=test held a\n"));
 }
 
+static void fmt(char *buf, size_t cap, const char *f, ...)
+{
+	va_list ap;
+	va_start(ap, f);
+	gf_log_vformat(buf, cap, f, ap);
+	va_end(ap);
+}
+
+/* Log lines stay logfmt whatever their values hold. */
+static void test_log_format(void **state)
+{
+	char b[256];
+	fmt(b, sizeof(b), "msg=\"state file loaded\" path=%s epoch=%llu", "/run/gf/lock.state", 7ULL);
+	assert_string_equal(b, "event=state_file_loaded msg=\"state file loaded\" path=/run/gf/lock.state epoch=7");
+	fmt(b, sizeof(b), "msg=\"x\" path=%s id=%d", "/tmp/a b\"c=d", 3);
+	assert_string_equal(b, "event=x msg=\"x\" path=\"/tmp/a b\\\"c=d\" id=3");
+	fmt(b, sizeof(b), "event=lost error=\"%s\" n=%zu t=%.3f", "said \"no\"\nthen left\\", (size_t)2, 1.5);
+	assert_string_equal(b, "event=lost error=\"said \\\"no\\\"\\nthen left\\\\\" n=2 t=1.500");
+	fmt(b, sizeof(b), "event=e empty=%s free text %s", "", "a b");
+	assert_string_equal(b, "event=e empty=\"\" free text a b");
+	fmt(b, sizeof(b), "event=p pct=%d%% w=%5s|%-3d|%x", 5, "ab", 1, 255);
+	assert_string_equal(b, "event=p pct=5% w=   ab|1  |ff");
+	fmt(b, sizeof(b), "backend=host msg=\"a parked mapping could not be moved back\" error=%s", "EINVAL");
+	assert_string_equal(b, "event=a_parked_mapping_could_not_be_moved_back backend=host msg=\"a parked mapping could not "
+			       "be moved back\" error=EINVAL");
+	fmt(b, sizeof(b), "wake: kept session to %s is gone", "unix:///g.sock"); /* free text: as written */
+	assert_string_equal(b, "wake: kept session to unix:///g.sock is gone");
+	fmt(b, sizeof(b), "event=s cut=%.*s w=%*d path=%s", 2, "abc", 3, 7, "a b");
+	assert_string_equal(b, "event=s cut=ab w=  7 path=\"a b\"");
+	fmt(b, sizeof(b), "engine=%s started pid=%d", "a", 7);
+	assert_string_equal(b, "engine=a started pid=7");
+	fmt(b, 12, "msg=\"long message\" v=%s", "x y");
+	assert_int_equal(strlen(b), 11);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -352,7 +387,7 @@ int main(void)
 		cmocka_unit_test(test_unhex),
 		cmocka_unit_test(test_errors),       cmocka_unit_test(test_log_hook),
 		cmocka_unit_test(test_log_hold),     cmocka_unit_test(test_log_hold_stderr),
-		cmocka_unit_test(test_log_hold_threads),
+		cmocka_unit_test(test_log_hold_threads), cmocka_unit_test(test_log_format),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@ struct lock_req {
 	char **gpus;
 	size_t ngpus;
 	char *model;
+	char *engine_id; /* evict */
+	int tier;        /* demote: enum gf_gms_tier */
 };
 
 static void lock_req_free(void *p)
@@ -21,6 +23,7 @@ static void lock_req_free(void *p)
 	free(r->secret);
 	gfpy_strv_free(r->gpus);
 	free(r->model);
+	free(r->engine_id);
 	free(r);
 }
 
@@ -241,4 +244,141 @@ PyObject *gfpy_device_find_by_uuid(PyObject *self, PyObject *args, PyObject *kw)
 	if (rc < 0)
 		return gfpy_raise_gf(rc);
 	return PyLong_FromLong(index);
+}
+
+/* The probes and admin requests gfctl has (lock ping and evict; GMS ping,
+ * wait-committed and demote), one-shot like the ones above. Their number
+ * answers come back as a small JSON object, the one-shot's way of carrying
+ * a result out of its thread. */
+static int lock_ping_call(void *p, char **json)
+{
+	struct lock_req *r = p;
+	return gf_lock_ping(r->uri, r->secret, r->secret_len, r->ms);
+}
+
+static int lock_evict_call(void *p, char **json)
+{
+	struct lock_req *r = p;
+	return gf_lock_evict(r->uri, r->secret, r->secret_len, r->engine_id, r->ms);
+}
+
+static int gms_ping_call(void *p, char **json)
+{
+	struct lock_req *r = p;
+	int64_t rtt = 0;
+	int rc = gf_gms_ping(r->uri, r->ms, &rtt);
+	if (rc == 0 && asprintf(json, "{\"rtt_us\": %lld}", (long long)rtt) < 0)
+		*json = NULL;
+	return rc;
+}
+
+static int gms_wait_committed_call(void *p, char **json)
+{
+	struct lock_req *r = p;
+	uint64_t gen = 0;
+	int rc = gf_gms_wait_committed(r->uri, r->ms, &gen);
+	if (rc == 0 && asprintf(json, "{\"generation\": %llu}", (unsigned long long)gen) < 0)
+		*json = NULL;
+	return rc;
+}
+
+static int gms_demote_call(void *p, char **json)
+{
+	struct lock_req *r = p;
+	return gf_gms_demote(r->uri, r->tier, r->ms);
+}
+
+PyObject *gfpy_lock_ping(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "timeout", "secret", NULL };
+	const char *uri;
+	PyObject *tobj = NULL;
+	Py_buffer secret = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$y*:lock_ping", kwlist, &uri, &tobj, &secret))
+		return NULL;
+	struct lock_req *r = lock_req_new(uri, &secret, tobj, 5000);
+	PyBuffer_Release(&secret);
+	return r ? run_req("lock_ping", lock_ping_call, r, 0) : NULL;
+}
+
+PyObject *gfpy_lock_evict(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "engine_id", "timeout", "secret", NULL };
+	const char *uri, *id;
+	PyObject *tobj = NULL;
+	Py_buffer secret = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$y*:lock_evict", kwlist, &uri, &id, &tobj, &secret))
+		return NULL;
+	struct lock_req *r = lock_req_new(uri, &secret, tobj, 5000);
+	PyBuffer_Release(&secret);
+	if (r && !(r->engine_id = strdup(id))) {
+		lock_req_free(r);
+		r = (struct lock_req *)PyErr_NoMemory();
+	}
+	return r ? run_req("lock_evict", lock_evict_call, r, 0) : NULL;
+}
+
+/* One number out of a JSON answer, as a Python int. */
+static PyObject *answer_number(PyObject *d, const char *key)
+{
+	PyObject *v = d ? PyDict_GetItemString(d, key) : NULL;
+	if (d && !v)
+		PyErr_Format(PyExc_RuntimeError, "no '%s' in the answer", key);
+	Py_XINCREF(v);
+	Py_XDECREF(d);
+	return v;
+}
+
+PyObject *gfpy_gms_ping(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "timeout", NULL };
+	const char *uri;
+	PyObject *tobj = NULL;
+	Py_buffer none = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:gms_ping", kwlist, &uri, &tobj))
+		return NULL;
+	struct lock_req *r = lock_req_new(uri, &none, tobj, 5000);
+	PyObject *us = r ? answer_number(run_req("gms_ping", gms_ping_call, r, 1), "rtt_us") : NULL;
+	if (!us)
+		return NULL;
+	double s = PyLong_AsDouble(us) / 1e6;
+	Py_DECREF(us);
+	return PyErr_Occurred() ? NULL : PyFloat_FromDouble(s);
+}
+
+PyObject *gfpy_gms_wait_committed(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "timeout", NULL };
+	const char *uri;
+	PyObject *tobj = Py_None;
+	Py_buffer none = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:gms_wait_committed", kwlist, &uri, &tobj))
+		return NULL;
+	/* None: wait as long as it takes, as gfctl's startup probe does (-1) */
+	struct lock_req *r = lock_req_new(uri, &none, tobj, -1);
+	return r ? answer_number(run_req("gms_wait_committed", gms_wait_committed_call, r, 1), "generation") : NULL;
+}
+
+PyObject *gfpy_gms_demote(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "uri", "to", "timeout", NULL };
+	const char *uri, *to = NULL;
+	PyObject *tobj = NULL;
+	Py_buffer none = { 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zO:gms_demote", kwlist, &uri, &to, &tobj))
+		return NULL;
+	int tier = GF_GMS_TIER_ANY;
+	if (to && !strcmp(to, "warm"))
+		tier = GF_GMS_TIER_WARM;
+	else if (to && !strcmp(to, "cold"))
+		tier = GF_GMS_TIER_COLD;
+	else if (to)
+		return PyErr_Format(PyExc_ValueError, "to must be 'warm', 'cold' or None (the policy's choice), not '%s'",
+				    to);
+	/* Writing the snapshot first takes as long as the bytes need: a minute unless told otherwise. */
+	struct lock_req *r = lock_req_new(uri, &none, tobj, 60000);
+	if (!r)
+		return NULL;
+	r->tier = tier;
+	return run_req("gms_demote", gms_demote_call, r, 0);
 }

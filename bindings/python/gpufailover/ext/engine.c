@@ -178,7 +178,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
-				  "asleep_bytes", "pinned", "model", "rank", NULL };
+				  "asleep_bytes", "pinned", "model", "rank", "lock_reconnect_timeout", "loss_grace",
+				  "startup_deadline", "wake_priority", "settle_deferred", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -189,10 +190,18 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int pinned = 0, rank = 0;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
-	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&zi", kwlist, &lock_uri, &id, &gms_list,
+	int64_t waking = -2, remap = -2, init_ms = -1, reconnect_ms = -1, grace_ms = -1, startup_ms = 0;
+	PyObject *reconnect_obj = Py_None, *grace_obj = NULL, *startup_obj = Py_None;
+	int wake_priority = 0, settle_deferred = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
-					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank))
+					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
+					 &reconnect_obj, &grace_obj, &startup_obj, &wake_priority, gfpy_bool_arg,
+					 &settle_deferred))
+		return -1;
+	/* None: the lock client's own reconnect time; no startup deadline */
+	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
+	    (grace_obj && gfpy_timeout_arg(grace_obj, &grace_ms, 0) < 0) || gfpy_timeout_arg(startup_obj, &startup_ms, 1) < 0)
 		return -1;
 	if (!lock_uri != (rank != 0)) {
 		PyErr_SetString(PyExc_ValueError, rank ? "a rank engine (rank >= 1) holds no lock: pass lock=None"
@@ -274,6 +283,16 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_pinned(e, pinned);
 	if (rc == 0 && model)
 		rc = gf_engine_set_model(e, model);
+	if (rc == 0 && reconnect_obj != Py_None)
+		rc = gf_engine_set_lock_reconnect_timeout(e, reconnect_ms);
+	if (rc == 0 && grace_obj)
+		rc = gf_engine_set_loss_grace(e, grace_ms);
+	if (rc == 0 && startup_obj != Py_None)
+		rc = gf_engine_set_startup_deadline(e, startup_ms);
+	if (rc == 0 && wake_priority)
+		rc = gf_engine_set_wake_priority(e, wake_priority);
+	if (rc == 0 && settle_deferred)
+		rc = gf_engine_set_settle_deferred(e, settle_deferred);
 	if (rc == 0 && probe_port >= 0)
 		rc = gf_engine_set_probe_address(e, probe_addr, (int)probe_port);
 	if (rc == 0)
@@ -650,6 +669,17 @@ static PyObject *Engine_step_down(EngineObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *Engine_settle(EngineObject *self, PyObject *unused)
+{
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_engine_settle(self->engine));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Engine_get_on_loss(EngineObject *self, void *c)
 {
 	return gfpy_hook_get(self->on_loss);
@@ -781,6 +811,9 @@ static PyMethodDef Engine_methods[] = {
 	  "private_memory($self, device=0, /)\n--\n\n"
 	  "private_memory(device=0) -> (addr, size) of the KV memory: the address is fixed from\n"
 	  "init_weights() on, memory backs it from the wake on" },
+	{ "settle", (PyCFunction)Engine_settle, METH_NOARGS, "settle($self, /)\n--\n\n"
+	  "After serve() with settle_deferred=True: tell the lock's readiness relay that this engine\n"
+	  "serves and write the log lines the wake held. Once per wake; later calls do nothing." },
 	{ "close", (PyCFunction)Engine_close, METH_NOARGS, "close($self, /)\n--\n\n"
 	  "Release everything (and the lock)." },
 	{ NULL },
@@ -809,7 +842,8 @@ PyTypeObject gfpy_EngineType = {
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
-		  "       model=None, rank=0)\n\n"
+		  "       model=None, rank=0, lock_reconnect_timeout=None, loss_grace=10,\n"
+		  "       startup_deadline=None, wake_priority=0, settle_deferred=False)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -819,7 +853,13 @@ PyTypeObject gfpy_EngineType = {
 		  "asleep_bytes (memory kept while asleep), pinned (never evicted for a GPU's standby\n"
 		  "budget) and model (answered by ready_for()).\n"
 		  "rank: >= 1 makes a rank engine (lock=None): a further process of the engine\n"
-		  "engine_id, whose rank 0 holds the lock; it wakes with wake_as_rank(epoch).",
+		  "engine_id, whose rank 0 holds the lock; it wakes with wake_as_rank(epoch).\n"
+		  "lock_reconnect_timeout: how long the lock client reconnects after losing the server\n"
+		  "before the loss policy runs (None: the client's default). loss_grace: the default loss\n"
+		  "policy's time between SIGTERM and _exit(70). startup_deadline: not in Standby this\n"
+		  "long after construction -> Dead, loss policy with TimeoutError (None: none).\n"
+		  "wake_priority: SCHED_FIFO priority 1..99 of the acquiring thread until Active (0: off).\n"
+		  "settle_deferred: serve() returns at Active before the readiness report; call settle().",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

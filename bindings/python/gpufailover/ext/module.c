@@ -110,6 +110,39 @@ static PyMethodDef module_methods[] = {
 	{ "gms_restore", (PyCFunction)(void (*)(void))gfpy_gms_restore, METH_VARARGS | METH_KEYWORDS,
 	  "gms_restore($module, uri, dir=None, timeout=60.0)\n--\n\n"
 	  "Restore an EMPTY GMS from the snapshot in dir (None or '': its best kept tier)." },
+	{ "lock_ping", (PyCFunction)(void (*)(void))gfpy_lock_ping, METH_VARARGS | METH_KEYWORDS,
+	  "lock_ping($module, uri, timeout=5.0, *, secret=None)\n--\n\n"
+	  "Check that the lock server answers a handshake within timeout (gfctl lock ping). Returns\n"
+	  "None; raises UnreachableError, TimeoutError, PermissionError, ProtocolError." },
+	{ "lock_evict", (PyCFunction)(void (*)(void))gfpy_lock_evict, METH_VARARGS | METH_KEYWORDS,
+	  "lock_evict($module, uri, engine_id, timeout=5.0, *, secret=None)\n--\n\n"
+	  "Admin request: evict the standby engine_id from the lock's pool (gfctl lock evict); it\n"
+	  "sees its acquire fail as evicted. Allowed for the server's admin uids (unix) or with the\n"
+	  "shared secret (tcp). Raises StateError (no waiter has that id), NotSupportedError (etcd),\n"
+	  "PermissionError, UnreachableError, TimeoutError; ValueError for a malformed id." },
+	{ "gms_ping", (PyCFunction)(void (*)(void))gfpy_gms_ping, METH_VARARGS | METH_KEYWORDS,
+	  "gms_ping($module, uri, timeout=5.0)\n--\n\n"
+	  "Round trip to the GMS (handshake and status; gfctl gms ping): the seconds it took.\n"
+	  "Raises UnreachableError, TimeoutError, PermissionError, ProtocolError." },
+	{ "gms_wait_committed", (PyCFunction)(void (*)(void))gfpy_gms_wait_committed, METH_VARARGS | METH_KEYWORDS,
+	  "gms_wait_committed($module, uri, timeout=None)\n--\n\n"
+	  "Wait until the GMS holds a committed layout, retrying while it is unreachable (gfctl gms\n"
+	  "wait-committed; None: no limit): the committed generation. Takes no lock. Raises\n"
+	  "TimeoutError (it answered, nothing committed in time), UnreachableError (still\n"
+	  "unreachable at the end), PermissionError, ProtocolError." },
+	{ "gms_demote", (PyCFunction)(void (*)(void))gfpy_gms_demote, METH_VARARGS | METH_KEYWORDS,
+	  "gms_demote($module, uri, to=None, timeout=60.0)\n--\n\n"
+	  "Admin request: ask the GMS to demote its committed layout to the tier to ('warm', 'cold';\n"
+	  "None: the policy's choice; gfctl gms demote). Returns once the layout was dropped.\n"
+	  "Raises PermissionError (not an admin uid), StateError (refused, or a client holds the\n"
+	  "lock: the detail says which), ValueError (that tier is not kept), GpuFailoverError (the\n"
+	  "snapshot failed: the layout stays), TimeoutError, UnreachableError." },
+	{ "_set_log_sink", gfpy_set_log_sink, METH_VARARGS,
+	  "_set_log_sink($module, sink, level=-1, /)\n--\n\n"
+	  "Send the library's log lines to sink(level, component, msg, mono_us, wall_us, dropped),\n"
+	  "called on the main thread; None removes it. Use gpufailover.log_to_logging()." },
+	{ "_drain_log", gfpy_drain_log, METH_NOARGS, "_drain_log($module, /)\n--\n\n"
+	  "Deliver the queued log lines now (they are otherwise delivered at the next chance)." },
 	{ "_torch_pool_begin", py_torch_pool_begin, METH_O, "_torch_pool_begin($module, writer, /)\n--\n\n"
 	  "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
