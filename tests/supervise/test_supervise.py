@@ -530,3 +530,38 @@ def lockd_text(p):
         p.kill()
         _, err = p.communicate()
     return err.decode(errors="replace")
+
+
+def test_spawn_failure_storm_backs_off_and_ends_failed(tmp, sups):
+    """A program that cannot be spawned, retry_pause 0 and a high
+    retry_limit: each failed spawn waits a backoff (100 ms, doubling to 5 s),
+    so the supervisor neither spins nor recurses (it once died by SIGSEGV
+    after about 58,000 failures in a row), and with a small limit the
+    engine ends Failed."""
+    def nope(name):
+        return {"name": name, "argv": [os.path.join(tmp, "no-such-program")],
+                "probe_url": f"http://127.0.0.1:{free_port()}"}
+
+    s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="0ms", retry_limit=100000), "engines": [nope("storm")]})
+    sups.append(s)
+    t0 = time.monotonic()
+    wait_for(lambda: (e := s.engine("storm")) and e["retries"] >= 4, lambda: "4 retries\n" + s.text())
+    elapsed = time.monotonic() - t0
+    e = s.engine("storm")
+    assert s.p.poll() is None, s.text()
+    # An upper bound (a busy machine only makes it fewer): the retries the
+    # backoff allows in the time that passed.
+    allowed, pause, spent = 1, 0.1, 0.0
+    while spent + pause <= elapsed:
+        spent += pause
+        pause = min(pause * 2, 5.0)
+        allowed += 1
+    assert e["retries"] <= allowed, (e, elapsed)
+    assert e["state"] == "paused" and "spawn failed" in e["reason"], e
+    s.stop()
+
+    s = Supervisor(tmp, {"periods": dict(FAST, retry_pause="0ms", retry_limit=3), "engines": [nope("few")]})
+    sups.append(s)
+    e = s.wait_state("few", "failed")
+    assert e["retries"] == 3 and "retry limit 3" in e["reason"] and "spawn failed" in e["reason"], e
+    assert s.p.poll() is None, s.text()
