@@ -8,6 +8,7 @@ GF_LOCKD, GF_GMSD and GF_C_ENGINE.
 """
 import json
 import os
+import sys
 import re
 import shutil
 import signal
@@ -26,7 +27,10 @@ ENGINE = os.environ.get("GF_C_ENGINE")
 pytestmark = pytest.mark.skipif(not (LOCKD and GMSD and ENGINE),
                                 reason="GF_LOCKD, GF_GMSD and GF_C_ENGINE must point at the binaries")
 
-HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(20.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 
 def wait_for(pred, what, timeout=HANG_GUARD):

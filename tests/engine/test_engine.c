@@ -187,7 +187,7 @@ static int setup(void **state)
 /* Wait (real time, generous for a loaded machine) until @cond holds. */
 #define EVENTUALLY(cond)                                             \
 	do {                                                         \
-		for (int i_ = 0; i_ < 20000 && !(cond); i_++)        \
+		for (int64_t i_ = 0; i_ < TU_MS(20000) && !(cond); i_++)        \
 			usleep(1000);                                \
 		assert_true(cond);                                   \
 	} while (0)
@@ -219,7 +219,7 @@ static int teardown(void **state)
 		gf_lock *l;
 		struct gf_lock_grant g;
 		assert_int_equal(gf_lock_new(&l, f->lock_uri, "after"), 0);
-		assert_int_equal(gf_lock_acquire(l, 5000, &g), 0);
+		assert_int_equal(gf_lock_acquire(l, TU_MS(5000), &g), 0);
 		gf_lock_free(l);
 	}
 	for (int i = 0; i < ndev; i++)
@@ -532,7 +532,7 @@ static bool lock_says_serving(struct fixture *f, const char *want)
 {
 	char *js = NULL, pat[64];
 	snprintf(pat, sizeof(pat), "\"holder_serving\":\"%s\"", want);
-	bool ok = gf_lock_status_json(f->lock_uri, NULL, 0, 2000, &js) == 0 && strstr(js, pat);
+	bool ok = gf_lock_status_json(f->lock_uri, NULL, 0, TU_MS(2000), &js) == 0 && strstr(js, pat);
 	free(js);
 	return ok;
 }
@@ -638,7 +638,7 @@ static void test_next_sends_the_wake_early(void **state)
 	gf_lock *h;
 	struct gf_lock_grant hg;
 	assert_int_equal(gf_lock_new(&h, suri, "holder"), 0);
-	assert_int_equal(gf_lock_acquire(h, 2000, &hg), 0);
+	assert_int_equal(gf_lock_acquire(h, TU_MS(2000), &hg), 0);
 	struct acq a = { .e = e, .timeout_ms = 3000 };
 	pthread_t at;
 	assert_int_equal(pthread_create(&at, NULL, acquire_main, &a), 0);
@@ -646,7 +646,7 @@ static void test_next_sends_the_wake_early(void **state)
 	for (int i = 0; i < 5000; i++) {
 		free(js);
 		js = NULL;
-		if (gf_lock_status_json(suri, NULL, 0, 2000, &js) == 0 && strstr(js, "\"waiter_count\":1"))
+		if (gf_lock_status_json(suri, NULL, 0, TU_MS(2000), &js) == 0 && strstr(js, "\"waiter_count\":1"))
 			break;
 		usleep(1000);
 	}
@@ -665,7 +665,7 @@ static void test_next_sends_the_wake_early(void **state)
 	EVENTUALLY(gms_readers(f) == 1);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 	assert_int_equal(atomic_load(&a.done), 0);
-	assert_int_equal(gf_lock_status_json(suri, NULL, 0, 2000, &js), 0);
+	assert_int_equal(gf_lock_status_json(suri, NULL, 0, TU_MS(2000), &js), 0);
 	assert_null(strstr(js, "\"holder\":\"eng-next\""));
 	free(js);
 	/* The lock server goes: the grant will not come; the reader is let go. */
@@ -922,7 +922,7 @@ static void *poll_waiting_status(void *arg)
 	struct status_poll *p = arg;
 	for (int i = 0; i < 20000 && !p->json; i++) {
 		char *json = NULL;
-		if (gf_lock_status_json(p->uri, NULL, 0, 2000, &json) == 0 && strstr(json, "\"waiter_count\":1")) {
+		if (gf_lock_status_json(p->uri, NULL, 0, TU_MS(2000), &json) == 0 && strstr(json, "\"waiter_count\":1")) {
 			p->json = json;
 			break;
 		}

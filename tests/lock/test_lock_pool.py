@@ -25,7 +25,10 @@ ENGINE = os.environ.get("GF_C_ENGINE")
 GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000000a"
 OTHER = "GPU-0a1b2c3d-0000-4000-8000-00000000000b"
 EXIT_EVICTED = 73
-HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(30.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 
 def wait_until(cond, what, timeout=HANG_GUARD):
