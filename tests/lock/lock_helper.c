@@ -6,7 +6,13 @@
  *                                   "child=PID", then wait to be killed
  *   lock-helper URI ID linger MS    hold, close the socket without releasing,
  *                                   stay alive MS more, print "exiting", exit
+ *   lock-helper URI ID rejoin GPU   on GPU: hold until a line on stdin,
+ *                                   release, then wait again as a standby
+ *                                   (the same process: its time Active is
+ *                                   its own), print "waiting"; exit 73 when
+ *                                   evicted
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +26,10 @@ int main(int argc, char **argv)
 		return 2;
 	gf_lock *l;
 	struct gf_lock_grant g;
-	if (gf_lock_new(&l, argv[1], argv[2]) < 0 || gf_lock_acquire(l, -1, &g) < 0) {
+	const char *gpus[] = { argc > 4 ? argv[4] : "" };
+	bool rejoin = !strcmp(argv[3], "rejoin") && argc > 4;
+	if (gf_lock_new(&l, argv[1], argv[2]) < 0 || (rejoin && gf_lock_set_resources(l, gpus, 1, 0, 0) < 0) ||
+	    gf_lock_acquire(l, -1, &g) < 0) {
 		fprintf(stderr, "lock-helper: %s\n", gf_error_detail());
 		return 1;
 	}
@@ -38,6 +47,19 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		for (;;)
 			pause();
+	}
+	if (rejoin) {
+		char line[16];
+		if (!fgets(line, sizeof(line), stdin) || gf_lock_release(l) < 0) {
+			fprintf(stderr, "lock-helper: %s\n", gf_error_detail());
+			return 1;
+		}
+		printf("waiting\n");
+		fflush(stdout);
+		int rc = gf_lock_acquire(l, -1, &g);
+		printf("acquire rc=%s\n", gf_error_name(rc) ? gf_error_name(rc) : "?");
+		fflush(stdout);
+		return rc == GF_ERR_EVICTED ? 73 : rc < 0 ? 1 : 0;
 	}
 	if (!strcmp(argv[3], "linger") && argc > 4) {
 		close(gf_lock_get_fd(l));
