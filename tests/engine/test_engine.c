@@ -1584,6 +1584,32 @@ static void test_probe_server_slow_clients_one_address(void **state)
 	assert_int_equal(http_get(port, "/ready", NULL, 0), 200);
 }
 
+/* Kubelet probes from the node's address, which others on the node share:
+ * forty-five slow (half-sent) connections from the probe's own address do
+ * not keep /ready or /live out. The oldest of that address make room (no
+ * refusal, which libmicrohttpd's own per-address limit would have been). */
+static void test_probe_server_flood_from_the_probes_address(void **state)
+{
+	struct fixture *f = *state;
+	assert_int_equal(gf_engine_set_probe_address(f->e, "127.0.0.1", 0), 0);
+	assert_int_equal(gf_engine_start_probe_server(f->e), 0);
+	to_active(f->e);
+	int port = gf_engine_probe_port(f->e);
+	enum { N = 45 };
+	int fds[N];
+	for (int i = 0; i < N; i++) {
+		fds[i] = slow_client("127.0.0.1", port);
+		assert_true(fds[i] >= 0);
+	}
+	char body[16384];
+	assert_int_equal(http_get(port, "/ready", body, sizeof(body)), 200);
+	assert_non_null(strstr(body, "active"));
+	assert_int_equal(http_get(port, "/live", NULL, 0), 200);
+	assert_true(closed_by_server(fds[0]));
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+}
+
 /* Seventy slow connections from seventy addresses hold every slot: the
  * oldest are cut so /live still gets in, and the cuts are counted. */
 static void test_probe_server_full_of_others(void **state)
@@ -1942,6 +1968,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_metrics_text_and_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_http, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_slow_clients_one_address, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_server_flood_from_the_probes_address, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_full_of_others, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_server_request_deadline, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_startup_deadline, setup, teardown),
