@@ -760,7 +760,11 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 		uint64_t epoch = e->revoke_epoch;
 		e->revoke_epoch = 0;
 		if (r < 0) {
-			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
+			/* Without an answer the revoke may still have taken effect. */
+			bool unanswered = r == GF_ERR_TIMEOUT || r == GF_ERR_IO || r == GF_ERR_CLOSED ||
+					  r == GF_ERR_UNREACHABLE;
+			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 " %s: %s", e->name, epoch,
+			       unanswered ? "not confirmed (no answer: it may have taken effect)" : "refused",
 			       gf_error_detail());
 			return;
 		}
