@@ -329,8 +329,8 @@ static void test_fifo_and_epochs(void **s)
 	raw_acquire(&b, "b", -1, NULL, 0);
 	raw_open(&c, sv.uri, "c");
 	raw_acquire(&c, "c", -1, NULL, 0);
-	assert_int_equal(raw_next(&b, TU_MS(100)), 0);
-	assert_int_equal(raw_next(&c, TU_MS(100)), 0);
+	assert_int_equal(raw_next(&b, 100), 0);
+	assert_int_equal(raw_next(&c, 100), 0);
 	char *json;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"holder\":\"a\""));
@@ -353,7 +353,7 @@ static void test_fifo_and_epochs(void **s)
 	raw_acquire(&bad, "x\"y", -1, NULL, 0);
 	assert_int_equal(raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
 	raw_close(&bad);
-	assert_int_equal(raw_next(&c, TU_MS(100)), 0);
+	assert_int_equal(raw_next(&c, 100), 0);
 	raw_close(&b);
 	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(c.m.body.lock_granted.epoch, e + 2);
@@ -403,13 +403,13 @@ static void test_next_before_grant(void **s)
 		assert_non_null(strstr(json, want));
 		free(json);
 	}
-	assert_int_equal(raw_next(&b, TU_MS(100)), 0);
+	assert_int_equal(raw_next(&b, 100), 0);
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(b.m.body.lock_next.epoch, e + 1);
 	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
-	assert_int_equal(raw_next(&c, TU_MS(100)), 0); /* not next yet: told nothing */
+	assert_int_equal(raw_next(&c, 100), 0); /* not next yet: told nothing */
 	raw_close(&b);
 	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(c.m.body.lock_next.epoch, e + 2);
@@ -459,7 +459,7 @@ static void test_grants_held_shown(void **s)
 	remove_dir(sv.dir);
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
-	assert_int_equal(raw_next(&b, TU_MS(300)), 0); /* no grant: the write failed */
+	assert_int_equal(raw_next(&b, 300), 0); /* no grant: the write failed */
 	/* Its socket's name is gone with the directory: asked in-process, on
 	 * this thread once the loop has stopped (the state stays until freed). */
 	gf_lockd_stop(sv.d);
@@ -570,7 +570,7 @@ static void test_reconnect_window_reclaim(void **s)
 	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(x.m.body.lock_granted.epoch, 42);
 	assert_true(x.m.body.lock_granted.reclaimed);
-	assert_int_equal(raw_next(&w, TU_MS(200)), 0);
+	assert_int_equal(raw_next(&w, 200), 0);
 	raw_close(&x);
 	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, 43);
@@ -598,7 +598,7 @@ static void test_holder_takeover_stale_connection(void **s)
 	assert_int_equal(a2.m.body.lock_granted.epoch, g.epoch);
 	assert_true(a2.m.body.lock_granted.reclaimed);
 	assert_int_equal(gf_msg_recv(&a.rd, a.fd, &a.m, NULL, NULL, gf_deadline_from_ms(TU_MS(2000))), GF_ERR_CLOSED);
-	assert_int_equal(raw_next(&w, TU_MS(200)), 0); /* the waiter was not granted */
+	assert_int_equal(raw_next(&w, 200), 0); /* the waiter was not granted */
 	raw_close(&a2);
 	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, g.epoch + 1);
@@ -813,7 +813,7 @@ static void test_durations_do_not_overflow(void **s)
 	assert_int_equal(raw_next(&a, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_open(&b, sv.uri, "b");
 	raw_acquire(&b, "b", huge, NULL, 0);
-	assert_int_equal(raw_next(&b, TU_MS(300)), 0); /* still waiting: no TIMEOUT */
+	assert_int_equal(raw_next(&b, 300), 0); /* still waiting: no TIMEOUT */
 	raw_close(&a);
 	assert_int_equal(raw_next(&b, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_close(&b);
