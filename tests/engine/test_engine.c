@@ -386,7 +386,7 @@ static void hold_lock(struct fixture *f, struct holder *h, int64_t hold_ms)
 {
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&h->lock, f->lock_uri, "holder"), 0);
-	assert_int_equal(gf_lock_acquire(h->lock, 5000, &g), 0);
+	assert_int_equal(gf_lock_acquire(h->lock, TU_MS(5000), &g), 0);
 	h->hold_ms = hold_ms;
 	if (hold_ms >= 0)
 		assert_int_equal(pthread_create(&h->t, NULL, release_later, h), 0);
@@ -398,7 +398,7 @@ static void test_legal_path(void **state)
 	gf_engine *e = f->e;
 	struct gf_engine_metrics m;
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
-	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 1500), 0);
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, TU_MS(1500)), 0);
 	loads = 0;
 	assert_int_equal(gf_engine_init_weights(e, real_load, NULL), 0);
 	assert_int_equal(loads, ndev);
