@@ -835,6 +835,10 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
 			gf_log(GF_LOG_ERR, "supervise", "%s", gf_error_detail());
+			/* One level deep: the policy answers a failed spawn with a
+			 * pause (at least GF_SV_SPAWN_RETRY_MIN_MS), never with
+			 * another spawn; with retry_pause 0 this once recursed
+			 * until the stack ran out. */
 			feed(sv, e, GF_SV_EV_SPAWN_FAILED, NULL, -1, 0, now);
 		}
 	}
