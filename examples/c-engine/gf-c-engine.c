@@ -69,9 +69,15 @@ struct app {
 	int serve_port; /* the port serving answers on, logged once the backlog is served */
 	atomic_int serving; /* read by the probe server's thread */
 	int stop_pipe[2];
-	volatile sig_atomic_t stopping;
-	volatile sig_atomic_t lost; /* the loss policy ran */
-	volatile sig_atomic_t weights_mapped; /* init_weights is over */
+	atomic_int stopping;
+	atomic_int lost; /* the loss policy ran (on a watcher thread) */
+	atomic_int weights_mapped; /* init_weights is over */
+	/* The signal thread uses the engine only under sig_mu and while
+	 * engine_gone is false: main sets it before gf_engine_free(), so a
+	 * SIGTERM (the loss policy's own, or a second one) handled late never
+	 * touches a freed engine. */
+	pthread_mutex_t sig_mu;
+	bool engine_gone;
 	atomic_int stepping_down; /* a planned switchover asked us to step down */
 	struct ranks *ranks; /* --ranks N > 1: ranks 1..N-1, each its own process */
 	int64_t waking_ms;   /* the waking timeout, which bounds the ranks' wake too */
@@ -142,7 +148,8 @@ static void usage(FILE *to)
 		"\n"
 		"Endpoint: GET or POST /infer?seed=N -> {\"result\": [8 values], \"checksum\": XXH64 hex,\n"
 		"          \"epoch\": lock epoch, \"engine\": id}\n"
-		"Test hook: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms.\n"
+		"Test hooks: GF_ENGINE_TEST_HANG_WAKE_MS=N makes serve_endpoint hang N ms;\n"
+		"GF_ENGINE_TEST_SIGNAL_LAG_MS=N keeps the signal thread N ms after a stop request.\n"
 		"Exit: 0 on SIGTERM/SIGINT, 1 on a failed step, 2 on bad usage,\n"
 		"      75 after a planned switchover (gfctl switchover: drained, lock released),\n"
 		"      70 when the lock or GMS was lost or the startup deadline passed\n"
@@ -314,7 +321,7 @@ static void warm_up(struct app *a);
 static int weights_ready(gf_engine *e, void *userdata)
 {
 	struct app *a = userdata;
-	a->weights_mapped = 1;
+	atomic_store(&a->weights_mapped, 1);
 	gf_gms *gms = gf_engine_gms(e, 0);
 	size_t n = gf_gms_meta_count(gms);
 	size_t(*order)[2] = calloc(n ? n : 1, sizeof(*order));
@@ -642,7 +649,7 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 static void on_loss(gf_engine *e, int err, const char *detail, void *userdata)
 {
 	struct app *a = userdata;
-	a->lost = 1;
+	atomic_store(&a->lost, 1);
 	gf_engine_default_loss(e, err, detail, NULL);
 }
 
@@ -717,34 +724,64 @@ struct sigctx {
 	sigset_t set;
 };
 
+/* How long the signal thread lingers after a stop request
+ * (GF_ENGINE_TEST_SIGNAL_LAG_MS, tests only): a thread preempted there on a
+ * busy machine while main tears the engine down. */
+static long signal_lag_ms(void)
+{
+	const char *v = getenv("GF_ENGINE_TEST_SIGNAL_LAG_MS");
+	long ms;
+	return v && *v && parse_int(v, 0, 60000, &ms) == 0 ? ms : 0;
+}
+
 static void *signal_thread(void *arg)
 {
 	struct sigctx *s = arg;
+	struct app *a = s->app;
+	long lag_ms = signal_lag_ms();
 	int sig;
 	for (;;) {
 		if (sigwait(&s->set, &sig) != 0)
 			continue;
 		if (sig == SIGPIPE)
 			continue;
+		pthread_mutex_lock(&a->sig_mu);
+		if (a->engine_gone) {
+			/* main is past run(): the process is ending anyway. */
+			pthread_mutex_unlock(&a->sig_mu);
+			continue;
+		}
+		int st = gf_engine_state(a->engine);
 		logf_(GF_LOG_INFO, "event=signal sig=%s state=%s", sig == SIGTERM ? "TERM" : "INT",
-		      gf_engine_state_name(gf_engine_state(s->app->engine)));
-		int st = gf_engine_state(s->app->engine);
-		if (st == GF_ENGINE_INIT || (st == GF_ENGINE_DEAD && !s->app->weights_mapped)) {
-			/* Init may block in the GMS (a follower waits for the
-			 * commit); nothing is held yet that the kernel does not
-			 * release, so leave right away rather than unwind it (70
-			 * when the startup watchdog ran the loss policy). */
-			int status = s->app->lost ? 70 : 0;
+		      gf_engine_state_name(st));
+		if (st == GF_ENGINE_INIT || (st == GF_ENGINE_DEAD && !atomic_load(&a->weights_mapped))) {
+			/* Init blocks in the GMS (a follower waits for the commit)
+			 * where no interrupt reaches; nothing is held yet that the
+			 * kernel does not release, so leave right away (70 when
+			 * the startup watchdog ran the loss policy). */
+			int status = atomic_load(&a->lost) ? 70 : 0;
 			logf_(GF_LOG_INFO, "event=exit status=%d msg=\"stopped during init\"", status);
 			_exit(status);
 		}
-		s->app->stopping = 1;
-		if (write(s->app->stop_pipe[1], "x", 1) < 0) {
+		atomic_store(&a->stopping, 1);
+		/* The engine first: once the pipe is written, main may tear it down. */
+		gf_engine_interrupt(a->engine);
+		if (write(a->stop_pipe[1], "x", 1) < 0) {
 			/* The pipe is never full before the first stop; nothing to do. */
 		}
-		gf_engine_interrupt(s->app->engine);
+		pthread_mutex_unlock(&a->sig_mu);
+		if (lag_ms > 0)
+			usleep((useconds_t)lag_ms * 1000);
 	}
 	return NULL;
+}
+
+/* main, done with the engine: from now on the signal thread leaves it alone. */
+static void engine_release_signals(struct app *a)
+{
+	pthread_mutex_lock(&a->sig_mu);
+	a->engine_gone = true;
+	pthread_mutex_unlock(&a->sig_mu);
 }
 
 /* ---- main, in steps ---- */
@@ -1103,13 +1140,13 @@ static int run(struct app *a)
 		      m.remap_us, m.private_alloc_us, m.serve_us, m.wake_total_us);
 		while (!serve_http(a, -1, true))
 			;
-		if (atomic_load(&a->stepping_down) && !a->stopping && !a->lost)
+		if (atomic_load(&a->stepping_down) && !atomic_load(&a->stopping) && !atomic_load(&a->lost))
 			status = step_down(a);
 	} else if (rc == GF_ERR_EVICTED) {
 		/* Not a failure: the lock server made room on a GPU. */
 		logf_(GF_LOG_WARN, "event=evicted status=%d detail=\"%s\"", GF_ENGINE_EXIT_EVICTED, gf_error_detail());
 		status = GF_ENGINE_EXIT_EVICTED;
-	} else if (a->stopping) {
+	} else if (atomic_load(&a->stopping)) {
 		logf_(GF_LOG_INFO, "event=stopped_before_active state=%s",
 		      gf_engine_state_name(gf_engine_state(e)));
 	} else {
@@ -1118,12 +1155,14 @@ static int run(struct app *a)
 		      gf_error_detail());
 		status = 1;
 	}
-	return a->lost ? 70 : status; /* 70: lost the lock or the GMS, or the startup deadline passed: the loss policy sent SIGTERM */
+	return atomic_load(&a->lost) ? 70 : status; /* 70: lost the lock or the GMS, or the startup deadline passed: the loss policy sent SIGTERM */
 }
 
 int main(int argc, char **argv)
 {
-	struct app a = { .port = 8080, .lfd = -1, .stop_pipe = { -1, -1 } };
+	/* Static, not on main's stack: the detached signal thread reads both
+	 * until the process ends, also while exit() runs after main returned. */
+	static struct app a = { .port = 8080, .lfd = -1, .stop_pipe = { -1, -1 }, .sig_mu = PTHREAD_MUTEX_INITIALIZER };
 	struct opts o = { .role = GF_ENGINE_LOADER, .probe_port = 8081, .waking_ms = -1, .remap_ms = -1,
 			  .init_ms = -1, .reconnect_ms = -1, .startup_ms = -1, .kv_bytes = 16ull << 20 };
 	int rc = parse_args(argc, argv, &a, &o);
@@ -1161,7 +1200,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	struct sigctx sc = { .app = &a };
+	static struct sigctx sc = { .app = &a };
 	if (start_signal_thread(&sc))
 		return 1;
 	if (a.ranks && ranks_watch(a.ranks, on_rank_death, &a)) {
@@ -1170,6 +1209,7 @@ int main(int argc, char **argv)
 	}
 	if (configure(a.engine, &o, &a)) {
 		fprintf(stderr, PROG ": %s\n", gf_error_detail());
+		engine_release_signals(&a);
 		gf_engine_free(a.engine);
 		return 2;
 	}
@@ -1190,6 +1230,7 @@ int main(int argc, char **argv)
 					  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
 		if (!a.http) {
 			logf_(GF_LOG_ERR, "event=http_failed msg=\"cannot start the HTTP server\"");
+			engine_release_signals(&a);
 			gf_engine_free(a.engine);
 			return 1;
 		}
@@ -1198,6 +1239,7 @@ int main(int argc, char **argv)
 		rc = gf_engine_start_probe_server(a.engine);
 		if (rc) {
 			logf_(GF_LOG_ERR, "event=probe_failed detail=\"%s\"", gf_error_detail());
+			engine_release_signals(&a);
 			gf_engine_free(a.engine);
 			return 1;
 		}
@@ -1209,6 +1251,7 @@ int main(int argc, char **argv)
 		close(a.lfd);
 	if (a.http)
 		MHD_stop_daemon(a.http);
+	engine_release_signals(&a);
 	gf_engine_free(a.engine);
 	model_clear(&a.live);
 	model_clear(&a.src);

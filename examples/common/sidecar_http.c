@@ -13,6 +13,12 @@
  * is made on the loop, where the server's state lives: the request is
  * suspended, handed over through an eventfd, rendered by
  * sidecar_http_process() and resumed.
+ *
+ * A flood of slow connections, even from the prober's own address, does
+ * not keep a probe or a scrape out (conn_guard.h): a request unfinished
+ * after HTTP_DEADLINE_MS is cut, and an address over HTTP_PER_IP_LIMIT (or
+ * the server over HTTP_CONN_LIMIT) loses its oldest connection to the new
+ * one instead of the new one being refused.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -28,6 +34,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "conn_guard.h"
 #include "gpufailover.h"
 #include "sidecar_http.h"
 
@@ -35,6 +42,8 @@
  * taking the server's fds, and one source from taking every slot. */
 #define HTTP_CONN_LIMIT 32
 #define HTTP_PER_IP_LIMIT 8
+/* A request takes milliseconds; one unfinished after this is cut. */
+#define HTTP_DEADLINE_MS 5000
 #define HTTP_IDLE_TIMEOUT_S 10
 #define READY_MAX_GPUS 8
 #define READY_MAX_ARG 256
@@ -67,6 +76,7 @@ struct sidecar_http {
 	pthread_mutex_t mu;
 	struct job *head, *tail; /* guarded by mu */
 	bool stopping;           /* guarded by mu: answer at once, suspend nothing more */
+	struct gf_conn_guard guard;
 };
 
 struct ready_query {
@@ -241,11 +251,30 @@ static void render(struct sidecar_http *h, struct job *j)
 }
 
 /* A request is over (answered, or its connection closed): free its context. */
+static void notify(void *cls, struct MHD_Connection *c, void **socket_context,
+		   enum MHD_ConnectionNotificationCode code)
+{
+	struct sidecar_http *h = cls;
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *fdi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		*socket_context = fdi ? gf_conn_guard_open(&h->guard, fdi->connect_fd, ai ? ai->client_addr : NULL) : NULL;
+		/* Untracked connections would escape the deadline: refuse. */
+		if (!*socket_context && fdi)
+			shutdown(fdi->connect_fd, SHUT_RDWR);
+		return;
+	}
+	gf_conn_guard_closed(&h->guard, *socket_context);
+	*socket_context = NULL;
+}
+
 static void completed(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_RequestTerminationCode toe)
 {
-	(void)cls;
-	(void)c;
+	struct sidecar_http *h = cls;
 	(void)toe;
+	/* Answered: a kept-alive connection gets a fresh deadline for its next request. */
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	gf_conn_guard_answered(&h->guard, ci ? ci->socket_context : NULL);
 	struct job *j = *ctx;
 	if (j) {
 		free(j->body);
@@ -289,15 +318,26 @@ int sidecar_http_start(struct sidecar_http **out, const char *prog, const struct
 		free(h);
 		return -1;
 	}
+	if (gf_conn_guard_init(&h->guard, HTTP_CONN_LIMIT, HTTP_PER_IP_LIMIT, HTTP_DEADLINE_MS) < 0) {
+		perror("pthread");
+		close(h->wake_fd);
+		free(h);
+		return -1;
+	}
+	/* No per-address limit of libmicrohttpd's: it would refuse the probe
+	 * itself once others from its address hold the slots (the guard makes
+	 * room instead); its own limit leaves room for cut connections closing. */
 	h->daemon = MHD_start_daemon(MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME, (uint16_t)port, NULL, NULL,
 				     handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT,
-				     (unsigned)HTTP_CONN_LIMIT, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-				     (unsigned)HTTP_PER_IP_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
-				     (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-				     MHD_OPTION_END);
-	if (!h->daemon) {
+				     (unsigned)(2 * HTTP_CONN_LIMIT), MHD_OPTION_CONNECTION_TIMEOUT,
+				     (unsigned)HTTP_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+				     MHD_OPTION_NOTIFY_CONNECTION, notify, h, MHD_OPTION_END);
+	if (!h->daemon || gf_conn_guard_start(&h->guard) < 0) {
 		fprintf(stderr, "%s: --metrics %s: cannot listen (in use, or not an address of this host)\n", prog,
 			addrport);
+		if (h->daemon)
+			MHD_stop_daemon(h->daemon);
+		gf_conn_guard_destroy(&h->guard);
 		close(h->wake_fd);
 		free(h);
 		return -1;
@@ -357,7 +397,10 @@ void sidecar_http_free(struct sidecar_http *h)
 		MHD_resume_connection(j->conn);
 		j = next;
 	}
+	/* The deadline thread first: no shutdown() on fds the daemon is closing. */
+	gf_conn_guard_stop(&h->guard);
 	MHD_stop_daemon(h->daemon);
+	gf_conn_guard_destroy(&h->guard);
 	close(h->wake_fd);
 	pthread_mutex_destroy(&h->mu);
 	free(h);

@@ -71,6 +71,9 @@ static int load_secret(struct lock_opts *o)
 enum { O_LOCK = 1, O_ID, O_TIMEOUT, O_RECONNECT, O_SECRET, O_HB, O_FENCE, O_JSON, O_EPOCH, O_GPU, O_WAKE, O_ASLEEP,
        O_PIN, O_MODEL };
 #define BIT(o) (UINT32_C(1) << (o))
+/* The least guard window gfctl runs a command under: a shorter one would
+ * kill it whenever gfctl waits for a CPU on a busy machine. */
+#define GUARD_MIN_WINDOW_MS 100
 
 /* Parses the options @allowed of this command up to "--"; returns the index
  * of the first argument after it (or argc), -1 on error. */
@@ -448,10 +451,24 @@ static int cmd_acquire(struct lock_opts *o, char **cmd)
 	size_t nls = 0;
 	if (gf_lock_listeners(lock, &ls, &nls) < 0)
 		nls = 0;
-	/* The guard's window: half of T_fence (--fence, default 3 s), so CMD
-	 * is gone well before the lease can pass on after gfctl last renewed it. */
+	/* The guard's window: half of the lock's own T_fence (on etcd half the
+	 * lease TTL unless --fence says less; --fence on tcp://), so CMD is gone
+	 * well before the lease can pass on after gfctl last renewed it. */
 	int beat[2] = { -1, -1 };
-	int64_t window_ms = (o->fence_ms > 0 ? o->fence_ms : 3000) / 2;
+	int64_t fence_ms = gf_lock_fence_ms(lock);
+	int64_t window_ms = fence_ms > 0 ? fence_ms / 2 : 0;
+	if (cmd && cmd[0] && is_lease(o->uri)) {
+		if (window_ms < GUARD_MIN_WINDOW_MS) {
+			fprintf(stderr, "gfctl lock acquire: T_fence %" PRId64 " ms is too short for the guard (at least %d ms)\n",
+				fence_ms, 2 * GUARD_MIN_WINDOW_MS);
+			gf_lock_release(lock);
+			gf_lock_free(lock);
+			close(sfd);
+			return GFCTL_EXIT_USAGE;
+		}
+		fprintf(stderr, "gfctl lock acquire: guard window %" PRId64 " ms (half of T_fence %" PRId64 " ms)\n",
+			window_ms, fence_ms);
+	}
 	pid_t group = 0;
 	if (cmd && cmd[0] && is_lease(o->uri) && pipe2(beat, O_CLOEXEC | O_NONBLOCK) < 0) {
 		perror("gfctl lock acquire: pipe");
@@ -536,6 +553,12 @@ static int cmd_revoke(struct lock_opts *o, char **extra)
 		return GFCTL_EXIT_USAGE;
 	}
 	int rc = gf_lock_revoke(o->uri, o->secret, o->secret_len, o->epoch, o->timeout_ms >= 0 ? o->timeout_ms : 5000);
+	if (rc == GF_ERR_TIMEOUT || rc == GF_ERR_IO || rc == GF_ERR_CLOSED) {
+		/* Sent, but no answer: the server may have revoked it all the same. */
+		fprintf(stderr, "gfctl lock revoke: epoch %" PRIu64 " revoke not confirmed (it may have taken effect): %s\n",
+			o->epoch, gf_error_detail());
+		return gfctl_exit_code(rc);
+	}
 	if (rc < 0)
 		return fail("revoke", rc);
 	printf("revoked epoch=%" PRIu64 "\n", o->epoch);
@@ -660,7 +683,9 @@ static const struct gfctl_cmd lock_cmds[] = {
 	  "killed when gfctl dies (even by SIGKILL) or loses the lock, and whatever CMD leaves\n"
 	  "running there is killed before the lock is released. On a lease lock (tcp://,\n"
 	  "etcd://) the group is also killed (exit 4) when gfctl itself stops running, alive\n"
-	  "or not, for half of T_fence (--fence, default 3 s). Signals sent to gfctl are\n"
+	  "or not, for half of the lock's T_fence (tcp:// --fence, default 3 s; etcd:// half\n"
+	  "the ttl unless --fence, so 500 ms at ttl=1), written to stderr at the grant; a\n"
+	  "T_fence under 200 ms is refused (exit 2). Signals sent to gfctl are\n"
 	  "passed to the group. The listening sockets the lock carries (gf-lockd --listener)\n"
 	  "are passed to CMD as systemd does: fds from 3, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID.",
 	  LOCK_OPT "  --id ID                this holder's id (shown in status)\n"

@@ -230,6 +230,18 @@ struct gf_lock_listener {
  */
 GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listener **out, size_t *n);
 
+/**
+ * The lock's T_fence in milliseconds: how long after the last renewal the
+ * server heard of the holder still counts it as the holder may act. On
+ * etcd:// the value set with gf_lock_set_lease() or, by default, half the
+ * lease TTL; on tcp:// the heartbeat lease's (the server's advice at the
+ * grant may shorten it); 0 on unix:// (no lease: the connection is the lock,
+ * and its end releases). Something that must stop before the lock can pass
+ * on (gfctl's guard) derives its deadline from this. GF_ERR_INVALID_ARG for
+ * a NULL @p lock. Never blocks; thread-safe.
+ */
+GF_EXPORT int64_t gf_lock_fence_ms(const gf_lock *lock);
+
 /** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);
 /** poll() events to wait for on gf_lock_get_fd() (POLLIN); GF_ERR_INVALID_ARG for a NULL @p lock. */

@@ -5,13 +5,13 @@
  * inspection calls.
  *
  * Slow or idle clients must not starve kubelet (a /live that times out gets
- * the Active engine restarted), so besides libmicrohttpd's own per-IP limit
- * and idle timeout, every connection is tracked here: one that has not
- * finished its request within PROBE_DEADLINE_MS is cut (a client trickling
- * a byte at a time never goes idle), and when more than PROBE_SOFT_LIMIT
- * connections are open the oldest is cut to make room for the new one, so
- * a probe gets in even when others hold every slot. Cutting is shutdown()
- * on the socket; libmicrohttpd then sees the end and closes it. */
+ * the Active engine restarted), and kubelet probes from the node's address,
+ * which anyone on the node can share: libmicrohttpd's per-address limit
+ * would refuse the probe once others hold the slots. So every connection is
+ * let in and tracked (conn_guard.h): one that has not finished its request
+ * within PROBE_DEADLINE_MS is cut, and when an address has more than
+ * PROBE_PER_IP_LIMIT open (or the server PROBE_SOFT_LIMIT) the oldest
+ * makes room, so a probe sent whole is answered whatever the others do. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -21,66 +21,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <microhttpd.h>
 
 #include "common.h"
+#include "conn_guard.h"
 #include "engine_int.h"
 
 /* Probes and scrapes take milliseconds; a request still unfinished after
  * this long is a slow or hostile client. */
 #define PROBE_DEADLINE_MS 2000
-/* Connections from one address (kubelet and a scraper need a few). */
+/* Connections from one address beyond which its oldest is cut for a new
+ * one (kubelet and a scraper need a few). */
 #define PROBE_PER_IP_LIMIT 8
 /* Open connections beyond which the oldest is cut for a new one. */
 #define PROBE_SOFT_LIMIT 32
 /* libmicrohttpd's own limit: room for the cut connections still closing. */
 #define PROBE_HARD_LIMIT (2 * PROBE_SOFT_LIMIT)
-#define PROBE_REAP_INTERVAL_MS 100
 /* libmicrohttpd's idle timeout, a backstop behind the deadline. */
 #define PROBE_IDLE_TIMEOUT_S (2 * PROBE_DEADLINE_MS / 1000)
-
-struct probe_conn {
-	int fd;
-	int64_t since_us; /* connection start, or end of its last request */
-	bool cut;
-	struct probe_conn *prev, *next;
-};
 
 struct gf_engine_http {
 	struct MHD_Daemon *daemon;
 	gf_engine *engine;
 	int port;
-
-	/* Guards the connection list, the counters and stopping. */
-	pthread_mutex_t mu;
-	pthread_cond_t wake;
-	struct probe_conn *conns; /* oldest first */
-	struct probe_conn *last;
-	unsigned nopen;  /* connections in the list that are not cut yet */
-	uint64_t cut_deadline, cut_evicted;
-	bool stopping;
-	bool reaper_running;
-	pthread_t reaper;
+	struct gf_conn_guard guard;
 };
-
-static int64_t mono_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* Under h->mu. The fd is still open: libmicrohttpd closes it only after
- * the CLOSED notification, which takes h->mu and unlinks the record. */
-static void cut(struct gf_engine_http *h, struct probe_conn *c, uint64_t *counter)
-{
-	c->cut = true;
-	h->nopen--;
-	(*counter)++;
-	shutdown(c->fd, SHUT_RDWR);
-}
 
 static void notify(void *cls, struct MHD_Connection *conn, void **socket_context,
 		   enum MHD_ConnectionNotificationCode code)
@@ -88,46 +54,16 @@ static void notify(void *cls, struct MHD_Connection *conn, void **socket_context
 	struct gf_engine_http *h = cls;
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *fdi = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-		struct probe_conn *c = calloc(1, sizeof(*c));
+		const union MHD_ConnectionInfo *ai = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		struct gf_guarded_conn *c = fdi ? gf_conn_guard_open(&h->guard, fdi->connect_fd, ai ? ai->client_addr : NULL)
+					       : NULL;
 		*socket_context = c;
-		if (!c || !fdi) {
-			/* Untracked connections would escape the deadline: refuse. */
-			if (fdi)
-				shutdown(fdi->connect_fd, SHUT_RDWR);
-			return;
-		}
-		c->fd = fdi->connect_fd;
-		c->since_us = mono_us();
-		pthread_mutex_lock(&h->mu);
-		c->prev = h->last;
-		if (h->last)
-			h->last->next = c;
-		else
-			h->conns = c;
-		h->last = c;
-		h->nopen++;
-		for (struct probe_conn *o = h->conns; h->nopen > PROBE_SOFT_LIMIT && o && o != c; o = o->next)
-			if (!o->cut)
-				cut(h, o, &h->cut_evicted);
-		pthread_mutex_unlock(&h->mu);
+		/* Untracked connections would escape the deadline: refuse. */
+		if (!c && fdi)
+			shutdown(fdi->connect_fd, SHUT_RDWR);
 		return;
 	}
-	struct probe_conn *c = *socket_context;
-	if (!c)
-		return;
-	pthread_mutex_lock(&h->mu);
-	if (!c->cut)
-		h->nopen--;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		h->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	else
-		h->last = c->prev;
-	pthread_mutex_unlock(&h->mu);
-	free(c);
+	gf_conn_guard_closed(&h->guard, *socket_context);
 	*socket_context = NULL;
 }
 
@@ -136,32 +72,7 @@ static void notify(void *cls, struct MHD_Connection *conn, void **socket_context
 static void request_done(struct gf_engine_http *h, struct MHD_Connection *conn)
 {
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-	struct probe_conn *c = ci ? ci->socket_context : NULL;
-	if (!c)
-		return;
-	pthread_mutex_lock(&h->mu);
-	c->since_us = mono_us();
-	pthread_mutex_unlock(&h->mu);
-}
-
-static void *reaper_main(void *arg)
-{
-	struct gf_engine_http *h = arg;
-	pthread_mutex_lock(&h->mu);
-	while (!h->stopping) {
-		int64_t now = mono_us();
-		for (struct probe_conn *c = h->conns; c; c = c->next)
-			if (!c->cut && now - c->since_us >= (int64_t)PROBE_DEADLINE_MS * 1000)
-				cut(h, c, &h->cut_deadline);
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_nsec += PROBE_REAP_INTERVAL_MS * 1000000L;
-		ts.tv_sec += ts.tv_nsec / 1000000000L;
-		ts.tv_nsec %= 1000000000L;
-		pthread_cond_timedwait(&h->wake, &h->mu, &ts);
-	}
-	pthread_mutex_unlock(&h->mu);
-	return NULL;
+	gf_conn_guard_answered(&h->guard, ci ? ci->socket_context : NULL);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, const char *body,
@@ -247,31 +158,28 @@ int gf_engine_http_start(gf_engine *e, const char *address, int port, struct gf_
 	if (!h)
 		return gf_err(GF_ERR_NOMEM, "probe server: out of memory");
 	h->engine = e;
-	pthread_mutex_init(&h->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	if (gf_conn_guard_init(&h->guard, PROBE_SOFT_LIMIT, PROBE_PER_IP_LIMIT, PROBE_DEADLINE_MS) < 0) {
+		free(h);
+		return gf_err_errno(GF_ERR_IO, errno, "probe server: cannot set up its connection guard");
+	}
 	/* Internal polling thread: probes must be answered while the engine's
-	 * own thread blocks. */
+	 * own thread blocks. No per-address limit of libmicrohttpd's: it would
+	 * refuse the probe itself (the guard makes room instead). */
 	h->daemon = MHD_start_daemon(
 		MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL, NULL, handle, h,
 		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROBE_HARD_LIMIT,
-		MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PROBE_PER_IP_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
-		(unsigned)PROBE_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_CONNECTION, notify, h, MHD_OPTION_END);
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROBE_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_CONNECTION, notify, h,
+		MHD_OPTION_END);
 	if (!h->daemon) {
-		pthread_cond_destroy(&h->wake);
-		pthread_mutex_destroy(&h->mu);
+		gf_conn_guard_destroy(&h->guard);
 		free(h);
 		return gf_err(GF_ERR_IO, "probe server: cannot listen on %s:%d (port in use or not permitted)", address,
 			      port);
 	}
-	if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+	if (gf_conn_guard_start(&h->guard) < 0) {
 		gf_engine_http_stop(h);
 		return gf_err(GF_ERR_IO, "probe server: cannot start the deadline thread");
 	}
-	h->reaper_running = true;
 	const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = info ? info->port : port;
 	gf_log(GF_LOG_INFO, "engine", "event=probe_server_listening address=%s port=%d", address, h->port);
@@ -288,17 +196,10 @@ void gf_engine_http_stop(struct gf_engine_http *h)
 {
 	if (!h)
 		return;
-	/* The reaper goes first: no shutdown() on fds the daemon is closing. */
-	if (h->reaper_running) {
-		pthread_mutex_lock(&h->mu);
-		h->stopping = true;
-		pthread_cond_signal(&h->wake);
-		pthread_mutex_unlock(&h->mu);
-		pthread_join(h->reaper, NULL);
-	}
+	/* The deadline thread first: no shutdown() on fds the daemon is closing. */
+	gf_conn_guard_stop(&h->guard);
 	MHD_stop_daemon(h->daemon);
-	pthread_cond_destroy(&h->wake);
-	pthread_mutex_destroy(&h->mu);
+	gf_conn_guard_destroy(&h->guard);
 	free(h);
 }
 
@@ -307,11 +208,9 @@ void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats 
 	memset(out, 0, sizeof(*out));
 	if (!h)
 		return;
-	pthread_mutex_lock(&h->mu);
-	out->open = h->nopen;
-	out->cut_deadline = h->cut_deadline;
-	out->cut_evicted = h->cut_evicted;
-	pthread_mutex_unlock(&h->mu);
+	unsigned open;
+	gf_conn_guard_stats(&h->guard, &open, &out->cut_deadline, &out->cut_evicted);
+	out->open = open;
 }
 
 GF_EXPORT int gf_engine_start_probe_server(gf_engine *e)

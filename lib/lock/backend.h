@@ -50,6 +50,7 @@ struct gf_lock_backend {
 	/* With l->mu held. */
 	int (*get_fd)(gf_lock *l);
 	int (*get_timeout_ms)(gf_lock *l);
+	int64_t (*fence_ms)(const gf_lock *l); /* T_fence, 0 when there is no lease */
 	/* Lock-free queries (atomics): callable from any thread and from the hooks. */
 	uint64_t (*epoch)(const gf_lock *l);
 	int (*is_held)(const gf_lock *l);

@@ -381,6 +381,17 @@ int gf_lock_get_events(const gf_lock *l)
 	return POLLIN;
 }
 
+int64_t gf_lock_fence_ms(const gf_lock *l)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	gf_lock *m = (gf_lock *)l;
+	pthread_mutex_lock(&m->mu);
+	int64_t t = m->be->fence_ms(m);
+	pthread_mutex_unlock(&m->mu);
+	return t;
+}
+
 int gf_lock_get_timeout_ms(const gf_lock *l)
 {
 	if (!l)

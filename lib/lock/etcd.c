@@ -51,6 +51,13 @@
 #define RETRY_US 50000        /* pause after every member failed */
 #define ONCE_US 2000000       /* an acquire with timeout 0: one try, this long at most */
 #define MARGIN_MIN_MS 500
+/* The lease rule: T_fence >= this many election timeouts. A leader change
+ * stalls keepalives for up to about two election timeouts (the old leader's
+ * and the new one's, more when a healed member forces another election, as
+ * without pre-vote); 5 leaves the holder's own tries room besides. */
+#define GF_ETCD_FENCE_PER_ELECTION 5
+/* etcd's default --election-timeout: the one a client cannot ask about. */
+#define ETCD_DEFAULT_ELECTION_MS 1000
 #define STATUS_MAX_WAITERS 64
 
 enum estate { E_IDLE, E_WAITING, E_HELD, E_LOST };
@@ -92,6 +99,7 @@ struct gf_etcd {
 	char mykey[600];
 	int64_t myrev;
 	char warned_key[700]; /* the last lease-less key reported */
+	bool warned_fence;    /* T_fence below the rule (GF_ETCD_FENCE_PER_ELECTION), said once */
 
 	pthread_t ka, kw;
 	bool ka_running, kw_running;
@@ -839,7 +847,10 @@ static void revoke_lease(struct gf_etcd *e, int64_t ms)
 	json_t *out = NULL;
 	if (call(e, &e->req, "/v3/lease/revoke", json_pack("{s:s}", "ID", i64s(e->lease_id, b)),
 		 gf_now_us() + ms * 1000, TRY_MAX_MS, -1, &out) < 0)
-		gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease revoke failed; it expires after its TTL\" id=%s lease=%llx detail=\"%s\"",
+		/* No answer is no proof of failure: etcd may have applied it (the
+		 * next holder then comes at once), or the lease ends at its TTL. */
+		gf_log(GF_LOG_WARN, "lock",
+		       "msg=\"etcd lease revoke not confirmed: it may have taken effect, else the lease expires after its TTL\" id=%s lease=%llx detail=\"%s\"",
 		       e->id, (unsigned long long)e->lease_id, gf_error_detail());
 	json_decref(out);
 	e->lease_id = 0;
@@ -896,6 +907,11 @@ int gf_etcd_set_reconnect_timeout(struct gf_etcd *e, int64_t ms)
 static int64_t margin_ms(int64_t ttl_ms)
 {
 	return ttl_ms / 4 > MARGIN_MIN_MS ? ttl_ms / 4 : MARGIN_MIN_MS;
+}
+
+int64_t gf_etcd_fence_ms(const struct gf_etcd *e)
+{
+	return e->fence_ms;
 }
 
 int gf_etcd_set_lease(struct gf_etcd *e, int64_t keepalive_ms, int64_t fence_ms)
@@ -1436,6 +1452,15 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 	if (st == E_LOST)
 		end_session(e);
 	atomic_store(&e->state, E_WAITING);
+	if (!e->warned_fence && e->fence_ms < GF_ETCD_FENCE_PER_ELECTION * ETCD_DEFAULT_ELECTION_MS) {
+		/* etcd does not tell its clients its election timeout: check against
+		 * its default, once. */
+		gf_log(GF_LOG_WARN, "lock",
+		       "msg=\"T_fence is below %d x etcd's default election timeout (%d ms): a leader change can lose the lock unless the cluster's --election-timeout is at most T_fence/%d (docs/lock.md, lease arithmetic)\" id=%s fence_ms=%lld max_election_timeout_ms=%lld",
+		       GF_ETCD_FENCE_PER_ELECTION, ETCD_DEFAULT_ELECTION_MS, GF_ETCD_FENCE_PER_ELECTION, e->id,
+		       (long long)e->fence_ms, (long long)(e->fence_ms / GF_ETCD_FENCE_PER_ELECTION));
+		e->warned_fence = true;
+	}
 	uint64_t v;
 	while (read(e->notify_fd, &v, sizeof(v)) > 0)
 		;

@@ -23,6 +23,8 @@ void gf_etcd_free(struct gf_etcd *e);
 /* The etcd password (when the URI names a user and no password file). */
 int gf_etcd_set_password(struct gf_etcd *e, const void *pw, size_t len);
 int gf_etcd_set_reconnect_timeout(struct gf_etcd *e, int64_t ms);
+/* T_fence in ms (set, or half the TTL). */
+int64_t gf_etcd_fence_ms(const struct gf_etcd *e);
 /* Keepalive interval and T_fence; GF_ERR_INVALID_ARG unless fence + margin <= TTL. */
 int gf_etcd_set_lease(struct gf_etcd *e, int64_t keepalive_ms, int64_t fence_ms);
 /* Blocks; @intr_fd is the owner's interrupt eventfd. */

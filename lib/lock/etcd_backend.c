@@ -71,6 +71,11 @@ static int etcd_get_fd(gf_lock *l)
 	return gf_etcd_get_fd(E(l));
 }
 
+static int64_t etcd_fence_ms(const gf_lock *l)
+{
+	return gf_etcd_fence_ms(E(l));
+}
+
 static int etcd_get_timeout_ms(gf_lock *l)
 {
 	return gf_etcd_get_timeout_ms(E(l));
@@ -153,6 +158,7 @@ const struct gf_lock_backend gf_lock_etcd_backend = {
 	.process = etcd_process,
 	.get_fd = etcd_get_fd,
 	.get_timeout_ms = etcd_get_timeout_ms,
+	.fence_ms = etcd_fence_ms,
 	.epoch = etcd_epoch,
 	.is_held = etcd_is_held,
 	.forked = etcd_forked,

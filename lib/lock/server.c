@@ -77,6 +77,7 @@ struct conn {
 	struct gf_pool_decl *decl;
 	int64_t since_mono;
 	int64_t last_active_us;
+	uint64_t proc_start; /* its process's start time (unix peers; 0: unknown): who earned a recency */
 	/* Readiness: the engine said it reports when it serves (LockServing),
 	 * and whether it has, for its grant. */
 	bool reports_serving, serving;
@@ -150,12 +151,14 @@ struct gf_lockd {
 	uint64_t store_failures; /* state-file writes that failed */
 	bool warned_no_gpu; /* logged once: a standby outside the budget (no GPU declared) */
 	/* When each engine id was last Active, so a standby that comes back
-	 * keeps its place in the LRU order; bounded, the oldest entry goes. */
+	 * keeps its place in the LRU order; bounded, the oldest entry goes.
+	 * Only the process that was Active inherits the record (pid and start
+	 * time, unix peers): an id, a uid or a transport is anyone's to reuse. */
 	struct seen {
 		char id[GF_LOCK_ID_MAX];
 		int64_t last_active_us;
-		uint32_t uid; /* who was Active under this id: only the same uid (unix) inherits the record */
-		bool tcp;
+		uint32_t pid;
+		uint64_t proc_start; /* 0: nobody inherits it */
 	} *seen;
 	size_t nseen;
 	/* listening sockets handed to each holder (listeners.h) */
@@ -1529,6 +1532,27 @@ static struct seen *seen_find(gf_lockd *d, const char *id)
 	return NULL;
 }
 
+/* The start time of process @pid (clock ticks since boot, /proc/PID/stat
+ * field 22), or 0: with the pid it names one process for good. */
+static uint64_t proc_start_time(uint32_t pid)
+{
+	char path[32], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* The command name may hold spaces and parentheses: count from its last ')'. */
+	char *p = strrchr(buf, ')');
+	for (int field = 2; p && field < 22; field++)
+		p = strchr(p + 1, ' ');
+	return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
 /* @c is Active now (granted) or was until now (its grant ends). */
 static void pool_active_now(gf_lockd *d, struct conn *c)
 {
@@ -1549,8 +1573,8 @@ static void pool_active_now(gf_lockd *d, struct conn *c)
 		snprintf(e->id, sizeof(e->id), "%s", c->peer->id);
 	}
 	e->last_active_us = now;
-	e->uid = c->peer->uid;
-	e->tcp = c->peer->tcp;
+	e->pid = c->peer->pid;
+	e->proc_start = c->proc_start;
 }
 
 /* Take the acquire's declaration; GF_ERR_INVALID_ARG (detail set) when it is malformed. */
@@ -1588,12 +1612,17 @@ static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
 static void pool_registered(gf_lockd *d, struct conn *c)
 {
 	c->since_mono = gf_now_us();
-	/* An id is a name anyone may give: its past counts only for the uid
-	 * (unix; TCP peers share the secret) that was Active under it, or
-	 * registering under a recently Active engine's id would shield a
-	 * newcomer and evict an older standby in its place. */
+	/* An id is a name anyone may give: its past counts only for the process
+	 * that was Active under it (a unix peer: pid and start time, which no
+	 * other process can have; a TCP peer proves neither), or registering
+	 * under a recently Active engine's id would shield a newcomer and evict
+	 * an older standby in its place. Read here, not at the grant: a
+	 * failover does not wait on /proc. */
+	if (!c->peer->tcp && c->peer->pid && !c->proc_start)
+		c->proc_start = proc_start_time(c->peer->pid);
 	struct seen *e = seen_find(d, c->peer->id);
-	c->last_active_us = e && e->tcp == c->peer->tcp && e->uid == c->peer->uid ? e->last_active_us : 0;
+	bool same = e && e->proc_start && e->proc_start == c->proc_start && e->pid == c->peer->pid;
+	c->last_active_us = same ? e->last_active_us : 0;
 	if (d->pool.max_standby_per_gpu == 0)
 		return;
 	if (!c->decl || !c->decl->ngpus) {

@@ -708,6 +708,14 @@ static int sock_get_fd(gf_lock *l)
 	return atomic_load(&s->state) == C_HELD ? s->fd : -1;
 }
 
+static int64_t sock_fence_ms(const gf_lock *l)
+{
+	const struct sock *s = l->priv;
+	if (!is_tcp(l))
+		return 0;
+	return s->eff_fence_ms > 0 ? s->eff_fence_ms : l->fence_ms;
+}
+
 static int sock_get_timeout_ms(gf_lock *l)
 {
 	struct sock *s = l->priv;
@@ -946,6 +954,7 @@ const struct gf_lock_backend gf_lock_socket_backend = {
 	.process = sock_process,
 	.get_fd = sock_get_fd,
 	.get_timeout_ms = sock_get_timeout_ms,
+	.fence_ms = sock_fence_ms,
 	.epoch = sock_epoch,
 	.is_held = sock_is_held,
 	.listeners = sock_listeners,

@@ -137,6 +137,22 @@ static int is_terminal(int status, const int *terminal, size_t n)
 	return 0;
 }
 
+/* The pause before the next start: retry_pause, but after failed spawns at
+ * least GF_SV_SPAWN_RETRY_MIN_MS, doubled for each further one in a row up
+ * to GF_SV_SPAWN_RETRY_MAX_MS. A spawn fails at once, so with retry_pause 0
+ * and a high retry_limit the retries would otherwise spin. */
+static int64_t pause_ms(const struct gf_sv_engine *e, const struct gf_sv_periods *p)
+{
+	if (e->spawn_failures == 0)
+		return p->retry_pause_ms;
+	int64_t backoff = GF_SV_SPAWN_RETRY_MIN_MS;
+	for (int64_t i = 1; i < e->spawn_failures && backoff < GF_SV_SPAWN_RETRY_MAX_MS; i++)
+		backoff *= 2;
+	if (backoff > GF_SV_SPAWN_RETRY_MAX_MS)
+		backoff = GF_SV_SPAWN_RETRY_MAX_MS;
+	return p->retry_pause_ms > backoff ? p->retry_pause_ms : backoff;
+}
+
 /* The reset after a failure whose process is gone: count a retry and pause
  * (or restart at once), or Failed when no retry is left. */
 static int reset_after(struct gf_sv_engine *e, const struct gf_sv_periods *p, int64_t now, const char *what)
@@ -146,13 +162,15 @@ static int reset_after(struct gf_sv_engine *e, const struct gf_sv_periods *p, in
 		return 0;
 	}
 	e->retries++;
-	if (p->retry_pause_ms == 0) {
+	e->pause_ms = pause_ms(e, p);
+	if (e->pause_ms == 0) {
 		int act = spawn(e, now);
 		snprintf(e->reason, sizeof(e->reason), "restarted (retry %" PRId64 "/%" PRId64 ") after %s",
 			 e->retries, p->retry_limit, what);
 		return act;
 	}
-	enter(e, GF_SV_PAUSED, now, "retry %" PRId64 "/%" PRId64 " after %s", e->retries, p->retry_limit, what);
+	enter(e, GF_SV_PAUSED, now, "retry %" PRId64 "/%" PRId64 " in %" PRId64 " ms after %s", e->retries,
+	      p->retry_limit, e->pause_ms, what);
 	return 0;
 }
 
@@ -220,6 +238,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			return 0;
 		e->stopping = 0;
 		e->retries = 0;
+		e->spawn_failures = 0;
 		return spawn(e, now_us);
 
 	case GF_SV_EV_SPAWN_FAILED:
@@ -227,12 +246,14 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			return 0;
 		e->last_exit_status = -1;
 		e->last_exit_signal = 0;
+		e->spawn_failures++;
 		return after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, 0, now_us, "spawn failed");
 
 	case GF_SV_EV_EXITED: {
 		if (!e->alive)
 			return 0;
 		int cls;
+		e->spawn_failures = 0;
 		e->last_exit_status = exit_status;
 		e->last_exit_signal = exit_signal;
 		if (exit_signal > 0) {
@@ -335,7 +356,7 @@ int gf_sv_step(struct gf_sv_engine *e, const struct gf_sv_periods *p, const stru
 			return GF_SV_ACT_REVOKE |
 			       after_exit(e, p, GF_SV_EXIT_RETRYABLE, 0, 0, now_us, "no exit after SIGKILL; lock revoked");
 		case GF_SV_PAUSED:
-			if (now_us - e->since_us < p->retry_pause_ms * MS)
+			if (now_us - e->since_us < e->pause_ms * MS)
 				return 0;
 			return spawn(e, now_us);
 		default:
@@ -375,7 +396,7 @@ int64_t gf_sv_next_deadline(const struct gf_sv_engine *e, const struct gf_sv_per
 	case GF_SV_TERMINATING: return e->since_us + p->term_grace_ms * MS;
 	case GF_SV_KILLING: return e->since_us + p->revoke_grace_ms * MS;
 	case GF_SV_HELD: return e->since_us + p->deletion_on_failure_grace_ms * MS;
-	case GF_SV_PAUSED: return e->since_us + p->retry_pause_ms * MS;
+	case GF_SV_PAUSED: return e->since_us + e->pause_ms * MS;
 	default: return INT64_MAX;
 	}
 }

@@ -14,6 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/** The least pause after a failed spawn, whatever retry_pause says. */
+#define GF_SV_SPAWN_RETRY_MIN_MS 100
+/** The pause after failed spawns doubles up to this (or retry_pause if longer). */
+#define GF_SV_SPAWN_RETRY_MAX_MS 5000
+
 /** Periods of the restart policy, all in milliseconds except retry_limit. */
 struct gf_sv_periods {
 	int64_t admission_ms;
@@ -106,6 +111,8 @@ struct gf_sv_engine {
 	int64_t healthy_since_us;  /**< start of the current healthy run (0: not healthy) */
 	int64_t retries;           /**< resets counted against retry_limit */
 	int64_t restarts;          /**< processes started after the first, over the lifetime */
+	int64_t spawn_failures;    /**< failed spawns in a row (the backoff), 0 once a process ran */
+	int64_t pause_ms;          /**< the current Paused state's pause */
 	int last_exit_status;      /**< exit status, or -1 */
 	int last_exit_signal;      /**< terminating signal, or 0 */
 	int last_exit_class;       /**< enum gf_sv_exit_class */

@@ -760,7 +760,11 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 		uint64_t epoch = e->revoke_epoch;
 		e->revoke_epoch = 0;
 		if (r < 0) {
-			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, epoch,
+			/* Without an answer the revoke may still have taken effect. */
+			bool unanswered = r == GF_ERR_TIMEOUT || r == GF_ERR_IO || r == GF_ERR_CLOSED ||
+					  r == GF_ERR_UNREACHABLE;
+			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 " %s: %s", e->name, epoch,
+			       unanswered ? "not confirmed (no answer: it may have taken effect)" : "refused",
 			       gf_error_detail());
 			return;
 		}
@@ -831,6 +835,10 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
 			gf_log(GF_LOG_ERR, "supervise", "%s", gf_error_detail());
+			/* One level deep: the policy answers a failed spawn with a
+			 * pause (at least GF_SV_SPAWN_RETRY_MIN_MS), never with
+			 * another spawn; with retry_pause 0 this once recursed
+			 * until the stack ran out. */
 			feed(sv, e, GF_SV_EV_SPAWN_FAILED, NULL, -1, 0, now);
 		}
 	}

@@ -6,12 +6,50 @@
 #define GF_TESTUTIL_H
 
 #include <dirent.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "gpufailover.h"
+
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+
+/* How much longer than on a quiet machine a test may wait for something:
+ * GF_TEST_TIMEOUT_SCALE (default 1), times 10 under valgrind and 3 in a
+ * sanitizer build. Deadlines are bounds against hangs, never speed claims;
+ * a loaded machine (or two test runs side by side) needs more of them. */
+static inline double tu_timeout_scale(void)
+{
+	static double scale;
+	if (scale > 0)
+		return scale;
+	double s = 1;
+	const char *env = getenv("GF_TEST_TIMEOUT_SCALE");
+	if (env && *env) {
+		char *end;
+		double v = strtod(env, &end);
+		if (*end == '\0' && v >= 1 && v <= 1000)
+			s = v;
+	}
+#ifdef RUNNING_ON_VALGRIND
+	if (RUNNING_ON_VALGRIND)
+		s *= 10;
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	s *= 3;
+#endif
+	scale = s;
+	return s;
+}
+
+/* @ms milliseconds of waiting, scaled by tu_timeout_scale(). */
+#define TU_MS(ms) ((int64_t)((double)(ms) * tu_timeout_scale()))
 
 /* Entries of directory @path, "." and ".." aside (-1: unreadable). */
 static inline int tu_count_entries(const char *path)

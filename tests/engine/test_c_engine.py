@@ -8,6 +8,7 @@ GF_LOCKD, GF_GMSD and GF_C_ENGINE.
 """
 import json
 import os
+import sys
 import re
 import shutil
 import signal
@@ -26,7 +27,10 @@ ENGINE = os.environ.get("GF_C_ENGINE")
 pytestmark = pytest.mark.skipif(not (LOCKD and GMSD and ENGINE),
                                 reason="GF_LOCKD, GF_GMSD and GF_C_ENGINE must point at the binaries")
 
-HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(20.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 
 def wait_for(pred, what, timeout=HANG_GUARD):
@@ -256,6 +260,32 @@ def test_gms_loss_terminates_active_engine(world):
     log = a.text()
     assert "event=engine_lost" in log
     assert "err=GF_ERR_GMS_LOST" in log
+
+
+def test_gms_loss_terminates_active_engine_under_load(world):
+    """The same, round after round, with CPU-bound processes beside it and
+    the signal thread lingering after each stop request
+    (GF_ENGINE_TEST_SIGNAL_LAG_MS): exit 70 every time. A SIGTERM handled
+    late once met an engine main had already freed (SIGSEGV, -11), and the
+    signal thread read main's stack after main returned."""
+    world.lockd()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        for n in range(5):  # bounded: a few rounds, each ends by itself
+            world.gms_uri = f"unix://{world.dir}/gms-round{n}.sock"
+            gmsd = world.gmsd()
+            a = world.engine(f"engine-r{n}", env={"GF_ENGINE_TEST_SIGNAL_LAG_MS": "50"})
+            serving_port(a)
+            gmsd.p.send_signal(signal.SIGKILL)
+            gmsd.wait_exit()
+            status = a.wait_exit()
+            log = a.text()
+            assert status == 70, f"round {n}: exit {status}\n{log}"
+            assert "Sanitizer" not in log, log
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
 
 
 def test_hung_wake_fails_live_after_waking_timeout(world):

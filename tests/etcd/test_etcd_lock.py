@@ -479,6 +479,97 @@ def test_first_in_line_confirms_its_lease(env):
         cutter.close()
 
 
+def test_guard_window_at_the_smallest_ttl(env):
+    """`gfctl lock acquire -- CMD` at ttl=1 (the smallest accepted; T_fence
+    500 ms): gfctl, partitioned from etcd and then stopped just before it
+    could see the loss, has CMD killed by its guard half a T_fence after its
+    last beat, before the lease runs out and the next holder starts. The
+    guard once waited half of --fence's default (1.5 s) whatever the lease,
+    and CMD went on acting after the next grant."""
+    c = cluster(env, 1)
+    cutter = KeepaliveCutter(c.members[0].cport)
+    act, started = os.path.join(env["tmp"], "a.act"), os.path.join(env["tmp"], "b.start")
+    writer = ("import sys, time\n"
+              "while True:\n"
+              "    with open(sys.argv[1], 'a') as f:\n"
+              "        f.write(f'{time.monotonic()}\\n')\n"
+              "    time.sleep(0.005)\n")
+    try:
+        a = gfctl_acquire(env, f"etcd://127.0.0.1:{cutter.port}/gf-test/guard?ttl=1", "a", "--",
+                          sys.executable, "-c", writer, act)
+        ea = epoch_of(a, 10)
+        b_uri = c.uri("guard", 1)
+        b = gfctl_acquire(env, b_uri, "b", "--", sys.executable, "-c",
+                          "import sys, time; open(sys.argv[1], 'w').write(str(time.monotonic()))", started)
+        wait_waiters(b_uri, 1)
+        wait_until(lambda: os.path.exists(act), 10, "a's command acting")
+        cutter.cut(True)
+        time.sleep(0.25)  # keepalives fail; T_fence (500 ms from the last answered) has not passed
+        a.signal(signal.SIGSTOP)
+        eb = epoch_of(b, 10)
+        assert eb > ea
+        wait_until(lambda: os.path.exists(started) and os.path.getsize(started) > 0, 10, "b's command started")
+        with open(started) as f:
+            t_b = float(f.read())
+        with open(act) as f:
+            last_a = float(f.read().split()[-1])
+        assert last_a < t_b, f"a's command acted {last_a - t_b:.3f} s after b's started\n{stories(env)}"
+        a.signal(signal.SIGCONT)
+        a.proc.wait(10)
+        err = a.proc.stderr.read().decode()
+        assert "guard window 250 ms (half of T_fence 500 ms)" in err, err
+    finally:
+        cutter.close()
+
+
+def test_short_fence_warned_at_start(env):
+    """The lease rule, T_fence >= 5 x the cluster's election timeout, is
+    checked where it can be: against etcd's default election timeout (1 s),
+    which a client cannot ask the cluster about. ttl=2 (T_fence 1 s) is
+    warned about once, at the start; the default ttl=10 (T_fence 5 s) is not."""
+    c = cluster(env, 1)
+    for ttl, warned in ((2, True), (10, False)):
+        r = subprocess.run([GFCTL, "lock", "acquire", "--lock", c.uri(f"rule{ttl}", ttl), "--id", "a", "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        said = "T_fence is below 5 x etcd's default election timeout (1000 ms)" in r.stderr
+        assert said == warned, (ttl, r.stderr)
+        if warned:
+            assert "fence_ms=1000 max_election_timeout_ms=200" in r.stderr, r.stderr
+            assert r.stderr.count("T_fence is below") == 1, r.stderr
+
+
+class RevokeCutter(KeepaliveCutter):
+    """Drops lease revocations on their way to etcd: the releasing holder
+    gets no answer."""
+    MARK = b"POST /v3/lease/revoke "
+
+
+def test_unanswered_revoke_is_not_confirmed(env):
+    """A release whose lease revoke gets no answer says "not confirmed", not
+    "failed": etcd may have applied it. Here it did not, so the next holder
+    comes when the lease expires."""
+    c = cluster(env, 1)
+    cutter = RevokeCutter(c.members[0].cport)
+    cutter.cut(True)
+    try:
+        uri = c.uri("revoke", 2)
+        b = gfctl_acquire(env, uri, "b")
+        epoch_of(b, 10)
+        a = gfctl_acquire(env, f"etcd://127.0.0.1:{cutter.port}/gf-test/revoke?ttl=2", "a")
+        wait_waiters(uri, 1)
+        b.signal(signal.SIGTERM)
+        epoch_of(a, 10)
+        a.signal(signal.SIGTERM)
+        a.proc.wait(20)
+        err = a.proc.stderr.read().decode()
+        assert cutter.dropped > 0
+        assert "etcd lease revoke not confirmed" in err, err
+        assert "revoke failed" not in err, err
+    finally:
+        cutter.close()
+
+
 # ---- three members ----
 
 def test_cluster_leader_sigkill_keeps_lock(env):

@@ -8,6 +8,7 @@ the sidecars' error bodies, `--timeout 0` as a single try, and `lock acquire
 gfctl is SIGKILLed."""
 import json
 import os
+import sys
 import shutil
 import signal
 import socket
@@ -25,7 +26,10 @@ GMSD = os.environ.get("GF_GMSD")
 GFCTL = os.environ.get("GF_GFCTL")
 pytestmark = pytest.mark.skipif(not (LOCKD and GFCTL), reason="GF_LOCKD and GF_GFCTL must point at the binaries")
 
-HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(20.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 COMMANDS = {"lock": ["acquire", "status", "ping"], "gms": ["status", "ping", "wait-committed"]}
 
 

@@ -308,12 +308,12 @@ static void raw_open(struct raw *r, bool handshake)
 {
 	struct gf_uri u;
 	OK(gf_uri_parse(srv.uri, &u));
-	OK(gf_uri_connect(&u, gf_deadline_from_ms(2000), &r->fd));
+	OK(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &r->fd));
 	gf_frame_reader_init(&r->rd, 1024);
 	r->m = gf_msg_new();
 	if (handshake)
 		OK(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_GMS, "raw", NULL, 0,
-				       gf_deadline_from_ms(2000), NULL));
+				       gf_deadline_from_ms(TU_MS(2000)), NULL));
 }
 
 static void raw_close(struct raw *r)
@@ -328,8 +328,8 @@ static int raw_call(struct raw *r)
 {
 	int *fds = NULL;
 	size_t n = 0;
-	OK(gf_msg_send(r->fd, r->m, NULL, 0, gf_deadline_from_ms(2000)));
-	int rc = gf_msg_recv(&r->rd, r->fd, r->m, &fds, &n, gf_deadline_from_ms(2000));
+	OK(gf_msg_send(r->fd, r->m, NULL, 0, gf_deadline_from_ms(TU_MS(2000))));
+	int rc = gf_msg_recv(&r->rd, r->fd, r->m, &fds, &n, gf_deadline_from_ms(TU_MS(2000)));
 	gf_close_fds(fds, n);
 	free(fds);
 	if (rc < 0)
@@ -474,7 +474,7 @@ static void test_bad_input(void **state)
 	r.m->which_body = gf_Msg_gms_connect_tag;
 	r.m->body.gms_connect.mode = gf_GmsMode_GMS_MODE_RO;
 	r.m->body.gms_connect.timeout_ms = 5000;
-	OK(gf_msg_send(r.fd, r.m, NULL, 0, gf_deadline_from_ms(1000)));
+	OK(gf_msg_send(r.fd, r.m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))));
 	memset(r.m, 0, sizeof(*r.m));
 	r.m->which_body = gf_Msg_gms_status_request_tag;
 	assert_int_equal(raw_call(&r), GF_ERR_PROTOCOL);
@@ -493,14 +493,14 @@ static void raw_list(struct raw *r, bool blob, size_t *nmeta, size_t *nfds, uint
 	memset(r->m, 0, sizeof(*r->m));
 	r->m->which_body = gf_Msg_gms_list_tag;
 	r->m->body.gms_list.metadata_blob = blob;
-	OK(gf_msg_send(r->fd, r->m, NULL, 0, gf_deadline_from_ms(2000)));
+	OK(gf_msg_send(r->fd, r->m, NULL, 0, gf_deadline_from_ms(TU_MS(2000))));
 	*nmeta = *nfds = 0;
 	*blob_size = 0;
 	*blob_fd = -1;
 	for (bool first = true;; first = false) {
 		int *fds = NULL;
 		size_t n = 0;
-		OK(gf_msg_recv(&r->rd, r->fd, r->m, &fds, &n, gf_deadline_from_ms(2000)));
+		OK(gf_msg_recv(&r->rd, r->fd, r->m, &fds, &n, gf_deadline_from_ms(TU_MS(2000))));
 		assert_int_equal(r->m->which_body, gf_Msg_gms_list_chunk_tag);
 		const gf_GmsListChunk *ch = &r->m->body.gms_list_chunk;
 		*nmeta += ch->metadata_count;
@@ -592,7 +592,7 @@ static void test_stalled_reader(void **state)
 	assert_int_equal(raw_call(&r), 0);
 	memset(r.m, 0, sizeof(*r.m));
 	r.m->which_body = gf_Msg_gms_list_tag;
-	OK(gf_msg_send(r.fd, r.m, NULL, 0, gf_deadline_from_ms(1000)));
+	OK(gf_msg_send(r.fd, r.m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))));
 	usleep(50000);
 	/* everyone else is served at once while that reply sits unread */
 	for (int i = 0; i < 5; i++) {
@@ -610,7 +610,7 @@ static void test_stalled_reader(void **state)
 	for (;;) {
 		int *fds = NULL;
 		size_t n = 0;
-		OK(gf_msg_recv(&r.rd, r.fd, r.m, &fds, &n, gf_deadline_from_ms(2000)));
+		OK(gf_msg_recv(&r.rd, r.fd, r.m, &fds, &n, gf_deadline_from_ms(TU_MS(2000))));
 		gf_close_fds(fds, n);
 		free(fds);
 		assert_int_equal(r.m->which_body, gf_Msg_gms_list_chunk_tag);

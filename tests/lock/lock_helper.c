@@ -16,6 +16,11 @@
  *   lock-helper URI ID add-pid-errors
  *                                   print what gf_lock_add_pid() answers to
  *                                   bad pids and too many, one "case=ERR" a line
+ *   lock-helper URI ID rejoin GPU   on GPU: hold until a line on stdin,
+ *                                   release, then wait again as a standby
+ *                                   (the same process: its time Active is
+ *                                   its own), print "waiting"; exit 73 when
+ *                                   evicted
  */
 #include <signal.h>
 #include <stdbool.h>
@@ -110,8 +115,11 @@ int main(int argc, char **argv)
 		rank = fork_rank(atoi(argv[4]));
 		before = !strcmp(argv[5], "before");
 	}
-	if (gf_lock_new(&l, argv[1], argv[2]) < 0 || (before && gf_lock_add_pid(l, rank) < 0) ||
-	    gf_lock_acquire(l, -1, &g) < 0 || (rank && !before && gf_lock_add_pid(l, rank) < 0)) {
+	const char *gpus[] = { argc > 4 ? argv[4] : "" };
+	bool rejoin = !strcmp(argv[3], "rejoin") && argc > 4;
+	if (gf_lock_new(&l, argv[1], argv[2]) < 0 || (rejoin && gf_lock_set_resources(l, gpus, 1, 0, 0) < 0) ||
+	    (before && gf_lock_add_pid(l, rank) < 0) || gf_lock_acquire(l, -1, &g) < 0 ||
+	    (rank && !before && gf_lock_add_pid(l, rank) < 0)) {
 		fprintf(stderr, "lock-helper: %s\n", gf_error_detail());
 		return 1;
 	}
@@ -146,6 +154,19 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		for (;;)
 			pause();
+	}
+	if (rejoin) {
+		char line[16];
+		if (!fgets(line, sizeof(line), stdin) || gf_lock_release(l) < 0) {
+			fprintf(stderr, "lock-helper: %s\n", gf_error_detail());
+			return 1;
+		}
+		printf("waiting\n");
+		fflush(stdout);
+		int rc = gf_lock_acquire(l, -1, &g);
+		printf("acquire rc=%s\n", gf_error_name(rc) ? gf_error_name(rc) : "?");
+		fflush(stdout);
+		return rc == GF_ERR_EVICTED ? 73 : rc < 0 ? 1 : 0;
 	}
 	if (!strcmp(argv[3], "linger") && argc > 4) {
 		close(gf_lock_get_fd(l));

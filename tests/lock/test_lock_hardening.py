@@ -416,7 +416,7 @@ def test_non_admin_cannot_pin_or_borrow_recency(tmp):
     (refused, exit 6) nor register under a recently Active engine's id to take
     its place in the LRU order: it counts as never Active and is the one
     evicted, not root's older standby."""
-    from test_lock_pool import GPU, Pool
+    from test_lock_pool import GPU, Pool, rejoiner
     os.chmod(tmp, 0o755)
     pool = Pool(tmp, "--max-standby-per-gpu", "1", "--allow-uid", "0", "--allow-uid", "65534")
     os.chmod(pool.uri[len("unix://"):], 0o666)  # the uid check under test is the server's, not the file's
@@ -424,12 +424,23 @@ def test_non_admin_cannot_pin_or_borrow_recency(tmp):
         r = subprocess.run(_as_nobody([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "pinner", "--gpu", GPU,
                                        "--pin", "--timeout", "2s"]), capture_output=True, text=True, timeout=30)
         assert r.returncode == 6 and "pin" in r.stderr, (r.returncode, r.stderr)
-        pool.hold_once("a")  # root's engine a was Active first,
-        pool.hold_once("b")  # then b
-        holder = pool.engine("holder")
+
+        def plain(name):
+            p = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", name],
+                                 stdout=open(os.path.join(tmp, name + ".out"), "w"), stderr=subprocess.STDOUT)
+            pool.procs.append(p)
+            return p
+        a = rejoiner(pool, "a")  # root's engine a was Active first,
+        assert a.stdout.readline().startswith("granted id=a")
+        b = plain("b")  # then b
+        wait_until(lambda: pool.waiting("b"), 10, "b waiting")
+        holder = plain("holder")
+        wait_until(lambda: pool.waiting("holder"), 10, "holder waiting")
+        a.release()  # a waits again, a standby on the GPU
+        wait_until(lambda: pool.granted("b") and pool.waiting("a"), 10, "b granted, a standby")
+        b.terminate()
+        assert b.wait(30) == 0
         wait_until(lambda: pool.granted("holder"), 10, "holder granted")
-        pool.engine("a")
-        wait_until(lambda: pool.waiting("a"), 10, "a standby")
         spoof = subprocess.run(_as_nobody([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "b", "--gpu", GPU]),
                                capture_output=True, text=True, timeout=30)
         assert spoof.returncode == 73, (spoof.returncode, spoof.stderr)

@@ -20,12 +20,16 @@ import pytest
 LOCKD = os.environ.get("GF_LOCKD", "build/examples/gf-lockd/gf-lockd")
 GFCTL = os.environ.get("GF_GFCTL", "build/examples/gfctl/gfctl")
 GMSD = os.environ.get("GF_GMSD")
+HELPER = os.environ.get("GF_LOCK_HELPER")
 ENGINE = os.environ.get("GF_C_ENGINE")
 
 GPU = "GPU-0a1b2c3d-0000-4000-8000-00000000000a"
 OTHER = "GPU-0a1b2c3d-0000-4000-8000-00000000000b"
 EXIT_EVICTED = 73
-HANG_GUARD = 30.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(30.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 
 def wait_until(cond, what, timeout=HANG_GUARD):
@@ -117,47 +121,70 @@ def tmp():
         yield d
 
 
+def rejoiner(pool, name):
+    """lock-helper on GPU: it holds; release(): it lets go and waits again
+    as a standby, the same process (its time Active is its own)."""
+    p = subprocess.Popen([HELPER, pool.uri, name, "rejoin", GPU], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    p.name = name
+    pool.procs.append(p)
+
+    def release():
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "waiting"
+    p.release = release
+    return p
+
+
+@pytest.mark.skipif(not HELPER, reason="GF_LOCK_HELPER must point at lock-helper")
 def test_budget_evicts_least_recently_active(tmp):
     pool = Pool(tmp, "--max-standby-per-gpu", "2")
     try:
-        # History: b, then c, then d were Active, in that order.
-        for name in ("b", "c", "d"):
-            pool.hold_once(name)
-            time.sleep(0.01)
-        holder = pool.engine("h", "--model", "m1")
-        wait_until(lambda: pool.granted("h"), "h granted")
-        # Standbys register: d, b, the pinned p (never Active), then c.
-        d = pool.engine("d", "--wake-bytes", "1G", "--asleep-bytes", "256M")
+        # History: b, then c were Active, in that order, and each waits again
+        # as a standby; d holds.
+        # Started one after the other: processes started together may reach
+        # the server in any order.
+        b = rejoiner(pool, "b")
+        assert b.stdout.readline().startswith("granted id=b")
+        c = rejoiner(pool, "c")
+        wait_until(lambda: pool.waiting("c"), "c waiting")
+        d = rejoiner(pool, "d")
         wait_until(lambda: pool.waiting("d"), "d waiting")
-        b = pool.engine("b")
-        wait_until(lambda: pool.waiting("b"), "b waiting")
-        p = pool.engine("p", "--pin")
-        # Three standbys on a budget of 2: b, Active before d, goes; the pinned p stays.
+        b.release()
+        assert c.stdout.readline().startswith("granted id=c")
+        c.release()
+        assert d.stdout.readline().startswith("granted id=d")
+        wait_until(lambda: pool.waiting("b") and pool.waiting("c"), "b and c waiting again")
+        # The pinned p (never Active) makes three standbys on a budget of 2:
+        # b, Active before c, goes; the pinned p stays.
+        p = pool.engine("p", "--pin", "--wake-bytes", "1G", "--asleep-bytes", "256M")
         assert b.wait(HANG_GUARD) == EXIT_EVICTED
-        assert "evicted from the standby pool" in pool.stderr_of("b") and "GF_ERR_EVICTED" in pool.stderr_of("b")
-        c = pool.engine("c")
-        assert c.wait(HANG_GUARD) == EXIT_EVICTED
-        # The holder and the pinned and most recent standbys are untouched.
-        for proc in (holder, d, p):
+        assert "acquire rc=GF_ERR_EVICTED" in b.stdout.read()
+        # A newcomer never Active is the least recent of all.
+        e = pool.engine("e")
+        assert e.wait(HANG_GUARD) == EXIT_EVICTED
+        assert "evicted from the standby pool" in pool.stderr_of("e") and "GF_ERR_EVICTED" in pool.stderr_of("e")
+        for proc in (c, d, p):
             assert proc.poll() is None, proc.name
         log = pool.logtext()
-        for name in ("b", "c"):
+        for name in ("b", "e"):
             assert re.search(rf'msg="evicted" id={name} .*gpu={GPU} .*budget=2', log), log
-        assert not re.search(r'msg="evicted" id=(h|d|p) ', log), log
+        assert not re.search(r'msg="evicted" id=(c|d|p) ', log), log
 
         st = pool.status()
-        assert st["holder"] == "h" and st["holder_info"]["gpus"] == [GPU] and st["holder_info"]["model"] == "m1"
-        assert [w["id"] for w in st["waiters"]] == ["d", "p"]
+        assert st["holder"] == "d" and st["holder_info"]["gpus"] == [GPU]
+        assert [w["id"] for w in st["waiters"]] == ["c", "p"]
         byid = {w["id"]: w for w in st["waiters"]}
-        assert byid["d"]["last_active_us"] > 0 and byid["p"]["last_active_us"] == 0
-        assert byid["p"]["pinned"] and not byid["d"]["pinned"]
-        assert byid["d"]["wake_bytes"] == 1 << 30 and byid["d"]["asleep_bytes"] == 256 << 20
+        assert byid["c"]["last_active_us"] > 0 and byid["p"]["last_active_us"] == 0
+        assert byid["p"]["pinned"] and not byid["c"]["pinned"]
+        assert byid["p"]["wake_bytes"] == 1 << 30 and byid["p"]["asleep_bytes"] == 256 << 20
         pg = st["pool"]
         assert pg["max_standby_per_gpu"] == 2 and pg["evicted"] == 2
         g = pg["gpus"][0]
         assert g["uuid"] == GPU and g["standbys"] == 2 and g["active"]
         assert g["asleep_bytes"] == 256 << 20 and g["wake_bytes_max"] == 1 << 30
-        assert g["lru"] == ["p", "d"]  # least recently Active first
+        assert g["lru"] == ["p", "c"]  # least recently Active first
 
         code, text = get(f"http://127.0.0.1:{pool.port}/metrics")
         assert code == 200
@@ -166,24 +193,75 @@ def test_budget_evicts_least_recently_active(tmp):
         assert f'gf_lock_pool_gpu_active{{uuid="{GPU}"}} 1\n' in text
         assert 'gf_lock_engine_pinned{id="p",role="standby"} 1\n' in text
         last = dict(re.findall(r'gf_lock_engine_last_active_seconds\{id="(\w+)",role="\w+"\} ([0-9.]+)', text))
-        assert float(last["p"]) == 0 and 0 < float(last["d"]) <= float(last["h"])
+        assert float(last["p"]) == 0 and 0 < float(last["c"]) <= float(last["d"])
     finally:
         pool.close()
 
 
+@pytest.mark.skipif(not HELPER, reason="GF_LOCK_HELPER must point at lock-helper")
 def test_fresh_newcomer_is_least_recent(tmp):
     """A newcomer never Active, on a GPU full of engines Active before, is the one evicted."""
     pool = Pool(tmp, "--max-standby-per-gpu", "1")
     try:
-        pool.hold_once("x")
-        pool.engine("h")
-        wait_until(lambda: pool.granted("h"), "h granted")
-        x = pool.engine("x")
-        wait_until(lambda: pool.waiting("x"), "x waiting")
+        x = rejoiner(pool, "x")
+        assert x.stdout.readline().startswith("granted id=x")
+        pool.procs.append(subprocess.Popen([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", "h"],
+                                           stdout=open(os.path.join(tmp, "h.out"), "w"), stderr=subprocess.STDOUT))
+        wait_until(lambda: pool.waiting("h"), "h waiting")
+        x.release()
+        wait_until(lambda: pool.granted("h") and pool.waiting("x"), "h granted, x waiting again")
         y = pool.engine("y")
         assert y.wait(HANG_GUARD) == EXIT_EVICTED
         assert "was over its budget of 1 standbys when y registered" in pool.stderr_of("y")
         assert x.poll() is None and [w["id"] for w in pool.status()["waiters"]] == ["x"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not HELPER, reason="GF_LOCK_HELPER must point at lock-helper")
+def test_recency_belongs_to_the_process_that_earned_it(tmp):
+    """A newcomer under the id of a dead engine that was Active more
+    recently does not inherit its place: recency belongs to the process that
+    was Active (the same uid and transport are not enough), so the standby
+    that really was Active stays and the newcomer is evicted."""
+    pool = Pool(tmp, "--max-standby-per-gpu", "1")
+    try:
+        def plain(name):
+            # Waits without declaring a GPU: outside the budget.
+            out = open(os.path.join(tmp, name + ".out"), "w")
+            p = subprocess.Popen([GFCTL, "lock", "acquire", "--lock", pool.uri, "--id", name], stdout=out,
+                                 stderr=subprocess.STDOUT)
+            p.name = name
+            pool.procs.append(p)
+            return p
+        # s holds; x, then h queue behind it.
+        s = subprocess.Popen([HELPER, pool.uri, "s", "rejoin", GPU], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        s.name = "s"
+        pool.procs.append(s)
+        assert s.stdout.readline().startswith("granted id=s"), "s granted"
+        x = plain("x")
+        wait_until(lambda: pool.waiting("x"), "x waiting")
+        plain("h")
+        wait_until(lambda: pool.waiting("h"), "h waiting")
+        # s releases (x is Active after it) and waits again as a standby on the GPU.
+        s.stdin.write("\n")
+        s.stdin.flush()
+        assert s.stdout.readline().strip() == "waiting"
+        wait_until(lambda: pool.granted("x"), "x granted")
+        wait_until(lambda: pool.waiting("s"), "s waiting again")
+        # x, the most recently Active, is gone; h holds.
+        x.terminate()
+        assert x.wait(HANG_GUARD) == 0
+        wait_until(lambda: pool.granted("h"), "h granted")
+        byid = {w["id"]: w for w in pool.status()["waiters"]}
+        assert byid["s"]["last_active_us"] > 0
+        # A new process registers under x's id, on the full GPU.
+        spoof = pool.engine("x")
+        assert spoof.wait(HANG_GUARD) == EXIT_EVICTED, pool.logtext()
+        assert s.poll() is None
+        assert [w["id"] for w in pool.status()["waiters"]] == ["s"]
+        assert re.search(r'msg="evicted" id=x .*last_active_us=0 ', pool.logtext()), pool.logtext()
     finally:
         pool.close()
 

@@ -77,10 +77,10 @@ static void raw_open(struct raw *r, const char *uri)
 {
 	struct gf_uri u;
 	assert_int_equal(gf_uri_parse(uri, &u), 0);
-	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(2000), &r->fd), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &r->fd), 0);
 	gf_frame_reader_init(&r->rd, 0);
 	assert_int_equal(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_LOCK, "t", NULL, 0,
-					     gf_deadline_from_ms(2000), NULL), 0);
+					     gf_deadline_from_ms(TU_MS(2000)), NULL), 0);
 }
 
 /* Acquire as @id declaring @gpu (NULL: nothing), @pinned and @model. */
@@ -98,7 +98,7 @@ static void raw_acquire(struct raw *r, const char *id, const char *gpu, bool pin
 	a->pinned = pinned;
 	a->wake_bytes = 1 << 20;
 	snprintf(a->model, sizeof(a->model), "%s", model ? model : "");
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
 }
 
 static int raw_next(struct raw *r, int ms)
@@ -141,11 +141,11 @@ static void test_declarations_refused(void **s)
 	r.m.body.lock_acquire.gpus_count = 2;
 	strcpy(r.m.body.lock_acquire.gpus[0], G0);
 	strcpy(r.m.body.lock_acquire.gpus[1], "GPU-0A1B2C3D-0000-4000-8000-00000000000A"); /* the same GPU */
-	assert_int_equal(gf_msg_send(r.fd, &r.m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	assert_int_equal(gf_msg_send(r.fd, &r.m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
 	expect_error(&r, GF_ERR_INVALID_ARG);
 	/* Refused acquires leave nothing behind: this one is granted. */
 	raw_acquire(&r, "e", G0, false, NULL);
-	assert_int_equal(raw_next(&r, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&r, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_close(&r);
 	/* The client refuses before connecting. */
 	gf_lock *l;
@@ -172,11 +172,11 @@ static void test_evictions_status_ready_metrics(void **s)
 	/* x was Active once, then h holds. */
 	raw_open(&x, sv.uri);
 	raw_acquire(&x, "x", G0, false, NULL);
-	assert_int_equal(raw_next(&x, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&x, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_close(&x);
 	raw_open(&h, sv.uri);
 	raw_acquire(&h, "h", G0, false, "llama");
-	assert_int_equal(raw_next(&h, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&h, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_open(&x2, sv.uri);
 	raw_acquire(&x2, "x", G0, false, NULL);
 	assert_int_equal(raw_next(&x2, 200), 0);
@@ -198,7 +198,7 @@ static void test_evictions_status_ready_metrics(void **s)
 	const char *gz[] = { G0 };
 	assert_int_equal(gf_lock_set_resources(z, gz, 1, 1 << 20, 0), 0);
 	struct gf_lock_grant g;
-	assert_int_equal(gf_lock_acquire(z, 5000, &g), GF_ERR_EVICTED);
+	assert_int_equal(gf_lock_acquire(z, TU_MS(5000), &g), GF_ERR_EVICTED);
 	assert_non_null(strstr(gf_error_detail(), "standby"));
 	gf_lock_free(z);
 	/* Another GPU has its own budget. */
@@ -208,7 +208,7 @@ static void test_evictions_status_ready_metrics(void **s)
 	assert_int_equal(raw_next(&o, 200), 0);
 
 	char *json;
-	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"evicted\":3"));
 	assert_non_null(strstr(json, "\"max_standby_per_gpu\":1"));
 	assert_non_null(strstr(json, "\"uuid\":\"" G0 "\",\"standbys\":1"));
@@ -217,12 +217,12 @@ static void test_evictions_status_ready_metrics(void **s)
 	free(json);
 	const char *q0[] = { G0 }, *q01[] = { G0, G1 }, *qbad[] = { "GPU-" };
 	json = NULL;
-	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q0, 1, "llama", 2000, &json), 1);
+	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q0, 1, "llama", TU_MS(2000), &json), 1);
 	assert_non_null(strstr(json, "\"holder\":\"h\""));
 	free(json);
-	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q01, 2, NULL, 2000, NULL), 0);
-	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q0, 1, "qwen", 2000, NULL), 0);
-	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, qbad, 1, NULL, 2000, NULL), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q01, 2, NULL, TU_MS(2000), NULL), 0);
+	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, q0, 1, "qwen", TU_MS(2000), NULL), 0);
+	assert_int_equal(gf_lock_ready_for(sv.uri, NULL, 0, qbad, 1, NULL, TU_MS(2000), NULL), GF_ERR_INVALID_ARG);
 
 	srv_halt(&sv);
 	char *text;

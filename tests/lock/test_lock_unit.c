@@ -265,10 +265,10 @@ static void raw_open(struct raw *r, const char *uri, const char *id)
 {
 	struct gf_uri u;
 	assert_int_equal(gf_uri_parse(uri, &u), 0);
-	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(2000), &r->fd), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &r->fd), 0);
 	gf_frame_reader_init(&r->rd, 0);
 	assert_int_equal(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_LOCK, id, NULL, 0,
-					     gf_deadline_from_ms(2000), NULL), 0);
+					     gf_deadline_from_ms(TU_MS(2000)), NULL), 0);
 }
 
 static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const uint8_t *token, uint64_t epoch)
@@ -282,7 +282,7 @@ static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const
 		r->m.body.lock_acquire.session_token.size = 32;
 		r->m.body.lock_acquire.epoch = epoch;
 	}
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
 }
 
 /* An acquire that asks to be told LockNext (@next), as the library's client does. */
@@ -293,7 +293,7 @@ static void raw_acquire_next(struct raw *r, const char *id, bool next)
 	snprintf(r->m.body.lock_acquire.engine_id, sizeof(r->m.body.lock_acquire.engine_id), "%s", id);
 	r->m.body.lock_acquire.timeout_ms = -1;
 	r->m.body.lock_acquire.takes_next = next;
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(1000)), 0);
+	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
 }
 
 /* Next message within @ms: its tag, or 0 on timeout. */
@@ -321,7 +321,7 @@ static void test_fifo_and_epochs(void **s)
 	struct raw a, b, c;
 	raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	uint64_t e = a.m.body.lock_granted.epoch;
 	/* No state file: the epoch floor comes from the wall clock. */
 	assert_true(e > (uint64_t)(before - 5000000));
@@ -332,30 +332,30 @@ static void test_fifo_and_epochs(void **s)
 	assert_int_equal(raw_next(&b, 100), 0);
 	assert_int_equal(raw_next(&c, 100), 0);
 	char *json;
-	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"holder\":\"a\""));
 	assert_non_null(strstr(json, "\"waiter_count\":2"));
 	assert_true(strstr(json, "\"id\":\"b\"") < strstr(json, "\"id\":\"c\""));
 	free(json);
 	/* A second acquire on a waiting connection is a state error. */
 	raw_acquire(&b, "b", -1, NULL, 0);
-	assert_int_equal(raw_next(&b, 2000), gf_Msg_error_tag);
+	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(b.m.body.error.code, GF_ERR_STATE);
 	raw_close(&a);
-	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
 	/* Ids that would break log lines are refused. */
 	struct raw bad;
 	raw_open(&bad, sv.uri, "bad");
 	raw_acquire(&bad, "a b", -1, NULL, 0);
-	assert_int_equal(raw_next(&bad, 2000), gf_Msg_error_tag);
+	assert_int_equal(raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(bad.m.body.error.code, GF_ERR_INVALID_ARG);
 	raw_acquire(&bad, "x\"y", -1, NULL, 0);
-	assert_int_equal(raw_next(&bad, 2000), gf_Msg_error_tag);
+	assert_int_equal(raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
 	raw_close(&bad);
 	assert_int_equal(raw_next(&c, 100), 0);
 	raw_close(&b);
-	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(c.m.body.lock_granted.epoch, e + 2);
 	raw_close(&c);
 	/* Released with nobody waiting: the state file says free, epoch kept. */
@@ -380,7 +380,7 @@ static void test_next_before_grant(void **s)
 	struct raw a, b, c, d;
 	raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	uint64_t e = a.m.body.lock_granted.epoch;
 	raw_open(&b, sv.uri, "b");
 	raw_open(&c, sv.uri, "c");
@@ -395,7 +395,7 @@ static void test_next_before_grant(void **s)
 		for (int k = 0; k < 2000 && !(json && strstr(json, want)); k++) {
 			free(json);
 			json = NULL;
-			if (gf_lock_status_json(sv.uri, NULL, 0, 2000, &json) < 0)
+			if (gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json) < 0)
 				json = NULL;
 			usleep(1000);
 		}
@@ -405,17 +405,17 @@ static void test_next_before_grant(void **s)
 	}
 	assert_int_equal(raw_next(&b, 100), 0);
 	raw_close(&a);
-	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(b.m.body.lock_next.epoch, e + 1);
-	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
 	assert_int_equal(raw_next(&c, 100), 0); /* not next yet: told nothing */
 	raw_close(&b);
-	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(c.m.body.lock_next.epoch, e + 2);
-	assert_int_equal(raw_next(&c, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	raw_close(&c);
-	assert_int_equal(raw_next(&d, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&d, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(d.m.body.lock_granted.epoch, e + 3);
 	raw_close(&d);
 	srv_stop(&sv);
@@ -448,17 +448,17 @@ static void test_grants_held_shown(void **s)
 	struct raw a, b;
 	raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	raw_open(&b, sv.uri, "b");
 	raw_acquire_next(&b, "b", true);
 	char *json, *text;
-	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"state_write_failing\":false"));
 	assert_non_null(strstr(json, "\"state_write_failures\":0"));
 	free(json);
 	remove_dir(sv.dir);
 	raw_close(&a);
-	assert_int_equal(raw_next(&b, 2000), gf_Msg_lock_next_tag);
+	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(raw_next(&b, 300), 0); /* no grant: the write failed */
 	/* Its socket's name is gone with the directory: asked in-process, on
 	 * this thread once the loop has stopped (the state stays until freed). */
@@ -487,16 +487,16 @@ static void test_waiter_timeout_and_client(void **s)
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
 	assert_int_equal(gf_lock_new(&b, sv.uri, "b"), 0);
-	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_true(gf_lock_is_held(a));
 	assert_int_equal(gf_lock_epoch(a), g.epoch);
-	assert_int_equal(gf_lock_acquire(a, 100, &g), GF_ERR_STATE);
-	assert_int_equal(gf_lock_acquire(b, 150, &g), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(100), &g), GF_ERR_STATE);
+	assert_int_equal(gf_lock_acquire(b, TU_MS(150), &g), GF_ERR_TIMEOUT);
 	assert_false(gf_lock_is_held(b));
 	uint64_t e = gf_lock_epoch(a);
 	assert_int_equal(gf_lock_release(a), 0);
 	assert_false(gf_lock_is_held(a));
-	assert_int_equal(gf_lock_acquire(b, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(b, TU_MS(2000), &g), 0);
 	assert_int_equal(g.epoch, e + 1);
 	assert_int_equal(gf_lock_start_watch(b), 0);
 	gf_lock_stop_watch(b);
@@ -527,7 +527,7 @@ static void test_interrupt(void **s)
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
 	assert_int_equal(gf_lock_new(&b, sv.uri, "b"), 0);
-	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	struct intr_arg ia = { .l = b, .rc = 1 };
 	pthread_t t;
 	pthread_create(&t, NULL, acq_thread, &ia);
@@ -537,7 +537,7 @@ static void test_interrupt(void **s)
 	assert_int_equal(ia.rc, GF_ERR_INTERRUPTED);
 	/* The abandoned waiter left the queue. */
 	char *json;
-	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"waiter_count\":0"));
 	free(json);
 	gf_lock_free(a);
@@ -562,17 +562,17 @@ static void test_reconnect_window_reclaim(void **s)
 	/* The same engine id without the token is an ordinary waiter. */
 	raw_open(&x, sv.uri, "engine-a");
 	raw_acquire(&x, "engine-a", -1, bad, 42);
-	assert_int_equal(raw_next(&x, 2000), gf_Msg_error_tag);
+	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(x.m.body.error.code, GF_ERR_LOCK_LOST);
 	raw_acquire(&x, "engine-a", -1, tok, 41); /* right token, wrong epoch */
-	assert_int_equal(raw_next(&x, 2000), gf_Msg_error_tag);
+	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
 	raw_acquire(&x, "engine-a", -1, tok, 42);
-	assert_int_equal(raw_next(&x, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(x.m.body.lock_granted.epoch, 42);
 	assert_true(x.m.body.lock_granted.reclaimed);
 	assert_int_equal(raw_next(&w, 200), 0);
 	raw_close(&x);
-	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, 43);
 	raw_close(&w);
 	srv_stop(&sv);
@@ -586,7 +586,7 @@ static void test_holder_takeover_stale_connection(void **s)
 	struct raw a, a2, w;
 	raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	gf_LockGranted g = a.m.body.lock_granted;
 	raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
@@ -594,13 +594,13 @@ static void test_holder_takeover_stale_connection(void **s)
 	 * still open (half-open TCP): the token moves the grant, same epoch. */
 	raw_open(&a2, sv.uri, "a");
 	raw_acquire(&a2, "a", -1, g.session_token.bytes, g.epoch);
-	assert_int_equal(raw_next(&a2, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a2, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(a2.m.body.lock_granted.epoch, g.epoch);
 	assert_true(a2.m.body.lock_granted.reclaimed);
-	assert_int_equal(gf_msg_recv(&a.rd, a.fd, &a.m, NULL, NULL, gf_deadline_from_ms(2000)), GF_ERR_CLOSED);
+	assert_int_equal(gf_msg_recv(&a.rd, a.fd, &a.m, NULL, NULL, gf_deadline_from_ms(TU_MS(2000))), GF_ERR_CLOSED);
 	assert_int_equal(raw_next(&w, 200), 0); /* the waiter was not granted */
 	raw_close(&a2);
-	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, g.epoch + 1);
 	raw_close(&a);
 	raw_close(&w);
@@ -640,7 +640,7 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	struct gf_lock_grant g;
 	srv_start(&sv, NULL, 1000);
 	gf_lock *a = client_with_hook(&sv, &lr, 1500);
-	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	/* Server restart: the watcher reconnects with its token, keeps the epoch. */
 	srv_halt(&sv);
@@ -650,7 +650,7 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	while (gf_now_us() < end) {
 		free(json);
 		json = NULL;
-		if (gf_lock_status_json(sv.uri, NULL, 0, 1000, &json) == 0 && strstr(json, "\"holder\":\"a\""))
+		if (gf_lock_status_json(sv.uri, NULL, 0, TU_MS(1000), &json) == 0 && strstr(json, "\"holder\":\"a\""))
 			break;
 		usleep(20000);
 	}
@@ -690,7 +690,7 @@ static void test_prepared_watcher(void **s)
 	gf_lock *a = client_with_hook(&sv, &lr, 200);
 	assert_int_equal(gf_lock_prepare_watch(a), 0);
 	assert_int_equal(gf_lock_prepare_watch(a), 0); /* idempotent */
-	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	int threads = tu_count_threads();
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	assert_int_equal(tu_count_threads(), threads);
@@ -720,11 +720,11 @@ static void test_reconnect_window_expires(void **s)
 	raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	char *json;
-	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 2000, &json), 0);
+	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"reconnect_window\":true"));
 	assert_non_null(strstr(json, "\"previous_holder\":\"engine-a\""));
 	free(json);
-	assert_int_equal(raw_next(&w, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&w, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	assert_true(gf_now_us() - t0 >= 290000);
 	assert_int_equal(w.m.body.lock_granted.epoch, 43);
 	raw_close(&w);
@@ -741,7 +741,7 @@ static void test_corrupt_state_floor(void **s)
 	raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	/* No window (nothing trustworthy on record), an epoch above the clock. */
-	assert_int_equal(raw_next(&w, 2000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_true(w.m.body.lock_granted.epoch > (uint64_t)before);
 	/* The grant was persisted before it was sent. */
 	struct gf_lock_state st;
@@ -810,12 +810,12 @@ static void test_durations_do_not_overflow(void **s)
 	struct raw a, b;
 	raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&a, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_open(&b, sv.uri, "b");
 	raw_acquire(&b, "b", huge, NULL, 0);
 	assert_int_equal(raw_next(&b, 300), 0); /* still waiting: no TIMEOUT */
 	raw_close(&a);
-	assert_int_equal(raw_next(&b, 5000), gf_Msg_lock_granted_tag);
+	assert_int_equal(raw_next(&b, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	raw_close(&b);
 	srv_stop(&sv);
 }
@@ -865,7 +865,7 @@ static void test_fork_child_does_not_hold(void **s)
 	gf_lock *a;
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
-	assert_int_equal(gf_lock_acquire(a, 2000, &g), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	int fd = gf_lock_get_fd(a);
 	assert_true(fd >= 0);
 	pid_t pid = fork();

@@ -65,7 +65,7 @@ static void *ptr(gf_mem_va *va, size_t off)
 
 static void send_fd(int sock, const char *tag, int fd)
 {
-	int rc = gf_frame_send(sock, tag, strlen(tag) + 1, fd >= 0 ? &fd : NULL, fd >= 0, gf_deadline_from_ms(5000));
+	int rc = gf_frame_send(sock, tag, strlen(tag) + 1, fd >= 0 ? &fd : NULL, fd >= 0, gf_deadline_from_ms(TU_MS(5000)));
 	if (rc < 0 && in_child)
 		_exit(20);
 	if (rc < 0)
@@ -79,7 +79,7 @@ static int recv_fd(int sock, const char *tag)
 	int *fds = NULL, fd = -1;
 	size_t nfds = 0;
 	gf_frame_reader_init(&r, 4);
-	int rc = gf_frame_recv(&r, sock, gf_deadline_from_ms(5000));
+	int rc = gf_frame_recv(&r, sock, gf_deadline_from_ms(TU_MS(5000)));
 	if (rc != 1 && in_child)
 		_exit(21);
 	if (rc != 1)

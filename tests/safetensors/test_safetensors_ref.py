@@ -24,7 +24,10 @@ gf = pytest.importorskip("gpufailover")
 LOCKD = os.environ.get("GF_LOCKD")
 GMSD = os.environ.get("GF_GMSD")
 ENGINE = os.environ.get("GF_C_ENGINE")
-HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(20.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 # The package's dtype names (framework spelling) and what the file says.
 DTYPES = {

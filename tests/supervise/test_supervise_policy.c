@@ -434,11 +434,46 @@ static void test_spawn_failure(void **state)
 	assert_int_equal(ev(&s, GF_SV_EV_SPAWN_FAILED), 0);
 	assert_int_equal(s.e.state, GF_SV_PAUSED);
 	assert_int_equal(s.e.retries, 1);
+	assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), s.now + s.p.retry_pause_ms * 1000);
+}
+
+/* A spawn fails at once: with retry_pause 0 the retries still wait a
+ * backoff (100 ms, doubling to 5 s), never restart from inside the failure
+ * (the supervisor once recursed until its stack ran out), and the engine
+ * ends Failed at its retry limit. */
+static void test_spawn_failure_backs_off_without_a_pause(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s);
 	s.p.retry_pause_ms = 0;
-	tick_to_deadline(&s);
-	/* With no pause, a failure restarts at once. */
-	assert_int_equal(ev(&s, GF_SV_EV_SPAWN_FAILED), GF_SV_ACT_SPAWN);
-	assert_int_equal(s.e.retries, 2);
+	s.p.retry_limit = 100000;
+	ev(&s, GF_SV_EV_START);
+	int64_t expect = GF_SV_SPAWN_RETRY_MIN_MS;
+	for (int i = 1; i <= 12; i++) {
+		assert_int_equal(ev(&s, GF_SV_EV_SPAWN_FAILED), 0);
+		assert_int_equal(s.e.state, GF_SV_PAUSED);
+		assert_int_equal(s.e.retries, i);
+		assert_int_equal(gf_sv_next_deadline(&s.e, &s.p), s.now + expect * 1000);
+		s.now += expect * 1000 - 1;
+		assert_int_equal(ev(&s, GF_SV_EV_TICK), 0);
+		s.now += 1;
+		assert_int_equal(ev(&s, GF_SV_EV_TICK), GF_SV_ACT_SPAWN);
+		expect = expect * 2 > GF_SV_SPAWN_RETRY_MAX_MS ? GF_SV_SPAWN_RETRY_MAX_MS : expect * 2;
+	}
+	/* A process that ran ends the backoff: its exit pauses retry_pause (0). */
+	assert_int_equal(exited(&s, 1, 0) & GF_SV_ACT_SPAWN, 0);
+	s.now += s.p.failure_grace_ms * 1000;
+	assert_int_equal(ev(&s, GF_SV_EV_TICK), GF_SV_ACT_SPAWN);
+	/* The retry limit ends it. */
+	s.p.retry_limit = s.e.retries + 2;
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(ev(&s, GF_SV_EV_SPAWN_FAILED), 0);
+		tick_to_deadline(&s);
+	}
+	assert_int_equal(ev(&s, GF_SV_EV_SPAWN_FAILED), 0);
+	assert_int_equal(s.e.state, GF_SV_FAILED);
+	assert_non_null(strstr(s.e.reason, "retry limit"));
 }
 
 static void test_retry_limit_zero(void **state)
@@ -610,6 +645,7 @@ int main(void)
 		cmocka_unit_test(test_crash_after_a_switchover_request_is_retried),
 		cmocka_unit_test(test_stop),
 		cmocka_unit_test(test_spawn_failure),
+		cmocka_unit_test(test_spawn_failure_backs_off_without_a_pause),
 		cmocka_unit_test(test_retry_limit_zero),
 		cmocka_unit_test(test_exit_waits_the_failure_grace),
 		cmocka_unit_test(test_term_grace_then_revoke_grace),

@@ -32,7 +32,10 @@ BINARIES = {"gf-lockd": os.environ.get("GF_LOCKD"), "gf-gmsd": os.environ.get("G
 GFCTL = os.environ.get("GF_GFCTL")
 DAEMONS = ["gf-lockd.service", "gf-gmsd@.service"]
 UNITS = DAEMONS + ["gf-supervise.service"]
-HANG_GUARD = 20.0  # seconds: a bound against hangs, never a speed claim
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from timing import scaled  # noqa: E402
+
+HANG_GUARD = scaled(20.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
 pytestmark = pytest.mark.skipif(
     not (UNIT_DIR and BINDIR and SYSCONFDIR and EXAMPLE_CONFIG and all(BINARIES.values()) and GFCTL),

@@ -119,18 +119,18 @@ static void test_contract(void **state)
 	struct gf_uri u;
 	int fd;
 	assert_int_equal(gf_uri_parse(uri, &u), 0);
-	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(2000), &fd), 0);
+	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &fd), 0);
 	/* The whole flood is queued before the server's first look at the socket. */
 	gf_Msg *m = gf_msg_new();
 	m->which_body = gf_Msg_hello_tag;
 	m->body.hello.version = GF_PROTOCOL_VERSION;
 	m->body.hello.component = gf_Component_COMPONENT_LOCK;
 	snprintf(m->body.hello.peer_id, sizeof(m->body.hello.peer_id), "toy");
-	assert_int_equal(gf_msg_send(fd, m, NULL, 0, gf_deadline_from_ms(2000)), 0);
+	assert_int_equal(gf_msg_send(fd, m, NULL, 0, gf_deadline_from_ms(TU_MS(2000))), 0);
 	for (int i = 0; i < 100; i++) {
 		memset(m, 0, sizeof(*m));
 		m->which_body = gf_Msg_heartbeat_tag;
-		assert_int_equal(gf_msg_send(fd, m, NULL, 0, gf_deadline_from_ms(2000)), 0);
+		assert_int_equal(gf_msg_send(fd, m, NULL, 0, gf_deadline_from_ms(TU_MS(2000))), 0);
 	}
 	gf_msg_free(m);
 	pthread_t th;

