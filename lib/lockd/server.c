@@ -27,7 +27,7 @@
 #include "gpufailover/lock.h"
 #include "grant.h"
 #include "listeners.h"
-#include "lockint.h"
+#include "statefile.h"
 #include "pool.h"
 #include "server.h"
 
