@@ -51,7 +51,6 @@
 #define RETRY_US 50000        /* pause after every member failed */
 #define ONCE_US 2000000       /* an acquire with timeout 0: one try, this long at most */
 #define MARGIN_MIN_MS 500
-#define STATUS_MAX_WAITERS 64
 
 enum estate { E_IDLE, E_WAITING, E_HELD, E_LOST };
 
@@ -1426,6 +1425,42 @@ static void end_session(struct gf_etcd *e)
 	atomic_store(&e->state, E_IDLE);
 }
 
+/* First in line: check the lease still outlives T_fence, start watching
+ * our own key, and hand out the grant. */
+static int begin_hold(struct gf_etcd *e, struct gf_lock_grant *grant)
+{
+	if (fence_passed(e, gf_now_us())) {
+		/* Granted on paper, but the lease is not known to outlive T_fence. */
+		end_session(e);
+		e->myrev = 0;
+		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
+	}
+	atomic_store(&e->key_gone, 0);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (er) {
+		end_session(e);
+		e->myrev = 0;
+		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
+	}
+	e->kw_running = true;
+	atomic_store(&e->epoch, (uint64_t)e->myrev);
+	atomic_store(&e->state, E_HELD);
+	if (grant) {
+		memset(grant, 0, sizeof(*grant));
+		grant->epoch = (uint64_t)e->myrev;
+		for (int i = 0; i < 8; i++)
+			grant->session_token[i] = (uint8_t)((uint64_t)e->lease_id >> (8 * i));
+		grant->granted_at_us = gf_wall_us();
+	}
+	gf_log(GF_LOG_INFO, "lock", "msg=\"granted\" backend=etcd id=%s epoch=%lld key=%s ttl_ms=%lld fence_ms=%lld", e->id,
+	       (long long)e->myrev, e->mykey, (long long)e->granted_ttl_ms, (long long)e->fence_ms);
+	return 0;
+}
+
 int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant *grant, int intr_fd)
 {
 	int st = atomic_load(&e->state);
@@ -1526,36 +1561,7 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 		e->myrev = 0;
 		return gf_err(rc, "%s", keep);
 	}
-	if (fence_passed(e, gf_now_us())) {
-		/* Granted on paper, but the lease is not known to outlive T_fence. */
-		end_session(e);
-		e->myrev = 0;
-		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
-	}
-	atomic_store(&e->key_gone, 0);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (er) {
-		end_session(e);
-		e->myrev = 0;
-		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
-	}
-	e->kw_running = true;
-	atomic_store(&e->epoch, (uint64_t)e->myrev);
-	atomic_store(&e->state, E_HELD);
-	if (grant) {
-		memset(grant, 0, sizeof(*grant));
-		grant->epoch = (uint64_t)e->myrev;
-		for (int i = 0; i < 8; i++)
-			grant->session_token[i] = (uint8_t)((uint64_t)e->lease_id >> (8 * i));
-		grant->granted_at_us = gf_wall_us();
-	}
-	gf_log(GF_LOG_INFO, "lock", "msg=\"granted\" backend=etcd id=%s epoch=%lld key=%s ttl_ms=%lld fence_ms=%lld", e->id,
-	       (long long)e->myrev, e->mykey, (long long)e->granted_ttl_ms, (long long)e->fence_ms);
-	return 0;
+	return begin_hold(e, grant);
 }
 
 int gf_etcd_release(struct gf_etcd *e)
@@ -1645,13 +1651,13 @@ out:
 	return rc;
 }
 
-int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, char **json)
+int gf_etcd_status(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, struct gf_etcd_status *out)
 {
 	struct gf_etcd *e;
 	int rc = gf_etcd_new(&e, uri, "gfctl");
 	if (rc < 0)
 		return rc;
-	json_t *o = NULL, *root = NULL;
+	json_t *o = NULL;
 	char *end = NULL;
 	if (pw && pw_len && (rc = gf_etcd_set_password(e, pw, pw_len)) < 0)
 		goto out;
@@ -1661,20 +1667,12 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 	rc = call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
 	if (rc < 0)
 		goto out;
-	json_t *kvs = json_object_get(o, "kvs"), *w = json_array(), *kv;
-	root = json_object();
-	if (!w || !root) {
-		json_decref(w);
-		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-		goto out;
-	}
+	memset(out, 0, sizeof(*out));
+	snprintf(out->prefix, sizeof(out->prefix), "%s", e->prefix);
+	json_t *kvs = json_object_get(o, "kvs"), *kv;
 	size_t i, n = 0;
-	json_object_set_new(root, "backend", json_string("etcd"));
-	json_object_set_new(root, "prefix", json_string(e->prefix));
-	json_object_set_new(root, "holder", json_null());
-	json_object_set_new(root, "epoch", json_integer(0));
 	json_array_foreach(kvs, i, kv) {
-		char idb[GF_LOCK_ID_MAX * 2] = "", keyb[700] = "";
+		char idb[GF_LOCK_ID_MAX * 2] = "", keyb[GF_ETCD_KEY_MAX] = "";
 		const char *vb = json_string_value(json_object_get(kv, "value"));
 		const char *kb = json_string_value(json_object_get(kv, "key"));
 		if (!vb || b64dec(vb, idb, sizeof(idb)) < 0)
@@ -1683,25 +1681,21 @@ int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t 
 			continue; /* a nested lock's ("name/sub") */
 		int64_t rev = jint(kv, "create_revision");
 		if (n++ == 0) {
-			json_object_set_new(root, "holder", json_string(idb[0] ? idb : keyb));
-			json_object_set_new(root, "epoch", json_integer(rev));
-			json_object_set_new(root, "holder_key", json_string(keyb));
-		} else if (n <= STATUS_MAX_WAITERS + 1) {
-			json_t *x = json_object();
-			json_object_set_new(x, "id", json_string(idb[0] ? idb : keyb));
-			json_object_set_new(x, "key", json_string(keyb));
-			json_object_set_new(x, "create_revision", json_integer(rev));
-			json_array_append_new(w, x);
+			out->has_holder = true;
+			snprintf(out->holder.id, sizeof(out->holder.id), "%s", idb[0] ? idb : keyb);
+			snprintf(out->holder.key, sizeof(out->holder.key), "%s", keyb);
+			out->holder.create_revision = rev;
+		} else if (n <= GF_ETCD_STATUS_MAX_WAITERS + 1) {
+			struct gf_etcd_entry *w = &out->waiters[out->nwaiters++];
+			snprintf(w->id, sizeof(w->id), "%s", idb[0] ? idb : keyb);
+			snprintf(w->key, sizeof(w->key), "%s", keyb);
+			w->create_revision = rev;
 		}
 	}
-	json_object_set_new(root, "waiters", w);
-	json_object_set_new(root, "waiter_count", json_integer(n > 0 ? (json_int_t)n - 1 : 0));
-	json_object_set_new(root, "revision", json_integer(jint(json_object_get(o, "header"), "revision")));
-	*json = json_dumps(root, JSON_COMPACT);
-	rc = *json ? 0 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	out->waiter_count = n > 0 ? n - 1 : 0;
+	out->revision = jint(json_object_get(o, "header"), "revision");
 out:
 	free(end);
-	json_decref(root);
 	json_decref(o);
 	gf_etcd_free(e);
 	return rc;
