@@ -6,7 +6,6 @@
  * timeout; every state change marks the waiters for re-evaluation, which
  * the core's settle step runs in FIFO order.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "mem_int.h"
@@ -24,6 +21,7 @@
 #include "layout.h"
 #include "listchunk.h"
 #include "metablob.h"
+#include "pins.h"
 #include "residency.h"
 #include "server.h"
 #include "status_json.h"
@@ -35,10 +33,6 @@
 #define GMSD_MAX_META 1000000
 #define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
 #define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
-#define GMSD_RETIRED_MAX 16           /* dropped layouts whose released sleepers are watched */
-#define GMSD_PIN_SCAN_US 1000000      /* how often they are looked at */
-#define GMSD_PIN_SETTLE_US 1000000    /* a demotion's answer waits this long for them to let go */
-#define GMSD_PIN_SETTLE_STEP_US 20000
 
 enum cphase {
 	C_IDLE = 0,   /* no lock (the core did the handshake) */
@@ -92,46 +86,10 @@ struct client {
 	bool handles_kept;  /* the pending GmsConnect of a wake says it kept them */
 	uint64_t parked_drops; /* d->drops when it parked: its handles are of that layout */
 	uint8_t parked_hash[16];
-	/* a successful GmsDemote whose answer waits (up to GMSD_PIN_SETTLE_US)
+	/* a successful GmsDemote whose answer waits (up to GMS_PINS_SETTLE_US)
 	 * for the sleepers it released to let go, so the answer's figures are true */
 	bool settling;
 	int64_t settle_until_us;
-};
-
-/*
- * A dropped layout that sleepers released by the drop may still hold
- * (docs/gms.md, "Memory a sleeper still pins"): the GMS freed its own
- * references, but a sleeper that is stopped or hung never lets go of its
- * imported handles. Host backend, exactly: each allocation is known by its
- * memfd's inode, and each released sleeper's /proc/PID/fd and
- * /proc/PID/maps say whether it still holds it. Other backends (cuda: the
- * driver does not say who holds an import), a lower bound: a sleeper none
- * of whose threads has run since its session was closed cannot have let go.
- */
-struct pin_holder {
-	uint32_t pid;
-	char peer[GF_ID_MAX];
-	uint64_t bytes;     /* seen held at the last look */
-	uint32_t allocs;
-	bool reported;      /* its event=still_pinned was logged */
-	uint64_t ran0;      /* not exact: its threads' context switches before the drop */
-	int ran0_err;       /* ...or why they could not be read */
-};
-
-struct retired {
-	uint64_t generation;
-	int64_t at_unix_ms;
-	const char *reason;  /* static: "new_load", "demotion", "abort" */
-	bool exact;          /* held allocations are seen (host), else inferred from activity */
-	uint64_t bytes;      /* the layout's size and allocations */
-	uint32_t allocs;
-	dev_t dev;           /* exact: the memfds' file system */
-	size_t n;
-	struct retired_alloc {
-		uint64_t ino, size;
-	} *ids;              /* sorted by inode */
-	size_t nholders;
-	struct pin_holder *h;
 };
 
 struct galloc {
@@ -210,10 +168,8 @@ struct gf_gmsd {
 	/* residency tiers (lib/tiers/residency.h, docs/tiers.md) */
 	struct tiers_residency *res;
 	struct gf_srv_watch tier_watch;
-	/* dropped layouts still held by released sleepers (oldest first) */
-	struct retired *retired;
-	size_t nretired;
-	int64_t pin_next_us;    /* next look at them */
+	/* dropped layouts still held by released sleepers (pins.h) */
+	struct gms_pins pins;
 };
 
 /* ---------------------------------------------------------------- events */
@@ -314,239 +270,23 @@ static void client_close(gf_gmsd *d, struct client *c, const char *why);
 
 /* ---------------------------------------------------------------- memory a released sleeper still pins */
 
-static int retired_alloc_cmp(const void *a, const void *b)
-{
-	uint64_t x = ((const struct retired_alloc *)a)->ino, y = ((const struct retired_alloc *)b)->ino;
-	return x < y ? -1 : x > y;
-}
-
-static void retired_free(struct retired *r)
-{
-	free(r->ids);
-	free(r->h);
-}
-
 /* Whether the dropped layouts' holders can be seen exactly: where allocations are files, /proc names them. */
 static bool pins_exact(const gf_gmsd *d)
 {
 	return gf_mem_caps(d->mem) & GF_MEM_CAP_FILES;
 }
 
-/*
- * Context switches of every thread of process @pid so far, in *@out. A
- * process whose sum has not moved has not run, so it has not let go of
- * anything. GF_ERR_NOT_FOUND when it is gone.
- */
-static int task_switches(uint32_t pid, uint64_t *out)
+/* The pin watcher's view of allocation @i of the layout being dropped (gms_pins_fd_fn). */
+static int pins_fd_at(void *ctx, size_t i, int *fd, bool *owned, uint64_t *size)
 {
-	char path[96], line[128];
-	if (!pid)
-		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
-	snprintf(path, sizeof(path), "/proc/%u/task", pid);
-	DIR *dir = opendir(path);
-	if (!dir)
-		return errno == ENOENT ? gf_err(GF_ERR_NOT_FOUND, "gone")
-				       : gf_err_errno(GF_ERR_PERMISSION, errno, "open %s", path);
-	uint64_t sum = 0;
-	for (struct dirent *e; (e = readdir(dir));) {
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/%u/task/%.20s/status", pid, e->d_name);
-		FILE *f = fopen(path, "re");
-		while (f && fgets(line, sizeof(line), f)) {
-			unsigned long long v;
-			if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
-			    sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
-				sum += v;
-		}
-		if (f)
-			fclose(f);
-	}
-	closedir(dir);
-	*out = sum;
-	return 0;
+	gf_gmsd *d = ctx;
+	*size = d->allocs[i].size;
+	return gf_mem_export_borrowed(d->allocs[i].a, fd, owned);
 }
 
-/* Before @d frees the layout: remember its allocations and the sleepers @h released, to watch them let go. */
-static void retire(gf_gmsd *d, const char *reason, struct pin_holder *h, size_t nh)
+static void pins_event(void *ctx, const char *text)
 {
-	struct retired r = { .generation = d->generation, .at_unix_ms = gf_wall_us() / 1000, .reason = reason,
-			     .h = h, .nholders = nh, .exact = pins_exact(d), .bytes = d->alloc_bytes,
-			     .allocs = (uint32_t)d->nallocs };
-	if (!d->nallocs || (r.exact && !(r.ids = calloc(d->nallocs, sizeof(*r.ids))))) {
-		retired_free(&r);
-		return;
-	}
-	for (size_t i = 0; r.exact && i < d->nallocs; i++) {
-		int fd;
-		bool owned;
-		struct stat st;
-		if (gf_mem_export_borrowed(d->allocs[i].a, &fd, &owned) < 0)
-			continue;
-		if (fstat(fd, &st) == 0) {
-			r.dev = st.st_dev;
-			r.ids[r.n++] = (struct retired_alloc){ (uint64_t)st.st_ino, d->allocs[i].size };
-		}
-		if (owned)
-			gf_close(fd);
-	}
-	if (r.n)
-		qsort(r.ids, r.n, sizeof(*r.ids), retired_alloc_cmp);
-	if (d->nretired == GMSD_RETIRED_MAX) {
-		/* Bounded: the oldest record stops being watched, and says so. */
-		event(d, "event=pins_untracked generation=%llu holders=%zu reason=\"more than %d dropped layouts watched\"",
-		      (unsigned long long)d->retired[0].generation, d->retired[0].nholders, GMSD_RETIRED_MAX);
-		retired_free(&d->retired[0]);
-		memmove(d->retired, d->retired + 1, (d->nretired - 1) * sizeof(*d->retired));
-		d->nretired--;
-	}
-	struct retired *n = realloc(d->retired, (d->nretired + 1) * sizeof(*n));
-	if (!n) {
-		retired_free(&r);
-		return;
-	}
-	d->retired = n;
-	d->retired[d->nretired++] = r;
-	/* A sleeper that works lets go within milliseconds of its hangup: look then. */
-	d->pin_next_us = gf_now_us() + GMSD_PIN_SETTLE_STEP_US;
-}
-
-static void mark_held(const struct retired *r, uint64_t ino, bool *seen)
-{
-	struct retired_alloc key = { .ino = ino };
-	const struct retired_alloc *a = bsearch(&key, r->ids, r->n, sizeof(*r->ids), retired_alloc_cmp);
-	if (a)
-		seen[a - r->ids] = true;
-}
-
-/*
- * What process @h->pid still holds of @r, through an fd or a mapping (a
- * fenced mapping counts: it keeps the pages as much as an fd does): 0 and
- * the figures set, 0 with none when the process is gone, or an error when it
- * cannot be told (no pid in this namespace, /proc not readable).
- */
-static int scan_holder(const struct retired *r, struct pin_holder *h)
-{
-	h->bytes = 0;
-	h->allocs = 0;
-	if (!h->pid)
-		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
-	if (!r->exact) {
-		uint64_t now = 0;
-		int rc = h->ran0_err ? h->ran0_err : task_switches(h->pid, &now);
-		if (rc == GF_ERR_NOT_FOUND)
-			return 0;
-		if (rc < 0)
-			return h->ran0_err ? gf_err(rc, "its threads could not be looked at") : rc;
-		if (now == h->ran0) {
-			h->bytes = r->bytes;
-			h->allocs = r->allocs;
-		}
-		return 0; /* it ran: it may have let go, and is no longer counted */
-	}
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%u/fd", h->pid);
-	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return errno == ENOENT || errno == ESRCH ? 0 : gf_err_errno(GF_ERR_PERMISSION, errno, "open %s", path);
-	bool *seen = calloc(r->n ? r->n : 1, sizeof(*seen));
-	DIR *dir = fdopendir(dfd);
-	if (!seen || !dir) {
-		free(seen);
-		if (dir)
-			closedir(dir);
-		else
-			close(dfd);
-		return gf_err(GF_ERR_NOMEM, "pins: out of memory");
-	}
-	for (struct dirent *e; (e = readdir(dir));) {
-		struct stat st;
-		if (e->d_name[0] != '.' && fstatat(dfd, e->d_name, &st, 0) == 0 && st.st_dev == r->dev)
-			mark_held(r, (uint64_t)st.st_ino, seen);
-	}
-	closedir(dir);
-	snprintf(path, sizeof(path), "/proc/%u/maps", h->pid);
-	FILE *f = fopen(path, "re");
-	char line[512];
-	bool line_start = true;
-	while (f && fgets(line, sizeof(line), f)) {
-		unsigned maj, mnr;
-		unsigned long long ino;
-		if (line_start && sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &mnr, &ino) == 3 && ino &&
-		    makedev(maj, mnr) == r->dev)
-			mark_held(r, ino, seen);
-		line_start = strchr(line, '\n') != NULL; /* a long line's rest is not a new mapping */
-	}
-	if (f)
-		fclose(f);
-	for (size_t i = 0; i < r->n; i++)
-		if (seen[i]) {
-			h->bytes += r->ids[i].size;
-			h->allocs++;
-		}
-	free(seen);
-	return 0;
-}
-
-/* Look at every released sleeper again: forget those that let go (or exited), report those that still hold. */
-static void pin_scan(gf_gmsd *d)
-{
-	int64_t now_ms = gf_wall_us() / 1000;
-	for (size_t i = 0; i < d->nretired;) {
-		struct retired *r = &d->retired[i];
-		for (size_t k = 0; k < r->nholders;) {
-			struct pin_holder *h = &r->h[k];
-			int rc = scan_holder(r, h);
-			if (rc == 0 && h->bytes) {
-				if (!h->reported && now_ms - r->at_unix_ms >= GMSD_PIN_SETTLE_US / 1000) {
-					h->reported = true;
-					event(d, "event=still_pinned pid=%u peer=%s bytes=%llu allocations=%u generation=%llu "
-						 "dropped_for=%s", h->pid, h->peer, (unsigned long long)h->bytes, h->allocs,
-					      (unsigned long long)r->generation, r->reason);
-				}
-				k++;
-				continue;
-			}
-			if (rc < 0)
-				event(d, "event=pin_unknown pid=%u peer=%s generation=%llu reason=\"%s\"", h->pid, h->peer,
-				      (unsigned long long)r->generation, gf_error_detail());
-			else if (h->reported)
-				event(d, "event=pin_released pid=%u peer=%s generation=%llu", h->pid, h->peer,
-				      (unsigned long long)r->generation);
-			r->h[k] = r->h[--r->nholders];
-		}
-		if (r->nholders) {
-			i++;
-			continue;
-		}
-		retired_free(r);
-		memmove(r, r + 1, (d->nretired - i - 1) * sizeof(*r));
-		d->nretired--;
-	}
-	d->pin_next_us = gf_now_us() + GMSD_PIN_SCAN_US;
-}
-
-static uint64_t pinned_bytes(const gf_gmsd *d)
-{
-	uint64_t b = 0;
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders; k++)
-			b += d->retired[i].h[k].bytes;
-	return b;
-}
-
-/* Add @c to the sleepers a drop releases: before its session is closed, so that any run after it shows. */
-static void note_holder(gf_gmsd *d, struct pin_holder **h, size_t *n, const struct client *c)
-{
-	struct pin_holder *g = realloc(*h, (*n + 1) * sizeof(**h));
-	if (!g)
-		return; /* not watched: the figure is then low, never wrongly high */
-	*h = g;
-	g[*n] = (struct pin_holder){ .pid = c->pid };
-	if (!pins_exact(d))
-		g[*n].ran0_err = task_switches(c->pid, &g[*n].ran0);
-	snprintf(g[*n].peer, sizeof(g[*n].peer), "%s", c->peer);
-	(*n)++;
+	event(ctx, "%s", text);
 }
 
 /* Free the layout. @reason ("new_load", "demotion", "abort", NULL at exit) names the drop in the pins it leaves. */
@@ -557,18 +297,21 @@ static void drop_layout(gf_gmsd *d, const char *reason)
 	 * layout's memory through their handles: closing their sessions is
 	 * what tells them to let go (docs/gms.md, "Sleep and wake"). One that
 	 * is stopped or hung does not: the GMS watches them (retire()). */
-	struct pin_holder *held = NULL;
+	struct gms_pin_holder *held = NULL;
 	size_t nheld = 0;
 	for (struct client *c = d->srv ? next_client(d, NULL) : NULL, *n; c; c = n) {
 		n = next_client(d, c);
 		if (c->parked || (c->phase == C_WAIT && c->handles_kept)) {
 			event(d, "event=sleeper_released peer=%s pid=%u reason=layout_dropped", c->peer, c->pid);
-			note_holder(d, &held, &nheld, c);
+			gms_pins_note(&held, &nheld, pins_exact(d), c->pid, c->peer);
 			client_close(d, c, "layout dropped: a sleeping reader lets go of its handles");
 		}
 	}
-	if (nheld && reason)
-		retire(d, reason, held, nheld);
+	if (nheld && reason) {
+		struct gms_pins_layout l = { .generation = d->generation, .reason = reason, .exact = pins_exact(d),
+					     .bytes = d->alloc_bytes, .nallocs = d->nallocs, .fd_at = pins_fd_at, .ctx = d };
+		gms_pins_retire(&d->pins, &l, held, nheld);
+	}
 	else
 		free(held);
 	for (size_t i = 0; i < d->nallocs; i++)
@@ -1469,12 +1212,12 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 	s->fenced = d->lock_uri != NULL;
 	s->fence_refusals = d->fence_refusals;
 	/* Looked at now: the figure an operator or a demotion's answer reads is current. */
-	pin_scan(d);
+	gms_pins_scan(&d->pins);
 	s->pinned_exact = pins_exact(d);
-	s->pinned_bytes = pinned_bytes(d);
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders && s->pinned_by_count < GF_ARRAY_SIZE(s->pinned_by); k++) {
-			const struct retired *r = &d->retired[i];
+	s->pinned_bytes = gms_pins_bytes(&d->pins);
+	for (size_t i = 0; i < d->pins.nretired; i++)
+		for (size_t k = 0; k < d->pins.retired[i].nholders && s->pinned_by_count < GF_ARRAY_SIZE(s->pinned_by); k++) {
+			const struct gms_retired *r = &d->pins.retired[i];
 			gf_GmsPinned *o = &s->pinned_by[s->pinned_by_count++];
 			o->pid = r->h[k].pid;
 			snprintf(o->peer, sizeof(o->peer), "%s", r->h[k].peer);
@@ -1598,13 +1341,13 @@ static void host_layout(void *host, struct tiers_host_layout *l)
 		.generation = d->generation,
 		.allocations = d->nallocs,
 		.bytes = d->alloc_bytes,
-		.pinned_bytes = pinned_bytes(d),
+		.pinned_bytes = gms_pins_bytes(&d->pins),
 	};
 	memcpy(l->hash, d->hash, 16);
 	size_t len = 0;
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders && len < sizeof(l->pinned_by); k++) {
-			const struct pin_holder *h = &d->retired[i].h[k];
+	for (size_t i = 0; i < d->pins.nretired; i++)
+		for (size_t k = 0; k < d->pins.retired[i].nholders && len < sizeof(l->pinned_by); k++) {
+			const struct gms_pin_holder *h = &d->pins.retired[i].h[k];
 			if (h->bytes)
 				len += (size_t)snprintf(l->pinned_by + len, sizeof(l->pinned_by) - len, "%spid %u (%s) %llu bytes",
 							len ? ", " : "", h->pid, h->peer, (unsigned long long)h->bytes);
@@ -1754,10 +1497,10 @@ static void host_answer(void *host, enum tiers_residency_wait what, int err, con
 				    detail);
 			continue;
 		}
-		if (what == TIERS_WAIT_DEMOTION && d->nretired) {
+		if (what == TIERS_WAIT_DEMOTION && d->pins.nretired) {
 			/* The answer (and the status it is read with) says what the drop really freed. */
 			c->settling = true;
-			c->settle_until_us = gf_now_us() + GMSD_PIN_SETTLE_US;
+			c->settle_until_us = gf_now_us() + GMS_PINS_SETTLE_US;
 			continue;
 		}
 		memset(d->out, 0, sizeof(*d->out));
@@ -2072,17 +1815,17 @@ static void on_timer(void *ctx, int64_t now)
 			do_allocate(d, c, c->seq);
 		}
 	}
-	if (d->nretired && now >= d->pin_next_us)
-		pin_scan(d);
+	if (d->pins.nretired && now >= d->pins.next_us)
+		gms_pins_scan(&d->pins);
 	bool settling = false;
 	for (c = next_client(d, NULL); c; c = next_client(d, c))
 		settling |= c->settling;
 	if (settling)
-		pin_scan(d);
+		gms_pins_scan(&d->pins);
 	for (c = next_client(d, NULL); settling && c; c = next_client(d, c)) {
 		if (!c->settling)
 			continue;
-		if (d->nretired && now < c->settle_until_us)
+		if (d->pins.nretired && now < c->settle_until_us)
 			continue;
 		c->settling = false;
 		memset(d->out, 0, sizeof(*d->out));
@@ -2104,12 +1847,12 @@ static int64_t next_deadline(void *ctx)
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 		if (c->settling) {
-			int64_t step = gf_now_us() + GMSD_PIN_SETTLE_STEP_US;
+			int64_t step = gf_now_us() + GMS_PINS_SETTLE_STEP_US;
 			next = step < next ? step : next;
 		}
 	}
-	if (d->nretired && d->pin_next_us < next)
-		next = d->pin_next_us;
+	if (d->pins.nretired && d->pins.next_us < next)
+		next = d->pins.next_us;
 	int64_t p = tiers_residency_deadline(d->res);
 	return p < next ? p : next;
 }
@@ -2124,6 +1867,7 @@ int gf_gmsd_new(gf_gmsd **out)
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
 	d->mblob_fd = -1;
+	d->pins = (struct gms_pins){ .event = pins_event, .ctx = d };
 	static const struct gf_srv_handlers h = {
 		.on_ready = on_ready,
 		.on_message = on_message,
@@ -2307,9 +2051,7 @@ void gf_gmsd_free(gf_gmsd *d)
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	drop_layout(d, NULL);
-	for (size_t i = 0; i < d->nretired; i++)
-		retired_free(&d->retired[i]);
-	free(d->retired);
+	gms_pins_free(&d->pins);
 	free(d->allocs);
 	free(d->meta);
 	free(d->index);
