@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "mem_int.h"
+#include "fence.h"
 #include "fsm.h"
 #include "layout.h"
 #include "listchunk.h"
@@ -62,16 +63,11 @@ struct client {
 	unsigned alloc_tries;
 	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
 	struct gf_lock_proof lock_proof; /* and that grant's fence proof (epoch 0: none) */
-	/* The fence's query of the lock server, off the loop (fence_step()). */
+	/* The weight fence (fence.h) and its query of the lock server, off the loop (fence_ask()). */
+	enum gms_fence fence;
 	gf_lock_query *fence_q;
 	struct gf_srv_watch fence_w;
-	bool fence_passed;      /* the answer came and named this client's grant: grant once */
-	/* A waiting RW on a fenced, committed GMS: its admission is asked (the
-	 * query in flight checks it, not a grant), or was given. Only an
-	 * admitted RW holds new readers back (writer priority). */
-	bool fence_admission, fence_admitted;
-	bool commit_pending;    /* a writer's commit waits for the fence's answer */
-	uint32_t commit_seq;
+	uint32_t commit_seq;    /* the commit waiting for the fence's answer */
 	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
 	enum tiers_residency_wait tier_wait;
 	uint32_t tier_seq;
@@ -404,7 +400,7 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 	 * yet must not keep readers out (a stray writer would, until its timeout). */
 	bool proven_only = d->lock_uri && gms_fsm_rw_would_drop(&d->fsm);
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
-		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || c->fence_admitted))
+		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || gms_fence_admitted(c->fence)))
 			return true;
 	return false;
 }
@@ -478,15 +474,15 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	if (rc == GF_ERR_AGAIN)
 		return;
 	fence_cancel(d, c);
-	if (c->phase == C_WRITER && c->commit_pending) {
-		c->commit_pending = false;
+	bool yes = rc == 0 && c->lock_epoch != 0 && h.epoch == c->lock_epoch && h.proof_valid;
+	enum gms_fence was = c->fence;
+	c->fence = gms_fence_next(was, yes ? GMS_FENCE_YES : GMS_FENCE_NO);
+	if (c->phase == C_WRITER && was == GMS_FENCE_COMMITTING) {
 		commit_fenced(d, c, rc, &h);
 		return;
 	}
 	if (c->phase != C_WAIT)
 		return;
-	bool admission = c->fence_admission;
-	c->fence_admission = false;
 	if (rc < 0) {
 		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
 			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
@@ -499,16 +495,12 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 		fence_refuse(d, c, h.epoch);
 	} else {
 		/* An admission lets it wait ahead of readers; the grant is asked again. */
-		if (admission)
-			c->fence_admitted = true;
-		else
-			c->fence_passed = true;
 		d->changed = true;
 	}
 }
 
-/* Ask the lock server whether @c's grant is the current one; on_fence_answer() gets the answer. */
-static int fence_ask(gf_gmsd *d, struct client *c)
+/* Ask the lock server whether @c's grant is the current one (@why: which ask); on_fence_answer() gets the answer. */
+static int fence_ask(gf_gmsd *d, struct client *c, enum gms_fence_event why)
 {
 	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
 				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
@@ -519,19 +511,19 @@ static int fence_ask(gf_gmsd *d, struct client *c)
 	if (rc < 0) {
 		gf_lock_query_free(c->fence_q);
 		c->fence_q = NULL;
+		return rc;
 	}
-	return rc;
+	c->fence = gms_fence_next(c->fence, why);
+	return 0;
 }
 
 /* 1: @c may drop the layout now; 0: the lock server is being asked (or
  * refused @c: its phase is then C_IDLE and the reply sent). */
 static int fence_step(gf_gmsd *d, struct client *c)
 {
-	if (c->fence_passed) {
-		c->fence_passed = false;
+	if (gms_fence_passed(c->fence))
 		return 1;
-	}
-	if (c->fence_q)
+	if (gms_fence_asking(c->fence))
 		return 0;
 	if (c->lock_epoch == 0) {
 		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
@@ -539,7 +531,7 @@ static int fence_step(gf_gmsd *d, struct client *c)
 		fence_refuse(d, c, 0);
 		return 0;
 	}
-	int rc = fence_ask(d, c);
+	int rc = fence_ask(d, c, GMS_FENCE_ASK_GRANT);
 	if (rc < 0) {
 		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
 			    "server could not be asked: %s", gf_error_detail());
@@ -563,8 +555,7 @@ static void fence_waiting_writers(gf_gmsd *d)
 	/* A refusal may close its peer (a failed send): walk afresh after each one. */
 	for (;;) {
 		struct client *c = next_client(d, NULL);
-		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence_admitted || c->fence_passed ||
-			     c->fence_q))
+		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence != GMS_FENCE_NONE))
 			c = next_client(d, c);
 		if (!c)
 			return;
@@ -574,13 +565,11 @@ static void fence_waiting_writers(gf_gmsd *d)
 			fence_refuse(d, c, 0);
 			continue;
 		}
-		if (fence_ask(d, c) < 0) {
+		if (fence_ask(d, c, GMS_FENCE_ASK_ADMISSION) < 0) {
 			reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
 				    "server could not be asked: %s", gf_error_detail());
 			fence_refuse(d, c, 0);
-			continue;
 		}
-		c->fence_admission = true;
 	}
 }
 
@@ -594,7 +583,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		return 0;
 	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !fence_step(d, c))
 		return c->phase == C_WAIT ? 0 : -1;
-	c->fence_passed = false;
+	/* An ask still in flight (the layout went meanwhile) no longer matters. */
+	fence_cancel(d, c);
+	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	if (dec == GMS_GRANT_RW_DROP) {
 		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
@@ -679,9 +670,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		memcpy(c->lock_proof.token, r->lock_proof.bytes, GF_LOCK_PROOF_LEN);
 	}
 	fence_cancel(d, c);
-	c->fence_passed = false;
-	c->fence_admission = c->fence_admitted = false;
-	c->commit_pending = false;
+	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
 	c->handles_kept = r->handles_kept && c->parked;
@@ -933,19 +922,16 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
 		return;
 	}
-	if (c->commit_pending) {
+	if (c->fence == GMS_FENCE_COMMITTING) {
 		reply_error(d, c, m->seq, GF_ERR_STATE, "a commit is already waiting for the lock's answer");
 		return;
 	}
 	if (d->lock_uri && c->lock_epoch) {
 		/* Checked off the loop like the drop (fence_step()); the answer commits or refuses. */
-		int rc = fence_ask(d, c);
 		c->commit_seq = m->seq;
-		if (rc < 0) {
+		int rc = fence_ask(d, c, GMS_FENCE_ASK_COMMIT);
+		if (rc < 0)
 			commit_fenced(d, c, rc, NULL);
-			return;
-		}
-		c->commit_pending = true;
 		return;
 	}
 	do_commit(d, c, m->seq);
