@@ -387,47 +387,20 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress,
 	return rc;
 }
 
-static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd);
-
-int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
+int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+		   const struct gf_gms_connect_opts *opts)
 {
-	return gf_gms_connect_epoch(out, uri, mem, mode, timeout_ms, 0);
-}
-
-int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			 uint64_t lock_epoch)
-{
-	struct gf_lock_proof p = { .epoch = lock_epoch };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false, false, -1);
-}
-
-int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			 const struct gf_lock_proof *proof)
-{
-	if (proof && proof->epoch == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_proof: a proof of epoch 0 names no grant");
-	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, false, -1);
-}
-
-int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			       const struct gf_lock_proof *proof, int cancel_fd)
-{
-	if (proof && proof->epoch == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_by_progress: a proof of epoch 0 names no grant");
-	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, true,
-			      cancel_fd);
-}
-
-static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd)
-{
+	static const struct gf_gms_connect_opts none = { .proof = NULL };
+	if (!opts)
+		opts = &none;
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
 	if (mode != GF_GMS_RW && mode != GF_GMS_RO && mode != GF_GMS_RW_OR_RO)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: unknown mode %d", mode);
+	if (opts->proof && opts->proof->epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: a proof of epoch 0 names no grant");
+	const bool by_progress = opts->by_progress != 0;
+	const int cancel_fd = by_progress && opts->cancel_fd > 0 ? opts->cancel_fd : -1;
 	gf_gms *g = calloc(1, sizeof(*g));
 	if (!g || !(g->msg = gf_msg_new())) {
 		free(g);
@@ -442,10 +415,10 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	pthread_mutex_init(&g->kmu, NULL);
 	pthread_cond_init(&g->w_idle, NULL);
 	g->mem = mem;
-	g->lock_epoch = proof->epoch;
-	g->has_proof = has_proof;
-	if (has_proof)
-		memcpy(g->lock_proof, proof->token, GF_LOCK_PROOF_LEN);
+	g->lock_epoch = opts->proof ? opts->proof->epoch : opts->lock_epoch;
+	g->has_proof = opts->proof != NULL;
+	if (g->has_proof)
+		memcpy(g->lock_proof, opts->proof->token, GF_LOCK_PROOF_LEN);
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
 	size_t rec;
 	int rc = gf_uri_parse(uri, &g->uri);
@@ -1673,7 +1646,7 @@ int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris, 
 			if (left < 0)
 				left = 0;
 		}
-		rc = gf_gms_connect(&tmp[i], uris[i], mems[i], mode, left);
+		rc = gf_gms_connect(&tmp[i], uris[i], mems[i], mode, left, NULL);
 	}
 	if (rc < 0) {
 		for (size_t i = 0; i < n; i++)

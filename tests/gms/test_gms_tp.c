@@ -107,7 +107,7 @@ static void *worker_main(void *arg)
 	if (w->rc < 0)
 		return NULL;
 	usleep((useconds_t)w->delay_us);
-	w->connect_rc = gf_gms_connect(&g, w->uri, mem, w->mode, w->connect_timeout_ms);
+	w->connect_rc = gf_gms_connect(&g, w->uri, mem, w->mode, w->connect_timeout_ms, NULL);
 	w->granted = w->connect_rc == 0 ? gf_gms_granted_mode(g) : 0;
 	int rc = tb_wait(w->barrier, w->connect_rc < 0, 2 * w->connect_timeout_ms);
 	if (w->connect_rc < 0)
