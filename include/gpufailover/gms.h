@@ -341,22 +341,11 @@ GF_EXPORT void gf_gms_fault_reporter_remove(const gf_gms *gms);
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
 
-/** Roles for tensor-parallel engines (docs/design.md, decision 5). */
+/** Roles for tensor-parallel engines (docs/design.md, decision 5): the mode each connect of a rank asks for (gf_engine_set_role()). */
 enum gf_gms_role {
 	GF_GMS_ROLE_LOADER = 1,   /**< RW_OR_RO on every device: loads where nothing is committed */
 	GF_GMS_ROLE_FOLLOWER = 2, /**< RO only: never holds a writer lock, so TP > 1 cannot deadlock */
 };
-
-/**
- * Connect one client per device: @p n URIs and @p n backends (borrowed), in
- * @p role's mode, with one overall deadline of @p timeout_ms (< 0: none).
- * Connects in array order; on any failure the ones already made are freed
- * and the error is returned (nothing written to @p out_array). On success
- * @p out_array[i] is the client for @p uris[i]; free each with gf_gms_free().
- * Blocks. Errors: as gf_gms_connect(), GF_ERR_INVALID_ARG for a bad role.
- */
-GF_EXPORT int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris,
-				   gf_mem *const *mems, int role, int64_t timeout_ms);
 
 /**
  * Round trip to the GMS at @p uri (handshake + status) within @p timeout_ms.
