@@ -5,8 +5,8 @@
  * and the lock FSM (fsm.c). Clients wait in the server with their own
  * timeout; every state change marks the waiters for re-evaluation, which
  * the core's settle step runs in FIFO order.
- * Its weight fence at work is server_fence.c, its status and metrics
- * server_status.c, what its residency tiers ask of it server_tiers.c.
+ * Its status and metrics are server_status.c, what its residency tiers ask
+ * of it server_tiers.c; what all of them stand on, server_core.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,208 +25,8 @@
 #include "metablob.h"
 #include "server_int.h"
 
-static void client_close(gf_gmsd *d, struct client *c, const char *why);
 static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta, bool blob);
-
-/* ---------------------------------------------------------------- events */
-
-void gmsd_event(gf_gmsd *d, const char *fmt, ...)
-{
-	struct gevent *e = &d->events[d->ev_next];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->what, sizeof(e->what), fmt, ap);
-	va_end(ap);
-	e->at_us = gf_wall_us();
-	d->ev_next = (d->ev_next + 1) % GMSD_EVENTS;
-	if (d->ev_count < GMSD_EVENTS)
-		d->ev_count++;
-	gf_log(GF_LOG_INFO, "gms", "%s", e->what);
-}
-
-/* ---------------------------------------------------------------- writer progress */
-
-/* The writer did something (or came, or left): waiters by progress wait on from now. */
-void gmsd_writer_progress(gf_gmsd *d)
-{
-	d->wmark_us = gf_now_us();
-	d->wmark_wall_us = gf_wall_us();
-}
-
-static void writer_granted(gf_gmsd *d)
-{
-	gmsd_writer_progress(d);
-	d->w_granted_wall_us = d->wmark_wall_us;
-	d->w_done = d->w_total = 0;
-	d->w_reports = 0;
-}
-
-/* The writer holding RW, or NULL. */
-
-/* ---------------------------------------------------------------- metadata table */
-
-static uint64_t key_hash(const char *k)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a: short keys, no need for more */
-	for (; *k; k++)
-		h = (h ^ (uint8_t)*k) * 1099511628211ull;
-	return h;
-}
-
-/* Enter every metadata entry into the index, which has room (at most half full). */
-void gmsd_index_fill(gf_gmsd *d)
-{
-	memset(d->index, 0, d->index_cap * sizeof(*d->index));
-	for (size_t i = 0; i < d->nmeta; i++) {
-		size_t p = key_hash(d->meta[i].key) & (d->index_cap - 1);
-		while (d->index[p])
-			p = (p + 1) & (d->index_cap - 1);
-		d->index[p] = (uint32_t)(i + 1);
-	}
-}
-
-int gmsd_index_rebuild(gf_gmsd *d, size_t cap)
-{
-	uint32_t *idx = calloc(cap, sizeof(*idx));
-	if (!idx)
-		return gf_err(GF_ERR_NOMEM, "metadata index: out of memory");
-	free(d->index);
-	d->index = idx;
-	d->index_cap = cap;
-	gmsd_index_fill(d);
-	return 0;
-}
-
-static struct gmeta *meta_find(gf_gmsd *d, const char *key)
-{
-	if (!d->index_cap)
-		return NULL;
-	size_t p = key_hash(key) & (d->index_cap - 1);
-	while (d->index[p]) {
-		struct gmeta *m = &d->meta[d->index[p] - 1];
-		if (!strcmp(m->key, key))
-			return m;
-		p = (p + 1) & (d->index_cap - 1);
-	}
-	return NULL;
-}
-
-static struct galloc *alloc_find(gf_gmsd *d, uint64_t id)
-{
-	/* ids are 1..n in allocation order within one layout */
-	if (id == 0 || id > d->nallocs || d->allocs[id - 1].id != id)
-		return NULL;
-	return &d->allocs[id - 1];
-}
-
-/* ---------------------------------------------------------------- memory a released sleeper still pins */
-
-/* Whether the dropped layouts' holders can be seen exactly: where allocations are files, /proc names them. */
-bool gmsd_pins_exact(const gf_gmsd *d)
-{
-	return gf_mem_caps(d->mem) & GF_MEM_CAP_FILES;
-}
-
-/* The pin watcher's view of allocation @i of the layout being dropped (gms_pins_fd_fn). */
-static int pins_fd_at(void *ctx, size_t i, int *fd, bool *owned, uint64_t *size)
-{
-	gf_gmsd *d = ctx;
-	*size = d->allocs[i].size;
-	return gf_mem_export_borrowed(d->allocs[i].a, fd, owned);
-}
-
-static void pins_event(void *ctx, const char *text)
-{
-	gmsd_event(ctx, "%s", text);
-}
-
-/* Free the layout. @reason ("new_load", "demotion", "abort", NULL at exit) names the drop in the pins it leaves. */
-void gmsd_drop_layout(gf_gmsd *d, const char *reason)
-{
-	d->drops++;
-	/* Sleeping readers (and wakes that said they kept handles) hold this
-	 * layout's memory through their handles: closing their sessions is
-	 * what tells them to let go (docs/gms.md, "Sleep and wake"). One that
-	 * is stopped or hung does not: the GMS watches them (retire()). */
-	struct gms_pin_holder *held = NULL;
-	size_t nheld = 0;
-	for (struct client *c = d->srv ? gmsd_next_client(d, NULL) : NULL, *n; c; c = n) {
-		n = gmsd_next_client(d, c);
-		if (c->parked || (c->phase == C_WAIT && c->handles_kept)) {
-			gmsd_event(d, "event=sleeper_released peer=%s pid=%u reason=layout_dropped", c->peer, c->pid);
-			gms_pins_note(&held, &nheld, gmsd_pins_exact(d), c->pid, c->peer);
-			client_close(d, c, "layout dropped: a sleeping reader lets go of its handles");
-		}
-	}
-	if (nheld && reason) {
-		struct gms_pins_layout l = { .generation = d->generation, .reason = reason, .exact = gmsd_pins_exact(d),
-					     .bytes = d->alloc_bytes, .nallocs = d->nallocs, .fd_at = pins_fd_at, .ctx = d };
-		gms_pins_retire(&d->pins, &l, held, nheld);
-	}
-	else
-		free(held);
-	for (size_t i = 0; i < d->nallocs; i++)
-		gf_mem_alloc_free(d->allocs[i].a); /* importers keep the memory alive (driver refcount) */
-	for (size_t i = 0; i < d->nmeta; i++) {
-		free(d->meta[i].key);
-		free(d->meta[i].value);
-	}
-	gf_close(d->mblob_fd);
-	d->mblob_fd = -1;
-	d->nallocs = 0;
-	d->nmeta = 0;
-	d->alloc_bytes = 0;
-	d->next_alloc_id = 1;
-	if (d->index)
-		memset(d->index, 0, d->index_cap * sizeof(*d->index));
-	memset(d->hash, 0, sizeof(d->hash));
-}
-
-/* ---------------------------------------------------------------- replies */
-
-struct client *gmsd_writer_client(gf_gmsd *d)
-{
-	for (struct client *c = gmsd_next_client(d, NULL); c; c = gmsd_next_client(d, c))
-		if (c->phase == C_WRITER || c->phase == C_ALLOC_WAIT)
-			return c;
-	return NULL;
-}
-
-/* Open peers that finished the handshake, in no particular order: first with NULL. */
-struct client *gmsd_next_client(gf_gmsd *d, struct client *prev)
-{
-	struct gf_srv_peer *p = prev ? prev->p : NULL;
-	while ((p = gf_srv_next_peer(d->srv, p)))
-		if (p->ready)
-			return p->data;
-	return NULL;
-}
-
-static void client_close(gf_gmsd *d, struct client *c, const char *why)
-{
-	gf_srv_close(d->srv, c->p, why);
-}
-
-/* Send d->out; a peer that does not take it within the core's send deadline is closed. */
-int gmsd_send_msg(gf_gmsd *d, struct client *c, const int *fds, size_t nfds)
-{
-	return gf_srv_send(d->srv, c->p, d->out, fds, nfds);
-}
-
-int gmsd_reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
-{
-	char detail[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(detail, sizeof(detail), fmt, ap);
-	va_end(ap);
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = seq;
-	gf_msg_set_error(d->out, code, detail);
-	gf_log(GF_LOG_DEBUG, "gms", "error to peer=%s code=%s detail=\"%s\"", c->peer, gf_error_name(code),
-	       detail);
-	return gmsd_send_msg(d, c, NULL, 0);
-}
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
 
 static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 {
@@ -258,16 +58,182 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 	return false;
 }
 
+/*
+ * A GMS fenced by a lock drops its committed layout only for the lock's
+ * current holder, proven by the fence proof of its grant (gf_lock_grant_proof()):
+ * the epoch alone is public. The lock server is asked each time (a drop is
+ * rare: a new load replacing the weights), so a refusal is based on the
+ * grant as it is now, revocations included. The query runs on a thread of
+ * the lock client and its end is an fd in this loop: the other peers are
+ * served meanwhile, and the writer waits in its queue position.
+ */
+static void fence_cancel(gf_gmsd *d, struct client *c)
+{
+	if (!c->fence_q)
+		return;
+	gf_srv_watch_del(d->srv, gf_lock_query_get_fd(c->fence_q));
+	gf_lock_query_free(c->fence_q);
+	c->fence_q = NULL;
+}
+
+static void fence_refuse(gf_gmsd *d, struct client *c, uint64_t current)
+{
+	d->fence_refusals++;
+	gmsd_event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
+	      (unsigned long long)c->lock_epoch, (unsigned long long)current);
+	c->phase = C_IDLE;
+	/* A leaving RW waiter may unblock readers (writer priority). */
+	d->changed = true;
+}
+
+/*
+ * The fence holds at commit too: a writer that came with a lock grant
+ * commits only while that grant is still the lock's current one, so a writer
+ * revoked mid-load cannot publish its layout. Refused, its load is abandoned
+ * as if it had left (the layout dropped), and its session stays.
+ */
+static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_lock_holder *h)
+{
+	if (rc == 0 && h->epoch == c->lock_epoch && h->proof_valid) {
+		do_commit(d, c, c->commit_seq);
+		return;
+	}
+	if (rc < 0)
+		gmsd_reply_error(d, c, c->commit_seq, GF_ERR_UNREACHABLE, "commit: the lock server (%s) did not confirm the "
+			    "writer's grant: %s; the load is abandoned", d->lock_uri, gf_error_detail());
+	else
+		gmsd_reply_error(d, c, c->commit_seq, GF_ERR_PERMISSION, "commit: the writer's lock grant (epoch %llu%s) is "
+			    "not the lock's current one (epoch %llu); the load is abandoned",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : ", without a proof",
+			    (unsigned long long)h->epoch);
+	d->fence_refusals++;
+	gmsd_event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
+	      (unsigned long long)c->lock_epoch, rc == 0 ? (unsigned long long)h->epoch : 0ull, d->nallocs);
+	gms_fsm_writer_left(&d->fsm);
+	gmsd_drop_layout(d, "abort");
+	c->phase = C_IDLE;
+	gmsd_writer_progress(d); /* no writer from now on */
+	d->changed = true;
+}
+
+static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
+{
+	gf_gmsd *d = ctx;
+	struct client *c = (struct client *)((char *)w - offsetof(struct client, fence_w));
+	struct gf_lock_holder h;
+	int rc = gf_lock_query_result(c->fence_q, &h);
+	if (rc == GF_ERR_AGAIN)
+		return;
+	fence_cancel(d, c);
+	bool yes = rc == 0 && c->lock_epoch != 0 && h.epoch == c->lock_epoch && h.proof_valid;
+	enum gms_fence was = c->fence;
+	c->fence = gms_fence_next(was, yes ? GMS_FENCE_YES : GMS_FENCE_NO);
+	if (c->phase == C_WRITER && was == GMS_FENCE_COMMITTING) {
+		commit_fenced(d, c, rc, &h);
+		return;
+	}
+	if (c->phase != C_WAIT)
+		return;
+	if (rc < 0) {
+		gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
+			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
+		fence_refuse(d, c, 0);
+	} else if (c->lock_epoch == 0 || h.epoch != c->lock_epoch || !h.proof_valid) {
+		gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may, with its grant's proof (connect epoch %llu%s, lock epoch %llu%s)",
+			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : " without a proof",
+			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
+		fence_refuse(d, c, h.epoch);
+	} else {
+		/* An admission lets it wait ahead of readers; the grant is asked again. */
+		d->changed = true;
+	}
+}
+
+/* Ask the lock server whether @c's grant is the current one (@why: which ask); on_fence_answer() gets the answer. */
+static int fence_ask(gf_gmsd *d, struct client *c, enum gms_fence_event why)
+{
+	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
+				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
+	if (rc < 0)
+		return rc;
+	c->fence_w.fn = on_fence_answer;
+	rc = gf_srv_watch_add(d->srv, gf_lock_query_get_fd(c->fence_q), &c->fence_w);
+	if (rc < 0) {
+		gf_lock_query_free(c->fence_q);
+		c->fence_q = NULL;
+		return rc;
+	}
+	c->fence = gms_fence_next(c->fence, why);
+	return 0;
+}
+
+/* 1: @c may drop the layout now; 0: the lock server is being asked (or
+ * refused @c: its phase is then C_IDLE and the reply sent). */
+static int fence_step(gf_gmsd *d, struct client *c)
+{
+	if (gms_fence_passed(c->fence))
+		return 1;
+	if (gms_fence_asking(c->fence))
+		return 0;
+	if (c->lock_epoch == 0) {
+		gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+			    "holder may (the connect carried no lock grant)");
+		fence_refuse(d, c, 0);
+		return 0;
+	}
+	int rc = fence_ask(d, c, GMS_FENCE_ASK_GRANT);
+	if (rc < 0) {
+		gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+			    "server could not be asked: %s", gf_error_detail());
+		fence_refuse(d, c, 0);
+	}
+	return 0;
+}
+
+/*
+ * A fenced GMS with a committed layout: a waiting RW would drop it, and an
+ * RW waiting ahead of readers holds every new one back. So each is checked
+ * when it arrives, or when the load it waited on commits, not only at its
+ * grant: without a grant it is refused at once; with one, the lock server
+ * is asked (off the loop) and only an admitted RW holds readers back
+ * (other_rw_waiting()). The fence runs again at the grant.
+ */
+static void fence_waiting_writers(gf_gmsd *d)
+{
+	if (!d->lock_uri || !gms_fsm_rw_would_drop(&d->fsm))
+		return;
+	/* A refusal may close its peer (a failed send): walk afresh after each one. */
+	for (;;) {
+		struct client *c = gmsd_next_client(d, NULL);
+		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence != GMS_FENCE_NONE))
+			c = gmsd_next_client(d, c);
+		if (!c)
+			return;
+		if (c->lock_epoch == 0) {
+			gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's "
+				    "current holder may (the connect carried no lock grant)");
+			fence_refuse(d, c, 0);
+			continue;
+		}
+		if (fence_ask(d, c, GMS_FENCE_ASK_ADMISSION) < 0) {
+			gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+				    "server could not be asked: %s", gf_error_detail());
+			fence_refuse(d, c, 0);
+		}
+	}
+}
+
 /* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
 static int try_grant(gf_gmsd *d, struct client *c)
 {
 	enum gms_decision dec = gms_fsm_decide(&d->fsm, c->mode, other_rw_waiting(d, c));
 	if (dec == GMS_WAIT || dec == GMS_INVALID)
 		return 0;
-	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !gmsd_fence_step(d, c))
+	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !fence_step(d, c))
 		return c->phase == C_WAIT ? 0 : -1;
 	/* An ask still in flight (the layout went meanwhile) no longer matters. */
-	gmsd_fence_cancel(d, c);
+	fence_cancel(d, c);
 	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	if (dec == GMS_GRANT_RW_DROP) {
 		gmsd_event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
@@ -279,7 +245,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
 	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
 	if (granted == GMS_MODE_RW)
-		writer_granted(d);
+		gmsd_writer_granted(d);
 	gf_msg_start(d->out, gf_Msg_gms_connected_tag);
 	d->out->seq = c->seq;
 	fill_connected(d, &d->out->body.gms_connected, granted);
@@ -306,7 +272,7 @@ static int try_grant(gf_gmsd *d, struct client *c)
 static void reevaluate(gf_gmsd *d)
 {
 	d->changed = false;
-	gmsd_fence_waiting_writers(d);
+	fence_waiting_writers(d);
 	for (;;) {
 		struct client *best = NULL;
 		bool progressed = false;
@@ -352,7 +318,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		c->lock_proof.epoch = r->lock_epoch;
 		memcpy(c->lock_proof.token, r->lock_proof.bytes, GF_LOCK_PROOF_LEN);
 	}
-	gmsd_fence_cancel(d, c);
+	fence_cancel(d, c);
 	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
@@ -373,7 +339,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	int g = try_grant(d, c);
 	if (g != 0)
 		return;
-	gmsd_fence_waiting_writers(d);
+	fence_waiting_writers(d);
 	if (c->phase != C_WAIT)
 		return;
 	if (r->timeout_ms == 0) {
@@ -483,7 +449,7 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata: empty key");
 		return;
 	}
-	struct galloc *a = alloc_find(d, r->allocation_id);
+	struct galloc *a = gmsd_alloc_find(d, r->allocation_id);
 	if (!a) {
 		gmsd_reply_error(d, c, m->seq, GF_ERR_NOT_FOUND, "metadata %s: unknown allocation id %llu", r->key,
 			    (unsigned long long)r->allocation_id);
@@ -496,7 +462,7 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 			    (unsigned long long)a->size);
 		return;
 	}
-	if (meta_find(d, r->key)) {
+	if (gmsd_meta_find(d, r->key)) {
 		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata key %s already exists", r->key);
 		return;
 	}
@@ -533,7 +499,7 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	e->value_len = r->value.size;
 	e->alloc_id = r->allocation_id;
 	e->offset = r->offset;
-	size_t p = key_hash(e->key) & (d->index_cap - 1);
+	size_t p = gmsd_key_hash(e->key) & (d->index_cap - 1);
 	while (d->index[p])
 		p = (p + 1) & (d->index_cap - 1);
 	d->index[p] = (uint32_t)(d->nmeta + 1);
@@ -612,18 +578,18 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (d->lock_uri && c->lock_epoch) {
 		/* Checked off the loop like the drop (fence_step()); the answer commits or refuses. */
 		c->commit_seq = m->seq;
-		int rc = gmsd_fence_ask(d, c, GMS_FENCE_ASK_COMMIT);
+		int rc = fence_ask(d, c, GMS_FENCE_ASK_COMMIT);
 		if (rc < 0)
-			gmsd_commit_fenced(d, c, rc, NULL);
+			commit_fenced(d, c, rc, NULL);
 		return;
 	}
-	gmsd_do_commit(d, c, m->seq);
+	do_commit(d, c, m->seq);
 }
 
-void gmsd_do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 {
 	for (size_t i = 0; i < d->nmeta; i++) {
-		struct galloc *a = alloc_find(d, d->meta[i].alloc_id);
+		struct galloc *a = gmsd_alloc_find(d, d->meta[i].alloc_id);
 		if (!a || d->meta[i].offset >= a->size) {
 			gmsd_reply_error(d, c, seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
 				    d->meta[i].key);
@@ -767,7 +733,7 @@ static void list_pump(gf_gmsd *d, struct client *c)
 			close_owned(fds, owned, nfds);
 			/* The reply is already under way: the client cannot resynchronise. */
 			gmsd_reply_error(d, c, c->seq, rc, "list: %s", gf_error_detail());
-			client_close(d, c, "list chunk failed");
+			gmsd_client_close(d, c, "list chunk failed");
 			return;
 		}
 		rc = gf_srv_send_raw(d->srv, c->p, d->lc_buf, len, fds, nfds);
@@ -837,7 +803,7 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->tier_wait || c->settling) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
-		client_close(d, c, "request while waiting");
+		gmsd_client_close(d, c, "request while waiting");
 		return false;
 	}
 	switch (m->which_body) {
@@ -876,7 +842,7 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		break;
 	default:
 		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
-		client_close(d, c, "unexpected message");
+		gmsd_client_close(d, c, "unexpected message");
 		return false;
 	}
 	return true;
@@ -900,7 +866,7 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	struct client *c = p->data;
 	if (!c->p)
 		return; /* never finished its handshake */
-	gmsd_fence_cancel(d, c);
+	fence_cancel(d, c);
 	switch (c->phase) {
 	case C_WRITER:
 	case C_ALLOC_WAIT:
@@ -1061,7 +1027,7 @@ int gf_gmsd_new(gf_gmsd **out)
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
 	d->mblob_fd = -1;
-	d->pins = (struct gms_pins){ .event = pins_event, .ctx = d };
+	d->pins = (struct gms_pins){ .event = gmsd_pins_event, .ctx = d };
 	static const struct gf_srv_handlers h = {
 		.on_ready = on_ready,
 		.on_message = on_message,
@@ -1240,7 +1206,7 @@ void gf_gmsd_free(gf_gmsd *d)
 		return;
 	tiers_residency_free(d->res); /* waits for a running snapshot job */
 	for (struct client *c = d->srv ? gmsd_next_client(d, NULL) : NULL; c; c = gmsd_next_client(d, c))
-		gmsd_fence_cancel(d, c);
+		fence_cancel(d, c);
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	gmsd_drop_layout(d, NULL);

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The GMS server's own state, shared by its files: server.c (sessions, the
- * lock FSM's waiters, allocations, metadata, commit, lists, timers),
- * server_fence.c (the weight fence's asks of the lock server),
- * server_status.c (status and metrics) and server_tiers.c (what the
- * residency tiers ask of it, and the tier requests).
+ * The GMS server's own state, shared by its files: server.c (requests, the
+ * lock FSM's waiters, the weight fence's asks, allocations, metadata,
+ * commit, lists, timers) over server_status.c (status and metrics) and
+ * server_tiers.c (what the residency tiers ask of it, and the tier
+ * requests), all over server_core.c (events, the metadata index, the
+ * layout's drop, replies).
  */
 #ifndef GF_GMS_SERVER_INT_H
 #define GF_GMS_SERVER_INT_H
@@ -161,30 +162,28 @@ struct gf_gmsd {
 	struct gms_pins pins;
 };
 
-/* server.c: the event ring, the writer's progress, the metadata index, the layout, replies, commit. */
+/* server_core.c: the event ring, the writer's progress, the metadata index, the layout's drop, replies. */
 void gmsd_event(gf_gmsd *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gmsd_writer_progress(gf_gmsd *d);
+void gmsd_writer_granted(gf_gmsd *d);
+uint64_t gmsd_key_hash(const char *k);
 void gmsd_index_fill(gf_gmsd *d);
 int gmsd_index_rebuild(gf_gmsd *d, size_t cap);
+struct gmeta *gmsd_meta_find(gf_gmsd *d, const char *key);
+struct galloc *gmsd_alloc_find(gf_gmsd *d, uint64_t id);
 /* Whether the holders of a dropped layout are seen exactly (allocations are files). */
 bool gmsd_pins_exact(const gf_gmsd *d);
+/* The pin watcher's event hook (struct gms_pins.event). */
+void gmsd_pins_event(void *ctx, const char *text);
 /* Free the layout; @reason names the drop in the pins it leaves (NULL at exit). */
 void gmsd_drop_layout(gf_gmsd *d, const char *reason);
 struct client *gmsd_writer_client(gf_gmsd *d);
 /* The connections in order (NULL: the first). */
 struct client *gmsd_next_client(gf_gmsd *d, struct client *prev);
+void gmsd_client_close(gf_gmsd *d, struct client *c, const char *why);
 int gmsd_send_msg(gf_gmsd *d, struct client *c, const int *fds, size_t nfds);
 int gmsd_reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
-void gmsd_do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
-
-/* server_fence.c: the weight fence's asks of the lock server. */
-void gmsd_fence_cancel(gf_gmsd *d, struct client *c);
-void gmsd_commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_lock_holder *h);
-int gmsd_fence_ask(gf_gmsd *d, struct client *c, enum gms_fence_event why);
-/* 1: @c may drop the layout now; 0: the lock server is being asked (or refused @c). */
-int gmsd_fence_step(gf_gmsd *d, struct client *c);
-void gmsd_fence_waiting_writers(gf_gmsd *d);
 
 /* server_status.c */
 void gmsd_handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m);

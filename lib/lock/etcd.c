@@ -83,22 +83,6 @@ static int b64dec(const char *in, char *out, size_t cap)
 	return (int)len;
 }
 
-/* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
-int64_t etcd_jint(const json_t *o, const char *k)
-{
-	json_t *v = json_object_get(o, k);
-	if (json_is_integer(v))
-		return json_integer_value(v);
-	if (json_is_string(v)) {
-		char *end;
-		errno = 0;
-		long long x = strtoll(json_string_value(v), &end, 10);
-		if (!errno && *end == 0)
-			return x;
-	}
-	return -1;
-}
-
 static json_t *jkey(const char *k)
 {
 	char *b = b64enc(k, strlen(k));

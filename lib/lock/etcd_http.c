@@ -18,6 +18,22 @@
 
 #include "etcd_int.h"
 
+/* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
+int64_t etcd_jint(const json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+	if (json_is_integer(v))
+		return json_integer_value(v);
+	if (json_is_string(v)) {
+		char *end;
+		errno = 0;
+		long long x = strtoll(json_string_value(v), &end, 10);
+		if (!errno && *end == 0)
+			return x;
+	}
+	return -1;
+}
+
 /* What one request to one member came to. */
 enum { HR_OK, HR_NEXT, HR_AUTH, HR_FAIL };
 

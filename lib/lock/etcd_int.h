@@ -73,10 +73,9 @@ struct gf_etcd {
 	bool forked;
 };
 
-/* etcd.c: an integer field of a gateway answer (int64 comes as a JSON string; numbers too). -1 when absent. */
+/* etcd_http.c: an integer field of an answer (int64 comes as a JSON string; numbers too). -1 when absent. */
 int64_t etcd_jint(const json_t *o, const char *k);
-
-/* etcd_http.c: one curl handle per thread of the lock, and a request to the members. */
+/* One curl handle per thread of the lock, and a request to the members. */
 int etcd_hconn_init(struct hconn *c);
 void etcd_hconn_free(struct hconn *c);
 int *etcd_list_fds(size_t *n);

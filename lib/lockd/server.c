@@ -9,8 +9,8 @@
  * has not exited yet (exit wait), a reconnect window after a restart, and a
  * state file that could not be written. Closes only record what changed;
  * the core's settle step grants.
- * Its standby pool is server_pool.c, its admin requests server_admin.c,
- * what it reports (status, readiness, metrics) server_report.c.
+ * Its connections' replies and FIFO are server_conn.c, its standby pool
+ * server_pool.c, what it reports (status, readiness, metrics) server_report.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,13 +27,6 @@
 #include <openssl/crypto.h>
 
 #include "server_int.h"
-
-/* TCP peers proved the shared secret in the handshake; on unix sockets only
- * root and the server's own uid are admins, not every allowed engine. */
-bool lockd_is_admin(const struct gf_srv_peer *p)
-{
-	return p->tcp || p->uid == 0 || p->uid == (uint32_t)geteuid();
-}
 
 static void flush_release_log(gf_lockd *d);
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds);
@@ -408,35 +401,6 @@ static int64_t next_deadline(void *ctx)
 }
 
 /* ---- connections ---- */
-
-int lockd_reply(gf_lockd *d, struct conn *c, gf_Msg *m)
-{
-	return gf_srv_send(d->srv, c->peer, m, NULL, 0);
-}
-
-/* Send an error; the connection stays unless @close_after. Returns -1 if @c was closed. */
-int lockd_reply_error(gf_lockd *d, struct conn *c, int code, const char *detail, bool close_after)
-{
-	gf_srv_send_error(d->srv, c->peer, c->seq, code, detail, close_after);
-	return c->peer->fd < 0 ? -1 : 0;
-}
-
-void lockd_waiter_unlink(gf_lockd *d, struct conn *c)
-{
-	if (c->role != R_WAITER)
-		return;
-	if (c->wprev)
-		c->wprev->wnext = c->wnext;
-	else
-		d->whead = c->wnext;
-	if (c->wnext)
-		c->wnext->wprev = c->wprev;
-	else
-		d->wtail = c->wprev;
-	c->wprev = c->wnext = NULL;
-	c->role = R_NONE;
-	d->nwaiters--;
-}
 
 static bool pidfd_exited(int pidfd)
 {
@@ -1062,6 +1026,126 @@ static void handle_add_pids(gf_lockd *d, struct conn *c, int *fds, size_t nfds)
 	}
 }
 
+/*
+ * An admin drops the grant of @epoch: the holder will not die (uninterruptible
+ * sleep keeps its process and socket) or its socket outlived it. Naming the
+ * epoch makes a late or repeated request harmless: it revokes nothing once
+ * the next waiter holds the lock.
+ */
+static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
+		return;
+	}
+	if (d->holder && d->epoch == epoch) {
+		struct conn *h = d->holder;
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked\" id=%s epoch=%llu pid=%u by=%s", h->peer->id,
+		       (unsigned long long)epoch, h->peer->pid, p->id);
+		/* No exit wait: the process is presumed unkillable, which is why
+		 * it is revoked. Closing its connection makes any later request
+		 * of it fail, and its reclaim is refused (new token, no window). */
+		/* Hung up now, before the next grant goes out (the socket itself
+		 * is closed after it): a revoked holder that resumes sees the
+		 * hang-up before it accepts from a carried listener again. */
+		shutdown(h->peer->fd, SHUT_RDWR);
+		lockd_holder_gone(d, h, "revoked", WAIT_NONE);
+		gf_srv_close(d->srv, h->peer, "revoked");
+	} else if (!d->holder && d->exit_left > 0 && d->epoch == epoch) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
+		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
+		lockd_end_exit_wait(d, "revoked during the exit wait");
+	} else {
+		snprintf(det, sizeof(det), "revoke: epoch %llu is not the current grant (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, d->msg);
+}
+
+/*
+ * Planned switchover: the holder is asked to step down (stop accepting,
+ * drain, release); the lock's FIFO then grants the first waiter as usual.
+ * Without a waiter nobody would serve afterwards, so that is refused.
+ */
+static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
+		return;
+	}
+	if (!d->holder || (epoch && epoch != d->epoch)) {
+		snprintf(det, sizeof(det), "switchover: epoch %llu does not hold the lock (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	if (!d->whead) {
+		lockd_reply_error(d, c, GF_ERR_STATE, "switchover: no standby is waiting for the lock", false);
+		return;
+	}
+	struct conn *h = d->holder;
+	gf_Msg *m = d->msg;
+	memset(m, 0, sizeof(*m));
+	m->which_body = gf_Msg_lock_step_down_tag;
+	m->body.lock_step_down.epoch = d->epoch;
+	if (lockd_reply(d, h, m) < 0) {
+		lockd_reply_error(d, c, GF_ERR_UNREACHABLE, "switchover: the holder's connection failed", false);
+		return;
+	}
+	d->step_down_epoch = d->epoch;
+	gf_log(GF_LOG_INFO, "lock", "msg=\"switchover: holder asked to step down\" id=%s epoch=%llu next=%s by=%s",
+	       h->peer->id, (unsigned long long)d->epoch, d->whead->peer->id, p->id);
+	memset(m, 0, sizeof(*m));
+	m->seq = c->seq;
+	m->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, m);
+}
+
+/*
+ * An admin evicts one named standby, as the budget would: its acquire ends
+ * with GF_ERR_EVICTED. Only waiters: the holder is revoked, not evicted.
+ */
+static void handle_evict(gf_lockd *d, struct conn *c, const char *id)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[300];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"evict refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "evict: only root or the server's own uid may evict", false);
+		return;
+	}
+	struct conn *v = d->whead;
+	while (v && strcmp(v->peer->id, id))
+		v = v->wnext;
+	if (!v) {
+		snprintf(det, sizeof(det), "evict: no standby \"%.127s\" is waiting%s", id,
+			 d->holder && !strcmp(d->holder->peer->id, id) ? " (it holds the lock: revoke it instead)" : "");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	gf_log(GF_LOG_WARN, "lock", "msg=\"evicted\" id=%s pid=%u by=%s reason=\"evicted by an admin\"", v->peer->id,
+	       v->peer->pid, p->id);
+	d->evicted++;
+	lockd_waiter_unlink(d, v);
+	snprintf(det, sizeof(det), "evicted from the standby pool by an admin (%.127s)", p->id);
+	lockd_reply_error(d, v, GF_ERR_EVICTED, det, true);
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, d->msg);
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -1126,10 +1210,10 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		return;
 	}
 	case gf_Msg_lock_revoke_tag:
-		lockd_handle_revoke(d, c, m->body.lock_revoke.epoch);
+		handle_revoke(d, c, m->body.lock_revoke.epoch);
 		return;
 	case gf_Msg_lock_switchover_tag:
-		lockd_handle_switchover(d, c, m->body.lock_switchover.epoch);
+		handle_switchover(d, c, m->body.lock_switchover.epoch);
 		return;
 	case gf_Msg_lock_serving_tag:
 		/* No answer: a late report of an earlier grant is simply ignored. */
@@ -1140,7 +1224,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		}
 		return;
 	case gf_Msg_lock_evict_tag:
-		lockd_handle_evict(d, c, m->body.lock_evict.engine_id);
+		handle_evict(d, c, m->body.lock_evict.engine_id);
 		return;
 	case gf_Msg_heartbeat_tag:
 		if (!heartbeat_ok(d, c)) {

@@ -2,8 +2,8 @@
 /*
  * The lock server's own state, shared by its files: server.c (the lock:
  * grants, releases, exit waits, the state file, connections, timers),
- * server_pool.c (the standby pool's bookkeeping around pool.c's rule),
- * server_admin.c (revoke, switchover, evict) and server_report.c (status,
+ * server_conn.c (replies, the FIFO of waiters), server_pool.c (the standby
+ * pool's bookkeeping around pool.c's rule) and server_report.c (status,
  * readiness, metrics).
  */
 #ifndef GF_LOCKD_SERVER_INT_H
@@ -168,20 +168,19 @@ struct pool_gpu {
 	bool active;
 };
 
-/* server.c: replies, the FIFO of waiters, a holder's end, the status. */
+/* server_conn.c */
 /* TCP peers and, on unix sockets, root and the server's own uid. */
 bool lockd_is_admin(const struct gf_srv_peer *p);
 int lockd_reply(gf_lockd *d, struct conn *c, gf_Msg *m);
+/* Send an error; the connection stays unless @close_after. Returns -1 if @c was closed. */
 int lockd_reply_error(gf_lockd *d, struct conn *c, int code, const char *detail, bool close_after);
+/* Take @c out of the FIFO of waiters (if it is in it). */
 void lockd_waiter_unlink(gf_lockd *d, struct conn *c);
+
+/* server.c: a holder's end, the status. */
 void lockd_end_exit_wait(gf_lockd *d, const char *why);
 void lockd_holder_gone(gf_lockd *d, struct conn *c, const char *why, enum exit_wait_mode mode);
 void lockd_fill_status(gf_lockd *d, gf_LockStatus *s);
-
-/* server_admin.c */
-void lockd_handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch);
-void lockd_handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch);
-void lockd_handle_evict(gf_lockd *d, struct conn *c, const char *id);
 
 /* server_pool.c */
 void lockd_pool_active_now(gf_lockd *d, struct conn *c);

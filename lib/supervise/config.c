@@ -18,15 +18,6 @@
 #include "policy.h"
 #include "supervisor_int.h"
 
-void gf_sv_free_strv(char **v)
-{
-	if (!v)
-		return;
-	for (char **p = v; *p; p++)
-		free(*p);
-	free(v);
-}
-
 /* ---- configuration ---------------------------------------------------- */
 
 static int cfg_err(const char *where, const char *fmt, const char *arg)

@@ -29,6 +29,15 @@
 #include "policy.h"
 #include "supervisor_int.h"
 
+void gf_sv_free_strv(char **v)
+{
+	if (!v)
+		return;
+	for (char **p = v; *p; p++)
+		free(*p);
+	free(v);
+}
+
 int gf_supervisor_new(gf_supervisor **out)
 {
 	if (!out)
