@@ -107,8 +107,10 @@ static int teardown(void **state)
 static int load_as(struct world *w, const struct gf_lock_proof *proof, bool token, uint8_t byte)
 {
 	gf_gms *g;
-	int rc = token ? gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &(struct gf_gms_connect_opts){ .proof = proof })
-		       : gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &(struct gf_gms_connect_opts){ .lock_epoch = proof ? proof->epoch : 0 });
+	/* Without the token only the epoch goes: a fenced GMS refuses a drop on it. */
+	const struct gf_gms_connect_opts o = token ? (struct gf_gms_connect_opts){ .proof = proof }
+						   : (struct gf_gms_connect_opts){ .lock_epoch = proof ? proof->epoch : 0 };
+	int rc = gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &o);
 	if (rc < 0)
 		return rc;
 	uint64_t id;
@@ -241,7 +243,7 @@ static void *stray_writer(void *arg)
 {
 	struct stray *s = arg;
 	gf_gms *g;
-	s->rc = gf_gms_connect(&g, s->w->gms.uri, s->w->mem, GF_GMS_RW, 20000, &(struct gf_gms_connect_opts){ .lock_epoch = 0 });
+	s->rc = gf_gms_connect(&g, s->w->gms.uri, s->w->mem, GF_GMS_RW, 20000, NULL);
 	if (s->rc == 0)
 		gf_gms_free(g);
 	return NULL;
@@ -274,7 +276,8 @@ static void test_stray_writer_never_holds_back_readers(void **state)
 	/* The holder reloads; a stray writer queues meanwhile (nothing committed to drop yet). */
 	gf_gms *writer;
 	struct gf_lock_proof pa = proof_of(&ga);
-	assert_int_equal(gf_gms_connect(&writer, w->gms.uri, w->mem, GF_GMS_RW, 2000, &(struct gf_gms_connect_opts){ .proof = &pa }), 0);
+	const struct gf_gms_connect_opts o = { .proof = &pa };
+	assert_int_equal(gf_gms_connect(&writer, w->gms.uri, w->mem, GF_GMS_RW, 2000, &o), 0);
 	pthread_t th;
 	assert_int_equal(pthread_create(&th, NULL, stray_writer, &s), 0);
 	while (!json_has(w->gms.uri, "\"waiters\":1"))
@@ -319,7 +322,8 @@ static void test_revoked_writer_cannot_commit(void **state)
 	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
 	struct gf_lock_proof pa = proof_of(&ga);
 	gf_gms *g;
-	assert_int_equal(gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &(struct gf_gms_connect_opts){ .proof = &pa }), 0);
+	const struct gf_gms_connect_opts o = { .proof = &pa };
+	assert_int_equal(gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &o), 0);
 	uint64_t id;
 	assert_int_equal(gf_gms_allocate(g, 4096, "weights", &id), 0);
 	struct gf_gms_alloc_info ai;

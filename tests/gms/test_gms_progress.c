@@ -32,6 +32,9 @@
 #define STEP_US 50000     /* the writer's pace */
 #define LOAD_US 3000000   /* how long the slow writer loads: three times WAIT_MS */
 
+/* Waiting by progress, without a cancel fd. */
+static const struct gf_gms_connect_opts BY_PROGRESS = { .by_progress = 1 };
+
 static char *dir;
 static struct gt_server srv;
 static gf_mem *mem;
@@ -79,10 +82,8 @@ struct reader {
 static void *reader_main(void *arg)
 {
 	struct reader *r = arg;
-	if (r->by_progress)
-		r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, &(struct gf_gms_connect_opts){ .proof = NULL, .by_progress = 1, .cancel_fd = r->cancel_fd });
-	else
-		r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, NULL);
+	const struct gf_gms_connect_opts o = { .by_progress = 1, .cancel_fd = r->cancel_fd };
+	r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, r->by_progress ? &o : NULL);
 	snprintf(r->detail, sizeof(r->detail), "%s", r->rc < 0 ? gf_error_detail() : "");
 	atomic_store(&r->done, true);
 	return NULL;
@@ -196,7 +197,7 @@ static void test_no_writer_times_out(void **state)
 {
 	(void)state;
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &(struct gf_gms_connect_opts){ .proof = NULL, .by_progress = 1, .cancel_fd = -1 }), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &BY_PROGRESS), GF_ERR_TIMEOUT);
 	assert_null(g);
 	assert_non_null(strstr(gf_error_detail(), "no writer connected for 0.3 s"));
 	assert_true(status_has("reason=no_writer"));
@@ -223,7 +224,7 @@ static void test_stalled_writer_times_out(void **state)
 	OK(gf_gms_allocate(w, 64 * KiB, "weights", &id));
 	OK(gf_gms_report_progress(w, 1000, 5000));
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &(struct gf_gms_connect_opts){ .proof = NULL, .by_progress = 1, .cancel_fd = -1 }), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &BY_PROGRESS), GF_ERR_TIMEOUT);
 	assert_null(g);
 	const char *d = gf_error_detail();
 	assert_non_null(strstr(d, "writer connected but made no progress for 0.3 s"));
@@ -250,7 +251,7 @@ static void test_report_progress_rules(void **state)
 	OK(gf_gms_commit(w, &gen));
 	assert_int_equal(gf_gms_report_progress(w, 3, 0), GF_ERR_STATE);
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 0, &(struct gf_gms_connect_opts){ .proof = NULL, .by_progress = 1, .cancel_fd = -1 }));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 0, &BY_PROGRESS));
 	assert_int_equal(gf_gms_granted_mode(r), GF_GMS_RO);
 	assert_int_equal(gf_gms_report_progress(r, 3, 0), GF_ERR_STATE);
 	gf_gms_free(r);
