@@ -198,7 +198,7 @@ GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms
 /**
  * How long gf_engine_init_weights() waits for each GMS without progress (a
  * follower: for the loader's commit). The time counts only while no writer
- * makes progress in that GMS (gf_gms_connect_by_progress()): a loader that
+ * makes progress in that GMS (gf_gms_connect() by progress): a loader that
  * keeps allocating, putting metadata or reporting bytes written
  * (gf_gms_report_progress()) keeps the follower waiting however long the
  * load takes. It fails with GF_ERR_TIMEOUT, naming the GMS, once no writer

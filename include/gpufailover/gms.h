@@ -75,65 +75,74 @@ struct gf_gms_meta {
 /** Called once when the GMS connection is lost while connected (@p err GF_ERR_GMS_LOST). */
 typedef void (*gf_gms_lost_fn)(gf_gms *gms, int err, const char *detail, void *userdata);
 
+struct gf_lock_proof;
+
+/**
+ * What a connect carries besides its mode and timeout (gf_gms_connect()).
+ * Zero-initialise it and set what applies; NULL options are all zero.
+ */
+struct gf_gms_connect_opts {
+	/**
+	 * The fence proof of the caller's current lock grant
+	 * (gf_lock_grant_proof(); NULL: none; copied). A GMS tied to a lock
+	 * server (gf_gmsd_set_lock(), `gf-gmsd --lock`) grants an RW request
+	 * that would drop a committed layout only when the lock server
+	 * confirms that the proof is its current holder's; otherwise the
+	 * connect fails with GF_ERR_PERMISSION (or GF_ERR_UNREACHABLE when
+	 * the lock server does not answer).
+	 */
+	const struct gf_lock_proof *proof;
+	/**
+	 * Without @c proof: the caller's lock grant by its epoch alone
+	 * (gf_lock_epoch(); 0: no grant). The epoch is public (gfctl lock
+	 * status shows it), so a fenced GMS refuses a drop on it alone.
+	 */
+	uint64_t lock_epoch;
+	/**
+	 * Nonzero: @p timeout_ms counts only while no writer makes progress
+	 * (docs/gms.md, "Waiting for a loader"): the wait goes on as long as a
+	 * writer holds RW and makes progress (its grant, each allocation it
+	 * asks for, each metadata entry, each gf_gms_report_progress()),
+	 * however long the load takes, and fails with GF_ERR_TIMEOUT once no
+	 * writer has been connected for @p timeout_ms (detail "no writer
+	 * connected for N s") or the connected writer has made no progress for
+	 * @p timeout_ms (detail "writer connected but made no progress for N
+	 * s", naming the writer and its figures). Both count from the later of
+	 * the request and the event (the writer's last progress, or the last
+	 * writer's leaving). For a follower waiting for its loader's commit;
+	 * the wake path keeps an absolute bound (gf_gms_remap()). Since the GMS
+	 * decides when the wait ends, the client sets no deadline of its own
+	 * on the answer: a stopped GMS keeps it waiting (as with @p timeout_ms
+	 * < 0). A GMS older than this option counts @p timeout_ms from the
+	 * request.
+	 */
+	int by_progress;
+	/**
+	 * With @c by_progress: an fd (> 0; 0 or negative: none) that ends the
+	 * wait early: once it is readable (e.g. an eventfd written from a
+	 * signal handler) the request is withdrawn and the connect returns
+	 * GF_ERR_INTERRUPTED. It is only polled: the caller drains it.
+	 */
+	int cancel_fd;
+};
+
 /**
  * Connect to the GMS at @p uri in @p mode, waiting in the server up to
  * @p timeout_ms (< 0: forever; 0: only if grantable now; the wake path must
- * pass a finite timeout). @p mem is borrowed and must outlive the client;
+ * pass a finite timeout), carrying @p opts (may be NULL: no lock grant, an
+ * absolute timeout). @p mem is borrowed and must outlive the client;
  * it must be the same backend and device as the server's (checked:
  * GF_ERR_INVALID_ARG). When granted RW, the client reserves one address
  * range of the device's total memory for the allocations to come; a reader
  * reserves the layout's size at gf_gms_map_all(). Blocks. Free with
  * gf_gms_free(). Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE,
- * GF_ERR_PROTOCOL, GF_ERR_PERMISSION, GF_ERR_INVALID_ARG.
+ * GF_ERR_PROTOCOL, GF_ERR_PERMISSION, GF_ERR_INVALID_ARG (also for a proof
+ * of epoch 0), GF_ERR_INTERRUPTED (@c opts->cancel_fd).
  */
-GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms);
+GF_EXPORT int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			     const struct gf_gms_connect_opts *opts);
 /** Stop the watcher, unmap, release the imports, give back the address range, close (releasing the lock). NULL is a no-op. */
 GF_EXPORT void gf_gms_free(gf_gms *gms);
-/**
- * gf_gms_connect() carrying @p lock_epoch, the caller's current lock grant
- * (gf_lock_epoch()), without its proof. The epoch is public (gfctl lock
- * status shows it), so a GMS tied to a lock server refuses an RW request
- * that would drop a committed layout on the epoch alone: use
- * gf_gms_connect_proof(). 0 means "no grant". Same blocking and errors as
- * gf_gms_connect().
- */
-GF_EXPORT int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-				   uint64_t lock_epoch);
-struct gf_lock_proof;
-/**
- * gf_gms_connect() carrying the fence proof of the caller's current lock
- * grant (gf_lock_grant_proof(); NULL: none). A GMS tied to a lock server
- * (gf_gmsd_set_lock(), `gf-gmsd --lock`) grants an RW request that would drop
- * a committed layout only when the lock server confirms that the proof is its
- * current holder's; otherwise the connect fails with GF_ERR_PERMISSION (or
- * GF_ERR_UNREACHABLE when the lock server does not answer). Same blocking and
- * errors as gf_gms_connect(), and GF_ERR_INVALID_ARG for a proof of epoch 0.
- */
-GF_EXPORT int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-				   const struct gf_lock_proof *proof);
-/**
- * gf_gms_connect_proof() whose @p timeout_ms counts only while no writer
- * makes progress (docs/gms.md, "Waiting for a loader"): the wait goes on as
- * long as a writer holds RW and makes progress (its grant, each allocation
- * it asks for, each metadata entry, each gf_gms_report_progress()), however
- * long the load takes, and fails with GF_ERR_TIMEOUT once no writer has been
- * connected for @p timeout_ms (detail "no writer connected for N s") or the
- * connected writer has made no progress for @p timeout_ms (detail "writer
- * connected but made no progress for N s", naming the writer and its
- * figures). Both count from the later of the request and the event (the
- * writer's last progress, or the last writer's leaving). < 0: forever; 0:
- * only if grantable now. For a follower waiting for its loader's commit;
- * the wake path keeps an absolute bound (gf_gms_remap()). Since the GMS
- * decides when the wait ends, the client sets no deadline of its own on the
- * answer: a stopped GMS keeps it waiting (as with @p timeout_ms < 0). A GMS
- * older than this call counts @p timeout_ms from the request. @p proof may
- * be NULL. @p cancel_fd (-1: none) ends the wait early: once it is readable
- * (e.g. an eventfd written from a signal handler) the request is withdrawn
- * and the call returns GF_ERR_INTERRUPTED; the fd is only polled, the caller
- * drains it. Blocks. Errors as gf_gms_connect_proof(), and GF_ERR_INTERRUPTED.
- */
-GF_EXPORT int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-					 const struct gf_lock_proof *proof, int cancel_fd);
 /**
  * The lock grant this client's later connects carry (a wake's, gf_gms_remap()):
  * @p proof (copied; NULL: none from now on). An engine that connected before
@@ -172,7 +181,7 @@ GF_EXPORT int gf_gms_commit(gf_gms *gms, uint64_t *generation);
 /**
  * Writer: tell the GMS how far the load is, @p done_bytes written into its
  * allocations so far out of @p total_bytes (0: unknown). It is the writer's
- * progress that readers waiting by progress (gf_gms_connect_by_progress())
+ * progress that readers waiting by progress (gf_gms_connect_opts.by_progress)
  * are judged by: a loader that writes for longer than their timeout without
  * allocating or putting metadata (copying a large model from disk) calls
  * this as it goes. The status shows the figures (`writer_progress`).
@@ -332,22 +341,11 @@ GF_EXPORT void gf_gms_fault_reporter_remove(const gf_gms *gms);
 /** One-shot status query as JSON (state, generation, layout hash, readers, waiters, allocations, recent events). free() it. */
 GF_EXPORT int gf_gms_status_json(const char *uri, int64_t timeout_ms, char **json);
 
-/** Roles for tensor-parallel engines (docs/design.md, decision 5). */
+/** Roles for tensor-parallel engines (docs/design.md, decision 5): the mode each connect of a rank asks for (gf_engine_set_role()). */
 enum gf_gms_role {
 	GF_GMS_ROLE_LOADER = 1,   /**< RW_OR_RO on every device: loads where nothing is committed */
 	GF_GMS_ROLE_FOLLOWER = 2, /**< RO only: never holds a writer lock, so TP > 1 cannot deadlock */
 };
-
-/**
- * Connect one client per device: @p n URIs and @p n backends (borrowed), in
- * @p role's mode, with one overall deadline of @p timeout_ms (< 0: none).
- * Connects in array order; on any failure the ones already made are freed
- * and the error is returned (nothing written to @p out_array). On success
- * @p out_array[i] is the client for @p uris[i]; free each with gf_gms_free().
- * Blocks. Errors: as gf_gms_connect(), GF_ERR_INVALID_ARG for a bad role.
- */
-GF_EXPORT int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris,
-				   gf_mem *const *mems, int role, int64_t timeout_ms);
 
 /**
  * Round trip to the GMS at @p uri (handshake + status) within @p timeout_ms.
@@ -458,7 +456,7 @@ GF_EXPORT int gf_gmsd_set_handshake_timeout(gf_gmsd *d, int64_t ms);
  * Tie the GMS to the lock server at @p uri (secret for tcp://, or NULL): an RW
  * request that would drop the committed layout is granted only to a client
  * whose connect carries the fence proof of the lock's current grant
- * (gf_gms_connect_proof()), so a stray or revoked writer cannot destroy the
+ * (gf_gms_connect_opts.proof), so a stray or revoked writer cannot destroy the
  * weights a standby is about to map. The check asks the lock server (one
  * status round trip on a thread of its own, so the other clients are served
  * meanwhile; at most 2 s, refused with GF_ERR_UNREACHABLE when it does not

@@ -264,7 +264,8 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		int64_t init_ms = gf_engine_init_timeout(e);
 		/* A slow loader is not a missing one: the wait goes on while the
 		 * GMS's writer makes progress, whatever the load takes. */
-		rc = gf_gms_connect_by_progress(&d->gms, d->uri, d->mem, mode, init_ms, NULL, e->init_intr_fd);
+		const struct gf_gms_connect_opts opts = { .by_progress = 1, .cancel_fd = e->init_intr_fd };
+		rc = gf_gms_connect(&d->gms, d->uri, d->mem, mode, init_ms, &opts);
 		if (rc == GF_ERR_INTERRUPTED) {
 			drain_init_interrupt(e);
 			rc = gf_err(GF_ERR_INTERRUPTED, "init_weights: interrupted while waiting for the GMS of "

@@ -13,9 +13,10 @@
  * After commit the writer's mappings are re-made read-only in place (unmap
  * then map again at the same offsets of the same reservation, same physical
  * memory), so addresses do not change.
- * Sleep and wake: this file does the I/O; where the client stands and every
- * decision about it (what a sleep keeps, which way a wake goes, what a
- * hangup means, whether a layout is stale) is client_fsm.c's.
+ * Sleep and wake: client_wake.c does the I/O (the state both files share
+ * is client_int.h); where the client stands and every decision about it
+ * (what a sleep keeps, which way a wake goes, what a hangup means, whether
+ * a layout is stale) is client_fsm.c's.
  */
 #include <errno.h>
 #include <poll.h>
@@ -26,114 +27,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "gpufailover/lock.h"
-#include "mem_int.h"
-#include "client_fsm.h"
+#include "client_int.h"
 #include "client_session.h"
 #include "gms_internal.h"
 #include "metablob.h"
 #include "wire.h"
 #include "xfer.h"
-
-#define GMS_REPLY_GRACE_US 2000000 /* the server answers TIMEOUT itself; this only guards against a stuck server */
-#define GMS_IO_TIMEOUT_US 30000000 /* ordinary requests */
-#define GMS_PROGRESS_EVERY_US 100000 /* a writer's progress reports: at most this often on the wire */
-
-struct calloc_entry {
-	uint64_t id, size, offset;
-	char tag[GF_LIMIT_TAG];
-	gf_mem_alloc *a; /* NULL while asleep */
-};
-
-struct cmeta {
-	char *key;
-	uint64_t alloc_id, offset;
-	uint8_t *value; /* inside the key's block */
-	size_t value_len;
-};
-
-/* What the last GmsConnected said. */
-struct grant {
-	int mode;           /* GF_GMS_RW or GF_GMS_RO */
-	bool has_hash;
-	uint8_t hash[16];   /* the committed layout's, with an RO grant */
-	bool handles_valid; /* a wake's: the handles kept asleep are this layout's */
-	bool takes_progress; /* the server takes GmsProgress from its writer */
-};
-
-struct gf_gms {
-	char uri_text[256];
-	struct gf_uri uri;
-	gf_mem *mem;
-	/*
-	 * Where sleep and wake stand: the lock held, what a sleeper keeps, the
-	 * layout a wake must find again (client_fsm.h; docs/gms.md "The
-	 * client's states"). Every decision about them is the FSM's. Guarded
-	 * by kmu: the watcher thread delivers hangups to it (it changes only
-	 * state, kept and lost_mode; the layout fields are this thread's).
-	 */
-	struct gmsc_fsm fsm;
-	int fd;
-	struct gf_frame_reader rd;
-	/* Asleep as a reader: the session, handshaken, without a lock, so that
-	 * a wake is one request (GmsConnect with the list). -1 when none. */
-	int parked_fd;
-	struct gf_frame_reader parked_rd;
-	/* WAKING: gf_gms_remap() reads the reply to the wake's GmsConnect by this deadline. */
-	int64_t wake_reply_deadline;
-	/* Asleep on a kept session, a reader also keeps its imported handles
-	 * (allocs[].a), so a wake whose layout is unchanged maps them with no
-	 * list and no fds. They pin the layout's memory: the GMS closes the
-	 * session when it drops the layout, and the watcher then releases them. */
-	bool keep_handles; /* gf_gms_set_keep_handles(); default true */
-	/*
-	 * The session watcher: one thread per client, started the first time
-	 * it is needed and parked between uses, polling the session for a
-	 * hangup only. What a hangup means is the FSM's to say: asleep with
-	 * handles, the GMS dropped the layout (release them); awake and
-	 * watched, the GMS is lost (the hook runs); otherwise nothing (a wake
-	 * in progress sees it itself). A state change on the same session
-	 * needs no kick, so the wake neither starts a thread nor wakes one.
-	 * kmu guards the FSM, the handles while the watcher may release them,
-	 * and w_*; w_gen tells the thread that the fd it polled has changed since.
-	 */
-	pthread_mutex_t kmu;
-	pthread_cond_t w_idle;  /* w_busy went false */
-	pthread_t w_thread;
-	bool w_running;
-	int w_kick;             /* eventfd: re-read w_fd, or quit */
-	int w_fd;               /* the session polled; -1: none */
-	unsigned w_gen;
-	bool w_quit, w_busy;
-	uint32_t seq;
-	gf_Msg *msg;
-	struct grant grant;
-	gf_gms_lost_fn lost_fn;
-	void *lost_ud;
-
-	gf_mem_va *va;
-	size_t gran;
-	uint64_t va_used;
-
-	struct calloc_entry *allocs;
-	size_t nallocs, allocs_cap;
-	struct cmeta *meta;
-	size_t nmeta, meta_cap;
-	bool meta_sorted;
-	/* A reader's metadata as the GMS sent them (one blob): entries point
-	 * into it rather than owning a block each. NULL when they came in chunks. */
-	uint8_t *meta_blob;
-	size_t meta_blob_len;
-
-	uint64_t generation;
-	int64_t oom_retry_ms;       /* the server's allocation retry bound */
-	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
-	bool has_proof;             /* and the fence proof of that grant */
-	uint8_t lock_proof[GF_LOCK_PROOF_LEN];
-
-	uint64_t round_trips;
-	int64_t progress_sent_us; /* the last GmsProgress sent (0: none) */
-};
 
 /* An entry decoded from the metadata blob lives in it: only chunk entries own their block. */
 static void meta_entry_free(const gf_gms *g, struct cmeta *e)
@@ -153,10 +52,13 @@ uint64_t gf_gms_round_trips(const gf_gms *gms)
 	return gms ? gms->round_trips : 0;
 }
 
+static void watch_forget(gf_gms *g, int fd);
+static bool hung_up(short revents);
+
 /* ---------------------------------------------------------------- the FSM */
 
 /* A copy of the FSM, read under its lock (the lock is not part of the client's value). */
-static struct gmsc_fsm fsm_get(const gf_gms *g)
+struct gmsc_fsm gms_client_fsm_get(const gf_gms *g)
 {
 	pthread_mutex_t *mu = (pthread_mutex_t *)&g->kmu;
 	pthread_mutex_lock(mu);
@@ -188,7 +90,7 @@ static void report_lost(gf_gms *g, const char *detail)
 static int io_failed(gf_gms *g, int rc)
 {
 	/* A reply that never came while we hold a lock leaves the stream unusable: that GMS is lost too. */
-	struct gmsc_fsm f = fsm_get(g);
+	struct gmsc_fsm f = gms_client_fsm_get(g);
 	if (rc == GF_ERR_CLOSED || rc == GF_ERR_IO || (rc == GF_ERR_TIMEOUT && gmsc_fsm_mode(&f))) {
 		char d[300];
 		snprintf(d, sizeof(d), "%s", gf_error_detail());
@@ -203,7 +105,7 @@ static int check_usable(const gf_gms *g, int *mode)
 {
 	if (!g)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	struct gmsc_fsm f = fsm_get(g);
+	struct gmsc_fsm f = gms_client_fsm_get(g);
 	if (f.state == GMSC_LOST)
 		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", g->uri_text);
 	if (!(*mode = gmsc_fsm_mode(&f)))
@@ -237,9 +139,7 @@ static int request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline)
 
 /* ---------------------------------------------------------------- connection */
 
-static void watch_forget(gf_gms *g, int fd);
-
-static void close_conn(gf_gms *g)
+void gms_client_close_conn(gf_gms *g)
 {
 	watch_forget(g, g->fd);
 	gf_close(g->fd);
@@ -269,7 +169,7 @@ int gf_gms_open_session(const char *uri_text, const struct gf_uri *u, int64_t de
 }
 
 /* The reply to GmsConnect in @g->msg: check it and record the grant in @g->grant. */
-static int take_connected(gf_gms *g)
+int gms_client_take_connected(gf_gms *g)
 {
 	int rc = 0;
 	if (g->msg->which_body != gf_Msg_gms_connected_tag)
@@ -306,7 +206,7 @@ static int take_connected(gf_gms *g)
 	return rc;
 }
 
-static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept,
+void gms_client_fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept,
 			 bool by_progress)
 {
 	gf_msg_start(g->msg, gf_Msg_gms_connect_tag);
@@ -363,7 +263,7 @@ static int request_reply(gf_gms *g, int64_t deadline)
  * server alone knows when the wait ends (a writer's progress moves it), so
  * the reply has no deadline here: only the connect and handshake do.
  */
-static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress, int cancel_fd)
+int gms_client_do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress, int cancel_fd)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	int64_t reply_deadline = deadline == INT64_MAX || by_progress ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
@@ -372,62 +272,35 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress,
 	int rc = gf_gms_open_session(g->uri_text, &g->uri, open_deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
-	fill_connect(g, mode, timeout_ms, false, false, by_progress);
+	gms_client_fill_connect(g, mode, timeout_ms, false, false, by_progress);
 	rc = cancel_fd >= 0 ? wait_cancelable(g, cancel_fd, reply_deadline) : 0;
 	if (rc == 0)
 		rc = cancel_fd >= 0 ? request_reply(g, reply_deadline) : request(g, NULL, NULL, reply_deadline);
 	if (rc == 0)
-		rc = take_connected(g);
+		rc = gms_client_take_connected(g);
 	if (rc < 0) {
 		/* A lost server during connect is "unreachable", not a loss of a held lock. */
 		if (rc == GF_ERR_GMS_LOST)
 			rc = gf_err(GF_ERR_UNREACHABLE, "%s", gf_error_detail());
-		close_conn(g);
+		gms_client_close_conn(g);
 	}
 	return rc;
 }
 
-static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd);
-
-int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
+int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+		   const struct gf_gms_connect_opts *opts)
 {
-	return gf_gms_connect_epoch(out, uri, mem, mode, timeout_ms, 0);
-}
-
-int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			 uint64_t lock_epoch)
-{
-	struct gf_lock_proof p = { .epoch = lock_epoch };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false, false, -1);
-}
-
-int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			 const struct gf_lock_proof *proof)
-{
-	if (proof && proof->epoch == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_proof: a proof of epoch 0 names no grant");
-	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, false, -1);
-}
-
-int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			       const struct gf_lock_proof *proof, int cancel_fd)
-{
-	if (proof && proof->epoch == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_by_progress: a proof of epoch 0 names no grant");
-	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, true,
-			      cancel_fd);
-}
-
-static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd)
-{
+	static const struct gf_gms_connect_opts none = { .proof = NULL };
+	if (!opts)
+		opts = &none;
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
 	if (mode != GF_GMS_RW && mode != GF_GMS_RO && mode != GF_GMS_RW_OR_RO)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: unknown mode %d", mode);
+	if (opts->proof && opts->proof->epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: a proof of epoch 0 names no grant");
+	const bool by_progress = opts->by_progress != 0;
+	const int cancel_fd = by_progress && opts->cancel_fd > 0 ? opts->cancel_fd : -1;
 	gf_gms *g = calloc(1, sizeof(*g));
 	if (!g || !(g->msg = gf_msg_new())) {
 		free(g);
@@ -442,10 +315,10 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	pthread_mutex_init(&g->kmu, NULL);
 	pthread_cond_init(&g->w_idle, NULL);
 	g->mem = mem;
-	g->lock_epoch = proof->epoch;
-	g->has_proof = has_proof;
-	if (has_proof)
-		memcpy(g->lock_proof, proof->token, GF_LOCK_PROOF_LEN);
+	g->lock_epoch = opts->proof ? opts->proof->epoch : opts->lock_epoch;
+	g->has_proof = opts->proof != NULL;
+	if (g->has_proof)
+		memcpy(g->lock_proof, opts->proof->token, GF_LOCK_PROOF_LEN);
 	snprintf(g->uri_text, sizeof(g->uri_text), "%s", uri);
 	size_t rec;
 	int rc = gf_uri_parse(uri, &g->uri);
@@ -454,7 +327,7 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	if (rc == 0)
 		rc = gf_mem_granularity(mem, &g->gran, &rec);
 	if (rc == 0)
-		rc = do_connect(g, mode, timeout_ms, by_progress, cancel_fd);
+		rc = gms_client_do_connect(g, mode, timeout_ms, by_progress, cancel_fd);
 	if (rc == 0 && !gmsc_fsm_granted(&g->fsm, g->grant.mode)) /* no watcher yet: no lock needed */
 		rc = gf_err(GF_ERR_PROTOCOL, "connect: unexpected grant %d", g->grant.mode);
 	if (rc == 0 && g->grant.mode == GF_GMS_RW) {
@@ -486,13 +359,13 @@ int gf_gms_granted_mode(const gf_gms *gms)
 {
 	if (!gms)
 		return 0;
-	struct gmsc_fsm f = fsm_get(gms);
+	struct gmsc_fsm f = gms_client_fsm_get(gms);
 	return gmsc_fsm_mode(&f);
 }
 
 /* Unmap (fenced mappings included: they hold the allocations too) and release every import.
  * Not while the watcher keeps them asleep, unless under kmu (it may release them too). */
-static void release_imports(gf_gms *g)
+void gms_client_release_imports(gf_gms *g)
 {
 	if (g->va)
 		gf_mem_unmap_all(g->va);
@@ -503,8 +376,6 @@ static void release_imports(gf_gms *g)
 }
 
 /* ---------------------------------------------------------------- the session watcher */
-
-static bool hung_up(short revents);
 
 static void watcher_kick(gf_gms *g)
 {
@@ -541,7 +412,7 @@ static void *watcher_main(void *arg)
 		case GMSC_HANGUP_RELEASE:
 			gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
 			       g->uri_text, g->nallocs);
-			release_imports(g);
+			gms_client_release_imports(g);
 			break;
 		case GMSC_HANGUP_LOST:
 			g->w_busy = true;
@@ -561,7 +432,7 @@ static void *watcher_main(void *arg)
 
 /* Called with kmu held: poll @fd from now on (starting the thread the
  * first time); kicks the thread only when the fd changes. < 0: nothing polled. */
-static int watch_set_locked(gf_gms *g, int fd)
+int gms_client_watch_set_locked(gf_gms *g, int fd)
 {
 	if (fd == g->w_fd)
 		return 0;
@@ -587,7 +458,7 @@ static void watch_forget(gf_gms *g, int fd)
 		return;
 	pthread_mutex_lock(&g->kmu);
 	if (g->w_fd == fd)
-		watch_set_locked(g, -1);
+		gms_client_watch_set_locked(g, -1);
 	pthread_mutex_unlock(&g->kmu);
 }
 
@@ -615,13 +486,13 @@ int gf_gms_set_keep_handles(gf_gms *gms, int keep)
 }
 
 /* The kept session goes, and with it any kept handles (no server can vouch for them now). */
-static void drop_parked(gf_gms *g)
+void gms_client_drop_parked(gf_gms *g)
 {
 	pthread_mutex_lock(&g->kmu);
 	gmsc_fsm_dropped(&g->fsm); /* from here the watcher leaves the handles alone */
 	pthread_mutex_unlock(&g->kmu);
 	watch_forget(g, g->parked_fd);
-	release_imports(g);
+	gms_client_release_imports(g);
 	gf_close(g->parked_fd);
 	g->parked_fd = -1;
 	gf_frame_reader_clear(&g->parked_rd);
@@ -633,13 +504,13 @@ void gf_gms_free(gf_gms *gms)
 		return;
 	gf_gms_stop_watch(gms);
 	watcher_stop(gms);
-	release_imports(gms);
+	gms_client_release_imports(gms);
 	gf_mem_va_free(gms->va);
 	gms->va = NULL;
 	if (gms->fd >= 0)
-		close_conn(gms);
+		gms_client_close_conn(gms);
 	if (gms->parked_fd >= 0)
-		drop_parked(gms);
+		gms_client_drop_parked(gms);
 	for (size_t i = 0; i < gms->nmeta; i++)
 		meta_entry_free(gms, &gms->meta[i]);
 	free(gms->meta);
@@ -831,7 +702,7 @@ static int cmeta_cmp(const void *a, const void *b)
 	return strcmp(((const struct cmeta *)a)->key, ((const struct cmeta *)b)->key);
 }
 
-static struct gf_mem_mapping *mapping_list(gf_gms *g)
+struct gf_mem_mapping *gms_client_mapping_list(gf_gms *g)
 {
 	struct gf_mem_mapping *maps = calloc(g->nallocs ? g->nallocs : 1, sizeof(*maps));
 	if (!maps)
@@ -850,7 +721,7 @@ int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 		return rc;
 	if (mode != GF_GMS_RW)
 		return gf_err(GF_ERR_STATE, "commit needs the RW lock");
-	struct gf_mem_mapping *maps = mapping_list(gms);
+	struct gf_mem_mapping *maps = gms_client_mapping_list(gms);
 	if (!maps)
 		return gf_err(GF_ERR_NOMEM, "commit: out of memory");
 	/* Writes still queued on the device must land before readers can see the layout. */
@@ -891,16 +762,6 @@ int gf_gms_commit(gf_gms *gms, uint64_t *generation)
 
 /* ---------------------------------------------------------------- reader */
 
-struct listed {
-	struct calloc_entry *allocs;
-	size_t n, cap;
-	int *fds;
-	size_t nfds;
-	uint8_t hash[16];
-	uint64_t generation;
-	size_t total; /* allocations the server announced */
-};
-
 static int meta_from_blob(void *ud, const struct gf_lc_meta *e)
 {
 	gf_gms *g = ud;
@@ -932,10 +793,8 @@ static int meta_take_blob(gf_gms *g, int fd, uint64_t size, uint32_t count)
 	return 0;
 }
 
-/* Called by list_all() after each chunk with the index of its first allocation. */
-typedef int (*chunk_fn)(gf_gms *g, struct listed *l, size_t first);
 
-static void listed_free(struct listed *l)
+void gms_client_listed_free(struct listed *l)
 {
 	gf_close_fds(l->fds, l->nfds);
 	free(l->fds);
@@ -949,7 +808,7 @@ static void listed_free(struct listed *l)
  * allocations while the server prepares the next; when anything fails, the
  * caller undoes what it did.
  */
-static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk, bool already_asked)
+int gms_client_list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk, bool already_asked)
 {
 	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
 	memset(l, 0, sizeof(*l));
@@ -972,13 +831,13 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 		size_t nfds = 0;
 		rc = gf_msg_recv(&g->rd, g->fd, g->msg, &fds, &nfds, deadline);
 		if (rc < 0) {
-			listed_free(l);
+			gms_client_listed_free(l);
 			return io_failed(g, rc);
 		}
 		if ((rc = gf_msg_error_code(g->msg)) < 0 || g->msg->which_body != gf_Msg_gms_list_chunk_tag) {
 			gf_close_fds(fds, nfds);
 			free(fds);
-			listed_free(l);
+			gms_client_listed_free(l);
 			return rc < 0 ? rc : gf_err(GF_ERR_PROTOCOL, "list: expected gms_list_chunk, got %s",
 						    gf_msg_name(g->msg));
 		}
@@ -990,7 +849,7 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 		    (blob && (!first || !with_meta || ch->metadata_count))) {
 			gf_close_fds(fds, nfds);
 			free(fds);
-			listed_free(l);
+			gms_client_listed_free(l);
 			return gf_err(GF_ERR_PROTOCOL, "list: chunk with %u allocations%s carries %zu fds",
 				      (unsigned)ch->allocations_count, blob ? " and a metadata blob" : "", nfds);
 		}
@@ -1000,7 +859,7 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 			if (rc < 0) {
 				gf_close_fds(fds, ch->allocations_count);
 				free(fds);
-				listed_free(l);
+				gms_client_listed_free(l);
 				return rc;
 			}
 		}
@@ -1021,7 +880,7 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 			if (!na || !nf) {
 				gf_close_fds(fds, nfds);
 				free(fds);
-				listed_free(l);
+				gms_client_listed_free(l);
 				return gf_err(GF_ERR_NOMEM, "list: out of memory");
 			}
 			l->cap = cap;
@@ -1038,19 +897,19 @@ static int list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chu
 		}
 		free(fds);
 		if (on_chunk && (rc = on_chunk(g, l, chunk_first)) < 0) {
-			listed_free(l);
+			gms_client_listed_free(l);
 			return rc;
 		}
 		for (size_t i = 0; with_meta && i < ch->metadata_count; i++) {
 			const gf_GmsMetaEntry *e = &ch->metadata[i];
 			if ((rc = meta_append(g, e->key, e->allocation_id, e->offset, e->value.bytes, e->value.size)) < 0) {
-				listed_free(l);
+				gms_client_listed_free(l);
 				return rc;
 			}
 		}
 		if (ch->last) {
 			if (l->n != ch->total_allocations) {
-				listed_free(l);
+				gms_client_listed_free(l);
 				return gf_err(GF_ERR_PROTOCOL, "list: %zu allocations received, %u announced", l->n,
 					      (unsigned)ch->total_allocations);
 			}
@@ -1103,11 +962,11 @@ int gf_gms_map_all(gf_gms *gms)
 	struct listed l;
 	size_t meta_before = gms->nmeta;
 	bool blob_before = gms->meta_blob != NULL;
-	if ((rc = list_all(gms, true, &l, NULL, false)) < 0)
+	if ((rc = gms_client_list_all(gms, true, &l, NULL, false)) < 0)
 		goto fail_meta;
 	/* The grant that made this client a reader named the layout the list must be. */
 	if (memcmp(l.hash, gms->grant.hash, 16)) {
-		listed_free(&l);
+		gms_client_listed_free(&l);
 		rc = gf_err(GF_ERR_PROTOCOL, "list: layout hash differs from the one granted");
 		goto fail_meta;
 	}
@@ -1117,16 +976,16 @@ int gf_gms_map_all(gf_gms *gms)
 		off = round_up(off + l.allocs[i].size, gms->gran);
 	}
 	if (!gms->va && (rc = gf_mem_reserve(&gms->va, gms->mem, off ? off : gms->gran, 0)) < 0) {
-		listed_free(&l);
+		gms_client_listed_free(&l);
 		goto fail_meta;
 	}
 	if (off > gf_mem_va_size(gms->va)) {
-		listed_free(&l);
+		gms_client_listed_free(&l);
 		rc = gf_err(GF_ERR_STATE, "layout of %llu bytes exceeds the reservation", (unsigned long long)off);
 		goto fail_meta;
 	}
 	if ((rc = import_and_map(gms, &l)) < 0) {
-		listed_free(&l);
+		gms_client_listed_free(&l);
 		goto fail_meta;
 	}
 	free(gms->allocs);
@@ -1221,7 +1080,7 @@ int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
 {
 	if (!gms || !hash)
 		return gf_err(GF_ERR_INVALID_ARG, "layout: NULL argument");
-	struct gmsc_fsm f = fsm_get(gms);
+	struct gmsc_fsm f = gms_client_fsm_get(gms);
 	if (!f.have_layout)
 		return gf_err(GF_ERR_STATE, "no committed layout known to this client yet");
 	memcpy(hash, f.hash, 16);
@@ -1231,354 +1090,6 @@ int gf_gms_layout(const gf_gms *gms, uint8_t hash[16], uint64_t *generation)
 }
 
 /* ---------------------------------------------------------------- sleep / wake */
-
-/*
- * Sleep on the kept session: a reader gives the RO lock back
- * (GmsDisconnect) but keeps the session, so its wake needs no connect,
- * handshake or second request. 0 when parked; < 0 when that failed and the
- * connection is closed (the wake then connects afresh). No loss is reported
- * here (the engine is going to sleep, not losing its GMS).
- */
-static int park_conn(gf_gms *g)
-{
-	int64_t deadline = gf_now_us() + GMS_IO_TIMEOUT_US;
-	memset(g->msg, 0, sizeof(*g->msg));
-	g->msg->which_body = gf_Msg_gms_disconnect_tag;
-	g->msg->seq = ++g->seq;
-	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
-	if (rc == 0)
-		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, deadline);
-	if (rc == 0 && g->msg->which_body != gf_Msg_ok_tag)
-		rc = gf_err(GF_ERR_PROTOCOL, "sleep: expected ok, got %s", gf_msg_name(g->msg));
-	if (rc < 0) {
-		close_conn(g);
-		return rc;
-	}
-	g->parked_fd = g->fd;
-	g->parked_rd = g->rd;
-	g->fd = -1;
-	gf_frame_reader_init(&g->rd, GF_MSG_MAX_FDS);
-	return 0;
-}
-
-/* Send the wake's GmsConnect(RO, with the list) on the kept session: WAKING. */
-static int send_wake(gf_gms *g, int64_t timeout_ms)
-{
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	g->wake_reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	/* From here the wake owns the kept handles; the watcher no longer touches them. */
-	pthread_mutex_lock(&g->kmu);
-	gmsc_fsm_wake_sent(&g->fsm);
-	bool handles_kept = g->fsm.kept >= GMSC_KEPT_HANDLES;
-	pthread_mutex_unlock(&g->kmu);
-	fill_connect(g, GF_GMS_RO, timeout_ms, true, handles_kept, false);
-	g->msg->seq = ++g->seq;
-	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
-}
-
-/* Everything of a failed wake goes; the layout stays known, so the call can be retried. */
-static void wake_failed(gf_gms *g)
-{
-	release_imports(g);
-	close_conn(g);
-	pthread_mutex_lock(&g->kmu);
-	gmsc_fsm_dropped(&g->fsm);
-	pthread_mutex_unlock(&g->kmu);
-}
-
-/*
- * Read the wake's grant on the kept session (WAKING). 0 with the grant in
- * @g->grant, 1 when the session is gone (connect afresh), < 0 when the
- * server refused (e.g. the timeout passed).
- */
-static int read_wake(gf_gms *g)
-{
-	gf_frame_reader_clear(&g->rd);
-	g->fd = g->parked_fd;
-	g->rd = g->parked_rd;
-	g->parked_fd = -1;
-	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
-	if (rc < 0) {
-		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
-		       gf_error_detail());
-		wake_failed(g); /* kept handles included: nobody vouches for them now */
-		return 1;
-	}
-	g->round_trips++;
-	if ((rc = gf_msg_error_code(g->msg)) < 0 || (rc = take_connected(g)) < 0) {
-		wake_failed(g);
-		return rc;
-	}
-	return 0;
-}
-
-/* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
- * the layout from a snapshot), so an absent socket is retried until the
- * deadline instead of failing the wake at once. */
-static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
-{
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	for (;;) {
-		int64_t left = (deadline - gf_now_us()) / 1000;
-		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0, false, -1);
-		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
-			return rc;
-		usleep(50000);
-	}
-}
-
-/* Fill the page tables of every mapping, where the backend's mappings have page tables to fill. */
-static void populate_all(gf_gms *g)
-{
-	if (!(gf_mem_caps(g->mem) & GF_MEM_CAP_HOST_PAGES))
-		return;
-	for (size_t i = 0; i < g->nallocs; i++)
-		gf_mem_populate(gf_mem_va_addr(g->va) + g->allocs[i].offset, g->allocs[i].size, false);
-}
-
-int gf_gms_prefault(gf_gms *gms)
-{
-	if (!gms)
-		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	struct gmsc_fsm f = fsm_get(gms);
-	if (!gmsc_fsm_mapped(&f) || !gms->va)
-		return gf_err(GF_ERR_STATE, "prefault: nothing mapped");
-	/* Host pages fault per 64 KiB on first touch, unless the wake opened the
-	 * mappings in place (page tables kept); device memory takes no faults. */
-	if (f.in_place)
-		return 0;
-	populate_all(gms);
-	return 0;
-}
-
-/* The wake's grant said the kept, unmapped handles are this layout's: map them at their offsets. */
-static int map_kept(gf_gms *g)
-{
-	struct gf_mem_mapping *maps = mapping_list(g);
-	if (!maps)
-		return gf_err(GF_ERR_NOMEM, "remap: out of memory");
-	int rc = g->nallocs ? gf_mem_map_many(g->va, maps, g->nallocs, GF_MEM_READ) : 0;
-	free(maps);
-	return rc;
-}
-
-int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
-{
-	if (!gms)
-		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (timeout_ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
-	struct gmsc_fsm f = fsm_get(gms);
-	switch (gmsc_fsm_wake_path(&f)) {
-	case GMSC_WAKE_NOT_ASLEEP:
-		return gf_err(GF_ERR_STATE, "remap_begin: still connected (call gf_gms_unmap() first)");
-	case GMSC_WAKE_NO_LAYOUT:
-		return gf_err(GF_ERR_STATE, "remap_begin: no committed layout was mapped before");
-	case GMSC_WAKE_SEND:
-		break;
-	default:
-		return 0; /* nothing to send ahead: sent already, or gf_gms_remap() connects */
-	}
-	if (send_wake(gms, timeout_ms) < 0) {
-		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); the remap connects again",
-		       gms->uri_text, gf_error_detail());
-		drop_parked(gms);
-	}
-	return 0;
-}
-
-int gf_gms_remap_cancel(gf_gms *gms)
-{
-	if (!gms)
-		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	struct gmsc_fsm f = fsm_get(gms);
-	if (gmsc_fsm_wake_path(&f) != GMSC_WAKE_READ)
-		return 0;
-	gf_log(GF_LOG_INFO, "gms", "wake: request to %s taken back; the next wake connects afresh", gms->uri_text);
-	drop_parked(gms);
-	return 0;
-}
-
-int gf_gms_unmap(gf_gms *gms)
-{
-	if (!gms)
-		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	struct gmsc_fsm f = fsm_get(gms);
-	if (!gmsc_fsm_mode(&f))
-		return gf_err(GF_ERR_STATE, "already unmapped");
-	/* No hook from here on, and no hangup changes the FSM; loss watching resumes after the wake. */
-	bool watch = f.watch;
-	gf_gms_stop_watch(gms);
-	f = fsm_get(gms);
-	/* Kernels still running on the weights must finish before the mappings go. */
-	int rc = gf_mem_synchronize(gms->mem);
-	char why[512] = "";
-	if (rc < 0)
-		snprintf(why, sizeof(why), "%s", gf_error_detail()); /* the fence must not hide it */
-	/* Kept handles stay mapped, fenced, where the backend can: as
-	 * unreadable as unmapped, and the wake is one mprotect, without faults:
-	 * the page tables are filled now, while nobody waits, not at the wake. */
-	enum gmsc_kept kept = gmsc_fsm_sleep_plan(&f, gms->keep_handles, gf_mem_caps(gms->mem) & GF_MEM_CAP_FENCE);
-	if (kept == GMSC_KEPT_MAPPED) {
-		populate_all(gms);
-		if (gf_mem_set_accessible(gms->va, 0) < 0)
-			kept = GMSC_KEPT_HANDLES;
-	}
-	if (kept == GMSC_KEPT_HANDLES)
-		gf_mem_unmap_all(gms->va);
-	else if (kept < GMSC_KEPT_HANDLES)
-		release_imports(gms);
-	if (kept == GMSC_KEPT_NOTHING)
-		close_conn(gms);
-	else if (park_conn(gms) < 0) {
-		release_imports(gms);
-		kept = GMSC_KEPT_NOTHING;
-	}
-	pthread_mutex_lock(&gms->kmu);
-	gmsc_fsm_slept(&gms->fsm, kept);
-	gms->fsm.watch = watch;
-	/* Kept handles go to the watcher's care: it releases them when the GMS closes the session. */
-	if (kept >= GMSC_KEPT_HANDLES && watch_set_locked(gms, gms->parked_fd) < 0) {
-		gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
-		release_imports(gms);
-		gmsc_fsm_released(&gms->fsm);
-	}
-	bool have_layout = gms->fsm.have_layout;
-	pthread_mutex_unlock(&gms->kmu);
-	if (!have_layout) {
-		/* A writer that sleeps before commit aborted its layout: nothing to come back to. */
-		gms->nallocs = 0;
-		gms->va_used = 0;
-	}
-	return rc < 0 ? gf_err(rc, "%s", why) : rc;
-}
-
-/*
- * remap: import and map each chunk's allocations at their old offsets as the
- * chunk arrives, so the mmaps overlap the server's sending of the next one.
- * Whether the list is this client's layout is the FSM's question, asked on
- * the first chunk (its hash and count); the rest are checks of the server's
- * word against itself.
- */
-static int remap_chunk(gf_gms *g, struct listed *l, size_t first)
-{
-	if (first == 0 && !gmsc_fsm_same_layout(&g->fsm, l->hash, l->total))
-		return gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
-	if (l->n > g->nallocs)
-		return gf_err(GF_ERR_PROTOCOL, "remap: the GMS lists more allocations than it announced");
-	/* One gf_mem_map_many() per chunk (at most GF_LIMIT_CHUNK_ALLOCS). */
-	struct gf_mem_mapping maps[GF_LIMIT_CHUNK_ALLOCS];
-	size_t k = 0;
-	for (size_t i = first; i < l->n; i++) {
-		if (k == sizeof(maps) / sizeof(maps[0])) {
-			int rc = gf_mem_map_many(g->va, maps, k, GF_MEM_READ);
-			if (rc < 0)
-				return rc;
-			k = 0;
-		}
-		if (l->allocs[i].size != g->allocs[i].size)
-			return gf_err(GF_ERR_PROTOCOL, "remap: allocation %zu differs in size from the layout listed", i);
-		/* The received fd becomes the handle (no dup, no close). */
-		int rc = gf_mem_import_adopt(&g->allocs[i].a, g->mem, l->fds[i], l->allocs[i].size);
-		l->fds[i] = -1;
-		if (rc < 0)
-			return rc;
-		maps[k++] = (struct gf_mem_mapping){g->allocs[i].offset, g->allocs[i].a};
-	}
-	return k ? gf_mem_map_many(g->va, maps, k, GF_MEM_READ) : 0;
-}
-
-/* The list path of a wake: receive the layout's handles (asked for with the grant, or now) and map them. */
-static int remap_list(gf_gms *g, bool already_asked)
-{
-	struct listed l;
-	int rc = list_all(g, false, &l, remap_chunk, already_asked);
-	if (rc == 0 && !gmsc_fsm_same_layout(&g->fsm, l.hash, l.n))
-		rc = gf_err(GF_ERR_STALE_LAYOUT, "remap: the GMS lists a different set of allocations");
-	if (rc < 0) {
-		listed_free(&l); /* list_all() left it empty or whole */
-		return rc;
-	}
-	for (size_t i = 0; i < l.n; i++)
-		g->allocs[i].id = l.allocs[i].id; /* same structure, ids may be renumbered */
-	free(l.fds);
-	free(l.allocs);
-	g->generation = l.generation;
-	return 0;
-}
-
-int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
-{
-	if (!gms)
-		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	if (timeout_ms < 0)
-		return gf_err(GF_ERR_INVALID_ARG, "remap needs a finite timeout (Decision 6)");
-	struct gmsc_fsm f = fsm_get(gms);
-	enum gmsc_wake w = gmsc_fsm_wake_path(&f);
-	if (w == GMSC_WAKE_NOT_ASLEEP)
-		return gf_err(GF_ERR_STATE, "remap: still connected (call gf_gms_unmap() first)");
-	if (w == GMSC_WAKE_NO_LAYOUT)
-		return gf_err(GF_ERR_STATE, "remap: no committed layout was mapped before");
-	int rc;
-	/* The first step: over the kept session (its request sent now, or by remap_begin), or a fresh connect. */
-	if (w == GMSC_WAKE_SEND) {
-		if (send_wake(gms, timeout_ms) < 0) {
-			gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again",
-			       gms->uri_text, gf_error_detail());
-			drop_parked(gms);
-			w = GMSC_WAKE_CONNECT;
-		} else {
-			w = GMSC_WAKE_READ;
-		}
-	}
-	if (w == GMSC_WAKE_READ && (rc = read_wake(gms)) != 0) {
-		if (rc < 0)
-			return rc;
-		w = GMSC_WAKE_CONNECT;
-	}
-	if (w == GMSC_WAKE_CONNECT && (rc = connect_for_wake(gms, timeout_ms)) < 0)
-		return rc;
-	/* The second step: the grant says where the wake goes. */
-	const struct grant *gr = &gms->grant;
-	pthread_mutex_lock(&gms->kmu);
-	enum gmsc_kept kept = gms->fsm.kept;
-	enum gmsc_path p = gmsc_fsm_woke(&gms->fsm, gr->mode, gr->has_hash ? gr->hash : NULL, gr->handles_valid);
-	pthread_mutex_unlock(&gms->kmu);
-	char want[33], got[33] = "none";
-	switch (p) {
-	case GMSC_PATH_OPEN_IN_PLACE:
-		rc = gf_mem_set_accessible(gms->va, 1);
-		break;
-	case GMSC_PATH_MAP_KEPT:
-		rc = map_kept(gms);
-		break;
-	case GMSC_PATH_LIST:
-		release_imports(gms); /* kept ones are stale: the list brings the layout's own */
-		rc = remap_list(gms, w == GMSC_WAKE_READ);
-		break;
-	case GMSC_PATH_STALE:
-		gf_hex(f.hash, 16, want);
-		gf_hex(gr->hash, 16, got);
-		rc = gf_err(GF_ERR_STALE_LAYOUT, "%s holds layout %s, this engine mapped %s", gms->uri_text, got,
-			    want);
-		break;
-	default:
-		gf_hex(f.hash, 16, want);
-		if (gr->has_hash)
-			gf_hex(gr->hash, 16, got);
-		rc = gf_err(GF_ERR_PROTOCOL, "wake: %s granted %s on layout %s%s; this client kept %s of layout %s",
-			    gms->uri_text, gf_gms_mode_name(gr->mode), got,
-			    gr->handles_valid ? " declaring kept handles valid" : "", gmsc_kept_name(kept), want);
-		break;
-	}
-	if (rc < 0) {
-		wake_failed(gms); /* all-or-nothing: what was mapped goes */
-		return rc;
-	}
-	if (f.watch && (rc = gf_gms_start_watch(gms)) < 0)
-		gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
-	return 0;
-}
 
 /* ---------------------------------------------------------------- loss detection */
 
@@ -1609,7 +1120,7 @@ int gf_gms_process(gf_gms *gms)
 {
 	if (!gms)
 		return gf_err(GF_ERR_INVALID_ARG, "gms is NULL");
-	struct gmsc_fsm f = fsm_get(gms);
+	struct gmsc_fsm f = gms_client_fsm_get(gms);
 	if (f.state == GMSC_LOST)
 		return gf_err(GF_ERR_GMS_LOST, "GPU memory service %s was lost", gms->uri_text);
 	if (!gmsc_fsm_mode(&f))
@@ -1630,7 +1141,7 @@ int gf_gms_start_watch(gf_gms *gms)
 	gms->fsm.watch = true;
 	/* Asleep: the wake points the watcher at its session. After a wake on
 	 * the kept session the thread polls this fd already: no kick. */
-	int rc = gmsc_fsm_mode(&gms->fsm) ? watch_set_locked(gms, gms->fd) : 0;
+	int rc = gmsc_fsm_mode(&gms->fsm) ? gms_client_watch_set_locked(gms, gms->fd) : 0;
 	pthread_mutex_unlock(&gms->kmu);
 	return rc;
 }
@@ -1645,43 +1156,4 @@ void gf_gms_stop_watch(gf_gms *gms)
 	while (gms->w_busy && !pthread_equal(pthread_self(), gms->w_thread))
 		pthread_cond_wait(&gms->w_idle, &gms->kmu);
 	pthread_mutex_unlock(&gms->kmu);
-}
-
-/* ---------------------------------------------------------------- groups */
-
-int gf_gms_connect_group(gf_gms **out_array, size_t n, const char *const *uris, gf_mem *const *mems, int role,
-			 int64_t timeout_ms)
-{
-	if (!out_array || !uris || !mems || n == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "connect_group: NULL or empty argument");
-	int mode;
-	if (role == GF_GMS_ROLE_LOADER)
-		mode = GF_GMS_RW_OR_RO;
-	else if (role == GF_GMS_ROLE_FOLLOWER)
-		mode = GF_GMS_RO;
-	else
-		return gf_err(GF_ERR_INVALID_ARG, "connect_group: unknown role %d", role);
-	gf_gms **tmp = calloc(n, sizeof(*tmp));
-	if (!tmp)
-		return gf_err(GF_ERR_NOMEM, "connect_group: out of memory");
-	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int rc = 0;
-	for (size_t i = 0; i < n && rc == 0; i++) {
-		int64_t left = -1;
-		if (deadline != INT64_MAX) {
-			left = (deadline - gf_now_us()) / 1000;
-			if (left < 0)
-				left = 0;
-		}
-		rc = gf_gms_connect(&tmp[i], uris[i], mems[i], mode, left);
-	}
-	if (rc < 0) {
-		for (size_t i = 0; i < n; i++)
-			gf_gms_free(tmp[i]);
-		free(tmp);
-		return rc;
-	}
-	memcpy(out_array, tmp, n * sizeof(*tmp));
-	free(tmp);
-	return 0;
 }

@@ -5,8 +5,9 @@
  * and the lock FSM (fsm.c). Clients wait in the server with their own
  * timeout; every state change marks the waiters for re-evaluation, which
  * the core's settle step runs in FIFO order.
+ * Its status and metrics are server_status.c, what its residency tiers ask
+ * of it server_tiers.c; what all of them stand on, server_core.c.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "mem_int.h"
@@ -24,617 +23,10 @@
 #include "layout.h"
 #include "listchunk.h"
 #include "metablob.h"
-#include "residency.h"
-#include "server.h"
-#include "status_json.h"
+#include "server_int.h"
 
-#define GMSD_EVENTS GF_LIMIT_EVENTS /* the ring of recent events */
-#define GMSD_OOM_RETRY_US 50000
-#define FENCE_QUERY_MS 2000 /* the lock server's answer to the fence, off the loop */
-#define GMSD_MAX_ALLOCS 65536
-#define GMSD_MAX_META 1000000
-#define GMSD_CHUNK_ALLOCS GF_LIMIT_CHUNK_ALLOCS
-#define GMSD_CHUNK_META GF_LIMIT_CHUNK_META
-#define GMSD_RETIRED_MAX 16           /* dropped layouts whose released sleepers are watched */
-#define GMSD_PIN_SCAN_US 1000000      /* how often they are looked at */
-#define GMSD_PIN_SETTLE_US 1000000    /* a demotion's answer waits this long for them to let go */
-#define GMSD_PIN_SETTLE_STEP_US 20000
-
-enum cphase {
-	C_IDLE = 0,   /* no lock (the core did the handshake) */
-	C_WAIT,       /* GmsConnect waiting in the server */
-	C_WRITER,     /* holds RW */
-	C_ALLOC_WAIT, /* holds RW, an allocation is being retried after OUT_OF_MEMORY */
-	C_READER,     /* holds RO */
-};
-
-/* Per connection (the core's peer data). */
-struct client {
-	struct gf_srv_peer *p;
-	enum cphase phase;
-	int mode;               /* requested mode while waiting */
-	uint32_t seq;           /* seq of the request being waited on */
-	int64_t deadline_us;    /* wait deadline (INT64_MAX: none); by_progress: see wait_deadline() */
-	/* The timeout counts only while no writer makes progress (GmsConnect.by_progress). */
-	bool by_progress;
-	int64_t wait_since_us, wait_timeout_us;
-	uint64_t order;         /* FIFO position among waiters */
-	const char *peer;       /* the core's sanitised peer id */
-	uint32_t pid;
-	/* a pending allocation (C_ALLOC_WAIT) */
-	uint64_t alloc_size;
-	char alloc_tag[GF_LIMIT_TAG];
-	int64_t alloc_until_us, alloc_next_us;
-	unsigned alloc_tries;
-	uint64_t lock_epoch;    /* the lock grant its connect carried (0: none) */
-	struct gf_lock_proof lock_proof; /* and that grant's fence proof (epoch 0: none) */
-	/* The fence's query of the lock server, off the loop (fence_step()). */
-	gf_lock_query *fence_q;
-	struct gf_srv_watch fence_w;
-	bool fence_passed;      /* the answer came and named this client's grant: grant once */
-	/* A waiting RW on a fenced, committed GMS: its admission is asked (the
-	 * query in flight checks it, not a grant), or was given. Only an
-	 * admitted RW holds new readers back (writer priority). */
-	bool fence_admission, fence_admitted;
-	bool commit_pending;    /* a writer's commit waits for the fence's answer */
-	uint32_t commit_seq;
-	/* a GmsSnapshot or GmsDemote request its tiers answer later (0: none) */
-	enum tiers_residency_wait tier_wait;
-	uint32_t tier_seq;
-	/* a list reply being streamed (the layout cannot change meanwhile: this client holds a lock) */
-	bool listing, list_fds, list_meta, list_blob;
-	size_t list_next, list_chunks;
-	bool connect_list; /* the pending GmsConnect asked for the list with the grant */
-	/* Asleep: a reader that gave the RO lock back (GmsDisconnect) keeps its
-	 * session and its imported handles. They pin the layout's memory, so a
-	 * drop closes such sessions (the client then lets go of its handles). */
-	bool parked;
-	bool handles_kept;  /* the pending GmsConnect of a wake says it kept them */
-	uint64_t parked_drops; /* d->drops when it parked: its handles are of that layout */
-	uint8_t parked_hash[16];
-	/* a successful GmsDemote whose answer waits (up to GMSD_PIN_SETTLE_US)
-	 * for the sleepers it released to let go, so the answer's figures are true */
-	bool settling;
-	int64_t settle_until_us;
-};
-
-/*
- * A dropped layout that sleepers released by the drop may still hold
- * (docs/gms.md, "Memory a sleeper still pins"): the GMS freed its own
- * references, but a sleeper that is stopped or hung never lets go of its
- * imported handles. Host backend, exactly: each allocation is known by its
- * memfd's inode, and each released sleeper's /proc/PID/fd and
- * /proc/PID/maps say whether it still holds it. Other backends (cuda: the
- * driver does not say who holds an import), a lower bound: a sleeper none
- * of whose threads has run since its session was closed cannot have let go.
- */
-struct pin_holder {
-	uint32_t pid;
-	char peer[GF_ID_MAX];
-	uint64_t bytes;     /* seen held at the last look */
-	uint32_t allocs;
-	bool reported;      /* its event=still_pinned was logged */
-	uint64_t ran0;      /* not exact: its threads' context switches before the drop */
-	int ran0_err;       /* ...or why they could not be read */
-};
-
-struct retired {
-	uint64_t generation;
-	int64_t at_unix_ms;
-	const char *reason;  /* static: "new_load", "demotion", "abort" */
-	bool exact;          /* held allocations are seen (host), else inferred from activity */
-	uint64_t bytes;      /* the layout's size and allocations */
-	uint32_t allocs;
-	dev_t dev;           /* exact: the memfds' file system */
-	size_t n;
-	struct retired_alloc {
-		uint64_t ino, size;
-	} *ids;              /* sorted by inode */
-	size_t nholders;
-	struct pin_holder *h;
-};
-
-struct galloc {
-	uint64_t id;
-	gf_mem_alloc *a;
-	uint64_t size, requested;
-	char tag[GF_LIMIT_TAG];
-};
-
-struct gmeta {
-	char *key;
-	uint64_t alloc_id;
-	uint64_t offset;
-	uint8_t *value;
-	size_t value_len;
-};
-
-struct gevent {
-	int64_t at_us;
-	char what[GF_LIMIT_EVENT_TEXT];
-};
-
-struct gf_gmsd {
-	struct gf_srv *srv;
-	char listen_text[256];
-	bool started;
-	int device, kind;
-	int64_t oom_retry_ms;
-
-	gf_mem *mem;
-	char uuid[GF_LIMIT_UUID];
-	size_t granularity;
-	int64_t started_us;
-
-	bool changed;           /* the lock state changed: settle re-evaluates the waiters */
-	uint64_t next_order;
-	struct gms_fsm fsm;
-	/* The writer's progress, by which waiters by_progress are judged:
-	 * wmark_us is its last progress (grant, allocation, metadata entry,
-	 * GmsProgress) while one holds RW, else when the last one left. */
-	int64_t wmark_us, wmark_wall_us;
-	int64_t w_granted_wall_us;
-	uint64_t w_done, w_total;
-	uint32_t w_reports;
-
-	struct galloc *allocs;
-	size_t nallocs, allocs_cap;
-	uint64_t next_alloc_id;
-	uint64_t alloc_bytes;
-
-	struct gmeta *meta;
-	size_t nmeta, meta_cap;
-	uint32_t *index;        /* open addressing: meta position + 1, 0 empty */
-	size_t index_cap;
-
-	uint64_t generation;
-	uint8_t hash[16];
-	/* The committed metadata as one sealed memfd for readers (metablob.h),
-	 * made once per layout: -1 until then, closed when the layout drops. */
-	int mblob_fd;
-	uint64_t mblob_size;
-	uint8_t mblob_hash[16];
-	uint64_t drops; /* layouts dropped since start: kept handles of an earlier one are stale */
-
-	struct gevent events[GMSD_EVENTS];
-	size_t ev_next, ev_count;
-
-	gf_Msg *out;
-	uint8_t *lc_buf; /* one encoded list chunk (GF_FRAME_MAX_BODY bytes) */
-
-	/* The lock the committed layout is fenced by (gf_gmsd_set_lock). */
-	char *lock_uri;
-	void *lock_secret;
-	size_t lock_secret_len;
-	uint64_t fence_refusals;
-	/* residency tiers (lib/tiers/residency.h, docs/tiers.md) */
-	struct tiers_residency *res;
-	struct gf_srv_watch tier_watch;
-	/* dropped layouts still held by released sleepers (oldest first) */
-	struct retired *retired;
-	size_t nretired;
-	int64_t pin_next_us;    /* next look at them */
-};
-
-/* ---------------------------------------------------------------- events */
-
-static void event(gf_gmsd *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void event(gf_gmsd *d, const char *fmt, ...)
-{
-	struct gevent *e = &d->events[d->ev_next];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->what, sizeof(e->what), fmt, ap);
-	va_end(ap);
-	e->at_us = gf_wall_us();
-	d->ev_next = (d->ev_next + 1) % GMSD_EVENTS;
-	if (d->ev_count < GMSD_EVENTS)
-		d->ev_count++;
-	gf_log(GF_LOG_INFO, "gms", "%s", e->what);
-}
-
-/* ---------------------------------------------------------------- writer progress */
-
-/* The writer did something (or came, or left): waiters by progress wait on from now. */
-static void writer_progress(gf_gmsd *d)
-{
-	d->wmark_us = gf_now_us();
-	d->wmark_wall_us = gf_wall_us();
-}
-
-static void writer_granted(gf_gmsd *d)
-{
-	writer_progress(d);
-	d->w_granted_wall_us = d->wmark_wall_us;
-	d->w_done = d->w_total = 0;
-	d->w_reports = 0;
-}
-
-/* The writer holding RW, or NULL. */
-static struct client *writer_client(gf_gmsd *d);
-
-/* ---------------------------------------------------------------- metadata table */
-
-static uint64_t key_hash(const char *k)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a: short keys, no need for more */
-	for (; *k; k++)
-		h = (h ^ (uint8_t)*k) * 1099511628211ull;
-	return h;
-}
-
-/* Enter every metadata entry into the index, which has room (at most half full). */
-static void index_fill(gf_gmsd *d)
-{
-	memset(d->index, 0, d->index_cap * sizeof(*d->index));
-	for (size_t i = 0; i < d->nmeta; i++) {
-		size_t p = key_hash(d->meta[i].key) & (d->index_cap - 1);
-		while (d->index[p])
-			p = (p + 1) & (d->index_cap - 1);
-		d->index[p] = (uint32_t)(i + 1);
-	}
-}
-
-static int index_rebuild(gf_gmsd *d, size_t cap)
-{
-	uint32_t *idx = calloc(cap, sizeof(*idx));
-	if (!idx)
-		return gf_err(GF_ERR_NOMEM, "metadata index: out of memory");
-	free(d->index);
-	d->index = idx;
-	d->index_cap = cap;
-	index_fill(d);
-	return 0;
-}
-
-static struct gmeta *meta_find(gf_gmsd *d, const char *key)
-{
-	if (!d->index_cap)
-		return NULL;
-	size_t p = key_hash(key) & (d->index_cap - 1);
-	while (d->index[p]) {
-		struct gmeta *m = &d->meta[d->index[p] - 1];
-		if (!strcmp(m->key, key))
-			return m;
-		p = (p + 1) & (d->index_cap - 1);
-	}
-	return NULL;
-}
-
-static struct galloc *alloc_find(gf_gmsd *d, uint64_t id)
-{
-	/* ids are 1..n in allocation order within one layout */
-	if (id == 0 || id > d->nallocs || d->allocs[id - 1].id != id)
-		return NULL;
-	return &d->allocs[id - 1];
-}
-
-static struct client *next_client(gf_gmsd *d, struct client *prev);
-static void client_close(gf_gmsd *d, struct client *c, const char *why);
-
-/* ---------------------------------------------------------------- memory a released sleeper still pins */
-
-static int retired_alloc_cmp(const void *a, const void *b)
-{
-	uint64_t x = ((const struct retired_alloc *)a)->ino, y = ((const struct retired_alloc *)b)->ino;
-	return x < y ? -1 : x > y;
-}
-
-static void retired_free(struct retired *r)
-{
-	free(r->ids);
-	free(r->h);
-}
-
-/* Whether the dropped layouts' holders can be seen exactly: where allocations are files, /proc names them. */
-static bool pins_exact(const gf_gmsd *d)
-{
-	return gf_mem_caps(d->mem) & GF_MEM_CAP_FILES;
-}
-
-/*
- * Context switches of every thread of process @pid so far, in *@out. A
- * process whose sum has not moved has not run, so it has not let go of
- * anything. GF_ERR_NOT_FOUND when it is gone.
- */
-static int task_switches(uint32_t pid, uint64_t *out)
-{
-	char path[96], line[128];
-	if (!pid)
-		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
-	snprintf(path, sizeof(path), "/proc/%u/task", pid);
-	DIR *dir = opendir(path);
-	if (!dir)
-		return errno == ENOENT ? gf_err(GF_ERR_NOT_FOUND, "gone")
-				       : gf_err_errno(GF_ERR_PERMISSION, errno, "open %s", path);
-	uint64_t sum = 0;
-	for (struct dirent *e; (e = readdir(dir));) {
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/%u/task/%.20s/status", pid, e->d_name);
-		FILE *f = fopen(path, "re");
-		while (f && fgets(line, sizeof(line), f)) {
-			unsigned long long v;
-			if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
-			    sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
-				sum += v;
-		}
-		if (f)
-			fclose(f);
-	}
-	closedir(dir);
-	*out = sum;
-	return 0;
-}
-
-/* Before @d frees the layout: remember its allocations and the sleepers @h released, to watch them let go. */
-static void retire(gf_gmsd *d, const char *reason, struct pin_holder *h, size_t nh)
-{
-	struct retired r = { .generation = d->generation, .at_unix_ms = gf_wall_us() / 1000, .reason = reason,
-			     .h = h, .nholders = nh, .exact = pins_exact(d), .bytes = d->alloc_bytes,
-			     .allocs = (uint32_t)d->nallocs };
-	if (!d->nallocs || (r.exact && !(r.ids = calloc(d->nallocs, sizeof(*r.ids))))) {
-		retired_free(&r);
-		return;
-	}
-	for (size_t i = 0; r.exact && i < d->nallocs; i++) {
-		int fd;
-		bool owned;
-		struct stat st;
-		if (gf_mem_export_borrowed(d->allocs[i].a, &fd, &owned) < 0)
-			continue;
-		if (fstat(fd, &st) == 0) {
-			r.dev = st.st_dev;
-			r.ids[r.n++] = (struct retired_alloc){ (uint64_t)st.st_ino, d->allocs[i].size };
-		}
-		if (owned)
-			gf_close(fd);
-	}
-	if (r.n)
-		qsort(r.ids, r.n, sizeof(*r.ids), retired_alloc_cmp);
-	if (d->nretired == GMSD_RETIRED_MAX) {
-		/* Bounded: the oldest record stops being watched, and says so. */
-		event(d, "event=pins_untracked generation=%llu holders=%zu reason=\"more than %d dropped layouts watched\"",
-		      (unsigned long long)d->retired[0].generation, d->retired[0].nholders, GMSD_RETIRED_MAX);
-		retired_free(&d->retired[0]);
-		memmove(d->retired, d->retired + 1, (d->nretired - 1) * sizeof(*d->retired));
-		d->nretired--;
-	}
-	struct retired *n = realloc(d->retired, (d->nretired + 1) * sizeof(*n));
-	if (!n) {
-		retired_free(&r);
-		return;
-	}
-	d->retired = n;
-	d->retired[d->nretired++] = r;
-	/* A sleeper that works lets go within milliseconds of its hangup: look then. */
-	d->pin_next_us = gf_now_us() + GMSD_PIN_SETTLE_STEP_US;
-}
-
-static void mark_held(const struct retired *r, uint64_t ino, bool *seen)
-{
-	struct retired_alloc key = { .ino = ino };
-	const struct retired_alloc *a = bsearch(&key, r->ids, r->n, sizeof(*r->ids), retired_alloc_cmp);
-	if (a)
-		seen[a - r->ids] = true;
-}
-
-/*
- * What process @h->pid still holds of @r, through an fd or a mapping (a
- * fenced mapping counts: it keeps the pages as much as an fd does): 0 and
- * the figures set, 0 with none when the process is gone, or an error when it
- * cannot be told (no pid in this namespace, /proc not readable).
- */
-static int scan_holder(const struct retired *r, struct pin_holder *h)
-{
-	h->bytes = 0;
-	h->allocs = 0;
-	if (!h->pid)
-		return gf_err(GF_ERR_NOT_SUPPORTED, "its pid is not visible in the GMS's pid namespace");
-	if (!r->exact) {
-		uint64_t now = 0;
-		int rc = h->ran0_err ? h->ran0_err : task_switches(h->pid, &now);
-		if (rc == GF_ERR_NOT_FOUND)
-			return 0;
-		if (rc < 0)
-			return h->ran0_err ? gf_err(rc, "its threads could not be looked at") : rc;
-		if (now == h->ran0) {
-			h->bytes = r->bytes;
-			h->allocs = r->allocs;
-		}
-		return 0; /* it ran: it may have let go, and is no longer counted */
-	}
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%u/fd", h->pid);
-	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return errno == ENOENT || errno == ESRCH ? 0 : gf_err_errno(GF_ERR_PERMISSION, errno, "open %s", path);
-	bool *seen = calloc(r->n ? r->n : 1, sizeof(*seen));
-	DIR *dir = fdopendir(dfd);
-	if (!seen || !dir) {
-		free(seen);
-		if (dir)
-			closedir(dir);
-		else
-			close(dfd);
-		return gf_err(GF_ERR_NOMEM, "pins: out of memory");
-	}
-	for (struct dirent *e; (e = readdir(dir));) {
-		struct stat st;
-		if (e->d_name[0] != '.' && fstatat(dfd, e->d_name, &st, 0) == 0 && st.st_dev == r->dev)
-			mark_held(r, (uint64_t)st.st_ino, seen);
-	}
-	closedir(dir);
-	snprintf(path, sizeof(path), "/proc/%u/maps", h->pid);
-	FILE *f = fopen(path, "re");
-	char line[512];
-	bool line_start = true;
-	while (f && fgets(line, sizeof(line), f)) {
-		unsigned maj, mnr;
-		unsigned long long ino;
-		if (line_start && sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &mnr, &ino) == 3 && ino &&
-		    makedev(maj, mnr) == r->dev)
-			mark_held(r, ino, seen);
-		line_start = strchr(line, '\n') != NULL; /* a long line's rest is not a new mapping */
-	}
-	if (f)
-		fclose(f);
-	for (size_t i = 0; i < r->n; i++)
-		if (seen[i]) {
-			h->bytes += r->ids[i].size;
-			h->allocs++;
-		}
-	free(seen);
-	return 0;
-}
-
-/* Look at every released sleeper again: forget those that let go (or exited), report those that still hold. */
-static void pin_scan(gf_gmsd *d)
-{
-	int64_t now_ms = gf_wall_us() / 1000;
-	for (size_t i = 0; i < d->nretired;) {
-		struct retired *r = &d->retired[i];
-		for (size_t k = 0; k < r->nholders;) {
-			struct pin_holder *h = &r->h[k];
-			int rc = scan_holder(r, h);
-			if (rc == 0 && h->bytes) {
-				if (!h->reported && now_ms - r->at_unix_ms >= GMSD_PIN_SETTLE_US / 1000) {
-					h->reported = true;
-					event(d, "event=still_pinned pid=%u peer=%s bytes=%llu allocations=%u generation=%llu "
-						 "dropped_for=%s", h->pid, h->peer, (unsigned long long)h->bytes, h->allocs,
-					      (unsigned long long)r->generation, r->reason);
-				}
-				k++;
-				continue;
-			}
-			if (rc < 0)
-				event(d, "event=pin_unknown pid=%u peer=%s generation=%llu reason=\"%s\"", h->pid, h->peer,
-				      (unsigned long long)r->generation, gf_error_detail());
-			else if (h->reported)
-				event(d, "event=pin_released pid=%u peer=%s generation=%llu", h->pid, h->peer,
-				      (unsigned long long)r->generation);
-			r->h[k] = r->h[--r->nholders];
-		}
-		if (r->nholders) {
-			i++;
-			continue;
-		}
-		retired_free(r);
-		memmove(r, r + 1, (d->nretired - i - 1) * sizeof(*r));
-		d->nretired--;
-	}
-	d->pin_next_us = gf_now_us() + GMSD_PIN_SCAN_US;
-}
-
-static uint64_t pinned_bytes(const gf_gmsd *d)
-{
-	uint64_t b = 0;
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders; k++)
-			b += d->retired[i].h[k].bytes;
-	return b;
-}
-
-/* Add @c to the sleepers a drop releases: before its session is closed, so that any run after it shows. */
-static void note_holder(gf_gmsd *d, struct pin_holder **h, size_t *n, const struct client *c)
-{
-	struct pin_holder *g = realloc(*h, (*n + 1) * sizeof(**h));
-	if (!g)
-		return; /* not watched: the figure is then low, never wrongly high */
-	*h = g;
-	g[*n] = (struct pin_holder){ .pid = c->pid };
-	if (!pins_exact(d))
-		g[*n].ran0_err = task_switches(c->pid, &g[*n].ran0);
-	snprintf(g[*n].peer, sizeof(g[*n].peer), "%s", c->peer);
-	(*n)++;
-}
-
-/* Free the layout. @reason ("new_load", "demotion", "abort", NULL at exit) names the drop in the pins it leaves. */
-static void drop_layout(gf_gmsd *d, const char *reason)
-{
-	d->drops++;
-	/* Sleeping readers (and wakes that said they kept handles) hold this
-	 * layout's memory through their handles: closing their sessions is
-	 * what tells them to let go (docs/gms.md, "Sleep and wake"). One that
-	 * is stopped or hung does not: the GMS watches them (retire()). */
-	struct pin_holder *held = NULL;
-	size_t nheld = 0;
-	for (struct client *c = d->srv ? next_client(d, NULL) : NULL, *n; c; c = n) {
-		n = next_client(d, c);
-		if (c->parked || (c->phase == C_WAIT && c->handles_kept)) {
-			event(d, "event=sleeper_released peer=%s pid=%u reason=layout_dropped", c->peer, c->pid);
-			note_holder(d, &held, &nheld, c);
-			client_close(d, c, "layout dropped: a sleeping reader lets go of its handles");
-		}
-	}
-	if (nheld && reason)
-		retire(d, reason, held, nheld);
-	else
-		free(held);
-	for (size_t i = 0; i < d->nallocs; i++)
-		gf_mem_alloc_free(d->allocs[i].a); /* importers keep the memory alive (driver refcount) */
-	for (size_t i = 0; i < d->nmeta; i++) {
-		free(d->meta[i].key);
-		free(d->meta[i].value);
-	}
-	gf_close(d->mblob_fd);
-	d->mblob_fd = -1;
-	d->nallocs = 0;
-	d->nmeta = 0;
-	d->alloc_bytes = 0;
-	d->next_alloc_id = 1;
-	if (d->index)
-		memset(d->index, 0, d->index_cap * sizeof(*d->index));
-	memset(d->hash, 0, sizeof(d->hash));
-}
-
-/* ---------------------------------------------------------------- replies */
-
-static struct client *writer_client(gf_gmsd *d)
-{
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
-		if (c->phase == C_WRITER || c->phase == C_ALLOC_WAIT)
-			return c;
-	return NULL;
-}
-
-/* Open peers that finished the handshake, in no particular order: first with NULL. */
-static struct client *next_client(gf_gmsd *d, struct client *prev)
-{
-	struct gf_srv_peer *p = prev ? prev->p : NULL;
-	while ((p = gf_srv_next_peer(d->srv, p)))
-		if (p->ready)
-			return p->data;
-	return NULL;
-}
-
-static void client_close(gf_gmsd *d, struct client *c, const char *why)
-{
-	gf_srv_close(d->srv, c->p, why);
-}
-
-/* Send d->out; a peer that does not take it within the core's send deadline is closed. */
-static int send_msg(gf_gmsd *d, struct client *c, const int *fds, size_t nfds)
-{
-	return gf_srv_send(d->srv, c->p, d->out, fds, nfds);
-}
-
-static int reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-static int reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const char *fmt, ...)
-{
-	char detail[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(detail, sizeof(detail), fmt, ap);
-	va_end(ap);
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = seq;
-	gf_msg_set_error(d->out, code, detail);
-	gf_log(GF_LOG_DEBUG, "gms", "error to peer=%s code=%s detail=\"%s\"", c->peer, gf_error_name(code),
-	       detail);
-	return send_msg(d, c, NULL, 0);
-}
+static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta, bool blob);
+static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
 
 static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 {
@@ -660,8 +52,8 @@ static bool other_rw_waiting(gf_gmsd *d, struct client *self)
 	/* A fenced GMS with a committed layout: an RW not proven the holder's
 	 * yet must not keep readers out (a stray writer would, until its timeout). */
 	bool proven_only = d->lock_uri && gms_fsm_rw_would_drop(&d->fsm);
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
-		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || c->fence_admitted))
+	for (struct client *c = gmsd_next_client(d, NULL); c; c = gmsd_next_client(d, c))
+		if (c != self && c->phase == C_WAIT && c->mode == GMS_MODE_RW && (!proven_only || gms_fence_admitted(c->fence)))
 			return true;
 	return false;
 }
@@ -687,14 +79,12 @@ static void fence_cancel(gf_gmsd *d, struct client *c)
 static void fence_refuse(gf_gmsd *d, struct client *c, uint64_t current)
 {
 	d->fence_refusals++;
-	event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
+	gmsd_event(d, "event=rw_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu", c->peer, c->pid,
 	      (unsigned long long)c->lock_epoch, (unsigned long long)current);
 	c->phase = C_IDLE;
 	/* A leaving RW waiter may unblock readers (writer priority). */
 	d->changed = true;
 }
-
-static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq);
 
 /*
  * The fence holds at commit too: a writer that came with a lock grant
@@ -709,20 +99,20 @@ static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_
 		return;
 	}
 	if (rc < 0)
-		reply_error(d, c, c->commit_seq, GF_ERR_UNREACHABLE, "commit: the lock server (%s) did not confirm the "
+		gmsd_reply_error(d, c, c->commit_seq, GF_ERR_UNREACHABLE, "commit: the lock server (%s) did not confirm the "
 			    "writer's grant: %s; the load is abandoned", d->lock_uri, gf_error_detail());
 	else
-		reply_error(d, c, c->commit_seq, GF_ERR_PERMISSION, "commit: the writer's lock grant (epoch %llu%s) is "
+		gmsd_reply_error(d, c, c->commit_seq, GF_ERR_PERMISSION, "commit: the writer's lock grant (epoch %llu%s) is "
 			    "not the lock's current one (epoch %llu); the load is abandoned",
 			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : ", without a proof",
 			    (unsigned long long)h->epoch);
 	d->fence_refusals++;
-	event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
+	gmsd_event(d, "event=commit_refused peer=%s pid=%u epoch=%llu lock_epoch=%llu allocations=%zu", c->peer, c->pid,
 	      (unsigned long long)c->lock_epoch, rc == 0 ? (unsigned long long)h->epoch : 0ull, d->nallocs);
 	gms_fsm_writer_left(&d->fsm);
-	drop_layout(d, "abort");
+	gmsd_drop_layout(d, "abort");
 	c->phase = C_IDLE;
-	writer_progress(d); /* no writer from now on */
+	gmsd_writer_progress(d); /* no writer from now on */
 	d->changed = true;
 }
 
@@ -735,37 +125,33 @@ static void on_fence_answer(void *ctx, struct gf_srv_watch *w)
 	if (rc == GF_ERR_AGAIN)
 		return;
 	fence_cancel(d, c);
-	if (c->phase == C_WRITER && c->commit_pending) {
-		c->commit_pending = false;
+	bool yes = rc == 0 && c->lock_epoch != 0 && h.epoch == c->lock_epoch && h.proof_valid;
+	enum gms_fence was = c->fence;
+	c->fence = gms_fence_next(was, yes ? GMS_FENCE_YES : GMS_FENCE_NO);
+	if (c->phase == C_WRITER && was == GMS_FENCE_COMMITTING) {
 		commit_fenced(d, c, rc, &h);
 		return;
 	}
 	if (c->phase != C_WAIT)
 		return;
-	bool admission = c->fence_admission;
-	c->fence_admission = false;
 	if (rc < 0) {
-		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
+		gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock server "
 			    "(%s) did not answer: %s", d->lock_uri, gf_error_detail());
 		fence_refuse(d, c, 0);
 	} else if (c->lock_epoch == 0 || h.epoch != c->lock_epoch || !h.proof_valid) {
-		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+		gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
 			    "holder may, with its grant's proof (connect epoch %llu%s, lock epoch %llu%s)",
 			    (unsigned long long)c->lock_epoch, c->lock_proof.epoch ? "" : " without a proof",
 			    (unsigned long long)h.epoch, h.epoch ? "" : ", no holder");
 		fence_refuse(d, c, h.epoch);
 	} else {
 		/* An admission lets it wait ahead of readers; the grant is asked again. */
-		if (admission)
-			c->fence_admitted = true;
-		else
-			c->fence_passed = true;
 		d->changed = true;
 	}
 }
 
-/* Ask the lock server whether @c's grant is the current one; on_fence_answer() gets the answer. */
-static int fence_ask(gf_gmsd *d, struct client *c)
+/* Ask the lock server whether @c's grant is the current one (@why: which ask); on_fence_answer() gets the answer. */
+static int fence_ask(gf_gmsd *d, struct client *c, enum gms_fence_event why)
 {
 	int rc = gf_lock_query_start(&c->fence_q, d->lock_uri, d->lock_secret, d->lock_secret_len,
 				     c->lock_proof.epoch ? &c->lock_proof : NULL, FENCE_QUERY_MS);
@@ -776,29 +162,29 @@ static int fence_ask(gf_gmsd *d, struct client *c)
 	if (rc < 0) {
 		gf_lock_query_free(c->fence_q);
 		c->fence_q = NULL;
+		return rc;
 	}
-	return rc;
+	c->fence = gms_fence_next(c->fence, why);
+	return 0;
 }
 
 /* 1: @c may drop the layout now; 0: the lock server is being asked (or
  * refused @c: its phase is then C_IDLE and the reply sent). */
 static int fence_step(gf_gmsd *d, struct client *c)
 {
-	if (c->fence_passed) {
-		c->fence_passed = false;
+	if (gms_fence_passed(c->fence))
 		return 1;
-	}
-	if (c->fence_q)
+	if (gms_fence_asking(c->fence))
 		return 0;
 	if (c->lock_epoch == 0) {
-		reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
+		gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's current "
 			    "holder may (the connect carried no lock grant)");
 		fence_refuse(d, c, 0);
 		return 0;
 	}
-	int rc = fence_ask(d, c);
+	int rc = fence_ask(d, c, GMS_FENCE_ASK_GRANT);
 	if (rc < 0) {
-		reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+		gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
 			    "server could not be asked: %s", gf_error_detail());
 		fence_refuse(d, c, 0);
 	}
@@ -819,29 +205,24 @@ static void fence_waiting_writers(gf_gmsd *d)
 		return;
 	/* A refusal may close its peer (a failed send): walk afresh after each one. */
 	for (;;) {
-		struct client *c = next_client(d, NULL);
-		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence_admitted || c->fence_passed ||
-			     c->fence_q))
-			c = next_client(d, c);
+		struct client *c = gmsd_next_client(d, NULL);
+		while (c && (c->phase != C_WAIT || c->mode != GMS_MODE_RW || c->fence != GMS_FENCE_NONE))
+			c = gmsd_next_client(d, c);
 		if (!c)
 			return;
 		if (c->lock_epoch == 0) {
-			reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's "
+			gmsd_reply_error(d, c, c->seq, GF_ERR_PERMISSION, "RW would drop the committed layout: only the lock's "
 				    "current holder may (the connect carried no lock grant)");
 			fence_refuse(d, c, 0);
 			continue;
 		}
-		if (fence_ask(d, c) < 0) {
-			reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
+		if (fence_ask(d, c, GMS_FENCE_ASK_ADMISSION) < 0) {
+			gmsd_reply_error(d, c, c->seq, GF_ERR_UNREACHABLE, "RW would drop the committed layout and the lock "
 				    "server could not be asked: %s", gf_error_detail());
 			fence_refuse(d, c, 0);
-			continue;
 		}
-		c->fence_admission = true;
 	}
 }
-
-static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds, bool with_meta, bool blob);
 
 /* Try to grant @c now. Returns 1 granted, 0 still waiting, <0 the client was dropped. */
 static int try_grant(gf_gmsd *d, struct client *c)
@@ -851,18 +232,20 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		return 0;
 	if (dec == GMS_GRANT_RW_DROP && d->lock_uri && !fence_step(d, c))
 		return c->phase == C_WAIT ? 0 : -1;
-	c->fence_passed = false;
+	/* An ask still in flight (the layout went meanwhile) no longer matters. */
+	fence_cancel(d, c);
+	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	if (dec == GMS_GRANT_RW_DROP) {
-		event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
+		gmsd_event(d, "event=layout_dropped generation=%llu by=%s", (unsigned long long)d->generation,
 		      c->peer);
-		drop_layout(d, "new_load");
+		gmsd_drop_layout(d, "new_load");
 		tiers_residency_dropped(d->res);
 	}
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
 	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
 	if (granted == GMS_MODE_RW)
-		writer_granted(d);
+		gmsd_writer_granted(d);
 	gf_msg_start(d->out, gf_Msg_gms_connected_tag);
 	d->out->seq = c->seq;
 	fill_connected(d, &d->out->body.gms_connected, granted);
@@ -871,9 +254,9 @@ static int try_grant(gf_gmsd *d, struct client *c)
 		     !memcmp(c->parked_hash, d->hash, 16);
 	d->out->body.gms_connected.handles_valid = valid;
 	c->handles_kept = false;
-	int sent = send_msg(d, c, NULL, 0);
+	int sent = gmsd_send_msg(d, c, NULL, 0);
 	/* Logged once the answer is on its way: a wake waits on it. */
-	event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u lock_epoch=%llu proof=%d", c->peer,
+	gmsd_event(d, "event=connect peer=%s pid=%u mode=%s granted=%s state=%s readers=%u lock_epoch=%llu proof=%d", c->peer,
 	      c->pid, gms_mode_name(c->mode), gms_mode_name(granted), gms_state_name(d->fsm.state), d->fsm.readers,
 	      (unsigned long long)c->lock_epoch, c->lock_proof.epoch != 0);
 	if (sent < 0)
@@ -897,7 +280,7 @@ static void reevaluate(gf_gmsd *d)
 		uint64_t after = 0;
 		for (;;) {
 			best = NULL;
-			for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
+			for (struct client *c = gmsd_next_client(d, NULL); c; c = gmsd_next_client(d, c))
 				if (c->phase == C_WAIT && c->order > after && (!best || c->order < best->order))
 					best = c;
 			if (!best)
@@ -921,11 +304,11 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const gf_GmsConnect *r = &m->body.gms_connect;
 	if (c->phase != C_IDLE) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "already connected in this session");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "already connected in this session");
 		return;
 	}
 	if ((int)r->mode != GMS_MODE_RW && (int)r->mode != GMS_MODE_RO && (int)r->mode != GMS_MODE_RW_OR_RO) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "unknown mode %d", (int)r->mode);
+		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "unknown mode %d", (int)r->mode);
 		return;
 	}
 	c->mode = r->mode;
@@ -936,9 +319,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		memcpy(c->lock_proof.token, r->lock_proof.bytes, GF_LOCK_PROOF_LEN);
 	}
 	fence_cancel(d, c);
-	c->fence_passed = false;
-	c->fence_admission = c->fence_admitted = false;
-	c->commit_pending = false;
+	c->fence = gms_fence_next(c->fence, GMS_FENCE_RESET);
 	c->connect_list = r->with_list;
 	/* Only a session that slept here can have kept this server's handles. */
 	c->handles_kept = r->handles_kept && c->parked;
@@ -963,7 +344,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		return;
 	if (r->timeout_ms == 0) {
 		c->phase = C_IDLE;
-		reply_error(d, c, m->seq, GF_ERR_TIMEOUT, "%s not grantable now (state %s)",
+		gmsd_reply_error(d, c, m->seq, GF_ERR_TIMEOUT, "%s not grantable now (state %s)",
 			    gms_mode_name(c->mode), gms_state_name(d->fsm.state));
 		return;
 	}
@@ -978,7 +359,7 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	int rc = gf_mem_create(&a, d->mem, c->alloc_size);
 	if (rc == GF_ERR_OUT_OF_MEMORY && gf_now_us() < c->alloc_until_us) {
 		if (c->alloc_tries++ == 0)
-			event(d, "event=oom_retry peer=%s size=%llu for_ms=%lld", c->peer,
+			gmsd_event(d, "event=oom_retry peer=%s size=%llu for_ms=%lld", c->peer,
 			      (unsigned long long)c->alloc_size, (long long)d->oom_retry_ms);
 		c->phase = C_ALLOC_WAIT;
 		c->seq = seq;
@@ -988,9 +369,9 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	c->phase = C_WRITER;
 	if (rc < 0) {
 		if (rc == GF_ERR_OUT_OF_MEMORY)
-			event(d, "event=oom peer=%s size=%llu tries=%u", c->peer,
+			gmsd_event(d, "event=oom peer=%s size=%llu tries=%u", c->peer,
 			      (unsigned long long)c->alloc_size, c->alloc_tries + 1);
-		return reply_error(d, c, seq, rc, "allocate %llu bytes: %s",
+		return gmsd_reply_error(d, c, seq, rc, "allocate %llu bytes: %s",
 				   (unsigned long long)c->alloc_size, gf_error_detail());
 	}
 	int fd = -1;
@@ -999,7 +380,7 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 		struct galloc *n = realloc(d->allocs, cap * sizeof(*n));
 		if (!n) {
 			gf_mem_alloc_free(a);
-			return reply_error(d, c, seq, GF_ERR_NOMEM, "allocation table: out of memory");
+			return gmsd_reply_error(d, c, seq, GF_ERR_NOMEM, "allocation table: out of memory");
 		}
 		d->allocs = n;
 		d->allocs_cap = cap;
@@ -1007,7 +388,7 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	rc = gf_mem_export(a, &fd);
 	if (rc < 0) {
 		gf_mem_alloc_free(a);
-		return reply_error(d, c, seq, rc, "export: %s", gf_error_detail());
+		return gmsd_reply_error(d, c, seq, rc, "export: %s", gf_error_detail());
 	}
 	struct galloc *g = &d->allocs[d->nallocs++];
 	g->id = d->next_alloc_id++;
@@ -1016,9 +397,9 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	g->requested = c->alloc_size;
 	snprintf(g->tag, sizeof(g->tag), "%s", c->alloc_tag);
 	d->alloc_bytes += g->size;
-	writer_progress(d);
+	gmsd_writer_progress(d);
 	if (c->alloc_tries)
-		event(d, "event=oom_recovered peer=%s size=%llu tries=%u", c->peer,
+		gmsd_event(d, "event=oom_recovered peer=%s size=%llu tries=%u", c->peer,
 		      (unsigned long long)c->alloc_size, c->alloc_tries + 1);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = seq;
@@ -1029,7 +410,7 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	o->size = g->size;
 	o->requested = g->requested;
 	snprintf(o->tag, sizeof(o->tag), "%s", g->tag);
-	rc = send_msg(d, c, &fd, 1);
+	rc = gmsd_send_msg(d, c, &fd, 1);
 	gf_close(fd);
 	return rc;
 }
@@ -1038,18 +419,18 @@ static void handle_allocate(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const gf_GmsAllocate *r = &m->body.gms_allocate;
 	if (c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "allocate needs the RW lock");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "allocate needs the RW lock");
 		return;
 	}
 	if (r->size == 0) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "allocate: size 0");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "allocate: size 0");
 		return;
 	}
 	if (d->nallocs >= GMSD_MAX_ALLOCS) {
-		reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "allocate: more than %d allocations", GMSD_MAX_ALLOCS);
+		gmsd_reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "allocate: more than %d allocations", GMSD_MAX_ALLOCS);
 		return;
 	}
-	writer_progress(d);
+	gmsd_writer_progress(d);
 	c->alloc_size = r->size;
 	snprintf(c->alloc_tag, sizeof(c->alloc_tag), "%s", r->tag);
 	c->alloc_tries = 0;
@@ -1061,39 +442,39 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const gf_GmsMetaPut *r = &m->body.gms_meta_put;
 	if (c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "put metadata needs the RW lock");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "put metadata needs the RW lock");
 		return;
 	}
 	if (!r->key[0]) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata: empty key");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata: empty key");
 		return;
 	}
-	struct galloc *a = alloc_find(d, r->allocation_id);
+	struct galloc *a = gmsd_alloc_find(d, r->allocation_id);
 	if (!a) {
-		reply_error(d, c, m->seq, GF_ERR_NOT_FOUND, "metadata %s: unknown allocation id %llu", r->key,
+		gmsd_reply_error(d, c, m->seq, GF_ERR_NOT_FOUND, "metadata %s: unknown allocation id %llu", r->key,
 			    (unsigned long long)r->allocation_id);
 		return;
 	}
 	if (r->offset >= a->size) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG,
+		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG,
 			    "metadata %s: offset %llu outside allocation %llu of %llu bytes", r->key,
 			    (unsigned long long)r->offset, (unsigned long long)a->id,
 			    (unsigned long long)a->size);
 		return;
 	}
-	if (meta_find(d, r->key)) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata key %s already exists", r->key);
+	if (gmsd_meta_find(d, r->key)) {
+		gmsd_reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "metadata key %s already exists", r->key);
 		return;
 	}
 	if (d->nmeta >= GMSD_MAX_META) {
-		reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "more than %d metadata entries", GMSD_MAX_META);
+		gmsd_reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "more than %d metadata entries", GMSD_MAX_META);
 		return;
 	}
 	if (d->nmeta == d->meta_cap) {
 		size_t cap = d->meta_cap ? d->meta_cap * 2 : 256;
 		struct gmeta *n = realloc(d->meta, cap * sizeof(*n));
 		if (!n) {
-			reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+			gmsd_reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
 			return;
 		}
 		d->meta = n;
@@ -1101,8 +482,8 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	}
 	/* Keep the index at most half full. */
 	if ((d->nmeta + 1) * 2 > d->index_cap &&
-	    index_rebuild(d, d->index_cap ? d->index_cap * 2 : 512) < 0) {
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+	    gmsd_index_rebuild(d, d->index_cap ? d->index_cap * 2 : 512) < 0) {
+		gmsd_reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
 		return;
 	}
 	struct gmeta *e = &d->meta[d->nmeta];
@@ -1111,40 +492,40 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	if (!e->key || !e->value) {
 		free(e->key);
 		free(e->value);
-		reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_NOMEM, "metadata: out of memory");
 		return;
 	}
 	memcpy(e->value, r->value.bytes, r->value.size);
 	e->value_len = r->value.size;
 	e->alloc_id = r->allocation_id;
 	e->offset = r->offset;
-	size_t p = key_hash(e->key) & (d->index_cap - 1);
+	size_t p = gmsd_key_hash(e->key) & (d->index_cap - 1);
 	while (d->index[p])
 		p = (p + 1) & (d->index_cap - 1);
 	d->index[p] = (uint32_t)(d->nmeta + 1);
 	d->nmeta++;
-	writer_progress(d);
+	gmsd_writer_progress(d);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = m->seq;
 	d->out->which_body = gf_Msg_ok_tag;
-	send_msg(d, c, NULL, 0);
+	gmsd_send_msg(d, c, NULL, 0);
 }
 
 static void handle_progress(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	const gf_GmsProgress *r = &m->body.gms_progress;
 	if (c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "progress is the writer's to report");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "progress is the writer's to report");
 		return;
 	}
 	d->w_done = r->done_bytes;
 	d->w_total = r->total_bytes;
 	d->w_reports++;
-	writer_progress(d);
+	gmsd_writer_progress(d);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = m->seq;
 	d->out->which_body = gf_Msg_ok_tag;
-	send_msg(d, c, NULL, 0);
+	gmsd_send_msg(d, c, NULL, 0);
 }
 
 static int meta_cmp(const void *a, const void *b)
@@ -1187,22 +568,19 @@ static bool meta_blob(gf_gmsd *d)
 static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	if (c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "commit needs the RW lock");
 		return;
 	}
-	if (c->commit_pending) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "a commit is already waiting for the lock's answer");
+	if (c->fence == GMS_FENCE_COMMITTING) {
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "a commit is already waiting for the lock's answer");
 		return;
 	}
 	if (d->lock_uri && c->lock_epoch) {
 		/* Checked off the loop like the drop (fence_step()); the answer commits or refuses. */
-		int rc = fence_ask(d, c);
 		c->commit_seq = m->seq;
-		if (rc < 0) {
+		int rc = fence_ask(d, c, GMS_FENCE_ASK_COMMIT);
+		if (rc < 0)
 			commit_fenced(d, c, rc, NULL);
-			return;
-		}
-		c->commit_pending = true;
 		return;
 	}
 	do_commit(d, c, m->seq);
@@ -1211,9 +589,9 @@ static void handle_commit(gf_gmsd *d, struct client *c, const gf_Msg *m)
 static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 {
 	for (size_t i = 0; i < d->nmeta; i++) {
-		struct galloc *a = alloc_find(d, d->meta[i].alloc_id);
+		struct galloc *a = gmsd_alloc_find(d, d->meta[i].alloc_id);
 		if (!a || d->meta[i].offset >= a->size) {
-			reply_error(d, c, seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
+			gmsd_reply_error(d, c, seq, GF_ERR_INVALID_ARG, "commit: metadata %s is invalid",
 				    d->meta[i].key);
 			return;
 		}
@@ -1223,7 +601,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	if (!sizes || !lm) {
 		free(sizes);
 		free(lm);
-		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
+		gmsd_reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* Canonical order (by key) so the hash does not depend on the order of puts. */
@@ -1233,7 +611,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	 * fail (a new index could, and would leave the old one pointing at the
 	 * wrong entries). No index yet means no metadata. */
 	if (d->index_cap)
-		index_fill(d);
+		gmsd_index_fill(d);
 	for (size_t i = 0; i < d->nallocs; i++)
 		sizes[i] = d->allocs[i].size;
 	for (size_t i = 0; i < d->nmeta; i++) {
@@ -1247,7 +625,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	free(sizes);
 	free(lm);
 	if (hrc < 0) {
-		reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
+		gmsd_reply_error(d, c, seq, GF_ERR_NOMEM, "commit: out of memory");
 		return;
 	}
 	/* The committed bytes are final: no holder of an fd, the writer
@@ -1256,17 +634,17 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	for (size_t i = 0; i < d->nallocs; i++) {
 		int src = gf_mem_seal(d->allocs[i].a);
 		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
-			reply_error(d, c, seq, src, "commit: %s", gf_error_detail());
+			gmsd_reply_error(d, c, seq, src, "commit: %s", gf_error_detail());
 			return;
 		}
 	}
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
 	c->phase = C_READER;
-	writer_progress(d);
+	gmsd_writer_progress(d);
 	char hex[33];
 	gf_hex(d->hash, 16, hex);
-	event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
+	gmsd_event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
 	      (unsigned long long)d->generation, hex, d->nallocs, (unsigned long long)d->alloc_bytes, d->nmeta);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = seq;
@@ -1274,7 +652,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	d->out->body.gms_committed.generation = d->generation;
 	memcpy(d->out->body.gms_committed.layout_hash.bytes, d->hash, 16);
 	d->out->body.gms_committed.layout_hash.size = 16;
-	send_msg(d, c, NULL, 0);
+	gmsd_send_msg(d, c, NULL, 0);
 	d->changed = true;
 	tiers_residency_committed(d->res);
 	meta_blob(d); /* now, after the reply, rather than in the first reader's map */
@@ -1354,8 +732,8 @@ static void list_pump(gf_gmsd *d, struct client *c)
 		if (rc < 0) {
 			close_owned(fds, owned, nfds);
 			/* The reply is already under way: the client cannot resynchronise. */
-			reply_error(d, c, c->seq, rc, "list: %s", gf_error_detail());
-			client_close(d, c, "list chunk failed");
+			gmsd_reply_error(d, c, c->seq, rc, "list: %s", gf_error_detail());
+			gmsd_client_close(d, c, "list chunk failed");
 			return;
 		}
 		rc = gf_srv_send_raw(d->srv, c->p, d->lc_buf, len, fds, nfds);
@@ -1389,7 +767,7 @@ static void start_list(gf_gmsd *d, struct client *c, uint32_t seq, bool with_fds
 static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	if (c->phase != C_READER && c->phase != C_WRITER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "list needs the RW or RO lock");
 		return;
 	}
 	start_list(d, c, m->seq, m->body.gms_list.with_fds, !m->body.gms_list.without_metadata,
@@ -1400,7 +778,7 @@ static void handle_list(gf_gmsd *d, struct client *c, const gf_Msg *m)
 static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	if (c->phase != C_READER) {
-		reply_error(d, c, m->seq, GF_ERR_STATE, "disconnect: only a reader keeps its session without a lock");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_STATE, "disconnect: only a reader keeps its session without a lock");
 		return;
 	}
 	gms_fsm_reader_left(&d->fsm);
@@ -1409,498 +787,23 @@ static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->parked_drops = d->drops;
 	memcpy(c->parked_hash, d->hash, 16);
 	d->changed = true;
-	event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s session=kept", c->peer, c->pid,
+	gmsd_event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s session=kept", c->peer, c->pid,
 	      d->fsm.readers, gms_state_name(d->fsm.state));
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = m->seq;
 	d->out->which_body = gf_Msg_ok_tag;
-	send_msg(d, c, NULL, 0);
-}
-
-/* Everything status reports, for the wire, the JSON and the metrics. */
-static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
-{
-	memset(s, 0, sizeof(*s));
-	s->state = (gf_GmsState)d->fsm.state;
-	s->generation = d->generation;
-	if (d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO) {
-		memcpy(s->layout_hash.bytes, d->hash, 16);
-		s->layout_hash.size = 16;
-	}
-	s->readers = d->fsm.readers;
-	for (struct client *x = next_client(d, NULL); x; x = next_client(d, x)) {
-		if (x->phase == C_WAIT)
-			s->waiters++;
-		if (x->phase == C_WAIT && x->by_progress)
-			s->waiters_by_progress++;
-		if (x->parked)
-			s->sleeping++;
-	}
-	s->allocation_count = (uint32_t)d->nallocs;
-	s->allocation_bytes = d->alloc_bytes;
-	s->writer = d->fsm.state == GMS_RW;
-	struct client *w = writer_client(d);
-	if (w) {
-		gf_GmsWriterProgress *o = &s->writer_progress;
-		s->has_writer_progress = true;
-		snprintf(o->peer, sizeof(o->peer), "%s", w->peer);
-		o->pid = w->pid;
-		o->granted_unix_ms = d->w_granted_wall_us / 1000;
-		o->allocations = (uint32_t)d->nallocs;
-		o->allocated_bytes = d->alloc_bytes;
-		o->metadata = (uint32_t)d->nmeta;
-		o->done_bytes = d->w_done;
-		o->total_bytes = d->w_total;
-		o->last_progress_unix_ms = d->wmark_wall_us / 1000;
-		o->progress_reports = d->w_reports;
-	} else {
-		s->no_writer_since_unix_ms = d->wmark_wall_us / 1000;
-	}
-	snprintf(s->backend, sizeof(s->backend), "%s", gf_mem_kind_name(gf_mem_kind(d->mem)));
-	s->device = (uint32_t)d->device;
-	snprintf(s->device_uuid, sizeof(s->device_uuid), "%s", d->uuid);
-	s->uptime_ms = (gf_now_us() - d->started_us) / 1000;
-	s->metadata_count = (uint32_t)d->nmeta;
-	struct gf_srv_stats st;
-	gf_srv_stats(d->srv, &st);
-	s->connections = st.connections;
-	s->fd_limit = st.fd_limit;
-	s->accept_paused = st.accept_paused;
-	s->fenced = d->lock_uri != NULL;
-	s->fence_refusals = d->fence_refusals;
-	/* Looked at now: the figure an operator or a demotion's answer reads is current. */
-	pin_scan(d);
-	s->pinned_exact = pins_exact(d);
-	s->pinned_bytes = pinned_bytes(d);
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders && s->pinned_by_count < GF_ARRAY_SIZE(s->pinned_by); k++) {
-			const struct retired *r = &d->retired[i];
-			gf_GmsPinned *o = &s->pinned_by[s->pinned_by_count++];
-			o->pid = r->h[k].pid;
-			snprintf(o->peer, sizeof(o->peer), "%s", r->h[k].peer);
-			o->bytes = r->h[k].bytes;
-			o->allocations = r->h[k].allocs;
-			o->generation = r->generation;
-			snprintf(o->reason, sizeof(o->reason), "%s", r->reason);
-			o->since_unix_ms = r->at_unix_ms;
-		}
-	/* oldest first */
-	size_t first = (d->ev_next + GMSD_EVENTS - d->ev_count) % GMSD_EVENTS;
-	for (size_t i = 0; i < d->ev_count; i++) {
-		const struct gevent *e = &d->events[(first + i) % GMSD_EVENTS];
-		s->events[s->events_count].at_us = e->at_us;
-		snprintf(s->events[s->events_count].what, sizeof(s->events[0].what), "%s", e->what);
-		s->events_count++;
-	}
-	tiers_residency_status(d->res, s);
-}
-
-static void handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	memset(d->out, 0, sizeof(*d->out));
-	d->out->seq = m->seq;
-	d->out->which_body = gf_Msg_gms_status_tag;
-	fill_status(d, &d->out->body.gms_status);
-	send_msg(d, c, NULL, 0);
-}
-
-int gf_gmsd_status_json(gf_gmsd *d, char **json)
-{
-	if (!d || !json)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_status_json: NULL argument");
-	gf_GmsStatus *s = malloc(sizeof(*s));
-	if (!s)
-		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
-	fill_status(d, s);
-	int rc = gf_gms_status_to_json(s, json);
-	free(s);
-	return rc;
-}
-
-int gf_gmsd_metrics(gf_gmsd *d, char **text)
-{
-	if (!d || !text)
-		return gf_err(GF_ERR_INVALID_ARG, "gf_gmsd_metrics: NULL argument");
-	gf_GmsStatus *s = malloc(sizeof(*s));
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = s ? open_memstream(&buf, &len) : NULL;
-	if (!f) {
-		free(s);
-		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
-	}
-	fill_status(d, s);
-	fputs("# HELP gf_gms_state Lock state of the GMS: 1 for the current state, 0 for the others.\n"
-	      "# TYPE gf_gms_state gauge\n", f);
-	for (int st = GF_GMS_STATE_EMPTY; st <= GF_GMS_STATE_RO; st++)
-		fprintf(f, "gf_gms_state{state=\"%s\"} %d\n", gf_gms_state_name(st), (int)s->state == st);
-	fprintf(f, "# HELP gf_gms_generation Generation of the committed layout (0: none).\n"
-		   "# TYPE gf_gms_generation gauge\ngf_gms_generation %llu\n"
-		   "# HELP gf_gms_readers Readers holding the RO lock.\n# TYPE gf_gms_readers gauge\ngf_gms_readers %u\n"
-		   "# HELP gf_gms_waiters Connections waiting for a lock.\n# TYPE gf_gms_waiters gauge\ngf_gms_waiters %u\n"
-		   "# HELP gf_gms_sleeping Readers asleep on a kept session, holding their handles.\n"
-		   "# TYPE gf_gms_sleeping gauge\ngf_gms_sleeping %u\n"
-		   "# HELP gf_gms_allocations Allocations in the layout.\n"
-		   "# TYPE gf_gms_allocations gauge\ngf_gms_allocations %u\n"
-		   "# HELP gf_gms_allocation_bytes Bytes allocated for the layout.\n"
-		   "# TYPE gf_gms_allocation_bytes gauge\ngf_gms_allocation_bytes %llu\n"
-		   "# HELP gf_gms_connections Open connections.\n"
-		   "# TYPE gf_gms_connections gauge\ngf_gms_connections %u\n"
-		   "# HELP gf_gms_fd_limit The soft RLIMIT_NOFILE: bounds connections and host allocations.\n"
-		   "# TYPE gf_gms_fd_limit gauge\ngf_gms_fd_limit %llu\n"
-		   "# HELP gf_gms_fenced 1 when a layout drop needs the lock's current epoch (gf-gmsd --lock).\n"
-		   "# TYPE gf_gms_fenced gauge\ngf_gms_fenced %d\n"
-		   "# HELP gf_gms_fence_refusals_total RW requests refused by the lock fence.\n"
-		   "# TYPE gf_gms_fence_refusals_total counter\ngf_gms_fence_refusals_total %llu\n"
-		   "# HELP gf_gms_pinned_bytes Bytes of dropped layouts that released sleepers still hold.\n"
-		   "# TYPE gf_gms_pinned_bytes gauge\ngf_gms_pinned_bytes %llu\n"
-		   "# HELP gf_gms_pinned_exact 1 when those holders are seen (host), 0 for a lower bound (cuda).\n"
-		   "# TYPE gf_gms_pinned_exact gauge\ngf_gms_pinned_exact %d\n",
-		(unsigned long long)s->generation, s->readers, s->waiters, s->sleeping, s->allocation_count,
-		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
-		(unsigned long long)s->fence_refusals, (unsigned long long)s->pinned_bytes, s->pinned_exact ? 1 : 0);
-	fprintf(f, "# HELP gf_gms_waiters_by_progress Waiters whose timeout counts only while no writer makes progress.\n"
-		   "# TYPE gf_gms_waiters_by_progress gauge\ngf_gms_waiters_by_progress %u\n"
-		   "# HELP gf_gms_writer_connected 1 while a writer holds RW.\n"
-		   "# TYPE gf_gms_writer_connected gauge\ngf_gms_writer_connected %d\n"
-		   "# HELP gf_gms_writer_idle_seconds Seconds since the writer's last progress, or without one since a writer last held RW.\n"
-		   "# TYPE gf_gms_writer_idle_seconds gauge\ngf_gms_writer_idle_seconds %.3f\n",
-		s->waiters_by_progress, s->has_writer_progress ? 1 : 0,
-		(double)(gf_now_us() - d->wmark_us) / 1e6);
-	if (s->pinned_by_count)
-		fputs("# HELP gf_gms_pinned_by_bytes Bytes of a dropped layout one released sleeper still holds.\n"
-		      "# TYPE gf_gms_pinned_by_bytes gauge\n", f);
-	for (pb_size_t i = 0; i < s->pinned_by_count; i++)
-		fprintf(f, "gf_gms_pinned_by_bytes{pid=\"%u\",peer=\"%s\",generation=\"%llu\"} %llu\n", s->pinned_by[i].pid,
-			s->pinned_by[i].peer, (unsigned long long)s->pinned_by[i].generation,
-			(unsigned long long)s->pinned_by[i].bytes);
-	tiers_residency_metrics(d->res, s, f);
-	free(s);
-	if (fclose(f) != 0) {
-		free(buf);
-		return gf_err(GF_ERR_NOMEM, "gmsd: out of memory");
-	}
-	*text = buf;
-	return 0;
+	gmsd_send_msg(d, c, NULL, 0);
 }
 
 /* ---------------------------------------------------------------- tiers (lib/tiers/residency.h) */
-
-static void host_layout(void *host, struct tiers_host_layout *l)
-{
-	gf_gmsd *d = host;
-	*l = (struct tiers_host_layout){
-		.empty = d->fsm.state == GMS_EMPTY,
-		.hot = d->fsm.state == GMS_COMMITTED || d->fsm.state == GMS_RO,
-		.writer = d->fsm.state == GMS_RW,
-		.readers = d->fsm.readers,
-		.state = gms_state_name(d->fsm.state),
-		.generation = d->generation,
-		.allocations = d->nallocs,
-		.bytes = d->alloc_bytes,
-		.pinned_bytes = pinned_bytes(d),
-	};
-	memcpy(l->hash, d->hash, 16);
-	size_t len = 0;
-	for (size_t i = 0; i < d->nretired; i++)
-		for (size_t k = 0; k < d->retired[i].nholders && len < sizeof(l->pinned_by); k++) {
-			const struct pin_holder *h = &d->retired[i].h[k];
-			if (h->bytes)
-				len += (size_t)snprintf(l->pinned_by + len, sizeof(l->pinned_by) - len, "%spid %u (%s) %llu bytes",
-							len ? ", " : "", h->pid, h->peer, (unsigned long long)h->bytes);
-		}
-}
-
-/* The committed layout as a snapshot job (a manifest and one exported fd per allocation), held like a reader. */
-static int host_export(void *host, struct tiers_manifest **out, int **out_fds)
-{
-	gf_gmsd *d = host;
-	if (d->fsm.state != GMS_COMMITTED && d->fsm.state != GMS_RO)
-		return gf_err(GF_ERR_STATE, "snapshot: no committed layout (state %s)", gms_state_name(d->fsm.state));
-	struct tiers_manifest *mf = tiers_manifest_new();
-	int *fds = malloc((d->nallocs ? d->nallocs : 1) * sizeof(*fds));
-	int rc = 0;
-	if (!mf || !fds || !(mf->allocs = calloc(d->nallocs ? d->nallocs : 1, sizeof(*mf->allocs))) ||
-	    !(mf->meta = calloc(d->nmeta ? d->nmeta : 1, sizeof(*mf->meta))))
-		rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
-	size_t nfds = 0;
-	for (size_t i = 0; rc == 0 && i < d->nallocs; i++) {
-		mf->allocs[i].id = d->allocs[i].id;
-		mf->allocs[i].size = d->allocs[i].size;
-		memcpy(mf->allocs[i].tag, d->allocs[i].tag, sizeof(mf->allocs[i].tag));
-		mf->nallocs = i + 1;
-		rc = gf_mem_export(d->allocs[i].a, &fds[i]);
-		nfds += rc == 0;
-	}
-	for (size_t i = 0; rc == 0 && i < d->nmeta; i++) {
-		struct tiers_snap_meta *e = &mf->meta[i];
-		e->key = strdup(d->meta[i].key);
-		e->value = malloc(d->meta[i].value_len ? d->meta[i].value_len : 1);
-		mf->nmeta = i + 1;
-		if (!e->key || !e->value) {
-			rc = gf_err(GF_ERR_NOMEM, "snapshot: out of memory");
-			break;
-		}
-		memcpy(e->value, d->meta[i].value, d->meta[i].value_len);
-		e->value_len = d->meta[i].value_len;
-		e->alloc_id = d->meta[i].alloc_id;
-		e->offset = d->meta[i].offset;
-	}
-	if (rc < 0) {
-		gf_close_fds(fds, nfds);
-		free(fds);
-		tiers_manifest_free(mf);
-		return rc;
-	}
-	mf->generation = d->generation;
-	memcpy(mf->layout_hash, d->hash, 16);
-	/* No writer replaces the layout while the job reads it. */
-	gms_fsm_apply(&d->fsm, GMS_GRANT_RO);
-	*out = mf;
-	*out_fds = fds;
-	return 0;
-}
-
-static void host_release(void *host)
-{
-	gf_gmsd *d = host;
-	gms_fsm_reader_left(&d->fsm);
-	d->changed = true;
-}
-
-/* Adopt a verified restore: allocations, metadata, generation and hash exactly as snapshotted; EMPTY -> COMMITTED. */
-static int host_adopt(void *host, struct tiers_manifest *mf, gf_mem_alloc **allocs)
-{
-	gf_gmsd *d = host;
-	if (d->fsm.state != GMS_EMPTY)
-		return gf_err(GF_ERR_STATE, "restore: the GMS is %s, not EMPTY", gms_state_name(d->fsm.state));
-	size_t cap = 512;
-	while (cap < 2 * mf->nmeta)
-		cap *= 2;
-	struct galloc *ga = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(*ga));
-	struct gmeta *gm = calloc(mf->nmeta ? mf->nmeta : 1, sizeof(*gm));
-	/* The index is sized while the table is still empty: nothing fails once the restore is taken over. */
-	if (!ga || !gm || index_rebuild(d, cap) < 0) {
-		free(ga);
-		free(gm);
-		return gf_err(GF_ERR_NOMEM, "restore: out of memory");
-	}
-	/* Final bytes, as after a commit (host: sealed; cuda cannot enforce it). */
-	for (size_t i = 0; i < mf->nallocs; i++) {
-		int src = gf_mem_seal(allocs[i]);
-		if (src < 0 && src != GF_ERR_NOT_SUPPORTED) {
-			free(ga);
-			free(gm);
-			return src;
-		}
-	}
-	uint64_t bytes = 0;
-	for (size_t i = 0; i < mf->nallocs; i++) {
-		ga[i] = (struct galloc){ .id = mf->allocs[i].id, .a = allocs[i], .size = mf->allocs[i].size,
-					 .requested = mf->allocs[i].size };
-		memcpy(ga[i].tag, mf->allocs[i].tag, sizeof(ga[i].tag));
-		bytes += mf->allocs[i].size;
-	}
-	for (size_t i = 0; i < mf->nmeta; i++) {
-		/* Taken over from the manifest, which is freed without them. */
-		gm[i] = (struct gmeta){ .key = mf->meta[i].key, .alloc_id = mf->meta[i].alloc_id,
-					.offset = mf->meta[i].offset, .value = mf->meta[i].value,
-					.value_len = mf->meta[i].value_len };
-		mf->meta[i].key = NULL;
-		mf->meta[i].value = NULL;
-	}
-	free(d->allocs);
-	free(d->meta);
-	d->allocs = ga;
-	d->nallocs = d->allocs_cap = mf->nallocs;
-	d->meta = gm;
-	d->nmeta = d->meta_cap = mf->nmeta;
-	d->next_alloc_id = mf->nallocs + 1;
-	d->alloc_bytes = bytes;
-	index_fill(d);
-	d->generation = mf->generation;
-	memcpy(d->hash, mf->layout_hash, 16);
-	gms_fsm_restored(&d->fsm);
-	d->changed = true;
-	return 0;
-}
-
-/* A demotion: the layout is kept in a lower tier, free it here. */
-static int host_drop(void *host)
-{
-	gf_gmsd *d = host;
-	if (!gms_fsm_demoted(&d->fsm))
-		return gf_err(GF_ERR_BUSY, "the layout is in use (state %s)", gms_state_name(d->fsm.state));
-	drop_layout(d, "demotion");
-	d->changed = true;
-	return 0;
-}
-
-static void host_event(void *host, const char *text)
-{
-	event(host, "%s", text);
-}
-
-static void host_answer(void *host, enum tiers_residency_wait what, int err, const char *detail)
-{
-	gf_gmsd *d = host;
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
-		if (c->tier_wait != what)
-			continue;
-		c->tier_wait = 0;
-		if (err < 0) {
-			reply_error(d, c, c->tier_seq, err, "%s: %s",
-				    what == TIERS_WAIT_SNAPSHOT ? "snapshot failed" : what == TIERS_WAIT_RESTORE ? "restore" : "demote",
-				    detail);
-			continue;
-		}
-		if (what == TIERS_WAIT_DEMOTION && d->nretired) {
-			/* The answer (and the status it is read with) says what the drop really freed. */
-			c->settling = true;
-			c->settle_until_us = gf_now_us() + GMSD_PIN_SETTLE_US;
-			continue;
-		}
-		memset(d->out, 0, sizeof(*d->out));
-		d->out->seq = c->tier_seq;
-		d->out->which_body = gf_Msg_ok_tag;
-		send_msg(d, c, NULL, 0);
-	}
-}
-
-static void on_tier_ready(void *ctx, struct gf_srv_watch *w)
-{
-	(void)w;
-	tiers_residency_process(((gf_gmsd *)ctx)->res);
-}
-
-static int host_watch(void *host, int fd)
-{
-	gf_gmsd *d = host;
-	d->tier_watch.fn = on_tier_ready;
-	return gf_srv_watch_add(d->srv, fd, &d->tier_watch);
-}
-
-static const struct tiers_residency_host residency_host = {
-	.layout = host_layout,
-	.export_layout = host_export,
-	.release = host_release,
-	.adopt = host_adopt,
-	.drop = host_drop,
-	.event = host_event,
-	.answer = host_answer,
-	.watch = host_watch,
-};
-
-int gf_gmsd_restore(gf_gmsd *d, const char *dir)
-{
-	if (!d || !d->started)
-		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return tiers_residency_restore(d->res, dir);
-}
-
-int gf_gmsd_snapshot(gf_gmsd *d, const char *dir)
-{
-	if (!d || !d->started)
-		return gf_err(GF_ERR_STATE, "gmsd not started");
-	return tiers_residency_snapshot(d->res, dir && *dir ? dir : NULL);
-}
-
-/* Root or the server's own uid: the operator's own tools. */
-static bool admin_peer(const struct client *c)
-{
-	return c->p->uid == 0 || c->p->uid == (uint32_t)geteuid();
-}
-
-/*
- * A directory a client names for a snapshot or a restore. The GMS (often
- * root) reads and writes there on the client's behalf: any other allowed
- * peer may name only a kept tier (or none), or it could write into, or
- * restore and then map, what only the GMS's uid can reach (a confused
- * deputy). 0, or the refusal sent.
- */
-static int client_dir_allowed(gf_gmsd *d, struct client *c, uint32_t seq, const char *what, const char *dir)
-{
-	if (!dir || admin_peer(c) || tiers_residency_is_tier_dir(d->res, dir))
-		return 0;
-	event(d, "event=%s_refused peer=%s uid=%u reason=\"not an admin uid: only a kept tier\"", what, c->peer,
-	      c->p->uid);
-	reply_error(d, c, seq, GF_ERR_PERMISSION,
-		    "%s: only root or the server's own uid may name a directory other than the kept tiers", what);
-	return GF_ERR_PERMISSION;
-}
-
-static void handle_snapshot(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	const char *dir = m->body.gms_snapshot.dir[0] ? m->body.gms_snapshot.dir : NULL;
-	if (client_dir_allowed(d, c, m->seq, "snapshot", dir) < 0)
-		return;
-	int rc = tiers_residency_snapshot(d->res, dir);
-	if (rc < 0) {
-		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
-		return;
-	}
-	c->tier_wait = TIERS_WAIT_SNAPSHOT;
-	c->tier_seq = m->seq;
-}
-
-static void handle_restore(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	const char *dir = m->body.gms_restore.dir[0] ? m->body.gms_restore.dir : NULL;
-	if (client_dir_allowed(d, c, m->seq, "restore", dir) < 0)
-		return;
-	/* On the tier worker: reading and checking a snapshot never holds up the loop. */
-	int rc = tiers_residency_restore_start(d->res, dir);
-	if (rc < 0) {
-		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
-		return;
-	}
-	c->tier_wait = TIERS_WAIT_RESTORE;
-	c->tier_seq = m->seq;
-}
-
-static void handle_demote(gf_gmsd *d, struct client *c, const gf_Msg *m)
-{
-	const char *to = m->body.gms_demote.to;
-	/* Dropping the weights every engine sleeps on is an admin's decision, like
-	 * revoking a lock: root or the server's own uid, not every allowed engine. */
-	if (!admin_peer(c)) {
-		event(d, "event=demote_refused peer=%s uid=%u reason=\"not an admin uid\"", c->peer, c->p->uid);
-		reply_error(d, c, m->seq, GF_ERR_PERMISSION, "demote: only root or the server's own uid may demote");
-		return;
-	}
-	enum tier want = !*to ? TIER_HOT : !strcmp(to, "warm") ? TIER_WARM : !strcmp(to, "cold") ? TIER_COLD : TIER_LOADER;
-	if (want == TIER_LOADER) {
-		reply_error(d, c, m->seq, GF_ERR_INVALID_ARG, "demote: to must be warm, cold or empty, not '%s'", to);
-		return;
-	}
-	char why[160];
-	snprintf(why, sizeof(why), "requested by peer=%s pid=%u", c->peer, c->pid);
-	/* Waiting first: a demotion that ends at once answers it; one refused to begin (busy) does not. */
-	c->tier_wait = TIERS_WAIT_DEMOTION;
-	c->tier_seq = m->seq;
-	int rc = tiers_residency_demote(d->res, want, why);
-	if (rc < 0 && c->tier_wait == TIERS_WAIT_DEMOTION) {
-		c->tier_wait = 0;
-		reply_error(d, c, m->seq, rc, "%s", gf_error_detail());
-	}
-}
-
-int gf_gmsd_demote(gf_gmsd *d, int to)
-{
-	if (!d || !d->started)
-		return gf_err(GF_ERR_STATE, "gmsd not started");
-	if (to != GF_GMS_TIER_ANY && to != GF_GMS_TIER_WARM && to != GF_GMS_TIER_COLD)
-		return gf_err(GF_ERR_INVALID_ARG, "demote: unknown tier %d", to);
-	return tiers_residency_demote(d->res, (enum tier)to, "requested in process");
-}
 
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
 	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->tier_wait || c->settling) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
-		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
-		client_close(d, c, "request while waiting");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
+		gmsd_client_close(d, c, "request while waiting");
 		return false;
 	}
 	switch (m->which_body) {
@@ -1920,26 +823,26 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		handle_list(d, c, m);
 		break;
 	case gf_Msg_gms_status_request_tag:
-		handle_status(d, c, m);
+		gmsd_handle_status(d, c, m);
 		break;
 	case gf_Msg_gms_snapshot_tag:
-		handle_snapshot(d, c, m);
+		gmsd_handle_snapshot(d, c, m);
 		break;
 	case gf_Msg_gms_restore_tag:
-		handle_restore(d, c, m);
+		gmsd_handle_restore(d, c, m);
 		break;
 	case gf_Msg_gms_disconnect_tag:
 		handle_disconnect(d, c, m);
 		break;
 	case gf_Msg_gms_demote_tag:
-		handle_demote(d, c, m);
+		gmsd_handle_demote(d, c, m);
 		break;
 	case gf_Msg_gms_progress_tag:
 		handle_progress(d, c, m);
 		break;
 	default:
-		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
-		client_close(d, c, "unexpected message");
+		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
+		gmsd_client_close(d, c, "unexpected message");
 		return false;
 	}
 	return true;
@@ -1968,15 +871,15 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	case C_WRITER:
 	case C_ALLOC_WAIT:
 		gms_fsm_writer_left(&d->fsm);
-		event(d, "event=rw_abort peer=%s pid=%u allocations=%zu reason=\"%s\"", c->peer, c->pid,
+		gmsd_event(d, "event=rw_abort peer=%s pid=%u allocations=%zu reason=\"%s\"", c->peer, c->pid,
 		      d->nallocs, why);
-		drop_layout(d, "abort");
-		writer_progress(d); /* no writer from now on */
+		gmsd_drop_layout(d, "abort");
+		gmsd_writer_progress(d); /* no writer from now on */
 		d->changed = true;
 		break;
 	case C_READER:
 		gms_fsm_reader_left(&d->fsm);
-		event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s", c->peer, c->pid,
+		gmsd_event(d, "event=disconnect peer=%s pid=%u mode=RO readers=%u state=%s", c->peer, c->pid,
 		      d->fsm.readers, gms_state_name(d->fsm.state));
 		d->changed = true;
 		break;
@@ -2026,25 +929,25 @@ static int64_t wait_deadline(const gf_gmsd *d, const struct client *c)
 static void progress_timeout(gf_gmsd *d, struct client *c)
 {
 	double secs = (double)c->wait_timeout_us / 1e6;
-	struct client *w = writer_client(d);
+	struct client *w = gmsd_writer_client(d);
 	if (!w) {
-		event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=no_writer", c->peer,
+		gmsd_event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=no_writer", c->peer,
 		      gms_mode_name(c->mode), gms_state_name(d->fsm.state));
-		reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
+		gmsd_reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
 			    "%s not granted: no writer connected for %.1f s (state %s, generation %llu): is a loader "
 			    "running against this GMS?",
 			    gms_mode_name(c->mode), secs, gms_state_name(d->fsm.state),
 			    (unsigned long long)d->generation);
 		return;
 	}
-	event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=writer_stalled writer=%s "
+	gmsd_event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=writer_stalled writer=%s "
 		 "writer_pid=%u",
 	      c->peer, gms_mode_name(c->mode), gms_state_name(d->fsm.state), w->peer, w->pid);
 	char done[96] = "";
 	if (d->w_reports)
 		snprintf(done, sizeof(done), ", reported %llu of %llu bytes written", (unsigned long long)d->w_done,
 			 (unsigned long long)d->w_total);
-	reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
+	gmsd_reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
 		    "%s not granted: writer connected but made no progress for %.1f s (writer %s pid %u: %zu "
 		    "allocations, %llu bytes, %zu metadata entries%s): is the loader hung?",
 		    gms_mode_name(c->mode), secs, w->peer, w->pid, d->nallocs, (unsigned long long)d->alloc_bytes,
@@ -2054,9 +957,9 @@ static void progress_timeout(gf_gmsd *d, struct client *c)
 static void on_timer(void *ctx, int64_t now)
 {
 	gf_gmsd *d = ctx;
-	struct client *c = next_client(d, NULL), *next;
+	struct client *c = gmsd_next_client(d, NULL), *next;
 	for (; c; c = next) {
-		next = next_client(d, c);
+		next = gmsd_next_client(d, c);
 		if (c->phase == C_WAIT && now >= wait_deadline(d, c)) {
 			c->phase = C_IDLE;
 			d->changed |= c->mode == GMS_MODE_RW;
@@ -2064,31 +967,31 @@ static void on_timer(void *ctx, int64_t now)
 				progress_timeout(d, c);
 				continue;
 			}
-			event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
+			gmsd_event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
 			      gms_state_name(d->fsm.state));
-			reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
+			gmsd_reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
 				    gms_mode_name(c->mode), gms_state_name(d->fsm.state));
 		} else if (c->phase == C_ALLOC_WAIT && now >= c->alloc_next_us) {
 			do_allocate(d, c, c->seq);
 		}
 	}
-	if (d->nretired && now >= d->pin_next_us)
-		pin_scan(d);
+	if (d->pins.nretired && now >= d->pins.next_us)
+		gms_pins_scan(&d->pins);
 	bool settling = false;
-	for (c = next_client(d, NULL); c; c = next_client(d, c))
+	for (c = gmsd_next_client(d, NULL); c; c = gmsd_next_client(d, c))
 		settling |= c->settling;
 	if (settling)
-		pin_scan(d);
-	for (c = next_client(d, NULL); settling && c; c = next_client(d, c)) {
+		gms_pins_scan(&d->pins);
+	for (c = gmsd_next_client(d, NULL); settling && c; c = gmsd_next_client(d, c)) {
 		if (!c->settling)
 			continue;
-		if (d->nretired && now < c->settle_until_us)
+		if (d->pins.nretired && now < c->settle_until_us)
 			continue;
 		c->settling = false;
 		memset(d->out, 0, sizeof(*d->out));
 		d->out->seq = c->tier_seq;
 		d->out->which_body = gf_Msg_ok_tag;
-		send_msg(d, c, NULL, 0);
+		gmsd_send_msg(d, c, NULL, 0);
 	}
 	tiers_residency_timer(d->res, now);
 }
@@ -2097,19 +1000,19 @@ static int64_t next_deadline(void *ctx)
 {
 	gf_gmsd *d = ctx;
 	int64_t next = INT64_MAX;
-	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
+	for (struct client *c = gmsd_next_client(d, NULL); c; c = gmsd_next_client(d, c)) {
 		int64_t w = c->phase == C_WAIT ? wait_deadline(d, c) : INT64_MAX;
 		if (w < next)
 			next = w;
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 		if (c->settling) {
-			int64_t step = gf_now_us() + GMSD_PIN_SETTLE_STEP_US;
+			int64_t step = gf_now_us() + GMS_PINS_SETTLE_STEP_US;
 			next = step < next ? step : next;
 		}
 	}
-	if (d->nretired && d->pin_next_us < next)
-		next = d->pin_next_us;
+	if (d->pins.nretired && d->pins.next_us < next)
+		next = d->pins.next_us;
 	int64_t p = tiers_residency_deadline(d->res);
 	return p < next ? p : next;
 }
@@ -2124,6 +1027,7 @@ int gf_gmsd_new(gf_gmsd **out)
 	if (!d)
 		return gf_err(GF_ERR_NOMEM, "gf_gmsd_new: out of memory");
 	d->mblob_fd = -1;
+	d->pins = (struct gms_pins){ .event = gmsd_pins_event, .ctx = d };
 	static const struct gf_srv_handlers h = {
 		.on_ready = on_ready,
 		.on_message = on_message,
@@ -2141,7 +1045,7 @@ int gf_gmsd_new(gf_gmsd **out)
 		.peer_data_size = sizeof(struct client),
 	};
 	int rc = gf_srv_new(&d->srv, &cfg, &h, d);
-	if (rc == 0 && (rc = tiers_residency_new(&d->res, &residency_host, d)) < 0)
+	if (rc == 0 && (rc = tiers_residency_new(&d->res, &gmsd_residency_host, d)) < 0)
 		gf_srv_free(d->srv);
 	if (rc < 0) {
 		free(d);
@@ -2188,7 +1092,6 @@ int gf_gmsd_set_backend(gf_gmsd *d, int kind)
 	d->kind = kind;
 	return 0;
 }
-
 
 int gf_gmsd_set_oom_retry(gf_gmsd *d, int64_t ms)
 {
@@ -2255,9 +1158,9 @@ int gf_gmsd_start(gf_gmsd *d)
 		return rc;
 	d->started = true;
 	d->started_us = gf_now_us();
-	writer_progress(d); /* no writer since the start */
+	gmsd_writer_progress(d); /* no writer since the start */
 	tiers_residency_start(d->res, d->mem, d->device);
-	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
+	gmsd_event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
 	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);
 	return 0;
 }
@@ -2302,14 +1205,12 @@ void gf_gmsd_free(gf_gmsd *d)
 	if (!d)
 		return;
 	tiers_residency_free(d->res); /* waits for a running snapshot job */
-	for (struct client *c = d->srv ? next_client(d, NULL) : NULL; c; c = next_client(d, c))
+	for (struct client *c = d->srv ? gmsd_next_client(d, NULL) : NULL; c; c = gmsd_next_client(d, c))
 		fence_cancel(d, c);
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
-	drop_layout(d, NULL);
-	for (size_t i = 0; i < d->nretired; i++)
-		retired_free(&d->retired[i]);
-	free(d->retired);
+	gmsd_drop_layout(d, NULL);
+	gms_pins_free(&d->pins);
 	free(d->allocs);
 	free(d->meta);
 	free(d->index);

@@ -16,7 +16,7 @@
 
 #include "gpufailover/lock.h"
 #include "lockint.h"
-#include "pool.h"
+#include "pool_decl.h"
 
 /* What one process() step noticed, for the façade to act on after it let go of the mutex. */
 struct gf_lock_news {

@@ -41,72 +41,7 @@
 #include <openssl/evp.h>
 
 #include "common.h"
-#include "etcd.h"
-#include "lockint.h"
-
-#define MAX_EP 16
-#define MAX_RESP (4 << 20)    /* a status range of a busy prefix stays far below */
-#define TRY_MAX_MS 1000       /* one request to one member at most */
-#define WATCH_CHUNK_US 2000000 /* re-check the predecessor at least this often */
-#define RETRY_US 50000        /* pause after every member failed */
-#define ONCE_US 2000000       /* an acquire with timeout 0: one try, this long at most */
-#define MARGIN_MIN_MS 500
-/* The lease rule: T_fence >= this many election timeouts. A leader change
- * stalls keepalives for up to about two election timeouts (the old leader's
- * and the new one's, more when a healed member forces another election, as
- * without pre-vote); 5 leaves the holder's own tries room besides. */
-#define GF_ETCD_FENCE_PER_ELECTION 5
-/* etcd's default --election-timeout: the one a client cannot ask about. */
-#define ETCD_DEFAULT_ELECTION_MS 1000
-#define STATUS_MAX_WAITERS 64
-
-enum estate { E_IDLE, E_WAITING, E_HELD, E_LOST };
-
-struct hconn {
-	CURL *h;
-	CURLM *m; /* its own multi handle: curl_easy_perform() would make a hidden one */
-	char *buf;
-	size_t len, cap;
-	bool overflow;
-};
-
-struct gf_etcd {
-	char id[GF_LOCK_ID_MAX];
-	bool tls;
-	int n_ep;
-	char ep[MAX_EP][280];   /* "http://host:port" */
-	char prefix[512];       /* "/prefix/name/" */
-	int64_t ttl_s;
-	char user[128];
-	char *password;
-	char cacert[PATH_MAX], cert[PATH_MAX], key[PATH_MAX];
-
-	pthread_mutex_t mu;     /* token */
-	char token[512];
-	_Atomic int cur;        /* the member that answered last */
-
-	int64_t reconnect_ms, ka_ms, fence_ms;
-	struct hconn req, kac, wc, kwc;
-
-	_Atomic int state;
-	int64_t lease_id;
-	int64_t granted_ttl_ms;
-	_Atomic int64_t last_ok_us; /* send time of the last answered keepalive */
-	_Atomic int lease_gone;
-	_Atomic int revoked;       /* the lease is gone already: no revoke at release */
-	_Atomic int key_gone;      /* the holder's key was seen deleted */
-	_Atomic uint64_t epoch;
-	char mykey[600];
-	int64_t myrev;
-	char warned_key[700]; /* the last lease-less key reported */
-	bool warned_fence;    /* T_fence below the rule (GF_ETCD_FENCE_PER_ELECTION), said once */
-
-	pthread_t ka, kw;
-	bool ka_running, kw_running;
-	int ka_stop_fd;
-	int notify_fd;
-	bool forked;
-};
+#include "etcd_int.h"
 
 /* ---- small helpers ---- */
 
@@ -146,22 +81,6 @@ static int b64dec(const char *in, char *out, size_t cap)
 		return -1;
 	out[len] = 0;
 	return (int)len;
-}
-
-/* The gateway writes int64 as JSON strings; accept numbers too. -1 when absent. */
-static int64_t jint(const json_t *o, const char *k)
-{
-	json_t *v = json_object_get(o, k);
-	if (json_is_integer(v))
-		return json_integer_value(v);
-	if (json_is_string(v)) {
-		char *end;
-		errno = 0;
-		long long x = strtoll(json_string_value(v), &end, 10);
-		if (!errno && *end == 0)
-			return x;
-	}
-	return -1;
 }
 
 static json_t *jkey(const char *k)
@@ -380,394 +299,7 @@ bool gf_etcd_is_uri(const char *uri)
 	return uri && (!strncmp(uri, "etcd://", 7) || !strncmp(uri, "etcds://", 8));
 }
 
-/* ---- HTTP ---- */
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-	struct hconn *c = ud;
-	size_t len = sz * n;
-	if (c->len + len + 1 > MAX_RESP) {
-		c->overflow = true;
-		return 0;
-	}
-	if (c->len + len + 1 > c->cap) {
-		size_t cap = c->cap ? c->cap : 4096;
-		while (cap < c->len + len + 1)
-			cap *= 2;
-		char *b = realloc(c->buf, cap);
-		if (!b)
-			return 0;
-		c->buf = b;
-		c->cap = cap;
-	}
-	memcpy(c->buf + c->len, p, len);
-	c->len += len;
-	c->buf[c->len] = 0;
-	return len;
-}
-
-static int hconn_init(struct hconn *c)
-{
-	c->h = curl_easy_init();
-	c->m = curl_multi_init();
-	return c->h && c->m ? 0 : gf_err(GF_ERR_NOMEM, "etcd: curl_easy_init failed");
-}
-
-static void hconn_free(struct hconn *c)
-{
-	if (c->m)
-		curl_multi_cleanup(c->m);
-	if (c->h)
-		curl_easy_cleanup(c->h);
-	free(c->buf);
-	memset(c, 0, sizeof(*c));
-}
-
-/*
- * curl's own sockets would survive exec: every fd of the library is
- * close-on-exec. A connection is closed only after its answer was read (or
- * to abandon a watch), so it closes with a reset: short-lived clients such
- * as `gfctl lock status` leave no TIME_WAIT ports behind.
- */
-static curl_socket_t open_cloexec(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
-{
-	(void)ud;
-	(void)purpose;
-	int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
-	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
-	if (fd >= 0)
-		setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-	return fd;
-}
-
-/* The open fds of this process, sorted (malloc'd; NULL when /proc is missing). */
-static int *list_fds(size_t *n)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return NULL;
-	int *v = NULL;
-	size_t cap = 0;
-	*n = 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		if (de->d_name[0] < '0' || de->d_name[0] > '9' || atoi(de->d_name) == dirfd(d))
-			continue;
-		if (*n == cap) {
-			int *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(int));
-			if (!nv)
-				break;
-			v = nv;
-		}
-		v[(*n)++] = atoi(de->d_name);
-	}
-	closedir(d);
-	return v;
-}
-
-static bool has_fd(const int *v, size_t n, int fd)
-{
-	for (size_t i = 0; i < n; i++)
-		if (v[i] == fd)
-			return true;
-	return false;
-}
-
-/*
- * Every multi handle makes a wake-up socketpair without close-on-exec (curl
- * 7.88 has no option for it): mark the sockets that appeared while the
- * handles were made, so an exec'd child of the holder inherits none.
- */
-static void cloexec_new_sockets(const int *before, size_t nb)
-{
-	size_t na = 0;
-	int *after = list_fds(&na);
-	for (size_t i = 0; after && i < na; i++) {
-		struct stat st;
-		int fd = after[i], fl = fcntl(fd, F_GETFD);
-		if (has_fd(before, nb, fd) || fl < 0 || (fl & FD_CLOEXEC) || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
-			continue;
-		fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-	}
-	free(after);
-}
-
-/* Run one transfer on @c's own multi handle (blocking, bounded by the
- * handle's timeout); @intr_fd (if >= 0) becoming readable aborts it. */
-static CURLcode perform(struct hconn *c, int intr_fd)
-{
-	CURLcode res = CURLE_OK;
-	if (curl_multi_add_handle(c->m, c->h) != CURLM_OK)
-		return CURLE_OUT_OF_MEMORY;
-	for (;;) {
-		int running = 0;
-		if (curl_multi_perform(c->m, &running) != CURLM_OK) {
-			res = CURLE_RECV_ERROR;
-			break;
-		}
-		if (!running) {
-			int q;
-			CURLMsg *msg;
-			while ((msg = curl_multi_info_read(c->m, &q)))
-				if (msg->msg == CURLMSG_DONE)
-					res = msg->data.result;
-			break;
-		}
-		struct curl_waitfd wf = { .fd = intr_fd, .events = CURL_WAIT_POLLIN };
-		curl_multi_poll(c->m, &wf, intr_fd >= 0 ? 1 : 0, 1000, NULL);
-		struct pollfd p = { .fd = intr_fd, .events = POLLIN };
-		if (intr_fd >= 0 && poll(&p, 1, 0) > 0) {
-			res = CURLE_ABORTED_BY_CALLBACK;
-			break;
-		}
-	}
-	curl_multi_remove_handle(c->m, c->h);
-	return res;
-}
-
-/* Options every request shares; the caller adds the body and callbacks. */
-static void setup_handle(struct gf_etcd *e, CURL *h, const char *url, struct curl_slist *hdrs, int64_t timeout_ms)
-{
-	curl_easy_reset(h);
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 1 || timeout_ms > TRY_MAX_MS ? TRY_MAX_MS : timeout_ms));
-	if (timeout_ms > 0)
-		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-	curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
-	if (e->tls) {
-		if (e->cacert[0])
-			curl_easy_setopt(h, CURLOPT_CAINFO, e->cacert);
-		if (e->cert[0]) {
-			curl_easy_setopt(h, CURLOPT_SSLCERT, e->cert);
-			curl_easy_setopt(h, CURLOPT_SSLKEY, e->key);
-		}
-	}
-}
-
-static struct curl_slist *headers(struct gf_etcd *e)
-{
-	struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-	pthread_mutex_lock(&e->mu);
-	if (e->token[0] && hdrs) {
-		char line[560];
-		snprintf(line, sizeof(line), "Authorization: %s", e->token);
-		struct curl_slist *n = curl_slist_append(hdrs, line);
-		if (!n) {
-			curl_slist_free_all(hdrs);
-			hdrs = NULL;
-		} else {
-			hdrs = n;
-		}
-	}
-	pthread_mutex_unlock(&e->mu);
-	return hdrs;
-}
-
-enum { HR_OK, HR_NEXT, HR_AUTH, HR_FAIL };
-
-/* One POST to one member. HR_OK with *out, HR_NEXT (try another member),
- * HR_AUTH (token refused), HR_FAIL (rc set). */
-static int post_one(struct gf_etcd *e, struct hconn *c, int ep, const char *path, const char *body,
-		    int64_t timeout_ms, int intr_fd, json_t **out, int *rc)
-{
-	char url[400];
-	snprintf(url, sizeof(url), "%s%s", e->ep[ep], path);
-	struct curl_slist *hdrs = headers(e);
-	if (!hdrs) {
-		*rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-		return HR_FAIL;
-	}
-	setup_handle(e, c->h, url, hdrs, timeout_ms);
-	curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
-	c->len = 0;
-	c->overflow = false;
-	CURLcode cc = perform(c, intr_fd);
-	curl_slist_free_all(hdrs);
-	long code = 0;
-	curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &code);
-	if (cc != CURLE_OK) {
-		if (cc == CURLE_ABORTED_BY_CALLBACK) {
-			*rc = gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
-			return HR_FAIL;
-		}
-		if (c->overflow) {
-			*rc = gf_err(GF_ERR_PROTOCOL, "etcd %s: answer larger than %d bytes", e->ep[ep], MAX_RESP);
-			return HR_FAIL;
-		}
-		if (cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_CACERT_BADFILE || cc == CURLE_PEER_FAILED_VERIFICATION) {
-			*rc = gf_err(GF_ERR_PERMISSION, "etcd %s: TLS: %s", e->ep[ep], curl_easy_strerror(cc));
-			return HR_FAIL;
-		}
-		gf_err(GF_ERR_UNREACHABLE, "etcd %s: %s", e->ep[ep], curl_easy_strerror(cc));
-		return HR_NEXT;
-	}
-	json_error_t je;
-	json_t *j = c->len ? json_loadb(c->buf, c->len, 0, &je) : NULL;
-	if (code == 200 && json_is_object(j)) {
-		*out = j;
-		return HR_OK;
-	}
-	const char *msg = j ? json_string_value(json_object_get(j, "error")) : NULL;
-	int64_t gcode = j ? jint(j, "code") : -1;
-	char detail[300];
-	snprintf(detail, sizeof(detail), "%s", msg ? msg : (c->len ? "unreadable answer" : "empty answer"));
-	json_decref(j);
-	/* gRPC codes: 14 unavailable (no leader, leader changed, timeout), 4
-	 * deadline, 16 unauthenticated, 7 permission denied. */
-	if (gcode == 16 || code == 401) {
-		gf_err(GF_ERR_PERMISSION, "etcd %s: %s", e->ep[ep], detail);
-		return HR_AUTH;
-	}
-	if (gcode == 7 || code == 403) {
-		*rc = gf_err(GF_ERR_PERMISSION, "etcd %s: %s", e->ep[ep], detail);
-		return HR_FAIL;
-	}
-	if (gcode == 14 || gcode == 4 || code >= 500 || code == 0) {
-		gf_err(GF_ERR_UNREACHABLE, "etcd %s: HTTP %ld: %s", e->ep[ep], code, detail);
-		return HR_NEXT;
-	}
-	*rc = gf_err(GF_ERR_PROTOCOL, "etcd %s %s: HTTP %ld: %s", e->ep[ep], path, code, detail);
-	return HR_FAIL;
-}
-
-static int authenticate(struct gf_etcd *e, struct hconn *c, int ep, int64_t timeout_ms)
-{
-	if (!e->password)
-		return gf_err(GF_ERR_PERMISSION, "etcd: user %s needs a password (password-file=, GF_ETCD_PASSWORD or a secret file)",
-			      e->user);
-	json_t *b = json_pack("{s:s,s:s}", "name", e->user, "password", e->password);
-	char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
-	json_decref(b);
-	if (!body)
-		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-	pthread_mutex_lock(&e->mu);
-	e->token[0] = 0;
-	pthread_mutex_unlock(&e->mu);
-	json_t *out = NULL;
-	int rc = 0, r = post_one(e, c, ep, "/v3/auth/authenticate", body, timeout_ms, -1, &out, &rc);
-	memset(body, 0, strlen(body));
-	free(body);
-	if (r == HR_AUTH || r == HR_FAIL)
-		return gf_err(GF_ERR_PERMISSION, "etcd: authentication of user %s refused: %s", e->user, gf_error_detail());
-	if (r == HR_NEXT)
-		return GF_ERR_UNREACHABLE;
-	const char *tok = json_string_value(json_object_get(out, "token"));
-	rc = tok && strlen(tok) < sizeof(e->token) ? 0 : gf_err(GF_ERR_PROTOCOL, "etcd: authenticate returned no token");
-	if (rc == 0) {
-		pthread_mutex_lock(&e->mu);
-		snprintf(e->token, sizeof(e->token), "%s", tok);
-		pthread_mutex_unlock(&e->mu);
-	}
-	json_decref(out);
-	return rc;
-}
-
-/*
- * POST @body (stolen) to @path, trying the members in turn from the one that
- * answered last, each for at most @try_ms, until one answers or @deadline.
- * Returns 0 with *out, GF_ERR_UNREACHABLE, GF_ERR_PERMISSION, GF_ERR_PROTOCOL,
- * GF_ERR_INTERRUPTED (when @intr_fd >= 0 became readable between tries).
- */
-static int call(struct gf_etcd *e, struct hconn *c, const char *path, json_t *body, int64_t deadline, int64_t try_ms,
-		int intr_fd, json_t **out)
-{
-	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-	json_decref(body);
-	if (!text)
-		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-	int rc = GF_ERR_UNREACHABLE;
-	bool reauthed = false;
-	char last[300] = "no member tried";
-	for (int round = 0;; round++) {
-		int start = atomic_load(&e->cur);
-		bool any_fast_fail = false;
-		for (int i = 0; i < e->n_ep; i++) {
-			int ep = (start + i) % e->n_ep;
-			int64_t now = gf_now_us();
-			if (now >= deadline)
-				goto out;
-			int64_t t = (deadline - now) / 1000;
-			if (t > try_ms)
-				t = try_ms;
-			if (t < 1)
-				t = 1;
-			if (e->user[0]) {
-				pthread_mutex_lock(&e->mu);
-				bool have = e->token[0] != 0;
-				pthread_mutex_unlock(&e->mu);
-				if (!have) {
-					int a = authenticate(e, c, ep, t);
-					if (a == GF_ERR_UNREACHABLE) {
-						snprintf(last, sizeof(last), "%s", gf_error_detail());
-						continue;
-					}
-					if (a < 0) {
-						rc = a;
-						goto fail;
-					}
-				}
-			}
-			int64_t t0 = gf_now_us();
-			int r = post_one(e, c, ep, path, text, t, intr_fd, out, &rc);
-			if (r == HR_OK) {
-				atomic_store(&e->cur, ep);
-				rc = 0;
-				goto done;
-			}
-			if (r == HR_FAIL)
-				goto fail;
-			if (r == HR_AUTH) {
-				if (reauthed || !e->user[0]) {
-					rc = GF_ERR_PERMISSION;
-					goto fail;
-				}
-				/* Simple tokens expire: authenticate again once. */
-				reauthed = true;
-				pthread_mutex_lock(&e->mu);
-				e->token[0] = 0;
-				pthread_mutex_unlock(&e->mu);
-				i--;
-				continue;
-			}
-			snprintf(last, sizeof(last), "%s", gf_error_detail());
-			if (gf_now_us() - t0 < 100000)
-				any_fast_fail = true;
-			if (intr_fd >= 0) {
-				struct pollfd p = { .fd = intr_fd, .events = POLLIN };
-				if (poll(&p, 1, 0) > 0) {
-					free(text);
-					return gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
-				}
-			}
-		}
-		/* Every member refused at once (all down, or no leader yet): do
-		 * not spin; an interrupt cuts the pause short. */
-		if (any_fast_fail) {
-			int64_t until = gf_now_us() + RETRY_US;
-			if (until > deadline)
-				until = deadline;
-			struct pollfd p = { .fd = intr_fd, .events = POLLIN };
-			if (intr_fd >= 0 && poll(&p, 1, gf_poll_timeout_ms(until)) > 0) {
-				free(text);
-				return gf_err(GF_ERR_INTERRUPTED, "etcd: interrupted");
-			}
-			if (intr_fd < 0)
-				usleep((useconds_t)(until > gf_now_us() ? until - gf_now_us() : 0));
-		}
-	}
-out:
-	rc = gf_err(GF_ERR_UNREACHABLE, "etcd %s: no member answered in time (%s)", path, last);
-fail:
-done:
-	free(text);
-	return rc;
-}
+/* ---- HTTP: etcd_http.c ---- */
 
 /* ---- object ---- */
 
@@ -795,11 +327,11 @@ int gf_etcd_new(struct gf_etcd **out, const char *uri, const char *engine_id)
 			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	}
 	size_t nfds = 0;
-	int *fds = rc == 0 ? list_fds(&nfds) : NULL;
-	if (rc == 0 && (hconn_init(&e->req) < 0 || hconn_init(&e->kac) < 0 || hconn_init(&e->wc) < 0 || hconn_init(&e->kwc) < 0))
+	int *fds = rc == 0 ? etcd_list_fds(&nfds) : NULL;
+	if (rc == 0 && (etcd_hconn_init(&e->req) < 0 || etcd_hconn_init(&e->kac) < 0 || etcd_hconn_init(&e->wc) < 0 || etcd_hconn_init(&e->kwc) < 0))
 		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	if (fds)
-		cloexec_new_sockets(fds, nfds);
+		etcd_cloexec_new_sockets(fds, nfds);
 	free(fds);
 	if (rc == 0) {
 		e->ka_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -845,7 +377,7 @@ static void revoke_lease(struct gf_etcd *e, int64_t ms)
 	}
 	char b[24];
 	json_t *out = NULL;
-	if (call(e, &e->req, "/v3/lease/revoke", json_pack("{s:s}", "ID", i64s(e->lease_id, b)),
+	if (etcd_call(e, &e->req, "/v3/lease/revoke", json_pack("{s:s}", "ID", i64s(e->lease_id, b)),
 		 gf_now_us() + ms * 1000, TRY_MAX_MS, -1, &out) < 0)
 		/* No answer is no proof of failure: etcd may have applied it (the
 		 * next holder then comes at once), or the lease ends at its TTL. */
@@ -864,10 +396,10 @@ void gf_etcd_free(struct gf_etcd *e)
 		stop_keepalive(e);
 		revoke_lease(e, 1000);
 	}
-	hconn_free(&e->req);
-	hconn_free(&e->kac);
-	hconn_free(&e->wc);
-	hconn_free(&e->kwc);
+	etcd_hconn_free(&e->req);
+	etcd_hconn_free(&e->kac);
+	etcd_hconn_free(&e->wc);
+	etcd_hconn_free(&e->kwc);
 	gf_close(e->ka_stop_fd);
 	gf_close(e->notify_fd);
 	if (e->password) {
@@ -985,13 +517,13 @@ static void *keepalive_main(void *arg)
 		if (deadline < now + try_ms * 1000)
 			deadline = now + try_ms * 1000;
 		json_t *out = NULL;
-		int rc = call(e, &e->kac, "/v3/lease/keepalive", json_pack("{s:s}", "ID", b), deadline,
+		int rc = etcd_call(e, &e->kac, "/v3/lease/keepalive", json_pack("{s:s}", "ID", b), deadline,
 			      try_ms < 100 ? 100 : try_ms, e->ka_stop_fd, &out);
 		if (rc == GF_ERR_INTERRUPTED)
 			return NULL;
 		if (rc == 0) {
 			json_t *res = json_object_get(out, "result");
-			int64_t ttl = jint(res, "TTL");
+			int64_t ttl = etcd_jint(res, "TTL");
 			json_decref(out);
 			if (ttl <= 0) {
 				gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease expired\" id=%s lease=%llx", e->id,
@@ -1022,11 +554,11 @@ static int grant_lease(struct gf_etcd *e, int64_t deadline, int intr_fd)
 {
 	json_t *out = NULL;
 	int64_t sent = gf_now_us();
-	int rc = call(e, &e->req, "/v3/lease/grant", json_pack("{s:I}", "TTL", (json_int_t)e->ttl_s), deadline,
+	int rc = etcd_call(e, &e->req, "/v3/lease/grant", json_pack("{s:I}", "TTL", (json_int_t)e->ttl_s), deadline,
 		      TRY_MAX_MS, intr_fd, &out);
 	if (rc < 0)
 		return rc;
-	int64_t id = jint(out, "ID"), ttl = jint(out, "TTL");
+	int64_t id = etcd_jint(out, "ID"), ttl = etcd_jint(out, "TTL");
 	const char *err = json_string_value(json_object_get(out, "error"));
 	json_decref(out);
 	if (id <= 0 || ttl <= 0)
@@ -1063,11 +595,11 @@ static int renew_now(struct gf_etcd *e, int64_t deadline, int intr_fd)
 	char b[24];
 	json_t *out = NULL;
 	int64_t sent = gf_now_us();
-	int rc = call(e, &e->req, "/v3/lease/keepalive", json_pack("{s:s}", "ID", i64s(e->lease_id, b)), deadline,
+	int rc = etcd_call(e, &e->req, "/v3/lease/keepalive", json_pack("{s:s}", "ID", i64s(e->lease_id, b)), deadline,
 		      TRY_MAX_MS, intr_fd, &out);
 	if (rc < 0)
 		return rc;
-	int64_t ttl = jint(json_object_get(out, "result"), "TTL");
+	int64_t ttl = etcd_jint(json_object_get(out, "result"), "TTL");
 	json_decref(out);
 	if (ttl <= 0) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"etcd lease expired\" id=%s lease=%llx", e->id,
@@ -1094,17 +626,17 @@ static int put_key(struct gf_etcd *e, int64_t deadline, int intr_fd)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	}
 	json_t *out = NULL;
-	int rc = call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	int rc = etcd_call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
 	if (rc < 0)
 		return rc;
 	int64_t rev = -1;
 	if (json_is_true(json_object_get(out, "succeeded"))) {
-		rev = jint(json_object_get(out, "header"), "revision");
+		rev = etcd_jint(json_object_get(out, "header"), "revision");
 	} else {
 		json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
 		json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
-		if (jint(kv, "lease") == e->lease_id)
-			rev = jint(kv, "create_revision");
+		if (etcd_jint(kv, "lease") == e->lease_id)
+			rev = etcd_jint(kv, "create_revision");
 	}
 	json_decref(out);
 	if (rev <= 0)
@@ -1141,10 +673,10 @@ static int pick_older(struct gf_etcd *e, json_t *kvs, size_t from, char **pred, 
 	for (size_t i = from; i < json_array_size(kvs); i++) {
 		json_t *kv = json_array_get(kvs, i);
 		const char *kb = json_string_value(json_object_get(kv, "key"));
-		*oldest = jint(kv, "create_revision");
+		*oldest = etcd_jint(kv, "create_revision");
 		if (!own_key(e, kb, key, sizeof(key)))
 			continue;
-		if (jint(kv, "lease") <= 0 && strcmp(e->warned_key, key)) {
+		if (etcd_jint(kv, "lease") <= 0 && strcmp(e->warned_key, key)) {
 			gf_log(GF_LOG_ERR, "lock",
 			       "msg=\"etcd: a key without a lease is in this lock's line; it holds the lock until someone deletes it\" id=%s key=%s create_revision=%lld fix=\"etcdctl del %s\"",
 			       e->id, key, (long long)*oldest, key);
@@ -1178,11 +710,11 @@ static int older_pages(struct gf_etcd *e, int64_t below, bool serializable, int6
 			rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 			break;
 		}
-		rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+		rc = etcd_call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
 		if (rc < 0)
 			break;
 		json_t *kvs = json_object_get(out, "kvs");
-		int64_t r = jint(json_object_get(out, "header"), "revision");
+		int64_t r = etcd_jint(json_object_get(out, "header"), "revision");
 		if (r < *rev)
 			*rev = r; /* the older view of the two decides where a watch starts */
 		int64_t oldest = 0;
@@ -1215,14 +747,14 @@ static int predecessor(struct gf_etcd *e, int64_t deadline, int intr_fd, char **
 	if (!body)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	json_t *out = NULL;
-	int rc = call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	int rc = etcd_call(e, &e->req, "/v3/kv/txn", body, deadline, TRY_MAX_MS, intr_fd, &out);
 	if (rc < 0)
 		return rc;
 	if (!json_is_true(json_object_get(out, "succeeded"))) {
 		json_decref(out);
 		return GF_ERR_NOT_FOUND;
 	}
-	*rev = jint(json_object_get(out, "header"), "revision");
+	*rev = etcd_jint(json_object_get(out, "header"), "revision");
 	json_t *r = json_object_get(json_array_get(json_object_get(out, "responses"), 0), "response_range");
 	int64_t oldest = 0;
 	rc = pick_older(e, json_object_get(r, "kvs"), 0, pred, &oldest);
@@ -1250,17 +782,17 @@ static int predecessor_after(struct gf_etcd *e, int64_t min_rev, int64_t deadlin
 	if (!body)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 	json_t *out = NULL;
-	int rc = call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
+	int rc = etcd_call(e, &e->req, "/v3/kv/range", body, deadline, TRY_MAX_MS, intr_fd, &out);
 	if (rc < 0)
 		return rc;
-	*rev = jint(json_object_get(out, "header"), "revision");
+	*rev = etcd_jint(json_object_get(out, "header"), "revision");
 	json_t *kvs = json_object_get(out, "kvs");
 	json_t *mine = json_array_get(kvs, 0);
 	int64_t oldest = e->myrev;
 	bool more = false;
 	if (*rev < min_rev)
 		rc = 2;
-	else if (jint(mine, "create_revision") != e->myrev)
+	else if (etcd_jint(mine, "create_revision") != e->myrev)
 		rc = GF_ERR_NOT_FOUND;
 	else {
 		rc = pick_older(e, kvs, 1, pred, &oldest);
@@ -1282,7 +814,7 @@ static void watch_line(struct watch_ctx *w, const char *line, size_t n)
 	json_t *j = json_loadb(line, n, 0, NULL);
 	json_t *res = json_object_get(j, "result");
 	if (!j || json_object_get(j, "error") || json_is_true(json_object_get(res, "canceled")) ||
-	    jint(res, "compact_revision") > 0)
+	    etcd_jint(res, "compact_revision") > 0)
 		w->done = true; /* re-check by range */
 	json_t *ev;
 	size_t i;
@@ -1290,7 +822,7 @@ static void watch_line(struct watch_ctx *w, const char *line, size_t n)
 		const char *t = json_string_value(json_object_get(ev, "type"));
 		if (t && !strcmp(t, "DELETE")) {
 			w->done = true;
-			w->del_rev = jint(json_object_get(ev, "kv"), "mod_revision");
+			w->del_rev = etcd_jint(json_object_get(ev, "kv"), "mod_revision");
 		}
 	}
 	json_decref(j);
@@ -1337,7 +869,7 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	json_t *body = json_pack("{s:{s:s,s:s}}", "create_request", "key", pred_b64, "start_revision", i64s(from_rev, b));
 	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 	json_decref(body);
-	struct curl_slist *hdrs = text ? headers(e) : NULL;
+	struct curl_slist *hdrs = text ? etcd_headers(e) : NULL;
 	if (!hdrs) {
 		free(text);
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
@@ -1346,7 +878,7 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 	snprintf(url, sizeof(url), "%s/v3/watch", e->ep[atomic_load(&e->cur)]);
 	struct watch_ctx w = { 0 };
 	int64_t t0 = gf_now_us();
-	setup_handle(e, e->wc.h, url, hdrs, 0);
+	etcd_setup_handle(e, e->wc.h, url, hdrs, 0);
 	curl_easy_setopt(e->wc.h, CURLOPT_POSTFIELDS, text);
 	curl_easy_setopt(e->wc.h, CURLOPT_WRITEFUNCTION, on_watch);
 	curl_easy_setopt(e->wc.h, CURLOPT_WRITEDATA, &w);
@@ -1385,13 +917,13 @@ static int watch_delete(struct gf_etcd *e, const char *pred_b64, int64_t from_re
 static int key_present(struct gf_etcd *e, int64_t deadline, int64_t *rev)
 {
 	json_t *out = NULL;
-	int rc = call(e, &e->kwc, "/v3/kv/range", json_pack("{s:o}", "key", jkey(e->mykey)), deadline, TRY_MAX_MS,
+	int rc = etcd_call(e, &e->kwc, "/v3/kv/range", json_pack("{s:o}", "key", jkey(e->mykey)), deadline, TRY_MAX_MS,
 		      e->ka_stop_fd, &out);
 	if (rc < 0)
 		return rc;
-	*rev = jint(json_object_get(out, "header"), "revision");
+	*rev = etcd_jint(json_object_get(out, "header"), "revision");
 	json_t *kv = json_array_get(json_object_get(out, "kvs"), 0);
-	rc = kv && jint(kv, "create_revision") == e->myrev;
+	rc = kv && etcd_jint(kv, "create_revision") == e->myrev;
 	json_decref(out);
 	return rc;
 }
@@ -1440,6 +972,42 @@ static void end_session(struct gf_etcd *e)
 	stop_keepalive(e);
 	revoke_lease(e, 1000);
 	atomic_store(&e->state, E_IDLE);
+}
+
+/* First in line: check the lease still outlives T_fence, start watching
+ * our own key, and hand out the grant. */
+static int begin_hold(struct gf_etcd *e, struct gf_lock_grant *grant)
+{
+	if (fence_passed(e, gf_now_us())) {
+		/* Granted on paper, but the lease is not known to outlive T_fence. */
+		end_session(e);
+		e->myrev = 0;
+		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
+	}
+	atomic_store(&e->key_gone, 0);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (er) {
+		end_session(e);
+		e->myrev = 0;
+		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
+	}
+	e->kw_running = true;
+	atomic_store(&e->epoch, (uint64_t)e->myrev);
+	atomic_store(&e->state, E_HELD);
+	if (grant) {
+		memset(grant, 0, sizeof(*grant));
+		grant->epoch = (uint64_t)e->myrev;
+		for (int i = 0; i < 8; i++)
+			grant->session_token[i] = (uint8_t)((uint64_t)e->lease_id >> (8 * i));
+		grant->granted_at_us = gf_wall_us();
+	}
+	gf_log(GF_LOG_INFO, "lock", "msg=\"granted\" backend=etcd id=%s epoch=%lld key=%s ttl_ms=%lld fence_ms=%lld", e->id,
+	       (long long)e->myrev, e->mykey, (long long)e->granted_ttl_ms, (long long)e->fence_ms);
+	return 0;
 }
 
 int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant *grant, int intr_fd)
@@ -1551,36 +1119,7 @@ int gf_etcd_acquire(struct gf_etcd *e, int64_t timeout_ms, struct gf_lock_grant 
 		e->myrev = 0;
 		return gf_err(rc, "%s", keep);
 	}
-	if (fence_passed(e, gf_now_us())) {
-		/* Granted on paper, but the lease is not known to outlive T_fence. */
-		end_session(e);
-		e->myrev = 0;
-		return gf_err(GF_ERR_UNREACHABLE, "lock %s: granted but no keepalive answered within T_fence", e->id);
-	}
-	atomic_store(&e->key_gone, 0);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int er = pthread_create(&e->kw, NULL, keywatch_main, e);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (er) {
-		end_session(e);
-		e->myrev = 0;
-		return gf_err_errno(GF_ERR_IO, er, "lock %s: pthread_create for the key watch", e->id);
-	}
-	e->kw_running = true;
-	atomic_store(&e->epoch, (uint64_t)e->myrev);
-	atomic_store(&e->state, E_HELD);
-	if (grant) {
-		memset(grant, 0, sizeof(*grant));
-		grant->epoch = (uint64_t)e->myrev;
-		for (int i = 0; i < 8; i++)
-			grant->session_token[i] = (uint8_t)((uint64_t)e->lease_id >> (8 * i));
-		grant->granted_at_us = gf_wall_us();
-	}
-	gf_log(GF_LOG_INFO, "lock", "msg=\"granted\" backend=etcd id=%s epoch=%lld key=%s ttl_ms=%lld fence_ms=%lld", e->id,
-	       (long long)e->myrev, e->mykey, (long long)e->granted_ttl_ms, (long long)e->fence_ms);
-	return 0;
+	return begin_hold(e, grant);
 }
 
 int gf_etcd_release(struct gf_etcd *e)
@@ -1663,70 +1202,58 @@ int gf_etcd_ping(const char *uri, const void *pw, size_t pw_len, int64_t timeout
 	json_t *o = NULL;
 	/* A linearizable read needs a quorum: what the lock needs too. */
 	json_t *body = json_pack("{s:o,s:s}", "key", jkey(e->prefix), "limit", "1");
-	rc = call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
+	rc = etcd_call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
 	json_decref(o);
 out:
 	gf_etcd_free(e);
 	return rc;
 }
 
-int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, char **json)
+int gf_etcd_status(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, struct gf_etcd_status *out)
 {
 	struct gf_etcd *e;
 	int rc = gf_etcd_new(&e, uri, "gfctl");
 	if (rc < 0)
 		return rc;
-	json_t *o = NULL, *root = NULL;
+	json_t *o = NULL;
 	char *end = NULL;
 	if (pw && pw_len && (rc = gf_etcd_set_password(e, pw, pw_len)) < 0)
 		goto out;
 	end = prefix_end(e->prefix);
 	json_t *body = json_pack("{s:o,s:o,s:s,s:s}", "key", jkey(e->prefix), "range_end", jkey(end), "sort_order",
 				 "ASCEND", "sort_target", "CREATE");
-	rc = call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
+	rc = etcd_call(e, &e->req, "/v3/kv/range", body, gf_deadline_from_ms(timeout_ms), TRY_MAX_MS, -1, &o);
 	if (rc < 0)
 		goto out;
-	json_t *kvs = json_object_get(o, "kvs"), *w = json_array(), *kv;
-	root = json_object();
-	if (!w || !root) {
-		json_decref(w);
-		rc = gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-		goto out;
-	}
+	memset(out, 0, sizeof(*out));
+	snprintf(out->prefix, sizeof(out->prefix), "%s", e->prefix);
+	json_t *kvs = json_object_get(o, "kvs"), *kv;
 	size_t i, n = 0;
-	json_object_set_new(root, "backend", json_string("etcd"));
-	json_object_set_new(root, "prefix", json_string(e->prefix));
-	json_object_set_new(root, "holder", json_null());
-	json_object_set_new(root, "epoch", json_integer(0));
 	json_array_foreach(kvs, i, kv) {
-		char idb[GF_LOCK_ID_MAX * 2] = "", keyb[700] = "";
+		char idb[GF_LOCK_ID_MAX * 2] = "", keyb[GF_ETCD_KEY_MAX] = "";
 		const char *vb = json_string_value(json_object_get(kv, "value"));
 		const char *kb = json_string_value(json_object_get(kv, "key"));
 		if (!vb || b64dec(vb, idb, sizeof(idb)) < 0)
 			idb[0] = 0;
 		if (!own_key(e, kb, keyb, sizeof(keyb)))
 			continue; /* a nested lock's ("name/sub") */
-		int64_t rev = jint(kv, "create_revision");
+		int64_t rev = etcd_jint(kv, "create_revision");
 		if (n++ == 0) {
-			json_object_set_new(root, "holder", json_string(idb[0] ? idb : keyb));
-			json_object_set_new(root, "epoch", json_integer(rev));
-			json_object_set_new(root, "holder_key", json_string(keyb));
-		} else if (n <= STATUS_MAX_WAITERS + 1) {
-			json_t *x = json_object();
-			json_object_set_new(x, "id", json_string(idb[0] ? idb : keyb));
-			json_object_set_new(x, "key", json_string(keyb));
-			json_object_set_new(x, "create_revision", json_integer(rev));
-			json_array_append_new(w, x);
+			out->has_holder = true;
+			snprintf(out->holder.id, sizeof(out->holder.id), "%s", idb[0] ? idb : keyb);
+			snprintf(out->holder.key, sizeof(out->holder.key), "%s", keyb);
+			out->holder.create_revision = rev;
+		} else if (n <= GF_ETCD_STATUS_MAX_WAITERS + 1) {
+			struct gf_etcd_entry *w = &out->waiters[out->nwaiters++];
+			snprintf(w->id, sizeof(w->id), "%s", idb[0] ? idb : keyb);
+			snprintf(w->key, sizeof(w->key), "%s", keyb);
+			w->create_revision = rev;
 		}
 	}
-	json_object_set_new(root, "waiters", w);
-	json_object_set_new(root, "waiter_count", json_integer(n > 0 ? (json_int_t)n - 1 : 0));
-	json_object_set_new(root, "revision", json_integer(jint(json_object_get(o, "header"), "revision")));
-	*json = json_dumps(root, JSON_COMPACT);
-	rc = *json ? 0 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	out->waiter_count = n > 0 ? n - 1 : 0;
+	out->revision = etcd_jint(json_object_get(o, "header"), "revision");
 out:
 	free(end);
-	json_decref(root);
 	json_decref(o);
 	gf_etcd_free(e);
 	return rc;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "gpufailover/lock.h"
+#include "schema_limits.h"
 
 struct gf_etcd;
 
@@ -42,7 +43,30 @@ int gf_etcd_get_timeout_ms(const struct gf_etcd *e);
 int gf_etcd_process(struct gf_etcd *e, bool *newly, char *detail, size_t dlen);
 /* In a fork child: forget the parent's lease without touching it. */
 void gf_etcd_forked(struct gf_etcd *e);
-int gf_etcd_status_json(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, char **json);
+
+#define GF_ETCD_KEY_MAX 700            /* a key under the lock's prefix, decoded */
+#define GF_ETCD_STATUS_MAX_WAITERS 64  /* waiters listed by name; the count is whole */
+
+/* One key under the lock's prefix: who (the value, or the key when the value is not an id), and its place in line. */
+struct gf_etcd_entry {
+	char id[GF_LIMIT_ID * 2];
+	char key[GF_ETCD_KEY_MAX];
+	int64_t create_revision; /* the holder's is its epoch */
+};
+
+/* The lock as etcd holds it now: the oldest key holds, the others wait in create order. */
+struct gf_etcd_status {
+	char prefix[512];
+	bool has_holder;
+	struct gf_etcd_entry holder;
+	size_t nwaiters;    /* listed in waiters[] */
+	size_t waiter_count; /* all of them */
+	struct gf_etcd_entry waiters[GF_ETCD_STATUS_MAX_WAITERS];
+	int64_t revision;   /* etcd's revision at the read */
+};
+
+/* Read the lock's keys into @out (large: allocate it); @out is written only on success. */
+int gf_etcd_status(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms, struct gf_etcd_status *out);
 int gf_etcd_ping(const char *uri, const void *pw, size_t pw_len, int64_t timeout_ms);
 
 #endif

@@ -96,37 +96,73 @@ static void etcd_forked(gf_lock *l)
 	gf_etcd_forked(E(l));
 }
 
+static json_t *entry_json(const struct gf_etcd_entry *w)
+{
+	json_t *x = json_object();
+	json_object_set_new(x, "id", json_string(w->id));
+	json_object_set_new(x, "key", json_string(w->key));
+	json_object_set_new(x, "create_revision", json_integer(w->create_revision));
+	return x;
+}
+
+/* etcd's status as JSON, for gfctl and HTTP (the only place it becomes text). */
 static int etcd_status_json(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms, char **json)
 {
-	return gf_etcd_status_json(uri, secret, secret_len, timeout_ms, json);
+	struct gf_etcd_status *st = malloc(sizeof(*st));
+	if (!st)
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	int rc = gf_etcd_status(uri, secret, secret_len, timeout_ms, st);
+	if (rc < 0) {
+		free(st);
+		return rc;
+	}
+	json_t *root = json_object(), *w = json_array();
+	if (!root || !w) {
+		json_decref(root);
+		json_decref(w);
+		free(st);
+		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
+	}
+	json_object_set_new(root, "backend", json_string("etcd"));
+	json_object_set_new(root, "prefix", json_string(st->prefix));
+	json_object_set_new(root, "holder", st->has_holder ? json_string(st->holder.id) : json_null());
+	json_object_set_new(root, "epoch", json_integer(st->has_holder ? (json_int_t)st->holder.create_revision : 0));
+	if (st->has_holder)
+		json_object_set_new(root, "holder_key", json_string(st->holder.key));
+	for (size_t i = 0; i < st->nwaiters; i++)
+		json_array_append_new(w, entry_json(&st->waiters[i]));
+	json_object_set_new(root, "waiters", w);
+	json_object_set_new(root, "waiter_count", json_integer((json_int_t)st->waiter_count));
+	json_object_set_new(root, "revision", json_integer(st->revision));
+	free(st);
+	*json = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	return *json ? 0 : gf_err(GF_ERR_NOMEM, "etcd: out of memory");
 }
 
 /*
- * The holder from etcd's status (etcd speaks JSON: this is its edge). The
- * session token of an etcd grant is its lease id, which names the holder's
- * key (PREFIX/<lease-id-hex>): a proof is checked against the proof of that
- * lease at the holder's epoch.
+ * The holder from etcd's status. The session token of an etcd grant is its
+ * lease id, which names the holder's key (PREFIX/<lease-id-hex>): a proof is
+ * checked against the proof of that lease at the holder's epoch.
  */
 static int etcd_holder(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms,
 		       const struct gf_lock_proof *proof, struct gf_lock_holder *out)
 {
-	char *js = NULL;
-	int rc = gf_etcd_status_json(uri, secret, secret_len, timeout_ms, &js);
-	if (rc < 0)
-		return rc;
-	json_t *root = json_loads(js, 0, NULL);
-	free(js);
-	if (!root)
+	struct gf_etcd_status *st = malloc(sizeof(*st));
+	if (!st)
 		return gf_err(GF_ERR_NOMEM, "etcd: out of memory");
-	memset(out, 0, sizeof(*out));
-	const char *holder = json_string_value(json_object_get(root, "holder"));
-	const char *key = json_string_value(json_object_get(root, "holder_key"));
-	if (holder) {
-		snprintf(out->id, sizeof(out->id), "%s", holder);
-		out->epoch = (uint64_t)json_integer_value(json_object_get(root, "epoch"));
+	int rc = gf_etcd_status(uri, secret, secret_len, timeout_ms, st);
+	if (rc < 0) {
+		free(st);
+		return rc;
 	}
-	const char *slash = key ? strrchr(key, '/') : NULL;
-	if (holder && proof && proof->epoch == out->epoch && slash) {
+	memset(out, 0, sizeof(*out));
+	if (st->has_holder) {
+		snprintf(out->id, sizeof(out->id), "%.*s", (int)sizeof(out->id) - 1, st->holder.id);
+		out->epoch = (uint64_t)st->holder.create_revision;
+	}
+	const char *slash = st->has_holder ? strrchr(st->holder.key, '/') : NULL;
+	if (proof && proof->epoch == out->epoch && slash) {
 		char *end;
 		unsigned long long lease = strtoull(slash + 1, &end, 16);
 		struct gf_lock_grant g = { .epoch = out->epoch };
@@ -136,7 +172,7 @@ static int etcd_holder(const char *uri, const void *secret, size_t secret_len, i
 		if (*end == 0 && end != slash + 1 && gf_lock_grant_proof(&g, &want) == 0)
 			out->proof_valid = CRYPTO_memcmp(want.token, proof->token, GF_LOCK_PROOF_LEN) == 0;
 	}
-	json_decref(root);
+	free(st);
 	return 0;
 }
 

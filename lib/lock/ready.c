@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 #include "lockint.h"
-#include "pool.h"
+#include "pool_decl.h"
 
 const char *gf_lock_serving_name(const gf_LockStatus *s)
 {

@@ -281,6 +281,149 @@ static void no_longer_next(gf_lock *l, bool *told)
 	tell_next(l, 0, NULL);
 }
 
+/*
+ * An acquire is a small state machine over named steps: connect (and send
+ * the acquire), wait (poll, heartbeats, a silent TCP server), read (the
+ * server's answers), until granted or failed. The deadline is checked before
+ * every connect and every wait.
+ */
+enum acq_step { ACQ_CONNECT, ACQ_WAIT, ACQ_READ, ACQ_GRANTED, ACQ_FAILED };
+
+struct acquiring {
+	bool once;                  /* timeout 0: ask once */
+	int64_t deadline;
+	int64_t unreachable_since;  /* when the server was last lost (-1: reachable) */
+	int64_t spin_until;         /* told LockNext: poll without sleeping until then */
+	bool told_next;             /* the next hook was told 1 and not yet 0 */
+	struct pollfd p[2];         /* the wait's poll, read by the read step */
+	int rc;                     /* why it failed */
+};
+
+static enum acq_step acq_failed(struct acquiring *a, int rc)
+{
+	a->rc = rc;
+	return ACQ_FAILED;
+}
+
+/* Connect (within the reconnect budget) and send the acquire. */
+static enum acq_step acq_connect(gf_lock *l, struct acquiring *a)
+{
+	struct sock *s = l->priv;
+	int64_t now = gf_now_us();
+	if (a->unreachable_since < 0)
+		a->unreachable_since = now;
+	int64_t give_up = a->unreachable_since + l->reconnect_ms * 1000;
+	int64_t d = a->deadline < give_up ? a->deadline : give_up;
+	if (d > now + ATTEMPT_US)
+		d = now + ATTEMPT_US;
+	int rc = connect_once(l, d);
+	if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION || rc == GF_ERR_INVALID_ARG)
+		return acq_failed(a, rc);
+	if (rc == 0) {
+		int64_t left = a->deadline == INT64_MAX ? -1 : (a->deadline - gf_now_us()) / 1000;
+		if (a->once || (left < 0 && a->deadline != INT64_MAX))
+			left = 0;
+		rc = send_acquire(l, left, false, gf_now_us() + ATTEMPT_US);
+		if (rc == 0) {
+			a->unreachable_since = -1;
+			return ACQ_WAIT;
+		}
+		drop_conn(l);
+	}
+	if (gf_now_us() >= give_up)
+		return acq_failed(a, gf_err(GF_ERR_UNREACHABLE, "lock %s: server %s not reachable for %lldms (%s)", l->id,
+					    s->uristr, (long long)l->reconnect_ms, gf_error_detail()));
+	int64_t until = gf_now_us() + RETRY_US;
+	if (nap(l, until < a->deadline ? until : a->deadline))
+		return acq_failed(a, gf_err(GF_ERR_INTERRUPTED, "lock %s: acquire interrupted", l->id));
+	return ACQ_CONNECT;
+}
+
+/* Wait for the server's answer, an interrupt or the deadline; keep a TCP connection's heartbeats. */
+static enum acq_step acq_wait(gf_lock *l, struct acquiring *a)
+{
+	struct sock *s = l->priv;
+	a->p[0] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
+	a->p[1] = (struct pollfd){ .fd = l->intr_fd, .events = POLLIN };
+	int64_t wake = a->deadline;
+	if (is_tcp(l)) {
+		if (s->next_hb < wake)
+			wake = s->next_hb;
+		if (s->last_heard + l->fence_ms * 1000 < wake)
+			wake = s->last_heard + l->fence_ms * 1000;
+	}
+	bool spin = a->spin_until && gf_now_us() < a->spin_until;
+	int n = poll(a->p, 2, spin ? 0 : gf_poll_timeout_ms(wake));
+	if (n == 0 && spin) {
+		sched_yield(); /* the server may be waiting for this CPU */
+		return ACQ_WAIT;
+	}
+	if (n < 0 && errno != EINTR)
+		return acq_failed(a, gf_err_errno(GF_ERR_IO, errno, "lock: poll"));
+	if (n > 0 && (a->p[1].revents & POLLIN) && gf_lock_interrupted(l))
+		return acq_failed(a, gf_err(GF_ERR_INTERRUPTED, "lock %s: acquire interrupted", l->id));
+	int64_t now = gf_now_us();
+	if (is_tcp(l)) {
+		if (now - s->last_heard >= l->fence_ms * 1000) {
+			/* A silent TCP server: reconnect and keep waiting. */
+			drop_conn(l);
+			a->spin_until = 0;
+			no_longer_next(l, &a->told_next);
+			return ACQ_CONNECT;
+		}
+		if (now >= s->next_hb) {
+			send_heartbeat(l);
+			s->next_hb = now + l->hb_ms * 1000;
+		}
+	}
+	return n > 0 && a->p[0].revents ? ACQ_READ : ACQ_WAIT;
+}
+
+/* Read what the server sent: the grant, a refusal, "you are next", its heartbeats. */
+static enum acq_step acq_read(gf_lock *l, struct acquiring *a)
+{
+	struct sock *s = l->priv;
+	for (;;) {
+		int *fds = NULL;
+		size_t nfds = 0;
+		int r = gf_msg_try_recv(&s->rd, s->fd, s->msg, &fds, &nfds);
+		if (r == GF_ERR_AGAIN)
+			return ACQ_WAIT;
+		if (r < 0) {
+			/* The server went away: a waiter reconnects and keeps waiting,
+			 * and is not next any more (it queues again). */
+			gf_log(GF_LOG_INFO, "lock", "msg=\"server connection lost while waiting; reconnecting\" id=%s", l->id);
+			drop_conn(l);
+			a->spin_until = 0;
+			no_longer_next(l, &a->told_next);
+			return ACQ_CONNECT;
+		}
+		s->last_heard = gf_now_us();
+		gf_Msg *m = s->msg;
+		if (m->which_body == gf_Msg_lock_granted_tag) {
+			take_listeners(l, &m->body.lock_granted, fds, nfds);
+			free(fds);
+			take_grant(l, &m->body.lock_granted);
+			return ACQ_GRANTED;
+		}
+		gf_close_fds(fds, nfds);
+		free(fds);
+		if (m->which_body == gf_Msg_error_tag)
+			return acq_failed(a, gf_msg_error_code(m));
+		if (m->which_body == gf_Msg_lock_next_tag) {
+			tell_next(l, 1, &m->body.lock_next);
+			a->told_next = true;
+			a->spin_until = gf_now_us() + NEXT_SPIN_US;
+		}
+		/* Answer the server's heartbeats: a waiter does not know the
+		 * server's interval before its grant, this keeps pace with it. */
+		if (m->which_body == gf_Msg_heartbeat_tag && is_tcp(l)) {
+			send_heartbeat(l);
+			s->next_hb = gf_now_us() + l->hb_ms * 1000;
+		}
+	}
+}
+
 static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *grant)
 {
 	struct sock *s = l->priv;
@@ -296,151 +439,28 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 	pthread_mutex_unlock(&l->mu);
 	/* 0 means ask once: one connection attempt, and the server answers the
 	 * acquire at once (granted, or timed out when the lock is held). */
-	const bool once = timeout_ms == 0;
-	const int64_t deadline = once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
-	int64_t unreachable_since = -1; /* when the server was last lost */
-	int64_t spin_until = 0;         /* told LockNext: poll without sleeping until then */
-	bool told_next = false;         /* the next hook was told 1 and not yet 0 */
-	int rc;
-	for (;;) {
-		int64_t now = gf_now_us();
-		if (now >= deadline) {
-			rc = once ? gf_err(GF_ERR_TIMEOUT, "lock %s: no answer to a single try within %dms", l->id,
-					   ATTEMPT_US / 1000)
-				  : gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id, (long long)timeout_ms);
+	struct acquiring a = { .once = timeout_ms == 0, .unreachable_since = -1 };
+	a.deadline = a.once ? gf_now_us() + ATTEMPT_US : gf_deadline_from_ms(timeout_ms);
+	enum acq_step step = s->fd < 0 ? ACQ_CONNECT : ACQ_WAIT;
+	while (step != ACQ_GRANTED && step != ACQ_FAILED) {
+		if (step != ACQ_READ && gf_now_us() >= a.deadline) {
+			acq_failed(&a, a.once ? gf_err(GF_ERR_TIMEOUT, "lock %s: no answer to a single try within %dms", l->id,
+						      ATTEMPT_US / 1000)
+					      : gf_err(GF_ERR_TIMEOUT, "lock %s: not granted within %lldms", l->id,
+						       (long long)timeout_ms));
 			break;
 		}
-		if (s->fd < 0) {
-			if (unreachable_since < 0)
-				unreachable_since = now;
-			int64_t give_up = unreachable_since + l->reconnect_ms * 1000;
-			int64_t d = deadline < give_up ? deadline : give_up;
-			if (d > now + ATTEMPT_US)
-				d = now + ATTEMPT_US;
-			rc = connect_once(l, d);
-			if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION || rc == GF_ERR_INVALID_ARG)
-				break;
-			if (rc == 0) {
-				int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us()) / 1000;
-				if (once || (left < 0 && deadline != INT64_MAX))
-					left = 0;
-				rc = send_acquire(l, left, false,
-						  gf_now_us() + ATTEMPT_US);
-				if (rc == 0) {
-					unreachable_since = -1;
-					continue;
-				}
-				drop_conn(l);
-			}
-			if (gf_now_us() >= give_up) {
-				rc = gf_err(GF_ERR_UNREACHABLE, "lock %s: server %s not reachable for %lldms (%s)", l->id,
-					    s->uristr, (long long)l->reconnect_ms, gf_error_detail());
-				break;
-			}
-			int64_t until = gf_now_us() + RETRY_US;
-			if (nap(l, until < deadline ? until : deadline)) {
-				rc = gf_err(GF_ERR_INTERRUPTED, "lock %s: acquire interrupted", l->id);
-				break;
-			}
-			continue;
-		}
-		struct pollfd p[2] = { { .fd = s->fd, .events = POLLIN }, { .fd = l->intr_fd, .events = POLLIN } };
-		int64_t wake = deadline;
-		if (is_tcp(l)) {
-			if (s->next_hb < wake)
-				wake = s->next_hb;
-			if (s->last_heard + l->fence_ms * 1000 < wake)
-				wake = s->last_heard + l->fence_ms * 1000;
-		}
-		bool spin = spin_until && gf_now_us() < spin_until;
-		int n = poll(p, 2, spin ? 0 : gf_poll_timeout_ms(wake));
-		if (n == 0 && spin) {
-			sched_yield(); /* the server may be waiting for this CPU */
-			continue;
-		}
-		if (n < 0 && errno != EINTR) {
-			rc = gf_err_errno(GF_ERR_IO, errno, "lock: poll");
-			break;
-		}
-		if (n > 0 && (p[1].revents & POLLIN) && gf_lock_interrupted(l)) {
-			rc = gf_err(GF_ERR_INTERRUPTED, "lock %s: acquire interrupted", l->id);
-			break;
-		}
-		now = gf_now_us();
-		if (is_tcp(l)) {
-			if (now - s->last_heard >= l->fence_ms * 1000) {
-				/* A silent TCP server: reconnect and keep waiting. */
-				drop_conn(l);
-				spin_until = 0;
-				no_longer_next(l, &told_next);
-				continue;
-			}
-			if (now >= s->next_hb) {
-				send_heartbeat(l);
-				s->next_hb = now + l->hb_ms * 1000;
-			}
-		}
-		if (n <= 0 || !p[0].revents)
-			continue;
-		bool granted = false, lost_conn = false;
-		rc = 0;
-		for (;;) {
-			int *fds = NULL;
-			size_t nfds = 0;
-			int r = gf_msg_try_recv(&s->rd, s->fd, s->msg, &fds, &nfds);
-			if (r == GF_ERR_AGAIN)
-				break;
-			if (r < 0) {
-				lost_conn = true;
-				break;
-			}
-			s->last_heard = gf_now_us();
-			gf_Msg *m = s->msg;
-			if (m->which_body == gf_Msg_lock_granted_tag) {
-				take_listeners(l, &m->body.lock_granted, fds, nfds);
-				free(fds);
-				take_grant(l, &m->body.lock_granted);
-				granted = true;
-				break;
-			}
-			gf_close_fds(fds, nfds);
-			free(fds);
-			if (m->which_body == gf_Msg_error_tag) {
-				rc = gf_msg_error_code(m);
-				break;
-			}
-			if (m->which_body == gf_Msg_lock_next_tag) {
-				tell_next(l, 1, &m->body.lock_next);
-				told_next = true;
-				spin_until = gf_now_us() + NEXT_SPIN_US;
-			}
-			/* Answer the server's heartbeats: a waiter does not know the
-			 * server's interval before its grant, this keeps pace with it. */
-			if (m->which_body == gf_Msg_heartbeat_tag && is_tcp(l)) {
-				send_heartbeat(l);
-				s->next_hb = gf_now_us() + l->hb_ms * 1000;
-			}
-		}
-		if (granted) {
-			if (grant)
-				*grant = s->grant;
-			return 0;
-		}
-		if (rc < 0)
-			break;
-		if (lost_conn) {
-			/* The server went away: a waiter reconnects and keeps waiting,
-			 * and is not next any more (it queues again). */
-			gf_log(GF_LOG_INFO, "lock", "msg=\"server connection lost while waiting; reconnecting\" id=%s", l->id);
-			drop_conn(l);
-			spin_until = 0;
-			no_longer_next(l, &told_next);
-		}
+		step = step == ACQ_CONNECT ? acq_connect(l, &a) : step == ACQ_WAIT ? acq_wait(l, &a) : acq_read(l, &a);
 	}
-	no_longer_next(l, &told_next);
+	if (step == ACQ_GRANTED) {
+		if (grant)
+			*grant = s->grant;
+		return 0;
+	}
+	no_longer_next(l, &a.told_next);
 	drop_conn(l);
 	atomic_store(&s->state, C_IDLE);
-	return rc;
+	return a.rc;
 }
 
 /* Called with l->mu held. */

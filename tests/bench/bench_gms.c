@@ -194,7 +194,7 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m, size_t siz
 	size = size ? (size + gran - 1) / gran * gran : gran;
 
 	gf_gms *w;
-	check(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000), "connect RW");
+	check(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000, NULL), "connect RW");
 	for (size_t i = 0; i < n; i++) {
 		struct gf_gms_alloc_info ai;
 		check(gf_gms_allocate(w, size, "t", NULL), "allocate");
@@ -222,7 +222,7 @@ static int run_case(const char *dir, gf_mem *mem, size_t n, size_t m, size_t siz
 			tpop[k] = raw_once(&raw, true);
 		}
 		gf_gms *r;
-		check(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 5000), "connect RO");
+		check(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 5000, NULL), "connect RO");
 		uint64_t rt0 = gf_gms_round_trips(r);
 		int64_t t0 = gf_now_us();
 		check(gf_gms_map_all(r), "map_all");

@@ -907,7 +907,7 @@ static void *slow_loader_main(void *arg)
 	for (int i = 0; rc == 0 && i < ndev; i++) {
 		rc = gf_mem_open(&m[i], kind, i);
 		if (rc == 0)
-			rc = gf_gms_connect(&g[i], l->f->gms[i].uri, m[i], GF_GMS_RW, 5000);
+			rc = gf_gms_connect(&g[i], l->f->gms[i].uri, m[i], GF_GMS_RW, 5000, NULL);
 		if (rc == 0)
 			rc = gf_gms_allocate(g[i], WEIGHT_BYTES, "w", &id);
 		if (rc == 0)
@@ -1219,7 +1219,7 @@ static void replace_weights(struct fixture *f, int device)
 	gf_mem *m;
 	gf_gms *g;
 	assert_int_equal(gf_mem_open(&m, kind, device), 0);
-	assert_int_equal(gf_gms_connect(&g, f->gms[device].uri, m, GF_GMS_RW, 5000), 0);
+	assert_int_equal(gf_gms_connect(&g, f->gms[device].uri, m, GF_GMS_RW, 5000, NULL), 0);
 	assert_int_equal(gf_gms_allocate(g, 2 * WEIGHT_BYTES, "other", NULL), 0);
 	assert_int_equal(gf_gms_commit(g, NULL), 0);
 	gf_gms_free(g);
@@ -1235,7 +1235,7 @@ static void test_waking_engine_holds_the_layout(void **state)
 	gf_mem *m;
 	gf_gms *g;
 	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
-	assert_int_equal(gf_gms_connect(&g, f->gms[0].uri, m, GF_GMS_RW, 200), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, f->gms[0].uri, m, GF_GMS_RW, 200, NULL), GF_ERR_TIMEOUT);
 	assert_int_equal(gf_engine_wake_up(e), 0);
 	assert_int_equal(mapped_count(e), ndev);
 	gf_mem_free(m);

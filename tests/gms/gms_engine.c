@@ -110,7 +110,7 @@ int main(int argc, char **argv)
 	int rc = gf_mem_open(&mem, kind, 0);
 	if (rc < 0)
 		return die("mem_open", rc);
-	if ((rc = gf_gms_connect(&g, uri, mem, mode, timeout)) < 0)
+	if ((rc = gf_gms_connect(&g, uri, mem, mode, timeout, NULL)) < 0)
 		return die("connect", rc);
 	say("granted=%s pid=%d", gf_gms_granted_mode(g) == GF_GMS_RW ? "RW" : "RO", (int)getpid());
 	if (gf_gms_granted_mode(g) == GF_GMS_RW) {

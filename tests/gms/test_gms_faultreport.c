@@ -40,7 +40,7 @@ static int setup(void **state)
 	if (!dir || gf_mem_open(&mem, GF_MEM_HOST, 0) < 0 || gt_start(&srv, dir, "gms", 0) < 0)
 		return -1;
 	/* Two allocations, three keys; after commit the writer maps them read-only. */
-	if (gf_gms_connect(&gms, srv.uri, mem, GF_GMS_RW, 5000) < 0 || gf_gms_allocate(gms, 1 << 20, "w0", &a0) < 0 ||
+	if (gf_gms_connect(&gms, srv.uri, mem, GF_GMS_RW, 5000, NULL) < 0 || gf_gms_allocate(gms, 1 << 20, "w0", &a0) < 0 ||
 	    gf_gms_allocate(gms, 1 << 20, "w1", &a1) < 0 || gf_gms_put_meta(gms, "embed", a0, 0, "{}", 2) < 0 ||
 	    gf_gms_put_meta(gms, "layers.0.qkv", a0, 8192, "{}", 2) < 0 ||
 	    gf_gms_put_meta(gms, "head", a1, 512, "{}", 2) < 0 || gf_gms_commit(gms, NULL) < 0)
@@ -169,7 +169,7 @@ static void test_bad_arguments(void **state)
 	(void)state;
 	assert_int_equal(gf_gms_fault_reporter_install(NULL), GF_ERR_INVALID_ARG);
 	gf_gms *fresh = NULL;
-	OK(gf_gms_connect(&fresh, srv.uri, mem, GF_GMS_RO, 5000));
+	OK(gf_gms_connect(&fresh, srv.uri, mem, GF_GMS_RO, 5000, NULL));
 	assert_int_equal(gf_gms_fault_reporter_install(fresh), GF_ERR_STATE); /* not mapped yet */
 	gf_gms_free(fresh);
 }

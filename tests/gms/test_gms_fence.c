@@ -107,8 +107,10 @@ static int teardown(void **state)
 static int load_as(struct world *w, const struct gf_lock_proof *proof, bool token, uint8_t byte)
 {
 	gf_gms *g;
-	int rc = token ? gf_gms_connect_proof(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, proof)
-		       : gf_gms_connect_epoch(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, proof ? proof->epoch : 0);
+	/* Without the token only the epoch goes: a fenced GMS refuses a drop on it. */
+	const struct gf_gms_connect_opts o = token ? (struct gf_gms_connect_opts){ .proof = proof }
+						   : (struct gf_gms_connect_opts){ .lock_epoch = proof ? proof->epoch : 0 };
+	int rc = gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &o);
 	if (rc < 0)
 		return rc;
 	uint64_t id;
@@ -152,7 +154,7 @@ static void assert_carries_proof(const struct gf_lock_grant *g)
 static int first_byte(struct world *w)
 {
 	gf_gms *g;
-	assert_int_equal(gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	assert_int_equal(gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RO, 2000, NULL), 0);
 	assert_int_equal(gf_gms_map_all(g), 0);
 	struct gf_gms_alloc_info ai;
 	assert_int_equal(gf_gms_alloc_at(g, 0, &ai), 0);
@@ -203,7 +205,7 @@ static void test_fence(void **state)
 	assert_int_equal(first_byte(w), 0x11);
 	/* RW_OR_RO on a committed GMS becomes RO: never fenced. */
 	gf_gms *ro;
-	assert_int_equal(gf_gms_connect(&ro, w->gms.uri, w->mem, GF_GMS_RW_OR_RO, 2000), 0);
+	assert_int_equal(gf_gms_connect(&ro, w->gms.uri, w->mem, GF_GMS_RW_OR_RO, 2000, NULL), 0);
 	assert_int_equal(gf_gms_granted_mode(ro), GF_GMS_RO);
 	gf_gms_free(ro);
 
@@ -241,7 +243,7 @@ static void *stray_writer(void *arg)
 {
 	struct stray *s = arg;
 	gf_gms *g;
-	s->rc = gf_gms_connect_epoch(&g, s->w->gms.uri, s->w->mem, GF_GMS_RW, 20000, 0);
+	s->rc = gf_gms_connect(&g, s->w->gms.uri, s->w->mem, GF_GMS_RW, 20000, NULL);
 	if (s->rc == 0)
 		gf_gms_free(g);
 	return NULL;
@@ -262,19 +264,20 @@ static void test_stray_writer_never_holds_back_readers(void **state)
 
 	/* The primary reads; a stray writer arrives with a long timeout. */
 	gf_gms *primary, *standby;
-	assert_int_equal(gf_gms_connect(&primary, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	assert_int_equal(gf_gms_connect(&primary, w->gms.uri, w->mem, GF_GMS_RO, 2000, NULL), 0);
 	struct stray s = { .w = w };
 	stray_writer(&s);
 	assert_int_equal(s.rc, GF_ERR_PERMISSION);
 	assert_non_null(strstr(gf_error_detail(), "only the lock's current holder"));
-	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000, NULL), 0);
 	gf_gms_free(standby);
 	gf_gms_free(primary);
 
 	/* The holder reloads; a stray writer queues meanwhile (nothing committed to drop yet). */
 	gf_gms *writer;
 	struct gf_lock_proof pa = proof_of(&ga);
-	assert_int_equal(gf_gms_connect_proof(&writer, w->gms.uri, w->mem, GF_GMS_RW, 2000, &pa), 0);
+	const struct gf_gms_connect_opts o = { .proof = &pa };
+	assert_int_equal(gf_gms_connect(&writer, w->gms.uri, w->mem, GF_GMS_RW, 2000, &o), 0);
 	pthread_t th;
 	assert_int_equal(pthread_create(&th, NULL, stray_writer, &s), 0);
 	while (!json_has(w->gms.uri, "\"waiters\":1"))
@@ -286,7 +289,7 @@ static void test_stray_writer_never_holds_back_readers(void **state)
 	/* The commit made it a drop: refused then, and readers go in beside the writer. */
 	pthread_join(th, NULL);
 	assert_int_equal(s.rc, GF_ERR_PERMISSION);
-	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000), 0);
+	assert_int_equal(gf_gms_connect(&standby, w->gms.uri, w->mem, GF_GMS_RO, 2000, NULL), 0);
 	gf_gms_free(standby);
 	gf_gms_free(writer);
 	assert_true(json_has(w->gms.uri, "\"fence_refusals\":2"));
@@ -319,7 +322,8 @@ static void test_revoked_writer_cannot_commit(void **state)
 	assert_int_equal(gf_lock_acquire(a, 2000, &ga), 0);
 	struct gf_lock_proof pa = proof_of(&ga);
 	gf_gms *g;
-	assert_int_equal(gf_gms_connect_proof(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &pa), 0);
+	const struct gf_gms_connect_opts o = { .proof = &pa };
+	assert_int_equal(gf_gms_connect(&g, w->gms.uri, w->mem, GF_GMS_RW, 3000, &o), 0);
 	uint64_t id;
 	assert_int_equal(gf_gms_allocate(g, 4096, "weights", &id), 0);
 	struct gf_gms_alloc_info ai;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Waiting by progress (gf_gms_connect_by_progress(), docs/gms.md "Waiting
+ * Waiting by progress (gf_gms_connect() by progress, docs/gms.md "Waiting
  * for a loader"): a reader keeps waiting while a writer makes progress,
  * however long the load takes, and times out, saying which, once no writer
  * has been connected or the connected one has made no progress for its
@@ -31,6 +31,9 @@
 #define WAIT_MS 1000      /* the reader's timeout while a writer loads */
 #define STEP_US 50000     /* the writer's pace */
 #define LOAD_US 3000000   /* how long the slow writer loads: three times WAIT_MS */
+
+/* Waiting by progress, without a cancel fd. */
+static const struct gf_gms_connect_opts BY_PROGRESS = { .by_progress = 1 };
 
 static char *dir;
 static struct gt_server srv;
@@ -79,10 +82,8 @@ struct reader {
 static void *reader_main(void *arg)
 {
 	struct reader *r = arg;
-	if (r->by_progress)
-		r->rc = gf_gms_connect_by_progress(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, NULL, r->cancel_fd);
-	else
-		r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms);
+	const struct gf_gms_connect_opts o = { .by_progress = 1, .cancel_fd = r->cancel_fd };
+	r->rc = gf_gms_connect(&r->g, srv.uri, mem, GF_GMS_RO, r->timeout_ms, r->by_progress ? &o : NULL);
 	snprintf(r->detail, sizeof(r->detail), "%s", r->rc < 0 ? gf_error_detail() : "");
 	atomic_store(&r->done, true);
 	return NULL;
@@ -132,7 +133,7 @@ static void test_slow_writer_keeps_reader_waiting(void **state)
 {
 	(void)state;
 	gf_gms *w;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000, NULL));
 	struct reader patient, absolute;
 	reader_start(&patient, true, WAIT_MS);
 	reader_start(&absolute, false, WAIT_MS);
@@ -196,14 +197,14 @@ static void test_no_writer_times_out(void **state)
 {
 	(void)state;
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL, -1), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &BY_PROGRESS), GF_ERR_TIMEOUT);
 	assert_null(g);
 	assert_non_null(strstr(gf_error_detail(), "no writer connected for 0.3 s"));
 	assert_true(status_has("reason=no_writer"));
 
 	/* A writer that leaves (its load aborted) is no writer either, from the moment it left. */
 	gf_gms *w;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000, NULL));
 	struct reader r;
 	reader_start(&r, true, 300);
 	wait_status("\"waiters_by_progress\":1");
@@ -219,11 +220,11 @@ static void test_stalled_writer_times_out(void **state)
 	(void)state;
 	gf_gms *w;
 	uint64_t id;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000, NULL));
 	OK(gf_gms_allocate(w, 64 * KiB, "weights", &id));
 	OK(gf_gms_report_progress(w, 1000, 5000));
 	gf_gms *g = NULL;
-	assert_int_equal(gf_gms_connect_by_progress(&g, srv.uri, mem, GF_GMS_RO, 300, NULL, -1), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 300, &BY_PROGRESS), GF_ERR_TIMEOUT);
 	assert_null(g);
 	const char *d = gf_error_detail();
 	assert_non_null(strstr(d, "writer connected but made no progress for 0.3 s"));
@@ -243,14 +244,14 @@ static void test_report_progress_rules(void **state)
 	assert_int_equal(gf_gms_report_progress(NULL, 0, 0), GF_ERR_INVALID_ARG);
 	gf_gms *w;
 	uint64_t id, gen;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 5000, NULL));
 	OK(gf_gms_allocate(w, 64 * KiB, "weights", &id));
 	OK(gf_gms_report_progress(w, 1, 0));
 	OK(gf_gms_report_progress(w, 2, 0)); /* within 100 ms: kept back, not an error */
 	OK(gf_gms_commit(w, &gen));
 	assert_int_equal(gf_gms_report_progress(w, 3, 0), GF_ERR_STATE);
 	gf_gms *r;
-	OK(gf_gms_connect_by_progress(&r, srv.uri, mem, GF_GMS_RO, 0, NULL, -1));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 0, &BY_PROGRESS));
 	assert_int_equal(gf_gms_granted_mode(r), GF_GMS_RO);
 	assert_int_equal(gf_gms_report_progress(r, 3, 0), GF_ERR_STATE);
 	gf_gms_free(r);
@@ -288,5 +289,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_report_progress_rules, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_fd_withdraws_the_wait, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -66,7 +66,7 @@ static int teardown(void **state)
 static gf_gms *load(const char *uri, int mode, size_t n, uint64_t size, size_t m, uint8_t seed)
 {
 	gf_gms *g;
-	OK(gf_gms_connect(&g, uri, mem, mode, 5000));
+	OK(gf_gms_connect(&g, uri, mem, mode, 5000, NULL));
 	assert_int_equal(gf_gms_granted_mode(g), GF_GMS_RW);
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id;
@@ -117,7 +117,7 @@ static void test_load_commit_read(void **state)
 	assert_int_equal(gw, 1);
 
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	assert_int_equal(gf_gms_granted_mode(r), GF_GMS_RO);
 	assert_int_equal(gf_gms_allocate(r, MiB, "x", NULL), GF_ERR_STATE);
 	OK(gf_gms_map_all(r));
@@ -182,15 +182,15 @@ static void test_timeouts(void **state)
 	(void)state;
 	gf_gms *g;
 	int64_t t0 = gf_now_us();
-	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 200), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 200, NULL), GF_ERR_TIMEOUT);
 	int64_t dt = gf_now_us() - t0;
 	assert_true(dt >= 150000 && dt < 5000000);
-	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 0), GF_ERR_TIMEOUT);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, GF_GMS_RO, 0, NULL), GF_ERR_TIMEOUT);
 	/* unreachable */
 	char bad[400];
 	snprintf(bad, sizeof(bad), "unix://%s/none.sock", dir);
-	assert_int_equal(gf_gms_connect(&g, bad, mem, GF_GMS_RO, 100), GF_ERR_UNREACHABLE);
-	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, 9, 100), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_gms_connect(&g, bad, mem, GF_GMS_RO, 100, NULL), GF_ERR_UNREACHABLE);
+	assert_int_equal(gf_gms_connect(&g, srv.uri, mem, 9, 100, NULL), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_gms_wait_committed(srv.uri, 200, NULL), GF_ERR_TIMEOUT);
 	OK(gf_gms_ping(srv.uri, 1000, NULL));
 }
@@ -207,7 +207,7 @@ struct bg_connect {
 static void *bg_main(void *arg)
 {
 	struct bg_connect *b = arg;
-	b->rc = gf_gms_connect(&b->g, srv.uri, mem, b->mode, b->timeout);
+	b->rc = gf_gms_connect(&b->g, srv.uri, mem, b->mode, b->timeout, NULL);
 	atomic_store(&b->done, true);
 	return NULL;
 }
@@ -273,7 +273,7 @@ static void test_abort_promotes_waiter(void **state)
 {
 	(void)state;
 	gf_gms *w;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW_OR_RO, 1000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW_OR_RO, 1000, NULL));
 	uint64_t id;
 	OK(gf_gms_allocate(w, MiB, "a", &id));
 	struct bg_connect a, r;
@@ -357,7 +357,7 @@ static void test_bad_input(void **state)
 	/* An established reader must survive everything below. */
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 2, MiB, 4, 9);
 	gf_gms *rd;
-	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(rd));
 	gf_gms_free(w);
 
@@ -524,7 +524,7 @@ static void test_metadata_blob(void **state)
 {
 	(void)state;
 	gf_gms *w;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000, NULL));
 	OK(gf_gms_allocate(w, MiB, "a", NULL));
 	for (int k = 0; k < 100; k++) {
 		char key[32];
@@ -558,7 +558,7 @@ static void test_metadata_blob(void **state)
 	raw_close(&r);
 	/* the library's reader takes the blob */
 	gf_gms *rd;
-	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(rd));
 	assert_int_equal(gf_gms_meta_count(rd), 100);
 	struct gf_gms_meta me;
@@ -573,7 +573,7 @@ static void test_stalled_reader(void **state)
 {
 	(void)state;
 	gf_gms *w;
-	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_connect(&w, srv.uri, mem, GF_GMS_RW, 1000, NULL));
 	OK(gf_gms_allocate(w, MiB, "a", NULL));
 	char value[1000];
 	memset(value, 'x', sizeof(value));
@@ -601,7 +601,7 @@ static void test_stalled_reader(void **state)
 		assert_true(rtt < 500000);
 	}
 	gf_gms *rd;
-	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&rd, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(rd));
 	assert_int_equal(gf_gms_meta_count(rd), 3000);
 	gf_gms_free(rd);
@@ -647,7 +647,7 @@ static void test_oom_retry(void **state)
 	rl.rlim_cur = 8 * MiB;
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
 	gf_gms *g;
-	OK(gf_gms_connect(&g, s2.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_connect(&g, s2.uri, mem, GF_GMS_RW, 1000, NULL));
 	/* recovers once memory frees up; the loop keeps serving meanwhile (a status query answers) */
 	pthread_t th;
 	int delay = 300;
@@ -672,7 +672,7 @@ static void test_oom_retry(void **state)
 	gt_stop(&s2);
 	/* without retry it fails at once */
 	OK(gt_start(&s2, dir, "oom0", 0));
-	OK(gf_gms_connect(&g, s2.uri, mem, GF_GMS_RW, 1000));
+	OK(gf_gms_connect(&g, s2.uri, mem, GF_GMS_RW, 1000, NULL));
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
 	assert_int_equal(gf_gms_allocate(g, 16 * MiB, "big", NULL), GF_ERR_OUT_OF_MEMORY);
 	setrlimit(RLIMIT_FSIZE, &old);
@@ -687,7 +687,7 @@ static void test_unmap_remap(void **state)
 	(void)state;
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x10);
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(r));
 	struct gf_gms_alloc_info before[4], after;
 	for (size_t i = 0; i < 4; i++)
@@ -818,7 +818,7 @@ static void test_sleep_keeps_handles(void **state)
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x40);
 	gf_gms_free(w); /* stays committed */
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(r));
 	struct gf_gms_alloc_info a0, b0;
 	OK(gf_gms_alloc_at(r, 0, &a0));
@@ -922,7 +922,7 @@ static void test_remap_all_or_nothing(void **state)
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 300, 4096, 5, 0x30);
 	gf_gms_free(w); /* stays committed */
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(r));
 	struct gf_gms_alloc_info first, last;
 	OK(gf_gms_alloc_at(r, 0, &first));
@@ -977,7 +977,7 @@ static void test_lost(void **state)
 	(void)state;
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 1, MiB, 1, 5);
 	gf_gms *p;
-	OK(gf_gms_connect(&p, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&p, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(p));
 	gf_gms_set_lost_fn(w, on_lost, NULL);
 	OK(gf_gms_start_watch(w));
@@ -1014,7 +1014,7 @@ static void test_wake_starts_no_thread(void **state)
 	gf_gms *w = load(srv.uri, GF_GMS_RW, 4, MiB, 10, 0x70);
 	gf_gms_free(w);
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(r));
 	gf_gms_set_lost_fn(r, on_lost, NULL);
 	OK(gf_gms_start_watch(r));
@@ -1111,7 +1111,7 @@ static void test_committed_memory_is_sealed(void **state)
 	(void)state;
 	gf_gms *w = load(srv.uri, GF_GMS_RW_OR_RO, 2, 2 * MiB, 4, 0x5a);
 	gf_gms *r;
-	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000));
+	OK(gf_gms_connect(&r, srv.uri, mem, GF_GMS_RO, 1000, NULL));
 	OK(gf_gms_map_all(r));
 	int fds[64], ro;
 	int n = committed_memfds(fds, 64, &ro);

@@ -145,7 +145,7 @@ static int __attribute__((noreturn)) loader(void)
 		die("lock", rc);
 	gf_mem *m;
 	gf_gms *gms;
-	if ((rc = gf_mem_open(&m, GF_MEM_CUDA, 0)) || (rc = gf_gms_connect(&gms, gms_uri, m, GF_GMS_RW, 10000)))
+	if ((rc = gf_mem_open(&m, GF_MEM_CUDA, 0)) || (rc = gf_gms_connect(&gms, gms_uri, m, GF_GMS_RW, 10000, NULL)))
 		die("connect", rc);
 	if (setup_driver()) /* the driver the library loaded */
 		die("driver", GF_ERR_DRIVER);
@@ -181,7 +181,7 @@ static int follower(void)
 	gf_mem *m;
 	gf_gms *gms;
 	int rc;
-	if ((rc = gf_mem_open(&m, GF_MEM_CUDA, 0)) || setup_driver() || (rc = gf_gms_connect(&gms, gms_uri, m, GF_GMS_RO, 10000)) ||
+	if ((rc = gf_mem_open(&m, GF_MEM_CUDA, 0)) || setup_driver() || (rc = gf_gms_connect(&gms, gms_uri, m, GF_GMS_RO, 10000, NULL)) ||
 	    (rc = gf_gms_map_all(gms)))
 		die("import", rc);
 	uint64_t addrs[NALLOC] = { 0 };

@@ -25,6 +25,7 @@
 
 #include "gpufailover/lock.h"
 #include "lockint.h"
+#include "statefile.h"
 #include "testutil.h"
 #include "wire.h"
 

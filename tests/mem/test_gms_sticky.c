@@ -22,7 +22,7 @@ static gf_gms *connect_as(gf_mem **mem, int mode)
 {
 	gf_gms *g = NULL;
 	CHECK(gf_mem_open(mem, GF_MEM_CUDA, 0) == 0);
-	CHECK(gf_gms_connect(&g, uri, *mem, mode, 10000) == 0);
+	CHECK(gf_gms_connect(&g, uri, *mem, mode, 10000, NULL) == 0);
 	return g;
 }
 

@@ -49,7 +49,7 @@ static void *client_main(void *arg)
 	gf_gms *g = NULL;
 	int rc = gf_mem_open(&mem, kind, 0);
 	if (rc == 0)
-		rc = gf_gms_connect(&g, j->uri, mem, j->writer ? GF_GMS_RW : GF_GMS_RO, 20000);
+		rc = gf_gms_connect(&g, j->uri, mem, j->writer ? GF_GMS_RW : GF_GMS_RO, 20000, NULL);
 	for (int i = 0; rc == 0 && j->writer && i < 2; i++) {
 		uint64_t id;
 		struct gf_gms_alloc_info ai;

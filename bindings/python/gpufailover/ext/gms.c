@@ -103,7 +103,8 @@ struct progress_connect {
 static int progress_connect_call(void *ctx, int64_t unused)
 {
 	struct progress_connect *p = ctx;
-	int rc = gf_gms_connect_by_progress(&p->g, p->uri, p->mem, p->mode, p->ms, p->proof, p->cancel_fd);
+	const struct gf_gms_connect_opts opts = { .proof = p->proof, .by_progress = 1, .cancel_fd = p->cancel_fd };
+	int rc = gf_gms_connect(&p->g, p->uri, p->mem, p->mode, p->ms, &opts);
 	if (rc == GF_ERR_INTERRUPTED) {
 		uint64_t n;
 		ssize_t r = read(p->cancel_fd, &n, sizeof(n));
@@ -182,8 +183,9 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 		if (connect_by_progress(self, &p, &g) < 0)
 			return -1;
 	} else {
+		const struct gf_gms_connect_opts opts = { .proof = grant != Py_None ? &proof : NULL };
 		Py_BEGIN_ALLOW_THREADS
-		rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
+		rc = gf_gms_connect(&g, uri, mem, mode, ms, &opts);
 		Py_END_ALLOW_THREADS
 		if (rc < 0) {
 			gfpy_raise_gf(rc);

@@ -9,6 +9,8 @@
  * has not exited yet (exit wait), a reconnect window after a restart, and a
  * state file that could not be written. Closes only record what changed;
  * the core's settle step grants.
+ * Its connections' replies and FIFO are server_conn.c, its standby pool
+ * server_pool.c, what it reports (status, readiness, metrics) server_report.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,173 +26,9 @@
 
 #include <openssl/crypto.h>
 
-#include "gpufailover/lock.h"
-#include "grant.h"
-#include "listeners.h"
-#include "lockint.h"
-#include "pool.h"
-#include "server.h"
-
-/* Retry a failed state-file write this often, holding grants meanwhile. */
-#define STORE_RETRY_US 1000000
-/* TCP heartbeats a peer may send in a burst, and the fastest average pace
- * (one per min(heartbeat/8, 10 ms)): a flood is dropped, not served. */
-#define HB_BURST 32
-
-enum conn_role { R_NONE, R_WAITER, R_HOLDER };
-
-/* A process registered with a connection (LockAddPids): another rank of its engine. */
-struct reg_pid {
-	int fd; /* pidfd */
-	uint32_t pid;
-};
-
-/* One process the exit wait waits for, in the loop until it exits. */
-struct exit_proc {
-	struct gf_srv_watch w;
-	int fd; /* pidfd; -1 once it exited (or the wait ended) */
-	uint32_t pid;
-};
-
-/* Whom a holder going away leaves the next grant waiting for. */
-enum exit_wait_mode {
-	WAIT_NONE,  /* released on purpose or revoked: nobody */
-	WAIT_RANKS, /* its own process is known to be gone: the processes it registered */
-	WAIT_ALL,   /* its connection closed: its process and those it registered */
-};
-
-/* Per connection (the core's peer data). */
-struct conn {
-	struct gf_srv_peer *peer;
-	struct gf_srv_watch pid_watch; /* the holder's pidfd in the loop */
-	bool pid_watched;
-	enum conn_role role;
-	int64_t wait_deadline;      /* monotonic; INT64_MAX: forever */
-	int64_t since_wall;
-	int64_t next_hb;
-	int64_t hb_credit_at;       /* heartbeat pacing: credit accrues since then */
-	int hb_credit;
-	uint32_t seq;               /* seq of the pending acquire, echoed in the grant */
-	struct conn *wprev, *wnext; /* waiters FIFO */
-	/* The standby pool: what the engine declared (NULL: nothing), when it
-	 * registered (monotonic) and when it was last Active (wall clock, 0: never). */
-	struct gf_pool_decl *decl;
-	int64_t since_mono;
-	int64_t last_active_us;
-	uint64_t proc_start; /* its process's start time (unix peers; 0: unknown): who earned a recency */
-	/* Readiness: the engine said it reports when it serves (LockServing),
-	 * and whether it has, for its grant. */
-	bool reports_serving, serving;
-	bool takes_next; /* told LockNext before its grant */
-	/* Further processes of this engine (LockAddPids): the exit wait of its
-	 * grant waits for them too. Owned here until the wait takes them. */
-	struct reg_pid *pids;
-	size_t npids;
-};
-
-struct gf_lockd {
-	struct gf_srv *srv;
-	char *state_path;
-	int state_lock_fd;
-	/* Kept open so a write does not resolve the path again (a grant's latency). */
-	int state_dirfd;
-	char *state_name, *state_tmpname;
-	int state_next_fd; /* the next store's temp file, created ahead (-1: none) */
-	/* The next grant's session token, drawn while idle, not between a
-	 * holder's exit and the next grant. */
-	uint8_t next_token[GF_LOCK_TOKEN_LEN];
-	bool next_token_ready;
-	/* The next grant's fence proof, made with its token while idle (0: none yet). */
-	struct gf_lock_proof next_proof;
-	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms;
-	int64_t started_at;
-
-	struct conn *whead, *wtail;
-	size_t nwaiters;
-
-	/* the lock */
-	struct conn *holder;
-	uint64_t epoch;            /* last epoch granted or on record */
-	bool epochs_exhausted;     /* logged once: no epoch left to grant */
-	struct gf_lock_state rec;  /* what the state file says (or would) */
-	int64_t granted_at_wall;
-	/* exit wait: processes of the released holder (its own, and those it
-	 * registered) that have not exited yet; the wait lasts while any does */
-	struct exit_proc exitp[1 + GF_LOCK_MAX_PIDS];
-	size_t nexit;      /* entries in use (some may have exited: fd -1) */
-	size_t exit_left;  /* of them, not exited yet; > 0: the exit wait is on */
-	uint32_t exit_pid; /* the holder's own pid */
-	char exit_id[GF_LOCK_ID_MAX];
-	int64_t exit_deadline;
-	/* reconnect window after a restart with a holder on record */
-	bool window;
-	int64_t window_deadline;
-	struct gf_lock_state prev;
-	/* a failed state-file write holds grants until this time */
-	int64_t store_retry_at;
-	/* d->rec says "released" but is not on disk yet: settle() either
-	 * writes the next grant over it or writes it. A crash in between leaves
-	 * the old holder on record, which only costs a reconnect window. */
-	bool release_unsaved;
-
-	/* the "released" log line, written after the next grant is sent */
-	struct release_log {
-		bool pending;
-		char id[GF_LOCK_ID_MAX];
-		uint64_t epoch;
-		uint32_t pid;
-		char why[200];
-		int64_t seen_us; /* when the release was seen: the line itself is written later */
-	} release_log;
-
-	gf_Msg *msg; /* scratch reply: gf_Msg is large */
-
-	/* the standby pool (pool.h) */
-	struct gf_pool_policy pool;
-	uint64_t evicted, over_budget;
-	uint64_t store_failures; /* state-file writes that failed */
-	bool warned_no_gpu; /* logged once: a standby outside the budget (no GPU declared) */
-	/* When each engine id was last Active, so a standby that comes back
-	 * keeps its place in the LRU order; bounded, the oldest entry goes.
-	 * Only the process that was Active inherits the record (pid and start
-	 * time, unix peers): an id, a uid or a transport is anyone's to reuse. */
-	struct seen {
-		char id[GF_LOCK_ID_MAX];
-		int64_t last_active_us;
-		uint32_t pid;
-		uint64_t proc_start; /* 0: nobody inherits it */
-	} *seen;
-	size_t nseen;
-	/* listening sockets handed to each holder (listeners.h) */
-	struct gf_lsn_set *lsn;
-	int64_t lsn_retry_at; /* a pending listener is bound again then (0: none) */
-	/* a switchover asked this grant's holder to step down (0: none) */
-	uint64_t step_down_epoch;
-	/* the last /metrics text, reused for METRICS_REUSE_US: scrapes run on the loop */
-	char *metrics;
-	size_t metrics_len;
-	int64_t metrics_at;
-};
-
-#define SEEN_MAX 1024
-
-/* TCP peers proved the shared secret in the handshake; on unix sockets only
- * root and the server's own uid are admins, not every allowed engine. */
-static bool is_admin(const struct gf_srv_peer *p)
-{
-	return p->tcp || p->uid == 0 || p->uid == (uint32_t)geteuid();
-}
-/* A scraper asks every 15 s or so; eight asking at once still cost one rendering. */
-#define METRICS_REUSE_US 1000000
-
-static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a);
-static void pool_registered(gf_lockd *d, struct conn *c);
-static void pool_active_now(gf_lockd *d, struct conn *c);
-static void pool_fill_status(gf_lockd *d, gf_LockStatus *s);
-static int render_metrics(gf_lockd *d, char **text);
+#include "server_int.h"
 
 static void flush_release_log(gf_lockd *d);
-static void end_exit_wait(gf_lockd *d, const char *why);
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds);
 static void on_ready(void *ctx, struct gf_srv_peer *p);
 static void on_close(void *ctx, struct gf_srv_peer *p, const char *why);
@@ -208,7 +46,7 @@ static void exit_watch_fired(void *ctx, struct gf_srv_watch *w)
 	gf_close(x->fd);
 	x->fd = -1;
 	if (--d->exit_left == 0)
-		end_exit_wait(d, d->nexit > 1 ? "every process of the holder exited" : "holder process exited");
+		lockd_end_exit_wait(d, d->nexit > 1 ? "every process of the holder exited" : "holder process exited");
 	else
 		gf_log(GF_LOG_DEBUG, "lock", "msg=\"a process of the released holder exited\" id=%s pid=%u left=%zu",
 		       d->exit_id, x->pid, d->exit_left);
@@ -296,7 +134,6 @@ void gf_lockd_free(gf_lockd *d)
 		if (gf_srv_started((d)->srv))                                             \
 			return gf_err(GF_ERR_STATE, "lockd: configure before gf_lockd_start()"); \
 	} while (0)
-
 
 int gf_lockd_add_listen(gf_lockd *d, const char *uri)
 {
@@ -565,35 +402,6 @@ static int64_t next_deadline(void *ctx)
 
 /* ---- connections ---- */
 
-static int reply(gf_lockd *d, struct conn *c, gf_Msg *m)
-{
-	return gf_srv_send(d->srv, c->peer, m, NULL, 0);
-}
-
-/* Send an error; the connection stays unless @close_after. Returns -1 if @c was closed. */
-static int reply_error(gf_lockd *d, struct conn *c, int code, const char *detail, bool close_after)
-{
-	gf_srv_send_error(d->srv, c->peer, c->seq, code, detail, close_after);
-	return c->peer->fd < 0 ? -1 : 0;
-}
-
-static void waiter_unlink(gf_lockd *d, struct conn *c)
-{
-	if (c->role != R_WAITER)
-		return;
-	if (c->wprev)
-		c->wprev->wnext = c->wnext;
-	else
-		d->whead = c->wnext;
-	if (c->wnext)
-		c->wnext->wprev = c->wprev;
-	else
-		d->wtail = c->wprev;
-	c->wprev = c->wnext = NULL;
-	c->role = R_NONE;
-	d->nwaiters--;
-}
-
 static bool pidfd_exited(int pidfd)
 {
 	struct pollfd p = { .fd = pidfd, .events = POLLIN };
@@ -650,7 +458,7 @@ static void flush_release_log(gf_lockd *d)
 	       (unsigned long long)r->epoch, r->pid, r->why, (long long)r->seen_us);
 }
 
-static void end_exit_wait(gf_lockd *d, const char *why)
+void lockd_end_exit_wait(gf_lockd *d, const char *why)
 {
 	for (size_t i = 0; i < d->nexit; i++) {
 		struct exit_proc *x = &d->exitp[i];
@@ -704,10 +512,10 @@ static bool exit_wait_add(gf_lockd *d, int fd, uint32_t pid, bool in_loop)
  * grant waits until its process and every process it registered
  * (LockAddPids: the engine's other ranks) have exited.
  */
-static void holder_gone(gf_lockd *d, struct conn *c, const char *why, enum exit_wait_mode mode)
+void lockd_holder_gone(gf_lockd *d, struct conn *c, const char *why, enum exit_wait_mode mode)
 {
 	struct gf_srv_peer *p = c->peer;
-	pool_active_now(d, c);
+	lockd_pool_active_now(d, c);
 	d->holder = NULL;
 	c->role = R_NONE;
 	bool self = mode == WAIT_ALL && p->pidfd >= 0 && !pidfd_exited_soon(p->pidfd);
@@ -745,11 +553,11 @@ static void holder_gone(gf_lockd *d, struct conn *c, const char *why, enum exit_
 	if (!watched) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's processes; releasing on socket close\" error=\"%s\"",
 		       gf_error_detail());
-		end_exit_wait(d, why);
+		lockd_end_exit_wait(d, why);
 		return;
 	}
 	if (d->exit_left == 0) {
-		end_exit_wait(d, why);
+		lockd_end_exit_wait(d, why);
 		return;
 	}
 	char pids[128] = "";
@@ -769,9 +577,9 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	struct conn *c = p->data;
 	if (!c->peer)
 		return; /* never finished its handshake */
-	waiter_unlink(d, c);
+	lockd_waiter_unlink(d, c);
 	if (c->role == R_HOLDER)
-		holder_gone(d, c, why, WAIT_ALL);
+		lockd_holder_gone(d, c, why, WAIT_ALL);
 	close_pids(c);
 	c->pid_watched = false; /* the core removes the pidfd with the socket */
 	free(c->decl);
@@ -789,7 +597,7 @@ static bool proof_valid(gf_lockd *d, const gf_LockStatusRequest *r)
 	return gf_lock_grant_proof(&g, &want) == 0 && CRYPTO_memcmp(want.token, r->proof.bytes, GF_LOCK_PROOF_LEN) == 0;
 }
 
-static void fill_status(gf_lockd *d, gf_LockStatus *s)
+void lockd_fill_status(gf_lockd *d, gf_LockStatus *s)
 {
 	int64_t now = gf_now_us();
 	memset(s, 0, sizeof(*s));
@@ -826,24 +634,11 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 	s->refused_no_pidfd = st.refused_no_pidfd;
 	s->accept_paused = st.accept_paused;
 	s->refused_auth_rate = st.refused_auth_rate;
-	pool_fill_status(d, s);
+	lockd_pool_fill_status(d, s);
 	gf_lsn_fill_status(d->lsn, s);
 	s->step_down_requested = d->holder && d->step_down_epoch == d->epoch;
 	if (d->holder && d->holder->reports_serving)
 		s->holder_serving = d->holder->serving ? 2 : 1;
-}
-
-int gf_lockd_status_json(gf_lockd *d, char **json)
-{
-	if (!d || !json)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
-	gf_LockStatus *s = malloc(sizeof(*s));
-	if (!s)
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	fill_status(d, s);
-	int rc = gf_lock_status_to_json(s, json);
-	free(s);
-	return rc;
 }
 
 /* Grant to @c: persist first, then tell the client. */
@@ -905,10 +700,10 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	d->release_unsaved = false;
 	d->epoch = d->rec.epoch;
 	d->granted_at_wall = d->rec.granted_at_us;
-	waiter_unlink(d, c);
+	lockd_waiter_unlink(d, c);
 	c->role = R_HOLDER;
 	d->holder = c;
-	pool_active_now(d, c);
+	lockd_pool_active_now(d, c);
 	gf_Msg *m = d->msg;
 	gf_msg_start(m, gf_Msg_lock_granted_tag);
 	m->seq = c->seq;
@@ -980,8 +775,8 @@ static void settle(void *ctx)
 		int grc = grant(d, c, false);
 		if (grc == GF_ERR_STATE) {
 			/* No epoch left: waiting would be forever, say so now. */
-			waiter_unlink(d, c);
-			reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
+			lockd_waiter_unlink(d, c);
+			lockd_reply_error(d, c, GF_ERR_STATE, "no epoch left to grant: the lock's epochs reached INT64_MAX", false);
 			continue;
 		}
 		if (grc == GF_ERR_CLOSED)
@@ -1036,18 +831,18 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 	};
 	enum gf_lock_acquire_decision dec = gf_lock_decide_acquire(&in);
 	if (dec == GF_LOCK_REFUSE_HOLDER || dec == GF_LOCK_REFUSE_WAITER) {
-		reply_error(d, c, GF_ERR_STATE, dec == GF_LOCK_REFUSE_HOLDER ? "this connection already holds the lock"
+		lockd_reply_error(d, c, GF_ERR_STATE, dec == GF_LOCK_REFUSE_HOLDER ? "this connection already holds the lock"
 									  : "this connection is already waiting", false);
 		return;
 	}
 	if (dec == GF_LOCK_REFUSE_ID) {
-		reply_error(d, c, GF_ERR_INVALID_ARG,
+		lockd_reply_error(d, c, GF_ERR_INVALID_ARG,
 			    "acquire: engine id must be 1..127 bytes of printable ASCII without spaces, quotes, '\\' or '='", false);
 		return;
 	}
-	int prc = pool_take_decl(d, c, a);
+	int prc = lockd_pool_take_decl(d, c, a);
 	if (prc < 0) {
-		reply_error(d, c, prc, gf_error_detail(), false);
+		lockd_reply_error(d, c, prc, gf_error_detail(), false);
 		return;
 	}
 	snprintf(c->peer->id, sizeof(c->peer->id), "%s", a->engine_id);
@@ -1066,7 +861,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 		d->holder = NULL;
 		gf_srv_close(d->srv, old->peer, "replaced by the holder's new connection");
 		if (grant(d, c, true) < 0)
-			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
+			lockd_reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
 		return;
 	}
 	case GF_LOCK_RECLAIM:
@@ -1075,14 +870,14 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 		schedule_listener_retry(d);
 		if (grant(d, c, true) < 0) {
 			d->window = true;
-			reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
+			lockd_reply_error(d, c, GF_ERR_IO, "server cannot persist the grant", false);
 		}
 		return;
 	case GF_LOCK_REFUSE_MISMATCH:
 	case GF_LOCK_REFUSE_NO_WINDOW:
 		gf_log(GF_LOG_WARN, "lock", "msg=\"reclaim refused\" id=%s epoch=%llu window=%d", c->peer->id,
 		       (unsigned long long)a->epoch, d->window);
-		reply_error(d, c, GF_ERR_LOCK_LOST, dec == GF_LOCK_REFUSE_MISMATCH
+		lockd_reply_error(d, c, GF_ERR_LOCK_LOST, dec == GF_LOCK_REFUSE_MISMATCH
 							    ? "reclaim refused: session token or epoch does not match the holder on record"
 							    : "reclaim refused: no reconnect window is open, the grant is gone",
 			    false);
@@ -1102,7 +897,7 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 	d->wtail = c;
 	d->nwaiters++;
 	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->peer->id, c->peer->pid, d->nwaiters);
-	pool_registered(d, c);
+	lockd_pool_registered(d, c);
 }
 
 static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
@@ -1112,7 +907,7 @@ static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
 	if (c->peer->fd >= 0 && c == d->holder) {
 		gf_log(GF_LOG_INFO, "lock", "msg=\"holder's process exited while its socket is still open\" id=%s pid=%u",
 		       c->peer->id, c->peer->pid);
-		holder_gone(d, c, "holder process exited", WAIT_RANKS);
+		lockd_holder_gone(d, c, "holder process exited", WAIT_RANKS);
 		gf_srv_close(d->srv, c->peer, "holder process exited");
 	}
 }
@@ -1143,126 +938,6 @@ static bool heartbeat_ok(gf_lockd *d, struct conn *c)
 		c->hb_credit_at = now;
 	}
 	return c->hb_credit-- > 0;
-}
-
-/*
- * An admin drops the grant of @epoch: the holder will not die (uninterruptible
- * sleep keeps its process and socket) or its socket outlived it. Naming the
- * epoch makes a late or repeated request harmless: it revokes nothing once
- * the next waiter holds the lock.
- */
-static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
-{
-	struct gf_srv_peer *p = c->peer;
-	char det[200];
-	if (!is_admin(p)) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
-		reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
-		return;
-	}
-	if (d->holder && d->epoch == epoch) {
-		struct conn *h = d->holder;
-		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked\" id=%s epoch=%llu pid=%u by=%s", h->peer->id,
-		       (unsigned long long)epoch, h->peer->pid, p->id);
-		/* No exit wait: the process is presumed unkillable, which is why
-		 * it is revoked. Closing its connection makes any later request
-		 * of it fail, and its reclaim is refused (new token, no window). */
-		/* Hung up now, before the next grant goes out (the socket itself
-		 * is closed after it): a revoked holder that resumes sees the
-		 * hang-up before it accepts from a carried listener again. */
-		shutdown(h->peer->fd, SHUT_RDWR);
-		holder_gone(d, h, "revoked", WAIT_NONE);
-		gf_srv_close(d->srv, h->peer, "revoked");
-	} else if (!d->holder && d->exit_left > 0 && d->epoch == epoch) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
-		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
-		end_exit_wait(d, "revoked during the exit wait");
-	} else {
-		snprintf(det, sizeof(det), "revoke: epoch %llu is not the current grant (current %llu, %s)",
-			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
-		reply_error(d, c, GF_ERR_STATE, det, false);
-		return;
-	}
-	memset(d->msg, 0, sizeof(*d->msg));
-	d->msg->seq = c->seq;
-	d->msg->which_body = gf_Msg_ok_tag;
-	reply(d, c, d->msg);
-}
-
-/*
- * Planned switchover: the holder is asked to step down (stop accepting,
- * drain, release); the lock's FIFO then grants the first waiter as usual.
- * Without a waiter nobody would serve afterwards, so that is refused.
- */
-static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
-{
-	struct gf_srv_peer *p = c->peer;
-	char det[200];
-	if (!is_admin(p)) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
-		reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
-		return;
-	}
-	if (!d->holder || (epoch && epoch != d->epoch)) {
-		snprintf(det, sizeof(det), "switchover: epoch %llu does not hold the lock (current %llu, %s)",
-			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
-		reply_error(d, c, GF_ERR_STATE, det, false);
-		return;
-	}
-	if (!d->whead) {
-		reply_error(d, c, GF_ERR_STATE, "switchover: no standby is waiting for the lock", false);
-		return;
-	}
-	struct conn *h = d->holder;
-	gf_Msg *m = d->msg;
-	memset(m, 0, sizeof(*m));
-	m->which_body = gf_Msg_lock_step_down_tag;
-	m->body.lock_step_down.epoch = d->epoch;
-	if (reply(d, h, m) < 0) {
-		reply_error(d, c, GF_ERR_UNREACHABLE, "switchover: the holder's connection failed", false);
-		return;
-	}
-	d->step_down_epoch = d->epoch;
-	gf_log(GF_LOG_INFO, "lock", "msg=\"switchover: holder asked to step down\" id=%s epoch=%llu next=%s by=%s",
-	       h->peer->id, (unsigned long long)d->epoch, d->whead->peer->id, p->id);
-	memset(m, 0, sizeof(*m));
-	m->seq = c->seq;
-	m->which_body = gf_Msg_ok_tag;
-	reply(d, c, m);
-}
-
-/*
- * An admin evicts one named standby, as the budget would: its acquire ends
- * with GF_ERR_EVICTED. Only waiters: the holder is revoked, not evicted.
- */
-static void handle_evict(gf_lockd *d, struct conn *c, const char *id)
-{
-	struct gf_srv_peer *p = c->peer;
-	char det[300];
-	if (!is_admin(p)) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"evict refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
-		reply_error(d, c, GF_ERR_PERMISSION, "evict: only root or the server's own uid may evict", false);
-		return;
-	}
-	struct conn *v = d->whead;
-	while (v && strcmp(v->peer->id, id))
-		v = v->wnext;
-	if (!v) {
-		snprintf(det, sizeof(det), "evict: no standby \"%.127s\" is waiting%s", id,
-			 d->holder && !strcmp(d->holder->peer->id, id) ? " (it holds the lock: revoke it instead)" : "");
-		reply_error(d, c, GF_ERR_STATE, det, false);
-		return;
-	}
-	gf_log(GF_LOG_WARN, "lock", "msg=\"evicted\" id=%s pid=%u by=%s reason=\"evicted by an admin\"", v->peer->id,
-	       v->peer->pid, p->id);
-	d->evicted++;
-	waiter_unlink(d, v);
-	snprintf(det, sizeof(det), "evicted from the standby pool by an admin (%.127s)", p->id);
-	reply_error(d, v, GF_ERR_EVICTED, det, true);
-	memset(d->msg, 0, sizeof(*d->msg));
-	d->msg->seq = c->seq;
-	d->msg->which_body = gf_Msg_ok_tag;
-	reply(d, c, d->msg);
 }
 
 /* The pid a pidfd refers to (its fdinfo), 0 when it cannot be told. */
@@ -1319,7 +994,7 @@ static void handle_add_pids(gf_lockd *d, struct conn *c, int *fds, size_t nfds)
 			gf_close_fds(fds + i, nfds - i);
 			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: LockAddPids with an fd that is not a pidfd\" id=%s pid=%u",
 			       c->peer->id, c->peer->pid);
-			reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: every fd must be a pidfd", true);
+			lockd_reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: every fd must be a pidfd", true);
 			return;
 		}
 		uint32_t pid = exited ? 0 : pidfd_pid(fds[i]);
@@ -1337,18 +1012,138 @@ static void handle_add_pids(gf_lockd *d, struct conn *c, int *fds, size_t nfds)
 				 GF_LOCK_MAX_PIDS);
 			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: too many registered processes\" id=%s pid=%u max=%d",
 			       c->peer->id, c->peer->pid, GF_LOCK_MAX_PIDS);
-			reply_error(d, c, GF_ERR_TOO_BIG, det, true);
+			lockd_reply_error(d, c, GF_ERR_TOO_BIG, det, true);
 			return;
 		}
 		if (!c->pids && !(c->pids = calloc(GF_LOCK_MAX_PIDS, sizeof(*c->pids)))) {
 			gf_close_fds(fds + i, nfds - i);
-			reply_error(d, c, GF_ERR_NOMEM, "LockAddPids: out of memory", true);
+			lockd_reply_error(d, c, GF_ERR_NOMEM, "LockAddPids: out of memory", true);
 			return;
 		}
 		c->pids[c->npids++] = (struct reg_pid){ .fd = fds[i], .pid = pid };
 		gf_log(GF_LOG_DEBUG, "lock", "msg=\"process registered\" id=%s pid=%u process=%u registered=%zu", c->peer->id,
 		       c->peer->pid, pid, c->npids);
 	}
+}
+
+/*
+ * An admin drops the grant of @epoch: the holder will not die (uninterruptible
+ * sleep keeps its process and socket) or its socket outlived it. Naming the
+ * epoch makes a late or repeated request harmless: it revokes nothing once
+ * the next waiter holds the lock.
+ */
+static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoke refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "revoke: only root or the server's own uid may revoke", false);
+		return;
+	}
+	if (d->holder && d->epoch == epoch) {
+		struct conn *h = d->holder;
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked\" id=%s epoch=%llu pid=%u by=%s", h->peer->id,
+		       (unsigned long long)epoch, h->peer->pid, p->id);
+		/* No exit wait: the process is presumed unkillable, which is why
+		 * it is revoked. Closing its connection makes any later request
+		 * of it fail, and its reclaim is refused (new token, no window). */
+		/* Hung up now, before the next grant goes out (the socket itself
+		 * is closed after it): a revoked holder that resumes sees the
+		 * hang-up before it accepts from a carried listener again. */
+		shutdown(h->peer->fd, SHUT_RDWR);
+		lockd_holder_gone(d, h, "revoked", WAIT_NONE);
+		gf_srv_close(d->srv, h->peer, "revoked");
+	} else if (!d->holder && d->exit_left > 0 && d->epoch == epoch) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
+		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
+		lockd_end_exit_wait(d, "revoked during the exit wait");
+	} else {
+		snprintf(det, sizeof(det), "revoke: epoch %llu is not the current grant (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, d->msg);
+}
+
+/*
+ * Planned switchover: the holder is asked to step down (stop accepting,
+ * drain, release); the lock's FIFO then grants the first waiter as usual.
+ * Without a waiter nobody would serve afterwards, so that is refused.
+ */
+static void handle_switchover(gf_lockd *d, struct conn *c, uint64_t epoch)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[200];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"switchover refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "switchover: only root or the server's own uid may ask", false);
+		return;
+	}
+	if (!d->holder || (epoch && epoch != d->epoch)) {
+		snprintf(det, sizeof(det), "switchover: epoch %llu does not hold the lock (current %llu, %s)",
+			 (unsigned long long)epoch, (unsigned long long)d->epoch, d->holder ? "held" : "free");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	if (!d->whead) {
+		lockd_reply_error(d, c, GF_ERR_STATE, "switchover: no standby is waiting for the lock", false);
+		return;
+	}
+	struct conn *h = d->holder;
+	gf_Msg *m = d->msg;
+	memset(m, 0, sizeof(*m));
+	m->which_body = gf_Msg_lock_step_down_tag;
+	m->body.lock_step_down.epoch = d->epoch;
+	if (lockd_reply(d, h, m) < 0) {
+		lockd_reply_error(d, c, GF_ERR_UNREACHABLE, "switchover: the holder's connection failed", false);
+		return;
+	}
+	d->step_down_epoch = d->epoch;
+	gf_log(GF_LOG_INFO, "lock", "msg=\"switchover: holder asked to step down\" id=%s epoch=%llu next=%s by=%s",
+	       h->peer->id, (unsigned long long)d->epoch, d->whead->peer->id, p->id);
+	memset(m, 0, sizeof(*m));
+	m->seq = c->seq;
+	m->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, m);
+}
+
+/*
+ * An admin evicts one named standby, as the budget would: its acquire ends
+ * with GF_ERR_EVICTED. Only waiters: the holder is revoked, not evicted.
+ */
+static void handle_evict(gf_lockd *d, struct conn *c, const char *id)
+{
+	struct gf_srv_peer *p = c->peer;
+	char det[300];
+	if (!lockd_is_admin(p)) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"evict refused: not an admin uid\" id=%s uid=%u", p->id, p->uid);
+		lockd_reply_error(d, c, GF_ERR_PERMISSION, "evict: only root or the server's own uid may evict", false);
+		return;
+	}
+	struct conn *v = d->whead;
+	while (v && strcmp(v->peer->id, id))
+		v = v->wnext;
+	if (!v) {
+		snprintf(det, sizeof(det), "evict: no standby \"%.127s\" is waiting%s", id,
+			 d->holder && !strcmp(d->holder->peer->id, id) ? " (it holds the lock: revoke it instead)" : "");
+		lockd_reply_error(d, c, GF_ERR_STATE, det, false);
+		return;
+	}
+	gf_log(GF_LOG_WARN, "lock", "msg=\"evicted\" id=%s pid=%u by=%s reason=\"evicted by an admin\"", v->peer->id,
+	       v->peer->pid, p->id);
+	d->evicted++;
+	lockd_waiter_unlink(d, v);
+	snprintf(det, sizeof(det), "evicted from the standby pool by an admin (%.127s)", p->id);
+	lockd_reply_error(d, v, GF_ERR_EVICTED, det, true);
+	memset(d->msg, 0, sizeof(*d->msg));
+	d->msg->seq = c->seq;
+	d->msg->which_body = gf_Msg_ok_tag;
+	lockd_reply(d, c, d->msg);
 }
 
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
@@ -1365,7 +1160,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	if (add_pids && (nfds == 0 || nfds != m->body.lock_add_pids.count)) {
 		gf_close_fds(fds, nfds);
 		free(fds);
-		reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: the pidfds that come with it must match its count", true);
+		lockd_reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: the pidfds that come with it must match its count", true);
 		return;
 	}
 	if (add_pids) {
@@ -1378,7 +1173,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		free(fds);
 		gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: file descriptors with a message that takes none\" id=%s pid=%u nfds=%zu",
 		       p->id, p->pid, nfds);
-		reply_error(d, c, GF_ERR_PROTOCOL, "file descriptors sent with a message that takes none", true);
+		lockd_reply_error(d, c, GF_ERR_PROTOCOL, "file descriptors sent with a message that takes none", true);
 		return;
 	}
 	if (m->which_body == gf_Msg_lock_acquire_tag) {
@@ -1395,23 +1190,23 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		if (c->role == R_HOLDER) {
 			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->peer->id,
 			       (unsigned long long)d->epoch, p->pid);
-			holder_gone(d, c, "explicit release", WAIT_NONE);
+			lockd_holder_gone(d, c, "explicit release", WAIT_NONE);
 		} else {
-			waiter_unlink(d, c);
+			lockd_waiter_unlink(d, c);
 		}
 		memset(d->msg, 0, sizeof(*d->msg));
 		d->msg->seq = c->seq;
 		d->msg->which_body = gf_Msg_ok_tag;
-		reply(d, c, d->msg);
+		lockd_reply(d, c, d->msg);
 		return;
 	case gf_Msg_lock_status_request_tag: {
 		bool proof_ok = proof_valid(d, &m->body.lock_status_request);
 		memset(d->msg, 0, sizeof(*d->msg));
 		d->msg->seq = c->seq;
 		d->msg->which_body = gf_Msg_lock_status_tag;
-		fill_status(d, &d->msg->body.lock_status);
+		lockd_fill_status(d, &d->msg->body.lock_status);
 		d->msg->body.lock_status.proof_valid = proof_ok;
-		reply(d, c, d->msg);
+		lockd_reply(d, c, d->msg);
 		return;
 	}
 	case gf_Msg_lock_revoke_tag:
@@ -1435,7 +1230,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		if (!heartbeat_ok(d, c)) {
 			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: heartbeat flood\" id=%s pid=%u transport=%s",
 			       c->peer->id, p->pid, p->tcp ? "tcp" : "unix");
-			reply_error(d, c, GF_ERR_PROTOCOL,
+			lockd_reply_error(d, c, GF_ERR_PROTOCOL,
 				    p->tcp ? "heartbeats faster than the lease needs" : "heartbeats are for TCP connections only",
 				    true);
 		}
@@ -1443,7 +1238,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	default: {
 		char det[96];
 		snprintf(det, sizeof(det), "unexpected message %s on a lock connection", gf_msg_name(m));
-		reply_error(d, c, GF_ERR_PROTOCOL, det, true);
+		lockd_reply_error(d, c, GF_ERR_PROTOCOL, det, true);
 		return;
 	}
 	}
@@ -1455,7 +1250,7 @@ static void send_heartbeat(gf_lockd *d, struct conn *c)
 	memset(m, 0, sizeof(*m));
 	m->which_body = gf_Msg_heartbeat_tag;
 	m->body.heartbeat.seq = (uint64_t)(gf_now_us() / 1000);
-	reply(d, c, m);
+	lockd_reply(d, c, m);
 }
 
 static void on_timer(void *ctx, int64_t now)
@@ -1475,7 +1270,7 @@ static void on_timer(void *ctx, int64_t now)
 	if (d->exit_left > 0 && now >= d->exit_deadline) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"released holder's processes still alive after the exit-wait timeout; granting anyway\" id=%s pid=%u processes=%zu",
 		       d->exit_id, d->exit_pid, d->exit_left);
-		end_exit_wait(d, "exit-wait timeout");
+		lockd_end_exit_wait(d, "exit-wait timeout");
 	}
 	if (d->store_retry_at && now >= d->store_retry_at)
 		d->store_retry_at = 0; /* settle retries the write */
@@ -1486,8 +1281,8 @@ static void on_timer(void *ctx, int64_t now)
 		if (!p->ready)
 			continue;
 		if (c->role == R_WAITER && now >= c->wait_deadline) {
-			waiter_unlink(d, c);
-			reply_error(d, c, GF_ERR_TIMEOUT, "acquire timed out", false);
+			lockd_waiter_unlink(d, c);
+			lockd_reply_error(d, c, GF_ERR_TIMEOUT, "acquire timed out", false);
 			continue;
 		}
 		if (p->tcp) {
@@ -1524,440 +1319,3 @@ int gf_lockd_set_min_standby_age(gf_lockd *d, int64_t ms)
 	return 0;
 }
 
-static struct seen *seen_find(gf_lockd *d, const char *id)
-{
-	for (size_t i = 0; i < d->nseen; i++)
-		if (!strcmp(d->seen[i].id, id))
-			return &d->seen[i];
-	return NULL;
-}
-
-/* The start time of process @pid (clock ticks since boot, /proc/PID/stat
- * field 22), or 0: with the pid it names one process for good. */
-static uint64_t proc_start_time(uint32_t pid)
-{
-	char path[32], buf[1024];
-	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	/* The command name may hold spaces and parentheses: count from its last ')'. */
-	char *p = strrchr(buf, ')');
-	for (int field = 2; p && field < 22; field++)
-		p = strchr(p + 1, ' ');
-	return p ? strtoull(p + 1, NULL, 10) : 0;
-}
-
-/* @c is Active now (granted) or was until now (its grant ends). */
-static void pool_active_now(gf_lockd *d, struct conn *c)
-{
-	int64_t now = gf_wall_us();
-	c->last_active_us = now;
-	struct seen *e = seen_find(d, c->peer->id);
-	if (!e) {
-		if (!d->seen && !(d->seen = calloc(SEEN_MAX, sizeof(*d->seen))))
-			return; /* the LRU order then only knows live connections */
-		if (d->nseen < SEEN_MAX) {
-			e = &d->seen[d->nseen++];
-		} else {
-			e = &d->seen[0];
-			for (size_t i = 1; i < d->nseen; i++)
-				if (d->seen[i].last_active_us < e->last_active_us)
-					e = &d->seen[i];
-		}
-		snprintf(e->id, sizeof(e->id), "%s", c->peer->id);
-	}
-	e->last_active_us = now;
-	e->pid = c->peer->pid;
-	e->proc_start = c->proc_start;
-}
-
-/* Take the acquire's declaration; GF_ERR_INVALID_ARG (detail set) when it is malformed. */
-static int pool_take_decl(gf_lockd *d, struct conn *c, const gf_LockAcquire *a)
-{
-	(void)d;
-	struct gf_pool_decl tmp;
-	int rc = gf_pool_decl_from_acquire(a, &tmp);
-	if (rc < 0)
-		return rc;
-	c->reports_serving = a->reports_serving;
-	c->takes_next = a->takes_next;
-	/* Only a holder reclaiming its grant already serves. */
-	c->serving = a->serving && a->session_token.size > 0;
-	/* A pinned standby is never evicted, so the next one on its GPU is:
-	 * pinning is the operator's decision, not any allowed engine's. */
-	if (tmp.pinned && !is_admin(c->peer)) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"pin refused: not an admin uid\" id=%.127s uid=%u", a->engine_id,
-		       c->peer->uid);
-		return gf_err(GF_ERR_PERMISSION, "acquire: only root or the server's own uid may pin a standby");
-	}
-	bool empty = !tmp.ngpus && !tmp.pinned && !tmp.model[0] && !tmp.wake_bytes && !tmp.asleep_bytes;
-	if (empty) {
-		free(c->decl);
-		c->decl = NULL;
-		return 0;
-	}
-	if (!c->decl && !(c->decl = malloc(sizeof(*c->decl))))
-		return gf_err(GF_ERR_NOMEM, "acquire: out of memory for the engine's declaration");
-	*c->decl = tmp;
-	return 0;
-}
-
-/* A new standby joined the FIFO: keep every GPU it declared within budget. */
-static void pool_registered(gf_lockd *d, struct conn *c)
-{
-	c->since_mono = gf_now_us();
-	/* An id is a name anyone may give: its past counts only for the process
-	 * that was Active under it (a unix peer: pid and start time, which no
-	 * other process can have; a TCP peer proves neither), or registering
-	 * under a recently Active engine's id would shield a newcomer and evict
-	 * an older standby in its place. Read here, not at the grant: a
-	 * failover does not wait on /proc. */
-	if (!c->peer->tcp && c->peer->pid && !c->proc_start)
-		c->proc_start = proc_start_time(c->peer->pid);
-	struct seen *e = seen_find(d, c->peer->id);
-	bool same = e && e->proc_start && e->proc_start == c->proc_start && e->pid == c->peer->pid;
-	c->last_active_us = same ? e->last_active_us : 0;
-	if (d->pool.max_standby_per_gpu == 0)
-		return;
-	if (!c->decl || !c->decl->ngpus) {
-		/* The budget is per GPU UUID: engines on the host backend (HOST-…
-		 * device ids) declare none unless told, and would escape it silently. */
-		if (!d->warned_no_gpu)
-			gf_log(GF_LOG_WARN, "lock",
-			       "msg=\"a standby declared no GPU: the standby budget does not apply to it (engines on the host backend declare none unless given --gpu / gf_engine_set_gpus)\" id=%s pid=%u budget=%u",
-			       c->peer->id, c->peer->pid, d->pool.max_standby_per_gpu);
-		d->warned_no_gpu = true;
-		return;
-	}
-	/* The common case, every GPU within budget, costs one pass and no allocation. */
-	bool over = false;
-	for (size_t g = 0; g < c->decl->ngpus && !over; g++) {
-		uint32_t count = 0;
-		for (struct conn *w = d->whead; w && !over; w = w->wnext)
-			over = gf_pool_on_gpu(w->decl, c->decl->gpus[g]) && ++count > d->pool.max_standby_per_gpu;
-	}
-	if (!over)
-		return;
-	/* The newcomer itself may be evicted (and its declaration freed): keep what the log lines need. */
-	const struct gf_pool_decl nd = *c->decl;
-	char nid[GF_LOCK_ID_MAX];
-	snprintf(nid, sizeof(nid), "%s", c->peer->id);
-	struct gf_pool_member *m = malloc(d->nwaiters * sizeof(*m));
-	struct conn **who = malloc(d->nwaiters * sizeof(*who));
-	size_t *victims = malloc(d->nwaiters * sizeof(*victims));
-	if (!m || !who || !victims) {
-		gf_log(GF_LOG_ERR, "lock", "msg=\"out of memory: standby budget not enforced\" id=%s", nid);
-		goto out;
-	}
-	size_t n = 0, self = 0;
-	for (struct conn *w = d->whead; w; w = w->wnext) {
-		if (w == c)
-			self = n;
-		who[n] = w;
-		m[n++] = (struct gf_pool_member){ .decl = w->decl, .since_us = w->since_mono,
-						  .last_active_us = w->last_active_us };
-	}
-	size_t short_by;
-	size_t nv = gf_pool_choose_evictions(m, n, self, &d->pool, c->since_mono, victims, n, &short_by);
-	for (size_t i = 0; i < nv; i++) {
-		struct conn *v = who[victims[i]];
-		char det[400];
-		const char *gpu = "?";
-		for (size_t g = 0; g < nd.ngpus; g++)
-			if (gf_pool_on_gpu(v->decl, nd.gpus[g])) {
-				gpu = nd.gpus[g];
-				break;
-			}
-		snprintf(det, sizeof(det),
-			 "evicted from the standby pool: GPU %s was over its budget of %u standbys when %.127s registered; "
-			 "this engine was the least recently Active there (last_active_us=%lld)",
-			 gpu, d->pool.max_standby_per_gpu, nid, (long long)v->last_active_us);
-		gf_log(GF_LOG_WARN, "lock",
-		       "msg=\"evicted\" id=%s pid=%u gpu=%s last_active_us=%lld budget=%u newcomer=%s reason=\"least recently Active standby over the GPU's budget\"",
-		       v->peer->id, v->peer->pid, gpu, (long long)v->last_active_us, d->pool.max_standby_per_gpu, nid);
-		d->evicted++;
-		waiter_unlink(d, v);
-		reply_error(d, v, GF_ERR_EVICTED, det, true);
-	}
-	if (short_by) {
-		d->over_budget++;
-		gf_log(GF_LOG_WARN, "lock",
-		       "msg=\"standby budget exceeded: nothing evictable (holder, pinned or younger than min_standby_age)\" id=%s over_by=%zu budget=%u",
-		       nid, short_by, d->pool.max_standby_per_gpu);
-	}
-out:
-	free(m);
-	free(who);
-	free(victims);
-}
-
-/* Per-GPU totals over the holder and every waiter (malloc'd array, in order of first appearance). */
-struct pool_gpu {
-	const char *uuid;
-	uint32_t standbys;
-	uint64_t asleep_bytes, wake_bytes_max;
-	bool active;
-};
-
-struct pool_slot {
-	const char *uuid;
-	const struct gf_pool_decl *decl;
-	bool holder;
-};
-
-static int slot_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct pool_slot *)a)->uuid, ((const struct pool_slot *)b)->uuid);
-}
-
-static size_t add_slots(struct pool_slot *sl, size_t k, const struct conn *c, bool holder)
-{
-	for (size_t g = 0; c->decl && g < c->decl->ngpus; g++)
-		sl[k++] = (struct pool_slot){ c->decl->gpus[g], c->decl, holder };
-	return k;
-}
-
-/*
- * Per GPU, sorted by UUID: every (GPU, engine) pair sorted once, then folded,
- * so 1,000 standbys on 8 GPUs each cost a sort of 8,000 pairs, not a scan of
- * the table per pair (the /metrics scrape runs on the server's loop).
- */
-static int pool_gpus(gf_lockd *d, struct pool_gpu **out, size_t *nout)
-{
-	size_t ns = d->holder && d->holder->decl ? d->holder->decl->ngpus : 0;
-	for (struct conn *w = d->whead; w; w = w->wnext)
-		ns += w->decl ? w->decl->ngpus : 0;
-	struct pool_slot *sl = malloc((ns ? ns : 1) * sizeof(*sl));
-	struct pool_gpu *t = calloc(ns ? ns : 1, sizeof(*t));
-	if (!sl || !t) {
-		free(sl);
-		free(t);
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	}
-	size_t k = d->holder ? add_slots(sl, 0, d->holder, true) : 0;
-	for (struct conn *w = d->whead; w; w = w->wnext)
-		k = add_slots(sl, k, w, false);
-	qsort(sl, k, sizeof(*sl), slot_cmp);
-	size_t n = 0;
-	for (size_t i = 0; i < k; i++) {
-		if (n == 0 || strcmp(t[n - 1].uuid, sl[i].uuid))
-			t[n++].uuid = sl[i].uuid;
-		struct pool_gpu *e = &t[n - 1];
-		if (sl[i].holder) {
-			e->active = true;
-			continue;
-		}
-		e->standbys++;
-		/* Declared by each client: the sum saturates rather than wraps. */
-		if (__builtin_add_overflow(e->asleep_bytes, sl[i].decl->asleep_bytes, &e->asleep_bytes))
-			e->asleep_bytes = UINT64_MAX;
-		if (sl[i].decl->wake_bytes > e->wake_bytes_max)
-			e->wake_bytes_max = sl[i].decl->wake_bytes;
-	}
-	free(sl);
-	*out = t;
-	*nout = n;
-	return 0;
-}
-
-static void pool_fill_entry(gf_LockWaiter *o, const struct conn *c)
-{
-	const struct gf_pool_decl *decl = c->decl;
-	if (!decl)
-		return;
-	o->gpus_count = decl->ngpus;
-	for (size_t g = 0; g < decl->ngpus; g++)
-		memcpy(o->gpus[g], decl->gpus[g], sizeof(o->gpus[g]));
-	o->wake_bytes = decl->wake_bytes;
-	o->asleep_bytes = decl->asleep_bytes;
-	o->pinned = decl->pinned;
-	memcpy(o->model, decl->model, sizeof(o->model));
-}
-
-static void pool_fill_status(gf_lockd *d, gf_LockStatus *s)
-{
-	s->max_standby_per_gpu = d->pool.max_standby_per_gpu;
-	s->min_standby_age_ms = d->pool.min_standby_age_us / 1000;
-	s->evicted = d->evicted;
-	s->over_budget = d->over_budget;
-	size_t i = 0;
-	for (struct conn *w = d->whead; w && i < s->waiters_count; w = w->wnext, i++) {
-		pool_fill_entry(&s->waiters[i], w);
-		s->waiters[i].last_active_us = w->last_active_us;
-		s->waiters[i].pids = (uint32_t)w->npids;
-	}
-	if (d->holder) {
-		gf_LockWaiter *h = &s->holder_info;
-		s->has_holder_info = true;
-		snprintf(h->engine_id, sizeof(h->engine_id), "%s", d->holder->peer->id);
-		h->pid = d->holder->peer->pid;
-		h->since_us = d->granted_at_wall;
-		h->last_active_us = gf_wall_us();
-		h->pids = (uint32_t)d->holder->npids;
-		pool_fill_entry(h, d->holder);
-	}
-	struct pool_gpu *t;
-	size_t n;
-	if (pool_gpus(d, &t, &n) < 0)
-		return;
-	for (size_t g = 0; g < n && s->gpus_count < GF_ARRAY_SIZE(s->gpus); g++) {
-		gf_LockGpu *o = &s->gpus[s->gpus_count++];
-		snprintf(o->uuid, sizeof(o->uuid), "%s", t[g].uuid);
-		o->standbys = t[g].standbys;
-		o->asleep_bytes = t[g].asleep_bytes;
-		o->wake_bytes_max = t[g].wake_bytes_max;
-		o->active = t[g].active;
-	}
-	free(t);
-}
-
-static void metric(FILE *f, const char *name, const char *type, const char *help)
-{
-	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-static void engine_metrics(FILE *f, const char *name, const struct conn *c, const char *role)
-{
-	const struct gf_pool_decl *decl = c->decl;
-	uint64_t v = 0;
-	if (!strcmp(name, "gf_lock_engine_last_active_seconds")) {
-		int64_t t = !strcmp(role, "holder") ? gf_wall_us() : c->last_active_us;
-		fprintf(f, "%s{id=\"%s\",role=\"%s\"} %.6f\n", name, c->peer->id, role, (double)t / 1e6);
-		return;
-	}
-	if (!strcmp(name, "gf_lock_engine_wake_bytes"))
-		v = decl ? decl->wake_bytes : 0;
-	else if (!strcmp(name, "gf_lock_engine_asleep_bytes"))
-		v = decl ? decl->asleep_bytes : 0;
-	else if (!strcmp(name, "gf_lock_engine_pids"))
-		v = c->npids;
-	else
-		v = decl && decl->pinned;
-	fprintf(f, "%s{id=\"%s\",role=\"%s\"} %llu\n", name, c->peer->id, role, (unsigned long long)v);
-}
-
-int gf_lockd_metrics(gf_lockd *d, char **text)
-{
-	if (!d || !text)
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
-	int64_t now = gf_now_us();
-	if (!d->metrics || now - d->metrics_at >= METRICS_REUSE_US) {
-		char *fresh = NULL;
-		int rc = render_metrics(d, &fresh);
-		if (rc < 0)
-			return rc;
-		free(d->metrics);
-		d->metrics = fresh;
-		d->metrics_len = strlen(fresh);
-		d->metrics_at = now;
-	}
-	char *copy = malloc(d->metrics_len + 1);
-	if (!copy)
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	memcpy(copy, d->metrics, d->metrics_len + 1);
-	*text = copy;
-	return 0;
-}
-
-static int render_metrics(gf_lockd *d, char **text)
-{
-	struct pool_gpu *t;
-	size_t n;
-	int rc = pool_gpus(d, &t, &n);
-	if (rc < 0)
-		return rc;
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	if (!f) {
-		free(t);
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	}
-	struct gf_srv_stats st;
-	gf_srv_stats(d->srv, &st);
-	metric(f, "gf_lock_held", "gauge", "1 while an engine holds the lock");
-	fprintf(f, "gf_lock_held %d\n", d->holder != NULL);
-	metric(f, "gf_lock_epoch", "gauge", "the last epoch granted");
-	fprintf(f, "gf_lock_epoch %llu\n", (unsigned long long)d->epoch);
-	metric(f, "gf_lock_waiters", "gauge", "standby engines waiting for the lock");
-	fprintf(f, "gf_lock_waiters %zu\n", d->nwaiters);
-	metric(f, "gf_lock_holder_pids", "gauge",
-	       "further processes (other ranks) the holder registered: the next grant waits for each to exit");
-	fprintf(f, "gf_lock_holder_pids %zu\n", d->holder ? d->holder->npids : 0);
-	metric(f, "gf_lock_exit_wait_processes", "gauge",
-	       "processes of the released holder not exited yet: the next grant waits for them (exit wait)");
-	fprintf(f, "gf_lock_exit_wait_processes %zu\n", d->exit_left);
-	metric(f, "gf_lock_grants_held", "gauge", "1 while grants are held: the last state-file write failed and is retried");
-	fprintf(f, "gf_lock_grants_held %d\n", d->store_retry_at != 0);
-	metric(f, "gf_lock_state_write_failures_total", "counter", "state-file writes that failed");
-	fprintf(f, "gf_lock_state_write_failures_total %llu\n", (unsigned long long)d->store_failures);
-	metric(f, "gf_lock_connections", "gauge", "open connections");
-	fprintf(f, "gf_lock_connections %u\n", st.connections);
-	metric(f, "gf_lock_pool_max_standby_per_gpu", "gauge", "standby budget per GPU (0: none)");
-	fprintf(f, "gf_lock_pool_max_standby_per_gpu %u\n", d->pool.max_standby_per_gpu);
-	metric(f, "gf_lock_pool_min_standby_age_seconds", "gauge", "standbys younger than this are never evicted");
-	fprintf(f, "gf_lock_pool_min_standby_age_seconds %.3f\n", (double)d->pool.min_standby_age_us / 1e6);
-	metric(f, "gf_lock_pool_evicted_total", "counter", "standbys evicted to keep a GPU's budget");
-	fprintf(f, "gf_lock_pool_evicted_total %llu\n", (unsigned long long)d->evicted);
-	metric(f, "gf_lock_pool_over_budget_total", "counter",
-	       "registrations that left a GPU over budget because nothing was evictable");
-	fprintf(f, "gf_lock_pool_over_budget_total %llu\n", (unsigned long long)d->over_budget);
-	static const struct {
-		const char *name, *help;
-	} per_gpu[] = {
-		{ "gf_lock_pool_gpu_standbys", "standby engines that declared this GPU" },
-		{ "gf_lock_pool_gpu_asleep_bytes", "memory the standbys on this GPU keep while asleep" },
-		{ "gf_lock_pool_gpu_wake_bytes_max", "the largest wake need among the standbys on this GPU" },
-		{ "gf_lock_pool_gpu_active", "1 when the holder declared this GPU" },
-	};
-	for (size_t k = 0; k < GF_ARRAY_SIZE(per_gpu); k++) {
-		metric(f, per_gpu[k].name, "gauge", per_gpu[k].help);
-		for (size_t g = 0; g < n; g++) {
-			uint64_t v = k == 0 ? t[g].standbys : k == 1 ? t[g].asleep_bytes : k == 2 ? t[g].wake_bytes_max : t[g].active;
-			fprintf(f, "%s{uuid=\"%s\"} %llu\n", per_gpu[k].name, t[g].uuid, (unsigned long long)v);
-		}
-	}
-	static const struct {
-		const char *name, *type, *help;
-	} per_engine[] = {
-		{ "gf_lock_engine_last_active_seconds", "gauge",
-		  "wall clock when the engine was last Active (holder: now; 0: never), the LRU order" },
-		{ "gf_lock_engine_wake_bytes", "gauge", "private memory the engine's wake needs, as declared" },
-		{ "gf_lock_engine_asleep_bytes", "gauge", "memory the engine keeps while asleep, as declared" },
-		{ "gf_lock_engine_pinned", "gauge", "1 when the engine is never evicted" },
-		{ "gf_lock_engine_pids", "gauge", "further processes (ranks) the engine registered with the lock" },
-	};
-	for (size_t k = 0; k < GF_ARRAY_SIZE(per_engine); k++) {
-		metric(f, per_engine[k].name, per_engine[k].type, per_engine[k].help);
-		if (d->holder)
-			engine_metrics(f, per_engine[k].name, d->holder, "holder");
-		for (struct conn *w = d->whead; w; w = w->wnext)
-			engine_metrics(f, per_engine[k].name, w, "standby");
-	}
-	free(t);
-	if (fclose(f) != 0 || !buf) {
-		free(buf);
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	}
-	*text = buf;
-	return 0;
-}
-
-int gf_lockd_ready_json(gf_lockd *d, const char *const *gpus, size_t ngpus, const char *model, char **json)
-{
-	if (!d || !json || (ngpus && !gpus))
-		return gf_err(GF_ERR_INVALID_ARG, "lockd: NULL argument");
-	gf_LockStatus *s = malloc(sizeof(*s));
-	if (!s)
-		return gf_err(GF_ERR_NOMEM, "lockd: out of memory");
-	fill_status(d, s);
-	int rc = gf_lock_ready_from_status(s, gpus, ngpus, model, json);
-	free(s);
-	return rc;
-}

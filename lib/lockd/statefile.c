@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The lock server's state file: parse, format, atomic store; and status JSON. */
+/* The lock server's state file: parse, format, atomic store. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "lockint.h"
+#include "statefile.h"
 
 /* A state file is a few hundred bytes; anything much larger is not ours. */
 #define STATE_MAX_SIZE (64 * 1024)
