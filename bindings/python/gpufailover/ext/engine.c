@@ -16,6 +16,7 @@ typedef struct {
 	Py_ssize_t busy; /* calls running with the GIL released */
 	int acquiring;   /* one of them is acquire(), which close() can interrupt */
 	int closing;     /* close() is ending a blocked acquire() */
+	int release_handles; /* keep_handles=False: every GMS client releases its imports at sleep */
 } EngineObject;
 
 void gfpy_engine_forget_view(PyObject *engine, GMSObject *view)
@@ -178,7 +179,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
-				  "asleep_bytes", "pinned", "model", NULL };
+				  "asleep_bytes", "pinned", "model", "keep_handles", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -186,13 +187,14 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	const char *model = NULL;
 	char **gpus = NULL;
 	size_t ngpus = 0;
-	int pinned = 0;
+	int pinned = 0, keep_handles = 1;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzOOO&O&z", kwlist, &lock_uri, &id, &gms_list,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzOOO&O&zO&", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
-					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model))
+					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model,
+					 gfpy_bool_arg, &keep_handles))
 		return -1;
 	if (need_obj && need_obj != Py_None && !gfpy_u64_arg(need_obj, &need))
 		return -1;
@@ -281,6 +283,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	self->engine = e;
+	self->release_handles = !keep_handles;
 	return 0;
 }
 
@@ -311,6 +314,9 @@ static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObjec
 	struct step_ctx ctx = { self, fn };
 	int rc;
 	BLOCKING(self, rc = gf_engine_init_weights(self->engine, fn == Py_None ? NULL : load_trampoline, &ctx));
+	/* The clients exist from here on; their first unmap is the engine's sleep. */
+	for (int i = 0; rc == 0 && self->release_handles && i < gf_engine_device_count(self->engine); i++)
+		rc = gf_gms_set_keep_handles(gf_engine_gms(self->engine, i), 0);
 	return step_result(self, rc);
 }
 
@@ -744,7 +750,7 @@ PyTypeObject gfpy_EngineType = {
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
-		  "       model=None)\n\n"
+		  "       model=None, keep_handles=True)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -752,7 +758,10 @@ PyTypeObject gfpy_EngineType = {
 		  "0: no gate). The standby pool, declared to the lock server with every acquire:\n"
 		  "gpus (at most 8 UUIDs; None: the devices' own UUIDs on cuda, none on host),\n"
 		  "asleep_bytes (memory kept while asleep), pinned (never evicted for a GPU's standby\n"
-		  "budget) and model (answered by ready_for()).",
+		  "budget) and model (answered by ready_for()).\n"
+		  "keep_handles: True (default) keeps every GMS session and its imported handles through\n"
+		  "sleep, so a wake maps without fd passing; False releases the handles at sleep, so a\n"
+		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,
