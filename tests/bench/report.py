@@ -201,9 +201,12 @@ def main():
         print("running the vLLM failover demo (CPU) ...", file=sys.stderr)
         with tempfile.TemporaryDirectory() as d:
             path = pathlib.Path(d) / "vllm.json"
+            # The demo's servers import gpufailover: the build tree's, as examples/demo/run.sh gives it.
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(b / "bindings" / "python"),
+                                                                           os.environ.get("PYTHONPATH")])))
             out = subprocess.run([vllm_python, here.parents[1] / "examples/vllm/demo.py", "--json", path,
                                   "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd"],
-                                 capture_output=True, text=True, timeout=1800)
+                                 capture_output=True, text=True, timeout=1800, env=env)
             if out.returncode != 0 or not path.exists():
                 raise RuntimeError("vLLM demo failed:\n" + out.stdout[-3000:] + out.stderr[-3000:])
             v = raw["vllm"] = json.loads(path.read_text())

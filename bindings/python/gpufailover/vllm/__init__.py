@@ -191,7 +191,7 @@ def attached_engine() -> Optional[Engine]:
 
 
 def _engine_devices(engine: Engine) -> list[int]:
-    devices = []
+    devices: list[int] = []
     while True:
         try:
             engine.gms(len(devices))

@@ -176,7 +176,8 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args  # type: ignore[import-not-found, unused-ignore]
     from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found, unused-ignore]
 
-    parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-compatible server"))
+    parser_class: Any = FlexibleArgumentParser
+    parser = make_arg_parser(parser_class(description="vLLM OpenAI-compatible server"))
     args = parser.parse_args(vllm_argv)
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
@@ -227,7 +228,8 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         addr = sock.getsockname()
         where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         woke = await client.collective_rpc("gf_info")
-        log("awake", epoch=woke[0]["epoch"], wake_ms=round(int(woke[0]["wake_us"]) / 1000, 1))
+        log("awake", epoch=woke[0]["epoch"], remap_ms=round(int(woke[0]["remap_us"]) / 1000, 2),
+            kv_ms=round(int(woke[0]["kv_us"]) / 1000, 2))
         # vLLM's serve_http returns only when the server stops: serve in a
         # task, and enter Active once /health answers on the socket.
         serving = asyncio.create_task(serve(app, sock, args))

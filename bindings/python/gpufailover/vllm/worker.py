@@ -46,6 +46,7 @@ first access over the platform's vLLM worker) needs both.
 """
 import contextlib
 import ctypes
+import importlib
 import json
 import mmap
 import os
@@ -498,7 +499,8 @@ class GfWorkerMixin:
         if kv_range is None:  # GPU-ONLY: ranks >= 1 keep vLLM's own allocation
             cast(Any, super()).initialize_from_config(kv_cache_config)
             return
-        import vllm.v1.worker.utils as vllm_utils  # type: ignore[import-not-found, unused-ignore]
+        # vLLM's allocate_kv_cache looks torch up in its module's namespace.
+        vllm_utils: Any = importlib.import_module("vllm.v1.worker.utils")
         real = vllm_utils.torch
         at = _ZerosAt(real, kv_range[0], kv_range[1], self._gf_device)
         vllm_utils.torch = at
@@ -606,8 +608,9 @@ class GfWorkerMixin:
         info: "dict[str, Any]" = {"pid": os.getpid(), "rank": self.rank, "kv_bytes": self._gf_kv_bytes,
                                   "kv_ptrs": self.kv_data_ptrs()}
         if eng is not None:
-            info.update(state=eng.state, epoch=eng.epoch, granted_mono=self._gf_granted_at,
-                        wake_us=eng.metrics.get("wake_total_us", -1))
+            m = eng.metrics
+            info.update(state=eng.state, epoch=eng.epoch, remap_us=m.get("remap_us", -1),
+                        kv_us=m.get("private_alloc_us", -1))
         return info
 
     def gf_serve(self) -> "dict[str, Any]":
