@@ -112,6 +112,75 @@ def test_cpu_writer_commits_and_reader_binds_read_only(cluster):
     r.unmap()  # tensors bound by address are not exports: the engine can sleep
 
 
+def test_aliases_are_recorded_once_and_private_parameters_copied(cluster):
+    """Tied weights (one Parameter under two names) are stored once, the
+    second name an alias at the same place; a parameter named as private is
+    committed but each engine keeps a copy of its own: the writer keeps
+    vLLM's, the reader gets a writable copy outside the GMS mapping."""
+    import torch
+    gf_worker = load_worker_module()
+    cluster.gmsd()
+
+    def tied():
+        torch.manual_seed(0)
+        m = torch.nn.Module()
+        m.embed = torch.nn.Embedding(16, 8)
+        m.head = torch.nn.Linear(8, 16, bias=False)
+        m.head.weight = m.embed.weight                     # tied: one Parameter, two names
+        m.attn = torch.nn.Module()
+        m.attn.k_scale = torch.nn.Parameter(torch.tensor([2.0]))  # written after load by fp8 models
+        return m
+
+    model = tied()
+    w = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="rw", timeout=10)
+    gf_worker.commit_cpu(w, model)
+    (alloc,) = w.allocations
+    in_gms = lambda t: alloc["addr"] <= t.data_ptr() < alloc["addr"] + alloc["size"]  # noqa: E731
+    assert in_gms(model.embed.weight) and model.head.weight is model.embed.weight
+    assert not in_gms(model.attn.k_scale)                 # the writer keeps its own
+    r = gf.GMSClient(cluster.gms_uri(), gf.Memory("host"), mode="ro", timeout=10)
+    r.map_all()
+    meta = r.metadata
+    assert set(meta) == {"embed.weight", "head.weight", "attn.k_scale"}
+    assert meta["head.weight"]["addr"] == meta["embed.weight"]["addr"]
+    assert json.loads(meta["head.weight"]["value"])["alias_of"] == "embed.weight"
+    assert "alias_of" not in json.loads(meta["embed.weight"]["value"])
+    assert json.loads(meta["attn.k_scale"]["value"])["private"] is True
+    # 16x8 float32 once, the scale after it: no second copy of the tied weight.
+    assert meta["attn.k_scale"]["addr"] - meta["embed.weight"]["addr"] == 512
+
+    reader = tied()
+    gf_worker.bind(r, reader, "cpu")
+    assert reader.head.weight is reader.embed.weight and reader.embed.weight.data_ptr() == meta["embed.weight"]["addr"]
+    k = reader.attn.k_scale
+    assert not (meta["embed.weight"]["addr"] <= k.data_ptr() < meta["embed.weight"]["addr"] + alloc["size"])
+    assert k.item() == 2.0
+    with torch.no_grad():
+        k.mul_(3)                                          # private: a write is the reader's own
+    assert k.item() == 6.0 and model.attn.k_scale.item() == 2.0
+
+    # A model that ties two names refuses a layout that holds them apart.
+    cluster.gmsd(1)
+    untied = tied()
+    untied.head.weight = torch.nn.Parameter(untied.embed.weight.detach().clone())
+    w1 = gf.GMSClient(cluster.gms_uri(1), gf.Memory("host"), mode="rw", timeout=10)
+    gf_worker.commit_cpu(w1, untied)
+    r1 = gf.GMSClient(cluster.gms_uri(1), gf.Memory("host"), mode="ro", timeout=10)
+    r1.map_all()
+    victim = tied()
+    before = [p.data_ptr() for p in victim.parameters()]
+    with pytest.raises(gf.StaleLayoutError, match="ties head.weight to embed.weight, the GMS holds them apart"):
+        gf_worker.bind(r1, victim, "cpu")
+    assert [p.data_ptr() for p in victim.parameters()] == before  # nothing half-bound
+    split = torch.nn.Module()
+    split.embed, split.head = tied().embed, torch.nn.Linear(8, 16, bias=False)
+    split.attn = tied().attn
+    gf_worker.bind(r, split, "cpu")                          # untied model over the tied layout: both names bound
+    assert split.head.weight.data_ptr() == split.embed.weight.data_ptr() == meta["embed.weight"]["addr"]
+    del reader, split, k
+    r.unmap()
+
+
 def test_gpu_writer_refuses_a_parameter_outside_the_gms(cluster):
     import torch
     gf_worker = load_worker_module()
