@@ -317,6 +317,58 @@ class _HostRange:
             self.backed = False
 
 
+class _CuLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _CuAllocProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _CuLocation),
+                ("win32HandleMetaData", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
+                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
+                ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _CuAccessDesc(ctypes.Structure):
+    _fields_ = [("location", _CuLocation), ("flags", ctypes.c_int)]
+
+
+@contextlib.contextmanager
+def _cuda_scratch(addr: int, size: int, device: int) -> Any:
+    """GPU-ONLY, not run here (no GPU): while vLLM's Init runs forward
+    passes over the KV cache (CUDA graph capture), one granule of device
+    memory mapped again and again over the private region's whole reserved
+    range, so those passes touch valid memory and the graphs record the
+    region's addresses; unmapped and freed before the engine sleeps. The
+    standby's Init thus holds one granule (2 MiB), not a KV cache."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    prop = _CuAllocProp(type=1, location=_CuLocation(type=1, id=device))  # pinned, on the device
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise gf.GpuFailoverError(f"{what} failed (CUresult {rc}) for the KV region's Init scratch")
+
+    gran = ctypes.c_size_t()
+    check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0), "cuMemGetAllocationGranularity")
+    handle = ctypes.c_ulonglong()
+    check(cu.cuMemCreate(ctypes.byref(handle), gran, ctypes.byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
+    mapped = 0
+    try:
+        for off in range(0, size, gran.value):
+            check(cu.cuMemMap(ctypes.c_ulonglong(addr + off), gran, ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)),
+                  "cuMemMap")
+            mapped = off + gran.value
+        desc = _CuAccessDesc(location=_CuLocation(type=1, id=device), flags=3)  # read-write
+        check(cu.cuMemSetAccess(ctypes.c_ulonglong(addr), ctypes.c_size_t(mapped), ctypes.byref(desc),
+                                ctypes.c_size_t(1)), "cuMemSetAccess")
+        yield
+        import torch
+        torch.cuda.synchronize()
+    finally:
+        if mapped:
+            cu.cuMemUnmap(ctypes.c_ulonglong(addr), ctypes.c_size_t(mapped))
+        cu.cuMemRelease(handle)
+
+
 class _ZerosAt:
     """Stands for the ``torch`` module inside vLLM's KV allocation
     (vllm.v1.worker.utils.allocate_kv_cache, which makes one int8 backing
@@ -512,6 +564,15 @@ class GfWorkerMixin:
         log("kv_range", rank=self.rank, addr=hex(kv_range[0]), bytes=kv_range[1], used=at.made or 0,
             tensors=len(ptrs))
 
+    def compile_or_warm_up_model(self) -> Any:
+        kv_range = self._gf_kv_range
+        if self._gf_device != "cuda" or kv_range is None or self._gf_engine is None:
+            return cast(Any, super()).compile_or_warm_up_model()
+        # GPU-ONLY: vLLM captures CUDA graphs here, running the model over the
+        # KV cache, whose region has no memory until the wake.
+        with _cuda_scratch(kv_range[0], kv_range[1], self.local_rank):
+            return cast(Any, super()).compile_or_warm_up_model()
+
     def kv_data_ptrs(self) -> "list[int]":
         """The data pointers of vLLM's KV cache tensors (what compiled code
         and CUDA graphs hold)."""
@@ -590,6 +651,12 @@ class GfWorkerMixin:
                 eng.mark_dead(f"wake failed: {e}")
             log("wake_failed", error=type(e).__name__, msg=json.dumps(str(e)))
             raise
+        if self._gf_device == "cuda" and self._gf_kv_range is not None:
+            # GPU-ONLY: device memory is not zero-filled when created (host
+            # pages are); vLLM's KV cache starts zeroed.
+            import torch
+            tensor_at(self._gf_kv_range[0], torch.int8, [self._gf_kv_range[1]], [1], "cuda").zero_()
+            torch.cuda.synchronize()
         m = eng.metrics
         ptrs = self.kv_data_ptrs()
         log("awake", rank=0, epoch=eng.epoch, remap_ms=round(m.get("remap_us", 0) / 1000, 1),
