@@ -487,7 +487,8 @@ static int cmd_status(struct lock_opts *o)
 	} else {
 		/* The JSON is flat enough to show field by field. */
 		const char *keys[] = { "holder", "epoch", "holder_pid", "waiter_count", "reconnect_window",
-				       "reconnect_window_left_ms", "previous_holder", "exit_wait", "state_write_failing",
+				       "reconnect_window_left_ms", "previous_holder", "holder_pids", "exit_wait",
+				       "exit_wait_processes", "exit_wait_pids", "state_write_failing",
 				       "state_write_failures", "uptime_ms", "connections",
 				       "listeners", "listeners_pending", "step_down_requested",
 				       "fd_limit", "accept_paused", "refused_no_pidfd", "refused_auth_rate", "waiters",

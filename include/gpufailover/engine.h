@@ -147,6 +147,42 @@ GF_EXPORT void gf_engine_free(gf_engine *engine);
 /* ---- configuration (only in Init, before gf_engine_init_weights()) ---- */
 /** Lock server URI and this engine's id (both copied; the id follows gf_lock_new()'s rule, GF_ERR_INVALID_ARG otherwise). Required before acquire. */
 GF_EXPORT int gf_engine_set_lock(gf_engine *engine, const char *uri, const char *engine_id);
+/** The highest rank gf_engine_set_rank() takes. */
+#define GF_ENGINE_MAX_RANK 4096
+
+/**
+ * Make this engine rank @p rank (1..GF_ENGINE_MAX_RANK) of the engine
+ * @p engine_id (copied; gf_lock_new()'s id rule): one of the further
+ * processes of an engine that spans several (tensor parallel workers),
+ * whose rank 0 holds the lock. A rank engine has no lock of its own: it
+ * runs the same states (Init, Standby, Waking, Active, Dead), the same
+ * private region (reserved at Init, backed at the wake at the same address
+ * with the out-of-memory retry bounded by the waking timeout), the same
+ * memory gate and, from the wake on, the same watch on its GMS connections
+ * (a loss goes to the loss policy), but it is woken by
+ * gf_engine_wake_as_rank() with its holder's epoch instead of
+ * gf_engine_acquire(). Its holder registers its pid with the lock
+ * (gf_engine_add_holder_pid()), so the lock passes on only once this
+ * process has exited. Errors: GF_ERR_INVALID_ARG, GF_ERR_STATE (after
+ * init_weights, or a lock is configured: gf_engine_set_lock() then refuses
+ * too), GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_engine_set_rank(gf_engine *engine, const char *engine_id, int rank);
+/**
+ * Register a further process of this engine (rank @p pid, e.g. a tensor
+ * parallel worker running a rank engine) with the lock (gf_lock_add_pid()):
+ * when this engine's lock connection goes away, the next holder is granted
+ * only once that process has exited too. Any state but Dead, any thread:
+ * before the lock client exists (it is made at the first
+ * gf_engine_acquire()) the pid is kept and registered then, so a Standby
+ * registers its ranks while it waits. Errors: GF_ERR_INVALID_ARG (NULL
+ * engine, @p pid <= 0), GF_ERR_STATE (a rank engine, which holds no lock;
+ * Dead), GF_ERR_NOT_FOUND (no such process), GF_ERR_TOO_BIG (more than
+ * GF_LOCK_MAX_PIDS), GF_ERR_NOT_SUPPORTED (the lock is not a unix:// one;
+ * docs/lock.md), and gf_lock_add_pid()'s errors.
+ */
+GF_EXPORT int gf_engine_add_holder_pid(gf_engine *engine, int pid);
+
 /** Add the GMS of the next device (device index = number of GMS added before); copied. Up to 16. */
 GF_EXPORT int gf_engine_add_gms(gf_engine *engine, const char *uri);
 /** GF_ENGINE_LOADER or GF_ENGINE_FOLLOWER. */
@@ -294,6 +330,17 @@ GF_EXPORT int gf_engine_sleep(gf_engine *engine);
  * GF_ENGINE_EXIT_EVICTED).
  */
 GF_EXPORT int gf_engine_acquire(gf_engine *engine, int64_t timeout_ms);
+/**
+ * The rank engine's gf_engine_acquire() (gf_engine_set_rank()): its holder,
+ * rank 0, was granted the lock at @p epoch (gf_engine_epoch() of rank 0,
+ * passed on by the application), so this rank wakes too. Sends the GMS wake
+ * requests, waits at the memory gate (up to the waking timeout; Dead and
+ * GF_ERR_OUT_OF_MEMORY when it never opens) and enters Waking; then
+ * gf_engine_wake_up() and gf_engine_serve() as for rank 0. Blocks only at
+ * the gate. Errors: GF_ERR_INVALID_ARG (NULL, @p epoch 0), GF_ERR_STATE (not
+ * a rank engine, or not Standby), GF_ERR_OUT_OF_MEMORY.
+ */
+GF_EXPORT int gf_engine_wake_as_rank(gf_engine *engine, uint64_t epoch);
 /**
  * Wake: remap every GMS at the same addresses (remap timeout), then
  * allocate and map read-write the private memory of every device, retrying

@@ -148,6 +148,35 @@ typedef void (*gf_lock_next_fn)(gf_lock *lock, int next, const struct gf_lock_pr
 /** Install the next hook (NULL removes it). */
 GF_EXPORT void gf_lock_set_next_fn(gf_lock *lock, gf_lock_next_fn fn, void *userdata);
 
+/** Processes one lock client may register with gf_lock_add_pid(). */
+#define GF_LOCK_MAX_PIDS 64
+
+/**
+ * Register a further process of this engine (another rank, e.g. a tensor
+ * parallel worker) with the lock: once this client holds the lock and its
+ * connection goes away (its process died or closed it), the server grants
+ * the next waiter only after this process has exited too, as it waits for
+ * the client's own process (bounded by the server's exit-wait timeout).
+ * The client opens a pidfd of @p pid and passes it over the unix socket
+ * (SCM_RIGHTS): now when connected (waiting or holding), and again on
+ * every new connection (each acquire, a reclaim after a server restart),
+ * so registering before gf_lock_acquire() is the usual order and a standby
+ * registers its ranks while it waits. When this returns 0 on a connected
+ * client the registration is on its way ahead of anything that follows on
+ * the connection, so the server has it before it can see the hang-up.
+ * An explicit gf_lock_release() waits for no process: the caller vouches
+ * that its ranks stopped using the GPU; a revoke waits for none either.
+ * Registering @p pid again, or the caller's own pid, changes nothing
+ * (returns 0); processes that exited are forgotten (they free their slot).
+ * Errors: GF_ERR_INVALID_ARG (NULL lock, @p pid <= 0), GF_ERR_NOT_FOUND
+ * (no process @p pid: it exited or never was), GF_ERR_TOO_BIG (already
+ * GF_LOCK_MAX_PIDS live processes registered), GF_ERR_NOT_SUPPORTED (tcp://
+ * and etcd locks: a pidfd cannot cross hosts, docs/lock.md says what fences
+ * ranks there), GF_ERR_IO (no pidfd: out of fds). Does not block longer
+ * than one send on a connected socket. Thread-safe.
+ */
+GF_EXPORT int gf_lock_add_pid(gf_lock *lock, int pid);
+
 /**
  * Connect (if needed) and block until the lock is granted, @p timeout_ms
  * passes (< 0: forever; 0: try once, i.e. one connection attempt of at most

@@ -36,6 +36,9 @@ GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engi
 		return rc;
 	if (!uri || !*uri || !engine_id || !*engine_id)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_lock: empty URI or engine id");
+	if (e->rank)
+		return gf_err(GF_ERR_STATE, "gf_engine_set_lock: this engine is rank %d, which holds no lock of its own",
+			      e->rank);
 	if (gf_id_check(engine_id, "gf_engine_set_lock") < 0)
 		return GF_ERR_INVALID_ARG;
 	char *u = strdup(uri), *id = strdup(engine_id);
@@ -48,6 +51,27 @@ GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engi
 	free(e->id);
 	e->lock_uri = u;
 	e->id = id;
+	return 0;
+}
+
+GF_EXPORT int gf_engine_set_rank(gf_engine *e, const char *engine_id, int rank)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_rank");
+	if (rc)
+		return rc;
+	if (rank < 1 || rank > GF_ENGINE_MAX_RANK)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_rank: rank %d outside 1..%d (rank 0 holds the lock)", rank,
+			      GF_ENGINE_MAX_RANK);
+	if (!engine_id || !*engine_id)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_rank: empty engine id");
+	if (gf_id_check(engine_id, "gf_engine_set_rank") < 0)
+		return GF_ERR_INVALID_ARG;
+	if (e->lock_uri)
+		return gf_err(GF_ERR_STATE, "gf_engine_set_rank: a lock is configured (gf_engine_set_lock): that engine is rank 0");
+	rc = set_string(&e->id, engine_id);
+	if (rc)
+		return rc;
+	e->rank = rank;
 	return 0;
 }
 

@@ -2,8 +2,10 @@
 /* The engine state machine (docs/design.md, decisions 2 and 4):
  * Init -> Standby -> Waking -> Active -> Dead, the steps that move it
  * (calling the lock, GMS and memory APIs directly) and the probe table. */
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,6 +396,8 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	int rc = require_state(e, GF_ENGINE_STANDBY, "acquire");
 	if (rc)
 		return rc;
+	if (e->rank)
+		return gf_err(GF_ERR_STATE, "acquire: rank %d holds no lock; it wakes with gf_engine_wake_as_rank()", e->rank);
 	if (!e->lock_uri)
 		return gf_err(GF_ERR_INVALID_ARG, "acquire: no lock configured (gf_engine_set_lock)");
 	gf_lock *lock = atomic_load(&e->lock);
@@ -423,7 +427,24 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		gf_lock_set_lost_fn(lock, gf_engine_lock_lost_hook, e);
 		gf_lock_set_step_down_fn(lock, gf_engine_lock_step_down_hook, e);
 		gf_lock_set_next_fn(lock, lock_next_hook, e);
-		atomic_store(&e->lock, lock);
+		/* The ranks registered so far go with the first connection; later
+		 * ones go straight to the lock client (gf_engine_add_holder_pid()). */
+		pthread_mutex_lock(&e->mu);
+		for (size_t i = 0; i < e->nholder_pids && rc == 0; i++) {
+			rc = gf_lock_add_pid(lock, e->holder_pids[i]);
+			if (rc == GF_ERR_NOT_FOUND) {
+				/* Gone already: nothing of it is left to wait for. */
+				gf_log(GF_LOG_INFO, "engine", "event=holder_pid_gone id=%s pid=%d", e->id, e->holder_pids[i]);
+				rc = 0;
+			}
+		}
+		if (rc == 0)
+			atomic_store(&e->lock, lock);
+		pthread_mutex_unlock(&e->mu);
+		if (rc) {
+			gf_lock_free(lock);
+			return rc;
+		}
 	}
 	if (atomic_exchange(&e->interrupted, false))
 		return gf_err(GF_ERR_INTERRUPTED, "acquire: interrupted");
@@ -436,6 +457,88 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 	pthread_mutex_unlock(&e->mu);
 	gf_engine_boost(e);
 	rc = acquire_boosted(e, lock, timeout_ms, t0);
+	if (rc) {
+		gf_log_release();
+		gf_engine_unboost(e);
+	}
+	return rc;
+}
+
+GF_EXPORT int gf_engine_add_holder_pid(gf_engine *e, int pid)
+{
+	if (!e)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_add_holder_pid: NULL engine");
+	if (pid <= 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_add_holder_pid: pid %d is not a process id", pid);
+	if (e->rank)
+		return gf_err(GF_ERR_STATE, "gf_engine_add_holder_pid: rank %d holds no lock; register with rank 0's engine",
+			      e->rank);
+	if (gf_engine_state(e) == GF_ENGINE_DEAD)
+		return gf_err(GF_ERR_STATE, "gf_engine_add_holder_pid: the engine is dead");
+	pthread_mutex_lock(&e->mu);
+	gf_lock *lock = atomic_load(&e->lock);
+	int rc = 0;
+	if (!lock) {
+		/* Checked now, so the caller hears of a mistake where it made it. */
+		if (e->lock_uri && strncmp(e->lock_uri, "unix://", 7) != 0) {
+			rc = gf_err(GF_ERR_NOT_SUPPORTED,
+				    "gf_engine_add_holder_pid: the lock %s cannot wait for processes (a pidfd cannot cross hosts); only unix:// lock servers can",
+				    e->lock_uri);
+		} else if (kill(pid, 0) < 0 && errno == ESRCH) {
+			rc = gf_err(GF_ERR_NOT_FOUND, "gf_engine_add_holder_pid: no process %d", pid);
+		} else {
+			bool known = false;
+			for (size_t i = 0; i < e->nholder_pids && !known; i++)
+				known = e->holder_pids[i] == pid;
+			if (!known && e->nholder_pids >= GF_LOCK_MAX_PIDS)
+				rc = gf_err(GF_ERR_TOO_BIG, "gf_engine_add_holder_pid: more than %d processes", GF_LOCK_MAX_PIDS);
+			else if (!known)
+				e->holder_pids[e->nholder_pids++] = pid;
+		}
+	}
+	pthread_mutex_unlock(&e->mu);
+	if (!lock || rc)
+		return rc;
+	/* The lock client counts and checks (it is thread-safe); the count here is for the status. */
+	rc = gf_lock_add_pid(lock, pid);
+	if (rc == 0) {
+		pthread_mutex_lock(&e->mu);
+		bool known = false;
+		for (size_t i = 0; i < e->nholder_pids && !known; i++)
+			known = e->holder_pids[i] == pid;
+		if (!known && e->nholder_pids < GF_LOCK_MAX_PIDS)
+			e->holder_pids[e->nholder_pids++] = pid;
+		pthread_mutex_unlock(&e->mu);
+	}
+	return rc;
+}
+
+GF_EXPORT int gf_engine_wake_as_rank(gf_engine *e, uint64_t epoch)
+{
+	if (!e)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_wake_as_rank: NULL engine");
+	if (!e->rank)
+		return gf_err(GF_ERR_STATE, "wake_as_rank: not a rank engine (gf_engine_set_rank); rank 0 acquires the lock");
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "wake_as_rank: epoch 0 is no grant");
+	int rc = require_state(e, GF_ENGINE_STANDBY, "wake_as_rank");
+	if (rc)
+		return rc;
+	gf_log_hold_prepare();
+	gf_engine_boost(e);
+	/* Rank 0 holds the grant: from here this rank's info lines wait for its serve, as after a grant. */
+	gf_log_hold();
+	int64_t t1 = e->clock.now_us();
+	pthread_mutex_lock(&e->mu);
+	e->m.epoch = epoch;
+	e->m.lock_wait_us = e->m.remap_us = e->m.private_alloc_us = e->m.serve_us = e->m.wake_total_us = -1;
+	e->m.private_alloc_retries = 0;
+	pthread_mutex_unlock(&e->mu);
+	send_wake_requests(e, NULL);
+	gf_log(GF_LOG_INFO, "engine", "event=rank_waking id=%s rank=%d epoch=%" PRIu64, e->id, e->rank, epoch);
+	rc = gf_engine_memory_gate(e, t1 + e->waking_timeout_ms * 1000);
+	if (rc == 0)
+		rc = transition(e, GF_ENGINE_STANDBY, GF_ENGINE_WAKING);
 	if (rc) {
 		gf_log_release();
 		gf_engine_unboost(e);

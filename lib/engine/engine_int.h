@@ -75,6 +75,11 @@ struct gf_engine {
 
 	char *lock_uri;
 	char *id;
+	int rank; /* >= 1: a rank engine (gf_engine_set_rank()), woken by gf_engine_wake_as_rank(); 0: holds the lock */
+	/* Further processes of this engine registered with the lock
+	 * (gf_engine_add_holder_pid()) before the lock client exists; under mu. */
+	int holder_pids[GF_LOCK_MAX_PIDS];
+	size_t nholder_pids;
 	int role;
 	int backend;
 	int64_t waking_timeout_ms;

@@ -205,6 +205,10 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "# TYPE gf_engine_device_lost gauge\n"
 		   "gf_engine_device_lost %d\n",
 		device_lost(e));
+	fprintf(f, "# HELP gf_engine_rank The engine's rank: 0 holds the lock, >= 1 wakes with its holder's epoch.\n"
+		   "# TYPE gf_engine_rank gauge\n"
+		   "gf_engine_rank %d\n",
+		e->rank);
 	fprintf(f, "# HELP gf_engine_memory_need_bytes Free memory every device needs before the engine wakes (0: no "
 		   "gate).\n"
 		   "# TYPE gf_engine_memory_need_bytes gauge\n"
@@ -300,6 +304,11 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 		json_object_set_new(o, "init_timeout_ms", init_ms < 0 ? json_null() : json_integer(init_ms));
 		json_object_set_new(o, "read_protection", json_string(read_protection(e)));
 		json_object_set_new(o, "device_lost", json_boolean(device_lost(e)));
+		/* A rank engine (>= 1) holds no lock: its epoch is its holder's, given at the wake. */
+		json_object_set_new(o, "rank", json_integer(e->rank));
+		pthread_mutex_lock(gf_engine_mu(e));
+		json_object_set_new(o, "holder_pids", json_integer((json_int_t)e->nholder_pids));
+		pthread_mutex_unlock(gf_engine_mu(e));
 	}
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);

@@ -60,6 +60,8 @@ struct gf_lock_backend {
 
 	/* Optional (NULL: GF_ERR_NOT_SUPPORTED): tell the server the holder serves. Takes l->mu. */
 	int (*serving)(gf_lock *l);
+	/* Optional (NULL: GF_ERR_NOT_SUPPORTED): register another process of the engine (pid > 0). Any thread. */
+	int (*add_pid)(gf_lock *l, int pid);
 
 	/* One-shot calls on a connection of their own (oneshot.c). */
 	int (*ping)(const char *uri, const void *secret, size_t secret_len, int64_t timeout_ms);

@@ -255,6 +255,19 @@ int gf_lock_serving(gf_lock *l)
 	return l->be->serving(l);
 }
 
+int gf_lock_add_pid(gf_lock *l, int pid)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	if (pid <= 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock %s: add_pid: pid %d is not a process id", l->id, pid);
+	if (!l->be->add_pid)
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "lock %s: %s locks cannot wait for processes (a pidfd cannot cross hosts); only unix:// lock servers can",
+			      l->id, l->be->name);
+	return l->be->add_pid(l, pid);
+}
+
 void gf_lock_set_next_fn(gf_lock *l, gf_lock_next_fn fn, void *userdata)
 {
 	if (!l)

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -37,6 +38,26 @@
 #define HB_BURST 32
 
 enum conn_role { R_NONE, R_WAITER, R_HOLDER };
+
+/* A process registered with a connection (LockAddPids): another rank of its engine. */
+struct reg_pid {
+	int fd; /* pidfd */
+	uint32_t pid;
+};
+
+/* One process the exit wait waits for, in the loop until it exits. */
+struct exit_proc {
+	struct gf_srv_watch w;
+	int fd; /* pidfd; -1 once it exited (or the wait ended) */
+	uint32_t pid;
+};
+
+/* Whom a holder going away leaves the next grant waiting for. */
+enum exit_wait_mode {
+	WAIT_NONE,  /* released on purpose or revoked: nobody */
+	WAIT_RANKS, /* its own process is known to be gone: the processes it registered */
+	WAIT_ALL,   /* its connection closed: its process and those it registered */
+};
 
 /* Per connection (the core's peer data). */
 struct conn {
@@ -60,11 +81,14 @@ struct conn {
 	 * and whether it has, for its grant. */
 	bool reports_serving, serving;
 	bool takes_next; /* told LockNext before its grant */
+	/* Further processes of this engine (LockAddPids): the exit wait of its
+	 * grant waits for them too. Owned here until the wait takes them. */
+	struct reg_pid *pids;
+	size_t npids;
 };
 
 struct gf_lockd {
 	struct gf_srv *srv;
-	struct gf_srv_watch exit_watch;
 	char *state_path;
 	int state_lock_fd;
 	/* Kept open so a write does not resolve the path again (a grant's latency). */
@@ -89,9 +113,12 @@ struct gf_lockd {
 	bool epochs_exhausted;     /* logged once: no epoch left to grant */
 	struct gf_lock_state rec;  /* what the state file says (or would) */
 	int64_t granted_at_wall;
-	/* exit wait: the released holder's process has not exited yet */
-	int exit_pidfd;
-	uint32_t exit_pid;
+	/* exit wait: processes of the released holder (its own, and those it
+	 * registered) that have not exited yet; the wait lasts while any does */
+	struct exit_proc exitp[1 + GF_LOCK_MAX_PIDS];
+	size_t nexit;      /* entries in use (some may have exited: fd -1) */
+	size_t exit_left;  /* of them, not exited yet; > 0: the exit wait is on */
+	uint32_t exit_pid; /* the holder's own pid */
 	char exit_id[GF_LOCK_ID_MAX];
 	int64_t exit_deadline;
 	/* reconnect window after a restart with a holder on record */
@@ -170,10 +197,18 @@ static void settle(void *ctx);
 
 static void exit_watch_fired(void *ctx, struct gf_srv_watch *w)
 {
-	(void)w;
 	gf_lockd *d = ctx;
-	if (d->exit_pidfd >= 0)
-		end_exit_wait(d, "holder process exited");
+	struct exit_proc *x = (struct exit_proc *)((char *)w - offsetof(struct exit_proc, w));
+	if (x->fd < 0 || d->exit_left == 0)
+		return;
+	gf_srv_watch_del(d->srv, x->fd);
+	gf_close(x->fd);
+	x->fd = -1;
+	if (--d->exit_left == 0)
+		end_exit_wait(d, d->nexit > 1 ? "every process of the holder exited" : "holder process exited");
+	else
+		gf_log(GF_LOG_DEBUG, "lock", "msg=\"a process of the released holder exited\" id=%s pid=%u left=%zu",
+		       d->exit_id, x->pid, d->exit_left);
 }
 
 int gf_lockd_new(gf_lockd **out)
@@ -186,12 +221,14 @@ int gf_lockd_new(gf_lockd **out)
 	d->state_lock_fd = -1;
 	d->state_dirfd = -1;
 	d->state_next_fd = -1;
-	d->exit_pidfd = -1;
 	d->reconnect_window_ms = 10000;
 	d->exit_wait_ms = 10000;
 	d->heartbeat_ms = 1000;
 	d->detect_ms = 6000;
-	d->exit_watch.fn = exit_watch_fired;
+	for (size_t i = 0; i < GF_ARRAY_SIZE(d->exitp); i++) {
+		d->exitp[i].fd = -1;
+		d->exitp[i].w.fn = exit_watch_fired;
+	}
 	static const struct gf_srv_handlers h = {
 		.on_ready = on_ready,
 		.on_message = on_message,
@@ -234,7 +271,8 @@ void gf_lockd_free(gf_lockd *d)
 		d->holder->role = R_NONE;
 	d->holder = NULL;
 	gf_srv_free(d->srv);
-	gf_close(d->exit_pidfd);
+	for (size_t i = 0; i < d->nexit; i++)
+		gf_close(d->exitp[i].fd);
 	gf_close(d->state_lock_fd);
 	gf_close(d->state_next_fd);
 	gf_close(d->state_dirfd);
@@ -504,7 +542,7 @@ static int64_t next_deadline(void *ctx)
 	int64_t t = INT64_MAX;
 	if (d->window)
 		t = min64(t, d->window_deadline);
-	if (d->exit_pidfd >= 0)
+	if (d->exit_left)
 		t = min64(t, d->exit_deadline);
 	if (d->store_retry_at)
 		t = min64(t, d->store_retry_at);
@@ -611,50 +649,115 @@ static void flush_release_log(gf_lockd *d)
 
 static void end_exit_wait(gf_lockd *d, const char *why)
 {
-	gf_srv_watch_del(d->srv, d->exit_pidfd);
-	gf_close(d->exit_pidfd);
-	d->exit_pidfd = -1;
+	for (size_t i = 0; i < d->nexit; i++) {
+		struct exit_proc *x = &d->exitp[i];
+		if (x->fd >= 0) {
+			gf_srv_watch_del(d->srv, x->fd);
+			gf_close(x->fd);
+			x->fd = -1;
+		}
+	}
+	d->nexit = 0;
+	d->exit_left = 0;
 	finish_release(d, why);
+}
+
+static void close_pids(struct conn *c)
+{
+	for (size_t i = 0; i < c->npids; i++)
+		gf_close(c->pids[i].fd);
+	free(c->pids);
+	c->pids = NULL;
+	c->npids = 0;
+}
+
+/* Add @fd (taken) to the exit wait unless its process is gone already; false when it could not be watched. */
+static bool exit_wait_add(gf_lockd *d, int fd, uint32_t pid, bool in_loop)
+{
+	if (pidfd_exited(fd)) {
+		if (in_loop)
+			gf_srv_watch_del(d->srv, fd);
+		gf_close(fd);
+		return true;
+	}
+	struct exit_proc *x = &d->exitp[d->nexit];
+	int rc = in_loop ? gf_srv_watch_mod(d->srv, fd, &x->w) : gf_srv_watch_add(d->srv, fd, &x->w);
+	if (rc < 0) {
+		if (in_loop)
+			gf_srv_watch_del(d->srv, fd);
+		gf_close(fd);
+		return false;
+	}
+	x->fd = fd;
+	x->pid = pid;
+	d->nexit++;
+	d->exit_left++;
+	return true;
 }
 
 /*
  * The holder's connection is going away (closed, released, lost, or its
- * process exited). Unless it released on purpose or its process is known
- * to be gone, wait for its process to exit before the next grant.
+ * process exited). Unless it released on purpose (or was revoked), the next
+ * grant waits until its process and every process it registered
+ * (LockAddPids: the engine's other ranks) have exited.
  */
-static void holder_gone(gf_lockd *d, struct conn *c, const char *why, bool wait_exit)
+static void holder_gone(gf_lockd *d, struct conn *c, const char *why, enum exit_wait_mode mode)
 {
 	struct gf_srv_peer *p = c->peer;
 	pool_active_now(d, c);
 	d->holder = NULL;
 	c->role = R_NONE;
-	if (wait_exit && p->pidfd >= 0 && d->exit_wait_ms > 0 && !pidfd_exited_soon(p->pidfd)) {
-		d->exit_pidfd = p->pidfd;
-		p->pidfd = -1;
-		d->exit_pid = p->pid;
-		snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->peer->id);
-		d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
-		/* The holder's pidfd is normally in the loop already: retarget it
-		 * (one syscall) instead of removing and adding it again. */
-		int erc = c->pid_watched ? gf_srv_watch_mod(d->srv, d->exit_pidfd, &d->exit_watch)
-					 : gf_srv_watch_add(d->srv, d->exit_pidfd, &d->exit_watch);
-		c->pid_watched = false;
-		if (erc < 0) {
-			gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's process; releasing on socket close\" error=\"%s\"",
-			       gf_error_detail());
-			end_exit_wait(d, why);
-			return;
+	bool self = mode == WAIT_ALL && p->pidfd >= 0 && !pidfd_exited_soon(p->pidfd);
+	if (mode == WAIT_NONE || d->exit_wait_ms == 0 || (!self && c->npids == 0)) {
+		/* A closing connection's pidfd leaves the loop with its socket, after the next grant. */
+		if (c->pid_watched && p->fd >= 0) {
+			gf_srv_watch_del(d->srv, p->pidfd);
+			c->pid_watched = false;
 		}
-		gf_log(GF_LOG_INFO, "lock", "msg=\"holder disconnected; waiting for its process to exit\" id=%s epoch=%llu pid=%u reason=\"%s\"",
-		       c->peer->id, (unsigned long long)d->epoch, p->pid, why);
+		close_pids(c);
+		finish_release(d, why);
 		return;
 	}
-	/* A closing connection's pidfd leaves the loop with its socket, after the next grant. */
-	if (c->pid_watched && p->fd >= 0) {
+	d->nexit = d->exit_left = 0;
+	d->exit_pid = p->pid;
+	snprintf(d->exit_id, sizeof(d->exit_id), "%s", c->peer->id);
+	d->exit_deadline = gf_now_us() + d->exit_wait_ms * 1000;
+	bool watched = true;
+	if (self) {
+		int fd = p->pidfd;
+		p->pidfd = -1;
+		/* The holder's pidfd is normally in the loop already: retarget it
+		 * (one syscall) instead of removing and adding it again. */
+		watched = exit_wait_add(d, fd, p->pid, c->pid_watched);
+		c->pid_watched = false;
+	} else if (c->pid_watched && p->fd >= 0) {
 		gf_srv_watch_del(d->srv, p->pidfd);
 		c->pid_watched = false;
 	}
-	finish_release(d, why);
+	for (size_t i = 0; i < c->npids; i++) {
+		watched = exit_wait_add(d, c->pids[i].fd, c->pids[i].pid, false) && watched;
+		c->pids[i].fd = -1;
+	}
+	close_pids(c);
+	if (!watched) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"cannot watch the holder's processes; releasing on socket close\" error=\"%s\"",
+		       gf_error_detail());
+		end_exit_wait(d, why);
+		return;
+	}
+	if (d->exit_left == 0) {
+		end_exit_wait(d, why);
+		return;
+	}
+	char pids[128] = "";
+	size_t off = 0;
+	for (size_t i = 0; i < d->nexit && off < sizeof(pids) - 12; i++)
+		if (d->exitp[i].fd >= 0)
+			off += (size_t)snprintf(pids + off, sizeof(pids) - off, "%s%u", off ? "," : "", d->exitp[i].pid);
+	gf_log(GF_LOG_INFO, "lock",
+	       "msg=\"holder disconnected; waiting for its %s to exit\" id=%s epoch=%llu pid=%u processes=%zu pids=%s reason=\"%s\"",
+	       d->exit_left == 1 ? "process" : "processes", c->peer->id, (unsigned long long)d->epoch, p->pid,
+	       d->exit_left, pids, why);
 }
 
 static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
@@ -665,7 +768,8 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 		return; /* never finished its handshake */
 	waiter_unlink(d, c);
 	if (c->role == R_HOLDER)
-		holder_gone(d, c, why, true);
+		holder_gone(d, c, why, WAIT_ALL);
+	close_pids(c);
 	c->pid_watched = false; /* the core removes the pidfd with the socket */
 	free(c->decl);
 	c->decl = NULL;
@@ -704,7 +808,11 @@ static void fill_status(gf_lockd *d, gf_LockStatus *s)
 		s->reconnect_window_left_ms = (d->window_deadline - now) / 1000;
 		snprintf(s->previous_holder, sizeof(s->previous_holder), "%s", d->prev.holder);
 	}
-	s->exit_wait = d->exit_pidfd >= 0;
+	s->exit_wait = d->exit_left > 0;
+	s->exit_wait_processes = (uint32_t)d->exit_left;
+	for (size_t i = 0; i < d->nexit && s->exit_wait_pids_count < GF_ARRAY_SIZE(s->exit_wait_pids); i++)
+		if (d->exitp[i].fd >= 0)
+			s->exit_wait_pids[s->exit_wait_pids_count++] = d->exitp[i].pid;
 	s->state_write_failing = d->store_retry_at != 0;
 	s->state_write_failures = d->store_failures;
 	s->uptime_ms = gf_srv_started(d->srv) ? (now - d->started_at) / 1000 : 0;
@@ -852,7 +960,7 @@ static void settle(void *ctx)
 	for (;;) {
 		struct gf_lock_gate g = {
 			.has_holder = d->holder != NULL,
-			.exit_wait = d->exit_pidfd >= 0,
+			.exit_wait = d->exit_left > 0,
 			.window = d->window,
 			.store_failed = d->store_retry_at != 0,
 			.has_waiter = d->whead != NULL,
@@ -1001,7 +1109,7 @@ static void holder_pid_fired(void *ctx, struct gf_srv_watch *w)
 	if (c->peer->fd >= 0 && c == d->holder) {
 		gf_log(GF_LOG_INFO, "lock", "msg=\"holder's process exited while its socket is still open\" id=%s pid=%u",
 		       c->peer->id, c->peer->pid);
-		holder_gone(d, c, "holder process exited", false);
+		holder_gone(d, c, "holder process exited", WAIT_RANKS);
 		gf_srv_close(d->srv, c->peer, "holder process exited");
 	}
 }
@@ -1060,9 +1168,9 @@ static void handle_revoke(gf_lockd *d, struct conn *c, uint64_t epoch)
 		 * is closed after it): a revoked holder that resumes sees the
 		 * hang-up before it accepts from a carried listener again. */
 		shutdown(h->peer->fd, SHUT_RDWR);
-		holder_gone(d, h, "revoked", false);
+		holder_gone(d, h, "revoked", WAIT_NONE);
 		gf_srv_close(d->srv, h->peer, "revoked");
-	} else if (!d->holder && d->exit_pidfd >= 0 && d->epoch == epoch) {
+	} else if (!d->holder && d->exit_left > 0 && d->epoch == epoch) {
 		gf_log(GF_LOG_WARN, "lock", "msg=\"revoked during the exit wait\" id=%s epoch=%llu pid=%u by=%s",
 		       d->exit_id, (unsigned long long)epoch, d->exit_pid, p->id);
 		end_exit_wait(d, "revoked during the exit wait");
@@ -1154,6 +1262,92 @@ static void handle_evict(gf_lockd *d, struct conn *c, const char *id)
 	reply(d, c, d->msg);
 }
 
+/* The pid a pidfd refers to (its fdinfo), 0 when it cannot be told. */
+static uint32_t pidfd_pid(int fd)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	int f = open(path, O_RDONLY | O_CLOEXEC);
+	if (f < 0)
+		return 0;
+	ssize_t n = read(f, buf, sizeof(buf) - 1);
+	close(f);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	const char *l = strstr(buf, "\nPid:");
+	long v = l ? strtol(l + 6, NULL, 10) : 0;
+	return v > 0 && v <= INT32_MAX ? (uint32_t)v : 0;
+}
+
+/* Is @fd a pidfd (of a live process, or one that exited: *@exited)? pidfd_send_signal() with
+ * signal 0 sends nothing, and fails with EBADF on any other kind of fd. */
+static bool is_pidfd(int fd, bool *exited)
+{
+	*exited = false;
+	if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) == 0 || errno == EPERM)
+		return true;
+	if (errno == ESRCH) {
+		*exited = true;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * LockAddPids: further processes of the peer's engine, each a pidfd (taken
+ * here). Bounded per connection; a peer that sends something else than a
+ * pidfd, or more than the client library ever sends, is dropped. Processes
+ * that exited are let go at once: there is nothing to wait for.
+ */
+static void handle_add_pids(gf_lockd *d, struct conn *c, int *fds, size_t nfds)
+{
+	size_t keep = 0;
+	for (size_t i = 0; i < c->npids; i++) {
+		if (pidfd_exited(c->pids[i].fd))
+			gf_close(c->pids[i].fd);
+		else
+			c->pids[keep++] = c->pids[i];
+	}
+	c->npids = keep;
+	for (size_t i = 0; i < nfds; i++) {
+		bool exited;
+		if (!is_pidfd(fds[i], &exited)) {
+			gf_close_fds(fds + i, nfds - i);
+			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: LockAddPids with an fd that is not a pidfd\" id=%s pid=%u",
+			       c->peer->id, c->peer->pid);
+			reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: every fd must be a pidfd", true);
+			return;
+		}
+		uint32_t pid = exited ? 0 : pidfd_pid(fds[i]);
+		bool known = pid != 0 && pid == c->peer->pid;
+		for (size_t k = 0; pid != 0 && k < c->npids && !known; k++)
+			known = c->pids[k].pid == pid;
+		if (exited || known) {
+			gf_close(fds[i]);
+			continue;
+		}
+		if (c->npids >= GF_LOCK_MAX_PIDS) {
+			gf_close_fds(fds + i, nfds - i);
+			char det[120];
+			snprintf(det, sizeof(det), "LockAddPids: more than %d processes registered with one connection",
+				 GF_LOCK_MAX_PIDS);
+			gf_log(GF_LOG_WARN, "lock", "msg=\"dropping connection: too many registered processes\" id=%s pid=%u max=%d",
+			       c->peer->id, c->peer->pid, GF_LOCK_MAX_PIDS);
+			reply_error(d, c, GF_ERR_TOO_BIG, det, true);
+			return;
+		}
+		if (!c->pids && !(c->pids = calloc(GF_LOCK_MAX_PIDS, sizeof(*c->pids)))) {
+			gf_close_fds(fds + i, nfds - i);
+			reply_error(d, c, GF_ERR_NOMEM, "LockAddPids: out of memory", true);
+			return;
+		}
+		c->pids[c->npids++] = (struct reg_pid){ .fd = fds[i], .pid = pid };
+		gf_log(GF_LOG_DEBUG, "lock", "msg=\"process registered\" id=%s pid=%u process=%u registered=%zu", c->peer->id,
+		       c->peer->pid, pid, c->npids);
+	}
+}
+
 static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, size_t nfds)
 {
 	gf_lockd *d = ctx;
@@ -1163,6 +1357,19 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 	 * one per listener it names; anywhere else they are a protocol error. */
 	bool fds_ok = m->which_body == gf_Msg_lock_acquire_tag && m->body.lock_acquire.session_token.size > 0 &&
 		      nfds <= m->body.lock_acquire.listeners_count;
+	/* LockAddPids carries exactly the pidfds it counts, at least one. */
+	bool add_pids = m->which_body == gf_Msg_lock_add_pids_tag;
+	if (add_pids && (nfds == 0 || nfds != m->body.lock_add_pids.count)) {
+		gf_close_fds(fds, nfds);
+		free(fds);
+		reply_error(d, c, GF_ERR_PROTOCOL, "LockAddPids: the pidfds that come with it must match its count", true);
+		return;
+	}
+	if (add_pids) {
+		handle_add_pids(d, c, fds, nfds);
+		free(fds);
+		return;
+	}
 	if (nfds > 0 && !fds_ok) {
 		gf_close_fds(fds, nfds);
 		free(fds);
@@ -1185,7 +1392,7 @@ static void on_message(void *ctx, struct gf_srv_peer *p, gf_Msg *m, int *fds, si
 		if (c->role == R_HOLDER) {
 			gf_log(GF_LOG_INFO, "lock", "msg=\"explicit release\" id=%s epoch=%llu pid=%u", c->peer->id,
 			       (unsigned long long)d->epoch, p->pid);
-			holder_gone(d, c, "explicit release", false);
+			holder_gone(d, c, "explicit release", WAIT_NONE);
 		} else {
 			waiter_unlink(d, c);
 		}
@@ -1262,9 +1469,9 @@ static void on_timer(void *ctx, int64_t now)
 	}
 	if (d->lsn_retry_at && now >= d->lsn_retry_at)
 		schedule_listener_retry(d);
-	if (d->exit_pidfd >= 0 && now >= d->exit_deadline) {
-		gf_log(GF_LOG_WARN, "lock", "msg=\"released holder's process still alive after the exit-wait timeout; granting anyway\" id=%s pid=%u",
-		       d->exit_id, d->exit_pid);
+	if (d->exit_left > 0 && now >= d->exit_deadline) {
+		gf_log(GF_LOG_WARN, "lock", "msg=\"released holder's processes still alive after the exit-wait timeout; granting anyway\" id=%s pid=%u processes=%zu",
+		       d->exit_id, d->exit_pid, d->exit_left);
 		end_exit_wait(d, "exit-wait timeout");
 	}
 	if (d->store_retry_at && now >= d->store_retry_at)
@@ -1554,6 +1761,7 @@ static void pool_fill_status(gf_lockd *d, gf_LockStatus *s)
 	for (struct conn *w = d->whead; w && i < s->waiters_count; w = w->wnext, i++) {
 		pool_fill_entry(&s->waiters[i], w);
 		s->waiters[i].last_active_us = w->last_active_us;
+		s->waiters[i].pids = (uint32_t)w->npids;
 	}
 	if (d->holder) {
 		gf_LockWaiter *h = &s->holder_info;
@@ -1562,6 +1770,7 @@ static void pool_fill_status(gf_lockd *d, gf_LockStatus *s)
 		h->pid = d->holder->peer->pid;
 		h->since_us = d->granted_at_wall;
 		h->last_active_us = gf_wall_us();
+		h->pids = (uint32_t)d->holder->npids;
 		pool_fill_entry(h, d->holder);
 	}
 	struct pool_gpu *t;
@@ -1597,6 +1806,8 @@ static void engine_metrics(FILE *f, const char *name, const struct conn *c, cons
 		v = decl ? decl->wake_bytes : 0;
 	else if (!strcmp(name, "gf_lock_engine_asleep_bytes"))
 		v = decl ? decl->asleep_bytes : 0;
+	else if (!strcmp(name, "gf_lock_engine_pids"))
+		v = c->npids;
 	else
 		v = decl && decl->pinned;
 	fprintf(f, "%s{id=\"%s\",role=\"%s\"} %llu\n", name, c->peer->id, role, (unsigned long long)v);
@@ -1647,6 +1858,12 @@ static int render_metrics(gf_lockd *d, char **text)
 	fprintf(f, "gf_lock_epoch %llu\n", (unsigned long long)d->epoch);
 	metric(f, "gf_lock_waiters", "gauge", "standby engines waiting for the lock");
 	fprintf(f, "gf_lock_waiters %zu\n", d->nwaiters);
+	metric(f, "gf_lock_holder_pids", "gauge",
+	       "further processes (other ranks) the holder registered: the next grant waits for each to exit");
+	fprintf(f, "gf_lock_holder_pids %zu\n", d->holder ? d->holder->npids : 0);
+	metric(f, "gf_lock_exit_wait_processes", "gauge",
+	       "processes of the released holder not exited yet: the next grant waits for them (exit wait)");
+	fprintf(f, "gf_lock_exit_wait_processes %zu\n", d->exit_left);
 	metric(f, "gf_lock_grants_held", "gauge", "1 while grants are held: the last state-file write failed and is retried");
 	fprintf(f, "gf_lock_grants_held %d\n", d->store_retry_at != 0);
 	metric(f, "gf_lock_state_write_failures_total", "counter", "state-file writes that failed");
@@ -1685,6 +1902,7 @@ static int render_metrics(gf_lockd *d, char **text)
 		{ "gf_lock_engine_wake_bytes", "gauge", "private memory the engine's wake needs, as declared" },
 		{ "gf_lock_engine_asleep_bytes", "gauge", "memory the engine keeps while asleep, as declared" },
 		{ "gf_lock_engine_pinned", "gauge", "1 when the engine is never evicted" },
+		{ "gf_lock_engine_pids", "gauge", "further processes (ranks) the engine registered with the lock" },
 	};
 	for (size_t k = 0; k < GF_ARRAY_SIZE(per_engine); k++) {
 		metric(f, per_engine[k].name, per_engine[k].type, per_engine[k].help);

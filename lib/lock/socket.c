@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -50,13 +51,30 @@ struct sock {
 	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
 	size_t nlsn;
 	bool takes_serving; /* the grant said the server relays readiness (LockServing) */
+	/*
+	 * Further processes of the engine (gf_lock_add_pid()), sent on every
+	 * new connection. fd_mu guards them, the fd's value as other threads
+	 * see it and every send a thread other than the connection's owner may
+	 * interleave with (gf_lock_add_pid() sends from any thread): the owner
+	 * (the acquiring thread, or the watcher under l->mu) changes s->fd and
+	 * sends only with it held. Taken after l->mu, never the other way.
+	 */
+	pthread_mutex_t fd_mu;
+	struct sock_pid {
+		int fd; /* pidfd */
+		int pid;
+	} pids[GF_LOCK_MAX_PIDS];
+	size_t npids;
+	gf_Msg *pmsg; /* LockAddPids scratch, under fd_mu */
 };
 
 static void drop_conn(gf_lock *l)
 {
 	struct sock *s = l->priv;
+	pthread_mutex_lock(&s->fd_mu);
 	gf_close(s->fd);
 	s->fd = -1;
+	pthread_mutex_unlock(&s->fd_mu);
 	gf_frame_reader_clear(&s->rd);
 	gf_frame_reader_init(&s->rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&s->rd, GF_LOCK_MAX_FRAME);
@@ -122,15 +140,43 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	drop_conn(l);
 	gf_frame_reader_clear(&s->rd);
 	s->rd = rd;
+	pthread_mutex_lock(&s->fd_mu);
 	s->fd = fd;
+	pthread_mutex_unlock(&s->fd_mu);
 	s->last_heard = gf_now_us();
 	s->next_hb = s->last_heard + l->hb_ms * 1000;
+	return 0;
+}
+
+/* Send LockAddPids with @n pidfds of s->pids from @first. With fd_mu held. */
+static int send_pids(struct sock *s, size_t first, size_t n, int64_t deadline)
+{
+	while (n > 0) {
+		size_t k = n < GF_LIMIT_LISTENERS ? n : GF_LIMIT_LISTENERS; /* the server takes 16 fds a message */
+		int fds[GF_LIMIT_LISTENERS];
+		for (size_t i = 0; i < k; i++)
+			fds[i] = s->pids[first + i].fd;
+		gf_Msg *m = s->pmsg;
+		memset(m, 0, sizeof(*m));
+		m->which_body = gf_Msg_lock_add_pids_tag;
+		m->body.lock_add_pids.count = (uint32_t)k;
+		int rc = gf_msg_send(s->fd, m, fds, k, deadline);
+		if (rc < 0)
+			return rc;
+		first += k;
+		n -= k;
+	}
 	return 0;
 }
 
 static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t deadline)
 {
 	struct sock *s = l->priv;
+	pthread_mutex_lock(&s->fd_mu);
+	int rc = send_pids(s, 0, s->npids, deadline);
+	pthread_mutex_unlock(&s->fd_mu);
+	if (rc < 0)
+		return rc;
 	gf_Msg *m = s->msg;
 	memset(m, 0, sizeof(*m));
 	m->seq = ++s->seq;
@@ -161,7 +207,10 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 		}
 		m->body.lock_acquire.listeners_count = (pb_size_t)nfds;
 	}
-	return gf_msg_send(s->fd, m, fds, nfds, deadline);
+	pthread_mutex_lock(&s->fd_mu);
+	rc = gf_msg_send(s->fd, m, fds, nfds, deadline);
+	pthread_mutex_unlock(&s->fd_mu);
+	return rc;
 }
 
 static void send_heartbeat(gf_lock *l)
@@ -531,7 +580,10 @@ static int sock_release(gf_lock *l)
 		int64_t d = gf_now_us() + RELEASE_WAIT_US;
 		/* Wait for the Ok so the server released on purpose (no exit wait);
 		 * heartbeats may arrive first. */
-		if (gf_msg_send(s->fd, m, NULL, 0, d) == 0) {
+		pthread_mutex_lock(&s->fd_mu);
+		int src = gf_msg_send(s->fd, m, NULL, 0, d);
+		pthread_mutex_unlock(&s->fd_mu);
+		if (src == 0) {
 			while (gf_msg_recv(&s->rd, s->fd, m, NULL, NULL, d) == 0 && m->which_body == gf_Msg_heartbeat_tag)
 				;
 		}
@@ -561,10 +613,65 @@ static int sock_serving(gf_lock *l)
 			memset(m, 0, sizeof(*m));
 			m->which_body = gf_Msg_lock_serving_tag;
 			m->body.lock_serving.epoch = s->grant.epoch;
+			pthread_mutex_lock(&s->fd_mu);
 			rc = gf_msg_send(s->fd, m, NULL, 0, gf_now_us() + 10000);
+			pthread_mutex_unlock(&s->fd_mu);
 		}
 	}
 	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
+/* Forget registered processes that exited (they free their slot). With fd_mu held. */
+static void prune_pids(struct sock *s)
+{
+	size_t keep = 0;
+	for (size_t i = 0; i < s->npids; i++) {
+		struct pollfd p = { .fd = s->pids[i].fd, .events = POLLIN };
+		if (poll(&p, 1, 0) == 1)
+			gf_close(s->pids[i].fd);
+		else
+			s->pids[keep++] = s->pids[i];
+	}
+	s->npids = keep;
+}
+
+static int sock_add_pid(gf_lock *l, int pid)
+{
+	struct sock *s = l->priv;
+	if (is_tcp(l))
+		return gf_err(GF_ERR_NOT_SUPPORTED,
+			      "lock %s: add_pid: a pidfd cannot cross hosts; over tcp:// the lease fences (docs/lock.md)", l->id);
+	if (pid == (int)getpid())
+		return 0; /* the connection's own process is always waited for */
+	int rc = 0;
+	pthread_mutex_lock(&s->fd_mu);
+	prune_pids(s);
+	for (size_t i = 0; i < s->npids; i++)
+		if (s->pids[i].pid == pid)
+			goto out;
+	if (s->npids >= GF_LOCK_MAX_PIDS) {
+		rc = gf_err(GF_ERR_TOO_BIG, "lock %s: add_pid: %d live processes are registered already, the most one lock takes",
+			    l->id, GF_LOCK_MAX_PIDS);
+		goto out;
+	}
+	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+	if (fd < 0) {
+		rc = errno == ESRCH ? gf_err(GF_ERR_NOT_FOUND, "lock %s: add_pid: no process %d (it exited, or never was)", l->id, pid)
+				    : gf_err_errno(GF_ERR_IO, errno, "lock %s: add_pid: pidfd_open(%d)", l->id, pid);
+		goto out;
+	}
+	s->pids[s->npids].fd = fd;
+	s->pids[s->npids].pid = pid;
+	s->npids++;
+	/* Connected (waiting, holding or reclaiming): the server has it before
+	 * whatever this connection says next, its hang-up included. A failed
+	 * send means the connection is going: the next one carries it. */
+	if (s->fd >= 0 && send_pids(s, s->npids - 1, 1, gf_now_us() + ATTEMPT_US) < 0)
+		gf_log(GF_LOG_DEBUG, "lock", "msg=\"registering a process: send failed, the next connection carries it\" id=%s pid=%d error=\"%s\"",
+		       l->id, pid, gf_error_detail());
+out:
+	pthread_mutex_unlock(&s->fd_mu);
 	return rc;
 }
 
@@ -624,9 +731,15 @@ static int sock_get_timeout_ms(gf_lock *l)
 static void sock_forked(gf_lock *l)
 {
 	struct sock *s = l->priv;
+	/* Another thread of the parent may have held it at the fork. */
+	pthread_mutex_init(&s->fd_mu, NULL);
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
+	/* The processes registered are the parent's engine's, not this child's. */
+	for (size_t i = 0; i < s->npids; i++)
+		close(s->pids[i].fd);
+	s->npids = 0;
 	atomic_store(&s->state, C_IDLE);
 }
 
@@ -647,10 +760,14 @@ static int sock_open(gf_lock *l, const char *uri)
 		return rc;
 	}
 	s->msg = gf_msg_new();
-	if (!s->msg) {
+	s->pmsg = gf_msg_new();
+	if (!s->msg || !s->pmsg) {
+		gf_msg_free(s->msg);
+		gf_msg_free(s->pmsg);
 		free(s);
 		return gf_err(GF_ERR_NOMEM, "lock: out of memory");
 	}
+	pthread_mutex_init(&s->fd_mu, NULL);
 	gf_uri_format(&s->uri, s->uristr, sizeof(s->uristr));
 	s->fd = -1;
 	gf_frame_reader_init(&s->rd, GF_LIMIT_LISTENERS);
@@ -669,6 +786,10 @@ static void sock_free(gf_lock *l)
 		memset(s->secret, 0, s->secret_len);
 	free(s->secret);
 	gf_msg_free(s->msg);
+	gf_msg_free(s->pmsg);
+	for (size_t i = 0; i < s->npids; i++)
+		gf_close(s->pids[i].fd);
+	pthread_mutex_destroy(&s->fd_mu);
 	free(s);
 	l->priv = NULL;
 }
@@ -821,6 +942,7 @@ const struct gf_lock_backend gf_lock_socket_backend = {
 	.acquire = sock_acquire,
 	.release = sock_release,
 	.serving = sock_serving,
+	.add_pid = sock_add_pid,
 	.process = sock_process,
 	.get_fd = sock_get_fd,
 	.get_timeout_ms = sock_get_timeout_ms,

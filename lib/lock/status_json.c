@@ -20,6 +20,7 @@ static void pool_fields(json_t *o, const gf_LockWaiter *w)
 	json_object_set_new(o, "pinned", json_boolean(w->pinned));
 	json_object_set_new(o, "model", w->model[0] ? json_string(w->model) : json_null());
 	json_object_set_new(o, "last_active_us", json_integer(w->last_active_us));
+	json_object_set_new(o, "pids", json_integer(w->pids));
 }
 
 /* The "pool" object: budget, counters and per GPU totals with the listed standbys in LRU order. */
@@ -97,6 +98,12 @@ int gf_lock_status_to_json(const gf_LockStatus *s, char **json)
 	json_object_set_new(root, "previous_holder",
 			    s->previous_holder[0] ? json_string(s->previous_holder) : json_null());
 	json_object_set_new(root, "exit_wait", json_boolean(s->exit_wait));
+	json_object_set_new(root, "exit_wait_processes", json_integer(s->exit_wait_processes));
+	json_t *xp = json_array();
+	for (pb_size_t i = 0; xp && i < s->exit_wait_pids_count; i++)
+		json_array_append_new(xp, json_integer(s->exit_wait_pids[i]));
+	json_object_set_new(root, "exit_wait_pids", xp ? xp : json_null());
+	json_object_set_new(root, "holder_pids", json_integer(s->has_holder_info ? s->holder_info.pids : 0));
 	json_object_set_new(root, "state_write_failing", json_boolean(s->state_write_failing));
 	json_object_set_new(root, "state_write_failures", json_integer((json_int_t)s->state_write_failures));
 	json_object_set_new(root, "uptime_ms", json_integer(s->uptime_ms));

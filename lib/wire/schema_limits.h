@@ -33,6 +33,7 @@
 #define GF_LIMIT_LISTENERS 16           /* LockGranted.listeners, LockAcquire.listeners, LockStatus.listeners */
 #define GF_LIMIT_LISTENER_NAME 64       /* listener names */
 #define GF_LIMIT_LISTENER_STATUS 400    /* LockStatus.listeners entries: "name=uri" */
+#define GF_LIMIT_EXIT_WAIT_PIDS 16      /* LockStatus.exit_wait_pids listed */
 
 #define GF_FIELD_SIZE(type, field) sizeof(((type *)0)->field)
 #define GF_FIELD_COUNT(type, field) (sizeof(((type *)0)->field) / sizeof(((type *)0)->field[0]))
@@ -77,6 +78,7 @@ _Static_assert(GF_FIELD_SIZE(gf_LockGranted, listeners[0]) == GF_LIMIT_LISTENER_
 _Static_assert(GF_FIELD_COUNT(gf_LockAcquire, listeners) == GF_LIMIT_LISTENERS, "gf.LockAcquire.listeners");
 _Static_assert(GF_FIELD_SIZE(gf_LockAcquire, listeners[0]) == GF_LIMIT_LISTENER_NAME, "gf.LockAcquire.listeners");
 _Static_assert(GF_FIELD_COUNT(gf_LockStatus, listeners) == GF_LIMIT_LISTENERS, "gf.LockStatus.listeners");
+_Static_assert(GF_FIELD_COUNT(gf_LockStatus, exit_wait_pids) == GF_LIMIT_EXIT_WAIT_PIDS, "gf.LockStatus.exit_wait_pids");
 _Static_assert(GF_FIELD_SIZE(gf_LockStatus, listeners[0]) == GF_LIMIT_LISTENER_STATUS, "gf.LockStatus.listeners");
 
 #endif

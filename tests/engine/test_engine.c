@@ -1895,6 +1895,159 @@ static void test_device_lost_standby(void **state)
 	lose_context_and_probe(f->e, GF_PROBE_READY);
 }
 
+/* ---- rank engines (issue 37: every rank fenced) ---- */
+
+/* A rank engine of f->e's engine: no lock, woken with rank 0's epoch. */
+static gf_engine *new_rank_engine(struct fixture *f, int rank)
+{
+	gf_engine *r;
+	assert_int_equal(gf_engine_new(&r), 0);
+	gf_engine_set_clock(r, &test_clock);
+	assert_int_equal(gf_engine_set_backend(r, kind), 0);
+	assert_int_equal(gf_engine_set_rank(r, "eng-a", rank), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_int_equal(gf_engine_add_gms(r, f->gms[i].uri), 0);
+	assert_int_equal(gf_engine_set_role(r, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_private_bytes(r, 1 << 20), 0);
+	assert_int_equal(gf_engine_set_waking_timeout(r, 2000), 0);
+	assert_int_equal(gf_engine_set_remap_timeout(r, 2000), 0);
+	assert_int_equal(gf_engine_set_init_timeout(r, 2000), 0);
+	assert_int_equal(gf_engine_set_loss_fn(r, record_loss, NULL), 0);
+	return r;
+}
+
+/* A rank engine runs rank 0's states and guards without a lock: woken with
+ * its holder's epoch, its private region backed at the address reserved at
+ * Init (with the OOM retry on the test driver), its GMS watched once Active. */
+static void test_rank_engine(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	/* Configuration: a rank has no lock, rank 0 no rank. */
+	gf_engine *bad;
+	assert_int_equal(gf_engine_new(&bad), 0);
+	assert_int_equal(gf_engine_set_rank(bad, "eng-a", 0), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_rank(bad, "eng-a", GF_ENGINE_MAX_RANK + 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_rank(bad, "bad id", 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_rank(bad, "eng-a", 1), 0);
+	assert_int_equal(gf_engine_set_lock(bad, f->lock_uri, "eng-a"), GF_ERR_STATE);
+	gf_engine_free(bad);
+	assert_int_equal(gf_engine_set_rank(e, "eng-a", 1), GF_ERR_STATE); /* e has a lock */
+
+	gf_engine *r = new_rank_engine(f, 1);
+	to_standby(e); /* rank 0 loads and commits */
+	assert_int_equal(gf_engine_wake_as_rank(r, 5), GF_ERR_STATE); /* Init */
+	assert_int_equal(gf_engine_init_weights(r, NULL, NULL), 0);
+	uint64_t addr_init, addr_wake;
+	assert_int_equal(gf_engine_private_memory(r, 0, &addr_init, NULL), 0);
+	assert_int_equal(gf_engine_sleep(r), 0);
+	assert_int_equal(gf_engine_acquire(r, 0), GF_ERR_STATE);
+	assert_non_null(strstr(gf_error_detail(), "wake_as_rank"));
+	assert_int_equal(gf_engine_add_holder_pid(r, (int)getpid()), GF_ERR_STATE);
+	assert_int_equal(gf_engine_wake_as_rank(r, 0), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_wake_as_rank(e, 5), GF_ERR_STATE); /* rank 0 acquires */
+	assert_int_equal(gf_engine_state(r), GF_ENGINE_STANDBY);
+
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	uint64_t epoch = gf_engine_epoch(e);
+	assert_int_equal(gf_engine_wake_as_rank(r, epoch), 0);
+	assert_int_equal(gf_engine_state(r), GF_ENGINE_WAKING);
+	assert_int_equal(gf_engine_wake_as_rank(r, epoch), GF_ERR_STATE); /* once */
+	if (kind == GF_MEM_CUDA) {
+		/* The device is full until the third backoff sleep frees it. */
+		tu_env_set("FAKECUDA_OOM_AFTER_BYTES", "0");
+		on_sleep = end_oom_after_three;
+	}
+	assert_int_equal(gf_engine_wake_up(r), 0);
+	assert_int_equal(gf_engine_serve(r, NULL, NULL), 0);
+	assert_int_equal(gf_engine_state(r), GF_ENGINE_ACTIVE);
+	struct gf_engine_metrics m;
+	gf_engine_metrics(r, &m);
+	assert_int_equal(m.epoch, epoch);
+	assert_int_equal(m.failovers, 1);
+	if (kind == GF_MEM_CUDA)
+		assert_int_equal(m.private_alloc_retries, 3);
+	assert_int_equal(gf_engine_private_memory(r, 0, &addr_wake, NULL), 0);
+	assert_int_equal(addr_wake, addr_init);
+	assert_int_equal(private_count(r), ndev);
+	assert_int_equal(mapped_count(r), ndev);
+	char *js;
+	assert_int_equal(gf_engine_state_json(r, &js), 0);
+	assert_non_null(strstr(js, "\"rank\":1"));
+	assert_non_null(strstr(js, "\"id\":\"eng-a\""));
+	free(js);
+	assert_int_equal(gf_engine_metrics_text(r, &js), 0);
+	assert_non_null(strstr(js, "\ngf_engine_rank 1\n"));
+	free(js);
+	/* No lock: no listener, no step-down, never "may accept" from one. */
+	int fd;
+	assert_int_equal(gf_engine_listener(r, "http", &fd), GF_ERR_STATE);
+	assert_int_equal(gf_engine_step_down(r), GF_ERR_STATE);
+	/* Its GMS goes: the loss policy runs for the rank (and for rank 0, same GMS). */
+	gt_stop(&f->gms[ndev - 1]);
+	EVENTUALLY(gf_engine_state(r) == GF_ENGINE_DEAD);
+	EVENTUALLY(atomic_load(&loss.calls) >= 1);
+	assert_int_equal(loss.err, GF_ERR_GMS_LOST);
+	gf_engine_free(r);
+	gms_start(f, ndev - 1); /* teardown stops it */
+}
+
+/* A rank's memory gate: closed until the waking timeout, the rank is Dead. */
+static void test_rank_memory_gate(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *r = new_rank_engine(f, 2);
+	to_standby(f->e);
+	assert_int_equal(gf_engine_init_weights(r, NULL, NULL), 0);
+	assert_int_equal(gf_engine_sleep(r), 0);
+	close_gate(r);
+	assert_int_equal(gf_engine_wake_as_rank(r, 7), GF_ERR_OUT_OF_MEMORY);
+	open_gate();
+	assert_non_null(strstr(gf_error_detail(), "memory gate"));
+	assert_int_equal(gf_engine_state(r), GF_ENGINE_DEAD);
+	assert_true(slept_ms > 0 && slept_ms <= 2000);
+	assert_int_equal(private_count(r), 0);
+	gf_engine_free(r);
+}
+
+/* Rank 0 registers its ranks' pids: kept until the lock client exists,
+ * then registered with the lock (its status counts them). */
+static void test_add_holder_pid(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_add_holder_pid(NULL, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_add_holder_pid(e, 0), GF_ERR_INVALID_ARG);
+	pid_t dead = fork();
+	if (dead == 0)
+		_exit(0);
+	waitpid(dead, NULL, 0);
+	assert_int_equal(gf_engine_add_holder_pid(e, dead), GF_ERR_NOT_FOUND);
+	pid_t kid = fork();
+	if (kid == 0) {
+		pause();
+		_exit(0);
+	}
+	assert_int_equal(gf_engine_add_holder_pid(e, kid), 0);
+	assert_int_equal(gf_engine_add_holder_pid(e, kid), 0); /* again: nothing new */
+	to_waking(e);
+	char *js;
+	assert_int_equal(gf_lock_status_json(f->lock_uri, NULL, 0, 5000, &js), 0);
+	assert_non_null(strstr(js, "\"holder_pids\":1"));
+	free(js);
+	assert_int_equal(gf_engine_state_json(e, &js), 0);
+	assert_non_null(strstr(js, "\"holder_pids\":1"));
+	free(js);
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	/* A tcp:// lock cannot wait for processes: said at the call. */
+	gf_engine *t;
+	assert_int_equal(gf_engine_new(&t), 0);
+	assert_int_equal(gf_engine_set_lock(t, "tcp://127.0.0.1:1", "eng-t"), 0);
+	assert_int_equal(gf_engine_add_holder_pid(t, (int)getpid()), GF_ERR_NOT_SUPPORTED);
+	gf_engine_free(t);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
@@ -1948,6 +2101,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_startup_deadline_met, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_gate_opens, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_gate_stays_closed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rank_engine, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rank_memory_gate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_add_holder_pid, setup, teardown),
 		/* Host only. */
 		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
 		/* The driver's fault knobs: cuda only, last (five). */

@@ -179,7 +179,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
-				  "asleep_bytes", "pinned", "model", "keep_handles", NULL };
+				  "asleep_bytes", "pinned", "model", "rank", "keep_handles", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -187,15 +187,20 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	const char *model = NULL;
 	char **gpus = NULL;
 	size_t ngpus = 0;
-	int pinned = 0, keep_handles = 1;
+	int pinned = 0, rank = 0, keep_handles = 1;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|$OOOOOO&OzOOO&O&zO&", kwlist, &lock_uri, &id, &gms_list,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziO&", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
-					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model,
+					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
 					 gfpy_bool_arg, &keep_handles))
 		return -1;
+	if (!lock_uri != (rank != 0)) {
+		PyErr_SetString(PyExc_ValueError, rank ? "a rank engine (rank >= 1) holds no lock: pass lock=None"
+						       : "lock=None is for a rank engine: pass rank >= 1");
+		return -1;
+	}
 	if (need_obj && need_obj != Py_None && !gfpy_u64_arg(need_obj, &need))
 		return -1;
 	if (self->engine) {
@@ -233,7 +238,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	gf_engine *e = NULL;
 	int rc = gf_engine_new(&e);
 	if (rc == 0)
-		rc = gf_engine_set_lock(e, lock_uri, id);
+		rc = lock_uri ? gf_engine_set_lock(e, lock_uri, id) : gf_engine_set_rank(e, id, rank);
 	for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
 		PyObject *u = PySequence_Fast_GET_ITEM(seq, i);
 		const char *us = PyUnicode_Check(u) ? PyUnicode_AsUTF8(u) : NULL;
@@ -340,6 +345,28 @@ static PyObject *Engine_sleep_checked(EngineObject *self, PyObject *unused)
 		if (self->views[i] && gfpy_no_exports(self->views[i], "sleep") < 0)
 			return NULL;
 	return Engine_sleep(self, unused);
+}
+
+static PyObject *Engine_add_holder_pid(EngineObject *self, PyObject *arg)
+{
+	int pid;
+	if (engine_ready(self) < 0 || !PyArg_Parse(arg, "i", &pid))
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_engine_add_holder_pid(self->engine, pid));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Engine_wake_as_rank(EngineObject *self, PyObject *arg)
+{
+	uint64_t epoch;
+	if (engine_ready(self) < 0 || !gfpy_u64_arg(arg, &epoch))
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_engine_wake_as_rank(self->engine, epoch));
+	return step_result(self, rc);
 }
 
 static void engine_interrupt_cb(void *arg)
@@ -691,6 +718,20 @@ static PyMethodDef Engine_methods[] = {
 	{ "acquire", (PyCFunction)(void (*)(void))Engine_acquire, METH_VARARGS | METH_KEYWORDS,
 	  "acquire($self, timeout=None)\n--\n\n"
 	  "acquire(timeout=None) -> epoch\n\nBlock on the lock (GIL released, Ctrl-C works); enter Waking." },
+	{ "wake_as_rank", (PyCFunction)Engine_wake_as_rank, METH_O,
+	  "wake_as_rank($self, epoch, /)\n--\n\n"
+	  "A rank engine's acquire() (rank >= 1, lock=None): rank 0 holds the lock at @epoch, so\n"
+	  "this rank wakes too. Waits at the memory gate (up to the waking timeout; GIL released)\n"
+	  "and enters Waking; then wake_up() and serve() as for rank 0. Raises ValueError\n"
+	  "(epoch 0), StateError (not a rank engine, not Standby), OutOfMemoryError (the gate\n"
+	  "never opened: the engine is Dead)." },
+	{ "add_holder_pid", (PyCFunction)Engine_add_holder_pid, METH_O,
+	  "add_holder_pid($self, pid, /)\n--\n\n"
+	  "Register another process of this engine (a rank) with its lock (LockClient.add_pid):\n"
+	  "the next holder is granted only once that process has exited too. Any state but\n"
+	  "Dead, any thread; kept until the lock client exists (the first acquire()). Raises\n"
+	  "ValueError, StateError (a rank engine, or Dead), NotFoundError, NotSupportedError\n"
+	  "(not a unix:// lock), GpuFailoverError (TOO_BIG: more than 64)." },
 	{ "wake_up", (PyCFunction)Engine_wake_up, METH_NOARGS,
 	  "wake_up($self, /)\n--\n\n"
 	  "Remap weights, allocate private memory (retrying on OOM within the waking timeout).\n"
@@ -750,7 +791,7 @@ PyTypeObject gfpy_EngineType = {
 	.tp_doc = "Engine(lock, engine_id, gms, *, role='loader', backend='auto', waking_timeout=120,\n"
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
-		  "       model=None, keep_handles=True)\n\n"
+		  "       model=None, rank=0, keep_handles=True)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -759,6 +800,8 @@ PyTypeObject gfpy_EngineType = {
 		  "gpus (at most 8 UUIDs; None: the devices' own UUIDs on cuda, none on host),\n"
 		  "asleep_bytes (memory kept while asleep), pinned (never evicted for a GPU's standby\n"
 		  "budget) and model (answered by ready_for()).\n"
+		  "rank: >= 1 makes a rank engine (lock=None): a further process of the engine\n"
+		  "engine_id, whose rank 0 holds the lock; it wakes with wake_as_rank(epoch).\n"
 		  "keep_handles: True (default) keeps every GMS session and its imported handles through\n"
 		  "sleep, so a wake maps without fd passing; False releases the handles at sleep, so a\n"
 		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).",

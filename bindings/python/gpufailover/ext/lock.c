@@ -288,6 +288,19 @@ static PyObject *Lock_set_resources(LockObject *self, PyObject *args, PyObject *
 	Py_RETURN_NONE;
 }
 
+static PyObject *Lock_add_pid(LockObject *self, PyObject *arg)
+{
+	int pid;
+	if (lock_ready(self) < 0 || !PyArg_Parse(arg, "i", &pid))
+		return NULL;
+	int rc;
+	/* Allowed while acquire() waits on another thread: a standby registers its ranks then. */
+	BLOCKING(self, rc = gf_lock_add_pid(self->lock, pid));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Lock_set_pinned(LockObject *self, PyObject *arg)
 {
 	int pinned;
@@ -412,6 +425,14 @@ static PyMethodDef Lock_methods[] = {
 	  "per-GPU standby budget may evict this engine while it waits: acquire() then raises\n"
 	  "GpuFailoverError (EVICTED). Raises ValueError for a malformed or\n"
 	  "repeated UUID (nothing changed)." },
+	{ "add_pid", (PyCFunction)Lock_add_pid, METH_O, "add_pid($self, pid, /)\n--\n\n"
+	  "Register another process of this engine (a rank) with the lock: once this client\n"
+	  "holds the lock and its connection goes away, the next holder is granted only after\n"
+	  "that process has exited too (bounded by the server's exit-wait timeout). Sent now\n"
+	  "when connected and with every new connection; any thread, also while acquire()\n"
+	  "waits. Registering a pid again, or this process's own, does nothing. Raises\n"
+	  "ValueError (pid <= 0), NotFoundError (no such process), GpuFailoverError\n"
+	  "(TOO_BIG: more than 64 live processes), NotSupportedError (tcp:// and etcd locks)." },
 	{ "set_pinned", (PyCFunction)Lock_set_pinned, METH_O, "set_pinned($self, pinned, /)\n--\n\n"
 	  "Declare this engine pinned (True): the server never evicts it to keep a GPU's standby budget." },
 	{ "set_model", (PyCFunction)Lock_set_model, METH_O, "set_model($self, model, /)\n--\n\n"
