@@ -64,7 +64,7 @@ enum gf_probe {
 /** Weight-loading roles (docs/design.md, decision 5): the GMS's roles (enum gf_gms_role), one source. */
 #define GF_ENGINE_LOADER GF_GMS_ROLE_LOADER     /**< connects RW_OR_RO: loads where nothing is committed yet */
 #define GF_ENGINE_FOLLOWER GF_GMS_ROLE_FOLLOWER /**< connects RO only: waits for the loader's commit */
-/** A follower's default init timeout (30 minutes): how long it waits for a loader's commit. */
+/** A follower's default init timeout (30 minutes): how long it waits for a loader's commit while no loader makes progress. */
 #define GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS (30ll * 60 * 1000)
 
 /**
@@ -196,11 +196,18 @@ GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
 /** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
 /**
- * How long gf_engine_init_weights() waits for each GMS (a follower: for the
- * loader's commit); GF_ERR_TIMEOUT then, with a detail naming the GMS.
- * < 0: forever. Default: a follower GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS (a
- * fail-fast bound, so a follower whose loader never comes exits and is
- * seen restarting), a loader forever (it loads itself).
+ * How long gf_engine_init_weights() waits for each GMS without progress (a
+ * follower: for the loader's commit). The time counts only while no writer
+ * makes progress in that GMS (gf_gms_connect_by_progress()): a loader that
+ * keeps allocating, putting metadata or reporting bytes written
+ * (gf_gms_report_progress()) keeps the follower waiting however long the
+ * load takes. It fails with GF_ERR_TIMEOUT, naming the GMS, once no writer
+ * has been connected for @p ms (detail "no writer connected for N s") or the
+ * connected one has made no progress for @p ms ("writer connected but made
+ * no progress for N s"). < 0: forever. Default: a follower
+ * GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS (a fail-fast bound, so a follower whose
+ * loader never comes exits and is seen restarting), a loader forever (it
+ * loads itself).
  */
 GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */
@@ -307,12 +314,16 @@ GF_EXPORT int gf_engine_probe_port(const gf_engine *engine);
 /* ---- the steps ---- */
 /**
  * Init: open the memory backend and connect to every GMS (loader:
- * RW_OR_RO, follower: RO; waiting up to the init timeout). Where the writer
+ * RW_OR_RO, follower: RO; waiting while a writer makes progress, up to the
+ * init timeout without any: gf_engine_set_init_timeout()). Where the writer
  * role is granted @p load is called and must commit; elsewhere the committed
  * weights are imported and mapped read-only. Stays in Init.
  * Errors: GF_ERR_STATE (not Init, or already done), GF_ERR_INVALID_ARG (no
- * GMS configured, loader without @p load), whatever the GMS client or @p load
- * returned; on failure everything connected so far is closed again.
+ * GMS configured, loader without @p load), GF_ERR_TIMEOUT (the init timeout
+ * passed without a writer's progress), GF_ERR_INTERRUPTED
+ * (gf_engine_interrupt() during a GMS wait), whatever the GMS client or
+ * @p load returned; on failure everything connected so far is closed again
+ * and the call may be repeated.
  */
 GF_EXPORT int gf_engine_init_weights(gf_engine *engine, gf_engine_load_fn load, void *userdata);
 /** Sleep: unmap every GMS (addresses stay reserved) and enter Standby. Needs Init with weights. */
@@ -421,7 +432,12 @@ GF_EXPORT int gf_engine_run_shadow(gf_engine *engine, const struct gf_engine_cal
  * with nothing deferred, do nothing and return 0).
  */
 GF_EXPORT int gf_engine_settle(gf_engine *engine);
-/** Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED. Async-signal-safe, any thread. */
+/**
+ * Make a blocking gf_engine_acquire() return GF_ERR_INTERRUPTED; in Init, the
+ * wait of gf_engine_init_weights() in a GMS (now, or its next one: an
+ * interrupt that no wait of Init took goes to the next acquire).
+ * Async-signal-safe, any thread.
+ */
 GF_EXPORT void gf_engine_interrupt(gf_engine *engine);
 
 /* ---- inspection (any thread) ---- */

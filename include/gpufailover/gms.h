@@ -112,6 +112,29 @@ struct gf_lock_proof;
 GF_EXPORT int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
 				   const struct gf_lock_proof *proof);
 /**
+ * gf_gms_connect_proof() whose @p timeout_ms counts only while no writer
+ * makes progress (docs/gms.md, "Waiting for a loader"): the wait goes on as
+ * long as a writer holds RW and makes progress (its grant, each allocation
+ * it asks for, each metadata entry, each gf_gms_report_progress()), however
+ * long the load takes, and fails with GF_ERR_TIMEOUT once no writer has been
+ * connected for @p timeout_ms (detail "no writer connected for N s") or the
+ * connected writer has made no progress for @p timeout_ms (detail "writer
+ * connected but made no progress for N s", naming the writer and its
+ * figures). Both count from the later of the request and the event (the
+ * writer's last progress, or the last writer's leaving). < 0: forever; 0:
+ * only if grantable now. For a follower waiting for its loader's commit;
+ * the wake path keeps an absolute bound (gf_gms_remap()). Since the GMS
+ * decides when the wait ends, the client sets no deadline of its own on the
+ * answer: a stopped GMS keeps it waiting (as with @p timeout_ms < 0). A GMS
+ * older than this call counts @p timeout_ms from the request. @p proof may
+ * be NULL. @p cancel_fd (-1: none) ends the wait early: once it is readable
+ * (e.g. an eventfd written from a signal handler) the request is withdrawn
+ * and the call returns GF_ERR_INTERRUPTED; the fd is only polled, the caller
+ * drains it. Blocks. Errors as gf_gms_connect_proof(), and GF_ERR_INTERRUPTED.
+ */
+GF_EXPORT int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+					 const struct gf_lock_proof *proof, int cancel_fd);
+/**
  * The lock grant this client's later connects carry (a wake's, gf_gms_remap()):
  * @p proof (copied; NULL: none from now on). An engine that connected before
  * it held the lock sets it once granted. Not thread-safe against a connect or
@@ -146,6 +169,20 @@ GF_EXPORT int gf_gms_put_meta(gf_gms *gms, const char *key, uint64_t alloc_id, u
  * NULL. Errors: GF_ERR_STATE (not RW), GF_ERR_INVALID_ARG, GF_ERR_GMS_LOST.
  */
 GF_EXPORT int gf_gms_commit(gf_gms *gms, uint64_t *generation);
+/**
+ * Writer: tell the GMS how far the load is, @p done_bytes written into its
+ * allocations so far out of @p total_bytes (0: unknown). It is the writer's
+ * progress that readers waiting by progress (gf_gms_connect_by_progress())
+ * are judged by: a loader that writes for longer than their timeout without
+ * allocating or putting metadata (copying a large model from disk) calls
+ * this as it goes. The status shows the figures (`writer_progress`).
+ * Sends at most one report per 100 ms (later calls within that time only
+ * return 0), one round trip each; nothing to a GMS that does not take
+ * reports (older servers). Not thread-safe against other calls on @p gms.
+ * Errors: GF_ERR_INVALID_ARG (NULL), GF_ERR_STATE (not the writer),
+ * GF_ERR_GMS_LOST.
+ */
+GF_EXPORT int gf_gms_report_progress(gf_gms *gms, uint64_t done_bytes, uint64_t total_bytes);
 
 /* ---- reader ---- */
 /**

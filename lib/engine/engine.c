@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "engine_int.h"
@@ -58,8 +60,25 @@ GF_EXPORT int gf_engine_new(gf_engine **out)
 	e->probe_port = -1;
 	e->lsn_dummy = -1;
 	snprintf(e->probe_addr, sizeof(e->probe_addr), "0.0.0.0");
+	e->init_intr_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (e->init_intr_fd < 0) {
+		int err = errno;
+		pthread_mutex_destroy(&e->mu);
+		free(e);
+		return gf_err(GF_ERR_IO, "gf_engine_new: eventfd: %s", strerror(err));
+	}
 	*out = e;
 	return 0;
+}
+
+/* Take an interrupt of Init; true when there was one. */
+static bool drain_init_interrupt(gf_engine *e)
+{
+	uint64_t n;
+	ssize_t r;
+	while ((r = read(e->init_intr_fd, &n, sizeof(n))) < 0 && errno == EINTR)
+		;
+	return r == (ssize_t)sizeof(n);
 }
 
 void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock)
@@ -121,6 +140,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 	free(e->id);
 	free(e->model);
 	gf_close(e->lsn_dummy);
+	gf_close(e->init_intr_fd);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }
@@ -242,14 +262,25 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		if (rc)
 			goto fail;
 		int64_t init_ms = gf_engine_init_timeout(e);
-		rc = gf_gms_connect(&d->gms, d->uri, d->mem, mode, init_ms);
-		if (rc == GF_ERR_TIMEOUT && e->role == GF_ENGINE_FOLLOWER) {
+		/* A slow loader is not a missing one: the wait goes on while the
+		 * GMS's writer makes progress, whatever the load takes. */
+		rc = gf_gms_connect_by_progress(&d->gms, d->uri, d->mem, mode, init_ms, NULL, e->init_intr_fd);
+		if (rc == GF_ERR_INTERRUPTED) {
+			drain_init_interrupt(e);
+			rc = gf_err(GF_ERR_INTERRUPTED, "init_weights: interrupted while waiting for the GMS of "
+							"device %d (%s)", i, d->uri);
+		} else if (rc == GF_ERR_TIMEOUT) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", gf_error_detail());
 			rc = gf_err(GF_ERR_TIMEOUT,
-				    "init_weights: no committed layout in the GMS of device %d (%s) within the init "
-				    "timeout of %" PRId64 " ms: is a loader running against it? (%s)",
-				    i, d->uri, init_ms, gf_error_detail());
-			gf_log(GF_LOG_ERR, "engine", "event=init_timeout id=%s device=%d gms=%s timeout_ms=%" PRId64,
-			       e->id ? e->id : "", i, d->uri, init_ms);
+				    "init_weights: no committed layout in the GMS of device %d (%s), init timeout %" PRId64
+				    " ms: %s",
+				    i, d->uri, init_ms, why);
+			gf_log(GF_LOG_ERR, "engine",
+			       "event=init_timeout id=%s device=%d gms=%s timeout_ms=%" PRId64 " reason=%s",
+			       e->id ? e->id : "", i, d->uri, init_ms,
+			       strstr(why, "no writer connected") ? "no_writer"
+			       : strstr(why, "made no progress") ? "writer_stalled" : "timeout");
 		}
 		if (rc)
 			goto fail;
@@ -285,6 +316,10 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 		}
 	}
 	e->weights_ready = true;
+	atomic_store(&e->init_done, true);
+	/* One that came after the last wait is the next blocking call's: acquire()'s. */
+	if (drain_init_interrupt(e))
+		gf_engine_interrupt(e);
 	return 0;
 fail: {
 	/* Keep the first failure's detail across the clean-up. */
@@ -331,6 +366,12 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 {
 	if (!e)
 		return;
+	if (!atomic_load(&e->init_done)) {
+		uint64_t one = 1;
+		ssize_t n = write(e->init_intr_fd, &one, sizeof(one));
+		(void)n; /* a full counter is already an interrupt */
+		return;
+	}
 	/* Exactly one acquire sees the interrupt: the lock client's own
 	 * (sticky) interrupt once it exists, else a flag that acquire() checks
 	 * after creating the client; a race between the two hands the flag over. */

@@ -117,6 +117,11 @@ struct gf_engine {
 	_Atomic(gf_lock *) lock;
 	bool lock_watching;
 	atomic_bool interrupted;
+	/* gf_engine_interrupt() during Init: an eventfd that ends init_weights'
+	 * wait in a GMS (the lock has no part in Init); init_done hands
+	 * interrupts over to acquire() once the weights are ready. */
+	int init_intr_fd;
+	atomic_bool init_done;
 	atomic_bool loss_called;
 	/* The loss policy's own thread when a probe found the loss (loss.c), joined by free. */
 	pthread_t fatal_thread;

@@ -37,6 +37,7 @@
 
 #define GMS_REPLY_GRACE_US 2000000 /* the server answers TIMEOUT itself; this only guards against a stuck server */
 #define GMS_IO_TIMEOUT_US 30000000 /* ordinary requests */
+#define GMS_PROGRESS_EVERY_US 100000 /* a writer's progress reports: at most this often on the wire */
 
 struct calloc_entry {
 	uint64_t id, size, offset;
@@ -57,6 +58,7 @@ struct grant {
 	bool has_hash;
 	uint8_t hash[16];   /* the committed layout's, with an RO grant */
 	bool handles_valid; /* a wake's: the handles kept asleep are this layout's */
+	bool takes_progress; /* the server takes GmsProgress from its writer */
 };
 
 struct gf_gms {
@@ -130,6 +132,7 @@ struct gf_gms {
 	uint8_t lock_proof[GF_LOCK_PROOF_LEN];
 
 	uint64_t round_trips;
+	int64_t progress_sent_us; /* the last GmsProgress sent (0: none) */
 };
 
 /* An entry decoded from the metadata blob lives in it: only chunk entries own their block. */
@@ -293,6 +296,7 @@ static int take_connected(gf_gms *g)
 			if (g->grant.has_hash)
 				memcpy(g->grant.hash, c->layout_hash.bytes, 16);
 			g->grant.handles_valid = c->handles_valid;
+			g->grant.takes_progress = c->takes_progress;
 			g->generation = c->generation;
 			/* A server's word, bounded: a huge value would overflow the deadline below. */
 			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0
@@ -302,7 +306,8 @@ static int take_connected(gf_gms *g)
 	return rc;
 }
 
-static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept)
+static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list, bool handles_kept,
+			 bool by_progress)
 {
 	gf_msg_start(g->msg, gf_Msg_gms_connect_tag);
 	g->msg->body.gms_connect.mode = (gf_GmsMode)mode;
@@ -314,18 +319,63 @@ static void fill_connect(gf_gms *g, int mode, int64_t timeout_ms, bool with_list
 		memcpy(g->msg->body.gms_connect.lock_proof.bytes, g->lock_proof, GF_LOCK_PROOF_LEN);
 	}
 	g->msg->body.gms_connect.handles_kept = handles_kept;
+	g->msg->body.gms_connect.by_progress = by_progress;
 }
 
-/* Connect and take the lock in @mode; fills @g->grant. */
-static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
+/*
+ * Send the request in @g->msg, then wait until its answer arrives or
+ * @cancel_fd is readable (GF_ERR_INTERRUPTED; the caller drains it and
+ * closes the connection, which withdraws the request in the server).
+ */
+static int wait_cancelable(gf_gms *g, int cancel_fd, int64_t deadline)
+{
+	g->msg->seq = ++g->seq;
+	int rc = gf_msg_send(g->fd, g->msg, NULL, 0, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	for (;;) {
+		struct pollfd p[2] = { { .fd = g->fd, .events = POLLIN }, { .fd = cancel_fd, .events = POLLIN } };
+		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us() + 999) / 1000;
+		int n = poll(p, 2, left < 0 ? -1 : left > INT32_MAX ? INT32_MAX : (int)left);
+		if (n < 0 && errno != EINTR)
+			return gf_err(GF_ERR_IO, "connect: poll: %s", strerror(errno));
+		if (n > 0 && p[0].revents)
+			return 0; /* the answer (or a hangup) is there: read it */
+		if (n > 0 && p[1].revents)
+			return gf_err(GF_ERR_INTERRUPTED, "connect to %s: interrupted while waiting", g->uri_text);
+		if (n == 0 && left == 0)
+			return 0; /* read now, and time out there */
+	}
+}
+
+/* Read the answer to a request wait_cancelable() sent. */
+static int request_reply(gf_gms *g, int64_t deadline)
+{
+	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, deadline);
+	if (rc < 0)
+		return io_failed(g, rc);
+	g->round_trips++;
+	return gf_msg_error_code(g->msg);
+}
+
+/*
+ * Connect and take the lock in @mode; fills @g->grant. By progress the
+ * server alone knows when the wait ends (a writer's progress moves it), so
+ * the reply has no deadline here: only the connect and handshake do.
+ */
+static int do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progress, int cancel_fd)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
-	int64_t reply_deadline = deadline == INT64_MAX ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
-	int rc = gf_gms_open_session(g->uri_text, &g->uri, deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
+	int64_t reply_deadline = deadline == INT64_MAX || by_progress ? INT64_MAX : deadline + GMS_REPLY_GRACE_US;
+	/* 0 asks the GMS "only if grantable now": the handshake before it still needs its round trip. */
+	int64_t open_deadline = timeout_ms == 0 ? gf_now_us() + GMS_REPLY_GRACE_US : deadline;
+	int rc = gf_gms_open_session(g->uri_text, &g->uri, open_deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
-	fill_connect(g, mode, timeout_ms, false, false);
-	rc = request(g, NULL, NULL, reply_deadline);
+	fill_connect(g, mode, timeout_ms, false, false, by_progress);
+	rc = cancel_fd >= 0 ? wait_cancelable(g, cancel_fd, reply_deadline) : 0;
+	if (rc == 0)
+		rc = cancel_fd >= 0 ? request_reply(g, reply_deadline) : request(g, NULL, NULL, reply_deadline);
 	if (rc == 0)
 		rc = take_connected(g);
 	if (rc < 0) {
@@ -338,7 +388,7 @@ static int do_connect(gf_gms *g, int mode, int64_t timeout_ms)
 }
 
 static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof);
+			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd);
 
 int gf_gms_connect(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms)
 {
@@ -349,7 +399,7 @@ int gf_gms_connect_epoch(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 			 uint64_t lock_epoch)
 {
 	struct gf_lock_proof p = { .epoch = lock_epoch };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false);
+	return connect_fenced(out, uri, mem, mode, timeout_ms, &p, false, false, -1);
 }
 
 int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
@@ -358,11 +408,21 @@ int gf_gms_connect_proof(gf_gms **out, const char *uri, gf_mem *mem, int mode, i
 	if (proof && proof->epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_proof: a proof of epoch 0 names no grant");
 	struct gf_lock_proof none = { .epoch = 0 };
-	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL);
+	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, false, -1);
+}
+
+int gf_gms_connect_by_progress(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
+			       const struct gf_lock_proof *proof, int cancel_fd)
+{
+	if (proof && proof->epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect_by_progress: a proof of epoch 0 names no grant");
+	struct gf_lock_proof none = { .epoch = 0 };
+	return connect_fenced(out, uri, mem, mode, timeout_ms, proof ? proof : &none, proof != NULL, true,
+			      cancel_fd);
 }
 
 static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, int64_t timeout_ms,
-			  const struct gf_lock_proof *proof, bool has_proof)
+			  const struct gf_lock_proof *proof, bool has_proof, bool by_progress, int cancel_fd)
 {
 	if (!out || !uri || !mem)
 		return gf_err(GF_ERR_INVALID_ARG, "gf_gms_connect: NULL argument");
@@ -394,7 +454,7 @@ static int connect_fenced(gf_gms **out, const char *uri, gf_mem *mem, int mode, 
 	if (rc == 0)
 		rc = gf_mem_granularity(mem, &g->gran, &rec);
 	if (rc == 0)
-		rc = do_connect(g, mode, timeout_ms);
+		rc = do_connect(g, mode, timeout_ms, by_progress, cancel_fd);
 	if (rc == 0 && !gmsc_fsm_granted(&g->fsm, g->grant.mode)) /* no watcher yet: no lock needed */
 		rc = gf_err(GF_ERR_PROTOCOL, "connect: unexpected grant %d", g->grant.mode);
 	if (rc == 0 && g->grant.mode == GF_GMS_RW) {
@@ -658,6 +718,31 @@ int gf_gms_allocate(gf_gms *gms, uint64_t size, const char *tag, uint64_t *id)
 	gms->va_used = offset + a->size;
 	if (id)
 		*id = a->id;
+	return 0;
+}
+
+int gf_gms_report_progress(gf_gms *gms, uint64_t done_bytes, uint64_t total_bytes)
+{
+	int mode = -1, rc = check_usable(gms, &mode);
+	if (rc < 0)
+		return rc;
+	if (mode != GF_GMS_RW)
+		return gf_err(GF_ERR_STATE, "progress is reported by the writer (granted RO)");
+	if (!gms->grant.takes_progress)
+		return 0;
+	int64_t now = gf_now_us();
+	if (gms->progress_sent_us && now - gms->progress_sent_us < GMS_PROGRESS_EVERY_US)
+		return 0;
+	memset(gms->msg, 0, sizeof(*gms->msg));
+	gms->msg->which_body = gf_Msg_gms_progress_tag;
+	gms->msg->body.gms_progress.done_bytes = done_bytes;
+	gms->msg->body.gms_progress.total_bytes = total_bytes;
+	rc = request(gms, NULL, NULL, now + GMS_IO_TIMEOUT_US);
+	if (rc < 0)
+		return rc;
+	if (gms->msg->which_body != gf_Msg_ok_tag)
+		return gf_err(GF_ERR_PROTOCOL, "progress: expected ok, got %s", gf_msg_name(gms->msg));
+	gms->progress_sent_us = now;
 	return 0;
 }
 
@@ -1186,7 +1271,7 @@ static int send_wake(gf_gms *g, int64_t timeout_ms)
 	gmsc_fsm_wake_sent(&g->fsm);
 	bool handles_kept = g->fsm.kept >= GMSC_KEPT_HANDLES;
 	pthread_mutex_unlock(&g->kmu);
-	fill_connect(g, GF_GMS_RO, timeout_ms, true, handles_kept);
+	fill_connect(g, GF_GMS_RO, timeout_ms, true, handles_kept, false);
 	g->msg->seq = ++g->seq;
 	return gf_msg_send(g->parked_fd, g->msg, NULL, 0, g->wake_reply_deadline);
 }
@@ -1235,7 +1320,7 @@ static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	for (;;) {
 		int64_t left = (deadline - gf_now_us()) / 1000;
-		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0);
+		int rc = do_connect(g, GF_GMS_RO, left > 0 ? left : 0, false, -1);
 		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
 			return rc;
 		usleep(50000);

@@ -145,6 +145,20 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 							      "reason", p->reason, "since_unix_ms", (json_int_t)p->since_unix_ms));
 		}
 		json_object_set_new(o, "pinned_by", pins ? pins : json_null());
+		const gf_GmsWriterProgress *w = &s->writer_progress;
+		json_object_set_new(
+			o, "writer_progress",
+			s->has_writer_progress
+				? json_pack("{s:s, s:i, s:I, s:i, s:I, s:i, s:I, s:I, s:I, s:i}", "peer", w->peer, "pid",
+					    (int)w->pid, "granted_unix_ms", (json_int_t)w->granted_unix_ms, "allocations",
+					    (int)w->allocations, "allocated_bytes", (json_int_t)w->allocated_bytes,
+					    "metadata", (int)w->metadata, "done_bytes", (json_int_t)w->done_bytes,
+					    "total_bytes", (json_int_t)w->total_bytes, "last_progress_unix_ms",
+					    (json_int_t)w->last_progress_unix_ms, "progress_reports", (int)w->progress_reports)
+				: json_null());
+		json_object_set_new(o, "no_writer_since_unix_ms",
+				    s->has_writer_progress ? json_null() : json_integer((json_int_t)s->no_writer_since_unix_ms));
+		json_object_set_new(o, "waiters_by_progress", json_integer(s->waiters_by_progress));
 		const gf_GmsDemotion *l = &s->last_demotion;
 		json_object_set_new(o, "last_demotion",
 				    s->has_last_demotion

@@ -97,6 +97,14 @@ bool gms_fsm_reader_left(struct gms_fsm *f)
 	return true;
 }
 
+int64_t gms_progress_deadline(int64_t since_us, int64_t timeout_us, int64_t mark_us)
+{
+	if (timeout_us < 0)
+		return INT64_MAX;
+	int64_t from = mark_us > since_us ? mark_us : since_us;
+	return from > INT64_MAX - timeout_us ? INT64_MAX : from + timeout_us;
+}
+
 /* The public enums, the wire's and the FSM's are one set of values. */
 _Static_assert(GF_GMS_STATE_EMPTY == (int)gf_GmsState_GMS_STATE_EMPTY, "GmsState EMPTY");
 _Static_assert(GF_GMS_STATE_RW == (int)gf_GmsState_GMS_STATE_RW, "GmsState RW");

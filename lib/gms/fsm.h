@@ -14,6 +14,7 @@
 #define GF_GMS_FSM_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "gpufailover/gms.h"
 
@@ -68,6 +69,14 @@ bool gms_fsm_demoted(struct gms_fsm *f);
 bool gms_fsm_writer_left(struct gms_fsm *f);
 /* A reader left: RO(n) -> RO(n-1), RO(1) -> COMMITTED. Returns false when no reader was counted. */
 bool gms_fsm_reader_left(struct gms_fsm *f);
+/*
+ * When a request waiting by progress (GmsConnect.by_progress, docs/gms.md
+ * "Waiting for a loader") times out: @timeout_us after the later of its
+ * start @since_us and @mark_us, the writer's last progress while one holds
+ * RW (its grant counts) or, without one, when the last one left. < 0
+ * @timeout_us: never (INT64_MAX).
+ */
+int64_t gms_progress_deadline(int64_t since_us, int64_t timeout_us, int64_t mark_us);
 #define gms_state_name gf_gms_state_name
 #define gms_mode_name gf_gms_mode_name
 

@@ -54,7 +54,10 @@ struct client {
 	enum cphase phase;
 	int mode;               /* requested mode while waiting */
 	uint32_t seq;           /* seq of the request being waited on */
-	int64_t deadline_us;    /* wait deadline (INT64_MAX: none) */
+	int64_t deadline_us;    /* wait deadline (INT64_MAX: none); by_progress: see wait_deadline() */
+	/* The timeout counts only while no writer makes progress (GmsConnect.by_progress). */
+	bool by_progress;
+	int64_t wait_since_us, wait_timeout_us;
 	uint64_t order;         /* FIFO position among waiters */
 	const char *peer;       /* the core's sanitised peer id */
 	uint32_t pid;
@@ -166,6 +169,13 @@ struct gf_gmsd {
 	bool changed;           /* the lock state changed: settle re-evaluates the waiters */
 	uint64_t next_order;
 	struct gms_fsm fsm;
+	/* The writer's progress, by which waiters by_progress are judged:
+	 * wmark_us is its last progress (grant, allocation, metadata entry,
+	 * GmsProgress) while one holds RW, else when the last one left. */
+	int64_t wmark_us, wmark_wall_us;
+	int64_t w_granted_wall_us;
+	uint64_t w_done, w_total;
+	uint32_t w_reports;
 
 	struct galloc *allocs;
 	size_t nallocs, allocs_cap;
@@ -222,6 +232,26 @@ static void event(gf_gmsd *d, const char *fmt, ...)
 		d->ev_count++;
 	gf_log(GF_LOG_INFO, "gms", "%s", e->what);
 }
+
+/* ---------------------------------------------------------------- writer progress */
+
+/* The writer did something (or came, or left): waiters by progress wait on from now. */
+static void writer_progress(gf_gmsd *d)
+{
+	d->wmark_us = gf_now_us();
+	d->wmark_wall_us = gf_wall_us();
+}
+
+static void writer_granted(gf_gmsd *d)
+{
+	writer_progress(d);
+	d->w_granted_wall_us = d->wmark_wall_us;
+	d->w_done = d->w_total = 0;
+	d->w_reports = 0;
+}
+
+/* The writer holding RW, or NULL. */
+static struct client *writer_client(gf_gmsd *d);
 
 /* ---------------------------------------------------------------- metadata table */
 
@@ -561,6 +591,14 @@ static void drop_layout(gf_gmsd *d, const char *reason)
 /* ---------------------------------------------------------------- replies */
 
 /* Open peers that finished the handshake, in no particular order: first with NULL. */
+static struct client *writer_client(gf_gmsd *d)
+{
+	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
+		if (c->phase == C_WRITER || c->phase == C_ALLOC_WAIT)
+			return c;
+	return NULL;
+}
+
 static struct client *next_client(gf_gmsd *d, struct client *prev)
 {
 	struct gf_srv_peer *p = prev ? prev->p : NULL;
@@ -612,6 +650,7 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 	snprintf(g->device_uuid, sizeof(g->device_uuid), "%s", d->uuid);
 	g->granularity = d->granularity;
 	g->oom_retry_ms = d->oom_retry_ms;
+	g->takes_progress = true;
 }
 
 /* ---------------------------------------------------------------- waiting */
@@ -683,6 +722,7 @@ static void commit_fenced(gf_gmsd *d, struct client *c, int rc, const struct gf_
 	gms_fsm_writer_left(&d->fsm);
 	drop_layout(d, "abort");
 	c->phase = C_IDLE;
+	writer_progress(d); /* no writer from now on */
 	d->changed = true;
 }
 
@@ -821,6 +861,8 @@ static int try_grant(gf_gmsd *d, struct client *c)
 	gms_fsm_apply(&d->fsm, dec);
 	int granted = dec == GMS_GRANT_RO ? GMS_MODE_RO : GMS_MODE_RW;
 	c->phase = granted == GMS_MODE_RO ? C_READER : C_WRITER;
+	if (granted == GMS_MODE_RW)
+		writer_granted(d);
 	gf_msg_start(d->out, gf_Msg_gms_connected_tag);
 	d->out->seq = c->seq;
 	fill_connected(d, &d->out->body.gms_connected, granted);
@@ -903,6 +945,11 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	c->parked = false;
 	c->seq = m->seq;
 	c->deadline_us = gf_deadline_from_ms(r->timeout_ms);
+	c->by_progress = r->by_progress;
+	c->wait_since_us = gf_now_us();
+	c->wait_timeout_us = r->timeout_ms < 0 ? -1
+			     : r->timeout_ms > GF_MAX_DURATION_MS ? GF_MAX_DURATION_MS * 1000
+								 : r->timeout_ms * 1000;
 	c->order = ++d->next_order;
 	c->phase = C_WAIT;
 	/* A reader waking after a demotion: bring the same layout back from its tier, then grant. */
@@ -969,6 +1016,7 @@ static int do_allocate(gf_gmsd *d, struct client *c, uint32_t seq)
 	g->requested = c->alloc_size;
 	snprintf(g->tag, sizeof(g->tag), "%s", c->alloc_tag);
 	d->alloc_bytes += g->size;
+	writer_progress(d);
 	if (c->alloc_tries)
 		event(d, "event=oom_recovered peer=%s size=%llu tries=%u", c->peer,
 		      (unsigned long long)c->alloc_size, c->alloc_tries + 1);
@@ -1001,6 +1049,7 @@ static void handle_allocate(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		reply_error(d, c, m->seq, GF_ERR_TOO_BIG, "allocate: more than %d allocations", GMSD_MAX_ALLOCS);
 		return;
 	}
+	writer_progress(d);
 	c->alloc_size = r->size;
 	snprintf(c->alloc_tag, sizeof(c->alloc_tag), "%s", r->tag);
 	c->alloc_tries = 0;
@@ -1074,6 +1123,24 @@ static void handle_meta_put(gf_gmsd *d, struct client *c, const gf_Msg *m)
 		p = (p + 1) & (d->index_cap - 1);
 	d->index[p] = (uint32_t)(d->nmeta + 1);
 	d->nmeta++;
+	writer_progress(d);
+	memset(d->out, 0, sizeof(*d->out));
+	d->out->seq = m->seq;
+	d->out->which_body = gf_Msg_ok_tag;
+	send_msg(d, c, NULL, 0);
+}
+
+static void handle_progress(gf_gmsd *d, struct client *c, const gf_Msg *m)
+{
+	const gf_GmsProgress *r = &m->body.gms_progress;
+	if (c->phase != C_WRITER) {
+		reply_error(d, c, m->seq, GF_ERR_STATE, "progress is the writer's to report");
+		return;
+	}
+	d->w_done = r->done_bytes;
+	d->w_total = r->total_bytes;
+	d->w_reports++;
+	writer_progress(d);
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = m->seq;
 	d->out->which_body = gf_Msg_ok_tag;
@@ -1196,6 +1263,7 @@ static void do_commit(gf_gmsd *d, struct client *c, uint32_t seq)
 	d->generation++;
 	gms_fsm_commit(&d->fsm);
 	c->phase = C_READER;
+	writer_progress(d);
 	char hex[33];
 	gf_hex(d->hash, 16, hex);
 	event(d, "event=commit peer=%s generation=%llu hash=%s allocations=%zu bytes=%llu metadata=%zu", c->peer,
@@ -1363,12 +1431,31 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 	for (struct client *x = next_client(d, NULL); x; x = next_client(d, x)) {
 		if (x->phase == C_WAIT)
 			s->waiters++;
+		if (x->phase == C_WAIT && x->by_progress)
+			s->waiters_by_progress++;
 		if (x->parked)
 			s->sleeping++;
 	}
 	s->allocation_count = (uint32_t)d->nallocs;
 	s->allocation_bytes = d->alloc_bytes;
 	s->writer = d->fsm.state == GMS_RW;
+	struct client *w = writer_client(d);
+	if (w) {
+		gf_GmsWriterProgress *o = &s->writer_progress;
+		s->has_writer_progress = true;
+		snprintf(o->peer, sizeof(o->peer), "%s", w->peer);
+		o->pid = w->pid;
+		o->granted_unix_ms = d->w_granted_wall_us / 1000;
+		o->allocations = (uint32_t)d->nallocs;
+		o->allocated_bytes = d->alloc_bytes;
+		o->metadata = (uint32_t)d->nmeta;
+		o->done_bytes = d->w_done;
+		o->total_bytes = d->w_total;
+		o->last_progress_unix_ms = d->wmark_wall_us / 1000;
+		o->progress_reports = d->w_reports;
+	} else {
+		s->no_writer_since_unix_ms = d->wmark_wall_us / 1000;
+	}
 	snprintf(s->backend, sizeof(s->backend), "%s", gf_mem_kind_name(gf_mem_kind(d->mem)));
 	s->device = (uint32_t)d->device;
 	snprintf(s->device_uuid, sizeof(s->device_uuid), "%s", d->uuid);
@@ -1472,6 +1559,14 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		(unsigned long long)s->generation, s->readers, s->waiters, s->sleeping, s->allocation_count,
 		(unsigned long long)s->allocation_bytes, s->connections, (unsigned long long)s->fd_limit, s->fenced ? 1 : 0,
 		(unsigned long long)s->fence_refusals, (unsigned long long)s->pinned_bytes, s->pinned_exact ? 1 : 0);
+	fprintf(f, "# HELP gf_gms_waiters_by_progress Waiters whose timeout counts only while no writer makes progress.\n"
+		   "# TYPE gf_gms_waiters_by_progress gauge\ngf_gms_waiters_by_progress %u\n"
+		   "# HELP gf_gms_writer_connected 1 while a writer holds RW.\n"
+		   "# TYPE gf_gms_writer_connected gauge\ngf_gms_writer_connected %d\n"
+		   "# HELP gf_gms_writer_idle_seconds Seconds since the writer's last progress, or without one since a writer last held RW.\n"
+		   "# TYPE gf_gms_writer_idle_seconds gauge\ngf_gms_writer_idle_seconds %.3f\n",
+		s->waiters_by_progress, s->has_writer_progress ? 1 : 0,
+		(double)(gf_now_us() - d->wmark_us) / 1e6);
 	if (s->pinned_by_count)
 		fputs("# HELP gf_gms_pinned_by_bytes Bytes of a dropped layout one released sleeper still holds.\n"
 		      "# TYPE gf_gms_pinned_by_bytes gauge\n", f);
@@ -1840,6 +1935,9 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	case gf_Msg_gms_demote_tag:
 		handle_demote(d, c, m);
 		break;
+	case gf_Msg_gms_progress_tag:
+		handle_progress(d, c, m);
+		break;
 	default:
 		reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
 		client_close(d, c, "unexpected message");
@@ -1874,6 +1972,7 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 		event(d, "event=rw_abort peer=%s pid=%u allocations=%zu reason=\"%s\"", c->peer, c->pid,
 		      d->nallocs, why);
 		drop_layout(d, "abort");
+		writer_progress(d); /* no writer from now on */
 		d->changed = true;
 		break;
 	case C_READER:
@@ -1916,15 +2015,56 @@ static void settle(void *ctx)
 
 /* ---------------------------------------------------------------- timers */
 
+/* When a waiting request times out: from its start, or by progress, from the writer's last progress. */
+static int64_t wait_deadline(const gf_gmsd *d, const struct client *c)
+{
+	if (!c->by_progress)
+		return c->deadline_us;
+	return gms_progress_deadline(c->wait_since_us, c->wait_timeout_us, d->wmark_us);
+}
+
+/* A request waiting by progress timed out: say which of the two it was. */
+static void progress_timeout(gf_gmsd *d, struct client *c)
+{
+	double secs = (double)c->wait_timeout_us / 1e6;
+	struct client *w = writer_client(d);
+	if (!w) {
+		event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=no_writer", c->peer,
+		      gms_mode_name(c->mode), gms_state_name(d->fsm.state));
+		reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
+			    "%s not granted: no writer connected for %.1f s (state %s, generation %llu): is a loader "
+			    "running against this GMS?",
+			    gms_mode_name(c->mode), secs, gms_state_name(d->fsm.state),
+			    (unsigned long long)d->generation);
+		return;
+	}
+	event(d, "event=connect_timeout peer=%s mode=%s state=%s by_progress=1 reason=writer_stalled writer=%s "
+		 "writer_pid=%u",
+	      c->peer, gms_mode_name(c->mode), gms_state_name(d->fsm.state), w->peer, w->pid);
+	char done[96] = "";
+	if (d->w_reports)
+		snprintf(done, sizeof(done), ", reported %llu of %llu bytes written", (unsigned long long)d->w_done,
+			 (unsigned long long)d->w_total);
+	reply_error(d, c, c->seq, GF_ERR_TIMEOUT,
+		    "%s not granted: writer connected but made no progress for %.1f s (writer %s pid %u: %zu "
+		    "allocations, %llu bytes, %zu metadata entries%s): is the loader hung?",
+		    gms_mode_name(c->mode), secs, w->peer, w->pid, d->nallocs, (unsigned long long)d->alloc_bytes,
+		    d->nmeta, done);
+}
+
 static void on_timer(void *ctx, int64_t now)
 {
 	gf_gmsd *d = ctx;
 	struct client *c = next_client(d, NULL), *next;
 	for (; c; c = next) {
 		next = next_client(d, c);
-		if (c->phase == C_WAIT && now >= c->deadline_us) {
+		if (c->phase == C_WAIT && now >= wait_deadline(d, c)) {
 			c->phase = C_IDLE;
 			d->changed |= c->mode == GMS_MODE_RW;
+			if (c->by_progress) {
+				progress_timeout(d, c);
+				continue;
+			}
 			event(d, "event=connect_timeout peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
 			      gms_state_name(d->fsm.state));
 			reply_error(d, c, c->seq, GF_ERR_TIMEOUT, "%s not granted in time (state %s)",
@@ -1959,8 +2099,9 @@ static int64_t next_deadline(void *ctx)
 	gf_gmsd *d = ctx;
 	int64_t next = INT64_MAX;
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c)) {
-		if (c->phase == C_WAIT && c->deadline_us < next)
-			next = c->deadline_us;
+		int64_t w = c->phase == C_WAIT ? wait_deadline(d, c) : INT64_MAX;
+		if (w < next)
+			next = w;
 		if (c->phase == C_ALLOC_WAIT && c->alloc_next_us < next)
 			next = c->alloc_next_us;
 		if (c->settling) {
@@ -2115,6 +2256,7 @@ int gf_gmsd_start(gf_gmsd *d)
 		return rc;
 	d->started = true;
 	d->started_us = gf_now_us();
+	writer_progress(d); /* no writer since the start */
 	gms_residency_start(d->res, d->mem, d->device);
 	event(d, "event=start listen=%s backend=%s device=%d uuid=%s", d->listen_text,
 	      gf_mem_kind_name(gf_mem_kind(d->mem)), d->device, d->uuid);

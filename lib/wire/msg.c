@@ -161,6 +161,7 @@ const char *gf_msg_name(const gf_Msg *m)
 		N(lock_release) N(lock_status_request) N(lock_status) N(heartbeat) N(lock_add_pids) N(gms_connect)
 		N(gms_connected) N(gms_allocate) N(gms_allocated) N(gms_meta_put) N(gms_commit)
 		N(gms_committed) N(gms_list) N(gms_list_chunk) N(gms_status_request) N(gms_status)
+		N(gms_progress)
 #undef N
 	default:
 		return "unknown";

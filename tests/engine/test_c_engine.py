@@ -375,14 +375,14 @@ def test_startup_deadline_ends_stuck_engine(world):
 def test_follower_init_timeout_ends_wait_for_a_loader_that_never_comes(world):
     """The follower's fail-fast bound on waiting for a commit: with no loader
     it does not wait in Init for ever (the default is 30 min, here 1 s), it
-    exits non-zero with an error naming the GMS."""
+    exits non-zero with an error naming the GMS and saying no writer came."""
     world.lockd()
     world.gmsd()
     b = world.engine("engine-b", "--role", "follower", "--init-timeout", "1s")
     assert b.wait_exit() != 0
     log = b.text()
-    assert "event=init_timeout" in log
-    assert "no committed layout" in log
+    assert "event=init_timeout" in log and "reason=no_writer" in log
+    assert "no committed layout" in log and "no writer connected for 1.0 s" in log
     assert world.gms_uri in log
 
 

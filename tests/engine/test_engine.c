@@ -880,8 +880,145 @@ static void test_follower_init_timeout(void **state)
 	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), GF_ERR_TIMEOUT);
 	assert_non_null(strstr(gf_error_detail(), "no committed layout"));
 	assert_non_null(strstr(gf_error_detail(), f->gms[0].uri));
+	assert_non_null(strstr(gf_error_detail(), "no writer connected for 0.3 s"));
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
 	assert_null(gf_engine_gms(e, 0));
+}
+
+/* A loader on threads of the test: one writer per device, loading for @load_ms by reported progress. */
+struct slow_loader {
+	struct fixture *f;
+	int64_t load_ms;
+	bool stall;  /* connect, allocate once and never go on */
+	atomic_int connected;
+	atomic_bool release; /* a stalled loader may leave */
+	int rc;
+	pthread_t th;
+};
+
+static void *slow_loader_main(void *arg)
+{
+	struct slow_loader *l = arg;
+	gf_mem *m[GF_ENGINE_MAX_DEVICES] = { 0 };
+	gf_gms *g[GF_ENGINE_MAX_DEVICES] = { 0 };
+	uint64_t id;
+	struct gf_gms_alloc_info info;
+	int rc = 0;
+	for (int i = 0; rc == 0 && i < ndev; i++) {
+		rc = gf_mem_open(&m[i], kind, i);
+		if (rc == 0)
+			rc = gf_gms_connect(&g[i], l->f->gms[i].uri, m[i], GF_GMS_RW, 5000);
+		if (rc == 0)
+			rc = gf_gms_allocate(g[i], WEIGHT_BYTES, "w", &id);
+		if (rc == 0)
+			atomic_fetch_add(&l->connected, 1);
+	}
+	if (l->stall) {
+		while (rc == 0 && !atomic_load(&l->release))
+			usleep(10000);
+	} else {
+		int64_t t0 = gf_now_us();
+		for (uint64_t done = 0; rc == 0 && gf_now_us() - t0 < l->load_ms * 1000; done += 4096) {
+			for (int i = 0; rc == 0 && i < ndev; i++)
+				rc = gf_gms_report_progress(g[i], done, WEIGHT_BYTES);
+			usleep(50000);
+		}
+		for (int i = 0; rc == 0 && i < ndev; i++) {
+			rc = gf_gms_alloc_at(g[i], 0, &info);
+			if (rc == 0)
+				memset((void *)(uintptr_t)info.addr, WEIGHT_BYTE, WEIGHT_BYTES);
+			if (rc == 0)
+				rc = gf_gms_put_meta(g[i], "w", id, 0, "v", 1);
+			if (rc == 0)
+				rc = gf_gms_commit(g[i], NULL);
+		}
+	}
+	l->rc = rc;
+	for (int i = 0; i < ndev; i++) {
+		gf_gms_free(g[i]);
+		gf_mem_free(m[i]);
+	}
+	return NULL;
+}
+
+/* A follower's init timeout counts only while its loader makes no progress:
+ * a loader slower than the timeout keeps it waiting and it maps the commit;
+ * a loader that stalls ends the wait, and the detail says so. */
+static void test_follower_waits_for_a_slow_loader(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 1000), 0);
+	struct slow_loader l = { .f = f, .load_ms = 3000 };
+	assert_int_equal(pthread_create(&l.th, NULL, slow_loader_main, &l), 0);
+	EVENTUALLY(atomic_load(&l.connected) == ndev || l.rc);
+	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
+	pthread_join(l.th, NULL);
+	assert_int_equal(l.rc, 0);
+	for (int i = 0; i < ndev; i++)
+		assert_true(weights_mapped(e, i));
+
+	/* A second follower, against a loader that connects and stalls. */
+	gf_engine *s = new_engine(f);
+	assert_int_equal(gf_engine_set_role(s, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(s, 300), 0);
+	assert_int_equal(gf_engine_sleep(e), 0); /* its reader leaves: the stalled writer may load anew */
+	struct slow_loader st = { .f = f, .stall = true };
+	assert_int_equal(pthread_create(&st.th, NULL, slow_loader_main, &st), 0);
+	EVENTUALLY(atomic_load(&st.connected) == ndev || st.rc);
+	assert_int_equal(gf_engine_init_weights(s, NULL, NULL), GF_ERR_TIMEOUT);
+	assert_non_null(strstr(gf_error_detail(), "writer connected but made no progress for 0.3 s"));
+	atomic_store(&st.release, true);
+	pthread_join(st.th, NULL);
+	assert_int_equal(st.rc, 0);
+	gf_engine_free(s);
+}
+
+struct init_thread {
+	gf_engine *e;
+	int rc;
+	pthread_t th;
+};
+
+static void *init_main(void *arg)
+{
+	struct init_thread *t = arg;
+	t->rc = gf_engine_init_weights(t->e, NULL, NULL);
+	return NULL;
+}
+
+/* gf_engine_interrupt() ends a follower's wait in Init; Init may then be repeated. */
+static void test_interrupt_ends_init_wait(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_init_timeout(e, 60000), 0);
+	struct init_thread t = { .e = e };
+	assert_int_equal(pthread_create(&t.th, NULL, init_main, &t), 0);
+	char *js = NULL;
+	for (int i = 0; i < 2000; i++) {
+		free(js);
+		assert_int_equal(gf_gms_status_json(f->gms[0].uri, 2000, &js), 0);
+		if (strstr(js, "\"waiters_by_progress\":1"))
+			break;
+		usleep(10000);
+	}
+	assert_non_null(strstr(js, "\"waiters_by_progress\":1"));
+	free(js);
+	gf_engine_interrupt(e);
+	pthread_join(t.th, NULL);
+	assert_int_equal(t.rc, GF_ERR_INTERRUPTED);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_INIT);
+	assert_null(gf_engine_gms(e, 0));
+	/* Again, once a loader committed: it maps. */
+	gf_engine *l = new_engine(f);
+	assert_int_equal(gf_engine_init_weights(l, real_load, NULL), 0);
+	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
+	for (int i = 0; i < ndev; i++)
+		assert_true(weights_mapped(e, i));
+	gf_engine_free(l);
 }
 
 static void test_loader_must_commit(void **state)
@@ -2074,6 +2211,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_follower_imports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loader_must_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_follower_init_timeout, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_follower_waits_for_a_slow_loader, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_interrupt_ends_init_wait, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_private_address_from_init, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_connect_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_declaration, setup, teardown),

@@ -107,6 +107,21 @@ int main(int argc, char **argv)
 	}
 	gms_connect(m, gf_GmsMode_GMS_MODE_RO);
 	flush_to(argv[1], "demote");
+	/* a writer reporting progress (a report without RW first), then a reader waiting by progress */
+	hello(m);
+	m->which_body = gf_Msg_gms_progress_tag;
+	m->body.gms_progress.done_bytes = 1;
+	put(m);
+	gms_connect(m, gf_GmsMode_GMS_MODE_RW);
+	m->which_body = gf_Msg_gms_progress_tag;
+	m->body.gms_progress.done_bytes = 4096;
+	m->body.gms_progress.total_bytes = 8192;
+	put(m);
+	gms_connect(m, gf_GmsMode_GMS_MODE_RO);
+	m->body.gms_connect.by_progress = true;
+	m->body.gms_connect.timeout_ms = 10;
+	put(m);
+	flush_to(argv[1], "progress");
 	gf_msg_free(m);
 	return 0;
 }

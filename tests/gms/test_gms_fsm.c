@@ -249,6 +249,18 @@ static void test_layout_hash(void **state)
 	assert_memory_not_equal(hp, hq, 16);
 }
 
+/* A wait by progress ends its timeout after the later of its start and the writer's last event. */
+static void test_progress_deadline(void **state)
+{
+	(void)state;
+	assert_int_equal(gms_progress_deadline(100, 50, 0), 150);     /* no writer since before the wait */
+	assert_int_equal(gms_progress_deadline(100, 50, 100), 150);
+	assert_int_equal(gms_progress_deadline(100, 50, 140), 190);   /* progress moves it */
+	assert_int_equal(gms_progress_deadline(100, 0, 140), 140);
+	assert_true(gms_progress_deadline(100, -1, 140) == INT64_MAX); /* forever */
+	assert_true(gms_progress_deadline(INT64_MAX - 10, 50, 0) == INT64_MAX); /* no overflow */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -258,6 +270,7 @@ int main(void)
 		cmocka_unit_test(test_restored),
 		cmocka_unit_test(test_demoted),
 		cmocka_unit_test(test_rw_would_drop),
+		cmocka_unit_test(test_progress_deadline),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -306,6 +306,21 @@ static void Engine_dealloc(EngineObject *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static void engine_interrupt_cb(void *arg);
+static void *engine_handle(PyObject *obj);
+
+struct init_call {
+	gf_engine *engine;
+	gf_engine_load_fn load;
+	struct step_ctx ctx;
+};
+
+static int engine_init_call(void *arg, int64_t unused)
+{
+	struct init_call *c = arg;
+	return gf_engine_init_weights(c->engine, c->load, &c->ctx);
+}
+
 static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "load", NULL };
@@ -316,9 +331,16 @@ static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObjec
 		return NULL;
 	if (fn != Py_None && !PyCallable_Check(fn))
 		return PyErr_Format(PyExc_TypeError, "load must be callable(device, gms) or None");
-	struct step_ctx ctx = { self, fn };
-	int rc;
-	BLOCKING(self, rc = gf_engine_init_weights(self->engine, fn == Py_None ? NULL : load_trampoline, &ctx));
+	struct init_call c = { self->engine, fn == Py_None ? NULL : load_trampoline, { self, fn } };
+	/* A follower may wait here for as long as its loader loads: PEP 475, as acquire(). */
+	int rc = gfpy_wait_interruptible(engine_init_call, &c, engine_interrupt_cb, engine_handle, (PyObject *)self,
+					 &self->busy, &self->closing, -1);
+	if (rc == GFPY_PYERR) {
+		Py_CLEAR(self->pending);
+		return NULL;
+	}
+	if (rc == GFPY_CLOSED)
+		return PyErr_Format(gfpy_InterruptedError, "init_weights: the Engine was closed by a signal handler");
 	/* The clients exist from here on; their first unmap is the engine's sleep. */
 	for (int i = 0; rc == 0 && self->release_handles && i < gf_engine_device_count(self->engine); i++)
 		rc = gf_gms_set_keep_handles(gf_engine_gms(self->engine, i), 0);

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* GMSClient: client of one GPU Memory Service. */
+#include <sys/eventfd.h>
+
 #include "common.h"
 
 int gfpy_gms_ready(GMSObject *self)
@@ -81,15 +83,85 @@ out:
 	return rc;
 }
 
+/*
+ * A wait by progress may last as long as a loader loads, so it follows PEP
+ * 475 as LockClient.acquire() does: a signal with a Python handler writes
+ * the eventfd the connect polls, the wait is withdrawn, the handler runs,
+ * and unless it raised the connect is made again (its timeout counting
+ * afresh).
+ */
+struct progress_connect {
+	const char *uri;
+	gf_mem *mem;
+	int mode;
+	int64_t ms;
+	const struct gf_lock_proof *proof;
+	int cancel_fd;
+	gf_gms *g;
+};
+
+static int progress_connect_call(void *ctx, int64_t unused)
+{
+	struct progress_connect *p = ctx;
+	int rc = gf_gms_connect_by_progress(&p->g, p->uri, p->mem, p->mode, p->ms, p->proof, p->cancel_fd);
+	if (rc == GF_ERR_INTERRUPTED) {
+		uint64_t n;
+		ssize_t r = read(p->cancel_fd, &n, sizeof(n));
+		(void)r; /* non-blocking: drained or already empty */
+	}
+	return rc;
+}
+
+/* From a signal handler: async-signal-safe. */
+static void progress_connect_wake(void *ctx)
+{
+	uint64_t one = 1;
+	ssize_t n = write(((struct progress_connect *)ctx)->cancel_fd, &one, sizeof(one));
+	(void)n; /* a full counter already wakes the wait */
+}
+
+static void *progress_connect_handle(PyObject *capsule)
+{
+	return PyCapsule_GetPointer(capsule, NULL);
+}
+
+/* Connect by progress, interruptible; 0 with *out set, or -1 with an exception. */
+static int connect_by_progress(GMSObject *self, struct progress_connect *p, gf_gms **out)
+{
+	p->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (p->cancel_fd < 0) {
+		PyErr_SetFromErrno(PyExc_OSError);
+		return -1;
+	}
+	PyObject *capsule = PyCapsule_New(p, NULL, NULL);
+	if (!capsule) {
+		close(p->cancel_fd);
+		return -1;
+	}
+	const int stop = 0;
+	int rc = gfpy_wait_interruptible(progress_connect_call, p, progress_connect_wake, progress_connect_handle,
+					 capsule, &self->busy, &stop, -1);
+	Py_DECREF(capsule);
+	close(p->cancel_fd);
+	if (rc == GFPY_PYERR)
+		return -1;
+	if (rc < 0) {
+		gfpy_raise_gf(rc);
+		return -1;
+	}
+	*out = p->g;
+	return 0;
+}
+
 static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", NULL };
+	static char *kwlist[] = { "uri", "memory", "mode", "timeout", "grant", "by_progress", NULL };
 	const char *uri;
 	PyObject *mobj, *modeobj = NULL, *tobj = Py_None, *grant = Py_None;
-	int mode = GF_GMS_RO;
+	int mode = GF_GMS_RO, by_progress = 0;
 	int64_t ms;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$O", kwlist, &uri, &gfpy_MemoryType, &mobj, &modeobj, &tobj,
-					 &grant))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|OO$Op", kwlist, &uri, &gfpy_MemoryType, &mobj, &modeobj, &tobj,
+					 &grant, &by_progress))
 		return -1;
 	struct gf_lock_proof proof;
 	if (grant != Py_None && grant_proof(grant, &proof) < 0)
@@ -105,12 +177,18 @@ static int GMS_init(GMSObject *self, PyObject *args, PyObject *kw)
 	gf_gms *g = NULL;
 	int rc;
 	gf_mem *mem = ((MemoryObject *)mobj)->mem;
-	Py_BEGIN_ALLOW_THREADS
-	rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
-	Py_END_ALLOW_THREADS
-	if (rc < 0) {
-		gfpy_raise_gf(rc);
-		return -1;
+	if (by_progress) {
+		struct progress_connect p = { uri, mem, mode, ms, grant != Py_None ? &proof : NULL, -1, NULL };
+		if (connect_by_progress(self, &p, &g) < 0)
+			return -1;
+	} else {
+		Py_BEGIN_ALLOW_THREADS
+		rc = gf_gms_connect_proof(&g, uri, mem, mode, ms, grant != Py_None ? &proof : NULL);
+		Py_END_ALLOW_THREADS
+		if (rc < 0) {
+			gfpy_raise_gf(rc);
+			return -1;
+		}
 	}
 	self->gms = g;
 	self->mem = mem;
@@ -197,6 +275,21 @@ static PyObject *GMS_commit(GMSObject *self, PyObject *unused)
 	if (rc < 0)
 		return gfpy_raise_gf(rc);
 	return PyLong_FromUnsignedLongLong(gen);
+}
+
+static PyObject *GMS_report_progress(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "done", "total", NULL };
+	uint64_t done, total = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&", kwlist, gfpy_u64_arg, &done, gfpy_u64_arg, &total))
+		return NULL;
+	if (gms_idle(self, "report_progress") < 0)
+		return NULL;
+	int rc;
+	BLOCKING(self, rc = gf_gms_report_progress(self->gms, done, total));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
 }
 
 static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
@@ -555,6 +648,11 @@ static PyMethodDef GMS_methods[] = {
 	{ "commit", (PyCFunction)GMS_commit, METH_NOARGS,
 	  "commit($self, /)\n--\n\n"
 	  "commit() -> generation\n\nWriter: validate, hash the layout, commit; the client becomes a reader." },
+	{ "report_progress", (PyCFunction)(void (*)(void))GMS_report_progress, METH_VARARGS | METH_KEYWORDS,
+	  "report_progress($self, done, total=0)\n--\n\n"
+	  "report_progress(done, total=0)\n\nWriter: bytes written so far (of total, 0: unknown). Readers waiting\n"
+	  "by_progress keep waiting while the writer reports; at most one report per 100 ms\n"
+	  "goes to the GMS (later calls return at once)." },
 	{ "map_all", (PyCFunction)GMS_map_all, METH_NOARGS,
 	  "map_all($self, /)\n--\n\n"
 	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },
@@ -604,10 +702,13 @@ PyTypeObject gfpy_GMSType = {
 	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpufailover._gpufailover.GMSClient",
 	.tp_basicsize = sizeof(GMSObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None, *, grant=None)\n--\n\n"
+	.tp_doc = "GMSClient(uri, memory, mode='ro', timeout=None, *, grant=None, by_progress=False)\n--\n\n"
 		  "Client of one GPU Memory Service; the connection is the RW/RO lock. grant (the\n"
 		  "Grant of Lock.acquire()) makes the connect carry its fence proof: a GMS fenced by\n"
-		  "the lock (gf-gmsd --lock) lets only the current holder replace committed weights.",
+		  "the lock (gf-gmsd --lock) lets only the current holder replace committed weights.\n"
+		  "by_progress: the timeout counts only while no writer makes progress (a follower\n"
+		  "waiting for its loader): TimeoutError once no writer has been connected, or the\n"
+		  "connected one has made no progress, for timeout seconds.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)GMS_init,
 	.tp_dealloc = (destructor)GMS_dealloc,
