@@ -628,6 +628,8 @@ def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
     assert "event=granted" not in log
     log = empty.log.read_text()
     assert "TimeoutError" in log or "GF_ERR_TIMEOUT" in log, tail(empty)
+    # It waited by progress and says why it gave up: no loader ever came.
+    assert "no writer connected" in log, tail(empty)
     assert "event=granted" not in log
     # Nothing half-mapped or half-loaded: no connection of theirs is left;
     # the other model's layout is untouched and the empty GMS still empty.
@@ -673,6 +675,12 @@ def test_tensor_parallel_2(plain_model):
             assert "event=weights_committed" not in b_log
             refs = {p: complete(tp.port, p) for p in PROMPTS}
             rank1 = rank_pid(a, 1)
+            # The lock holds the holder's rank 1 process too: the next grant
+            # waits until it is gone, not only rank 0.
+            status = gf.lock_status(tp.lock_uri)
+            assert rank1 in status["holder_pids"], status
+            for p in (a, b):
+                assert "event=ranks_registered rank=0 pids=" in p.log.read_text()
             failover(tp, a, b, refs, lambda: os.kill(rank1, signal.SIGKILL))
             # Rank 1 woke once rank 0 held the lock, its KV where Init put it.
             init, awake = worker_event(b, "kv_range", 1), worker_event(b, "awake", 1)

@@ -23,7 +23,7 @@ This module imports without vLLM; :data:`GpuFailoverBackend` and
 """
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union, cast
 
 from .. import _gpufailover as _gf
 from .._gpufailover import Engine, GMSClient, LockClient
@@ -276,6 +276,10 @@ def _engine_sleep(a: _Attachment) -> None:
     a.weights_mapped = False
 
 
+def _is_rank_engine(eng: Engine) -> bool:
+    return int(eng.state_info().get("rank", 0)) >= 1
+
+
 def _engine_wake(a: _Attachment) -> None:
     """Standby -> Waking: the lock's grant, the memory gate, the private
     (KV) region backed and the weights remapped at their addresses, all by
@@ -283,7 +287,14 @@ def _engine_wake(a: _Attachment) -> None:
     eng = a.engine
     assert eng is not None
     state = eng.state
-    if state == "standby":
+    if state == "standby" and _is_rank_engine(eng):
+        # A rank >= 1 holds no lock: it wakes with rank 0's grant.
+        if a.gate is None:
+            raise _gf.StateError("a rank engine wakes with rank 0's epoch: attach it with gate=")
+        epoch = int(cast(Any, a.gate()))
+        eng.wake_as_rank(epoch)
+        state = eng.state
+    elif state == "standby":
         epoch = eng.acquire()
         state = eng.state
         if a.on_grant is not None and state == "waking":

@@ -200,6 +200,8 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         ranks = await client.collective_rpc("gf_info")
         for rank in ranks:  # the lock's holder (rank 0) and every other rank
             watch_engine_process(int(rank["pid"]))
+        # The lock passes on only once every rank's process is gone.
+        await client.collective_rpc("gf_register_ranks", args=([int(r["pid"]) for r in ranks],))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, record_shm, shm_list)  # a scan of /proc: off the loop
         log("standby", ranks=len(ranks), kv_bytes=sum(int(r["kv_bytes"]) for r in ranks))

@@ -48,7 +48,6 @@ import contextlib
 import ctypes
 import importlib
 import json
-import mmap
 import os
 import re
 import select
@@ -138,6 +137,31 @@ def register_empty_loader() -> None:
     class EmptyModelLoader(DummyModelLoader):  # type: ignore[misc, valid-type, unused-ignore]
         def load_weights(self, model: Any, model_config: Any) -> None:
             pass
+
+
+@contextlib.contextmanager
+def progress_reports(gms: gf.GMSClient) -> Any:
+    """While vLLM's default loader reads the checkpoint, report the bytes
+    read so far to the GMS with every tensor: a follower waiting for this
+    loader's commit (by progress) then keeps waiting while the load goes on,
+    and gives up only when no writer is there or it stalls. Reported from
+    the loading path itself, so a hung load reports nothing."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader as _Loader  # type: ignore[import-not-found, unused-ignore]
+    loader_class: Any = _Loader
+    real = loader_class.get_all_weights
+
+    def get_all_weights(loader: Any, *args: Any, **kwargs: Any) -> Any:
+        done = 0
+        for name, t in real(loader, *args, **kwargs):
+            done += t.numel() * t.element_size()
+            gms.report_progress(done)
+            yield name, t
+
+    loader_class.get_all_weights = get_all_weights
+    try:
+        yield
+    finally:
+        loader_class.get_all_weights = real
 
 
 def tensor_at(addr: int, dtype: "torch.dtype", shape: Sequence[int], stride: Sequence[int],
@@ -280,43 +304,6 @@ def bind(gms: gf.GMSClient, model: Any, device: str, private: Iterable[str] = PR
         p.data = t.clone() if is_private(name, patterns) else t  # the dummy storage is freed here
 
 
-class _HostRange:
-    """An address range of this process with nothing behind it until
-    back() (fresh zero-filled pages) and again after release(): KV memory
-    at a fixed address for tensor-parallel ranks >= 1 on CPU, which have no
-    engine of their own."""
-
-    PROT_NONE, MAP_FIXED, MAP_NORESERVE = 0, 0x10, 0x4000
-
-    def __init__(self, size: int) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._libc.mmap.restype = ctypes.c_void_p
-        self._libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                    ctypes.c_long]
-        page = mmap.PAGESIZE
-        self.size = (size + page - 1) // page * page
-        self.addr = self._map(None, self.PROT_NONE, self.MAP_NORESERVE)
-        self.backed = False
-
-    def _map(self, addr: Optional[int], prot: int, extra: int) -> int:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | extra | (self.MAP_FIXED if addr else 0)
-        p = self._libc.mmap(addr, self.size, prot, flags, -1, 0)
-        if p is None or p == ctypes.c_void_p(-1).value:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mmap of {self.size} bytes: {os.strerror(err)}")
-        return int(p)
-
-    def back(self) -> None:
-        if not self.backed:
-            self._map(self.addr, mmap.PROT_READ | mmap.PROT_WRITE, 0)
-            self.backed = True
-
-    def release(self) -> None:
-        if self.backed:
-            self._map(self.addr, self.PROT_NONE, self.MAP_NORESERVE)
-            self.backed = False
-
-
 class _CuLocation(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
@@ -417,11 +404,10 @@ class GfWorkerMixin:
         if self._gf_device == "cpu" and not self._gf.get("cpu_repack", False):
             no_cpu_repack()
         self._gf_private: Tuple[str, ...] = PRIVATE_PARAMS + tuple(self._gf.get("private_params", []))
-        self._gf_engine: Optional[gf.Engine] = None  # rank 0
-        self._gf_rank_gms: Optional[gf.GMSClient] = None  # ranks 1..N-1
+        self._gf_engine: Optional[gf.Engine] = None  # rank 0's (the lock's holder), or a rank engine
+        self._gf_rank_gms: Optional[gf.GMSClient] = None  # GPU-ONLY: ranks 1..N-1 (no rank engine yet)
         self._gf_writing: Optional[gf.GMSClient] = None  # the writer's client while vLLM loads
         self._gf_kv_range: Optional[Tuple[int, int]] = None  # where the KV cache lives
-        self._gf_host_range: Optional[_HostRange] = None  # ranks >= 1 on CPU
         self._gf_kv_bytes = 0
         self._gf_granted_at = 0.0
         self._gf_rank_listener: Optional[socket.socket] = None
@@ -465,7 +451,8 @@ class GfWorkerMixin:
             t0 = time.monotonic()
             self._gf_writing = gms
             try:
-                base_load(load_dummy_weights=load_dummy_weights)
+                with progress_reports(gms):
+                    base_load(load_dummy_weights=load_dummy_weights)
             finally:
                 self._gf_writing = None
             model = self.model_runner.get_model()
@@ -516,16 +503,35 @@ class GfWorkerMixin:
         return eng.gms(0)
 
     def _init_rank(self, uri: str, load: Callable[[int, gf.GMSClient], None]) -> gf.GMSClient:
-        """Ranks 1..N-1 (tensor parallelism): one GMS client for this rank's
-        device, with the engine's role: the loader's ranks RW or RO, the
-        follower's RO only (Decision 5). Every rank commits its own GMS; the
-        lock and the probes are rank 0's. A rank's death takes the engine
-        down: vLLM's engine process ends with it, and with that rank 0."""
+        """Ranks 1..N-1 (tensor parallelism): a rank engine (no lock of its
+        own; rank 0's grant wakes it) over this rank's GMS, with the
+        engine's role: the loader's ranks RW or RO, the follower's RO only
+        (Decision 5). Every rank commits its own GMS, reserves its own KV
+        region and has the memory gate, the out-of-memory retry and, once
+        awake, a watch on its GMS connection. A rank's death takes the engine
+        down: vLLM's engine process ends with it, and with that rank 0; the
+        lock waits for this process too (rank 0 registers it)."""
         c = self._gf
-        dev = {"device": self.local_rank} if self._gf_device == "cuda" else {}
+        # Rank 0 tells this rank when the lock is granted (see _grant_ranks).
+        self._gf_rank_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._gf_rank_listener.bind(self._rank_socket(self.rank))
+        self._gf_rank_listener.listen(1)
+        if self._gf_device == "cpu":
+            eng = gf.Engine(None, c["id"], [uri], rank=self.rank, role=c["role"], backend=c["backend"],
+                            waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
+                            init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
+                            keep_handles=bool(c.get("keep_handles", True)))
+            eng.on_loss = lambda code, detail: kill_process_group(f"rank {self.rank}: {gf.strerror(code)}: {detail}")
+            self._gf_engine = eng
+            eng.init_weights(load=load)
+            self._gf_kv_range = eng.private_memory(0)
+            return eng.gms(0)
+        # GPU-ONLY: the library's engine numbers its devices from 0, and rank
+        # N works on device N: a plain GMS client, vLLM's own KV cache.
+        dev = {"device": self.local_rank}
         mem = gf.Memory(c["backend"], **dev)
         mode = "rw_or_ro" if c["role"] == "loader" else "ro"
-        gms = gf.GMSClient(uri, mem, mode=mode, timeout=c["init_timeout"])
+        gms = gf.GMSClient(uri, mem, mode=mode, timeout=c["init_timeout"], by_progress=True)
         if not c.get("keep_handles", True):
             gms.set_keep_handles(False)
         if gms.mode == "rw":
@@ -533,13 +539,6 @@ class GfWorkerMixin:
         else:
             gms.map_all()
         self._gf_rank_gms = gms
-        if self._gf_device == "cpu":
-            self._gf_host_range = _HostRange(self._gf_kv_bytes)
-            self._gf_kv_range = (self._gf_host_range.addr, self._gf_host_range.size)
-        # Rank 0 tells this rank when the lock is granted (see _grant_ranks).
-        self._gf_rank_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._gf_rank_listener.bind(self._rank_socket(self.rank))
-        self._gf_rank_listener.listen(1)
         return gms
 
     def _rank_socket(self, rank: int) -> str:
@@ -566,7 +565,7 @@ class GfWorkerMixin:
 
     def compile_or_warm_up_model(self) -> Any:
         kv_range = self._gf_kv_range
-        if self._gf_device != "cuda" or kv_range is None or self._gf_engine is None:
+        if self._gf_device != "cuda" or kv_range is None:
             return cast(Any, super()).compile_or_warm_up_model()
         # GPU-ONLY: vLLM captures CUDA graphs here, running the model over the
         # KV cache, whose region has no memory until the wake.
@@ -586,14 +585,14 @@ class GfWorkerMixin:
     def _attach_backend(self) -> None:
         from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory  # type: ignore[import-not-found, unused-ignore]
         gfv.register()
-        if self._gf_engine is not None:
+        if self._gf_engine is not None and self.rank == 0:
             gfv.attach(self._gf_engine, on_grant=self._grant_ranks)
+        elif self._gf_engine is not None:
+            gfv.attach(self._gf_engine, gate=self._wait_for_grant, kv_restore=self._rank_awake)
         else:
             assert self._gf_rank_gms is not None
-            rng = self._gf_host_range
-            gfv.attach(self._gf_rank_gms, remap_timeout=float(self._gf["remap_timeout"]),
-                       kv_release=rng.release if rng else None, kv_restore=self._rank_restore_kv,
-                       gate=self._wait_for_grant)
+            gfv.attach(self._gf_rank_gms, remap_timeout=float(self._gf["remap_timeout"]), gate=self._wait_for_grant,
+                       kv_restore=self._rank_awake)
         self._gf_backend = SleepModeBackendFactory.create_backend(self.vllm_config.model_config)
         # vLLM's GPU worker makes its backend lazily through the same factory.
         if hasattr(self, "_sleep_mode_backend"):
@@ -605,7 +604,7 @@ class GfWorkerMixin:
 
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
         self._gf_backend.resume(list(tags) if tags is not None else None)
-        if self._gf_engine is not None:
+        if self._gf_engine is not None and self.rank == 0:
             self._after_wake(self._gf_engine)
 
     def discard(self, tags: Sequence[str]) -> None:
@@ -622,18 +621,17 @@ class GfWorkerMixin:
                 s.connect(self._rank_socket(rank))
                 s.sendall(msg)
 
-    def _wait_for_grant(self) -> None:
+    def _wait_for_grant(self) -> int:
         """Ranks >= 1: block until rank 0 holds the lock (no rank maps or
-        backs anything for a standby)."""
+        backs anything for a standby); rank 0's epoch."""
         assert self._gf_rank_listener is not None
         conn, _ = self._gf_rank_listener.accept()
         with conn:
             got = json.loads(conn.recv(4096))
         self._gf_granted_at = float(got["granted_mono"])
+        return int(got["epoch"])
 
-    def _rank_restore_kv(self) -> None:
-        if self._gf_host_range is not None:
-            self._gf_host_range.back()
+    def _rank_awake(self) -> None:
         self._check_waking(f"rank {self.rank}")
         log("awake", rank=self.rank, wake_ms=round((time.monotonic() - self._gf_granted_at) * 1000, 1),
             kv_addr=hex(self.kv_data_ptrs()[0]) if self.kv_data_ptrs() else 0)
@@ -680,11 +678,33 @@ class GfWorkerMixin:
                         kv_us=m.get("private_alloc_us", -1))
         return info
 
-    def gf_serve(self) -> "dict[str, Any]":
+    def gf_register_ranks(self, pids: Sequence[int]) -> "dict[str, Any]":
+        """Rank 0: the lock grants the next holder only once every rank's
+        process is gone, not only this one (the lock server holds pidfds of
+        them). A lock across hosts (tcp://, etcd://) cannot: said in the log."""
         if self.rank != 0:
             return {}
         eng = self._engine()
+        registered: "list[int]" = []
+        for pid in pids:
+            if pid == os.getpid():
+                continue
+            try:
+                eng.add_holder_pid(int(pid))
+            except gf.NotSupportedError as e:
+                log("ranks_not_fenced", pids=",".join(str(p) for p in pids), msg=json.dumps(str(e)))
+                break
+            registered.append(int(pid))
+        log("ranks_registered", rank=0, pids=",".join(str(p) for p in registered) or "none")
+        return {"registered": registered}
+
+    def gf_serve(self) -> "dict[str, Any]":
+        if self._gf_engine is None:
+            return {}  # GPU-ONLY: a rank without a rank engine
+        eng = self._engine()
         eng.serve()
+        if self.rank != 0:
+            return {}
         log("active", epoch=eng.epoch)
         return {"state": eng.state, "metrics": {k: v for k, v in eng.metrics.items() if isinstance(v, (int, float))}}
 
