@@ -642,6 +642,51 @@ def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
 
 
 
+def test_a_slow_loader_keeps_its_follower_waiting(site, pair, model):
+    """A follower with --init-timeout 3s whose GMS has a writer connected and
+    loading (reporting progress) for 3x that long keeps waiting, then maps
+    the committed weights and stands by; the empty GMS above, with no writer,
+    fails it after the timeout. The writer here copies the loader's layout
+    from GMS 0, slowly."""
+    uri = site.gms_uri(3)
+    site.gmsd(3)
+    src = gf.GMSClient(site.gms_uri(0), gf.Memory(BACKEND), mode="ro", timeout=10)
+    src.map_all()
+    (alloc,) = src.allocations
+    meta = src.metadata
+    w = gf.GMSClient(uri, gf.Memory(BACKEND), mode="rw", timeout=10)
+    slow = site.server("vllm-slow", "follower", model, gms=3, extra=["--init-timeout", "3s"])
+    try:
+        # Wait until the follower waits on this GMS (its vLLM start-up comes first).
+        wait_for(lambda: slow.poll() is not None or gf.gms_status(uri, 2).get("waiters_by_progress", 0) >= 1,
+                 START_TIMEOUT, "the slow loader's follower to wait for the GMS")
+        assert slow.poll() is None, tail(slow)
+        aid = w.allocate(alloc["size"], "weights.0")
+        with memoryview(src.buffer(alloc_id=alloc["id"])) as have, memoryview(w.buffer(alloc_id=aid)) as put:
+            n = alloc["size"]
+            end = time.monotonic() + 9.0
+            for i in range(18):  # 9 s of loading, progress every 0.5 s
+                lo, hi = n * i // 18, n * (i + 1) // 18
+                put[lo:hi] = have[lo:hi]
+                w.report_progress(hi, n)
+                time.sleep(max(0.0, min(0.5, end - time.monotonic())))
+        for name, entry in meta.items():
+            w.put_meta(name, aid, entry["addr"] - alloc["addr"], entry["value"])
+        assert slow.poll() is None, f"the follower gave up on a loader that was making progress:\n{tail(slow)}"
+        w.commit()
+        wait_state(slow, "standby")
+        log = slow.log.read_text()
+        assert "event=weights_mapped" in log and "TimeoutError" not in log
+    finally:
+        src.close()
+        w.close()
+        try:
+            os.killpg(slow.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        slow.wait()
+
+
 def rank_pid(p, rank):
     return int(worker_event(p, "standby", rank)["pid"])
 
@@ -675,10 +720,11 @@ def test_tensor_parallel_2(plain_model):
             assert "event=weights_committed" not in b_log
             refs = {p: complete(tp.port, p) for p in PROMPTS}
             rank1 = rank_pid(a, 1)
-            # The lock holds the holder's rank 1 process too: the next grant
-            # waits until it is gone, not only rank 0.
+            # The lock holds the holder's rank 1 process too (a count of
+            # the processes registered besides rank 0): the next grant waits
+            # until it is gone, not only rank 0.
             status = gf.lock_status(tp.lock_uri)
-            assert rank1 in status["holder_pids"], status
+            assert status["holder_pids"] == 1, status
             for p in (a, b):
                 assert "event=ranks_registered rank=0 pids=" in p.log.read_text()
             failover(tp, a, b, refs, lambda: os.kill(rank1, signal.SIGKILL))

@@ -74,7 +74,7 @@ __all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "PRIVATE_PARAMS", "GfWorkerMixin",
            "commit_gpu", "is_private", "tensor_at"]
 
 if TYPE_CHECKING:
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
 
 def log(event: str, **kv: Any) -> None:
@@ -118,7 +118,7 @@ def kill_process_group(reason: str) -> None:
 
 def no_cpu_repack() -> None:
     """Keep CPU linear layers on the shared weights (no private repacked copy)."""
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
     import vllm.model_executor.layers.utils as layer_utils  # type: ignore[import-not-found, unused-ignore]
 
     def plain_linear(layer: Any, remove_weight: bool) -> None:
@@ -133,10 +133,13 @@ def register_empty_loader() -> None:
     from vllm.model_executor.model_loader import register_model_loader  # type: ignore[import-not-found, unused-ignore]
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader  # type: ignore[import-not-found, unused-ignore]
 
-    @register_model_loader(EMPTY_LOAD_FORMAT)  # type: ignore[untyped-decorator, unused-ignore]
-    class EmptyModelLoader(DummyModelLoader):  # type: ignore[misc, valid-type, unused-ignore]
-        def load_weights(self, model: Any, model_config: Any) -> None:
-            pass
+    def load_weights(self: Any, model: Any, model_config: Any) -> None:
+        pass
+
+    # Made with type(), not a class statement in this function: a class
+    # statement here would read as a module attribute to type checkers.
+    register_model_loader(EMPTY_LOAD_FORMAT)(
+        type("EmptyModelLoader", (DummyModelLoader,), {"__module__": __name__, "load_weights": load_weights}))
 
 
 @contextlib.contextmanager
@@ -170,7 +173,7 @@ def tensor_at(addr: int, dtype: "torch.dtype", shape: Sequence[int], stride: Seq
     would keep unmap() from running while the engine sleeps; remap brings the
     memory back at the same address). Nothing is read or written: the
     memory may be unbacked until the wake."""
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
     itemsize = torch.empty((), dtype=dtype).element_size()
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
     nbytes = max(extent, 1) * itemsize
@@ -184,11 +187,10 @@ def tensor_at(addr: int, dtype: "torch.dtype", shape: Sequence[int], stride: Seq
     if typestr is None:
         raise NotImplementedError(f"parameter dtype {dtype} has no __cuda_array_interface__ typestr")
 
-    class _DeviceArray:
-        __cuda_array_interface__ = {"data": (addr, True), "shape": tuple(shape), "typestr": typestr,
-                                    "strides": tuple(s * itemsize for s in stride), "version": 3}
-
-    return torch.as_tensor(_DeviceArray(), device="cuda").view(dtype)
+    array = type("_DeviceArray", (), {"__cuda_array_interface__": {
+        "data": (addr, True), "shape": tuple(shape), "typestr": typestr,
+        "strides": tuple(s * itemsize for s in stride), "version": 3}})()
+    return torch.as_tensor(array, device="cuda").view(dtype)
 
 
 def dtype_name(dtype: "torch.dtype") -> str:
@@ -305,10 +307,20 @@ def bind(gms: gf.GMSClient, model: Any, device: str, private: Iterable[str] = PR
 
 
 class _CuLocation(ctypes.Structure):
+    type: int
+    id: int
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
 class _CuAllocProp(ctypes.Structure):
+    type: int
+    requestedHandleTypes: int
+    location: _CuLocation
+    win32HandleMetaData: Optional[int]
+    compressionType: int
+    gpuDirectRDMACapable: int
+    usage: int
+    reserved: Any
     _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _CuLocation),
                 ("win32HandleMetaData", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
                 ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
@@ -316,6 +328,8 @@ class _CuAllocProp(ctypes.Structure):
 
 
 class _CuAccessDesc(ctypes.Structure):
+    location: _CuLocation
+    flags: int
     _fields_ = [("location", _CuLocation), ("flags", ctypes.c_int)]
 
 
@@ -348,7 +362,7 @@ def _cuda_scratch(addr: int, size: int, device: int) -> Any:
         check(cu.cuMemSetAccess(ctypes.c_ulonglong(addr), ctypes.c_size_t(mapped), ctypes.byref(desc),
                                 ctypes.c_size_t(1)), "cuMemSetAccess")
         yield
-        import torch
+        import torch  # type: ignore[import-not-found, unused-ignore]
         torch.cuda.synchronize()
     finally:
         if mapped:
@@ -418,7 +432,7 @@ class GfWorkerMixin:
         # GPU-ONLY: the writer's weights are allocated in the GMS; nothing goes
         # to vLLM's CuMem allocator.
         if tag == "weights" and self._gf_writing is not None and self._gf_device == "cuda":
-            import torch
+            import torch  # type: ignore[import-not-found, unused-ignore]
             stack = contextlib.ExitStack()
             pool = torch.cuda.MemPool(gf.torch_allocator().allocator())  # type: ignore[attr-defined, unused-ignore]
             stack.enter_context(gf.torch_pool(self._gf_writing))
@@ -652,7 +666,7 @@ class GfWorkerMixin:
         if self._gf_device == "cuda" and self._gf_kv_range is not None:
             # GPU-ONLY: device memory is not zero-filled when created (host
             # pages are); vLLM's KV cache starts zeroed.
-            import torch
+            import torch  # type: ignore[import-not-found, unused-ignore]
             tensor_at(self._gf_kv_range[0], torch.int8, [self._gf_kv_range[1]], [1], "cuda").zero_()
             torch.cuda.synchronize()
         m = eng.metrics
