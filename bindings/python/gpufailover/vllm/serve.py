@@ -249,8 +249,8 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
 
 async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
     """vLLM's build_and_serve() up to serving: the FastAPI app and its state."""
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.app import build_app  # type: ignore[import-not-found, unused-ignore]
 
     tasks = await client.get_supported_tasks()
     app = build_app(args, tasks, client.model_config)
@@ -260,9 +260,9 @@ async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
 
 async def serve(app: Any, sock: socket.socket, args: argparse.Namespace) -> Any:
     """The rest of vLLM's build_and_serve(): uvicorn on @sock (returns when it stops)."""
-    import vllm.envs as envs
-    from vllm.entrypoints.launchers.launcher import serve_http
-    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config
+    import vllm.envs as envs  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.launcher import serve_http  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config  # type: ignore[import-not-found, unused-ignore]
 
     kwargs: "dict[str, Any]" = {}
     log_config = get_uvicorn_log_config(args)

@@ -56,7 +56,7 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, cast
 
 import gpufailover as gf
 import gpufailover.vllm as gfv
@@ -72,10 +72,6 @@ PRIVATE_PARAMS: Tuple[str, ...] = (r"(^|\.)(k|v|q|prob)_scale$", r"(^|\.)input_s
 
 __all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "PRIVATE_PARAMS", "GfWorkerMixin", "bind", "commit_cpu",
            "commit_gpu", "is_private", "tensor_at"]
-
-if TYPE_CHECKING:
-    import torch  # type: ignore[import-not-found, unused-ignore]
-
 
 def log(event: str, **kv: Any) -> None:
     fields = " ".join(f"{k}={v}" for k, v in kv.items())
@@ -167,8 +163,7 @@ def progress_reports(gms: gf.GMSClient) -> Any:
         loader_class.get_all_weights = real
 
 
-def tensor_at(addr: int, dtype: "torch.dtype", shape: Sequence[int], stride: Sequence[int],
-              device: str) -> "torch.Tensor":
+def tensor_at(addr: int, dtype: Any, shape: Sequence[int], stride: Sequence[int], device: str) -> Any:
     """A tensor over memory at @addr that is not a GMS export (a buffer export
     would keep unmap() from running while the engine sleeps; remap brings the
     memory back at the same address). Nothing is read or written: the
@@ -193,7 +188,7 @@ def tensor_at(addr: int, dtype: "torch.dtype", shape: Sequence[int], stride: Seq
     return torch.as_tensor(array, device="cuda").view(dtype)
 
 
-def dtype_name(dtype: "torch.dtype") -> str:
+def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
