@@ -188,7 +188,7 @@ def main() -> int:
         b_srv = run.server("vllm-b", "follower", lock, gms, model)
         wait_state(b_srv, "standby")
         _, ref = first_token(port)
-        print(f"demo: vllm-a active, vllm-b standby (weights mapped from gf-gmsd, KV released); "
+        print(f"demo: vllm-a active, vllm-b standby (weights mapped from gf-gmsd, no KV memory until its wake); "
               f"answer: {ref}", flush=True)
 
         kill_mono = time.monotonic()
