@@ -450,6 +450,16 @@ class GfWorkerMixin:
         raise ValueError("gf-vllm on a GPU needs --kv-cache-memory-bytes: the KV cache's address range is "
                          "reserved before vLLM could profile the memory")
 
+    def _kv_need(self) -> int:
+        """The memory gate: the KV bytes vLLM will use. Explicit: those; CPU
+        sizing: vLLM's own formula (its budget less what the worker holds),
+        taken now, before the load, so an upper bound of the cache."""
+        if self.cache_config.kv_cache_memory_bytes:
+            return self._gf_kv_bytes
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, self._gf_kv_bytes - rss)
+
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         c = self._gf
         uri = c["gms"].replace("{rank}", str(self.local_rank))
@@ -501,6 +511,7 @@ class GfWorkerMixin:
         eng = gf.Engine(c["lock"], c["id"], [uri], role=c["role"], backend=c["backend"],
                         waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
                         init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
+                        memory_need=self._kv_need(),
                         probe_port=c.get("probe_port"), probe_address=c.get("probe_address"),
                         keep_handles=bool(c.get("keep_handles", True)))
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
@@ -529,7 +540,7 @@ class GfWorkerMixin:
             eng = gf.Engine(None, c["id"], [uri], rank=self.rank, role=c["role"], backend=c["backend"],
                             waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
                             init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
-                            keep_handles=bool(c.get("keep_handles", True)))
+                            memory_need=self._kv_need(), keep_handles=bool(c.get("keep_handles", True)))
             eng.on_loss = lambda code, detail: kill_process_group(f"rank {self.rank}: {gf.strerror(code)}: {detail}")
             self._gf_engine = eng
             eng.init_weights(load=load)
