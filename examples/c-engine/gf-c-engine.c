@@ -129,8 +129,9 @@ static void usage(FILE *to)
 		"                         until Active, where permitted (CAP_SYS_NICE); 0: off (default)\n"
 		"  --ranks N              one process per rank (N = the number of --gms): this one is\n"
 		"                         rank 0 (device 0, the lock, the endpoints), ranks 1..N-1 are\n"
-		"                         its children with one GMS each; any rank's death ends the\n"
-		"                         whole engine (exit 70), so the lock passes on\n"
+		"                         its children, rank engines with one GMS each, registered\n"
+		"                         with the lock; any rank's death ends the whole engine\n"
+		"                         (exit 70), and the lock passes on once every rank exited\n"
 		"  --gpu UUID             a GPU this engine runs on, declared to the lock server's\n"
 		"                         standby pool (repeatable, at most 8; GPU-xxxxxxxx-xxxx-...)\n"
 		"  --asleep-bytes N       memory kept while asleep, declared to the pool (default 0)\n"
@@ -590,7 +591,7 @@ static int serve_endpoint(gf_engine *e, void *userdata)
 	}
 	if (a->ranks) {
 		int64_t t0 = mono_us();
-		int rc = ranks_wake(a->ranks, a->waking_ms > 0 ? a->waking_ms : 120000);
+		int rc = ranks_wake(a->ranks, gf_engine_epoch(e), a->waking_ms > 0 ? a->waking_ms : 120000);
 		if (rc) {
 			logf_(GF_LOG_ERR, "event=ranks_failed step=wake msg=\"%s\"", ranks_error());
 			return rc;
@@ -1144,8 +1145,17 @@ int main(int argc, char **argv)
 		int64_t init_ms = o.init_ms >= 0 ? o.init_ms
 				  : o.role == GF_ENGINE_FOLLOWER ? GF_ENGINE_FOLLOWER_INIT_TIMEOUT_MS
 								 : -1;
-		rc = ranks_start(&a.ranks, o.nranks, o.gms, o.role, init_ms, o.remap_ms > 0 ? o.remap_ms : 30000,
-				 load_weights, &a);
+		const struct ranks_config rc_cfg = {
+			.id = a.id,
+			.role = o.role,
+			.init_ms = init_ms,
+			.remap_ms = o.remap_ms > 0 ? o.remap_ms : 30000,
+			.waking_ms = o.waking_ms,
+			.kv_bytes = o.kv_bytes,
+			.load = load_weights,
+			.load_ud = &a,
+		};
+		rc = ranks_start(&a.ranks, o.nranks, o.gms, &rc_cfg);
 		if (rc) {
 			fprintf(stderr, PROG ": %s\n", ranks_error());
 			return 1;
@@ -1162,6 +1172,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": %s\n", gf_error_detail());
 		gf_engine_free(a.engine);
 		return 2;
+	}
+	/* Every rank is this engine's: the lock passes on once all have exited. */
+	for (int i = 1; i < ranks_count(a.ranks); i++) {
+		if (gf_engine_add_holder_pid(a.engine, ranks_pid(a.ranks, i)) < 0) {
+			fprintf(stderr, PROG ": %s\n", gf_error_detail());
+			gf_engine_free(a.engine);
+			return 1;
+		}
 	}
 	logf_(GF_LOG_INFO, "event=starting id=%s role=%s lock=%s devices=%d kv_bytes=%" PRIu64, a.id,
 	      o.role == GF_ENGINE_LOADER ? "loader" : "follower", o.lock_uri, o.ngms, o.kv_bytes);

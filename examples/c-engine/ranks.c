@@ -2,9 +2,10 @@
 /*
  * The ranks of gf-c-engine --ranks N (see ranks.h). The parent and each rank
  * talk in lines over a socketpair: the rank says "asleep" once its weights
- * are in the GMS and unmapped, the parent says "wake", the rank answers
+ * are in the GMS and unmapped, the parent says "wake EPOCH", the rank answers
  * "awake CHECKSUM"; "error DETAIL" ends a rank. A rank ends when the parent's
- * end closes, or with the parent (PR_SET_PDEATHSIG).
+ * end closes, or with the parent (PR_SET_PDEATHSIG); a GMS lost while it
+ * serves ends it through its engine's loss policy.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -154,44 +155,87 @@ static void __attribute__((noreturn)) rank_fail(int fd, const char *what, int rc
 	_exit(1);
 }
 
+/* Rank @i's share of the load: the rank engine has one device, index 0. */
+struct rank_load {
+	int rank;
+	const struct ranks_config *cfg;
+};
+
+static int rank_load(gf_engine *e, int device, gf_gms *gms, void *userdata)
+{
+	(void)device;
+	const struct rank_load *l = userdata;
+	return l->cfg->load(e, l->rank, gms, l->cfg->load_ud);
+}
+
+/* Rank @i's engine: a rank engine of rank 0's, on its own GMS. */
+static int rank_engine(gf_engine **out, int i, const char *uri, const struct ranks_config *cfg)
+{
+	gf_engine *e;
+	int rc = gf_engine_new(&e);
+	if (rc)
+		return rc;
+	rc = gf_engine_set_rank(e, cfg->id, i);
+	if (!rc)
+		rc = gf_engine_add_gms(e, uri);
+	if (!rc)
+		rc = gf_engine_set_role(e, cfg->role);
+	/* The host backend has one "device", the machine's memory: each rank
+	 * differs by its GMS, not by a device index. */
+	if (!rc)
+		rc = gf_engine_set_backend(e, GF_MEM_HOST);
+	if (!rc)
+		rc = gf_engine_set_init_timeout(e, cfg->init_ms);
+	if (!rc)
+		rc = gf_engine_set_remap_timeout(e, cfg->remap_ms);
+	if (!rc && cfg->waking_ms > 0)
+		rc = gf_engine_set_waking_timeout(e, cfg->waking_ms);
+	if (!rc)
+		rc = gf_engine_set_private_bytes(e, cfg->kv_bytes);
+	if (rc) {
+		gf_engine_free(e);
+		return rc;
+	}
+	*out = e;
+	return 0;
+}
+
 /* The body of rank @i: never returns. */
-static void __attribute__((noreturn)) rank_main(int i, int fd, pid_t parent, const char *uri, int role,
-						int64_t init_ms, int64_t remap_ms, ranks_load_fn load, void *load_ud)
+static void __attribute__((noreturn)) rank_main(int i, int fd, pid_t parent, const char *uri,
+						const struct ranks_config *cfg)
 {
 	/* A rank does not outlive the engine: the parent's death kills it
 	 * (and if the parent died before this line, leave now). */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(1);
-	gf_mem *m;
-	gf_gms *gms;
-	/* The host backend has one "device", the machine's memory: each rank
-	 * differs by its GMS, not by a device index. */
-	int rc = gf_mem_open(&m, GF_MEM_HOST, 0);
+	gf_engine *e;
+	int rc = rank_engine(&e, i, uri, cfg);
 	if (rc)
-		rank_fail(fd, "open the memory backend", rc);
-	rc = gf_gms_connect(&gms, uri, m, role == GF_ENGINE_LOADER ? GF_GMS_RW_OR_RO : GF_GMS_RO, init_ms);
+		rank_fail(fd, "configure the rank engine", rc);
+	struct rank_load l = { .rank = i, .cfg = cfg };
+	rc = gf_engine_init_weights(e, rank_load, &l);
 	if (rc)
-		rank_fail(fd, "connect to the GMS", rc);
-	if (gf_gms_granted_mode(gms) == GF_GMS_RW) {
-		rc = load(NULL, i, gms, load_ud);
-		if (rc)
-			rank_fail(fd, "load", rc);
-	} else if ((rc = gf_gms_map_all(gms))) {
-		rank_fail(fd, "import", rc);
-	}
-	rc = gf_gms_unmap(gms);
+		rank_fail(fd, "load or import", rc);
+	rc = gf_engine_sleep(e);
 	if (rc)
 		rank_fail(fd, "sleep", rc);
 	say(fd, "asleep");
 	char line[64];
-	if (read_line(fd, line, sizeof(line), -1) || strcmp(line, "wake") != 0)
+	unsigned long long epoch = 0;
+	if (read_line(fd, line, sizeof(line), -1) || sscanf(line, "wake %llu", &epoch) != 1)
 		_exit(0); /* the engine ended before waking this rank */
-	rc = gf_gms_remap(gms, remap_ms);
+	rc = gf_engine_wake_as_rank(e, epoch);
+	if (rc)
+		rank_fail(fd, "wake (memory gate)", rc);
+	rc = gf_engine_wake_up(e);
 	if (rc)
 		rank_fail(fd, "wake", rc);
+	rc = gf_engine_serve(e, NULL, NULL);
+	if (rc)
+		rank_fail(fd, "serve", rc);
 	char sum[17];
-	checksum(gms, sum);
+	checksum(gf_engine_gms(e, 0), sum);
 	say(fd, "awake %s", sum);
 	/* Serving until the engine ends: its end of the pair closes. */
 	while (read_line(fd, line, sizeof(line), -1) == 0)
@@ -199,8 +243,7 @@ static void __attribute__((noreturn)) rank_main(int i, int fd, pid_t parent, con
 	_exit(0);
 }
 
-int ranks_start(struct ranks **out, int n, const char *const *gms_uri, int role, int64_t init_ms,
-		int64_t remap_ms, ranks_load_fn load, void *load_ud)
+int ranks_start(struct ranks **out, int n, const char *const *gms_uri, const struct ranks_config *cfg)
 {
 	if (n < 2 || n > MAX_RANKS)
 		return fail(GF_ERR_INVALID_ARG, "ranks: 2..%d ranks, not %d", MAX_RANKS, n);
@@ -228,7 +271,7 @@ int ranks_start(struct ranks **out, int n, const char *const *gms_uri, int role,
 			close(sv[0]);
 			for (int k = 1; k < i; k++)
 				close(r->r[k].fd);
-			rank_main(i, sv[1], self, gms_uri[i], role, init_ms, remap_ms, load, load_ud);
+			rank_main(i, sv[1], self, gms_uri[i], cfg);
 		}
 		close(sv[1]);
 		r->r[i].pid = pid;
@@ -239,6 +282,11 @@ int ranks_start(struct ranks **out, int n, const char *const *gms_uri, int role,
 	}
 	*out = r;
 	return 0;
+}
+
+int ranks_pid(const struct ranks *r, int i)
+{
+	return r && i > 0 && i < r->n ? (int)r->r[i].pid : 0;
 }
 
 int ranks_count(const struct ranks *r)
@@ -276,12 +324,12 @@ int ranks_wait_asleep(struct ranks *r)
 	return 0;
 }
 
-int ranks_wake(struct ranks *r, int64_t timeout_ms)
+int ranks_wake(struct ranks *r, uint64_t epoch, int64_t timeout_ms)
 {
 	int64_t deadline = now_ms() + timeout_ms;
 	char line[600];
 	for (int i = 1; i < r->n; i++)
-		say(r->r[i].fd, "wake");
+		say(r->r[i].fd, "wake %" PRIu64, epoch);
 	for (int i = 1; i < r->n; i++) {
 		int64_t left = deadline - now_ms();
 		int rc = expect(r, i, "awake ", left > 0 ? left : 0, line, sizeof(line));

@@ -480,6 +480,30 @@ def test_ranks_die_with_rank_zero(world):
     wait_for(lambda: state(b) == "active", "engine-b active")
 
 
+def test_ranks_are_rank_engines_registered_with_the_lock(world):
+    """Each rank is a rank engine (its GMS watched once serving) whose pid
+    rank 0 registered with the lock: a GMS lost under rank 1 ends rank 1 by
+    its loss policy, and with it the whole engine."""
+    world.lockd()
+    world.gmsd()
+    gms1 = f"unix://{world.dir}/gms1.sock"
+    g1 = world.start("gmsd1", [GMSD, "--listen", gms1, "--backend", "host"])
+    g1.wait_log(r'msg="?ready')
+    a = world.engine("engine-a", "--role", "loader", "--ranks", "2", "--gms", gms1)
+    serving_port(a)
+    a1 = rank_pid(a, 1)
+    st = json.loads(http(a.probe_port, "/state")[1])
+    assert st["state"] == "active" and st["rank"] == 0 and st["holder_pids"] == 1
+    g1.p.send_signal(signal.SIGKILL)
+    g1.wait_exit()
+    assert a.wait_exit() == 70
+    log = a.text()
+    # Rank 1's own loss policy (SIGTERM to itself), then the engine's.
+    assert "err=GF_ERR_GMS_LOST" in log, log
+    assert "event=rank_lost rank=1 msg=\"rank 1 was killed by signal 15" in log, log
+    assert not alive(a1)
+
+
 def test_ranks_bad_usage(world):
     for extra in (["--ranks", "2"], ["--ranks", "0"], ["--ranks", "x"]):
         p = world.start("bad", [ENGINE, "--lock", world.lock_uri, "--gms", world.gms_uri, *extra])

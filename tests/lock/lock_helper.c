@@ -88,6 +88,10 @@ static int add_pid_errors(const char *uri, const char *id)
 		return 1;
 	printf("tcp=%s\n", name(gf_lock_add_pid(t, getppid())));
 	gf_lock_free(t);
+	if (gf_lock_new(&t, "etcd://127.0.0.1:1/gf/x", id) < 0)
+		return 1;
+	printf("etcd=%s\n", name(gf_lock_add_pid(t, getppid())));
+	gf_lock_free(t);
 	fflush(stdout);
 	return 0;
 }

@@ -174,7 +174,7 @@ def test_add_pid_errors():
     got = dict(line.split("=", 1) for line in r.stdout.split())
     assert got == {"zero": "GF_ERR_INVALID_ARG", "negative": "GF_ERR_INVALID_ARG", "dead": "GF_ERR_NOT_FOUND",
                    "self": "0", "again": "0", "toomany": "GF_ERR_TOO_BIG", "after_exit": "0",
-                   "tcp": "GF_ERR_NOT_SUPPORTED"}, r.stdout
+                   "tcp": "GF_ERR_NOT_SUPPORTED", "etcd": "GF_ERR_NOT_SUPPORTED"}, r.stdout
 
 
 def _hello(s, name):

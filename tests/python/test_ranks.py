@@ -33,6 +33,10 @@ def test_lock_add_pid_errors(cluster):
         lock.add_pid(-3)
     with pytest.raises(TypeError):
         lock.add_pid("12")
+    with pytest.raises(TypeError):
+        lock.add_pid(True)  # not pid 1
+    with pytest.raises(OverflowError):
+        lock.add_pid(1 << 40)
     p = subprocess.Popen(["true"])
     p.wait()
     with pytest.raises(gf.NotFoundError):

@@ -372,6 +372,8 @@ static PyObject *Engine_sleep_checked(EngineObject *self, PyObject *unused)
 static PyObject *Engine_add_holder_pid(EngineObject *self, PyObject *arg)
 {
 	int pid;
+	if (PyBool_Check(arg))
+		return PyErr_Format(PyExc_TypeError, "pid must be an int, not bool");
 	if (engine_ready(self) < 0 || !PyArg_Parse(arg, "i", &pid))
 		return NULL;
 	int rc;

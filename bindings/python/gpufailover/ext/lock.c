@@ -291,6 +291,8 @@ static PyObject *Lock_set_resources(LockObject *self, PyObject *args, PyObject *
 static PyObject *Lock_add_pid(LockObject *self, PyObject *arg)
 {
 	int pid;
+	if (PyBool_Check(arg))
+		return PyErr_Format(PyExc_TypeError, "pid must be an int, not bool");
 	if (lock_ready(self) < 0 || !PyArg_Parse(arg, "i", &pid))
 		return NULL;
 	int rc;
