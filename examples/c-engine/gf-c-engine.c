@@ -730,10 +730,10 @@ static void *signal_thread(void *arg)
 		      gf_engine_state_name(gf_engine_state(s->app->engine)));
 		int st = gf_engine_state(s->app->engine);
 		if (st == GF_ENGINE_INIT || (st == GF_ENGINE_DEAD && !s->app->weights_mapped)) {
-			/* Init blocks in the GMS (a follower waits for the commit)
-			 * where no interrupt reaches; nothing is held yet that the
-			 * kernel does not release, so leave right away (70 when
-			 * the startup watchdog ran the loss policy). */
+			/* Init may block in the GMS (a follower waits for the
+			 * commit); nothing is held yet that the kernel does not
+			 * release, so leave right away rather than unwind it (70
+			 * when the startup watchdog ran the loss policy). */
 			int status = s->app->lost ? 70 : 0;
 			logf_(GF_LOG_INFO, "event=exit status=%d msg=\"stopped during init\"", status);
 			_exit(status);

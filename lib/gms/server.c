@@ -590,7 +590,6 @@ static void drop_layout(gf_gmsd *d, const char *reason)
 
 /* ---------------------------------------------------------------- replies */
 
-/* Open peers that finished the handshake, in no particular order: first with NULL. */
 static struct client *writer_client(gf_gmsd *d)
 {
 	for (struct client *c = next_client(d, NULL); c; c = next_client(d, c))
@@ -599,6 +598,7 @@ static struct client *writer_client(gf_gmsd *d)
 	return NULL;
 }
 
+/* Open peers that finished the handshake, in no particular order: first with NULL. */
 static struct client *next_client(gf_gmsd *d, struct client *prev)
 {
 	struct gf_srv_peer *p = prev ? prev->p : NULL;
