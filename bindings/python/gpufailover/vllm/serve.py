@@ -1,21 +1,23 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Runs vLLM's OpenAI API server as one member of a primary/standby pair.
+"""``gf-vllm``: vLLM's OpenAI API server as one member of a primary/standby pair.
 
-    gf_vllm_serve.py --lock URI --gms URI [--role loader|follower] --id ID
-        [--listener NAME] [--probe-port N] ... -- <vLLM server arguments>
+    gf-vllm serve MODEL [vLLM server arguments] --lock URI --gms URI --id ID
+        [--role loader|follower] [--listener NAME] [--probe-port N] ...
 
-The vLLM server arguments are those of `vllm serve` / `python -m
-vllm.entrypoints.openai.api_server` (the model first, or --model); this
-adds --worker-cls gf_worker.GfWorker. The engine state machine runs in that
-worker (see gf_worker.py); this process drives it through vLLM's
-collective_rpc:
+(``python -m gpufailover.vllm serve ...`` is the same.) The vLLM server
+arguments are those of ``vllm serve`` (the model first, or --model); the
+gf-vllm options may stand anywhere among them, and everything after ``--``
+goes to vLLM as it is. This adds ``--worker-cls
+gpufailover.vllm.worker.GfWorker``; the engine state machine runs in that
+worker, behind vLLM's sleep-mode backend ``gpufailover``, and this process
+drives it with vLLM's own sleep and wake:
 
-    start vLLM (the worker loads and commits the weights, or maps them)
-    -> gf_standby: KV cache freed, weights unmapped
-    -> gf_acquire: blocks until the lock is granted; memory gate, remap, KV
-       cache allocated again; the lock's listening socket is passed here
-    -> uvicorn serves on that socket -> gf_serve: Active.
+    start vLLM (the worker loads and commits the weights, or maps them; the
+       KV cache's tensors lie over the engine's reserved, unbacked region)
+    -> sleep: Standby, the weights unmapped
+    -> wake_up: blocks until the lock is granted; memory gate, the KV region
+       backed, remap; the lock's listening socket is passed here
+    -> uvicorn serves on that socket -> serve: Active.
 
 A standby has no HTTP socket at all: clients connect to the lock's
 listener (gf-lockd --listener NAME=URI), whose backlog keeps them during a
@@ -24,15 +26,16 @@ vLLM's --host/--port after the grant.
 
 The process tree dies as one: this process leads its process group; the
 engine processes get SIGKILL when their parent dies (PR_SET_PDEATHSIG), this
-process kills the group when the engine process exits, and the engine's
+process kills the group when a worker process exits, and the engine's
 loss policy (lock or GMS lost) kills the group. A killed tree cannot remove
 vLLM's /dev/shm files: each launcher lists its tree's files and, at its
-start, removes those of trees that are gone (shm_files.py).
+start, removes those of trees that are gone (:mod:`gpufailover.vllm.shm_files`).
 """
 import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import select
 import signal
@@ -40,11 +43,13 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
-CONFIG_ENV = "GF_VLLM_CONFIG"
+from . import shm_files
+from .worker import CONFIG_ENV
+
+WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
+PROG = "gf-vllm"
 
 
 def log(event: str, **kv: Any) -> None:
@@ -84,12 +89,12 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def parse_args(argv: "list[str]") -> "tuple[argparse.Namespace, list[str]]":
-    if "--" not in argv:
-        print("gf_vllm_serve.py: give the vLLM server arguments after --", file=sys.stderr)
-        sys.exit(2)
-    cut = argv.index("--")
-    p = argparse.ArgumentParser(description="vLLM's API server as a member of a gpufailover primary/standby pair.")
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} serve", allow_abbrev=False,
+        usage=f"{PROG} serve MODEL [vLLM server arguments] --lock URI --gms URI --id ID [options]",
+        description="vLLM's OpenAI API server as a member of a gpufailover primary/standby pair. Every argument "
+                    "that is not one of these (and all after --) goes to vLLM's server.")
     p.add_argument("--lock", required=True, help="lock server URI")
     p.add_argument("--gms", required=True, help="GMS URI; {rank} is replaced by the worker's local rank")
     p.add_argument("--id", required=True, help="engine id (unique per member)")
@@ -103,15 +108,47 @@ def parse_args(argv: "list[str]") -> "tuple[argparse.Namespace, list[str]]":
     p.add_argument("--remap-timeout", type=parse_duration, default=30.0)
     p.add_argument("--init-timeout", type=parse_duration, default=600.0,
                    help="how long Init waits for the GMS and a follower for the loader's commit (fail-fast)")
+    p.add_argument("--keep-handles", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the GMS handles while asleep (a wake maps without fd passing); --no-keep-handles "
+                        "releases them at sleep, so a standby pins none of the GMS's memory")
+    p.add_argument("--private-param", action="append", default=[], metavar="REGEX",
+                   help="parameters (by name) the model writes after loading: each engine keeps its own copy "
+                        "(added to the built-in list of fp8 scales)")
     p.add_argument("--cpu-repack", action="store_true",
                    help="let vLLM's CPU path repack linear weights into private memory (not shared)")
-    return p.parse_args(argv[:cut]), argv[cut + 1:]
+    return p
 
 
-def open_shm_list() -> "Optional[Any]":
-    """Remove the /dev/shm files that killed vLLM trees left (shm_files.py),
+def parse_args(argv: Sequence[str]) -> "tuple[argparse.Namespace, list[str]]":
+    """``serve`` and the gf-vllm options; the rest in order, for vLLM."""
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        _parser().print_help()
+        sys.exit(0 if argv else 2)
+    if argv[0] != "serve":
+        print(f"{PROG}: unknown command {argv[0]!r}: the command is `{PROG} serve MODEL [vLLM arguments] "
+              "--lock URI --gms URI --id ID`", file=sys.stderr)
+        sys.exit(2)
+    rest = argv[1:]
+    tail: "list[str]" = []
+    if "--" in rest:
+        cut = rest.index("--")
+        rest, tail = rest[:cut], rest[cut + 1:]
+    ours, vllm_argv = _parser().parse_known_args(rest)
+    for pattern in ours.private_param:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            _parser().error(f"--private-param {pattern!r}: {e}")
+    vllm_argv += tail
+    if not vllm_argv:
+        _parser().error("give the model and vLLM's server arguments")
+    return ours, vllm_argv
+
+
+def open_shm_list() -> "Optional[shm_files.FileList]":
+    """Remove the /dev/shm files that killed vLLM trees left (shm_files),
     then start this tree's own list. Without a writable /dev/shm, neither."""
-    import shm_files
     if not os.access(shm_files.SHM_DIR, os.W_OK):
         return None
     try:
@@ -124,7 +161,7 @@ def open_shm_list() -> "Optional[Any]":
         return None
 
 
-def record_shm(shm_list: "Optional[Any]") -> None:
+def record_shm(shm_list: "Optional[shm_files.FileList]") -> None:
     if shm_list is None:
         return
     try:
@@ -133,19 +170,20 @@ def record_shm(shm_list: "Optional[Any]") -> None:
         log("shm_list_failed", error=json.dumps(str(e)))
 
 
-async def run(a: argparse.Namespace, vllm_argv: "list[str]", shm_list: "Optional[Any]") -> None:
-    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
+              shm_list: "Optional[shm_files.FileList]") -> None:
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args  # type: ignore[import-not-found, unused-ignore]
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found, unused-ignore]
 
-    parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-compatible server"))
+    parser_class: Any = FlexibleArgumentParser
+    parser = make_arg_parser(parser_class(description="vLLM OpenAI-compatible server"))
     args = parser.parse_args(vllm_argv)
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     validate_parsed_serve_args(args)
-    args.worker_cls = "gf_worker.GfWorker"
+    args.worker_cls = WORKER_CLS
 
-    fd_socket = f"\0gf-vllm-{os.getpid()}-{secrets.token_hex(8)}"
     receiver = socket.socket(socket.AF_UNIX)
     receiver.bind(fd_socket)
     receiver.listen(1)
@@ -156,12 +194,17 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", shm_list: "Optional
         # The HTTP app is built before the grant: a wake then only starts
         # serving it (building it takes seconds).
         app = await build_http_app(client, args)
-        standby = await client.collective_rpc("gf_standby")
-        for rank in standby:  # the lock's holder (rank 0) and every other rank
+        # vLLM's own sleep: every rank's worker goes to Standby through the
+        # gpufailover sleep-mode backend (vLLM's /sleep takes the same path).
+        await client.sleep(1)
+        ranks = await client.collective_rpc("gf_info")
+        for rank in ranks:  # the lock's holder (rank 0) and every other rank
             watch_engine_process(int(rank["pid"]))
+        # The lock passes on only once every rank's process is gone.
+        await client.collective_rpc("gf_register_ranks", args=([int(r["pid"]) for r in ranks],))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, record_shm, shm_list)  # a scan of /proc: off the loop
-        log("standby", ranks=len(standby), kv_released_bytes=sum(int(r["kv_released_bytes"]) for r in standby))
+        log("standby", ranks=len(ranks), kv_bytes=sum(int(r["kv_bytes"]) for r in ranks))
 
         def receive() -> Optional[socket.socket]:
             if not a.listener:
@@ -172,24 +215,23 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", shm_list: "Optional
             return socket.socket(fileno=fds[0])
 
         got = loop.run_in_executor(None, receive)
+        # vLLM's own wake: the backend's resume blocks in rank 0 until the
+        # lock is granted, then every rank wakes (rank 0 passes the lock's
+        # listening socket here).
         try:
-            woke = await client.collective_rpc("gf_acquire", args=(fd_socket,))
+            await client.wake_up()
         except Exception as e:
             die(f"wake failed: {e}", 1)
-        if len(woke) > 1:
-            try:
-                await client.collective_rpc("gf_wake_ranks", args=(woke[0]["granted_mono"],))
-            except Exception as e:
-                die(f"wake failed on a rank: {e}", 1)
         sock = await got
         receiver.close()
-        await client.reset_prefix_cache()
         if sock is None:
-            from vllm.entrypoints.launchers.launcher import create_server_socket
+            from vllm.entrypoints.launchers.launcher import create_server_socket  # type: ignore[import-not-found, unused-ignore]
             sock = create_server_socket((args.host or "", args.port), reuse_port=False)
         addr = sock.getsockname()
         where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        log("awake", epoch=woke[0]["epoch"], wake_ms=round(woke[0]["wake_s"] * 1000, 1))
+        woke = await client.collective_rpc("gf_info")
+        log("awake", epoch=woke[0]["epoch"], remap_ms=round(int(woke[0]["remap_us"]) / 1000, 2),
+            kv_ms=round(int(woke[0]["kv_us"]) / 1000, 2))
         # vLLM's serve_http returns only when the server stops: serve in a
         # task, and enter Active once /health answers on the socket.
         serving = asyncio.create_task(serve(app, sock, args))
@@ -207,8 +249,8 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", shm_list: "Optional
 
 async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
     """vLLM's build_and_serve() up to serving: the FastAPI app and its state."""
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.app import build_app  # type: ignore[import-not-found, unused-ignore]
 
     tasks = await client.get_supported_tasks()
     app = build_app(args, tasks, client.model_config)
@@ -218,9 +260,9 @@ async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
 
 async def serve(app: Any, sock: socket.socket, args: argparse.Namespace) -> Any:
     """The rest of vLLM's build_and_serve(): uvicorn on @sock (returns when it stops)."""
-    import vllm.envs as envs
-    from vllm.entrypoints.launchers.launcher import serve_http
-    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config
+    import vllm.envs as envs  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.launcher import serve_http  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config  # type: ignore[import-not-found, unused-ignore]
 
     kwargs: "dict[str, Any]" = {}
     log_config = get_uvicorn_log_config(args)
@@ -254,30 +296,28 @@ async def wait_healthy(sock: socket.socket, serving: "asyncio.Task[Any]") -> Non
     await serving  # it ended before serving: its exception
 
 
-def main(argv: "Optional[list[str]]" = None) -> int:
+def main(argv: "Optional[Sequence[str]]" = None) -> int:
+    """The ``gf-vllm`` console script."""
     a, vllm_argv = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         os.setpgid(0, 0)  # lead a process group: the tree dies together
     except PermissionError:
         pass  # already a session leader (started with setsid)
-    sys.path.insert(0, str(HERE))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+    token = secrets.token_hex(8)
+    fd_socket = f"\0gf-vllm-{os.getpid()}-{token}"
     os.environ[CONFIG_ENV] = json.dumps({
         "lock": a.lock, "gms": a.gms, "id": a.id, "role": a.role, "backend": a.backend, "listener": a.listener,
         "probe_port": a.probe_port, "probe_address": a.probe_address, "waking_timeout": a.waking_timeout,
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
-        "server_pid": os.getpid()})
+        "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
+        "token": token, "fd_socket": fd_socket})
     # Until uvicorn installs its handlers, SIGTERM ends the whole tree.
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM", 0))
     shm_list = open_shm_list()
-    import uvloop
+    import uvloop  # type: ignore[import-not-found, unused-ignore]
     try:
-        uvloop.run(run(a, vllm_argv, shm_list))
+        uvloop.run(run(a, vllm_argv, fd_socket, shm_list))
     except Exception as e:  # an engine that failed to start: nothing of it may stay
         die(f"{type(e).__name__}: {e}", 1)
     die("server stopped", 0)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
