@@ -72,7 +72,7 @@ struct gmsc_fsm gms_client_fsm_get(const gf_gms *g)
 /* The FSM went LOST (once per connection): say so, and run the hook. */
 static void announce_lost(gf_gms *g, const char *detail)
 {
-	gf_log(GF_LOG_WARN, "gms", "GPU memory service %s lost: %s", g->uri_text, detail);
+	gf_log(GF_LOG_WARN, "gms", "event=gms_lost gms=%s detail=\"%s\"", g->uri_text, detail);
 	if (g->lost_fn)
 		g->lost_fn(g, GF_ERR_GMS_LOST, detail, g->lost_ud);
 }
@@ -410,7 +410,7 @@ static void *watcher_main(void *arg)
 		g->w_gen++;
 		switch (gmsc_fsm_hangup(&g->fsm)) {
 		case GMSC_HANGUP_RELEASE:
-			gf_log(GF_LOG_INFO, "gms", "asleep: %s closed the kept session; releasing %zu handles",
+			gf_log(GF_LOG_INFO, "gms", "event=kept_session_closed gms=%s state=asleep released_handles=%zu",
 			       g->uri_text, g->nallocs);
 			gms_client_release_imports(g);
 			break;

@@ -85,7 +85,8 @@ static int read_wake(gf_gms *g)
 	g->parked_fd = -1;
 	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
 	if (rc < 0) {
-		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again", g->uri_text,
+		gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=connect",
+		       g->uri_text,
 		       gf_error_detail());
 		wake_failed(g); /* kept handles included: nobody vouches for them now */
 		return 1;
@@ -166,7 +167,7 @@ int gf_gms_remap_begin(gf_gms *gms, int64_t timeout_ms)
 		return 0; /* nothing to send ahead: sent already, or gf_gms_remap() connects */
 	}
 	if (send_wake(gms, timeout_ms) < 0) {
-		gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); the remap connects again",
+		gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=remap",
 		       gms->uri_text, gf_error_detail());
 		gms_client_drop_parked(gms);
 	}
@@ -180,7 +181,7 @@ int gf_gms_remap_cancel(gf_gms *gms)
 	struct gmsc_fsm f = gms_client_fsm_get(gms);
 	if (gmsc_fsm_wake_path(&f) != GMSC_WAKE_READ)
 		return 0;
-	gf_log(GF_LOG_INFO, "gms", "wake: request to %s taken back; the next wake connects afresh", gms->uri_text);
+	gf_log(GF_LOG_INFO, "gms", "event=wake_request_withdrawn gms=%s next=connect", gms->uri_text);
 	gms_client_drop_parked(gms);
 	return 0;
 }
@@ -225,7 +226,7 @@ int gf_gms_unmap(gf_gms *gms)
 	gms->fsm.watch = watch;
 	/* Kept handles go to the watcher's care: it releases them when the GMS closes the session. */
 	if (kept >= GMSC_KEPT_HANDLES && gms_client_watch_set_locked(gms, gms->parked_fd) < 0) {
-		gf_log(GF_LOG_WARN, "gms", "sleep: handles released: %s", gf_error_detail());
+		gf_log(GF_LOG_WARN, "gms", "event=kept_handles_released phase=sleep detail=\"%s\"", gf_error_detail());
 		gms_client_release_imports(gms);
 		gmsc_fsm_released(&gms->fsm);
 	}
@@ -309,7 +310,7 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 	/* The first step: over the kept session (its request sent now, or by remap_begin), or a fresh connect. */
 	if (w == GMSC_WAKE_SEND) {
 		if (send_wake(gms, timeout_ms) < 0) {
-			gf_log(GF_LOG_DEBUG, "gms", "wake: kept session to %s is gone (%s); connecting again",
+			gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=connect",
 			       gms->uri_text, gf_error_detail());
 			gms_client_drop_parked(gms);
 			w = GMSC_WAKE_CONNECT;
@@ -362,6 +363,6 @@ int gf_gms_remap(gf_gms *gms, int64_t timeout_ms)
 		return rc;
 	}
 	if (f.watch && (rc = gf_gms_start_watch(gms)) < 0)
-		gf_log(GF_LOG_WARN, "gms", "remap: watcher not restarted: %s", gf_error_detail());
+		gf_log(GF_LOG_WARN, "gms", "event=remap_watcher_not_restarted detail=\"%s\"", gf_error_detail());
 	return 0;
 }

@@ -11,6 +11,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "pins.h"
 #include "schema_limits.h"
 
@@ -20,7 +21,7 @@ static void event(struct gms_pins *p, const char *fmt, ...)
 	char text[GF_LIMIT_EVENT_TEXT];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
+	gf_log_vformat(text, sizeof(text), fmt, ap); /* values escaped: the text is logged as is */
 	va_end(ap);
 	if (p->event)
 		p->event(p->ctx, text);

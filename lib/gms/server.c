@@ -348,7 +348,7 @@ static void handle_connect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 			    gms_mode_name(c->mode), gms_state_name(d->fsm.state));
 		return;
 	}
-	gf_log(GF_LOG_DEBUG, "gms", "peer=%s waits mode=%s state=%s", c->peer, gms_mode_name(c->mode),
+	gf_log(GF_LOG_DEBUG, "gms", "event=waiting peer=%s mode=%s state=%s", c->peer, gms_mode_name(c->mode),
 	       gms_state_name(d->fsm.state));
 	/* A new RW waiter holds back RO requests (writer priority); nothing else to re-check. */
 }

@@ -19,7 +19,7 @@ void gmsd_event(gf_gmsd *d, const char *fmt, ...)
 	struct gevent *e = &d->events[d->ev_next];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(e->what, sizeof(e->what), fmt, ap);
+	gf_log_vformat(e->what, sizeof(e->what), fmt, ap); /* values escaped: logged as is below */
 	va_end(ap);
 	e->at_us = gf_wall_us();
 	d->ev_next = (d->ev_next + 1) % GMSD_EVENTS;
@@ -207,7 +207,7 @@ int gmsd_reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const
 	memset(d->out, 0, sizeof(*d->out));
 	d->out->seq = seq;
 	gf_msg_set_error(d->out, code, detail);
-	gf_log(GF_LOG_DEBUG, "gms", "error to peer=%s code=%s detail=\"%s\"", c->peer, gf_error_name(code),
+	gf_log(GF_LOG_DEBUG, "gms", "event=error_sent peer=%s code=%s detail=\"%s\"", c->peer, gf_error_name(code),
 	       detail);
 	return gmsd_send_msg(d, c, NULL, 0);
 }

@@ -742,8 +742,9 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	int64_t send_at = gf_now_us();
 	int sent = gf_srv_send(d->srv, c->peer, m, lfds, nl);
 	flush_release_log(d);
-	gf_log(GF_LOG_INFO, "lock", "msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s send_mono_us=%lld",
-	       reclaimed ? "reclaimed" : "granted", c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix",
+	const char *what = reclaimed ? "reclaimed" : "granted";
+	gf_log(GF_LOG_INFO, "lock", "event=%s msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s send_mono_us=%lld", what,
+	       what, c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix",
 	       (long long)send_at);
 	if (sent == 0 && p->pidfd >= 0)
 		c->pid_watched = gf_srv_watch_add(d->srv, p->pidfd, &c->pid_watch) == 0;

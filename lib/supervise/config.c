@@ -102,9 +102,9 @@ static int cfg_periods(json_t *obj, const char *where, struct gf_sv_periods *p)
 		if ((r = cfg_duration(old, at, &p->revoke_grace_ms)) < 0)
 			return r;
 		gf_log(GF_LOG_WARN, "supervise",
-		       "%s.forceful_grace is deprecated: it is revoke_grace (SIGKILL -> lock revocation); AppWrapper's "
-		       "ForcefulDeletionGracePeriod is term_grace",
-		       where);
+		       "event=option_deprecated option=%s.forceful_grace msg=\"%s.forceful_grace is deprecated: it is revoke_grace "
+		       "(SIGKILL -> lock revocation); AppWrapper's ForcefulDeletionGracePeriod is term_grace\"",
+		       where, where);
 	}
 	json_t *lim = json_object_get(obj, "retry_limit");
 	if (lim) {
@@ -262,7 +262,7 @@ static int cfg_engine(gf_supervisor *sv, json_t *obj, size_t idx, const struct g
 		if ((r = gf_sv_periods_validate(&e->periods, note, sizeof(note))) < 0)
 			return gf_err(r, "%s.%s", at, gf_error_detail());
 		if (note[0])
-			gf_log(GF_LOG_WARN, "supervise", "engine=%s %s", e->name, note);
+			gf_log(GF_LOG_WARN, "supervise", "event=periods_clamped engine=%s detail=\"%s\"", e->name, note);
 	}
 	(void)sv;
 	gf_sv_init(&e->pol);
@@ -288,7 +288,7 @@ static int load(gf_supervisor *sv, json_t *root)
 	if ((r = gf_sv_periods_validate(&defaults, note, sizeof(note))) < 0)
 		return gf_err(r, "periods.%s", gf_error_detail());
 	if (note[0])
-		gf_log(GF_LOG_WARN, "supervise", "%s", note);
+		gf_log(GF_LOG_WARN, "supervise", "event=periods_clamped detail=\"%s\"", note);
 
 	json_t *term = json_object_get(root, "terminal_exit_codes");
 	if (term) {

@@ -156,7 +156,7 @@ static int do_spawn(gf_supervisor *sv, struct sv_engine *e)
 	e->next_probe_us = 0;
 	/* Look at the lock soon: a grant and a switchover are proven by it. */
 	sv->lock_poll_at = 0;
-	gf_log(GF_LOG_INFO, "supervise", "engine=%s started pid=%d", e->name, (int)pid);
+	gf_log(GF_LOG_INFO, "supervise", "event=engine_started engine=%s pid=%d", e->name, (int)pid);
 	return 0;
 }
 
@@ -250,7 +250,7 @@ static void lock_poll(gf_supervisor *sv, int64_t now)
 		return;
 	if (gf_lock_query_start(&sv->poll_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL,
 				sv->probe_timeout_ms) < 0)
-		gf_log(GF_LOG_DEBUG, "supervise", "lock poll: %s", gf_error_detail());
+		gf_log(GF_LOG_DEBUG, "supervise", "event=lock_poll_failed detail=\"%s\"", gf_error_detail());
 }
 
 static void lock_poll_answer(gf_supervisor *sv)
@@ -263,12 +263,12 @@ static void lock_poll_answer(gf_supervisor *sv)
 	sv->poll_q = NULL;
 	if (r < 0) {
 		if (!sv->poll_failing)
-			gf_log(GF_LOG_WARN, "supervise", "lock poll: %s", gf_error_detail());
+			gf_log(GF_LOG_WARN, "supervise", "event=lock_poll_failed detail=\"%s\"", gf_error_detail());
 		sv->poll_failing = 1;
 		return;
 	}
 	if (sv->poll_failing)
-		gf_log(GF_LOG_INFO, "supervise", "lock poll: the lock server answers again");
+		gf_log(GF_LOG_INFO, "supervise", "event=lock_poll_recovered");
 	sv->poll_failing = 0;
 	for (size_t i = 0; i < sv->n; i++) {
 		struct sv_engine *e = &sv->eng[i];
@@ -276,7 +276,7 @@ static void lock_poll_answer(gf_supervisor *sv)
 		    !own_process((pid_t)h.pid, e->pid))
 			continue;
 		if (e->held_epoch != h.epoch)
-			gf_log(GF_LOG_INFO, "supervise", "engine=%s holds the lock epoch=%" PRIu64 " pid=%u", e->name,
+			gf_log(GF_LOG_INFO, "supervise", "event=lock_held engine=%s epoch=%" PRIu64 " pid=%u", e->name,
 			       h.epoch, h.pid);
 		pthread_mutex_lock(&sv->mu);
 		e->held_epoch = h.epoch;
@@ -296,7 +296,9 @@ static void lock_poll_answer(gf_supervisor *sv)
 static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, pid_t gone_pid)
 {
 	if (!sv->lock_uri || !e->lock_id) {
-		gf_log(GF_LOG_WARN, "supervise", "engine=%s will not exit and no lock is configured to revoke", e->name);
+		gf_log(GF_LOG_WARN, "supervise",
+		       "event=revoke_impossible engine=%s reason=\"it will not exit and no lock is configured\"",
+		       e->name);
 		return;
 	}
 	if (e->revoke_q)
@@ -305,9 +307,11 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, p
 	e->revoke_proven = proven;
 	e->revoke_gone_pid = gone_pid;
 	if (gf_lock_query_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, NULL, 2000) < 0)
-		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+		gf_log(GF_LOG_ERR, "supervise",
+		       "event=revoke_failed engine=%s step=status detail=\"%s\"", e->name, gf_error_detail());
 	else
-		gf_log(GF_LOG_INFO, "supervise", "engine=%s revoke: asking the lock server for its holder", e->name);
+		gf_log(GF_LOG_INFO, "supervise",
+		       "event=revoke_asking engine=%s msg=\"asking the lock server for its holder\"", e->name);
 }
 
 /* The revocation's query fd turned readable. */
@@ -326,35 +330,37 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 			/* Without an answer the revoke may still have taken effect. */
 			bool unanswered = r == GF_ERR_TIMEOUT || r == GF_ERR_IO || r == GF_ERR_CLOSED ||
 					  r == GF_ERR_UNREACHABLE;
-			gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 " %s: %s", e->name, epoch,
-			       unanswered ? "not confirmed (no answer: it may have taken effect)" : "refused",
-			       gf_error_detail());
+			gf_log(GF_LOG_ERR, "supervise", "event=%s engine=%s epoch=%" PRIu64 " detail=\"%s\"%s",
+			       unanswered ? "revoke_unconfirmed" : "revoke_refused", e->name, epoch, gf_error_detail(),
+			       unanswered ? " msg=\"no answer: it may have taken effect\"" : "");
 			return;
 		}
 		pthread_mutex_lock(&sv->mu);
 		e->last_revoked_epoch = (int64_t)epoch;
 		e->revocations++;
 		pthread_mutex_unlock(&sv->mu);
-		gf_log(GF_LOG_WARN, "supervise", "engine=%s lock epoch=%" PRIu64 " held by pid=%d revoked", e->name, epoch,
+		gf_log(GF_LOG_WARN, "supervise", "event=revoked engine=%s epoch=%" PRIu64 " pid=%d", e->name, epoch,
 		       (int)e->revoke_hpid);
 		return;
 	}
 	if (r < 0) {
-		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke: lock status: %s", e->name, gf_error_detail());
+		gf_log(GF_LOG_ERR, "supervise",
+		       "event=revoke_failed engine=%s step=status detail=\"%s\"", e->name, gf_error_detail());
 		return;
 	}
 	/* Judged against the engine's processes as they are now, after the answer. */
 	int theirs = h.id[0] && strcmp(h.id, e->lock_id) == 0 &&
 		     ((e->revoke_proven && h.epoch == e->revoke_proven) || own_process((pid_t)h.pid, e->revoke_gone_pid));
 	if (!theirs || (e->pid > 0 && own_process((pid_t)h.pid, e->pid))) {
-		gf_log(GF_LOG_INFO, "supervise", "engine=%s no stale grant under its id: nothing to revoke", e->name);
+		gf_log(GF_LOG_INFO, "supervise",
+		       "event=revoke_skipped engine=%s reason=\"no stale grant under its id\"", e->name);
 		return;
 	}
 	e->revoke_epoch = h.epoch;
 	e->revoke_hpid = (pid_t)h.pid;
 	if (gf_lock_revoke_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, h.epoch, 2000) < 0) {
-		gf_log(GF_LOG_ERR, "supervise", "engine=%s revoke epoch=%" PRIu64 ": %s", e->name, h.epoch,
-		       gf_error_detail());
+		gf_log(GF_LOG_ERR, "supervise",
+		       "event=revoke_failed engine=%s epoch=%" PRIu64 " detail=\"%s\"", e->name, h.epoch, gf_error_detail());
 		e->revoke_epoch = 0;
 	}
 }
@@ -373,8 +379,8 @@ static void feed(gf_supervisor *sv, struct sv_engine *e, int ev, const struct gf
 	pthread_mutex_unlock(&sv->mu);
 	if (before != after)
 		gf_log(after == GF_SV_FAILED || after == GF_SV_UNHEALTHY ? GF_LOG_WARN : GF_LOG_INFO, "supervise",
-		       "engine=%s state=%s from=%s reason=\"%s\" retries=%" PRId64, e->name, gf_sv_state_name(after),
-		       gf_sv_state_name(before), e->pol.reason, e->pol.retries);
+		       "event=state engine=%s state=%s from=%s reason=\"%s\" retries=%" PRId64, e->name,
+		       gf_sv_state_name(after), gf_sv_state_name(before), e->pol.reason, e->pol.retries);
 	carry_out(sv, e, act, now);
 }
 
@@ -397,7 +403,8 @@ static void carry_out(gf_supervisor *sv, struct sv_engine *e, int act, int64_t n
 	}
 	if (act & GF_SV_ACT_SPAWN) {
 		if (do_spawn(sv, e) < 0) {
-			gf_log(GF_LOG_ERR, "supervise", "%s", gf_error_detail());
+			gf_log(GF_LOG_ERR, "supervise",
+			       "event=spawn_failed engine=%s detail=\"%s\"", e->name, gf_error_detail());
 			/* One level deep: the policy answers a failed spawn with a
 			 * pause (at least GF_SV_SPAWN_RETRY_MIN_MS), never with
 			 * another spawn; with retry_pause 0 this once recursed
@@ -490,8 +497,8 @@ static void reap(gf_supervisor *sv, struct sv_engine *e, int64_t now)
 		return;
 	int status = si.si_code == CLD_EXITED ? si.si_status : -1;
 	int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
-	gf_log(GF_LOG_INFO, "supervise", "engine=%s pid=%d exited status=%d signal=%d", e->name, (int)e->pid, status,
-	       sig);
+	gf_log(GF_LOG_INFO, "supervise", "event=engine_exited engine=%s pid=%d status=%d signal=%d", e->name,
+	       (int)e->pid, status, sig);
 	/* Before its group is killed: was the grant it held let go before the
 	 * exit? Only a holder stepping down does that. */
 	int planned = 0;
@@ -527,7 +534,7 @@ static void reap_lingering(struct sv_engine *e)
 	memset(&si, 0, sizeof(si));
 	if (waitid(P_PIDFD, (id_t)e->lingering_fd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
 		return;
-	gf_log(GF_LOG_INFO, "supervise", "engine=%s revoked pid=%d finally exited", e->name, (int)e->lingering_pid);
+	gf_log(GF_LOG_INFO, "supervise", "event=revoked_exited engine=%s pid=%d", e->name, (int)e->lingering_pid);
 	gf_close(e->lingering_fd);
 	e->lingering_fd = -1;
 	e->lingering_pid = 0;
@@ -642,7 +649,7 @@ int gf_supervisor_run(gf_supervisor *sv)
 				uint64_t v;
 				if (read(sv->stop_fd, &v, sizeof(v)) == sizeof(v) && !sv->stop_seen) {
 					sv->stop_seen = 1;
-					gf_log(GF_LOG_INFO, "supervise", "stopping every engine");
+					gf_log(GF_LOG_INFO, "supervise", "event=stopping_engines");
 					for (size_t i = 0; i < sv->n; i++)
 						feed(sv, &sv->eng[i], GF_SV_EV_STOP, NULL, 0, 0, now);
 				}

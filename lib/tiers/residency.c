@@ -57,7 +57,7 @@ static void event(struct tiers_residency *r, const char *fmt, ...)
 	char text[512];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
+	gf_log_vformat(text, sizeof(text), fmt, ap); /* values escaped: the host logs the text as is */
 	va_end(ap);
 	r->ops->event(r->host, text);
 }

@@ -139,8 +139,9 @@ static void publish_phase(struct tierd *t, enum tiers_phase to, uint64_t bytes, 
 	if (bytes)
 		t->op.bytes = bytes;
 	pthread_mutex_unlock(&t->lock);
-	gf_log(to == TIERS_PHASE_FAILED ? GF_LOG_WARN : GF_LOG_INFO, "gms", "operation=%s phase=%s reason=\"%s\"",
-	       tiers_op_name(t->op.kind), tiers_phase_name(to), reason);
+	gf_log(to == TIERS_PHASE_FAILED ? GF_LOG_WARN : GF_LOG_INFO, "gms",
+	       "event=operation_phase operation=%s phase=%s reason=\"%s\"", tiers_op_name(t->op.kind),
+	       tiers_phase_name(to), reason);
 }
 
 /*

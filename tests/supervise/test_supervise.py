@@ -6,6 +6,7 @@ GF_SUPERVISE, GF_LOCKD, GF_GMSD, GF_C_ENGINE."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +50,15 @@ def wait_for(pred, what, timeout=HANG_GUARD):
             return last
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+
+
+def assert_event_first(text):
+    """Every line of the supervisor's own names its event first (its engines
+    write to the same log in their own words)."""
+    ours = [ln for ln in text.splitlines() if " component=supervise " in ln]
+    assert ours, text
+    for ln in ours:
+        assert re.search(r" component=supervise event=[a-z][a-z0-9_]* ", ln + " "), ln
 
 
 def pair_report(s, lock_uri, ports):
@@ -193,6 +203,9 @@ def test_retry_counter_resets_after_stable_period(tmp, sups):
     assert e["restarts"] == 2
     assert 'engine=flaky state=running from=warming reason="healthy" retries=2' in s.text() or \
         'engine=flaky state=running from=starting reason="healthy" retries=2' in s.text(), s.text()
+    # Its starts, exits and state changes, the lines this run wrote.
+    assert "event=engine_started engine=flaky " in s.text() and "event=engine_exited engine=flaky " in s.text()
+    assert_event_first(s.text())
     e = wait_for(lambda: (x := s.engine("flaky")) and x["retries"] == 0 and x, "retries reset")
     assert e["state"] == "running" and e["restarts"] == 2 and e["retries_left"] == 3
 
@@ -523,12 +536,13 @@ def test_slow_lock_server_delays_no_other_engine(tmp, sups):
                              "probe": {"interval": "1s", "timeout": f"{poll_timeout}s"},
                              "engines": [primary, fake("other", "--exit", "1")]})
         sups.append(s)
-        wait_for(lambda: s.text().count("engine=other started") >= 3,
+        wait_for(lambda: s.text().count("event=engine_started engine=other ") >= 3,
                  lambda: "three starts of the other engine\n" + s.text(), timeout=poll_timeout)
         log = s.text()
-        before = log[:log.index("lock poll:")] if "lock poll:" in log else log
-        assert before.count("engine=other started") >= 3, log
+        before = log[:log.index("event=lock_poll_failed")] if "event=lock_poll_failed" in log else log
+        assert before.count("event=engine_started engine=other ") >= 3, log
         assert "revoke" not in log, log
+        assert_event_first(log)
     finally:
         mute.close()
 

@@ -8,6 +8,7 @@ permitted, else skipped with the reason)."""
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -233,6 +234,24 @@ def test_restore_on_demand(tmp):
         reader_verifies(g, seed=5)
         r = gfctl("gms", "snapshot", "--gms", g.uri, check=False)
         assert r.returncode != 0 and "no --warm/--cold tier kept" in r.stderr
+    finally:
+        g.stop()
+
+
+def test_event_lines_quote_a_path_with_a_space(tmp):
+    """The GMS's events (its tiers' included) are made where their values are
+    known: a tier path with a space and a quote reads back whole."""
+    d, warm = tmp
+    odd = os.path.join(warm, 'warm "tier" a')
+    os.mkdir(odd)
+    g = Gmsd(os.path.join(d, "g.sock"), "--warm", odd)
+    try:
+        load(g, seed=3)
+        assert wait_phase(g, ("Checkpointed", "Failed"))["phase"] == "Checkpointed"
+        lines = [ln for ln in g.text().splitlines() if "event=snapshot phase=Pending" in ln]
+        assert lines, g.text()
+        pairs = dict(kv.split("=", 1) for kv in shlex.split(lines[0]))
+        assert pairs["event"] == "snapshot" and pairs["dir"] == odd, lines[0]
     finally:
         g.stop()
 
