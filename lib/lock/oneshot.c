@@ -173,12 +173,13 @@ static void *oneshot_main(void *arg)
 	return NULL;
 }
 
-/* @what names the job in errors ("lock query", "lock revoke"). Sets *@out to
- * the job, allocated with room for its handle (the same size). */
+/* @what names the job in errors ("lock query", "lock revoke"); @out is the
+ * caller's local. Sets *@out to the job, allocated with room for its handle
+ * (the same size). */
 static int oneshot_start(struct oneshot **out, const char *what, const char *uri, const void *secret,
 			 size_t secret_len, const struct gf_lock_proof *proof, uint64_t revoke_epoch, int64_t timeout_ms)
 {
-	if (!out || !uri || (secret_len && !secret))
+	if (!uri || (secret_len && !secret))
 		return gf_err(GF_ERR_INVALID_ARG, "%s: NULL argument", what);
 	if (timeout_ms < 0 || timeout_ms > GF_MAX_DURATION_MS)
 		return gf_err(GF_ERR_INVALID_ARG, "%s: timeout outside 0..a year", what);
@@ -239,6 +240,8 @@ static int oneshot_result(struct oneshot *q, const char *what)
 int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
 			const struct gf_lock_proof *proof, int64_t timeout_ms)
 {
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
 	struct oneshot *q;
 	int rc = oneshot_start(&q, "lock query", uri, secret, secret_len, proof, 0, timeout_ms);
 	if (rc == 0)
@@ -270,6 +273,8 @@ void gf_lock_query_free(gf_lock_query *q)
 int gf_lock_revoke_start(gf_lock_revoke_op **out, const char *uri, const void *secret, size_t secret_len,
 			 uint64_t epoch, int64_t timeout_ms)
 {
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: NULL argument");
 	if (epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
 	struct oneshot *q;

@@ -570,7 +570,7 @@ int gf_supervisor_run(gf_supervisor *sv)
 	 * lingering process's, its revocation's query or revoke (one at a time). */
 	struct curl_waitfd wfd[2 + 3 * SV_MAX_ENGINES];
 	struct sv_engine *owner[2 + 3 * SV_MAX_ENGINES];
-	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revocation's query, 3: poll, 4: revoke */
+	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revoke's query, 3: poll, 4: revoke */
 	for (;;) {
 		int64_t now = gf_now_us();
 		int alive = 0;
