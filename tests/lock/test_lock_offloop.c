@@ -67,6 +67,17 @@ static void wait_readable(int fd)
 	assert_int_equal(poll(&p, 1, 30000), 1);
 }
 
+/*
+ * A freed handle's eventfd closes when its worker thread lets go, just after
+ * signalling it: wait (bounded) until the process is back to @n fds.
+ */
+static void settle_fds(int n)
+{
+	for (int i = 0; i < 3000 && tu_count_fds() != n; i++)
+		usleep(10000);
+	assert_int_equal(tu_count_fds(), n);
+}
+
 static struct gf_lock_holder query(const char *uri)
 {
 	gf_lock_query *q;
@@ -91,6 +102,7 @@ static int revoke_epoch(const char *uri, uint64_t epoch)
 static void test_query_then_revoke(void **state)
 {
 	(void)state;
+	int fds = tu_count_fds();
 	struct srv sv;
 	srv_start(&sv);
 	gf_lock *l;
@@ -114,11 +126,13 @@ static void test_query_then_revoke(void **state)
 	assert_string_equal(h.id, "");
 	gf_lock_free(l);
 	srv_stop(&sv);
+	settle_fds(fds);
 }
 
 static void test_revoke_handle_args(void **state)
 {
 	(void)state;
+	int fds = tu_count_fds();
 	gf_lock_revoke_op *r = NULL;
 	assert_int_equal(gf_lock_revoke_start(&r, "unix:///nonexistent/lock.sock", NULL, 0, 0, 1000), GF_ERR_INVALID_ARG);
 	assert_non_null(strstr(gf_error_detail(), "epoch 0"));
@@ -136,6 +150,7 @@ static void test_revoke_handle_args(void **state)
 	int rc = gf_lock_revoke_result(r);
 	assert_true(rc < 0 && rc != GF_ERR_AGAIN);
 	gf_lock_revoke_free(r);
+	settle_fds(fds);
 }
 
 int main(void)
