@@ -380,24 +380,17 @@ typedef struct gf_lock_query gf_lock_query;
 
 /**
  * Start a one-shot typed query of the lock's holder, for callers that must
- * not block their loop on it (a GMS's fence, a supervisor's revoke): it runs
- * on a thread of its own, and gf_lock_query_get_fd() turns readable when it
- * is done. @p proof (may be NULL) is checked by the lock server against the
- * current grant (gf_lock_holder.proof_valid). Errors: GF_ERR_INVALID_ARG,
- * GF_ERR_NOMEM, GF_ERR_IO (no thread); every error of the query itself comes
- * from gf_lock_query_result(). Free with gf_lock_query_free().
+ * not block their loop on it (a GMS's fence, a supervisor looking for a
+ * stale grant): it runs on a thread of its own, and gf_lock_query_get_fd()
+ * turns readable when it is done. @p proof (may be NULL) is checked by the
+ * lock server against the current grant (gf_lock_holder.proof_valid).
+ * @p timeout_ms: 0..a year. Errors: GF_ERR_INVALID_ARG, GF_ERR_NOMEM,
+ * GF_ERR_IO (no thread); every error of the query itself comes from
+ * gf_lock_query_result(). Free with gf_lock_query_free().
  */
 GF_EXPORT int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
 				  const struct gf_lock_proof *proof, int64_t timeout_ms);
-/**
- * gf_lock_revoke() of the grant of @p epoch, run off the caller's loop like
- * gf_lock_query_start(): its fd turns readable when done, and
- * gf_lock_query_result() (with @p out NULL or ignored) returns the revoke's
- * result. Errors of the start: GF_ERR_INVALID_ARG (epoch 0), GF_ERR_NOMEM, GF_ERR_IO.
- */
-GF_EXPORT int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
-				   uint64_t epoch, int64_t timeout_ms);
-/** An fd that turns readable (POLLIN) when the query is done; the query's own, valid until its free. */
+/** An fd that turns readable (POLLIN) when the query is done; the query's own, valid until its free. -1 for NULL. */
 GF_EXPORT int gf_lock_query_get_fd(const gf_lock_query *q);
 /**
  * The query's result: 0 and @p out (may be NULL) filled, GF_ERR_AGAIN while it runs, or
@@ -410,6 +403,38 @@ GF_EXPORT int gf_lock_query_result(gf_lock_query *q, struct gf_lock_holder *out)
  * own thread (within its timeout) and its result is dropped. NULL is a no-op.
  */
 GF_EXPORT void gf_lock_query_free(gf_lock_query *q);
+
+/** A gf_lock_revoke() in flight off the caller's loop (gf_lock_revoke_start()). */
+typedef struct gf_lock_revoke_op gf_lock_revoke_op;
+
+/**
+ * Start gf_lock_revoke() of the grant of @p epoch on a thread of its own,
+ * for callers that must not block their loop on it (a supervisor revoking a
+ * holder that will not die); gf_lock_revoke_get_fd() turns readable when it
+ * is done. The same call shape as gf_lock_query_start(), with a handle of
+ * its own type: a revoke has no holder to read. @p timeout_ms: 0..a year.
+ * Errors of the start: GF_ERR_INVALID_ARG (epoch 0, NULL argument, timeout),
+ * GF_ERR_NOMEM, GF_ERR_IO (no thread); the revoke's own come from
+ * gf_lock_revoke_result(). Free with gf_lock_revoke_free().
+ */
+GF_EXPORT int gf_lock_revoke_start(gf_lock_revoke_op **out, const char *uri, const void *secret,
+				   size_t secret_len, uint64_t epoch, int64_t timeout_ms);
+/** An fd that turns readable (POLLIN) when the revoke is done; the handle's own, valid until its free. -1 for NULL. */
+GF_EXPORT int gf_lock_revoke_get_fd(const gf_lock_revoke_op *r);
+/**
+ * The revoke's result, as gf_lock_revoke() would have returned it (0: the
+ * grant is revoked; GF_ERR_STATE, GF_ERR_PERMISSION, GF_ERR_UNREACHABLE,
+ * GF_ERR_TIMEOUT, GF_ERR_PROTOCOL, ... with a detail; on a timeout or a lost
+ * connection the revoke may still have taken effect), or GF_ERR_AGAIN while
+ * it runs. Does not block.
+ */
+GF_EXPORT int gf_lock_revoke_result(gf_lock_revoke_op *r);
+/**
+ * Forget the revoke's handle. Never blocks: a revoke still running finishes
+ * on its own thread (within its timeout; it may still take effect) and its
+ * result is dropped. NULL is a no-op.
+ */
+GF_EXPORT void gf_lock_revoke_free(gf_lock_revoke_op *r);
 
 /** @} */
 

@@ -6,9 +6,10 @@
  * the backend of its URI (backend.h); the ones only gf-lockd answers are
  * refused on etcd.
  *
- * The typed query runs on a thread of its own and signals an eventfd when it
- * is done, so a single-threaded loop (the GMS fence, the supervisor's revoke)
- * polls it like any other fd and is never held up by a slow lock server.
+ * The typed query and the revoke also come as handles that run on a thread of
+ * their own and signal an eventfd when done, so a single-threaded loop (the
+ * GMS fence, the supervisor's revocation) polls them like any other fd and is
+ * never held up by a slow lock server.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -110,9 +111,14 @@ int gf_lock_evict(const char *uri, const void *secret, size_t secret_len, const 
 			   "evict", NULL);
 }
 
-/* ---- the typed holder query, off the caller's loop ---- */
+/* ---- the typed holder query and the revoke, off the caller's loop ---- */
 
-struct gf_lock_query {
+/*
+ * One job on a thread of its own: a holder query or a revoke. Each public
+ * handle (gf_lock_query, gf_lock_revoke_op) is a job and nothing else, so a
+ * caller can never read a revoke's answer as a holder or the other way round.
+ */
+struct oneshot {
 	/* Two references: the caller's and the worker's; the last one frees. */
 	atomic_int refs;
 	int done_fd; /* eventfd: readable once the worker is done */
@@ -129,7 +135,15 @@ struct gf_lock_query {
 	struct gf_lock_holder holder;
 };
 
-static void query_unref(gf_lock_query *q)
+/* The job is the first and only member: a handle and its job share one allocation. */
+struct gf_lock_query {
+	struct oneshot job;
+};
+struct gf_lock_revoke_op {
+	struct oneshot job;
+};
+
+static void oneshot_unref(struct oneshot *q)
 {
 	if (atomic_fetch_sub(&q->refs, 1) != 1)
 		return;
@@ -141,9 +155,9 @@ static void query_unref(gf_lock_query *q)
 	free(q);
 }
 
-static void *query_main(void *arg)
+static void *oneshot_main(void *arg)
 {
-	gf_lock_query *q = arg;
+	struct oneshot *q = arg;
 	if (q->revoke_epoch)
 		q->rc = gf_lock_revoke(q->uri, q->secret, q->secret_len, q->revoke_epoch, q->timeout_ms);
 	else
@@ -155,31 +169,37 @@ static void *query_main(void *arg)
 	uint64_t one = 1;
 	ssize_t r = write(q->done_fd, &one, sizeof(one));
 	(void)r;
-	query_unref(q);
+	oneshot_unref(q);
 	return NULL;
 }
 
-static int query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
-		       const struct gf_lock_proof *proof, uint64_t revoke_epoch, int64_t timeout_ms)
+/* @what names the job in errors ("lock query", "lock revoke"); @out is the
+ * caller's local. Sets *@out to the job, allocated with room for its handle
+ * (the same size). */
+static int oneshot_start(struct oneshot **out, const char *what, const char *uri, const void *secret,
+			 size_t secret_len, const struct gf_lock_proof *proof, uint64_t revoke_epoch, int64_t timeout_ms)
 {
-	if (!out || !uri || (secret_len && !secret))
-		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
+	if (!uri || (secret_len && !secret))
+		return gf_err(GF_ERR_INVALID_ARG, "%s: NULL argument", what);
 	if (timeout_ms < 0 || timeout_ms > GF_MAX_DURATION_MS)
-		return gf_err(GF_ERR_INVALID_ARG, "lock query: timeout outside 0..a year");
-	gf_lock_query *q = calloc(1, sizeof(*q));
+		return gf_err(GF_ERR_INVALID_ARG, "%s: timeout outside 0..a year", what);
+	_Static_assert(sizeof(struct gf_lock_query) == sizeof(struct oneshot) &&
+			       sizeof(struct gf_lock_revoke_op) == sizeof(struct oneshot),
+		       "a handle is its job");
+	struct oneshot *q = calloc(1, sizeof(*q));
 	if (!q)
-		return gf_err(GF_ERR_NOMEM, "lock query: out of memory");
+		return gf_err(GF_ERR_NOMEM, "%s: out of memory", what);
 	q->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	q->uri = strdup(uri);
 	q->secret = secret_len ? malloc(secret_len) : NULL;
 	int rc = 0;
 	if (q->done_fd < 0)
-		rc = gf_err_errno(GF_ERR_IO, errno, "lock query: eventfd");
+		rc = gf_err_errno(GF_ERR_IO, errno, "%s: eventfd", what);
 	else if (!q->uri || (secret_len && !q->secret))
-		rc = gf_err(GF_ERR_NOMEM, "lock query: out of memory");
+		rc = gf_err(GF_ERR_NOMEM, "%s: out of memory", what);
 	if (rc < 0) {
 		q->refs = 1;
-		query_unref(q);
+		oneshot_unref(q);
 		return rc;
 	}
 	if (secret_len)
@@ -196,51 +216,88 @@ static int query_start(gf_lock_query **out, const char *uri, const void *secret,
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	pthread_t t;
-	int e = pthread_create(&t, &attr, query_main, q);
+	int e = pthread_create(&t, &attr, oneshot_main, q);
 	pthread_attr_destroy(&attr);
 	if (e) {
 		q->refs = 1;
-		query_unref(q);
-		return gf_err_errno(GF_ERR_IO, e, "lock query: pthread_create");
+		oneshot_unref(q);
+		return gf_err_errno(GF_ERR_IO, e, "%s: pthread_create", what);
 	}
 	*out = q;
+	return 0;
+}
+
+/* The job's result without its holder: 0, GF_ERR_AGAIN while it runs, or its error. */
+static int oneshot_result(struct oneshot *q, const char *what)
+{
+	if (!atomic_load(&q->done))
+		return gf_err(GF_ERR_AGAIN, "%s: still running", what);
+	if (q->rc < 0)
+		return gf_err(q->rc, "%s", q->detail);
 	return 0;
 }
 
 int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len,
 			const struct gf_lock_proof *proof, int64_t timeout_ms)
 {
-	return query_start(out, uri, secret, secret_len, proof, 0, timeout_ms);
-}
-
-int gf_lock_revoke_start(gf_lock_query **out, const char *uri, const void *secret, size_t secret_len, uint64_t epoch,
-			 int64_t timeout_ms)
-{
-	if (epoch == 0)
-		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
-	return query_start(out, uri, secret, secret_len, NULL, epoch, timeout_ms);
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
+	struct oneshot *q;
+	int rc = oneshot_start(&q, "lock query", uri, secret, secret_len, proof, 0, timeout_ms);
+	if (rc == 0)
+		*out = (gf_lock_query *)q;
+	return rc;
 }
 
 int gf_lock_query_get_fd(const gf_lock_query *q)
 {
-	return q ? q->done_fd : -1;
+	return q ? q->job.done_fd : -1;
 }
 
 int gf_lock_query_result(gf_lock_query *q, struct gf_lock_holder *out)
 {
 	if (!q)
 		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL query");
-	if (!atomic_load(&q->done))
-		return gf_err(GF_ERR_AGAIN, "lock query: still running");
-	if (q->rc < 0)
-		return gf_err(q->rc, "%s", q->detail);
-	if (out)
-		*out = q->holder;
-	return 0;
+	int rc = oneshot_result(&q->job, "lock query");
+	if (rc == 0 && out)
+		*out = q->job.holder;
+	return rc;
 }
 
 void gf_lock_query_free(gf_lock_query *q)
 {
 	if (q)
-		query_unref(q);
+		oneshot_unref(&q->job);
+}
+
+int gf_lock_revoke_start(gf_lock_revoke_op **out, const char *uri, const void *secret, size_t secret_len,
+			 uint64_t epoch, int64_t timeout_ms)
+{
+	if (!out)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: NULL argument");
+	if (epoch == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
+	struct oneshot *q;
+	int rc = oneshot_start(&q, "lock revoke", uri, secret, secret_len, NULL, epoch, timeout_ms);
+	if (rc == 0)
+		*out = (gf_lock_revoke_op *)q;
+	return rc;
+}
+
+int gf_lock_revoke_get_fd(const gf_lock_revoke_op *r)
+{
+	return r ? r->job.done_fd : -1;
+}
+
+int gf_lock_revoke_result(gf_lock_revoke_op *r)
+{
+	if (!r)
+		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: NULL revoke");
+	return oneshot_result(&r->job, "lock revoke");
+}
+
+void gf_lock_revoke_free(gf_lock_revoke_op *r)
+{
+	if (r)
+		oneshot_unref(&r->job);
 }

@@ -81,6 +81,7 @@ void gf_sv_engine_clear(struct sv_engine *e)
 	gf_close(e->pidfd);
 	gf_close(e->lingering_fd);
 	gf_lock_query_free(e->revoke_q);
+	gf_lock_revoke_free(e->revoke_r);
 }
 
 void gf_supervisor_free(gf_supervisor *sv)
@@ -290,8 +291,8 @@ static void lock_poll_answer(gf_supervisor *sv)
  * still exists, also proves a holder of its own). Never a grant of the
  * current process. The request names the epoch, so it can never hit a
  * holder granted in the meantime. Both steps (the holder query, then the
- * revoke) run off the loop, each on its query's fd (revoke_answer()): a slow
- * lock server never delays another engine.
+ * revoke) run off the loop, each on its handle's fd (revoke_answer(), then
+ * revoke_done()): a slow lock server never delays another engine.
  */
 static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, pid_t gone_pid)
 {
@@ -301,7 +302,7 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, p
 		       e->name);
 		return;
 	}
-	if (e->revoke_q)
+	if (e->revoke_q || e->revoke_r)
 		return; /* one in flight already: its answer decides */
 	e->revoke_epoch = 0;
 	e->revoke_proven = proven;
@@ -314,7 +315,33 @@ static void do_revoke(gf_supervisor *sv, struct sv_engine *e, uint64_t proven, p
 		       "event=revoke_asking engine=%s msg=\"asking the lock server for its holder\"", e->name);
 }
 
-/* The revocation's query fd turned readable. */
+/* The revoke's fd turned readable. */
+static void revoke_done(gf_supervisor *sv, struct sv_engine *e)
+{
+	int r = gf_lock_revoke_result(e->revoke_r);
+	if (r == GF_ERR_AGAIN)
+		return;
+	gf_lock_revoke_free(e->revoke_r);
+	e->revoke_r = NULL;
+	uint64_t epoch = e->revoke_epoch;
+	e->revoke_epoch = 0;
+	if (r < 0) {
+		/* Without an answer the revoke may still have taken effect. */
+		bool unanswered = r == GF_ERR_TIMEOUT || r == GF_ERR_IO || r == GF_ERR_CLOSED || r == GF_ERR_UNREACHABLE;
+		gf_log(GF_LOG_ERR, "supervise", "event=%s engine=%s epoch=%" PRIu64 " detail=\"%s\"%s",
+		       unanswered ? "revoke_unconfirmed" : "revoke_refused", e->name, epoch, gf_error_detail(),
+		       unanswered ? " msg=\"no answer: it may have taken effect\"" : "");
+		return;
+	}
+	pthread_mutex_lock(&sv->mu);
+	e->last_revoked_epoch = (int64_t)epoch;
+	e->revocations++;
+	pthread_mutex_unlock(&sv->mu);
+	gf_log(GF_LOG_WARN, "supervise", "event=revoked engine=%s epoch=%" PRIu64 " pid=%d", e->name, epoch,
+	       (int)e->revoke_hpid);
+}
+
+/* The revocation's holder query fd turned readable. */
 static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 {
 	struct gf_lock_holder h;
@@ -323,26 +350,6 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 		return;
 	gf_lock_query_free(e->revoke_q);
 	e->revoke_q = NULL;
-	if (e->revoke_epoch) {
-		uint64_t epoch = e->revoke_epoch;
-		e->revoke_epoch = 0;
-		if (r < 0) {
-			/* Without an answer the revoke may still have taken effect. */
-			bool unanswered = r == GF_ERR_TIMEOUT || r == GF_ERR_IO || r == GF_ERR_CLOSED ||
-					  r == GF_ERR_UNREACHABLE;
-			gf_log(GF_LOG_ERR, "supervise", "event=%s engine=%s epoch=%" PRIu64 " detail=\"%s\"%s",
-			       unanswered ? "revoke_unconfirmed" : "revoke_refused", e->name, epoch, gf_error_detail(),
-			       unanswered ? " msg=\"no answer: it may have taken effect\"" : "");
-			return;
-		}
-		pthread_mutex_lock(&sv->mu);
-		e->last_revoked_epoch = (int64_t)epoch;
-		e->revocations++;
-		pthread_mutex_unlock(&sv->mu);
-		gf_log(GF_LOG_WARN, "supervise", "event=revoked engine=%s epoch=%" PRIu64 " pid=%d", e->name, epoch,
-		       (int)e->revoke_hpid);
-		return;
-	}
 	if (r < 0) {
 		gf_log(GF_LOG_ERR, "supervise",
 		       "event=revoke_failed engine=%s step=status detail=\"%s\"", e->name, gf_error_detail());
@@ -358,7 +365,7 @@ static void revoke_answer(gf_supervisor *sv, struct sv_engine *e)
 	}
 	e->revoke_epoch = h.epoch;
 	e->revoke_hpid = (pid_t)h.pid;
-	if (gf_lock_revoke_start(&e->revoke_q, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, h.epoch, 2000) < 0) {
+	if (gf_lock_revoke_start(&e->revoke_r, sv->lock_uri, sv->lock_secret, sv->lock_secret_len, h.epoch, 2000) < 0) {
 		gf_log(GF_LOG_ERR, "supervise",
 		       "event=revoke_failed engine=%s epoch=%" PRIu64 " detail=\"%s\"", e->name, h.epoch, gf_error_detail());
 		e->revoke_epoch = 0;
@@ -568,10 +575,10 @@ int gf_supervisor_run(gf_supervisor *sv)
 	if (!sv || !sv->started)
 		return gf_err(GF_ERR_STATE, "supervisor not started");
 	/* The stop fd and the lock poll's query; per engine: its pidfd, a
-	 * lingering process's, its revocation's query. */
+	 * lingering process's, its revocation's query or revoke (one at a time). */
 	struct curl_waitfd wfd[2 + 3 * SV_MAX_ENGINES];
 	struct sv_engine *owner[2 + 3 * SV_MAX_ENGINES];
-	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revocation, 3: poll */
+	int lingering[2 + 3 * SV_MAX_ENGINES]; /* 0: pidfd (or stop), 1: lingering, 2: revoke's query, 3: poll, 4: revoke */
 	for (;;) {
 		int64_t now = gf_now_us();
 		int alive = 0;
@@ -628,6 +635,12 @@ int gf_supervisor_run(gf_supervisor *sv)
 				owner[n] = &sv->eng[i];
 				lingering[n++] = 2;
 			}
+			if (sv->eng[i].revoke_r) {
+				wfd[n] = (struct curl_waitfd){ .fd = gf_lock_revoke_get_fd(sv->eng[i].revoke_r),
+							       .events = CURL_WAIT_POLLIN };
+				owner[n] = &sv->eng[i];
+				lingering[n++] = 4;
+			}
 		}
 		int timeout = gf_poll_timeout_ms(deadline);
 		if (timeout < 0 || timeout > 1000)
@@ -655,6 +668,8 @@ int gf_supervisor_run(gf_supervisor *sv)
 				}
 			} else if (lingering[k] == 2) {
 				revoke_answer(sv, owner[k]);
+			} else if (lingering[k] == 4) {
+				revoke_done(sv, owner[k]);
 			} else if (lingering[k]) {
 				reap_lingering(owner[k]);
 			} else {

@@ -50,9 +50,11 @@ struct sv_engine {
 	/* After an exit: when to look whether that grant outlived its process
 	 * (0: no look pending). */
 	int64_t lock_check_at;
-	/* The revocation in flight, off the loop: the holder query, then the
-	 * revoke of the epoch it found (revoke_epoch set). */
+	/* The revocation in flight, off the loop: the holder query (revoke_q),
+	 * then the revoke of the epoch it found (revoke_r, of revoke_epoch); at
+	 * most one of the two is set. */
 	gf_lock_query *revoke_q;
+	gf_lock_revoke_op *revoke_r;
 	uint64_t revoke_epoch;
 	pid_t revoke_hpid;
 	/* What proves a grant this engine's for the revocation in flight: the
