@@ -60,6 +60,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, cast
 
 import gpufailover as gf
 import gpufailover.vllm as gfv
+# The library's TimeoutError: gpufailover's __all__ leaves it out (import * must not shadow the builtin).
+from gpufailover._gpufailover import TimeoutError as GfTimeoutError
 
 CONFIG_ENV = "GF_VLLM_CONFIG"
 PR_SET_PDEATHSIG = 1
@@ -684,7 +686,7 @@ class GfWorkerMixin:
     def _check_waking(self, who: str) -> None:
         waking_timeout = float(self._gf["waking_timeout"])
         if time.monotonic() - self._gf_granted_at > waking_timeout:
-            raise gf.TimeoutError(f"{who}: waking took longer than the waking timeout ({waking_timeout:g} s)")
+            raise GfTimeoutError(f"{who}: waking took longer than the waking timeout ({waking_timeout:g} s)")
 
     # --- the launcher's other steps (collective_rpc) ------------------------
     def gf_info(self) -> "dict[str, Any]":
