@@ -752,8 +752,10 @@ def test_tensor_parallel_2(tp):
 
 
 def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
-    """The active engine's rank 1 outlives the rest of its engine (stopped
-    with SIGSTOP, then every other process of that server killed): the lock
+    """The active engine's rank 1 outlives the rest of its engine: it and its
+    parent, vLLM's engine process, are stopped (SIGSTOP: a worker dies with
+    that parent, PR_SET_PDEATHSIG), then every other process of that server
+    is killed, rank 0 and the API server among them. The lock
     server waits on it (exit_wait, its pid listed) and the standby stays a
     standby for as long as it lives; once it is killed the standby is
     granted and answers with the same tokens, and no client connection is
@@ -765,11 +767,15 @@ def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
         wait_state(b, "standby")
     rank1 = rank_pid(a, 1)
     rank0 = int(worker_event(a, "kv_range", 0)["pid"])
-    others = [p for p in live_in_group(a.pid) if p != rank1]
-    assert a.pid in others and rank0 in others, (a.pid, rank0, others)  # the API server, rank 0
+    with open(f"/proc/{rank1}/stat") as f:
+        core = int(f.read().rsplit(")", 1)[1].split()[1])
+    lingering = (rank1, core)
+    others = [p for p in live_in_group(a.pid) if p not in lingering]
+    assert a.pid in others and rank0 in others and core in live_in_group(a.pid), (a.pid, rank0, core, others)
 
     def kill():
-        os.kill(rank1, signal.SIGSTOP)
+        for pid in lingering:
+            os.kill(pid, signal.SIGSTOP)
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -782,7 +788,7 @@ def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
             return s["exit_wait"] and s["exit_wait_processes"] == 1 and s["exit_wait_pids"] == [rank1]
         try:
             wait_for(lambda: not set(others) & set(live_in_group(a.pid)), 30,
-                     "every process of the active server but its rank 1 to exit")
+                     "every process of the active server but its rank 1 and engine process to exit")
             wait_for(waiting_on_rank1, 30, "the lock server to wait on the lingering rank 1")
             # The old holder is gone but one of its ranks lives: the standby
             # must not be granted. Watched over a while (the lock server
@@ -795,8 +801,11 @@ def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
                 assert "event=granted" not in b.log.read_text(), "the standby was granted while rank 1 lives"
                 time.sleep(0.1)
         finally:
-            os.kill(rank1, signal.SIGCONT)
-            os.kill(rank1, signal.SIGKILL)
+            for pid in lingering:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     failover(site, a, b, tp["refs"], kill, meanwhile)
     tp["active"], tp["standby"] = b, None
