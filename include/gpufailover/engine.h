@@ -185,6 +185,19 @@ GF_EXPORT int gf_engine_add_holder_pid(gf_engine *engine, int pid);
 
 /** Add the GMS of the next device (device index = number of GMS added before); copied. Up to 16. */
 GF_EXPORT int gf_engine_add_gms(gf_engine *engine, const char *uri);
+/** The highest ordinal gf_engine_set_first_device() takes. */
+#define GF_ENGINE_MAX_FIRST_DEVICE 1023
+/**
+ * Device ordinal of the engine's device index 0: device index i (the GMS
+ * added i-th, its memory backend and private region) is on the backend's
+ * device @p ordinal + i. Default 0. A rank engine of rank N on device N (a
+ * tensor-parallel worker that sees every GPU) sets N. Before
+ * gf_engine_init_weights(). Errors: GF_ERR_INVALID_ARG (outside
+ * 0..GF_ENGINE_MAX_FIRST_DEVICE), GF_ERR_STATE (after init_weights); a
+ * device the backend does not have (the host backend has only device 0)
+ * fails init_weights with gf_mem_open()'s GF_ERR_NOT_FOUND.
+ */
+GF_EXPORT int gf_engine_set_first_device(gf_engine *engine, int ordinal);
 /** GF_ENGINE_LOADER or GF_ENGINE_FOLLOWER. */
 GF_EXPORT int gf_engine_set_role(gf_engine *engine, int role);
 /** Memory backend kind (enum gf_mem_kind). */

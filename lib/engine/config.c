@@ -179,6 +179,18 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 	return 0;
 }
 
+GF_EXPORT int gf_engine_set_first_device(gf_engine *e, int ordinal)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_first_device");
+	if (rc)
+		return rc;
+	if (ordinal < 0 || ordinal > GF_ENGINE_MAX_FIRST_DEVICE)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_first_device: ordinal %d is not 0..%d", ordinal,
+			      GF_ENGINE_MAX_FIRST_DEVICE);
+	e->first_device = ordinal;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_wake_priority(gf_engine *e, int priority)
 {
 	int rc = gf_engine_config_check(e, "gf_engine_set_wake_priority");

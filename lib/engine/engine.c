@@ -258,7 +258,7 @@ GF_EXPORT int gf_engine_init_weights(gf_engine *e, gf_engine_load_fn load, void 
 	for (int i = 0; i < e->ndev; i++) {
 		struct engine_dev *d = &e->dev[i];
 		int64_t t0 = e->clock.now_us();
-		rc = gf_mem_open(&d->mem, e->backend, i);
+		rc = gf_mem_open(&d->mem, e->backend, e->first_device + i);
 		if (rc)
 			goto fail;
 		int64_t init_ms = gf_engine_init_timeout(e);

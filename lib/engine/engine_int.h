@@ -89,6 +89,7 @@ struct gf_engine {
 	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
+	int first_device; /* ordinal of the device of GMS 0; GMS i is on first_device + i */
 	int wake_priority; /* SCHED_FIFO priority of the wake, 0: none */
 	bool settle_deferred; /* Active's readiness report and held lines wait for gf_engine_settle() */
 	atomic_bool settle_pending;

@@ -2173,6 +2173,41 @@ static void test_rank_memory_gate(void **state)
 	gf_engine_free(r);
 }
 
+/* A rank engine on the GMS of device 1 only, with its first device 1: its
+ * memory backend and private region are on device 1 (a tensor-parallel
+ * rank N on GPU N). The host backend has only device 0: the ordinal fails
+ * init_weights there. */
+static void test_first_device(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *r;
+	assert_int_equal(gf_engine_new(&r), 0);
+	assert_int_equal(gf_engine_set_first_device(r, -1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_first_device(r, GF_ENGINE_MAX_FIRST_DEVICE + 1), GF_ERR_INVALID_ARG);
+	gf_engine_set_clock(r, &test_clock);
+	assert_int_equal(gf_engine_set_backend(r, kind), 0);
+	assert_int_equal(gf_engine_set_rank(r, "eng-a", 1), 0);
+	assert_int_equal(gf_engine_add_gms(r, f->gms[ndev - 1].uri), 0);
+	assert_int_equal(gf_engine_set_role(r, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_set_private_bytes(r, 1 << 20), 0);
+	assert_int_equal(gf_engine_set_init_timeout(r, 2000), 0);
+	assert_int_equal(gf_engine_set_first_device(r, 1), 0);
+	to_standby(f->e);
+	if (kind != GF_MEM_CUDA) {
+		assert_int_equal(gf_engine_init_weights(r, NULL, NULL), GF_ERR_NOT_FOUND);
+		gf_engine_free(r);
+		return;
+	}
+	assert_int_equal(gf_engine_init_weights(r, NULL, NULL), 0);
+	assert_int_equal(gf_engine_set_first_device(r, 0), GF_ERR_STATE);
+	assert_int_equal(gf_engine_device_count(r), 1);
+	assert_int_equal(gf_mem_device(gf_engine_mem(r, 0)), 1);
+	uint64_t addr = 0;
+	assert_int_equal(gf_engine_private_memory(r, 0, &addr, NULL), 0);
+	assert_true(addr != 0);
+	gf_engine_free(r);
+}
+
 /* Rank 0 registers its ranks' pids: kept until the lock client exists,
  * then registered with the lock (its status counts them). */
 static void test_add_holder_pid(void **state)
@@ -2269,6 +2304,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_memory_gate_stays_closed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rank_engine, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rank_memory_gate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_first_device, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_add_holder_pid, setup, teardown),
 		/* Host only. */
 		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),

@@ -99,10 +99,33 @@ def test_engine_arguments():
         gf.Engine(None, "e", ["unix:///nonexistent/g"], backend="host", rank=-1)
     with pytest.raises(ValueError):
         gf.Engine(None, "bad id", ["unix:///nonexistent/g"], backend="host", rank=1)
+    with pytest.raises(ValueError):
+        gf.Engine(None, "e", ["unix:///nonexistent/g"], backend="host", rank=1, first_device=-1)
     tcp = gf.Engine("tcp://127.0.0.1:1", "e", ["unix:///nonexistent/g"], backend="host")
     with pytest.raises(gf.NotSupportedError):
         tcp.add_holder_pid(os.getpid())
     tcp.close()
+
+
+def test_first_device_is_the_backends_device(cluster):
+    """first_device names the device of the engine's first GMS: the host
+    backend has only device 0, so 1 fails init_weights with NotFoundError
+    and 0 (the default, as given) maps. The cuda case, device N of a rank N,
+    is tests/engine/test_engine.c's test_first_device on the test driver."""
+    cluster.lockd()
+    cluster.gmsd()
+    e0 = gf.Engine(cluster.lock_uri, "eng", [cluster.gms_uri()], backend="host")
+    e0.init_weights(load=_load)
+    bad = gf.Engine(None, "eng", [cluster.gms_uri()], backend="host", role="follower", rank=1, first_device=1)
+    with pytest.raises(gf.NotFoundError):
+        bad.init_weights()
+    bad.close()
+    ok = gf.Engine(None, "eng", [cluster.gms_uri()], backend="host", role="follower", rank=1, first_device=0)
+    ok.init_weights()
+    ok.sleep()
+    assert ok.state == "standby"
+    ok.close()
+    e0.close()
 
 
 def test_rank_engine_wakes_with_rank_0(cluster):

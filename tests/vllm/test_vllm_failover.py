@@ -162,10 +162,10 @@ class Site:
     def gms_uri(self, n):
         return f"unix://{self.dir}/gms{n}.sock"
 
-    def start_daemons(self, gmsds=3):
+    def start_daemons(self, gmsds=3, exit_wait_s=10):
         self.daemons.append(self.spawn("gf-lockd", [
             LOCKD, f"--listen={self.lock_uri}", f"--state-file={self.dir}/lock.state", "--reconnect-window=500ms",
-            "--exit-wait-timeout=10s", f"--listener=http=tcp://127.0.0.1:{self.port}"]))
+            f"--exit-wait-timeout={exit_wait_s}s", f"--listener=http=tcp://127.0.0.1:{self.port}"]))
         for n in range(gmsds):
             self.gmsd(n)
         wait_for(lambda: self.ok(gf.lock_status, self.lock_uri), 10, "gf-lockd")
@@ -411,17 +411,20 @@ def victim_gone_at(victim, t_kill):
     return t_kill
 
 
-def failover(site, victim, standby, refs, kill):
+def failover(site, victim, standby, refs, kill, meanwhile=None):
     """Kill @victim with @kill() while a client keeps asking; check the
     standby's answers and that nothing of the victim is left. @kill makes
-    the kill's system call and nothing else: the clock is read just before
-    it, with the GIL held throughout, so no request stamped after the kill
-    can have been sent before it."""
+    the kill's system calls and nothing else: the clock is read just before
+    them, with the GIL held throughout, so no request stamped after the kill
+    can have been sent before it. @meanwhile(), when given, runs once the
+    victim's launcher has exited and before the standby must be active."""
     hammer = Hammer(site.port)
     wait_for(lambda: len(hammer.results) >= 1, 120, "a first answer before the kill")
     t_kill = time.monotonic()
     kill()
     victim.wait(30)
+    if meanwhile:
+        meanwhile()
     wait_state(standby, "active", 120)
     for p in PROMPTS:
         assert complete(site.port, p) == refs[p], f"{p!r}: another answer after the failover"
@@ -691,45 +694,120 @@ def rank_pid(p, rank):
     return int(worker_event(p, "standby", rank)["pid"])
 
 
-def test_tensor_parallel_2(plain_model):
-    """TP=2 on CPU (one core per rank): one GMS per rank; the loader's ranks
-    both commit, the follower's ranks both map read-only; SIGKILL of the
-    active engine's rank 1 worker takes that whole engine down, the lock
-    passes, and the standby's two ranks answer with the same tokens."""
+# The lock server's exit wait in the TP site: far beyond what the slow rank
+# below is held for, so that only that rank's exit can end the wait.
+TP_EXIT_WAIT_S = int(scaled(120.0))
+
+
+@pytest.fixture(scope="module")
+def tp(plain_model):
+    """TP=2 on CPU (one core per rank), one GMS per rank: a loader that
+    serves and a follower that stands by. The tests hand them on: "active"
+    and "standby" name the current ones."""
     if BACKEND != "host":
         pytest.skip("TP=2 here is the CPU case")
     with tempfile.TemporaryDirectory(prefix="gf-vllm-tp-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as d:
-        tp = Site(d)
+        site = Site(d)
         try:
-            tp.start_daemons(gmsds=2)
-            gms = f"unix://{d}/gms{{rank}}.sock"
+            site.start_daemons(gmsds=2, exit_wait_s=TP_EXIT_WAIT_S)
             # vLLM's CPU backend binds each rank's threads to a core of its own.
-            args = dict(gms=gms, vllm_extra=["--tensor-parallel-size", "2"],
+            args = dict(gms=f"unix://{d}/gms{{rank}}.sock", vllm_extra=["--tensor-parallel-size", "2"],
                         extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, eager=True)
-            model = plain_model
-            a = tp.server("tp-a", "loader", model, **args)
+            a = site.server("tp-a", "loader", plain_model, **args)
             # The follower starts once the loader serves: started together,
             # either could be first in line for the lock.
             wait_state(a, "active")
-            b = tp.server("tp-b", "follower", model, **args)
+            b = site.server("tp-b", "follower", plain_model, **args)
             wait_state(b, "standby")
-            a_log, b_log = a.log.read_text(), b.log.read_text()
-            for rank in (0, 1):
-                assert f"event=weights_committed rank={rank} " in a_log
-                assert f"event=weights_mapped rank={rank} " in b_log
-            assert "event=weights_committed" not in b_log
-            refs = {p: complete(tp.port, p) for p in PROMPTS}
-            rank1 = rank_pid(a, 1)
-            # The lock holds the holder's rank 1 process too (a count of
-            # the processes registered besides rank 0): the next grant waits
-            # until it is gone, not only rank 0.
-            status = gf.lock_status(tp.lock_uri)
-            assert status["holder_pids"] == 1, status
-            for p in (a, b):
-                assert "event=ranks_registered rank=0 pids=" in p.log.read_text()
-            failover(tp, a, b, refs, lambda: os.kill(rank1, signal.SIGKILL))
-            # Rank 1 woke once rank 0 held the lock, its KV where Init put it.
-            init, awake = worker_event(b, "kv_range", 1), worker_event(b, "awake", 1)
-            assert int(awake["kv_addr"], 16) == int(init["addr"], 16), (init, awake)
+            refs = {p: complete(site.port, p) for p in PROMPTS}
+            yield {"site": site, "active": a, "standby": b, "refs": refs, "args": args, "model": plain_model}
         finally:
-            tp.stop()
+            site.stop()
+
+
+def test_tensor_parallel_2(tp):
+    """The loader's ranks both commit, the follower's ranks both map
+    read-only; SIGKILL of the active engine's rank 1 worker takes that whole
+    engine down, the lock passes, and the standby's two ranks answer with the
+    same tokens."""
+    a, b = tp["active"], tp["standby"]
+    a_log, b_log = a.log.read_text(), b.log.read_text()
+    for rank in (0, 1):
+        assert f"event=weights_committed rank={rank} " in a_log
+        assert f"event=weights_mapped rank={rank} " in b_log
+    assert "event=weights_committed" not in b_log
+    rank1 = rank_pid(a, 1)
+    # The lock holds the holder's rank 1 process too (a count of the
+    # processes registered besides rank 0): the next grant waits until it
+    # is gone, not only rank 0.
+    status = gf.lock_status(tp["site"].lock_uri)
+    assert status["holder_pids"] == 1, status
+    for p in (a, b):
+        assert "event=ranks_registered rank=0 pids=" in p.log.read_text()
+    failover(tp["site"], a, b, tp["refs"], lambda: os.kill(rank1, signal.SIGKILL))
+    tp["active"], tp["standby"] = b, None
+    # Rank 1 woke once rank 0 held the lock, its KV where Init put it.
+    init, awake = worker_event(b, "kv_range", 1), worker_event(b, "awake", 1)
+    assert int(awake["kv_addr"], 16) == int(init["addr"], 16), (init, awake)
+
+
+def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
+    """The active engine's rank 1 outlives the rest of its engine: it and its
+    parent, vLLM's engine process, are stopped (SIGSTOP: a worker dies with
+    that parent, PR_SET_PDEATHSIG), then every other process of that server
+    is killed, rank 0 and the API server among them. The lock
+    server waits on it (exit_wait, its pid listed) and the standby stays a
+    standby for as long as it lives; once it is killed the standby is
+    granted and answers with the same tokens, and no client connection is
+    refused (they wait in the lock's listener)."""
+    site, a = tp["site"], tp["active"]
+    b = tp["standby"]
+    if b is None:
+        b = site.server(f"tp-{len(site.servers)}", "follower", tp["model"], **tp["args"])
+        wait_state(b, "standby")
+    rank1 = rank_pid(a, 1)
+    rank0 = int(worker_event(a, "kv_range", 0)["pid"])
+    with open(f"/proc/{rank1}/stat") as f:
+        core = int(f.read().rsplit(")", 1)[1].split()[1])
+    lingering = (rank1, core)
+    others = [p for p in live_in_group(a.pid) if p not in lingering]
+    assert a.pid in others and rank0 in others and core in live_in_group(a.pid), (a.pid, rank0, core, others)
+
+    def kill():
+        for pid in lingering:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def meanwhile():
+        def waiting_on_rank1():
+            s = gf.lock_status(site.lock_uri)
+            return s["exit_wait"] and s["exit_wait_processes"] == 1 and s["exit_wait_pids"] == [rank1]
+        try:
+            wait_for(lambda: not set(others) & set(live_in_group(a.pid)), 30,
+                     "every process of the active server but its rank 1 and engine process to exit")
+            wait_for(waiting_on_rank1, 30, "the lock server to wait on the lingering rank 1")
+            # The old holder is gone but one of its ranks lives: the standby
+            # must not be granted. Watched over a while (the lock server
+            # re-checks as it goes), ended by the rank's exit, not by time.
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                assert rank1 in live_in_group(a.pid), "rank 1 went away"
+                assert state(b) == "standby", f"{b.name} is {state(b)} while the old rank 1 lives"
+                assert waiting_on_rank1(), gf.lock_status(site.lock_uri)
+                assert "event=granted" not in b.log.read_text(), "the standby was granted while rank 1 lives"
+                time.sleep(0.1)
+        finally:
+            for pid in lingering:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    failover(site, a, b, tp["refs"], kill, meanwhile)
+    tp["active"], tp["standby"] = b, None
+    status = gf.lock_status(site.lock_uri)
+    assert not status.get("exit_wait"), status

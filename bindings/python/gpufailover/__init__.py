@@ -24,7 +24,7 @@ from ._gpufailover import (
     GMSLostError,
     GpuFailoverError,
     Grant,
-    InterruptedError,
+    InterruptedError as InterruptedError,
     LockClient,
     LockLostError,
     Mapping,
@@ -32,11 +32,11 @@ from ._gpufailover import (
     NotFoundError,
     NotSupportedError,
     OutOfMemoryError,
-    PermissionError,
+    PermissionError as PermissionError,
     ProtocolError,
     StaleLayoutError,
     StateError,
-    TimeoutError,
+    TimeoutError as TimeoutError,
     UnreachableError,
     __version__,
     device_find_by_uuid,
@@ -209,7 +209,8 @@ class torch_pool:
 # TimeoutError, PermissionError and InterruptedError are left out: `from
 # gpufailover import *` would shadow the builtins of the same names (ours
 # derive from the first two, so `except TimeoutError` still catches ours, but
-# not the other way round). Reach them as gf.TimeoutError and so on.
+# not the other way round). Reach them as gf.TimeoutError and so on (their
+# imports above re-export them by name, as a type checker requires).
 __all__ = [
     "Engine",
     "GMSClient",

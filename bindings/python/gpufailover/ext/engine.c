@@ -181,7 +181,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
 				  "asleep_bytes", "pinned", "model", "rank", "lock_reconnect_timeout", "loss_grace",
 				  "startup_deadline", "wake_priority", "settle_deferred", "keep_handles",
-				  NULL };
+				  "first_device", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -194,12 +194,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1, reconnect_ms = -1, grace_ms = -1, startup_ms = 0;
 	PyObject *reconnect_obj = Py_None, *grace_obj = NULL, *startup_obj = Py_None;
-	int wake_priority = 0, settle_deferred = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&", kwlist, &lock_uri, &id, &gms_list,
+	int wake_priority = 0, settle_deferred = 0, first_device = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&i", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
 					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
 					 &reconnect_obj, &grace_obj, &startup_obj, &wake_priority, gfpy_bool_arg,
-					 &settle_deferred, gfpy_bool_arg, &keep_handles))
+					 &settle_deferred, gfpy_bool_arg, &keep_handles, &first_device))
 		return -1;
 	/* None: the lock client's own reconnect time; no startup deadline */
 	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
@@ -274,6 +274,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_init_timeout(e, init_ms);
 	if (rc == 0 && priv)
 		rc = gf_engine_set_private_bytes(e, priv);
+	if (rc == 0 && first_device)
+		rc = gf_engine_set_first_device(e, first_device);
 	if (rc == 0 && need_obj && need_obj != Py_None)
 		rc = gf_engine_set_memory_need(e, need);
 	if (rc == 0 && gpus_obj != Py_None)
@@ -850,7 +852,7 @@ PyTypeObject gfpy_EngineType = {
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
 		  "       model=None, rank=0, lock_reconnect_timeout=None, loss_grace=10,\n"
 		  "       startup_deadline=None, wake_priority=0, settle_deferred=False,\n"
-		  "       keep_handles=True)\n\n"
+		  "       keep_handles=True, first_device=0)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -869,7 +871,9 @@ PyTypeObject gfpy_EngineType = {
 		  "settle_deferred: serve() returns at Active before the readiness report; call settle().\n"
 		  "keep_handles: True (default) keeps every GMS session and its imported handles through\n"
 		  "sleep, so a wake maps without fd passing; False releases the handles at sleep, so a\n"
-		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).",
+		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).\n"
+		  "first_device: the device ordinal of gms[0]; gms[i] is on device first_device + i\n"
+		  "(a tensor-parallel rank N on GPU N passes N; the host backend has only device 0).",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

@@ -416,7 +416,6 @@ class GfWorkerMixin:
             no_cpu_repack()
         self._gf_private: Tuple[str, ...] = PRIVATE_PARAMS + tuple(self._gf.get("private_params", []))
         self._gf_engine: Optional[gf.Engine] = None  # rank 0's (the lock's holder), or a rank engine
-        self._gf_rank_gms: Optional[gf.GMSClient] = None  # GPU-ONLY: ranks 1..N-1 (no rank engine yet)
         self._gf_writing: Optional[gf.GMSClient] = None  # the writer's client while vLLM loads
         self._gf_kv_range: Optional[Tuple[int, int]] = None  # where the KV cache lives
         self._gf_kv_bytes = 0
@@ -515,7 +514,7 @@ class GfWorkerMixin:
                         init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
                         memory_need=self._kv_need(),
                         probe_port=c.get("probe_port"), probe_address=c.get("probe_address"),
-                        keep_handles=bool(c.get("keep_handles", True)))
+                        keep_handles=bool(c.get("keep_handles", True)), first_device=self._first_device())
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
         server_pid = int(c["server_pid"])
         eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
@@ -538,30 +537,22 @@ class GfWorkerMixin:
         self._gf_rank_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._gf_rank_listener.bind(self._rank_socket(self.rank))
         self._gf_rank_listener.listen(1)
-        if self._gf_device == "cpu":
-            eng = gf.Engine(None, c["id"], [uri], rank=self.rank, role=c["role"], backend=c["backend"],
-                            waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
-                            init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
-                            memory_need=self._kv_need(), keep_handles=bool(c.get("keep_handles", True)))
-            eng.on_loss = lambda code, detail: kill_process_group(f"rank {self.rank}: {gf.strerror(code)}: {detail}")
-            self._gf_engine = eng
-            eng.init_weights(load=load)
-            self._gf_kv_range = eng.private_memory(0)
-            return eng.gms(0)
-        # GPU-ONLY: the library's engine numbers its devices from 0, and rank
-        # N works on device N: a plain GMS client, vLLM's own KV cache.
-        dev = {"device": self.local_rank}
-        mem = gf.Memory(c["backend"], **dev)
-        mode = "rw_or_ro" if c["role"] == "loader" else "ro"
-        gms = gf.GMSClient(uri, mem, mode=mode, timeout=c["init_timeout"], by_progress=True)
-        if not c.get("keep_handles", True):
-            gms.set_keep_handles(False)
-        if gms.mode == "rw":
-            load(self.local_rank, gms)
-        else:
-            gms.map_all()
-        self._gf_rank_gms = gms
-        return gms
+        eng = gf.Engine(None, c["id"], [uri], rank=self.rank, role=c["role"], backend=c["backend"],
+                        waking_timeout=c["waking_timeout"], remap_timeout=c["remap_timeout"],
+                        init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
+                        memory_need=self._kv_need(), keep_handles=bool(c.get("keep_handles", True)),
+                        first_device=self._first_device())
+        eng.on_loss = lambda code, detail: kill_process_group(f"rank {self.rank}: {gf.strerror(code)}: {detail}")
+        self._gf_engine = eng
+        eng.init_weights(load=load)
+        self._gf_kv_range = eng.private_memory(0)
+        return eng.gms(0)
+
+    def _first_device(self) -> int:
+        """The device of this rank's one GMS: on CUDA rank N works on device
+        N (vLLM's local rank), and the engine numbers its devices from
+        there; the host backend has only device 0."""
+        return self.local_rank if self._gf_device == "cuda" else 0
 
     def _rank_socket(self, rank: int) -> str:
         return f"\0gf-vllm-{self._gf['server_pid']}-{self._gf['token']}-rank{rank}"
@@ -569,7 +560,7 @@ class GfWorkerMixin:
     # --- KV cache: vLLM's tensors over the private region -----------------
     def initialize_from_config(self, kv_cache_config: Any) -> None:
         kv_range = self._gf_kv_range
-        if kv_range is None:  # GPU-ONLY: ranks >= 1 keep vLLM's own allocation
+        if kv_range is None:  # no engine (load_model has not run)
             cast(Any, super()).initialize_from_config(kv_cache_config)
             return
         # vLLM's allocate_kv_cache looks torch up in its module's namespace.
@@ -607,14 +598,11 @@ class GfWorkerMixin:
     def _attach_backend(self) -> None:
         from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory  # type: ignore[import-not-found, unused-ignore]
         gfv.register()
-        if self._gf_engine is not None and self.rank == 0:
-            gfv.attach(self._gf_engine, on_grant=self._grant_ranks)
-        elif self._gf_engine is not None:
-            gfv.attach(self._gf_engine, gate=self._wait_for_grant, kv_restore=self._rank_awake)
+        eng = self._engine()
+        if self.rank == 0:
+            gfv.attach(eng, on_grant=self._grant_ranks)
         else:
-            assert self._gf_rank_gms is not None
-            gfv.attach(self._gf_rank_gms, remap_timeout=float(self._gf["remap_timeout"]), gate=self._wait_for_grant,
-                       kv_restore=self._rank_awake)
+            gfv.attach(eng, gate=self._wait_for_grant, kv_restore=self._rank_awake)
         self._gf_backend = SleepModeBackendFactory.create_backend(self.vllm_config.model_config)
         # vLLM's GPU worker makes its backend lazily through the same factory.
         if hasattr(self, "_sleep_mode_backend"):
@@ -655,6 +643,7 @@ class GfWorkerMixin:
 
     def _rank_awake(self) -> None:
         self._check_waking(f"rank {self.rank}")
+        self._zero_kv()
         log("awake", rank=self.rank, wake_ms=round((time.monotonic() - self._gf_granted_at) * 1000, 1),
             kv_addr=hex(self.kv_data_ptrs()[0]) if self.kv_data_ptrs() else 0)
 
@@ -671,17 +660,21 @@ class GfWorkerMixin:
                 eng.mark_dead(f"wake failed: {e}")
             log("wake_failed", error=type(e).__name__, msg=json.dumps(str(e)))
             raise
-        if self._gf_device == "cuda" and self._gf_kv_range is not None:
-            # GPU-ONLY: device memory is not zero-filled when created (host
-            # pages are); vLLM's KV cache starts zeroed.
-            import torch  # type: ignore[import-not-found, unused-ignore]
-            tensor_at(self._gf_kv_range[0], torch.int8, [self._gf_kv_range[1]], [1], "cuda").zero_()
-            torch.cuda.synchronize()
+        self._zero_kv()
         m = eng.metrics
         ptrs = self.kv_data_ptrs()
         log("awake", rank=0, epoch=eng.epoch, remap_ms=round(m.get("remap_us", 0) / 1000, 1),
             kv_ms=round(m.get("private_alloc_us", 0) / 1000, 1), kv_bytes=self._gf_kv_bytes,
             kv_addr=hex(ptrs[0]) if ptrs else 0)
+
+    def _zero_kv(self) -> None:
+        if self._gf_device == "cuda" and self._gf_kv_range is not None:
+            # GPU-ONLY: device memory is not zero-filled when created (host
+            # pages are); vLLM's KV cache starts zeroed. "cuda" is this
+            # rank's device (vLLM made it current).
+            import torch  # type: ignore[import-not-found, unused-ignore]
+            tensor_at(self._gf_kv_range[0], torch.int8, [self._gf_kv_range[1]], [1], "cuda").zero_()
+            torch.cuda.synchronize()
 
     def _check_waking(self, who: str) -> None:
         waking_timeout = float(self._gf["waking_timeout"])
@@ -721,8 +714,6 @@ class GfWorkerMixin:
         return {"registered": registered}
 
     def gf_serve(self) -> "dict[str, Any]":
-        if self._gf_engine is None:
-            return {}  # GPU-ONLY: a rank without a rank engine
         eng = self._engine()
         eng.serve()
         if self.rank != 0:
