@@ -175,6 +175,54 @@ static int role_arg(PyObject *obj, int *role)
 	return 0;
 }
 
+/* A lock URI, or none for a rank engine (rank >= 1): one or the other. */
+static int lock_rank_arg(const char *lock_uri, int rank)
+{
+	if (!lock_uri != (rank != 0)) {
+		PyErr_SetString(PyExc_ValueError, rank ? "a rank engine (rank >= 1) holds no lock: pass lock=None"
+						       : "lock=None is for a rank engine: pass rank >= 1");
+		return -1;
+	}
+	return 0;
+}
+
+/* probe_port=: None (no probe server, *@port stays), or 0..65535 (0: any free port). */
+static int probe_port_arg(PyObject *obj, long *port)
+{
+	if (obj == Py_None)
+		return 0;
+	PyObject *idx = PyNumber_Index(obj);
+	long v = idx ? PyLong_AsLong(idx) : -1; /* OverflowError beyond a long */
+	Py_XDECREF(idx);
+	if (PyErr_Occurred())
+		return -1;
+	if (v < 0 || v > 65535) {
+		PyErr_SetString(PyExc_ValueError, "probe_port must be 0..65535 (0: any free port) or None");
+		return -1;
+	}
+	*port = v;
+	return 0;
+}
+
+/* Add every GMS URI of @seq (a PySequence_Fast) to @e: the library's code, or
+ * -1 with *@py_error set and a Python exception when an entry is not a str. */
+static int add_gms_uris(gf_engine *e, PyObject *seq, int *py_error)
+{
+	int rc = 0;
+	for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *u = PySequence_Fast_GET_ITEM(seq, i);
+		const char *us = PyUnicode_Check(u) ? PyUnicode_AsUTF8(u) : NULL;
+		if (!us) {
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_TypeError, "gms entries must be str URIs");
+			*py_error = 1;
+			return -1;
+		}
+		rc = gf_engine_add_gms(e, us);
+	}
+	return rc;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
@@ -205,11 +253,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
 	    (grace_obj && gfpy_timeout_arg(grace_obj, &grace_ms, 0) < 0) || gfpy_timeout_arg(startup_obj, &startup_ms, 1) < 0)
 		return -1;
-	if (!lock_uri != (rank != 0)) {
-		PyErr_SetString(PyExc_ValueError, rank ? "a rank engine (rank >= 1) holds no lock: pass lock=None"
-						       : "lock=None is for a rank engine: pass rank >= 1");
+	if (lock_rank_arg(lock_uri, rank) < 0)
 		return -1;
-	}
 	if (need_obj && need_obj != Py_None && !gfpy_u64_arg(need_obj, &need))
 		return -1;
 	if (self->engine) {
@@ -220,17 +265,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	    (wobj && gfpy_timeout_arg(wobj, &waking, 0) < 0) || (robj && gfpy_timeout_arg(robj, &remap, 0) < 0) ||
 	    (iobj && gfpy_timeout_arg(iobj, &init_ms, 1) < 0))
 		return -1;
-	if (pobj != Py_None) {
-		PyObject *idx = PyNumber_Index(pobj);
-		probe_port = idx ? PyLong_AsLong(idx) : -1; /* OverflowError beyond a long */
-		Py_XDECREF(idx);
-		if (PyErr_Occurred())
-			return -1;
-		if (probe_port < 0 || probe_port > 65535) {
-			PyErr_SetString(PyExc_ValueError, "probe_port must be 0..65535 (0: any free port) or None");
-			return -1;
-		}
-	}
+	if (probe_port_arg(pobj, &probe_port) < 0)
+		return -1;
 	if (gpus_obj != Py_None && gfpy_strv_arg(gpus_obj, "gpus", 8, &gpus, &ngpus) < 0)
 		return -1;
 	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
@@ -248,20 +284,15 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int rc = gf_engine_new(&e);
 	if (rc == 0)
 		rc = lock_uri ? gf_engine_set_lock(e, lock_uri, id) : gf_engine_set_rank(e, id, rank);
-	for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
-		PyObject *u = PySequence_Fast_GET_ITEM(seq, i);
-		const char *us = PyUnicode_Check(u) ? PyUnicode_AsUTF8(u) : NULL;
-		if (!us) {
-			Py_DECREF(seq);
-			gfpy_strv_free(gpus);
-			gf_engine_free(e);
-			if (!PyErr_Occurred())
-				PyErr_SetString(PyExc_TypeError, "gms entries must be str URIs");
-			return -1;
-		}
-		rc = gf_engine_add_gms(e, us);
-	}
+	int py_error = 0;
+	if (rc == 0)
+		rc = add_gms_uris(e, seq, &py_error);
 	Py_DECREF(seq);
+	if (py_error) {
+		gfpy_strv_free(gpus);
+		gf_engine_free(e);
+		return -1;
+	}
 	if (rc == 0)
 		rc = gf_engine_set_role(e, role);
 	if (rc == 0)
