@@ -172,7 +172,8 @@ GF_EXPORT void gf_lock_set_next_fn(gf_lock *lock, gf_lock_next_fn fn, void *user
  * (no process @p pid: it exited or never was), GF_ERR_TOO_BIG (already
  * GF_LOCK_MAX_PIDS live processes registered), GF_ERR_NOT_SUPPORTED (tcp://
  * and etcd locks: a pidfd cannot cross hosts, docs/lock.md says what fences
- * ranks there), GF_ERR_IO (no pidfd: out of fds). Does not block longer
+ * ranks there; or a kernel without pidfd_open, before Linux 5.3),
+ * GF_ERR_IO (no pidfd: out of fds). Does not block longer
  * than one send on a connected socket. Thread-safe.
  */
 GF_EXPORT int gf_lock_add_pid(gf_lock *lock, int pid);

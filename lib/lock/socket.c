@@ -677,8 +677,9 @@ static int sock_add_pid(gf_lock *l, int pid)
 	}
 	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
 	if (fd < 0) {
-		rc = errno == ESRCH ? gf_err(GF_ERR_NOT_FOUND, "lock %s: add_pid: no process %d (it exited, or never was)", l->id, pid)
-				    : gf_err_errno(GF_ERR_IO, errno, "lock %s: add_pid: pidfd_open(%d)", l->id, pid);
+		rc = errno == ESRCH    ? gf_err(GF_ERR_NOT_FOUND, "lock %s: add_pid: no process %d (it exited, or never was)", l->id, pid)
+		     : errno == ENOSYS ? gf_err(GF_ERR_NOT_SUPPORTED, "lock %s: add_pid: pidfd_open is not available (Linux 5.3 or later)", l->id)
+				       : gf_err_errno(GF_ERR_IO, errno, "lock %s: add_pid: pidfd_open(%d)", l->id, pid);
 		goto out;
 	}
 	s->pids[s->npids].fd = fd;

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -2216,6 +2217,16 @@ static void test_add_holder_pid(void **state)
 	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_add_holder_pid(NULL, 1), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_engine_add_holder_pid(e, 0), GF_ERR_INVALID_ARG);
+	int probe = (int)syscall(SYS_pidfd_open, getpid(), 0);
+	if (probe < 0 && errno == ENOSYS) {
+		/* No pidfd_open here (valgrind 3.19 does not know the call; an old
+		 * kernel): nothing below can be checked. The plain and sanitizer
+		 * builds run it. */
+		print_message("# skipped: pidfd_open is not available here\n");
+		return;
+	}
+	if (probe >= 0)
+		close(probe);
 	pid_t dead = fork();
 	if (dead == 0)
 		_exit(0);
