@@ -242,7 +242,7 @@ int gf_lock_query_start(gf_lock_query **out, const char *uri, const void *secret
 {
 	if (!out)
 		return gf_err(GF_ERR_INVALID_ARG, "lock query: NULL argument");
-	struct oneshot *q;
+	struct oneshot *q = NULL;
 	int rc = oneshot_start(&q, "lock query", uri, secret, secret_len, proof, 0, timeout_ms);
 	if (rc == 0)
 		*out = (gf_lock_query *)q;
@@ -277,7 +277,7 @@ int gf_lock_revoke_start(gf_lock_revoke_op **out, const char *uri, const void *s
 		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: NULL argument");
 	if (epoch == 0)
 		return gf_err(GF_ERR_INVALID_ARG, "lock revoke: epoch 0 names no grant");
-	struct oneshot *q;
+	struct oneshot *q = NULL;
 	int rc = oneshot_start(&q, "lock revoke", uri, secret, secret_len, NULL, epoch, timeout_ms);
 	if (rc == 0)
 		*out = (gf_lock_revoke_op *)q;
