@@ -101,6 +101,20 @@ static int add_pid_errors(const char *uri, const char *id)
 	return 0;
 }
 
+/* A child that keeps the lock's socket open past this process's death
+ * (dup drops close-on-exec and escapes the atfork handler); prints "child=PID". */
+static void fork_keeper(gf_lock *l)
+{
+	int keep = dup(gf_lock_get_fd(l));
+	pid_t pid = fork();
+	if (pid == 0) {
+		sleep(60);
+		close(keep);
+		_exit(0);
+	}
+	printf("child=%d\n", (int)pid);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4)
@@ -126,31 +140,15 @@ int main(int argc, char **argv)
 	printf("granted id=%s epoch=%llu\n", argv[2], (unsigned long long)g.epoch);
 	fflush(stdout);
 	if (!strcmp(argv[3], "fork-keep")) {
-		int keep = dup(gf_lock_get_fd(l)); /* dup drops close-on-exec and escapes the atfork handler */
-		pid_t pid = fork();
-		if (pid == 0) {
-			sleep(60);
-			close(keep);
-			_exit(0);
-		}
-		printf("child=%d\n", (int)pid);
+		fork_keeper(l);
 		fflush(stdout);
 		for (;;)
 			pause();
 	}
 	if (rank) {
 		printf("rank=%d\n", (int)rank);
-		if (argc > 6 && !strcmp(argv[6], "fork-keep")) {
-			/* A child keeps the lock's socket open past this process's death. */
-			int keep = dup(gf_lock_get_fd(l));
-			pid_t pid = fork();
-			if (pid == 0) {
-				sleep(60);
-				close(keep);
-				_exit(0);
-			}
-			printf("child=%d\n", (int)pid);
-		}
+		if (argc > 6 && !strcmp(argv[6], "fork-keep"))
+			fork_keeper(l);
 		fflush(stdout);
 		for (;;)
 			pause();
