@@ -6,10 +6,13 @@
 #define GF_TESTUTIL_H
 
 #include <dirent.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "gpufailover.h"
@@ -93,14 +96,50 @@ static inline int tu_count_threads(void)
 	return tu_count_entries("/proc/self/task");
 }
 
-/* A fresh private directory under $TMPDIR for sockets and state files. */
+static inline int tu_rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)type;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+/* The directories tu_tmpdir() made, removed with what they hold when the
+ * process that made them exits: a teardown that missed a file, or a failed
+ * assert, must not leave them behind run after run. A forked child's
+ * exit() leaves its parent's. */
+#define TU_TMPDIRS 64
+static struct {
+	char path[256];
+	pid_t owner;
+} tu_tmpdirs[TU_TMPDIRS];
+static size_t tu_ntmpdirs;
+
+static inline void tu_remove_tmpdirs(void)
+{
+	for (size_t i = 0; i < tu_ntmpdirs; i++)
+		if (tu_tmpdirs[i].owner == getpid())
+			nftw(tu_tmpdirs[i].path, tu_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A fresh private directory under $TMPDIR for sockets and state files,
+ * removed when the process that made it exits. */
 static inline char *tu_tmpdir(void)
 {
 	const char *base = getenv("TMPDIR");
 	char tmpl[256];
 	snprintf(tmpl, sizeof(tmpl), "%s/gf-test-XXXXXX", base && *base ? base : "/tmp");
 	char *d = mkdtemp(tmpl);
-	return d ? strdup(d) : NULL;
+	if (!d)
+		return NULL;
+	if (tu_ntmpdirs == 0)
+		atexit(tu_remove_tmpdirs);
+	if (tu_ntmpdirs < TU_TMPDIRS) {
+		snprintf(tu_tmpdirs[tu_ntmpdirs].path, sizeof(tu_tmpdirs[0].path), "%s", d);
+		tu_tmpdirs[tu_ntmpdirs++].owner = getpid();
+	}
+	return strdup(d);
 }
 
 /* Log lines of one component captured for assertions: install with

@@ -126,6 +126,7 @@ def world():
     yield World()
     for p in reversed(procs):
         p.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def http(port, path, method="GET"):

@@ -252,6 +252,7 @@ def lockd():
     p.terminate()
     p.wait(timeout=HANG_GUARD)
     log.close()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_timeout_zero_tries_once(lockd):

@@ -10,6 +10,7 @@ the real gf-c-engine with its bytes and its __metadata__ in the GMS.
 import ctypes
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -261,6 +262,7 @@ def test_c_engine_loads_a_reference_file_with_its_metadata(with_tensors):
         for p in reversed(procs):
             p.terminate()
             p.wait(timeout=HANG_GUARD)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
