@@ -387,4 +387,5 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.set_access = NULL,
 	.unmap = host_unmap,
 	.unmap_spans = true,
+	.move_spans = true,
 };
