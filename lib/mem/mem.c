@@ -836,13 +836,20 @@ static int protect_in_place(gf_mem_va *va, int on)
 	return rc;
 }
 
-/* Set once a move of several mappings at once failed (a kernel before 6.17): one by one from then on. */
+/* Set once a move of several mappings at once failed where the backend said it could: one by one from then on. */
 static atomic_bool span_moves_refused;
 
-/* Moves parked mappings @s..@e-1, adjacent in the parking range, back in one move; false when not done. */
+/*
+ * Moves parked mappings @s..@e-1, adjacent in the parking range, back in
+ * one move; false when not done (the caller moves them one by one). A move
+ * that fails where the backend said it could may have moved some: those
+ * then fail to move again, and the caller's failure path unmaps them
+ * wherever they are.
+ */
 static bool unpark_span(gf_mem_va *va, size_t s, size_t e)
 {
-	if (e - s < 2 || !va->m->be->move_spans || atomic_load_explicit(&span_moves_refused, memory_order_relaxed))
+	if (e - s < 2 || !va->m->be->move_spans || atomic_load_explicit(&span_moves_refused, memory_order_relaxed) ||
+	    !va->m->be->move_spans(va->m))
 		return false;
 	size_t start = va->maps[s].offset, len = va->maps[e - 1].offset + va->maps[e - 1].size - start;
 	if (va->m->be->move(va->m, va->park + start, len, va->addr + start, false) < 0) {
