@@ -145,7 +145,9 @@ struct gf_lock_proof;
  * servers; the etcd backend never calls it.
  */
 typedef void (*gf_lock_next_fn)(gf_lock *lock, int next, const struct gf_lock_proof *proof, void *userdata);
-/** Install the next hook (NULL removes it). */
+/** Install the next hook (NULL removes it). An acquire asks the server for
+ *  LockNext only when it begins with a hook installed: install it before
+ *  gf_lock_acquire(). */
 GF_EXPORT void gf_lock_set_next_fn(gf_lock *lock, gf_lock_next_fn fn, void *userdata);
 
 /** Processes one lock client may register with gf_lock_add_pid(). */

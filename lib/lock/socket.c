@@ -51,6 +51,10 @@ struct sock {
 	struct gf_lock_listener lsn[GF_LIMIT_LISTENERS];
 	size_t nlsn;
 	bool takes_serving; /* the grant said the server relays readiness (LockServing) */
+	/* The acquire asks for LockNext: a next hook was installed when it began
+	 * (without one LockNext would only wake this thread ahead of its grant,
+	 * and the server's send of it would be on the hand-off's path). */
+	bool takes_next;
 	/*
 	 * Further processes of the engine (gf_lock_add_pid()), sent on every
 	 * new connection. fd_mu guards them, the fd's value as other threads
@@ -191,7 +195,7 @@ static int send_acquire(gf_lock *l, int64_t timeout_ms, bool reclaim, int64_t de
 	a->pinned = l->decl.pinned;
 	memcpy(a->model, l->decl.model, sizeof(a->model));
 	a->reports_serving = l->reports_serving;
-	a->takes_next = true;
+	a->takes_next = s->takes_next;
 	a->serving = reclaim && l->serving;
 	int fds[GF_LIMIT_LISTENERS];
 	size_t nfds = 0;
@@ -436,6 +440,7 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 	drop_listeners(l);
 	pthread_mutex_lock(&l->mu);
 	l->serving = false;
+	s->takes_next = l->next_fn != NULL;
 	pthread_mutex_unlock(&l->mu);
 	/* 0 means ask once: one connection attempt, and the server answers the
 	 * acquire at once (granted, or timed out when the lock is held). */

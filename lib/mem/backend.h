@@ -94,6 +94,11 @@ struct gf_mem_backend {
 	 * way costs one call whatever its size, where protect() rewrites every
 	 * page table entry. */
 	int (*move)(gf_mem *m, uint64_t from, size_t size, uint64_t to, bool placeholder);
+	/* Optional: true when move() also takes a range covering several
+	 * adjacent mappings (host: Linux 6.17 and later move them in one
+	 * mremap; an older kernel refuses such a range only after it dropped
+	 * what was at @to, so it is asked once, on scratch mappings of its own). */
+	bool (*move_spans)(gf_mem *m);
 
 	/* Optional staged copies (cuda; NULL on host, whose mappings are host
 	 * memory): pinned host buffers, one ordered stream, events to wait on. */

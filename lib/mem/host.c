@@ -343,6 +343,37 @@ static int host_move(gf_mem *m, uint64_t from, size_t size, uint64_t to, bool pl
 	return 0;
 }
 
+/*
+ * Does mremap move a range that spans several mappings (Linux 6.17)? Asked
+ * once, with two adjacent one-page mappings of different access (two
+ * mappings the kernel cannot merge) moved to a scratch range of our own: a
+ * kernel that refuses does so after it unmapped the destination, which must
+ * never be a reservation somebody relies on.
+ */
+static bool spans_move;
+static pthread_once_t spans_once = PTHREAD_ONCE_INIT;
+
+static void probe_spans(void)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	uint8_t *src = mmap(NULL, 2 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	uint8_t *dst = mmap(NULL, 2 * pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (src != MAP_FAILED && dst != MAP_FAILED && mprotect(src + pg, pg, PROT_READ | PROT_WRITE) == 0)
+		spans_move = mremap(src, 2 * pg, 2 * pg, MREMAP_MAYMOVE | MREMAP_FIXED, dst) == dst;
+	/* Whatever moved, both ranges go. */
+	if (src != MAP_FAILED)
+		munmap(src, 2 * pg);
+	if (dst != MAP_FAILED)
+		munmap(dst, 2 * pg);
+}
+
+static bool host_move_spans(gf_mem *m)
+{
+	(void)m;
+	pthread_once(&spans_once, probe_spans);
+	return spans_move;
+}
+
 static int host_map(gf_mem *m, uint64_t addr, size_t size, uint64_t handle, int access)
 {
 	int prot = access == GF_MEM_READWRITE ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -387,4 +418,5 @@ const struct gf_mem_backend gf_mem_host_backend = {
 	.set_access = NULL,
 	.unmap = host_unmap,
 	.unmap_spans = true,
+	.move_spans = host_move_spans,
 };

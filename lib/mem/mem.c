@@ -4,6 +4,7 @@
  * per-allocation state machine (docs/design.md, rule 3: no double release, no use
  * after release) and all-or-nothing mapping of many allocations (rule 4).
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -835,21 +836,67 @@ static int protect_in_place(gf_mem_va *va, int on)
 	return rc;
 }
 
-/* Moves every parked mapping back to its own address; frees the parking range once all are back. */
+/* Set once a move of several mappings at once failed where the backend said it could: one by one from then on. */
+static atomic_bool span_moves_refused;
+
+/*
+ * Moves parked mappings @s..@e-1, adjacent in the parking range, back in
+ * one move; false when not done (the caller moves them one by one). A move
+ * that fails where the backend said it could may have moved some: those
+ * then fail to move again, and the caller's failure path unmaps them
+ * wherever they are.
+ */
+static bool unpark_span(gf_mem_va *va, size_t s, size_t e)
+{
+	if (e - s < 2 || !va->m->be->move_spans || atomic_load_explicit(&span_moves_refused, memory_order_relaxed) ||
+	    !va->m->be->move_spans(va->m))
+		return false;
+	size_t start = va->maps[s].offset, len = va->maps[e - 1].offset + va->maps[e - 1].size - start;
+	if (va->m->be->move(va->m, va->park + start, len, va->addr + start, false) < 0) {
+		atomic_store_explicit(&span_moves_refused, true, memory_order_relaxed);
+		gf_log(GF_LOG_DEBUG, "mem", "backend=%s msg=\"moving %zu mappings at once failed, moving them one by one\" error=\"%s\"",
+		       va->m->be->name, e - s, gf_error_detail());
+		return false;
+	}
+	for (size_t i = s; i < e; i++)
+		va->maps[i].parked = false;
+	return true;
+}
+
+/*
+ * Moves every parked mapping back to its own address; frees the parking
+ * range once all are back. Each run of adjacent parked mappings goes back
+ * in one move where the backend can (the wake of 1 GiB in 256 mappings:
+ * one mremap instead of 256). A mapping that cannot be moved stays parked
+ * and the error is returned: the caller's failure path unmaps everything,
+ * wherever it is.
+ */
 static int unpark(gf_mem_va *va)
 {
 	int rc = 0;
-	for (size_t i = 0; i < va->nmaps; i++) {
-		struct va_map *mp = &va->maps[i];
-		if (!mp->parked)
-			continue;
-		int r = va->m->be->move(va->m, va->park + mp->offset, mp->size, va->addr + mp->offset, false);
-		if (r < 0) {
-			if (rc == 0)
-				rc = r;
+	for (size_t s = 0; s < va->nmaps;) {
+		if (!va->maps[s].parked) {
+			s++;
 			continue;
 		}
-		mp->parked = false;
+		size_t e = s + 1;
+		while (e < va->nmaps && va->maps[e].parked &&
+		       va->maps[e].offset == va->maps[e - 1].offset + va->maps[e - 1].size)
+			e++;
+		if (unpark_span(va, s, e)) {
+			s = e;
+			continue;
+		}
+		for (; s < e; s++) {
+			struct va_map *mp = &va->maps[s];
+			int r = va->m->be->move(va->m, va->park + mp->offset, mp->size, va->addr + mp->offset, false);
+			if (r < 0) {
+				if (rc == 0)
+					rc = r;
+				continue;
+			}
+			mp->parked = false;
+		}
 	}
 	if (rc == 0 && va->park) {
 		va->m->be->free_va(va->m, va->park, va->size);

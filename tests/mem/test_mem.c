@@ -568,6 +568,65 @@ static void test_set_accessible_parks_large_mappings(void **state)
 	gf_mem_free(m);
 }
 
+/*
+ * Reopening moves each run of adjacent parked mappings back together (one
+ * move where the kernel can): runs split by a gap in the reservation and by
+ * a small mapping fenced in place each come back whole, every mapping at its
+ * own address with its own bytes, pages and access, and nothing is left in
+ * the parking range.
+ */
+static void test_set_accessible_unparks_runs(void **state)
+{
+	(void)state;
+	gf_mem *m = open_mem();
+	size_t g = gran(m), big = 2u << 20;
+	/* offsets: 0 1 2 (run), small, 4 5 (run), gap, 7 (alone), 8 9 (run) in units of big */
+	static const int at[] = { 0, 1, 2, 4, 5, 7, 8, 9 };
+	enum { NBIG = sizeof(at) / sizeof(at[0]) };
+	gf_mem_alloc *a[NBIG], *small = NULL;
+	gf_mem_va *va = NULL;
+	assert_int_equal(gf_mem_reserve(&va, m, 10 * big, 0), 0);
+	for (int i = 0; i < NBIG; i++) {
+		assert_int_equal(gf_mem_create(&a[i], m, big), 0);
+		assert_int_equal(gf_mem_map(va, (size_t)at[i] * big, a[i], i == 4 ? GF_MEM_READ : GF_MEM_READWRITE), 0);
+		if (i != 4)
+			memset(ptr(va, (size_t)at[i] * big), 'a' + i, big);
+	}
+	assert_int_equal(gf_mem_create(&small, m, g), 0);
+	assert_int_equal(gf_mem_map(va, 3 * big, small, GF_MEM_READWRITE), 0);
+	memset(ptr(va, 3 * big), 's', g);
+	int mapped = tu_memfd_mappings();
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(gf_mem_set_accessible(va, 0), 0);
+		assert_int_equal(gf_mem_set_accessible(va, 1), 0);
+		assert_int_equal(tu_memfd_mappings(), mapped);
+		for (int i = 0; i < NBIG; i++) {
+			const volatile uint8_t *p = ptr(va, (size_t)at[i] * big);
+			uint8_t want = i == 4 ? 0 : (uint8_t)('a' + i);
+			assert_int_equal(p[0], want);
+			assert_int_equal(p[big - 1], want);
+		}
+		assert_int_equal(((const uint8_t *)ptr(va, 3 * big))[g - 1], 's');
+		/* Written on the first round, before the fence of the second: the pages stayed. */
+		assert_int_equal(present_pages(ptr(va, 0), 3 * big), (long)(3 * big / 4096));
+		((volatile uint8_t *)ptr(va, 9 * big))[1] = 'a' + 7; /* read-write again */
+		pid_t pid = fork_child();
+		if (pid == 0) {
+			signal(SIGSEGV, SIG_DFL);
+			((volatile uint8_t *)ptr(va, 5 * big))[0] = 1; /* the read-only one stays so */
+			_exit(0);
+		}
+		assert_true(WIFSIGNALED(wait_child(pid)));
+	}
+	assert_int_equal(gf_mem_unmap_all(va), 0);
+	assert_int_equal(tu_memfd_mappings(), mapped - NBIG - 1);
+	for (int i = 0; i < NBIG; i++)
+		gf_mem_alloc_free(a[i]);
+	gf_mem_alloc_free(small);
+	gf_mem_va_free(va);
+	gf_mem_free(m);
+}
+
 /* gf_mem_has_free(): the same answer as gf_mem_info(), with the figure when short. */
 static void test_has_free(void **state)
 {
@@ -876,10 +935,11 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_refcount_decision7),
 		cmocka_unit_test(test_map_many),
 		cmocka_unit_test(test_import_bad_fd),
-		cmocka_unit_test(test_map_many_undo_host), /* host only: last two */
+		cmocka_unit_test(test_map_many_undo_host), /* host only: last three */
 		cmocka_unit_test(test_set_accessible_parks_large_mappings),
+		cmocka_unit_test(test_set_accessible_unparks_runs),
 	};
-	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 2);
+	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 3);
 	int rc = tu_run_tests(tests, n, NULL, NULL);
 	if (state_dir) {
 		char cmd[512];
