@@ -24,6 +24,7 @@ C_ENGINE = os.environ.get("GF_C_ENGINE", "build/examples/c-engine/gf-c-engine")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from other_uid import for_other_uid  # noqa: E402
 
 
 def get(port, path, timeout=5.0):
@@ -407,7 +408,7 @@ def test_metrics_scrapes_do_not_hold_up_the_lock_loop(tmp):
 
 
 def _as_nobody(argv, **kw):
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + list(argv)
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", for_other_uid(argv[0])] + list(argv[1:])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run gfctl as another uid")

@@ -453,6 +453,7 @@ def test_d8_both_crash(tmp, procs):
 # ---- TCP leases ----
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from other_uid import for_other_uid  # noqa: E402
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 
 
@@ -690,7 +691,7 @@ def test_revoke_needs_an_admin_uid(tmp, procs):
     os.chmod(d.sock, 0o666)  # the uid check under test is the server's, not the file's
     a = spawn(procs, d.uri, "a")
     e1 = a.wait_granted()
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", GFCTL, "lock", "revoke",
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", for_other_uid(GFCTL), "lock", "revoke",
                         "--lock", d.uri, "--epoch", str(e1)], capture_output=True, text=True, timeout=10)
     assert r.returncode == EXIT_PERMISSION, (r.returncode, r.stderr)
     assert "only root or the server's own uid may revoke" in r.stderr

@@ -28,6 +28,7 @@ OTHER = "GPU-0a1b2c3d-0000-4000-8000-00000000000b"
 EXIT_EVICTED = 73
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from timing import scaled  # noqa: E402
+from other_uid import for_other_uid  # noqa: E402
 
 HANG_GUARD = scaled(30.0)  # seconds: a bound against hangs, never a speed claim (GF_TEST_TIMEOUT_SCALE)
 
@@ -433,7 +434,7 @@ def test_admin_evicts_a_named_standby(tmp):
         def evict(name, uid=None):
             argv = [GFCTL, "lock", "evict", "--lock", pool.uri, "--id", name]
             if uid is not None:
-                argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] + argv
+                argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", for_other_uid(argv[0])] + argv[1:]
             return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_GUARD)
         pool.engine("holder")
         wait_until(lambda: pool.granted("holder"), "holder granted")

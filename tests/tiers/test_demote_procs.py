@@ -356,11 +356,12 @@ def test_demote_needs_an_admin_uid(tmp):
         tp.wait_phase(g, ("Checkpointed",))
         os.chmod(g.sock, 0o777)
         past_min_resident(g)
-        r = subprocess.run([tp.GFCTL, "gms", "demote", "--gms", g.uri], capture_output=True, text=True, timeout=60,
+        gfctl = tp.for_other_uid(tp.GFCTL)
+        r = subprocess.run([gfctl, "gms", "demote", "--gms", g.uri], capture_output=True, text=True, timeout=60,
                            user=65534, group=65534)
         assert r.returncode == 6 and "only root or the server's own uid" in r.stderr, r.stdout + r.stderr
         # The same uid may read the status: it is an allowed client, just not an admin.
-        r = subprocess.run([tp.GFCTL, "gms", "status", "--gms", g.uri, "--json"], capture_output=True, text=True,
+        r = subprocess.run([gfctl, "gms", "status", "--gms", g.uri, "--json"], capture_output=True, text=True,
                            timeout=60, user=65534, group=65534)
         assert r.returncode == 0 and json.loads(r.stdout)["state"] == "COMMITTED"
         assert demote(g).returncode == 0

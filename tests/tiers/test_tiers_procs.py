@@ -357,6 +357,7 @@ C_ENGINE = os.environ.get("GF_C_ENGINE", "build/examples/c-engine/gf-c-engine")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from other_uid import for_other_uid  # noqa: E402
 
 
 def write_safetensors(path, total_bytes, tensors):
@@ -492,7 +493,8 @@ def test_metrics_bad_address_is_a_usage_error(tmp):
 
 
 def gfctl_as_nobody(*args, timeout=120):
-    return subprocess.run([GFCTL, *args], capture_output=True, text=True, timeout=timeout, user=65534, group=65534)
+    return subprocess.run([for_other_uid(GFCTL), *args], capture_output=True, text=True, timeout=timeout, user=65534,
+                          group=65534)
 
 
 def test_non_admin_names_only_the_kept_tiers(tmp):
