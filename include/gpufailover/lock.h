@@ -242,6 +242,17 @@ GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listen
  * a NULL @p lock. Never blocks; thread-safe.
  */
 GF_EXPORT int64_t gf_lock_fence_ms(const gf_lock *lock);
+/**
+ * How long this client has been without its lock server, in milliseconds:
+ * 0 while connected (or idle), else the time since the connection was lost
+ * or the first connect failed. On unix:// a holder (or a waiter that was in
+ * line) keeps the lock (its place) past the reconnect time and retries until
+ * the server returns (docs/design.md, decision 31), so a growing value is
+ * the state "lock server unreachable, holding on". On tcp:// and etcd://
+ * the lease decides as before; etcd reports 0. GF_ERR_INVALID_ARG for a NULL
+ * @p lock. Never blocks; thread-safe.
+ */
+GF_EXPORT int64_t gf_lock_unreachable_ms(const gf_lock *lock);
 
 /** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);
