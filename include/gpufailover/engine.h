@@ -86,8 +86,8 @@ typedef struct gf_engine gf_engine;
 typedef int (*gf_engine_health_fn)(gf_engine *engine, void *userdata);
 
 /**
- * Loss policy: called once when the lock is lost for good (after the lock
- * client's reconnect attempts, @p err GF_ERR_LOCK_LOST) or a GMS connection
+ * Loss policy: called once when the lock is lost for good (its reclaim
+ * refused, or on tcp:// the lease ran out; @p err GF_ERR_LOCK_LOST) or a GMS connection
  * is lost while connected (@p err GF_ERR_GMS_LOST), or the startup deadline
  * passed in Init (@p err GF_ERR_TIMEOUT). The engine is already
  * Dead when it runs. Runs on the watcher thread that noticed the loss, so it
@@ -206,7 +206,7 @@ GF_EXPORT int gf_engine_set_backend(gf_engine *engine, int kind);
 GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
 /** Timeout of the GMS remap on wake (finite, > 0; docs/design.md, decision 6). */
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
-/** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
+/** How long the lock client tries to reconnect after losing the server before the loss policy runs on tcp:// (< 0: the client's default); on unix:// past it the engine holds on and shows the server unreachable (docs/design.md, decision 31). */
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
 /**
  * How long gf_engine_init_weights() waits for each GMS without progress (a

@@ -302,7 +302,7 @@ static int load_state(gf_lockd *d)
 		 * prove it: no grant for a quiet period as long as a reconnect
 		 * window (decision 31). The holder's reclaim is refused (no record),
 		 * so it ends itself meanwhile, and its listeners come free. */
-		d->holder_may_listen = true;
+		d->holder_may_listen = ran_before;
 		if (ran_before && d->reconnect_window_ms > 0) {
 			d->window = true;
 			d->window_deadline = gf_now_us() + d->reconnect_window_ms * 1000;
