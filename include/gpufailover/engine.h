@@ -400,8 +400,10 @@ GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_ou
 /**
  * Is this engine's grant still current, as far as can be told without
  * blocking? 1 when it is Waking or Active, the lock is held and its server
- * connection is up and has not been closed by the server; 0 otherwise (also
- * while the client reconnects, after a loss, and for NULL). Call it before
+ * connection is up and has not been closed by the server, or while the
+ * server is down (a connect refused: nobody else can be granted then, docs/design.md,
+ * decision 31); 0 otherwise (also while the client reconnects to a server that
+ * is up, after a loss, and for NULL). Call it before
  * accept() from a lock-carried listener and leave the backlog alone while it
  * says 0: a holder revoked while stopped and then resumed finds the server's
  * hang-up here before its watcher thread has run the loss path, and during a

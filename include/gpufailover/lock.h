@@ -247,8 +247,10 @@ GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listen
 GF_EXPORT int64_t gf_lock_fence_ms(const gf_lock *lock);
 /**
  * How long this client has been without its lock server, in milliseconds:
- * 0 while connected (or idle), else the time since the connection was lost
- * or the first connect failed. On unix:// a holder (or a waiter that was in
+ * 0 while connected (or idle, or while the server is up but has not taken it
+ * back yet), else the time since the connection was lost (or the first
+ * connect failed), once a connect found no server running (refused, or no
+ * socket). On unix:// a holder (or a waiter that was in
  * line) keeps the lock (its place) past the reconnect time and retries until
  * the server returns (docs/design.md, decision 31), so a growing value is
  * the state "lock server unreachable, holding on". On tcp:// and etcd://

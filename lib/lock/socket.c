@@ -45,11 +45,13 @@ struct sock {
 	struct gf_lock_grant grant;
 	_Atomic uint64_t epoch;
 	int64_t last_heard, next_hb, reconnect_deadline, next_attempt;
-	/* Since when the server has been out of reach (0: connected), for
+	/* Since when the server has been found down (a connect refused: no
+	 * process listens) without a connection since (0: not down), for
 	 * gf_lock_unreachable_ms(); written by the connection's owner. */
 	_Atomic int64_t unreachable_since;
-	/* A unix holder past its reconnect time: it keeps the lock and retries
-	 * (docs/design.md, decision 31); logged once per outage. */
+	int64_t lost_at; /* when the held connection was lost */
+	/* A unix holder past its reconnect time whose server is down: it keeps
+	 * the lock and retries (docs/design.md, decision 31); logged once. */
 	bool holding_on;
 	uint32_t seq;
 	gf_Msg *msg;
@@ -321,8 +323,6 @@ static enum acq_step acq_connect(gf_lock *l, struct acquiring *a)
 	int64_t now = gf_now_us();
 	if (a->unreachable_since < 0)
 		a->unreachable_since = now;
-	if (atomic_load(&s->unreachable_since) == 0)
-		atomic_store(&s->unreachable_since, now);
 	/* A unix waiter that was in line stays a waiter through a server
 	 * outage: nobody can be granted while the only server is down, and
 	 * the line forms again when it returns (decision 31). */
@@ -337,6 +337,8 @@ static enum acq_step acq_connect(gf_lock *l, struct acquiring *a)
 	if (d > now + ATTEMPT_US)
 		d = now + ATTEMPT_US;
 	int rc = connect_once(l, d);
+	if (rc == GF_ERR_UNREACHABLE && atomic_load(&s->unreachable_since) == 0)
+		atomic_store(&s->unreachable_since, a->unreachable_since);
 	if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION || rc == GF_ERR_INVALID_ARG)
 		return acq_failed(a, rc);
 	if (rc == 0) {
@@ -510,7 +512,7 @@ static void start_reconnect(gf_lock *l, const char *why)
 		s->reconnect_deadline = s->last_heard + s->eff_fence_ms * 1000;
 	s->next_attempt = now;
 	s->holding_on = false;
-	atomic_store(&s->unreachable_since, now);
+	s->lost_at = now;
 	gf_log(GF_LOG_WARN, "lock", "msg=\"lock server connection lost; reconnecting\" id=%s epoch=%llu reason=\"%s\" reconnect_ms=%lld",
 	       l->id, (unsigned long long)s->grant.epoch, why, (long long)((s->reconnect_deadline - now) / 1000));
 }
@@ -520,11 +522,19 @@ static int reclaim_once(gf_lock *l)
 {
 	struct sock *s = l->priv;
 	int64_t d = gf_now_us() + ATTEMPT_US;
-	if (d > s->reconnect_deadline)
+	if (!s->holding_on && d > s->reconnect_deadline)
 		d = s->reconnect_deadline;
 	int rc = connect_once(l, d);
 	if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION)
 		return rc;
+	/* Refused or no socket: no server runs. Anything else (a full backlog,
+	 * no handshake) is a server that is up and not answering us. */
+	if (rc == GF_ERR_UNREACHABLE) {
+		if (atomic_load(&s->unreachable_since) == 0)
+			atomic_store(&s->unreachable_since, s->lost_at);
+	} else if (rc < 0) {
+		atomic_store(&s->unreachable_since, 0);
+	}
 	if (rc < 0)
 		return 0;
 	rc = send_acquire(l, 0, true, d);
@@ -595,14 +605,16 @@ static int sock_process(gf_lock *l, struct gf_lock_news *news)
 	}
 	if (atomic_load(&s->state) == C_RECONNECTING) {
 		now = gf_now_us();
-		if (now >= s->reconnect_deadline && is_tcp(l))
+		bool past = now >= s->reconnect_deadline, down = atomic_load(&s->unreachable_since) != 0;
+		/* unix, the server down (no process listens): nobody else can be
+		 * granted meanwhile, and a restarted server opens the reconnect
+		 * window for this holder; so it keeps the lock and keeps trying.
+		 * A server that is up and does not take it back may be granting
+		 * others: the reconnect time ends it, as on tcp. */
+		if (past && (is_tcp(l) || !down))
 			return become_lost(l, "server not regained within the reconnect time", news);
-		if (now >= s->reconnect_deadline && !s->holding_on) {
-			/* unix: while the only lock server is down nobody else can be
-			 * granted, and a restarted one opens the reconnect window for
-			 * this holder; so it keeps the lock and keeps trying. */
+		if (past && !s->holding_on) {
 			s->holding_on = true;
-			s->reconnect_deadline = INT64_MAX;
 			gf_log(GF_LOG_ERR, "lock",
 			       "msg=\"lock server unreachable past the reconnect time; holding on (unix: nobody else can be granted meanwhile)\" id=%s epoch=%llu unreachable_ms=%lld",
 			       l->id, (unsigned long long)s->grant.epoch,
@@ -790,7 +802,7 @@ static int sock_get_timeout_ms(gf_lock *l)
 		if (s->last_heard + s->eff_fence_ms * 1000 < t)
 			t = s->last_heard + s->eff_fence_ms * 1000;
 	} else if (st == C_RECONNECTING) {
-		t = s->next_attempt < s->reconnect_deadline ? s->next_attempt : s->reconnect_deadline;
+		t = s->holding_on || s->next_attempt < s->reconnect_deadline ? s->next_attempt : s->reconnect_deadline;
 	}
 	if (t == INT64_MAX)
 		return -1;

@@ -279,6 +279,43 @@ static void test_unix_outage_refused_reclaim_is_a_loss(void **st)
 }
 
 /*
+ * unix://: a server that is up (its socket listens) but does not take the
+ * holder back is not "down": it may be granting others, so the reconnect
+ * time ends the holder as before. Here a socket that listens and never
+ * answers stands at the lock's path.
+ */
+static void test_unix_silent_server_ends_the_holder(void **st)
+{
+	(void)st;
+	struct srv sv;
+	struct lost_rec lr = { 0 };
+	struct gf_lock_grant g;
+	srv_start(&sv, false, TU_MS(5000));
+	gf_lock *a = client(&sv, "a", 500);
+	gf_lock_set_lost_fn(a, on_lost, &lr);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
+	assert_int_equal(gf_lock_start_watch(a), 0);
+	srv_halt(&sv);
+	char path[400];
+	snprintf(path, sizeof(path), "%s/lock.sock", sv.dir);
+	unlink(path);
+	int silent = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	assert_true(strlen(path) < sizeof(sa.sun_path));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	assert_int_equal(bind(silent, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(silent, 64), 0);
+	EVENTUALLY(atomic_load(&lr.calls) == 1, 10000);
+	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
+	assert_non_null(strstr(lr.detail, "reconnect time"));
+	assert_int_equal(gf_lock_unreachable_ms(a), 0);
+	close(silent);
+	unlink(path);
+	gf_lock_free(a);
+	srv_stop(&sv);
+}
+
+/*
  * unix://: the state file lost with the server. Nobody can prove the old
  * grant, so the holder's reclaim is refused (it reports the loss) and the
  * restarted server grants nobody for a quiet period (the length of its
@@ -359,6 +396,7 @@ int main(void)
 		cmocka_unit_test(test_unix_outage_holds_on),
 		cmocka_unit_test(test_unix_outage_refused_reclaim_is_a_loss),
 		cmocka_unit_test(test_unix_state_file_lost_quiet_period),
+		cmocka_unit_test(test_unix_silent_server_ends_the_holder),
 		cmocka_unit_test(test_tcp_outage_lease_rules),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
