@@ -1506,6 +1506,34 @@ static void test_lock_loss_stops_accepting(void **state)
 	unlink(serve);
 }
 
+/*
+ * Issue 39.3: the lock server down (unix): the engine holds on past its
+ * reconnect time, its state says the server is unreachable, and it may go
+ * on accepting from its listener (nobody else can be granted); a server
+ * back without its grant refuses the reclaim, and it stops.
+ */
+static void test_lock_server_down_holds_on(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
+	to_active(e);
+	assert_int_equal(gf_engine_may_accept(e), 1);
+	lockd_stop(f);
+	usleep(TU_MS(600) * 1000);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	assert_int_equal(gf_engine_may_accept(e), 1);
+	char *json = NULL;
+	assert_int_equal(gf_engine_state_json(e, &json), 0);
+	assert_non_null(strstr(json, "\"lock_server\":\"unreachable\""));
+	free(json);
+	lockd_start(f); /* without the grant: the reclaim is refused */
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
+	assert_int_equal(loss.err, GF_ERR_LOCK_LOST);
+	assert_int_equal(gf_engine_may_accept(e), 0);
+}
+
 static void test_gms_loss_calls_hook(void **state)
 {
 	struct fixture *f = *state;
@@ -2354,6 +2382,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_waking_engine_holds_the_layout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_gms_gone_without_tier_fails_at_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lock_server_down_holds_on, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_gms_gone_with_tier_retries, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
