@@ -86,8 +86,8 @@ typedef struct gf_engine gf_engine;
 typedef int (*gf_engine_health_fn)(gf_engine *engine, void *userdata);
 
 /**
- * Loss policy: called once when the lock is lost for good (after the lock
- * client's reconnect attempts, @p err GF_ERR_LOCK_LOST) or a GMS connection
+ * Loss policy: called once when the lock is lost for good (its reclaim
+ * refused, or on tcp:// the lease ran out; @p err GF_ERR_LOCK_LOST) or a GMS connection
  * is lost while connected (@p err GF_ERR_GMS_LOST), or the startup deadline
  * passed in Init (@p err GF_ERR_TIMEOUT). The engine is already
  * Dead when it runs. Runs on the watcher thread that noticed the loss, so it
@@ -206,7 +206,7 @@ GF_EXPORT int gf_engine_set_backend(gf_engine *engine, int kind);
 GF_EXPORT int gf_engine_set_waking_timeout(gf_engine *engine, int64_t ms);
 /** Timeout of the GMS remap on wake (finite, > 0; docs/design.md, decision 6). */
 GF_EXPORT int gf_engine_set_remap_timeout(gf_engine *engine, int64_t ms);
-/** How long the lock client tries to reconnect after losing the server before the loss policy runs (< 0: the client's default). */
+/** How long the lock client tries to reconnect after losing the server before the loss policy runs on tcp:// (< 0: the client's default); on unix:// past it the engine holds on and shows the server unreachable (docs/design.md, decision 31). */
 GF_EXPORT int gf_engine_set_lock_reconnect_timeout(gf_engine *engine, int64_t ms);
 /**
  * How long gf_engine_init_weights() waits for each GMS without progress (a
@@ -400,8 +400,10 @@ GF_EXPORT int gf_engine_listener(gf_engine *engine, const char *name, int *fd_ou
 /**
  * Is this engine's grant still current, as far as can be told without
  * blocking? 1 when it is Waking or Active, the lock is held and its server
- * connection is up and has not been closed by the server; 0 otherwise (also
- * while the client reconnects, after a loss, and for NULL). Call it before
+ * connection is up and has not been closed by the server, or while the
+ * server is down (a connect refused: nobody else can be granted then, docs/design.md,
+ * decision 31); 0 otherwise (also while the client reconnects to a server that
+ * is up, after a loss, and for NULL). Call it before
  * accept() from a lock-carried listener and leave the backlog alone while it
  * says 0: a holder revoked while stopped and then resumed finds the server's
  * hang-up here before its watcher thread has run the loss path, and during a

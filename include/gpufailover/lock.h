@@ -43,8 +43,9 @@ struct gf_lock_grant {
 };
 
 /**
- * Called once when a held lock is lost for good (server gone and not
- * regained within the reconnect time, or the grant refused on reconnect).
+ * Called once when a held lock is lost for good (the grant refused on
+ * reconnect; on tcp:// also no word from the server for T_fence. On unix://
+ * a server that stays away is waited for: docs/design.md, decision 31).
  * @p err is GF_ERR_LOCK_LOST; gf_error_detail() is not valid here, @p detail is.
  * Runs on the thread that noticed: the watcher thread, or the caller of
  * gf_lock_process(). It must not call gf_lock_free() or gf_lock_release()
@@ -70,7 +71,7 @@ typedef void (*gf_lock_lost_fn)(gf_lock *lock, int err, const char *detail, void
 GF_EXPORT int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id);
 /** Close the connection (releasing a held lock) and free. Stops the watcher. NULL is a no-op. */
 GF_EXPORT void gf_lock_free(gf_lock *lock);
-/** How long to try reconnecting after the server is lost (default 12s: a bit longer than the server's default 10s reconnect window; at most a year, GF_ERR_INVALID_ARG beyond). */
+/** How long to try reconnecting after the server is lost (default 12s: a bit longer than the server's default 10s reconnect window; at most a year, GF_ERR_INVALID_ARG beyond). On unix:// a holder, and a waiter that was in line, keep trying past it and only report it (gf_lock_unreachable_ms()); on tcp:// the lease caps it (decision 31). */
 GF_EXPORT int gf_lock_set_reconnect_timeout(gf_lock *lock, int64_t ms);
 /** Shared secret for TCP servers that require one, or the etcd user's password (copied). */
 GF_EXPORT int gf_lock_set_secret(gf_lock *lock, const void *secret, size_t len);
@@ -187,7 +188,9 @@ GF_EXPORT int gf_lock_add_pid(gf_lock *lock, int pid);
  * gf_lock_interrupt() is called. A waiter whose
  * server restarts reconnects and keeps waiting. On success fills @p grant.
  * Errors: GF_ERR_TIMEOUT, GF_ERR_UNREACHABLE (server not reachable within the
- * reconnect time), GF_ERR_INTERRUPTED (the wait was abandoned and the
+ * reconnect time; on unix:// only before the server first took the
+ * acquire: a waiter in line waits for a server that went away),
+ * GF_ERR_INTERRUPTED (the wait was abandoned and the
  * connection closed: nothing is held), GF_ERR_PERMISSION, GF_ERR_STATE
  * (already held), GF_ERR_PROTOCOL.
  */
@@ -244,6 +247,19 @@ GF_EXPORT int gf_lock_listeners(const gf_lock *lock, const struct gf_lock_listen
  * a NULL @p lock. Never blocks; thread-safe.
  */
 GF_EXPORT int64_t gf_lock_fence_ms(const gf_lock *lock);
+/**
+ * How long this client has been without its lock server, in milliseconds:
+ * 0 while connected (or idle, or while the server is up but has not taken it
+ * back yet), else the time since the connection was lost (or the first
+ * connect failed), once a connect found no server running (refused, or no
+ * socket). On unix:// a holder (or a waiter that was in
+ * line) keeps the lock (its place) past the reconnect time and retries until
+ * the server returns (docs/design.md, decision 31), so a growing value is
+ * the state "lock server unreachable, holding on". On tcp:// and etcd://
+ * the lease decides as before; etcd reports 0. GF_ERR_INVALID_ARG for a NULL
+ * @p lock. Never blocks; thread-safe.
+ */
+GF_EXPORT int64_t gf_lock_unreachable_ms(const gf_lock *lock);
 
 /** Event-loop integration (sd-bus style): the fd to watch while held, -1 otherwise (e.g. while reconnecting: rely on the timeout). */
 GF_EXPORT int gf_lock_get_fd(const gf_lock *lock);

@@ -112,7 +112,12 @@ int gf_engine_may_accept(gf_engine *e)
 	 * closed (a holder revoked while stopped, resumed before its watcher
 	 * thread has read the EOF) is the same. */
 	struct pollfd p = { .fd = gf_lock_get_fd(l), .events = POLLRDHUP };
-	if (p.fd < 0 || (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))))
+	/* ... unless the server is down (listeners come only over unix
+	 * sockets): nobody else can be granted until it returns, and then only
+	 * this holder within its window (docs/design.md, decision 31). */
+	if (p.fd < 0)
+		return gf_lock_unreachable_ms(l) > 0;
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return 0;
 	return 1;
 }

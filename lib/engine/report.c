@@ -77,6 +77,14 @@ void gf_engine_record_failover(gf_engine *e)
 }
 
 /* Prometheus wants seconds; microseconds are printed exactly. */
+/* How long the engine's lock client has been without its server (0: connected, or no lock yet). */
+static int64_t lock_unreachable_ms(const gf_engine *e)
+{
+	gf_lock *lock = atomic_load(&((gf_engine *)e)->lock);
+	int64_t ms = lock ? gf_lock_unreachable_ms(lock) : 0;
+	return ms > 0 ? ms : 0;
+}
+
 static void put_seconds(FILE *f, int64_t us)
 {
 	if (us < 0)
@@ -171,7 +179,11 @@ GF_EXPORT int gf_engine_metrics_text(const gf_engine *e, char **text)
 		   "# TYPE gf_engine_lock_epoch gauge\n"
 		   "gf_engine_lock_epoch %" PRIu64 "\n",
 		m.epoch);
-	fprintf(f, "# HELP gf_engine_last_failover_seconds Last takeover broken down by phase.\n"
+	fprintf(f, "# HELP gf_engine_lock_server_unreachable_seconds How long the lock server has been out of reach (0: connected).\n"
+		   "# TYPE gf_engine_lock_server_unreachable_seconds gauge\n"
+		   "gf_engine_lock_server_unreachable_seconds ");
+	put_seconds(f, lock_unreachable_ms(e) * 1000);
+	fprintf(f, "\n# HELP gf_engine_last_failover_seconds Last takeover broken down by phase.\n"
 		   "# TYPE gf_engine_last_failover_seconds gauge\n");
 	struct extra x;
 	read_extra(e, &x);
@@ -309,6 +321,10 @@ GF_EXPORT int gf_engine_state_json(const gf_engine *e, char **out)
 		pthread_mutex_lock(gf_engine_mu(e));
 		json_object_set_new(o, "holder_pids", json_integer((json_int_t)e->nholder_pids));
 		pthread_mutex_unlock(gf_engine_mu(e));
+		/* unix: past the reconnect time the engine holds on (decision 31); say so. */
+		int64_t unreach = lock_unreachable_ms(e);
+		json_object_set_new(o, "lock_server", json_string(unreach > 0 ? "unreachable" : "connected"));
+		json_object_set_new(o, "lock_server_unreachable_ms", json_integer(unreach));
 	}
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);

@@ -197,6 +197,7 @@ int gms_client_take_connected(gf_gms *g)
 				memcpy(g->grant.hash, c->layout_hash.bytes, 16);
 			g->grant.handles_valid = c->handles_valid;
 			g->grant.takes_progress = c->takes_progress;
+			g->no_restore = c->no_restore;
 			g->generation = c->generation;
 			/* A server's word, bounded: a huge value would overflow the deadline below. */
 			g->oom_retry_ms = c->oom_retry_ms <= 0 ? 0

@@ -111,6 +111,9 @@ struct gf_gms {
 
 	uint64_t generation;
 	int64_t oom_retry_ms;       /* the server's allocation retry bound */
+	/* The server said at a connect that it keeps no tier to restore from:
+	 * once it is gone, a wake cannot get these weights back (decision 6). */
+	bool no_restore;
 	uint64_t lock_epoch;        /* sent with every connect: the fence of a GMS tied to a lock */
 	bool has_proof;             /* and the fence proof of that grant */
 	uint8_t lock_proof[GF_LOCK_PROOF_LEN];

@@ -101,13 +101,19 @@ static int read_wake(gf_gms *g)
 
 /* Wait, remap, serve: a GMS that crashed may be restarting (and restoring
  * the layout from a snapshot), so an absent socket is retried until the
- * deadline instead of failing the wake at once. */
+ * deadline instead of failing the wake at once. A GMS that said it keeps
+ * no tier to restore from cannot come back with the weights: the wake
+ * fails at once, and the engine hands the lock on (decision 6). */
 static int connect_for_wake(gf_gms *g, int64_t timeout_ms)
 {
 	int64_t deadline = gf_deadline_from_ms(timeout_ms);
 	for (;;) {
 		int64_t left = (deadline - gf_now_us()) / 1000;
 		int rc = gms_client_do_connect(g, GF_GMS_RO, left > 0 ? left : 0, false, -1);
+		if (rc == GF_ERR_UNREACHABLE && g->no_restore)
+			return gf_err(GF_ERR_GMS_LOST,
+				      "wake: %s is gone and keeps no residency tier to restore the weights from (%s)",
+				      g->uri_text, gf_error_detail());
 		if (rc != GF_ERR_UNREACHABLE || gf_now_us() + 50000 > deadline)
 			return rc;
 		usleep(50000);

@@ -43,6 +43,7 @@ static void fill_connected(gf_gmsd *d, gf_GmsConnected *g, int granted)
 	g->granularity = d->granularity;
 	g->oom_retry_ms = d->oom_retry_ms;
 	g->takes_progress = true;
+	g->no_restore = !tiers_residency_kept(d->res);
 }
 
 /* ---------------------------------------------------------------- waiting */

@@ -52,6 +52,7 @@ struct gf_lock_backend {
 	int (*get_timeout_ms)(gf_lock *l);
 	int64_t (*fence_ms)(const gf_lock *l); /* T_fence, 0 when there is no lease */
 	/* Lock-free queries (atomics): callable from any thread and from the hooks. */
+	int64_t (*unreachable_ms)(const gf_lock *l); /* optional: how long the server has been out of reach */
 	uint64_t (*epoch)(const gf_lock *l);
 	int (*is_held)(const gf_lock *l);
 	/* Optional (NULL: GF_ERR_NOT_SUPPORTED): the listeners that came with the grant. */

@@ -392,6 +392,13 @@ int64_t gf_lock_fence_ms(const gf_lock *l)
 	return t;
 }
 
+int64_t gf_lock_unreachable_ms(const gf_lock *l)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	return l->be->unreachable_ms ? l->be->unreachable_ms(l) : 0;
+}
+
 int gf_lock_get_timeout_ms(const gf_lock *l)
 {
 	if (!l)

@@ -45,6 +45,14 @@ struct sock {
 	struct gf_lock_grant grant;
 	_Atomic uint64_t epoch;
 	int64_t last_heard, next_hb, reconnect_deadline, next_attempt;
+	/* Since when the server has been found down (a connect refused: no
+	 * process listens) without a connection since (0: not down), for
+	 * gf_lock_unreachable_ms(); written by the connection's owner. */
+	_Atomic int64_t unreachable_since;
+	int64_t lost_at; /* when the held connection was lost */
+	/* A unix holder past its reconnect time whose server is down: it keeps
+	 * the lock and retries (docs/design.md, decision 31); logged once. */
+	bool holding_on;
 	uint32_t seq;
 	gf_Msg *msg;
 	/* The listeners that came with the grant (unix only); ours, closed on release. */
@@ -149,6 +157,7 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	pthread_mutex_unlock(&s->fd_mu);
 	s->last_heard = gf_now_us();
 	s->next_hb = s->last_heard + l->hb_ms * 1000;
+	atomic_store(&s->unreachable_since, 0);
 	return 0;
 }
 
@@ -297,6 +306,8 @@ struct acquiring {
 	bool once;                  /* timeout 0: ask once */
 	int64_t deadline;
 	int64_t unreachable_since;  /* when the server was last lost (-1: reachable) */
+	bool queued;                /* the server took this acquire once: a unix waiter keeps its place */
+	bool said_holding_on;       /* ... and said so once, past the reconnect time */
 	int64_t spin_until;         /* told LockNext: poll without sleeping until then */
 	bool told_next;             /* the next hook was told 1 and not yet 0 */
 	struct pollfd p[2];         /* the wait's poll, read by the read step */
@@ -316,11 +327,22 @@ static enum acq_step acq_connect(gf_lock *l, struct acquiring *a)
 	int64_t now = gf_now_us();
 	if (a->unreachable_since < 0)
 		a->unreachable_since = now;
-	int64_t give_up = a->unreachable_since + l->reconnect_ms * 1000;
+	/* A unix waiter that was in line stays a waiter through a server
+	 * outage: nobody can be granted while the only server is down, and
+	 * the line forms again when it returns (decision 31). */
+	int64_t give_up = a->queued && !is_tcp(l) ? INT64_MAX : a->unreachable_since + l->reconnect_ms * 1000;
+	if (give_up == INT64_MAX && !a->said_holding_on && now - a->unreachable_since >= l->reconnect_ms * 1000) {
+		a->said_holding_on = true;
+		gf_log(GF_LOG_ERR, "lock",
+		       "msg=\"lock server unreachable past the reconnect time; still waiting (unix: nobody can be granted meanwhile)\" id=%s unreachable_ms=%lld",
+		       l->id, (long long)((now - a->unreachable_since) / 1000));
+	}
 	int64_t d = a->deadline < give_up ? a->deadline : give_up;
 	if (d > now + ATTEMPT_US)
 		d = now + ATTEMPT_US;
 	int rc = connect_once(l, d);
+	if (rc == GF_ERR_UNREACHABLE && atomic_load(&s->unreachable_since) == 0)
+		atomic_store(&s->unreachable_since, a->unreachable_since);
 	if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION || rc == GF_ERR_INVALID_ARG)
 		return acq_failed(a, rc);
 	if (rc == 0) {
@@ -330,6 +352,7 @@ static enum acq_step acq_connect(gf_lock *l, struct acquiring *a)
 		rc = send_acquire(l, left, false, gf_now_us() + ATTEMPT_US);
 		if (rc == 0) {
 			a->unreachable_since = -1;
+			a->queued = true;
 			return ACQ_WAIT;
 		}
 		drop_conn(l);
@@ -464,6 +487,7 @@ static int sock_acquire(gf_lock *l, int64_t timeout_ms, struct gf_lock_grant *gr
 	}
 	no_longer_next(l, &a.told_next);
 	drop_conn(l);
+	atomic_store(&s->unreachable_since, 0);
 	atomic_store(&s->state, C_IDLE);
 	return a.rc;
 }
@@ -492,6 +516,8 @@ static void start_reconnect(gf_lock *l, const char *why)
 	if (is_tcp(l) && s->last_heard + s->eff_fence_ms * 1000 < s->reconnect_deadline)
 		s->reconnect_deadline = s->last_heard + s->eff_fence_ms * 1000;
 	s->next_attempt = now;
+	s->holding_on = false;
+	s->lost_at = now;
 	gf_log(GF_LOG_WARN, "lock", "msg=\"lock server connection lost; reconnecting\" id=%s epoch=%llu reason=\"%s\" reconnect_ms=%lld",
 	       l->id, (unsigned long long)s->grant.epoch, why, (long long)((s->reconnect_deadline - now) / 1000));
 }
@@ -501,11 +527,19 @@ static int reclaim_once(gf_lock *l)
 {
 	struct sock *s = l->priv;
 	int64_t d = gf_now_us() + ATTEMPT_US;
-	if (d > s->reconnect_deadline)
+	if (!s->holding_on && d > s->reconnect_deadline)
 		d = s->reconnect_deadline;
 	int rc = connect_once(l, d);
 	if (rc == GF_ERR_PERMISSION || rc == GF_ERR_VERSION)
 		return rc;
+	/* Refused or no socket: no server runs. Anything else (a full backlog,
+	 * no handshake) is a server that is up and not answering us. */
+	if (rc == GF_ERR_UNREACHABLE) {
+		if (atomic_load(&s->unreachable_since) == 0)
+			atomic_store(&s->unreachable_since, s->lost_at);
+	} else if (rc < 0) {
+		atomic_store(&s->unreachable_since, 0);
+	}
 	if (rc < 0)
 		return 0;
 	rc = send_acquire(l, 0, true, d);
@@ -576,8 +610,21 @@ static int sock_process(gf_lock *l, struct gf_lock_news *news)
 	}
 	if (atomic_load(&s->state) == C_RECONNECTING) {
 		now = gf_now_us();
-		if (now >= s->reconnect_deadline)
+		bool past = now >= s->reconnect_deadline, down = atomic_load(&s->unreachable_since) != 0;
+		/* unix, the server down (no process listens): nobody else can be
+		 * granted meanwhile, and a restarted server opens the reconnect
+		 * window for this holder; so it keeps the lock and keeps trying.
+		 * A server that is up and does not take it back may be granting
+		 * others: the reconnect time ends it, as on tcp. */
+		if (past && (is_tcp(l) || !down))
 			return become_lost(l, "server not regained within the reconnect time", news);
+		if (past && !s->holding_on) {
+			s->holding_on = true;
+			gf_log(GF_LOG_ERR, "lock",
+			       "msg=\"lock server unreachable past the reconnect time; holding on (unix: nobody else can be granted meanwhile)\" id=%s epoch=%llu unreachable_ms=%lld",
+			       l->id, (unsigned long long)s->grant.epoch,
+			       (long long)((now - atomic_load(&s->unreachable_since)) / 1000));
+		}
 		if (now >= s->next_attempt) {
 			int r = reclaim_once(l);
 			if (r < 0) {
@@ -617,6 +664,7 @@ static int sock_release(gf_lock *l)
 	}
 	drop_conn(l);
 	drop_listeners(l);
+	atomic_store(&s->unreachable_since, 0);
 	atomic_store(&s->state, C_IDLE);
 	pthread_mutex_unlock(&l->mu);
 	return rc;
@@ -728,6 +776,13 @@ static uint64_t sock_epoch(const gf_lock *l)
 	return atomic_load(&s->epoch);
 }
 
+static int64_t sock_unreachable_ms(const gf_lock *l)
+{
+	const struct sock *s = l->priv;
+	int64_t since = atomic_load(&s->unreachable_since);
+	return since ? (gf_now_us() - since) / 1000 : 0;
+}
+
 static int sock_get_fd(gf_lock *l)
 {
 	struct sock *s = l->priv;
@@ -752,7 +807,7 @@ static int sock_get_timeout_ms(gf_lock *l)
 		if (s->last_heard + s->eff_fence_ms * 1000 < t)
 			t = s->last_heard + s->eff_fence_ms * 1000;
 	} else if (st == C_RECONNECTING) {
-		t = s->next_attempt < s->reconnect_deadline ? s->next_attempt : s->reconnect_deadline;
+		t = s->holding_on || s->next_attempt < s->reconnect_deadline ? s->next_attempt : s->reconnect_deadline;
 	}
 	if (t == INT64_MAX)
 		return -1;
@@ -981,6 +1036,7 @@ const struct gf_lock_backend gf_lock_socket_backend = {
 	.get_fd = sock_get_fd,
 	.get_timeout_ms = sock_get_timeout_ms,
 	.fence_ms = sock_fence_ms,
+	.unreachable_ms = sock_unreachable_ms,
 	.epoch = sock_epoch,
 	.is_held = sock_is_held,
 	.listeners = sock_listeners,

@@ -273,6 +273,8 @@ static int load_state(gf_lockd *d)
 	}
 	char lockpath[4200];
 	snprintf(lockpath, sizeof(lockpath), "%s.lock", d->state_path);
+	/* The lock file outlives its server: there, an earlier server ran. */
+	bool ran_before = access(lockpath, F_OK) == 0;
 	d->state_lock_fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (d->state_lock_fd < 0)
 		return gf_err_errno(gf_errno_to_err(errno), errno, "lockd: open %s", lockpath);
@@ -296,6 +298,19 @@ static int load_state(gf_lockd *d)
 		       gf_error_detail(), (unsigned long long)d->epoch);
 		memset(&d->rec, 0, sizeof(d->rec));
 		d->rec.epoch = d->epoch;
+		/* A holder of the earlier run may still serve, and nobody can
+		 * prove it: no grant for a quiet period as long as a reconnect
+		 * window (decision 31). The holder's reclaim is refused (no record),
+		 * so it ends itself meanwhile, and its listeners come free. */
+		d->holder_may_listen = ran_before;
+		if (ran_before && d->reconnect_window_ms > 0) {
+			d->window = true;
+			d->window_deadline = gf_now_us() + d->reconnect_window_ms * 1000;
+			memset(&d->prev, 0, sizeof(d->prev));
+			snprintf(d->prev.holder, sizeof(d->prev.holder), "%s", "(unknown: state file lost)");
+			gf_log(GF_LOG_WARN, "lock", "msg=\"state file lost after an earlier run: no grant for a quiet period\" quiet_ms=%lld",
+			       (long long)d->reconnect_window_ms);
+		}
 		return store(d) < 0 ? gf_err(GF_ERR_IO, "lockd: cannot write state file %s", d->state_path) : 0;
 	}
 	d->epoch = st.epoch;
@@ -310,6 +325,7 @@ static int load_state(gf_lockd *d)
 		       st.holder, (unsigned long long)st.epoch, st.pid, tok_short(st.token, t),
 		       (long long)d->reconnect_window_ms);
 	} else if (st.has_holder) {
+		d->holder_may_listen = true;
 		gf_log(GF_LOG_WARN, "lock", "msg=\"holder on record presumed dead (no reconnect window)\" holder=%s epoch=%llu",
 		       st.holder, (unsigned long long)st.epoch);
 		d->rec.has_holder = false;
@@ -331,9 +347,12 @@ int gf_lockd_start(gf_lockd *d)
 	if (rc < 0)
 		return rc;
 	/* A holder on record may still serve from the listeners: they come back with its reclaim. */
-	rc = gf_lsn_open(d->lsn, d->window);
+	rc = gf_lsn_open(d->lsn, d->window || d->holder_may_listen);
 	if (rc < 0)
 		return rc;
+	/* Without a window to wait for, a busy listener is bound once its old holder lets go. */
+	if (!d->window && gf_lsn_pending(d->lsn) > 0)
+		d->lsn_retry_at = gf_now_us() + GF_LSN_RETRY_US;
 	rc = gf_srv_start(d->srv);
 	if (rc < 0)
 		return rc;
@@ -819,7 +838,7 @@ static void schedule_listener_retry(gf_lockd *d)
 
 static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a, int *fds, size_t nfds)
 {
-	bool token_ok = a->session_token.size == GF_LOCK_TOKEN_LEN &&
+	bool token_ok = d->rec.has_holder && a->session_token.size == GF_LOCK_TOKEN_LEN &&
 			!memcmp(a->session_token.bytes, d->rec.token, GF_LOCK_TOKEN_LEN) && a->epoch == d->rec.epoch;
 	struct gf_lock_acquire_in in = {
 		.is_holder = c->role == R_HOLDER,

@@ -114,6 +114,8 @@ struct gf_lockd {
 	/* reconnect window after a restart with a holder on record */
 	bool window;
 	int64_t window_deadline;
+	/* the last run may have left a holder listening: a busy listener waits (listeners.h) */
+	bool holder_may_listen;
 	struct gf_lock_state prev;
 	/* a failed state-file write holds grants until this time */
 	int64_t store_retry_at;

@@ -157,6 +157,11 @@ static int tierd_ready(struct tiers_residency *r)
 	return rc;
 }
 
+bool tiers_residency_kept(const struct tiers_residency *r)
+{
+	return r && (r->warm_dir || r->cold_dir);
+}
+
 bool tiers_residency_is_tier_dir(const struct tiers_residency *r, const char *dir)
 {
 	return dir && ((r->warm_dir && !strcmp(dir, r->warm_dir)) || (r->cold_dir && !strcmp(dir, r->cold_dir)));

@@ -124,6 +124,8 @@ void tiers_residency_dropped(struct tiers_residency *r);
 void tiers_residency_reader_connects(struct tiers_residency *r);
 
 /* Whether @dir names one of the kept tiers, as configured (byte for byte). */
+/* Whether a WARM or COLD tier is kept (a restarted GMS may restore from it). */
+bool tiers_residency_kept(const struct tiers_residency *r);
 bool tiers_residency_is_tier_dir(const struct tiers_residency *r, const char *dir);
 
 /*

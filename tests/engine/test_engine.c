@@ -1259,6 +1259,60 @@ static void test_wake_remap_failure_is_all_or_nothing(void **state)
 	assert_int_equal(atomic_load(&loss.calls), 0); /* a failed wake is returned, not a loss */
 }
 
+/*
+ * Issue 39.6: a GMS that said at connect it keeps no residency tier cannot
+ * come back with the weights once it is gone, so the wake fails at once
+ * (GMS_LOST) instead of retrying its connect for the whole remap timeout,
+ * and the engine is Dead (its caller ends it; the lock passes on).
+ */
+static void test_wake_gms_gone_without_tier_fails_at_once(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	const int64_t remap_ms = TU_MS(30000);
+	assert_int_equal(gf_engine_set_remap_timeout(e, remap_ms), 0);
+	to_standby(e);
+	gt_stop(&f->gms[ndev - 1]);
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	int64_t t0 = gf_now_us();
+	assert_int_equal(gf_engine_wake_up(e), GF_ERR_GMS_LOST);
+	/* Well before the remap timeout: it did not wait for it. */
+	assert_true(gf_now_us() - t0 < remap_ms * 1000 / 2);
+	assert_non_null(strstr(gf_error_detail(), "no residency tier"));
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_DEAD);
+	assert_int_equal(mapped_count(e), 0);
+	gms_start(f, ndev - 1); /* for the teardown */
+}
+
+/* The same with a WARM tier kept: a restarted GMS may restore, so the wake
+ * keeps trying to connect until the remap timeout. */
+static void test_wake_gms_gone_with_tier_retries(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	char warm[400];
+	snprintf(warm, sizeof(warm), "%s/warm", f->dir);
+	assert_int_equal(mkdir(warm, 0700), 0);
+	gt_stop(&f->gms[ndev - 1]);
+	struct gt_server *s = &f->gms[ndev - 1];
+	assert_int_equal(gf_gmsd_new(&s->d), 0);
+	assert_int_equal(gf_gmsd_add_listen(s->d, s->uri), 0);
+	assert_int_equal(gf_gmsd_set_backend(s->d, kind), 0);
+	assert_int_equal(gf_gmsd_set_device(s->d, ndev - 1), 0);
+	assert_int_equal(gf_gmsd_set_tiers(s->d, warm, NULL), 0);
+	assert_int_equal(gf_gmsd_start(s->d), 0);
+	assert_int_equal(pthread_create(&s->th, NULL, gt_run, s), 0);
+	const int64_t remap_ms = 600;
+	assert_int_equal(gf_engine_set_remap_timeout(e, remap_ms), 0);
+	to_standby(e);
+	gt_stop(&f->gms[ndev - 1]);
+	assert_int_equal(gf_engine_acquire(e, -1), 0);
+	int64_t t0 = gf_now_us();
+	assert_int_equal(gf_engine_wake_up(e), GF_ERR_UNREACHABLE);
+	assert_true(gf_now_us() - t0 >= (remap_ms - 100) * 1000);
+	gms_start(f, ndev - 1);
+}
+
 static void test_wake_private_failure_is_all_or_nothing(void **state)
 {
 	struct fixture *f = *state;
@@ -1391,9 +1445,12 @@ static void test_lock_loss_calls_hook(void **state)
 	gf_engine *e = f->e;
 	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_active(e);
-	/* The lock server goes away for good: after the reconnect time the
-	 * loss policy runs, once, with the engine already Dead. */
+	/* The lock server comes back without the grant (no reconnect window):
+	 * the reclaim is refused and the loss policy runs, once, with the
+	 * engine already Dead. (Merely gone, a unix server leaves the holder
+	 * holding on: tests/lock/test_lock_outage.c.) */
 	lockd_stop(f);
+	lockd_start(f);
 	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(loss.err, GF_ERR_LOCK_LOST);
 	assert_int_equal(loss.state_seen, GF_ENGINE_DEAD);
@@ -1431,6 +1488,7 @@ static void test_lock_loss_stops_accepting(void **state)
 	assert_int_equal(gf_engine_listener(e, "http", &fd), 0);
 	assert_int_equal(gf_engine_may_accept(e), 1);
 	lockd_stop(f);
+	lockd_start(f); /* without the grant: the reclaim is refused */
 	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(gf_engine_may_accept(e), 0);
 	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1446,6 +1504,34 @@ static void test_lock_loss_stops_accepting(void **state)
 	close(c);
 	close(fd);
 	unlink(serve);
+}
+
+/*
+ * Issue 39.3: the lock server down (unix): the engine holds on past its
+ * reconnect time, its state says the server is unreachable, and it may go
+ * on accepting from its listener (nobody else can be granted); a server
+ * back without its grant refuses the reclaim, and it stops.
+ */
+static void test_lock_server_down_holds_on(void **state)
+{
+	struct fixture *f = *state;
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
+	to_active(e);
+	assert_int_equal(gf_engine_may_accept(e), 1);
+	lockd_stop(f);
+	usleep(TU_MS(600) * 1000);
+	assert_int_equal(atomic_load(&loss.calls), 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_ACTIVE);
+	assert_int_equal(gf_engine_may_accept(e), 1);
+	char *json = NULL;
+	assert_int_equal(gf_engine_state_json(e, &json), 0);
+	assert_non_null(strstr(json, "\"lock_server\":\"unreachable\""));
+	free(json);
+	lockd_start(f); /* without the grant: the reclaim is refused */
+	EVENTUALLY(atomic_load(&loss.calls) == 1);
+	assert_int_equal(loss.err, GF_ERR_LOCK_LOST);
+	assert_int_equal(gf_engine_may_accept(e), 0);
 }
 
 static void test_gms_loss_calls_hook(void **state)
@@ -1469,6 +1555,7 @@ static void test_lock_loss_while_waking(void **state)
 	assert_int_equal(gf_engine_set_lock_reconnect_timeout(e, 200), 0);
 	to_waking(e);
 	lockd_stop(f);
+	lockd_start(f); /* without the grant: the reclaim is refused */
 	EVENTUALLY(atomic_load(&loss.calls) == 1);
 	assert_int_equal(gf_engine_wake_up(e), GF_ERR_STATE);
 }
@@ -2294,6 +2381,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_waking_timeout_flips_live, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_waking_engine_holds_the_layout, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_remap_failure_is_all_or_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_gms_gone_without_tier_fails_at_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lock_server_down_holds_on, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wake_gms_gone_with_tier_retries, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_serve_failure_is_dead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_run_shadow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wake_priority, setup, teardown),

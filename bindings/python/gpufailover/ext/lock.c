@@ -346,6 +346,12 @@ static PyObject *Lock_get_epoch(LockObject *self, void *c)
 	return PyLong_FromUnsignedLongLong(self->lock ? gf_lock_epoch(self->lock) : 0);
 }
 
+static PyObject *Lock_get_unreachable(LockObject *self, void *c)
+{
+	int64_t ms = self->lock ? gf_lock_unreachable_ms(self->lock) : 0;
+	return PyFloat_FromDouble(ms > 0 ? (double)ms / 1000.0 : 0.0);
+}
+
 static PyObject *Lock_get_on_lost(LockObject *self, void *c)
 {
 	return gfpy_hook_get(self->on_lost);
@@ -449,6 +455,9 @@ static PyMethodDef Lock_methods[] = {
 static PyGetSetDef Lock_getset[] = {
 	{ "held", (getter)Lock_get_held, NULL, "True while this client holds the lock", NULL },
 	{ "epoch", (getter)Lock_get_epoch, NULL, "fencing epoch of the current grant (0 if never granted)", NULL },
+	{ "unreachable", (getter)Lock_get_unreachable, NULL,
+	  "seconds this client has been without its lock server (0.0: connected); on unix:// a holder\n"
+	  "holds on past its reconnect time while this grows (docs/lock.md)", NULL },
 	{ "on_lost", (getter)Lock_get_on_lost, (setter)Lock_set_on_lost,
 	  "callable(code, detail) run (on the watcher thread) when a held lock is lost", NULL },
 	{ "on_step_down", (getter)Lock_get_on_step_down, (setter)Lock_set_on_step_down,

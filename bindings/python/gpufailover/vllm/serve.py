@@ -106,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-address", default=None)
     p.add_argument("--waking-timeout", type=parse_duration, default=120.0)
     p.add_argument("--remap-timeout", type=parse_duration, default=30.0)
+    p.add_argument("--lock-reconnect-timeout", type=parse_duration, default=None,
+                   help="how long the lock client reconnects after losing its server (default 12s); past it a "
+                        "unix:// member holds on and keeps trying, a tcp:// one reports the lock lost "
+                        "(docs/lock.md)")
     p.add_argument("--init-timeout", type=parse_duration, default=600.0,
                    help="how long Init waits for the GMS and a follower for the loader's commit (fail-fast)")
     p.add_argument("--keep-handles", action=argparse.BooleanOptionalAction, default=True,
@@ -310,6 +314,7 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
         "probe_port": a.probe_port, "probe_address": a.probe_address, "waking_timeout": a.waking_timeout,
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
         "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
+        "lock_reconnect_timeout": a.lock_reconnect_timeout,
         "token": token, "fd_socket": fd_socket})
     # Until uvicorn installs its handlers, SIGTERM ends the whole tree.
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM", 0))

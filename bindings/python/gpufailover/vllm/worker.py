@@ -514,7 +514,8 @@ class GfWorkerMixin:
                         init_timeout=c["init_timeout"], private_bytes=self._gf_kv_bytes,
                         memory_need=self._kv_need(),
                         probe_port=c.get("probe_port"), probe_address=c.get("probe_address"),
-                        keep_handles=bool(c.get("keep_handles", True)), first_device=self._first_device())
+                        keep_handles=bool(c.get("keep_handles", True)), first_device=self._first_device(),
+                        lock_reconnect_timeout=c.get("lock_reconnect_timeout"))
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
         server_pid = int(c["server_pid"])
         eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
