@@ -28,8 +28,15 @@ The process tree dies as one: this process leads its process group; the
 engine processes get SIGKILL when their parent dies (PR_SET_PDEATHSIG), this
 process kills the group when a worker process exits, and the engine's
 loss policy (lock or GMS lost) kills the group. A killed tree cannot remove
-vLLM's /dev/shm files: each launcher lists its tree's files and, at its
-start, removes those of trees that are gone (:mod:`gpufailover.vllm.shm_files`).
+vLLM's /dev/shm files: each launcher lists its tree's files (every second
+from its start until Active) and, at its start, removes those of trees that
+are gone (:mod:`gpufailover.vllm.shm_files`).
+
+While Active, a heartbeat crosses vLLM's RPC path every second (API server
+-> engine core -> workers); missed for --hang-timeout, the worker's /live
+turns 503 and the tree is killed. SIGTERM and a planned switchover drain
+(:class:`HandOver`): stop accepting, finish what was accepted, end the tree.
+Before vLLM starts, the lock and GMS URIs are checked (:func:`check_servers`).
 """
 import argparse
 import asyncio

@@ -24,7 +24,10 @@ GF_VLLM_CONFIG (JSON).
   weights remapped at their addresses. Rank 0 then hands the lock's
   listening socket to the API server.
 - Active, Dead: a lost lock or GMS kills the whole vLLM process group (the
-  API server and every engine process).
+  API server and every engine process), and so does a heartbeat of the API
+  server (``gf_heartbeat``) missed for the hang timeout, after /live and
+  /ready turned 503 (the engine's health hook). A planned switchover (the
+  engine's step-down hook) asks the API server to drain and end the tree.
 
 Tensors a model writes after loading stay private to each engine: the
 parameters whose names match :data:`PRIVATE_PARAMS` (or ``--private-param``)
