@@ -38,8 +38,105 @@ GFCTL = base.BUILD / "examples" / "gfctl" / "gfctl"
 OPTS = ("--hang-timeout", f"{HANG_S:g}s", "--drain-timeout", "60s")
 
 
+SUPERVISE = base.BUILD / "examples" / "gf-supervise" / "gf-supervise"
+SUPERVISED = []  # every Supervised member of the module, stopped before the site
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_supervised(site):
+    yield
+    for m in SUPERVISED:
+        m.stop()
+
+
 def start(site, name, role, model):
     return site.server(name, role, model, extra=OPTS)
+
+
+class Run:
+    """One run of a supervised member's launcher, for the helpers that take a
+    Site server: its pid, its name, the member's log (every run's), its probe."""
+
+    def __init__(self, member, pid):
+        self.member, self.pid, self.name, self.probe = member, pid, member.name, member.probe
+        self.log, self.site, self.returncode = member.log, member.site, None
+
+    def poll(self):
+        if live_in_group(self.pid) and os.path.exists(f"/proc/{self.pid}"):
+            return None
+        e = self.member.engine()
+        self.returncode = e["last_exit_status"] if e and e["last_exit_signal"] == 0 else -(e or {}).get(
+            "last_exit_signal", 9)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        wait_for(lambda: self.poll() is not None, timeout or START_TIMEOUT, f"{self.name} (pid {self.pid}) to exit")
+        return self.returncode
+
+    def send_signal(self, sig):
+        os.kill(self.pid, sig)
+
+
+class Supervised:
+    """A member run by a gf-supervise of its own (one engine), with the
+    Site's arguments; its output goes to its own log."""
+
+    def __init__(self, site, name, role, model):
+        self.site, self.name, self.probe = site, name, base.free_port()
+        self.log = site.dir / f"{name}.log"
+        argv = [str(site.gf_vllm), "serve", model, "--served-model-name", "tiny", "--dtype", "float32",
+                "--max-model-len", "256", "--kv-cache-memory-bytes", str(base.KV_BYTES), "--disable-log-stats",
+                "--lock", site.lock_uri, "--gms", site.gms_uri(0), "--id", name, "--role", role,
+                "--listener", "http", "--probe-port", str(self.probe), "--probe-address", "127.0.0.1",
+                "--backend", base.BACKEND, *OPTS]
+        self.port = base.free_port()
+        cfg = site.dir / f"supervise-{name}.json"
+        cfg.write_text(json.dumps({
+            "periods": {"admission": "10m", "warmup": "10m", "failure_grace": "2s", "retry_pause": "1s",
+                        "term_grace": "5s"},
+            "lock": {"uri": site.lock_uri},
+            "probe": {"interval": "500ms", "timeout": "1s"},
+            "engines": [{"name": name, "lock_id": name, "probe_url": f"http://127.0.0.1:{self.probe}",
+                         "argv": ["sh", "-c", f'exec "$@" >>{self.log} 2>&1', "sh", *argv]}]}))
+        self.sup = site.spawn(f"gf-supervise-{name}", [SUPERVISE, "--config", cfg, "--http",
+                                                        f"127.0.0.1:{self.port}"])
+        SUPERVISED.append(self)
+
+    def stop(self):
+        """The supervisor stops its member (SIGTERM), then whatever is left of it goes."""
+        e = self.engine()
+        self.sup.send_signal(signal.SIGTERM)
+        try:
+            self.sup.wait(scaled(60))
+        except subprocess.TimeoutExpired:
+            self.sup.kill()
+            self.sup.wait()
+        if e and e["pid"] > 0:
+            try:
+                os.killpg(e["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def engine(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=2) as r:
+                return json.loads(r.read())["engines"][0]
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def run(self, after_pid=0, timeout=START_TIMEOUT):
+        """The current run (a new one, when @after_pid names the last)."""
+        got = []
+
+        def started():
+            e = self.engine()
+            if e and e["pid"] > 0 and e["pid"] != after_pid and os.path.exists(f"/proc/{e['pid']}"):
+                got.append(Run(self, e["pid"]))
+                return True
+            return False
+
+        wait_for(started, timeout, f"a run of {self.name} under gf-supervise")
+        return got[0]
 
 
 def stream(port, prompt, timeout=120.0):
@@ -148,11 +245,18 @@ def pair(site, model):
             "left": [n for n in leaked if os.path.exists(os.path.join(shm_files.SHM_DIR, n))]}
 
 
-def next_standby(site, model, pair, victim):
-    """After a failover: the standby is the active one, a new follower the standby."""
+def next_standby(site, model, pair, victim, supervised=False):
+    """After a failover: the standby is the active one, a new follower the
+    standby (under gf-supervise when @supervised); a supervised victim is
+    restarted by its supervisor as the standby."""
     pair["n"] += 1
     pair["active"] = pair["standby"]
-    pair["standby"] = start(site, f"vllm-{victim.name[5]}{pair['n']}", "follower", model)
+    if isinstance(victim, Run):
+        pair["standby"] = victim.member.run(after_pid=victim.pid)
+    elif supervised:
+        pair["standby"] = Supervised(site, f"vllm-s{pair['n']}", "follower", model).run()
+    else:
+        pair["standby"] = start(site, f"vllm-{victim.name[5]}{pair['n']}", "follower", model)
     wait_state(pair["standby"], "standby")
 
 
@@ -189,7 +293,7 @@ def test_tree_killed_during_load_leaves_no_files(pair):
     print(f"\n{len(pair['leaked'])} files of the tree killed during its load removed by the next start")
 
 
-def hang(site, model, pair, what):
+def hang(site, model, pair, what, supervised_next=False):
     victim, standby = pair["active"], pair["standby"]
     worker = int(worker_event(victim, "kv_range")["pid"])
     with open(f"/proc/{worker}/stat") as f:
@@ -213,17 +317,20 @@ def hang(site, model, pair, what):
     # (when the probe's own process was not the stopped one).
     assert red, f"/live never 503 after the {what} stopped: {seen[-20:]}"
     assert red[0] - t_stop[0] >= HANG_S - 1.5, red[0] - t_stop[0]  # the last beat came up to 1 s before the stop
-    print(f"\n{what} stopped: /live 503 after {red[0] - t_stop[0]:.2f} s (--hang-timeout {HANG_S:g} s); "
+    sv = " (under gf-supervise)" if isinstance(victim, Run) else ""
+    print(f"\n{what} stopped{sv}: /live 503 after {red[0] - t_stop[0]:.2f} s (--hang-timeout {HANG_S:g} s); "
           f"launcher exit {gone}")
-    next_standby(site, model, pair, victim)
+    next_standby(site, model, pair, victim, supervised_next)
+    if sv:
+        e = victim.member.engine()
+        assert e["restarts"] >= 1, e
+        print(f"gf-supervise restarted it as the standby: {e['state']}, restarts {e['restarts']}, "
+              f"last exit {e['last_exit_class']}")
 
 
 def test_sigstop_engine_core_fails_over(site, model, pair):
-    hang(site, model, pair, "engine core")
-
-
-def test_sigstop_api_server_fails_over(site, model, pair):
-    hang(site, model, pair, "API server")
+    """Without a supervisor; the next standby runs under gf-supervise."""
+    hang(site, model, pair, "engine core", supervised_next=True)
 
 
 def hand_over(site, model, pair, how):
@@ -261,6 +368,14 @@ def test_sigterm_hands_over_without_a_failed_request(site, model, pair):
     status = hand_over(site, model, pair, lambda p: p.send_signal(signal.SIGTERM))
     assert status == 0, tail(victim)
     next_standby(site, model, pair, victim)
+
+
+def test_sigstop_api_server_fails_over_under_supervise(site, model, pair):
+    """The active runs under gf-supervise (SIGTERM made it the active):
+    the member's own watchdog ends the stopped tree, and the supervisor
+    restarts it as the standby."""
+    assert isinstance(pair["active"], Run)
+    hang(site, model, pair, "API server")
 
 
 def test_switchover_hands_over_without_a_failed_request(site, model, pair):
