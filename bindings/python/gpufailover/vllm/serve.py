@@ -308,9 +308,9 @@ class HandOver:
         state = self.server.server_state
         t0 = time.monotonic()
         end = t0 + self.drain_timeout
-        # Stop accepting: this process's duplicate of the listening socket
-        # goes; the socket itself (the lock server's) keeps its backlog, so
-        # new clients wait there for the next holder and none is refused.
+        # Stop accepting on this process's copy of the listening socket; the
+        # socket itself (the lock server's) keeps its backlog, so new
+        # clients wait there for the next holder and none is refused.
         for s in list(getattr(self.server, "servers", [])):
             s.close()
         self.sock.close()
