@@ -59,7 +59,7 @@ WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
 PROG = "gf-vllm"
 # Exit statuses of the launcher (docs/vllm.md, "Faults and what clients see").
 EXIT_USAGE = 2  # argparse's: an option or URI that does not parse
-EXIT_HUNG = 70  # as the engine's loss policy: the engine core or a worker went (or hung)
+EXIT_ENGINE_LOST = 70  # as the engine's loss policy: a worker exited, or the engine core or a worker hung
 EXIT_UNAVAILABLE = 69  # the early checks: the lock server or the GMS does not answer
 EXIT_SWITCHOVER = 75  # GF_ENGINE_EXIT_SWITCHOVER: drained after a planned switchover; restart as a standby
 SHM_RECORD_S = 1.0  # how often the tree's /dev/shm files are listed until Active
@@ -115,7 +115,7 @@ def watch_engine_process(pid: int) -> None:
     def wait() -> None:
         select.select([fd], [], [])
         if not _ending.is_set():
-            die(f"the engine's worker process {pid} exited", EXIT_HUNG)
+            die(f"the engine's worker process {pid} exited", EXIT_ENGINE_LOST)
 
     threading.Thread(target=wait, name="gf-engine-watch", daemon=True).start()
 
@@ -353,9 +353,9 @@ async def heartbeat(client: Any, hang_timeout: float) -> None:
             await asyncio.wait_for(client.collective_rpc("gf_heartbeat"), hang_timeout + HANG_RED_BEFORE_KILL_S)
         except asyncio.TimeoutError:
             die(f"hung: the engine core did not answer a heartbeat in {hang_timeout:g} s (--hang-timeout)",
-                EXIT_HUNG)
+                EXIT_ENGINE_LOST)
         except Exception as e:  # noqa: BLE001 - an engine that cannot answer: the tree goes
-            die(f"heartbeat failed: {type(e).__name__}: {e}", EXIT_HUNG)
+            die(f"heartbeat failed: {type(e).__name__}: {e}", EXIT_ENGINE_LOST)
         await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
 

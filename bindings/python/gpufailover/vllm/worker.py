@@ -78,8 +78,8 @@ HANG_RED_BEFORE_KILL_S = 1.0
 # on every load of new scales): each engine keeps its own copy.
 PRIVATE_PARAMS: Tuple[str, ...] = (r"(^|\.)(k|v|q|prob)_scale$", r"(^|\.)input_scale$")
 
-__all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "HANG_RED_BEFORE_KILL_S", "PRIVATE_PARAMS", "GfWorkerMixin", "bind", "commit_cpu",
-           "commit_gpu", "is_private", "tensor_at"]
+__all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "HANG_RED_BEFORE_KILL_S", "PRIVATE_PARAMS", "GfWorkerMixin", "bind",
+           "commit_cpu", "commit_gpu", "is_private", "tensor_at"]
 
 def log(event: str, **kv: Any) -> None:
     fields = " ".join(f"{k}={v}" for k, v in kv.items())
