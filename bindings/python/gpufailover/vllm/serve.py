@@ -28,8 +28,15 @@ The process tree dies as one: this process leads its process group; the
 engine processes get SIGKILL when their parent dies (PR_SET_PDEATHSIG), this
 process kills the group when a worker process exits, and the engine's
 loss policy (lock or GMS lost) kills the group. A killed tree cannot remove
-vLLM's /dev/shm files: each launcher lists its tree's files and, at its
-start, removes those of trees that are gone (:mod:`gpufailover.vllm.shm_files`).
+vLLM's /dev/shm files: each launcher lists its tree's files (every second
+from its start until Active) and, at its start, removes those of trees that
+are gone (:mod:`gpufailover.vllm.shm_files`).
+
+While Active, a heartbeat crosses vLLM's RPC path every second (API server
+-> engine core -> workers); missed for --hang-timeout, the worker's /live
+turns 503 and the tree is killed. SIGTERM and a planned switchover drain
+(:class:`HandOver`): stop accepting, finish what was accepted, end the tree.
+Before vLLM starts, the lock and GMS URIs are checked (:func:`check_servers`).
 """
 import argparse
 import asyncio
@@ -46,10 +53,16 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import shm_files
-from .worker import CONFIG_ENV
+from .worker import CONFIG_ENV, HANG_RED_BEFORE_KILL_S
 
 WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
 PROG = "gf-vllm"
+# Exit statuses of the launcher (docs/vllm.md, "Faults and what clients see").
+EXIT_USAGE = 2  # argparse's: an option or URI that does not parse
+EXIT_ENGINE_LOST = 70  # as the engine's loss policy: a worker exited, or the engine core or a worker hung
+EXIT_UNAVAILABLE = 69  # the early checks: the lock server or the GMS does not answer
+EXIT_SWITCHOVER = 75  # GF_ENGINE_EXIT_SWITCHOVER: drained after a planned switchover; restart as a standby
+SHM_RECORD_S = 1.0  # how often the tree's /dev/shm files are listed until Active
 
 
 def log(event: str, **kv: Any) -> None:
@@ -68,6 +81,31 @@ def die(reason: str, status: int = 1) -> None:
         os._exit(status)
 
 
+_switchover_asked = threading.Event()  # SIGUSR1 before HandOver took over the signal
+_ending = threading.Event()  # end_tree() kills the tree's other processes: their exits are no fault
+
+
+def end_tree(reason: str, status: int) -> None:
+    """End the tree after a drain with exit status @status: every other
+    process of the group first (SIGKILL: the lock passes once all of them
+    are gone), then this one, so a supervisor sees @status, not SIGKILL."""
+    _ending.set()
+    log("exit", status=status, reason=json.dumps(reason))
+    me, group = os.getpid(), os.getpgid(0)
+    end = time.monotonic() + 10.0
+    while time.monotonic() < end:
+        others = [pid for pid in shm_files.group_members(group) if pid != me]
+        if not others:
+            break
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    os._exit(status)
+
+
 def watch_engine_process(pid: int) -> None:
     """Kill the tree when a worker process (rank 0 holds the lock) exits (a SIGKILL of it or of vLLM's engine process, the loss policy, a
     crash): an API server without its engine must not keep the listening
@@ -76,7 +114,8 @@ def watch_engine_process(pid: int) -> None:
 
     def wait() -> None:
         select.select([fd], [], [])
-        die(f"the engine's worker process {pid} exited", 70)
+        if not _ending.is_set():
+            die(f"the engine's worker process {pid} exited", EXIT_ENGINE_LOST)
 
     threading.Thread(target=wait, name="gf-engine-watch", daemon=True).start()
 
@@ -120,6 +159,16 @@ def _parser() -> argparse.ArgumentParser:
                         "(added to the built-in list of fp8 scales)")
     p.add_argument("--cpu-repack", action="store_true",
                    help="let vLLM's CPU path repack linear weights into private memory (not shared)")
+    p.add_argument("--hang-timeout", type=parse_duration, default=30.0,
+                   help="while Active, a heartbeat goes from the API server through the engine core to every "
+                        "worker each second; missed for this long on either side, /live and /ready turn 503 and "
+                        "the tree is killed (a model step longer than this reads as a hang); 0: off")
+    p.add_argument("--drain-timeout", type=parse_duration, default=30.0,
+                   help="SIGTERM or a planned switchover: stop accepting, let the accepted requests finish "
+                        "(streams too) for at most this long, then end the tree")
+    p.add_argument("--check-timeout", type=parse_duration, default=10.0,
+                   help="before vLLM starts, wait at most this long for the lock server and the GMS to answer "
+                        "(exit status 69 if not); 0: no check")
     return p
 
 
@@ -150,6 +199,44 @@ def parse_args(argv: Sequence[str]) -> "tuple[argparse.Namespace, list[str]]":
     return ours, vllm_argv
 
 
+def check_servers(a: argparse.Namespace) -> None:
+    """Before vLLM starts (a minute or more): the lock and GMS URIs parse,
+    and each server answers a ping within --check-timeout. A URI that
+    does not parse exits EXIT_USAGE at once, a server that does not answer
+    EXIT_UNAVAILABLE; either way no engine starts and no standby shows
+    healthy probes. Only rank 0's GMS is asked (the vLLM arguments that say
+    how many ranks there are are not parsed yet)."""
+    import gpufailover as gf
+    # The library's TimeoutError: gpufailover's __all__ leaves it out (import * must not shadow the builtin).
+    from gpufailover._gpufailover import TimeoutError as GfTimeoutError
+    gms = a.gms.replace("{rank}", "0")
+    end = time.monotonic() + a.check_timeout
+    for what, option, uri, ping in (("lock server", "--lock", a.lock, gf.lock_ping),
+                                    ("GMS", "--gms", gms, gf.gms_ping)):
+        while True:
+            try:
+                ping(uri, max(0.2, min(2.0, end - time.monotonic())))
+                break
+            except ValueError as e:
+                log("check_failed", what=json.dumps(what), uri=json.dumps(uri), error=json.dumps(str(e)))
+                print(f"{PROG}: {option} {uri!r} is not a usable URI: {e}", file=sys.stderr)
+                sys.exit(EXIT_USAGE)
+            except gf.ProtocolError as e:
+                log("check_failed", what=json.dumps(what), uri=json.dumps(uri), error=json.dumps(str(e)))
+                print(f"{PROG}: {option} {uri}: what answers there is not a {what}: {e}", file=sys.stderr)
+                sys.exit(EXIT_UNAVAILABLE)
+            except (gf.UnreachableError, GfTimeoutError) as e:
+                if time.monotonic() >= end:
+                    log("check_failed", what=json.dumps(what), uri=json.dumps(uri), error=json.dumps(str(e)))
+                    print(f"{PROG}: {option} {uri}: the {what} does not answer ({e}); waited "
+                          f"{a.check_timeout:g} s (--check-timeout)", file=sys.stderr)
+                    sys.exit(EXIT_UNAVAILABLE)
+                time.sleep(0.2)
+            except gf.GpuFailoverError:
+                break  # it answered, with a refusal (a TCP lock without the secret): reachable
+    log("checked", lock=json.dumps(a.lock), gms=json.dumps(gms))
+
+
 def open_shm_list() -> "Optional[shm_files.FileList]":
     """Remove the /dev/shm files that killed vLLM trees left (shm_files),
     then start this tree's own list. Without a writable /dev/shm, neither."""
@@ -165,13 +252,115 @@ def open_shm_list() -> "Optional[shm_files.FileList]":
         return None
 
 
-def record_shm(shm_list: "Optional[shm_files.FileList]") -> None:
+_shm_lock = threading.Lock()  # the recording thread and run() write one list
+_shm_startup_done = threading.Event()
+
+
+def record_shm(shm_list: "Optional[shm_files.FileList]", quiet: bool = False) -> None:
     if shm_list is None:
         return
     try:
-        log("shm_listed", files=shm_list.record(os.getpgid(0)), list=shm_list.path)
+        with _shm_lock:
+            before = len(shm_list.files)
+            n = shm_list.record(os.getpgid(0))
+        if not quiet or n != before:
+            log("shm_listed", files=n, list=shm_list.path)
     except OSError as e:
         log("shm_list_failed", error=json.dumps(str(e)))
+
+
+def record_shm_while_starting(shm_list: "Optional[shm_files.FileList]") -> None:
+    """List the tree's /dev/shm files every SHM_RECORD_S from the launch on,
+    until Active: a tree killed while vLLM loads (a crash, an out-of-memory
+    kill, a kill during a slow load) has made most of its files by then, and
+    the next launcher removes what is listed."""
+    if shm_list is None:
+        return
+
+    def run() -> None:
+        while not _shm_startup_done.wait(SHM_RECORD_S):
+            record_shm(shm_list, quiet=True)
+
+    threading.Thread(target=run, name="gf-shm-record", daemon=True).start()
+
+
+class HandOver:
+    """SIGTERM and a planned switchover (the worker's step-down hook sends
+    this process SIGUSR1) while Active: stop accepting, finish what was
+    accepted within the drain timeout, then end the tree. The lock passes
+    on only when every process of the tree is gone, so the standby never
+    wakes next to a KV cache of this one (docs/vllm.md, Decision "hand-over
+    order")."""
+
+    def __init__(self, server: Any, sock: socket.socket, drain_timeout: float) -> None:
+        self.server, self.sock, self.drain_timeout = server, sock, drain_timeout
+        self.task: "Optional[asyncio.Task[None]]" = None
+        self.beat: "Optional[asyncio.Task[None]]" = None
+        loop = asyncio.get_running_loop()
+        # Replaces vLLM's own SIGTERM handler (its drain keeps the socket and
+        # answers what arrives with HTTP 500).
+        loop.add_signal_handler(signal.SIGTERM, self.start, "SIGTERM", 0)
+        loop.add_signal_handler(signal.SIGUSR1, self.start, "switchover", EXIT_SWITCHOVER)
+        if _switchover_asked.is_set():
+            self.start("switchover", EXIT_SWITCHOVER)
+
+    def start(self, reason: str, status: int) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self.drain(reason, status))
+
+    async def drain(self, reason: str, status: int) -> None:
+        state = self.server.server_state
+        t0 = time.monotonic()
+        end = t0 + self.drain_timeout
+        # Stop accepting on this process's copy of the listening socket; the
+        # socket itself (the lock server's) keeps its backlog, so new
+        # clients wait there for the next holder and none is refused.
+        for s in list(getattr(self.server, "servers", [])):
+            s.close()
+        self.sock.close()
+        log("draining", reason=reason, connections=len(state.connections), requests=len(state.tasks),
+            drain_timeout_s=self.drain_timeout)
+
+        def busy() -> bool:
+            # A request in flight, or a connection accepted whose request is
+            # not read yet (no cycle): closing it would fail that request.
+            return bool(state.tasks) or any(getattr(c, "cycle", True) is None for c in state.connections)
+
+        while busy() and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        left = len(state.tasks)
+        # Idle keep-alive connections are closed between requests (HTTP
+        # allows it), the others once their response is out; a closed
+        # connection leaves the set once its last bytes are written.
+        for c in list(state.connections):
+            c.shutdown()
+        while state.connections and time.monotonic() < end + 1.0:
+            await asyncio.sleep(0.02)
+        if self.beat is not None:
+            self.beat.cancel()
+        log("drained", reason=reason, drain_s=round(time.monotonic() - t0, 3), unfinished=left,
+            connections=len(state.connections))
+        end_tree(reason, status)
+
+
+async def heartbeat(client: Any, hang_timeout: float) -> None:
+    """While Active: a heartbeat through vLLM's own RPC path (API server ->
+    engine core -> every worker). A beat unanswered for @hang_timeout
+    (engine core or a worker stopped, deadlocked or spinning) kills the tree
+    here; the workers turn /live red when the beats stop coming and kill it
+    HANG_RED_BEFORE_KILL_S later (GfWorkerMixin._watch_heartbeat)."""
+    interval = min(1.0, hang_timeout / 4)
+    while True:
+        t0 = time.monotonic()
+        try:
+            # The workers' /live turns red at @hang_timeout: let it show first.
+            await asyncio.wait_for(client.collective_rpc("gf_heartbeat"), hang_timeout + HANG_RED_BEFORE_KILL_S)
+        except asyncio.TimeoutError:
+            die(f"hung: the engine core did not answer a heartbeat in {hang_timeout:g} s (--hang-timeout)",
+                EXIT_ENGINE_LOST)
+        except Exception as e:  # noqa: BLE001 - an engine that cannot answer: the tree goes
+            die(f"heartbeat failed: {type(e).__name__}: {e}", EXIT_ENGINE_LOST)
+        await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
 
 async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
@@ -240,9 +429,13 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         # task, and enter Active once /health answers on the socket.
         serving = asyncio.create_task(serve(app, sock, args))
         await wait_healthy(sock, serving)
+        hand_over = HandOver(app.state.server, sock, a.drain_timeout)
         served = await client.collective_rpc("gf_serve")
         log("active", epoch=woke[0]["epoch"], address=where,
             **{k: v for k, v in served[0]["metrics"].items() if k.endswith("_us")})
+        if a.hang_timeout > 0:
+            hand_over.beat = asyncio.create_task(heartbeat(client, a.hang_timeout))
+        _shm_startup_done.set()
         await loop.run_in_executor(None, record_shm, shm_list)
         shutdown = await serving
     try:
@@ -315,10 +508,17 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
         "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
         "lock_reconnect_timeout": a.lock_reconnect_timeout,
-        "token": token, "fd_socket": fd_socket})
-    # Until uvicorn installs its handlers, SIGTERM ends the whole tree.
+        "token": token, "fd_socket": fd_socket, "hang_timeout": a.hang_timeout})
+    # Until Active (HandOver drains from there), SIGTERM ends the whole tree:
+    # it serves nothing yet.
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM", 0))
+    # The worker's step-down hook (a planned switchover) sends SIGUSR1: kept
+    # until Active, where HandOver drains.
+    signal.signal(signal.SIGUSR1, lambda *_: _switchover_asked.set())
+    if a.check_timeout > 0:
+        check_servers(a)
     shm_list = open_shm_list()
+    record_shm_while_starting(shm_list)
     import uvloop  # type: ignore[import-not-found, unused-ignore]
     try:
         uvloop.run(run(a, vllm_argv, fd_socket, shm_list))

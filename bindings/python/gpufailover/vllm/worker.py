@@ -24,7 +24,10 @@ GF_VLLM_CONFIG (JSON).
   weights remapped at their addresses. Rank 0 then hands the lock's
   listening socket to the API server.
 - Active, Dead: a lost lock or GMS kills the whole vLLM process group (the
-  API server and every engine process).
+  API server and every engine process), and so does a heartbeat of the API
+  server (``gf_heartbeat``) missed for the hang timeout, after /live and
+  /ready turned 503 (the engine's health hook). A planned switchover (the
+  engine's step-down hook) asks the API server to drain and end the tree.
 
 Tensors a model writes after loading stay private to each engine: the
 parameters whose names match :data:`PRIVATE_PARAMS` (or ``--private-param``)
@@ -66,14 +69,17 @@ from gpufailover._gpufailover import TimeoutError as GfTimeoutError
 CONFIG_ENV = "GF_VLLM_CONFIG"
 PR_SET_PDEATHSIG = 1
 EMPTY_LOAD_FORMAT = "gf_empty"
+# A heartbeat missed for the hang timeout turns /live red; the tree is
+# killed this much later, so a prober (or a supervisor) sees the 503 first.
+HANG_RED_BEFORE_KILL_S = 1.0
 
 # Parameters a model writes after loading (vLLM's fp8 KV-cache and
 # activation scales are rewritten by process_weights_after_loading and
 # on every load of new scales): each engine keeps its own copy.
 PRIVATE_PARAMS: Tuple[str, ...] = (r"(^|\.)(k|v|q|prob)_scale$", r"(^|\.)input_scale$")
 
-__all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "PRIVATE_PARAMS", "GfWorkerMixin", "bind", "commit_cpu",
-           "commit_gpu", "is_private", "tensor_at"]
+__all__ = ["CONFIG_ENV", "EMPTY_LOAD_FORMAT", "HANG_RED_BEFORE_KILL_S", "PRIVATE_PARAMS", "GfWorkerMixin", "bind",
+           "commit_cpu", "commit_gpu", "is_private", "tensor_at"]
 
 def log(event: str, **kv: Any) -> None:
     fields = " ".join(f"{k}={v}" for k, v in kv.items())
@@ -422,6 +428,7 @@ class GfWorkerMixin:
         self._gf_granted_at = 0.0
         self._gf_rank_listener: Optional[socket.socket] = None
         self._gf_backend: Any = None
+        self._gf_beat: Optional[float] = None  # the last heartbeat (monotonic), once Active
 
     # --- Init ------------------------------------------------------------
     def _maybe_get_memory_pool_context(self, tag: str) -> Any:
@@ -518,7 +525,9 @@ class GfWorkerMixin:
                         lock_reconnect_timeout=c.get("lock_reconnect_timeout"))
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
         server_pid = int(c["server_pid"])
-        eng.health = lambda: os.path.exists(f"/proc/{server_pid}")  # /live and /ready while Active
+        # /live and /ready while Active: the API server is there and its heartbeat comes through.
+        eng.health = lambda: os.path.exists(f"/proc/{server_pid}") and not self._beat_late()
+        eng.on_step_down = self._step_down_asked
         self._gf_engine = eng
         eng.init_weights(load=load)
         self._gf_kv_range = eng.private_memory(0)
@@ -717,10 +726,54 @@ class GfWorkerMixin:
     def gf_serve(self) -> "dict[str, Any]":
         eng = self._engine()
         eng.serve()
+        self._watch_heartbeat()
         if self.rank != 0:
             return {}
         log("active", epoch=eng.epoch)
         return {"state": eng.state, "metrics": {k: v for k, v in eng.metrics.items() if isinstance(v, (int, float))}}
+
+    # --- Active: the API server's heartbeat, a planned switchover ----------
+    def gf_heartbeat(self) -> "dict[str, Any]":
+        """The API server's heartbeat (every second while Active): it came
+        through vLLM's RPC path, so the API server and the engine core run."""
+        self._gf_beat = time.monotonic()
+        return {}
+
+    def _hang_timeout(self) -> float:
+        return float(self._gf.get("hang_timeout", 0) or 0)
+
+    def _beat_late(self) -> bool:
+        beat, limit = self._gf_beat, self._hang_timeout()
+        return beat is not None and limit > 0 and time.monotonic() - beat > limit
+
+    def _watch_heartbeat(self) -> None:
+        """From Active on: no heartbeat for the hang timeout (the API server
+        or the engine core stopped, deadlocked or spinning) turns /live and
+        /ready 503 (the health hook) and, HANG_RED_BEFORE_KILL_S later, kills
+        the tree, so the lock passes on with or without a supervisor."""
+        limit = self._hang_timeout()
+        if limit <= 0 or self._gf_beat is not None:
+            return
+        self._gf_beat = time.monotonic()
+        step = min(0.1, limit / 8)
+
+        def watch() -> None:
+            while True:
+                time.sleep(step)
+                late = time.monotonic() - cast(float, self._gf_beat)
+                if late > limit + HANG_RED_BEFORE_KILL_S:
+                    log("hung", rank=self.rank, since_beat_s=round(late, 3), hang_timeout_s=limit)
+                    kill_process_group(f"no heartbeat from the API server for {late:.1f} s (--hang-timeout {limit:g} s)")
+                    return
+
+        threading.Thread(target=watch, name="gf-hang-watch", daemon=True).start()
+
+    def _step_down_asked(self) -> None:
+        """The engine's step-down hook (a planned switchover, on the lock's
+        watcher thread): the API server drains and ends the tree, and the
+        lock passes on when every rank's process is gone."""
+        log("step_down_asked", rank=self.rank)
+        os.kill(int(self._gf["server_pid"]), signal.SIGUSR1)
 
     def _engine(self) -> gf.Engine:
         if self._gf_engine is None:
