@@ -424,11 +424,8 @@ static void lock_next_hook(gf_lock *lock, int next, const struct gf_lock_proof *
 		return;
 	if (next) {
 		send_wake_requests(e, proof);
-		/* The gate's look at the free memory, while the grant is on its way. */
-		gf_engine_memory_gate_at_next(e);
 		return;
 	}
-	e->gate_next_ok_us = 0;
 	for (int i = 0; i < e->ndev; i++)
 		if (e->dev[i].gms)
 			gf_gms_remap_cancel(e->dev[i].gms);

@@ -65,8 +65,6 @@ struct gf_engine {
 	char dead_reason[512]; /* and the full sentence */
 	bool gate_waiting;     /* holding the lock, waiting for free memory */
 	int64_t gate_us;       /* last acquire: grant until the memory gate opened; -1 before */
-	/* When the gate last found the need free while told "next" (0: not since); written on the acquiring thread */
-	_Atomic int64_t gate_next_ok_us;
 	gf_engine_health_fn health;
 	void *health_ud;
 	gf_engine_loss_fn loss;
@@ -196,11 +194,6 @@ int gf_engine_pool_apply(gf_engine *e, gf_lock *lock);
 /* With the lock granted: wait until every device has the memory need free,
  * until @deadline_us; else Dead (cause memory_gate) and the error. */
 int gf_engine_memory_gate(gf_engine *e, int64_t deadline_us);
-/* Told it is next (the holder has exited): one look at the free memory, no
- * wait; when the need is free, the gate after the grant that follows within
- * GF_ENGINE_GATE_NEXT_FRESH_US opens without looking again. */
-void gf_engine_memory_gate_at_next(gf_engine *e);
-#define GF_ENGINE_GATE_NEXT_FRESH_US (100 * 1000)
 
 /* Add the last takeover's phases to the histogram. Under e->mu. */
 void gf_engine_record_failover(gf_engine *e);

@@ -74,30 +74,12 @@ static int short_device(gf_engine *e, uint64_t need, uint64_t *free_out, int *er
  * device has the free memory the wake needs, polling with the OOM backoff,
  * until @deadline_us. A wake that would not fit is refused before it
  * starts, instead of failing half-way; on failure the engine is Dead. */
-void gf_engine_memory_gate_at_next(gf_engine *e)
-{
-	uint64_t need = gf_engine_memory_need(e), free_b = 0;
-	int err = 0;
-	e->gate_next_ok_us = need > 0 && short_device(e, need, &free_b, &err) < 0 ? e->clock.now_us() : 0;
-}
-
 int gf_engine_memory_gate(gf_engine *e, int64_t deadline_us)
 {
 	uint64_t need = gf_engine_memory_need(e);
 	if (need == 0)
 		return 0;
 	int64_t t0 = e->clock.now_us();
-	/* Looked at while the lock server wrote its state and sent the grant:
-	 * the holder had exited, so its memory could only have come back since. */
-	int64_t at_next = e->gate_next_ok_us;
-	e->gate_next_ok_us = 0;
-	if (at_next && t0 - at_next >= 0 && t0 - at_next < GF_ENGINE_GATE_NEXT_FRESH_US) {
-		pthread_mutex_lock(&e->mu);
-		e->gate_waiting = false;
-		e->gate_us = 0;
-		pthread_mutex_unlock(&e->mu);
-		return 0;
-	}
 	int64_t backoff = OOM_BACKOFF_FIRST_MS;
 	uint64_t free_b = 0;
 	int err = 0, i;

@@ -664,8 +664,6 @@ static void test_next_sends_the_wake_early(void **state)
 	assert_int_equal(rmdir(sdir), 0);
 	gf_lock_free(h); /* released: the engine is next */
 	EVENTUALLY(gms_readers(f) == 1);
-	/* and the memory gate had its look while the grant was held back */
-	EVENTUALLY(atomic_load(&e->gate_next_ok_us) != 0);
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 	assert_int_equal(atomic_load(&a.done), 0);
 	assert_int_equal(gf_lock_status_json(suri, NULL, 0, TU_MS(2000), &js), 0);
@@ -678,7 +676,6 @@ static void test_next_sends_the_wake_early(void **state)
 	EVENTUALLY(gms_readers(f) == 0);
 	pthread_join(at, NULL);
 	assert_true(atomic_load(&a.rc) < 0);
-	assert_int_equal(atomic_load(&e->gate_next_ok_us), 0); /* no longer next: the look no longer counts */
 	assert_int_equal(gf_engine_state(e), GF_ENGINE_STANDBY);
 	/* Under a working lock server it wakes, connecting to the GMS afresh. */
 	assert_int_equal(mkdir(sdir, 0700), 0);
@@ -1987,48 +1984,6 @@ static void test_memory_gate_stays_closed(void **state)
 	assert_int_equal(gf_engine_state(f->e), GF_ENGINE_WAKING);
 }
 
-/*
- * Told it is next, the engine looks at the free memory once while the lock
- * server writes its state: when the need was free then, the gate after the
- * grant that follows opens without looking again; a look that found too
- * little, or one older than GF_ENGINE_GATE_NEXT_FRESH_US, does not count,
- * and each look counts for one gate only.
- */
-static void test_memory_gate_looked_at_next(void **state)
-{
-	struct fixture *f = *state;
-	gf_engine *e = f->e;
-	to_standby(e);
-	gate_engine = e;
-	/* Free at next, short since: opens at once (the holder's memory only comes back). */
-	gf_engine_memory_gate_at_next(e);
-	assert_true(atomic_load(&e->gate_next_ok_us) != 0);
-	close_gate(e);
-	assert_int_equal(gf_engine_memory_gate(e, t_now() + 2000000), 0);
-	assert_int_equal(sleeps, 0);
-	/* Used up: the next gate looks for itself and waits. */
-	on_sleep = open_gate_after_three;
-	assert_int_equal(gf_engine_memory_gate(e, t_now() + 2000000), 0);
-	assert_int_equal(sleeps, 3);
-	/* Short at next: the gate after the grant waits as before. */
-	close_gate(e);
-	gf_engine_memory_gate_at_next(e);
-	assert_int_equal(atomic_load(&e->gate_next_ok_us), 0);
-	sleeps = 0;
-	assert_int_equal(gf_engine_memory_gate(e, t_now() + 2000000), 0);
-	assert_int_equal(sleeps, 3);
-	/* Free at next but stale by the grant: looked at again. */
-	gf_engine_memory_gate_at_next(e);
-	assert_true(atomic_load(&e->gate_next_ok_us) != 0);
-	atomic_fetch_add(&skew_us, GF_ENGINE_GATE_NEXT_FRESH_US);
-	close_gate(e);
-	sleeps = 0;
-	assert_int_equal(gf_engine_memory_gate(e, t_now() + 2000000), 0);
-	assert_int_equal(sleeps, 3);
-	on_sleep = NULL;
-	open_gate();
-}
-
 /* A knob that is not a byte count is a clear error, not a guess. */
 static void test_memory_gate_bad_knob(void **state)
 {
@@ -2363,7 +2318,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_first_device, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_add_holder_pid, setup, teardown),
 		/* Host only. */
-		cmocka_unit_test_setup_teardown(test_memory_gate_looked_at_next, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
 		/* The driver's fault knobs: cuda only, last (five). */
 		cmocka_unit_test_setup_teardown(test_wake_private_failure_is_all_or_nothing, setup, teardown),
