@@ -285,9 +285,9 @@ GF_EXPORT int gf_gms_prefault(gf_gms *gms);
 /* ---- KV pool ---- */
 /** One finished block of the KV pool's directory (gf_gms_kv_publish(), gf_gms_kv_directory()). */
 struct gf_gms_kv_block {
-	uint32_t index;    /**< the block's position in the pool (its offset is index * block_bytes) */
-	uint32_t hash_len; /**< 1..32 */
-	uint8_t hash[32];  /**< the framework's hash of the block's content (its tokens and their prefix) */
+	uint32_t index;    /**< the block's number in the pool: 0 .. size / block_bytes - 1 */
+	uint32_t hash_len; /**< 1..48 */
+	uint8_t hash[48];  /**< the framework's hash of the block's content (its tokens and their prefix) */
 };
 
 /** What gf_gms_kv_map() found. */
@@ -333,7 +333,7 @@ GF_EXPORT int gf_gms_kv_map(gf_gms *gms, const struct gf_lock_proof *proof, uint
  * applied whole. Blocks for one round trip per batch. Errors:
  * GF_ERR_PERMISSION (this connection's map is not the current one, or
  * another epoch), GF_ERR_INVALID_ARG (an index outside the pool, a hash of 0
- * or more than 32 bytes, epoch 0), GF_ERR_STATE, GF_ERR_GMS_LOST.
+ * or more than 48 bytes, epoch 0), GF_ERR_STATE, GF_ERR_GMS_LOST.
  */
 GF_EXPORT int gf_gms_kv_publish(gf_gms *gms, uint64_t epoch, int clear, const struct gf_gms_kv_block *add, size_t nadd,
 				const uint32_t *remove, size_t nremove);

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GMS_KV_HASH_MAX 32
+#define GMS_KV_HASH_MAX 48
 #define GMS_KV_MAX_BLOCKS (1u << 22) /* bounds the directory's own memory (about 140 MiB at most) */
 
 struct gms_kv_slot {

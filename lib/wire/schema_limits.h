@@ -34,7 +34,7 @@
 #define GF_LIMIT_LISTENER_NAME 64       /* listener names */
 #define GF_LIMIT_LISTENER_STATUS 400    /* LockStatus.listeners entries: "name=uri" */
 #define GF_LIMIT_EXIT_WAIT_PIDS 16      /* LockStatus.exit_wait_pids listed */
-#define GF_LIMIT_KV_HASH 32             /* GmsKvBlock.hash (bytes) */
+#define GF_LIMIT_KV_HASH 48             /* GmsKvBlock.hash (bytes) */
 #define GF_LIMIT_KV_BATCH 256           /* GmsKvPublish.add and .remove, GmsKvDir.blocks */
 
 #define GF_FIELD_SIZE(type, field) sizeof(((type *)0)->field)

@@ -319,7 +319,7 @@ static int kv_blocks_arg(PyObject *o, struct gf_gms_kv_block **out, size_t *n)
 		if (hlen < 1 || hlen > (Py_ssize_t)sizeof(b[i].hash)) {
 			Py_DECREF(seq);
 			free(b);
-			PyErr_Format(PyExc_ValueError, "block %u: a hash of %zd bytes (1..32)", index, hlen);
+			PyErr_Format(PyExc_ValueError, "block %u: a hash of %zd bytes (1..48)", index, hlen);
 			return -1;
 		}
 		b[i].index = index;
