@@ -114,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--private-param", action="append", default=[], metavar="REGEX",
                    help="parameters (by name) the model writes after loading: each engine keeps its own copy "
                         "(added to the built-in list of fp8 scales)")
+    p.add_argument("--kv-pool", action="store_true",
+                   help="keep the KV cache in the GMS's KV pool (a GMS fenced by --lock): the standby's wake maps "
+                        "the previous holder's cache and starts with its prefix cache (one rank only)")
     p.add_argument("--cpu-repack", action="store_true",
                    help="let vLLM's CPU path repack linear weights into private memory (not shared)")
     return p
@@ -310,7 +313,7 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
         "probe_port": a.probe_port, "probe_address": a.probe_address, "waking_timeout": a.waking_timeout,
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
         "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
-        "token": token, "fd_socket": fd_socket})
+        "token": token, "fd_socket": fd_socket, "kv_pool": a.kv_pool})
     # Until uvicorn installs its handlers, SIGTERM ends the whole tree.
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM", 0))
     shm_list = open_shm_list()
