@@ -49,6 +49,7 @@ from . import shm_files
 from .worker import CONFIG_ENV
 
 WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
+KV_SCHEDULER = "gpufailover.vllm.kv_scheduler.Scheduler"
 PROG = "gf-vllm"
 
 
@@ -186,6 +187,12 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         args.model = args.model_tag
     validate_parsed_serve_args(args)
     args.worker_cls = WORKER_CLS
+    if a.kv_pool:
+        # The prefix cache's side of the pool (kv_pool.py) goes into vLLM's
+        # engine core process with the scheduler class it imports there.
+        if getattr(args, "scheduler_cls", None) not in (None, KV_SCHEDULER):
+            die(f"--kv-pool brings its own scheduler class; --scheduler-cls {args.scheduler_cls} cannot go with it", 2)
+        args.scheduler_cls = KV_SCHEDULER
 
     receiver = socket.socket(socket.AF_UNIX)
     receiver.bind(fd_socket)

@@ -556,8 +556,6 @@ class GfWorkerMixin:
             return False
         if int(self.parallel_config.world_size) != 1:
             raise ValueError("--kv-pool needs one rank (tensor and pipeline parallel size 1)")
-        from . import kv_pool
-        kv_pool.install()  # before vLLM's scheduler makes its BlockPool, in this process
         return True
 
     def _first_device(self) -> int:
@@ -689,16 +687,27 @@ class GfWorkerMixin:
     def _adopt_kv_pool(self, eng: gf.Engine) -> "dict[str, Any]":
         """The new holder's scheduler starts with the blocks of the pool's
         directory as cached prefixes, when the GMS let it adopt them."""
-        from . import kv_pool
         info = eng.kv_pool_info(0)
         gms = eng.gms(0)
         epoch = eng.epoch
         _, directory = gms.kv_directory() if info["start"] == "adopted" else (0, [])
-        put = kv_pool.adopt(directory, lambda add, remove, clear: gms.kv_publish(epoch, add=add, remove=remove,
-                                                                                  clear=clear))
+        self._gf_kv_adopted = directory
+        self._gf_kv_send = lambda add, remove, clear: gms.kv_publish(epoch, add=add, remove=remove, clear=clear)
         log("kv_pool", rank=0, epoch=epoch, start=info["start"], previous_epoch=info["previous_epoch"],
-            directory=len(directory), cached=put, created=int(info["created"]))
+            cached=len(directory), created=int(info["created"]))
         return info
+
+    def gf_kv_directory(self) -> "list[Any]":
+        """The engine core, right after the wake (kv_pool.install): the
+        directory this holder adopted, for its scheduler's prefix cache."""
+        return list(getattr(self, "_gf_kv_adopted", []))
+
+    def gf_kv_publish(self, add: "list[Any]", drop: "list[int]", clear: bool) -> None:
+        """The engine core (kv_pool.install): blocks into or out of the
+        pool's directory, fenced by this holder's epoch."""
+        send = getattr(self, "_gf_kv_send", None)
+        if send is not None:
+            send([(int(i), bytes(h)) for i, h in add], [int(i) for i in drop], bool(clear))
 
     def _zero_kv(self) -> None:
         if self._gf_device == "cuda" and self._gf_kv_range is not None:
