@@ -9,7 +9,9 @@ the GMS holds (the same memfd, a shared mapping; no new anonymous memory of
 the cache's size), the same prompts give the same tokens, and a prompt that
 shares a long prefix with one served before the kill is answered from vLLM's
 prefix cache (vLLM's own prefix-cache counters) in less time than a prompt
-of the same length on a cold cache, measured side by side, alternating."""
+of the same length on a cold cache, measured side by side, alternating.
+On a GPU (tests/gpu/run_vllm_kv_pool_gpu.sh) the mapping checks are the
+device's free memory instead: the wake creates none of the cache's size."""
 import json
 import os
 import signal
@@ -142,9 +144,13 @@ def anon_kib(pid):
     return 0
 
 
+def device_free():
+    """GPU-ONLY: free device memory (cuMemGetInfo through torch)."""
+    import torch
+    return torch.cuda.mem_get_info()[0]
+
+
 def test_failover_keeps_the_kv_cache_and_its_prefixes(site, model):
-    if BACKEND != "host":
-        pytest.skip("the mapping checks read the host backend's memfd (tests/gpu runs the GPU version)")
     a = site.pool_server("vllm-a", "loader", model)
     wait_state(a, "active")
     b = site.pool_server("vllm-b", "follower", model)
@@ -159,22 +165,30 @@ def test_failover_keeps_the_kv_cache_and_its_prefixes(site, model):
     wait_for(lambda: (gf.gms_status(gms, 2)["kv_pool"] or {}).get("blocks", 0) >= WARM * per_prefix,
              START_TIMEOUT, "the holder's finished blocks in the pool's directory")
     before = gf.gms_status(gms, 2)["kv_pool"]
-    a_kv = worker_event(a, "kv_range")
-    a_inode = kv_mapping(int(a_kv["pid"]), int(a_kv["addr"], 16))[1]
     b_kv = worker_event(b, "kv_range")
     b_pid, b_addr = int(b_kv["pid"]), int(b_kv["addr"], 16)
-    anon_standby = anon_kib(b_pid)
+    if BACKEND == "host":
+        a_kv = worker_event(a, "kv_range")
+        a_inode = kv_mapping(int(a_kv["pid"]), int(a_kv["addr"], 16))[1]
+        anon_standby = anon_kib(b_pid)
+    else:
+        free_before = device_free()
 
     os.killpg(a.pid, signal.SIGKILL)
     a.wait()
     wait_state(b, "active")
 
-    # The wake mapped the pool: the GMS's memfd, shared, the one a used.
-    perms, inode, path = kv_mapping(b_pid, b_addr)
-    assert perms[3] == "s" and "memfd:gf-mem" in path, (perms, path)
-    assert inode == a_inode and inode in memfd_inodes(site.daemons[1].pid), (inode, a_inode)
-    # ...and made no anonymous memory of the cache's size.
-    assert anon_kib(b_pid) - anon_standby < (KV >> 10) // 2, (anon_standby, anon_kib(b_pid))
+    if BACKEND == "host":
+        # The wake mapped the pool: the GMS's memfd, shared, the one a used.
+        perms, inode, path = kv_mapping(b_pid, b_addr)
+        assert perms[3] == "s" and "memfd:gf-mem" in path, (perms, path)
+        assert inode == a_inode and inode in memfd_inodes(site.daemons[1].pid), (inode, a_inode)
+        # ...and made no anonymous memory of the cache's size.
+        assert anon_kib(b_pid) - anon_standby < (KV >> 10) // 2, (anon_standby, anon_kib(b_pid))
+    else:
+        # GPU-ONLY: the wake created no device memory of the cache's size
+        # (the dead holder's own memory went with it; the pool stayed).
+        assert device_free() > free_before - KV // 2, (free_before, device_free())
     ev = worker_event(b, "kv_pool")
     assert ev["start"] == "adopted" and int(ev["cached"]) >= WARM * per_prefix, ev
     after = gf.gms_status(gms, 2)["kv_pool"]
