@@ -297,8 +297,10 @@ GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *engine, int64_t ms);
  * gf_engine_acquire() waits, up to the waking timeout, for that much to be
  * free; if it never is, the engine becomes Dead (cause "memory_gate") and
  * acquire returns GF_ERR_OUT_OF_MEMORY, instead of a wake that fails
- * half-way. Default: the private bytes (gf_engine_set_private_bytes());
- * memory a framework allocates itself at wake belongs here too. 0: no gate.
+ * half-way. Default: the private bytes (gf_engine_set_private_bytes()), or
+ * 0 with the KV pool (gf_engine_set_kv_pool(): the wake maps memory that
+ * exists); memory a framework allocates itself at wake belongs here too.
+ * 0: no gate.
  */
 GF_EXPORT int gf_engine_set_memory_need(gf_engine *engine, uint64_t bytes);
 /**

@@ -743,8 +743,9 @@ static int wake_up(gf_engine *e)
 		}
 	}
 	int64_t t1 = e->clock.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t1 - t0,
-	       e->ndev, e->private_bytes);
+	if (!e->kv_pool)
+		gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t1 - t0,
+		       e->ndev, e->private_bytes);
 	for (int i = 0; i < e->ndev; i++) {
 		rc = gf_gms_remap(e->dev[i].gms, e->remap_timeout_ms);
 		if (rc)

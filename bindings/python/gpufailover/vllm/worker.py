@@ -454,7 +454,10 @@ class GfWorkerMixin:
     def _kv_need(self) -> int:
         """The memory gate: the KV bytes vLLM will use. Explicit: those; CPU
         sizing: vLLM's own formula (its budget less what the worker holds),
-        taken now, before the load, so an upper bound of the cache."""
+        taken now, before the load, so an upper bound of the cache. With
+        the KV pool none: the wake maps memory that exists."""
+        if self._gf.get("kv_pool"):
+            return 0
         if self.cache_config.kv_cache_memory_bytes:
             return self._gf_kv_bytes
         with open("/proc/self/statm") as f:
