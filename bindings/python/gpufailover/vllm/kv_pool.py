@@ -98,7 +98,8 @@ def install() -> None:
     core_cls: Any = core.EngineCore
     init, cache_full, remove, reset = (pool_cls.__init__, pool_cls.cache_full_blocks,
                                        pool_cls._remove_cached_block_hashes, pool_cls.reset_prefix_cache)
-    wake_up, step, step_bq = core_cls.wake_up, core_cls.step, getattr(core_cls, "step_with_batch_queue", None)
+    wake_up, step = core_cls.wake_up, core_cls.step
+    step_bq: Any = getattr(core_cls, "step_with_batch_queue", None)
 
     def pool_init(self: Any, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
@@ -161,7 +162,9 @@ def install() -> None:
     pool_cls.cache_full_blocks = cache_full_blocks
     pool_cls._remove_cached_block_hashes = remove_cached_block_hashes
     pool_cls.reset_prefix_cache = reset_prefix_cache
-    for cls in (abstract.Executor, multiproc_executor.MultiprocExecutor, uniproc_executor.UniProcExecutor):
+    executors: "Tuple[Any, ...]" = (abstract.Executor, multiproc_executor.MultiprocExecutor,
+                                    uniproc_executor.UniProcExecutor)
+    for cls in executors:
         if "execute_model" in vars(cls):
             cls.execute_model = wrap_execute(vars(cls)["execute_model"])
     core_cls.step = step_
