@@ -226,6 +226,39 @@ GF_EXPORT int gf_engine_set_init_timeout(gf_engine *engine, int64_t ms);
 /** Private (KV cache) bytes allocated on every device at wake; 0: none. */
 GF_EXPORT int gf_engine_set_private_bytes(gf_engine *engine, uint64_t bytes);
 /**
+ * Nonzero: back the private memory with the GMS's KV pool (docs/gms.md, "The
+ * KV pool") instead of creating it at each wake. At the wake, after the
+ * weights are remapped, each device's GMS is asked to map its pool with the
+ * grant's fence proof (the GMS creates the pool of the private bytes at the
+ * first holder's wake), and the pool's memory is mapped at the reserved
+ * address: nothing is created or zeroed, so the content the previous holder
+ * left is there. Needs private bytes, a lock of its own (not a rank engine)
+ * and GMSs fenced by that lock (gf-gmsd --lock): otherwise the wake fails
+ * (GF_ERR_NOT_SUPPORTED, GF_ERR_PERMISSION). 0 (default): the wake creates
+ * the memory. The pool's directory of finished blocks is the framework's to
+ * publish and read (gf_gms_kv_publish(), gf_gms_kv_directory() on
+ * gf_engine_gms()); gf_engine_set_kv_layout() names the layout it is for.
+ */
+GF_EXPORT int gf_engine_set_kv_pool(gf_engine *engine, int on);
+/**
+ * The KV layout the pool's directory is for (gf_engine_set_kv_pool()):
+ * @p block_bytes per block and a 16-byte hash of whatever shapes the cache
+ * (the framework's choice). A directory of another layout is not adopted at
+ * the wake. Unlike the configuration setters it may be called in Init and
+ * in Standby (the framework knows its layout only after Init); the next wake
+ * uses it. Default: one block of the whole region, an all-zero hash.
+ * Thread-safe. Errors: GF_ERR_INVALID_ARG (NULL, block_bytes 0 or more than
+ * the private bytes), GF_ERR_STATE (waking, active or dead).
+ */
+GF_EXPORT int gf_engine_set_kv_layout(gf_engine *engine, uint64_t block_bytes, const uint8_t layout_hash[16]);
+/**
+ * What the last wake's map of the KV pool on @p device found
+ * (gf_gms_kv_map_info: the directory's previous owner, blocks adopted, how
+ * it started). Errors: GF_ERR_INVALID_ARG (NULL, bad device), GF_ERR_STATE
+ * (no pool mapped: not enabled, or no wake yet).
+ */
+GF_EXPORT int gf_engine_kv_pool_info(const gf_engine *engine, int device, struct gf_gms_kv_map_info *out);
+/**
  * Wake priority: the thread that calls gf_engine_acquire() runs under
  * SCHED_FIFO at @p priority (1..99) from its wait on the lock until the
  * engine is Active (or the step fails), then under its old policy again,
@@ -264,8 +297,10 @@ GF_EXPORT int gf_engine_set_startup_deadline(gf_engine *engine, int64_t ms);
  * gf_engine_acquire() waits, up to the waking timeout, for that much to be
  * free; if it never is, the engine becomes Dead (cause "memory_gate") and
  * acquire returns GF_ERR_OUT_OF_MEMORY, instead of a wake that fails
- * half-way. Default: the private bytes (gf_engine_set_private_bytes());
- * memory a framework allocates itself at wake belongs here too. 0: no gate.
+ * half-way. Default: the private bytes (gf_engine_set_private_bytes()), or
+ * 0 with the KV pool (gf_engine_set_kv_pool(): the wake maps memory that
+ * exists); memory a framework allocates itself at wake belongs here too.
+ * 0: no gate.
  */
 GF_EXPORT int gf_engine_set_memory_need(gf_engine *engine, uint64_t bytes);
 /**

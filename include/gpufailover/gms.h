@@ -282,6 +282,70 @@ GF_EXPORT int gf_gms_remap_cancel(gf_gms *gms);
  */
 GF_EXPORT int gf_gms_prefault(gf_gms *gms);
 
+/* ---- KV pool ---- */
+/** One finished block of the KV pool's directory (gf_gms_kv_publish(), gf_gms_kv_directory()). */
+struct gf_gms_kv_block {
+	uint32_t index;    /**< the block's number in the pool: 0 .. size / block_bytes - 1 */
+	uint32_t hash_len; /**< 1..48 */
+	uint8_t hash[48];  /**< the framework's hash of the block's content (its tokens and their prefix) */
+};
+
+/** What gf_gms_kv_map() found. */
+struct gf_gms_kv_map_info {
+	uint64_t size;           /**< the pool's size (granularity-rounded) */
+	uint64_t previous_epoch; /**< the directory's owner before this map (0: nobody) */
+	uint32_t blocks;         /**< directory blocks adopted (0: it starts empty) */
+	int created;             /**< 1 when this map created the pool */
+	char start[8];           /**< "adopted", or why it starts empty: "first", "layout", "chain" */
+};
+
+/**
+ * Map the device's KV pool (docs/gms.md, "The KV pool"): the GMS creates it
+ * at the first map, with @p size bytes, and keeps it for later holders;
+ * every later map must ask the same size. Only the lock's current holder
+ * may: the GMS checks @p proof (gf_lock_grant_proof() of the caller's grant)
+ * with the lock server first, so a standby, a stale epoch or a forged proof
+ * is refused. The map's connection owns the mapping until it closes (the
+ * holder's death) or a newer holder maps. The directory of finished blocks
+ * is adopted when @p layout_hash (the caller's KV layout, 16 bytes) and
+ * @p block_bytes are the directory's and the epochs chain (@p previous_epoch,
+ * when nonzero, must be the directory's owner); otherwise it starts empty.
+ * Fills *@p fd with the pool's memory (caller owns; import it with
+ * gf_mem_import() or gf_mem_region_back_fd()) and @p info (may be NULL).
+ * The content is not zeroed. Needs a connected client (any mode). Blocks
+ * for one round trip and the GMS's question to the lock server.
+ * Errors: GF_ERR_PERMISSION (not the current holder), GF_ERR_NOT_SUPPORTED
+ * (a GMS not fenced by a lock), GF_ERR_INVALID_ARG (NULL, epoch 0, sizes,
+ * another size than the pool's), GF_ERR_OUT_OF_MEMORY (creating it),
+ * GF_ERR_UNREACHABLE (the lock server did not answer the GMS),
+ * GF_ERR_STATE (asleep), GF_ERR_GMS_LOST, GF_ERR_PROTOCOL.
+ */
+GF_EXPORT int gf_gms_kv_map(gf_gms *gms, const struct gf_lock_proof *proof, uint64_t size, uint64_t block_bytes,
+			    const uint8_t layout_hash[16], uint64_t previous_epoch, int *fd,
+			    struct gf_gms_kv_map_info *info);
+/**
+ * Publish to the pool's directory, fenced by @p epoch (the caller's map's):
+ * first, when @p clear, empty it; then drop the blocks at @p remove (blocks
+ * about to be written again: call before writing them), then record
+ * @p add (blocks whose content is finished: call after writing them). A
+ * holder that dies between the two leaves no block in the directory whose
+ * content is half written. Sent in batches of up to 256 entries, each
+ * applied whole. Blocks for one round trip per batch. Errors:
+ * GF_ERR_PERMISSION (this connection's map is not the current one, or
+ * another epoch), GF_ERR_INVALID_ARG (an index outside the pool, a hash of 0
+ * or more than 48 bytes, epoch 0), GF_ERR_STATE, GF_ERR_GMS_LOST.
+ */
+GF_EXPORT int gf_gms_kv_publish(gf_gms *gms, uint64_t epoch, int clear, const struct gf_gms_kv_block *add, size_t nadd,
+				const uint32_t *remove, size_t nremove);
+/**
+ * The pool's directory in index order: *@p blocks (caller frees with free();
+ * NULL when empty), *@p n, and @p epoch (may be NULL: its owner, 0 before
+ * any map). Any connected client may read it. Blocks for one round trip per
+ * 256 blocks. Errors: GF_ERR_INVALID_ARG, GF_ERR_STATE, GF_ERR_GMS_LOST,
+ * GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_gms_kv_directory(gf_gms *gms, struct gf_gms_kv_block **blocks, size_t *n, uint64_t *epoch);
+
 /* ---- loss detection ---- */
 /**
  * Install the hook called once per connection when the GMS is lost. With no

@@ -282,6 +282,19 @@ GF_EXPORT int gf_mem_region_reserve(gf_mem_region **out, gf_mem *m, size_t size)
  */
 GF_EXPORT int gf_mem_region_back(gf_mem_region *r);
 /**
+ * Back the region with memory made elsewhere instead of creating it: import
+ * @p fd (an allocation fd of the region's size, e.g. the GMS's KV pool from
+ * gf_gms_kv_map(); the caller keeps and closes it) and map it read-write at
+ * the reserved address (host: the memfd mapped over the range; cuda: the
+ * imported handle mapped there), all-or-nothing. Nothing is created and
+ * nothing zeroed: the content is the memory's. gf_mem_region_release()
+ * lets go of the import only; the memory lives on with its other holders.
+ * Errors: GF_ERR_STATE (already backed), GF_ERR_INVALID_ARG (NULL, fd < 0,
+ * not an allocation fd or, on host, not of the region's size),
+ * GF_ERR_DRIVER, GF_ERR_OUT_OF_MEMORY.
+ */
+GF_EXPORT int gf_mem_region_back_fd(gf_mem_region *r, int fd);
+/**
  * Unmap and free the region's memory; the address range stays reserved for
  * a later gf_mem_region_back(), at the same address. A no-op when not
  * backed. On a backend error the memory is still let go of and the first

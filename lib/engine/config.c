@@ -179,6 +179,35 @@ GF_EXPORT int gf_engine_set_private_bytes(gf_engine *e, uint64_t bytes)
 	return 0;
 }
 
+GF_EXPORT int gf_engine_set_kv_pool(gf_engine *e, int on)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_kv_pool");
+	if (rc)
+		return rc;
+	e->kv_pool = on != 0;
+	return 0;
+}
+
+GF_EXPORT int gf_engine_set_kv_layout(gf_engine *e, uint64_t block_bytes, const uint8_t layout_hash[16])
+{
+	if (!e || !layout_hash || block_bytes == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_kv_layout: NULL argument or block size 0");
+	if (e->private_bytes && block_bytes > e->private_bytes)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_kv_layout: a block of %" PRIu64 " bytes is larger than "
+			      "the private memory (%" PRIu64 ")", block_bytes, e->private_bytes);
+	pthread_mutex_lock(&e->mu);
+	int st = e->state;
+	if (st == GF_ENGINE_INIT || st == GF_ENGINE_STANDBY) {
+		e->kv_block_bytes = block_bytes;
+		memcpy(e->kv_layout, layout_hash, 16);
+	}
+	pthread_mutex_unlock(&e->mu);
+	if (st != GF_ENGINE_INIT && st != GF_ENGINE_STANDBY)
+		return gf_err(GF_ERR_STATE, "gf_engine_set_kv_layout: only in init or standby (state %s)",
+			      gf_engine_state_name(st));
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_first_device(gf_engine *e, int ordinal)
 {
 	int rc = gf_engine_config_check(e, "gf_engine_set_first_device");

@@ -93,6 +93,7 @@ void gf_engine_set_clock(gf_engine *e, const struct gf_engine_clock *clock)
 static void release_private(struct engine_dev *d)
 {
 	gf_mem_region_release(d->priv);
+	d->kv_mapped = false;
 }
 
 static void stop_gms_watch(gf_engine *e, struct engine_dev *d)
@@ -621,6 +622,7 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
 	bool proven = gf_lock_grant_proof(&grant, &proof) == 0;
 	if (!proven)
 		gf_log(GF_LOG_WARN, "engine", "event=fence_proof msg=\"%s\"", gf_error_detail());
+	e->kv_proof = proven ? proof : (struct gf_lock_proof){ 0 };
 	send_wake_requests(e, proven ? &proof : NULL);
 	gf_log(GF_LOG_INFO, "engine", "event=lock_granted epoch=%" PRIu64 " id=%s wait_us=%" PRId64 "%s", grant.epoch,
 	       e->id, t1 - t0, grant.reclaimed ? " reclaimed=1" : "");
@@ -671,6 +673,39 @@ static int alloc_private(gf_engine *e, int i, int64_t deadline_us)
 	return rc;
 }
 
+/*
+ * Back device @i's private memory with its GMS's KV pool: map it as the
+ * holder (the grant's proof), then map its memory at the reserved address.
+ * Needs the weights' session connected (after the remap).
+ */
+static int map_kv_pool(gf_engine *e, int i)
+{
+	struct engine_dev *d = &e->dev[i];
+	if (e->rank)
+		return gf_err(GF_ERR_NOT_SUPPORTED, "wake: the KV pool is mapped by the lock holder; rank %d has no grant "
+			      "of its own", e->rank);
+	if (!e->kv_proof.epoch)
+		return gf_err(GF_ERR_PERMISSION, "wake: the KV pool needs the grant's fence proof, and there is none");
+	pthread_mutex_lock(&e->mu);
+	uint8_t layout[16];
+	memcpy(layout, e->kv_layout, 16);
+	uint64_t size = gf_mem_region_size(d->priv);
+	uint64_t block = e->kv_block_bytes ? e->kv_block_bytes : size;
+	pthread_mutex_unlock(&e->mu);
+	int fd = -1;
+	int rc = gf_gms_kv_map(d->gms, &e->kv_proof, size, block, layout, 0, &fd, &d->kv);
+	if (rc)
+		return gf_err(rc, "wake: KV pool of device %d: %s", i, gf_error_detail());
+	rc = gf_mem_region_back_fd(d->priv, fd);
+	gf_close(fd);
+	if (rc)
+		return gf_err(rc, "wake: mapping the KV pool of device %d: %s", i, gf_error_detail());
+	d->kv_mapped = true;
+	gf_log(GF_LOG_INFO, "engine", "event=kv_pool_mapped device=%d bytes=%" PRIu64 " start=%s blocks=%u previous=%" PRIu64
+	       "%s", i, size, d->kv.start, d->kv.blocks, d->kv.previous_epoch, d->kv.created ? " created=1" : "");
+	return 0;
+}
+
 static int wake_up(gf_engine *e);
 
 GF_EXPORT int gf_engine_wake_up(gf_engine *e)
@@ -700,7 +735,7 @@ static int wake_up(gf_engine *e)
 	 * (gf_gms_remap_begin() sent it with the grant) meanwhile, so the remap
 	 * after it finds the answer there instead of waiting for it. */
 	int64_t t0 = e->clock.now_us();
-	if (e->private_bytes > 0) {
+	if (e->private_bytes > 0 && !e->kv_pool) {
 		for (int i = 0; i < e->ndev; i++) {
 			rc = alloc_private(e, i, deadline);
 			if (rc)
@@ -708,14 +743,26 @@ static int wake_up(gf_engine *e)
 		}
 	}
 	int64_t t1 = e->clock.now_us();
-	gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t1 - t0,
-	       e->ndev, e->private_bytes);
+	if (!e->kv_pool)
+		gf_log(GF_LOG_INFO, "engine", "event=kv_allocated us=%" PRId64 " devices=%d bytes=%" PRIu64, t1 - t0,
+		       e->ndev, e->private_bytes);
 	for (int i = 0; i < e->ndev; i++) {
 		rc = gf_gms_remap(e->dev[i].gms, e->remap_timeout_ms);
 		if (rc)
 			goto fail;
 		e->dev[i].mapped = true;
 	}
+	/* The KV pool is mapped over the session the remap connected: it
+	 * creates nothing, so it is the cheaper half, and it needs the session. */
+	int64_t t_kv = e->clock.now_us();
+	if (e->private_bytes > 0 && e->kv_pool) {
+		for (int i = 0; i < e->ndev; i++) {
+			rc = map_kv_pool(e, i);
+			if (rc)
+				goto fail;
+		}
+	}
+	int64_t kv_us = e->clock.now_us() - t_kv;
 	/* Host backend: the first request would otherwise take a page fault per 64 KiB of weights. */
 	for (int i = 0; i < e->ndev; i++)
 		gf_gms_prefault(e->dev[i].gms);
@@ -738,8 +785,8 @@ static int wake_up(gf_engine *e)
 		d->watching = true;
 	}
 	pthread_mutex_lock(&e->mu);
-	e->m.private_alloc_us = t1 - t0;
-	e->m.remap_us = t2 - t1;
+	e->m.private_alloc_us = e->kv_pool ? kv_us : t1 - t0;
+	e->m.remap_us = e->kv_pool ? t2 - t1 - kv_us : t2 - t1;
 	pthread_mutex_unlock(&e->mu);
 	e->woken = true;
 	return 0;
@@ -1000,6 +1047,16 @@ GF_EXPORT gf_mem *gf_engine_mem(gf_engine *e, int device)
 	if (!e || device < 0 || device >= e->ndev)
 		return NULL;
 	return e->dev[device].mem;
+}
+
+GF_EXPORT int gf_engine_kv_pool_info(const gf_engine *e, int device, struct gf_gms_kv_map_info *out)
+{
+	if (!e || !out || device < 0 || device >= e->ndev)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_kv_pool_info: bad engine or device");
+	if (!e->dev[device].kv_mapped)
+		return gf_err(GF_ERR_STATE, "gf_engine_kv_pool_info: no KV pool mapped on device %d", device);
+	*out = e->dev[device].kv;
+	return 0;
 }
 
 GF_EXPORT int gf_engine_private_backed(const gf_engine *e, int device)

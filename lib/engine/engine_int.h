@@ -35,6 +35,8 @@ struct engine_dev {
 	bool mapped;   /* weights mapped (after init_weights, again after remap) */
 	bool watching; /* GMS watcher thread running */
 	gf_mem_region *priv;
+	bool kv_mapped;                  /* priv is backed by the GMS's KV pool */
+	struct gf_gms_kv_map_info kv;    /* what the last map found */
 };
 
 /* The failover duration histogram of one phase (report.c). */
@@ -89,6 +91,11 @@ struct gf_engine {
 	int64_t lock_reconnect_ms; /* < 0: the lock client's default */
 	int64_t loss_grace_ms;
 	uint64_t private_bytes;
+	/* The GMS's KV pool backs the private memory (gf_engine_set_kv_pool()). */
+	bool kv_pool;
+	uint64_t kv_block_bytes; /* 0: one block of the whole region */
+	uint8_t kv_layout[16];
+	struct gf_lock_proof kv_proof; /* the grant's, for the pool's map (epoch 0: none) */
 	int first_device; /* ordinal of the device of GMS 0; GMS i is on first_device + i */
 	int wake_priority; /* SCHED_FIFO priority of the wake, 0: none */
 	bool settle_deferred; /* Active's readiness report and held lines wait for gf_engine_settle() */

@@ -54,7 +54,8 @@ int gf_engine_start_watchdog(gf_engine *e)
 
 uint64_t gf_engine_memory_need(const gf_engine *e)
 {
-	return e->memory_need_set ? e->memory_need : e->private_bytes;
+	/* The KV pool's memory exists already (in the GMS): the wake makes none. */
+	return e->memory_need_set ? e->memory_need : e->kv_pool ? 0 : e->private_bytes;
 }
 
 /* The first device with less free memory than @need (-1: none), and its free bytes. */

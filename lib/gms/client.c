@@ -137,6 +137,17 @@ static int request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline)
 	return 0;
 }
 
+int gms_client_request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline)
+{
+	return request(g, fds, nfds, deadline);
+}
+
+int gms_client_check_usable(const gf_gms *g)
+{
+	int mode;
+	return check_usable(g, &mode);
+}
+
 /* ---------------------------------------------------------------- connection */
 
 void gms_client_close_conn(gf_gms *g)

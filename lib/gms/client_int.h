@@ -148,6 +148,9 @@ int gms_client_watch_set_locked(gf_gms *g, int fd);
 void gms_client_drop_parked(gf_gms *g);
 struct gf_mem_mapping *gms_client_mapping_list(gf_gms *g);
 void gms_client_listed_free(struct listed *l);
+/* One request/reply on the session (@g->msg both ways), and whether it is connected; for client_kv.c. */
+int gms_client_request(gf_gms *g, int **fds, size_t *nfds, int64_t deadline);
+int gms_client_check_usable(const gf_gms *g);
 int gms_client_list_all(gf_gms *g, bool with_meta, struct listed *l, chunk_fn on_chunk, bool already_asked);
 
 #endif

@@ -801,7 +801,7 @@ static void handle_disconnect(gf_gmsd *d, struct client *c, const gf_Msg *m)
 /* Returns false when the client was closed. */
 static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 {
-	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->tier_wait || c->settling) {
+	if (c->phase == C_WAIT || c->phase == C_ALLOC_WAIT || c->listing || c->tier_wait || c->settling || c->kv_asking) {
 		/* The client protocol is strictly request/reply: nothing may arrive while a reply is pending. */
 		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "%s while a request is pending", gf_msg_name(m));
 		gmsd_client_close(d, c, "request while waiting");
@@ -841,6 +841,15 @@ static bool dispatch(gf_gmsd *d, struct client *c, const gf_Msg *m)
 	case gf_Msg_gms_progress_tag:
 		handle_progress(d, c, m);
 		break;
+	case gf_Msg_gms_kv_map_tag:
+		gmsd_handle_kv_map(d, c, m);
+		break;
+	case gf_Msg_gms_kv_publish_tag:
+		gmsd_handle_kv_publish(d, c, m);
+		break;
+	case gf_Msg_gms_kv_dir_request_tag:
+		gmsd_handle_kv_dir(d, c, m);
+		break;
 	default:
 		gmsd_reply_error(d, c, m->seq, GF_ERR_PROTOCOL, "unexpected message %s", gf_msg_name(m));
 		gmsd_client_close(d, c, "unexpected message");
@@ -868,6 +877,7 @@ static void on_close(void *ctx, struct gf_srv_peer *p, const char *why)
 	if (!c->p)
 		return; /* never finished its handshake */
 	fence_cancel(d, c);
+	gmsd_kv_closed(d, c);
 	switch (c->phase) {
 	case C_WRITER:
 	case C_ALLOC_WAIT:
@@ -1206,12 +1216,15 @@ void gf_gmsd_free(gf_gmsd *d)
 	if (!d)
 		return;
 	tiers_residency_free(d->res); /* waits for a running snapshot job */
-	for (struct client *c = d->srv ? gmsd_next_client(d, NULL) : NULL; c; c = gmsd_next_client(d, c))
+	for (struct client *c = d->srv ? gmsd_next_client(d, NULL) : NULL; c; c = gmsd_next_client(d, c)) {
 		fence_cancel(d, c);
+		gmsd_kv_closed(d, c);
+	}
 	gf_srv_free(d->srv);
 	d->srv = NULL; /* drop_layout() below has no sessions left to close */
 	gmsd_drop_layout(d, NULL);
 	gms_pins_free(&d->pins);
+	gmsd_kv_free(d);
 	free(d->allocs);
 	free(d->meta);
 	free(d->index);

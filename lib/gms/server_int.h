@@ -16,6 +16,7 @@
 
 #include "fence.h"
 #include "fsm.h"
+#include "kvpool.h"
 #include "mem_int.h"
 #include "pins.h"
 #include "residency.h"
@@ -80,6 +81,12 @@ struct client {
 	 * for the sleepers it released to let go, so the answer's figures are true */
 	bool settling;
 	int64_t settle_until_us;
+	/* A GmsKvMap whose grant the lock server is being asked about (server_kv.c). */
+	bool kv_asking;
+	uint32_t kv_seq;
+	gf_GmsKvMap kv_req;
+	gf_lock_query *kv_q;
+	struct gf_srv_watch kv_w;
 };
 
 struct galloc {
@@ -160,6 +167,15 @@ struct gf_gmsd {
 	struct gf_srv_watch tier_watch;
 	/* dropped layouts still held by released sleepers (pins.h) */
 	struct gms_pins pins;
+	/* The KV pool (server_kv.c): created at the first map, kept until the GMS ends. */
+	struct {
+		gf_mem_alloc *a;
+		uint64_t requested;
+		struct client *mapper; /* the connection whose map is current (NULL: none alive) */
+		struct gms_kv_dir dir;
+		enum gms_kv_start start;
+		uint64_t maps, refusals;
+	} kv;
 };
 
 /* server_core.c: the event ring, the writer's progress, the metadata index, the layout's drop, replies. */
@@ -187,6 +203,14 @@ int gmsd_reply_error(gf_gmsd *d, struct client *c, uint32_t seq, int code, const
 
 /* server_status.c */
 void gmsd_handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m);
+
+/* server_kv.c: the KV pool's requests, a connection's end, status. */
+void gmsd_handle_kv_map(gf_gmsd *d, struct client *c, const gf_Msg *m);
+void gmsd_handle_kv_publish(gf_gmsd *d, struct client *c, const gf_Msg *m);
+void gmsd_handle_kv_dir(gf_gmsd *d, struct client *c, const gf_Msg *m);
+void gmsd_kv_closed(gf_gmsd *d, struct client *c);
+void gmsd_kv_fill_status(gf_gmsd *d, gf_GmsStatus *s);
+void gmsd_kv_free(gf_gmsd *d);
 
 /* server_tiers.c: what the residency tiers call, and the tier requests. */
 extern const struct tiers_residency_host gmsd_residency_host;

@@ -83,6 +83,7 @@ static void fill_status(gf_gmsd *d, gf_GmsStatus *s)
 		s->events_count++;
 	}
 	tiers_residency_status(d->res, s);
+	gmsd_kv_fill_status(d, s);
 }
 
 void gmsd_handle_status(gf_gmsd *d, struct client *c, const gf_Msg *m)
@@ -164,6 +165,19 @@ int gf_gmsd_metrics(gf_gmsd *d, char **text)
 		fprintf(f, "gf_gms_pinned_by_bytes{pid=\"%u\",peer=\"%s\",generation=\"%llu\"} %llu\n", s->pinned_by[i].pid,
 			s->pinned_by[i].peer, (unsigned long long)s->pinned_by[i].generation,
 			(unsigned long long)s->pinned_by[i].bytes);
+	if (s->has_kv_pool)
+		fprintf(f, "# HELP gf_gms_kv_pool_bytes Size of the KV pool (docs/gms.md).\n"
+			   "# TYPE gf_gms_kv_pool_bytes gauge\ngf_gms_kv_pool_bytes %llu\n"
+			   "# HELP gf_gms_kv_pool_mapped 1 while a lock holder maps the KV pool.\n"
+			   "# TYPE gf_gms_kv_pool_mapped gauge\ngf_gms_kv_pool_mapped %d\n"
+			   "# HELP gf_gms_kv_pool_epoch Lock epoch of the KV pool's last map (the directory's owner).\n"
+			   "# TYPE gf_gms_kv_pool_epoch gauge\ngf_gms_kv_pool_epoch %llu\n"
+			   "# HELP gf_gms_kv_pool_blocks Finished blocks in the KV pool's directory.\n"
+			   "# TYPE gf_gms_kv_pool_blocks gauge\ngf_gms_kv_pool_blocks %u\n"
+			   "# HELP gf_gms_kv_pool_refusals_total KV pool maps and publishes refused.\n"
+			   "# TYPE gf_gms_kv_pool_refusals_total counter\ngf_gms_kv_pool_refusals_total %llu\n",
+			(unsigned long long)s->kv_pool.size, s->kv_pool.mapped ? 1 : 0, (unsigned long long)s->kv_pool.epoch,
+			s->kv_pool.blocks, (unsigned long long)s->kv_pool.refusals);
 	tiers_residency_metrics(d->res, s, f);
 	free(s);
 	if (fclose(f) != 0) {

@@ -58,6 +58,19 @@ int gf_gms_status_to_json(const gf_GmsStatus *s, char **json)
 		json_object_set_new(o, "no_writer_since_unix_ms",
 				    s->has_writer_progress ? json_null() : json_integer((json_int_t)s->no_writer_since_unix_ms));
 		json_object_set_new(o, "waiters_by_progress", json_integer(s->waiters_by_progress));
+		const gf_GmsKvPool *kv = &s->kv_pool;
+		char kvhash[33] = "";
+		if (kv->layout_hash.size == 16)
+			gf_hex(kv->layout_hash.bytes, 16, kvhash);
+		json_object_set_new(o, "kv_pool",
+				    s->has_kv_pool
+					    ? json_pack("{s:I, s:I, s:b, s:I, s:i, s:s, s:i, s:I, s:I, s:s, s:s}", "size",
+							(json_int_t)kv->size, "block_bytes", (json_int_t)kv->block_bytes,
+							"mapped", (int)kv->mapped, "epoch", (json_int_t)kv->epoch, "pid",
+							(int)kv->pid, "peer", kv->peer, "blocks", (int)kv->blocks, "maps",
+							(json_int_t)kv->maps, "refusals", (json_int_t)kv->refusals, "start",
+							kv->start, "layout_hash", kvhash)
+					    : json_null());
 		const gf_GmsDemotion *l = &s->last_demotion;
 		json_object_set_new(o, "last_demotion",
 				    s->has_last_demotion

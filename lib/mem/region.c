@@ -98,6 +98,30 @@ fail: {
 }
 }
 
+GF_EXPORT int gf_mem_region_back_fd(gf_mem_region *r, int fd)
+{
+	if (!r || fd < 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_mem_region_back_fd: NULL region or no fd");
+	if (r->alloc)
+		return gf_err(GF_ERR_STATE, "gf_mem_region_back_fd: already backed");
+	/* The import's size is the range's: on host it is checked against the
+	 * fd, on cuda the driver cannot tell and the caller vouches for it. */
+	int rc = gf_mem_import(&r->alloc, r->m, fd, gf_mem_va_size(r->va));
+	if (rc < 0) {
+		r->alloc = NULL;
+		return rc;
+	}
+	rc = gf_mem_map(r->va, 0, r->alloc, GF_MEM_READWRITE);
+	if (rc < 0) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", gf_error_detail());
+		gf_mem_alloc_free(r->alloc);
+		r->alloc = NULL;
+		return gf_err(rc, "%s", why);
+	}
+	return 0;
+}
+
 GF_EXPORT int gf_mem_region_release(gf_mem_region *r)
 {
 	if (!r)

@@ -161,7 +161,8 @@ const char *gf_msg_name(const gf_Msg *m)
 		N(lock_release) N(lock_status_request) N(lock_status) N(heartbeat) N(lock_add_pids) N(gms_connect)
 		N(gms_connected) N(gms_allocate) N(gms_allocated) N(gms_meta_put) N(gms_commit)
 		N(gms_committed) N(gms_list) N(gms_list_chunk) N(gms_status_request) N(gms_status)
-		N(gms_progress)
+		N(gms_progress) N(gms_kv_map) N(gms_kv_mapped) N(gms_kv_publish) N(gms_kv_dir_request)
+		N(gms_kv_dir)
 #undef N
 	default:
 		return "unknown";

@@ -34,6 +34,8 @@
 #define GF_LIMIT_LISTENER_NAME 64       /* listener names */
 #define GF_LIMIT_LISTENER_STATUS 400    /* LockStatus.listeners entries: "name=uri" */
 #define GF_LIMIT_EXIT_WAIT_PIDS 16      /* LockStatus.exit_wait_pids listed */
+#define GF_LIMIT_KV_HASH 48             /* GmsKvBlock.hash (bytes) */
+#define GF_LIMIT_KV_BATCH 256           /* GmsKvPublish.add and .remove, GmsKvDir.blocks */
 
 #define GF_FIELD_SIZE(type, field) sizeof(((type *)0)->field)
 #define GF_FIELD_COUNT(type, field) (sizeof(((type *)0)->field) / sizeof(((type *)0)->field[0]))
@@ -80,5 +82,11 @@ _Static_assert(GF_FIELD_SIZE(gf_LockAcquire, listeners[0]) == GF_LIMIT_LISTENER_
 _Static_assert(GF_FIELD_COUNT(gf_LockStatus, listeners) == GF_LIMIT_LISTENERS, "gf.LockStatus.listeners");
 _Static_assert(GF_FIELD_COUNT(gf_LockStatus, exit_wait_pids) == GF_LIMIT_EXIT_WAIT_PIDS, "gf.LockStatus.exit_wait_pids");
 _Static_assert(GF_FIELD_SIZE(gf_LockStatus, listeners[0]) == GF_LIMIT_LISTENER_STATUS, "gf.LockStatus.listeners");
+_Static_assert(GF_BYTES_SIZE(gf_GmsKvBlock, hash) == GF_LIMIT_KV_HASH, "gf.GmsKvBlock.hash");
+_Static_assert(GF_FIELD_COUNT(gf_GmsKvPublish, add) == GF_LIMIT_KV_BATCH, "gf.GmsKvPublish.add");
+_Static_assert(GF_FIELD_COUNT(gf_GmsKvPublish, remove) == GF_LIMIT_KV_BATCH, "gf.GmsKvPublish.remove");
+_Static_assert(GF_FIELD_COUNT(gf_GmsKvDir, blocks) == GF_LIMIT_KV_BATCH, "gf.GmsKvDir.blocks");
+_Static_assert(GF_BYTES_SIZE(gf_GmsKvMap, layout_hash) == GF_LIMIT_HASH, "gf.GmsKvMap.layout_hash");
+_Static_assert(GF_BYTES_SIZE(gf_GmsKvMap, lock_proof) == GF_LIMIT_TOKEN, "gf.GmsKvMap.lock_proof");
 
 #endif

@@ -3,7 +3,7 @@
 """Runs every benchmark of the project and prints one table of medians, p99s
 and ratios against the baselines measured in the same run, plus a JSON file.
 Nothing here asserts a speed: timings on a shared 2-core machine are noisy,
-the ratios are what to read. Each section (lock, pool, mem, etcd, gms,
+the ratios are what to read. Each section (lock, pool, mem, kv, etcd, gms,
 snapshot, demo, vllm) runs on its own: one that fails is named at the end
 and in the JSON ("failed"), the others' rows are kept, and the exit status
 is 1. --only runs some of them."""
@@ -42,12 +42,13 @@ def main():
     ap.add_argument("--waiters", type=int, default=10000)
     ap.add_argument("--standbys", type=int, default=1000)
     ap.add_argument("--snapshot-mib", type=int, default=1024)
+    ap.add_argument("--kv-mib", type=int, default=1024)  # the KV pool's wake row
     # 1 GiB of weights in 256 x 4 MiB and in 16 x 64 MiB allocations
     ap.add_argument("--snapshot-allocs", type=int, nargs="+", default=[256, 16])
     # Rounds of the paired GMS benchmarks (map/wake, snapshot/restore): ratios are medians of per-round ratios.
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", nargs="+", metavar="SECTION",
-                    help="run only these sections: lock pool mem etcd gms snapshot demo vllm")
+                    help="run only these sections: lock pool mem kv etcd gms snapshot demo vllm")
     a = ap.parse_args()
     b = pathlib.Path(a.build)
     rows, raw = [], {}
@@ -95,6 +96,13 @@ def main():
             for r in m["results"]:
                 row("mem import+map", f"N={r['n']}", r["lib_median_us"], None, "dup+fstat+mmap", r["raw_median_us"],
                     r["ratio"])
+
+    def kv_rows():
+        print("running the wake's KV memory from the GMS's KV pool vs created fresh ...", file=sys.stderr)
+        (kv,) = json_lines([b / "tests/bench/bench-kv-pool", str(a.kv_mib), str(a.rounds)], 900)
+        raw["kv"] = kv
+        row("wake KV memory", f"{kv['bytes'] >> 20} MiB mapped from the KV pool (kv_map {kv['kv_map_median_us']:.0f} us)",
+            kv["pool_median_us"], None, "created fresh, zero-filled", kv["fresh_median_us"], kv["ratio"])
 
     def etcd_rows():
         print("running etcd lock hand-off vs etcdctl lock ...", file=sys.stderr)
@@ -232,7 +240,7 @@ def main():
             row("vllm failover (CPU)", "SIGKILL -> first token", v["failover_first_token_us"], None, "vLLM cold start",
                 v["cold_first_token_us"], round(v["failover_first_token_us"] / v["cold_first_token_us"], 3))
 
-    sections = {"lock": lock_rows, "pool": pool_rows, "mem": mem_rows, "etcd": etcd_rows, "gms": gms_rows,
+    sections = {"lock": lock_rows, "pool": pool_rows, "mem": mem_rows, "kv": kv_rows, "etcd": etcd_rows, "gms": gms_rows,
                 "snapshot": snapshot_rows, "demo": demo_rows, "vllm": vllm_rows}
     unknown = set(a.only or ()) - sections.keys()
     if unknown:

@@ -122,6 +122,32 @@ int main(int argc, char **argv)
 	m->body.gms_connect.timeout_ms = 10;
 	put(m);
 	flush_to(argv[1], "progress");
+	/* the KV pool: its directory read, a publish without a map, a map without a grant, a map with one the GMS cannot check */
+	hello(m);
+	m->which_body = gf_Msg_gms_kv_dir_request_tag;
+	put(m);
+	m->which_body = gf_Msg_gms_kv_publish_tag;
+	m->body.gms_kv_publish.epoch = 1;
+	m->body.gms_kv_publish.add_count = 1;
+	m->body.gms_kv_publish.add[0].index = 3;
+	m->body.gms_kv_publish.add[0].hash.size = 4;
+	m->body.gms_kv_publish.remove_count = 1;
+	m->body.gms_kv_publish.remove[0] = 7;
+	put(m);
+	m->which_body = gf_Msg_gms_kv_map_tag;
+	m->body.gms_kv_map.size = 1 << 20;
+	m->body.gms_kv_map.block_bytes = 4096;
+	m->body.gms_kv_map.layout_hash.size = 16;
+	put(m);
+	m->which_body = gf_Msg_gms_kv_map_tag;
+	m->body.gms_kv_map.size = 1 << 20;
+	m->body.gms_kv_map.block_bytes = 4096;
+	m->body.gms_kv_map.layout_hash.size = 16;
+	m->body.gms_kv_map.lock_epoch = 5;
+	m->body.gms_kv_map.lock_proof.size = 32;
+	put(m);
+	gms_connect(m, gf_GmsMode_GMS_MODE_RO);
+	flush_to(argv[1], "kv-pool");
 	gf_msg_free(m);
 	return 0;
 }

@@ -229,7 +229,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
 				  "asleep_bytes", "pinned", "model", "rank", "lock_reconnect_timeout", "loss_grace",
 				  "startup_deadline", "wake_priority", "settle_deferred", "keep_handles",
-				  "first_device", NULL };
+				  "first_device", "kv_pool", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -242,12 +242,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int role = GF_ENGINE_LOADER, kind = GF_MEM_AUTO;
 	int64_t waking = -2, remap = -2, init_ms = -1, reconnect_ms = -1, grace_ms = -1, startup_ms = 0;
 	PyObject *reconnect_obj = Py_None, *grace_obj = NULL, *startup_obj = Py_None;
-	int wake_priority = 0, settle_deferred = 0, first_device = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&i", kwlist, &lock_uri, &id, &gms_list,
+	int wake_priority = 0, settle_deferred = 0, first_device = 0, kv_pool = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&iO&", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
 					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
 					 &reconnect_obj, &grace_obj, &startup_obj, &wake_priority, gfpy_bool_arg,
-					 &settle_deferred, gfpy_bool_arg, &keep_handles, &first_device))
+					 &settle_deferred, gfpy_bool_arg, &keep_handles, &first_device, gfpy_bool_arg,
+					 &kv_pool))
 		return -1;
 	/* None: the lock client's own reconnect time; no startup deadline */
 	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
@@ -307,6 +308,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		rc = gf_engine_set_private_bytes(e, priv);
 	if (rc == 0 && first_device)
 		rc = gf_engine_set_first_device(e, first_device);
+	if (rc == 0 && kv_pool)
+		rc = gf_engine_set_kv_pool(e, kv_pool);
 	if (rc == 0 && need_obj && need_obj != Py_None)
 		rc = gf_engine_set_memory_need(e, need);
 	if (rc == 0 && gpus_obj != Py_None)
@@ -643,6 +646,41 @@ static PyObject *Engine_private_memory(EngineObject *self, PyObject *args)
 	return Py_BuildValue("(KK)", (unsigned long long)addr, (unsigned long long)size);
 }
 
+static PyObject *Engine_set_kv_layout(EngineObject *self, PyObject *args)
+{
+	uint64_t block;
+	const char *hash;
+	Py_ssize_t hlen;
+	if (!PyArg_ParseTuple(args, "O&y#", gfpy_u64_arg, &block, &hash, &hlen))
+		return NULL;
+	if (hlen != 16) {
+		PyErr_Format(PyExc_ValueError, "set_kv_layout: the layout hash is 16 bytes, not %zd", hlen);
+		return NULL;
+	}
+	if (engine_ready(self) < 0)
+		return NULL;
+	int rc = gf_engine_set_kv_layout(self->engine, block, (const uint8_t *)hash);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Engine_kv_pool_info(EngineObject *self, PyObject *args)
+{
+	int device = 0;
+	if (!PyArg_ParseTuple(args, "|i", &device))
+		return NULL;
+	if (engine_ready(self) < 0)
+		return NULL;
+	struct gf_gms_kv_map_info i;
+	int rc = gf_engine_kv_pool_info(self->engine, device, &i);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	return Py_BuildValue("{s:K, s:K, s:I, s:O, s:s}", "size", (unsigned long long)i.size, "previous_epoch",
+			     (unsigned long long)i.previous_epoch, "blocks", i.blocks, "created",
+			     i.created ? Py_True : Py_False, "start", i.start);
+}
+
 static PyObject *Engine_get_epoch(EngineObject *self, void *c)
 {
 	return PyLong_FromUnsignedLongLong(self->engine ? gf_engine_epoch(self->engine) : 0);
@@ -850,6 +888,14 @@ static PyMethodDef Engine_methods[] = {
 	  "private_memory($self, device=0, /)\n--\n\n"
 	  "private_memory(device=0) -> (addr, size) of the KV memory: the address is fixed from\n"
 	  "init_weights() on, memory backs it from the wake on" },
+	{ "set_kv_layout", (PyCFunction)Engine_set_kv_layout, METH_VARARGS,
+	  "set_kv_layout($self, block_bytes, layout_hash, /)\n--\n\n"
+	  "With kv_pool=True: the KV layout the pool's directory is for (bytes per block, a\n"
+	  "16-byte hash of the cache's shape). In init or standby; the next wake uses it." },
+	{ "kv_pool_info", (PyCFunction)Engine_kv_pool_info, METH_VARARGS,
+	  "kv_pool_info($self, device=0, /)\n--\n\n"
+	  "kv_pool_info(device=0) -> dict(size, previous_epoch, blocks, created, start): what the\n"
+	  "last wake's map of the GMS's KV pool found. Raises StateError when none is mapped." },
 	{ "settle", (PyCFunction)Engine_settle, METH_NOARGS, "settle($self, /)\n--\n\n"
 	  "After serve() with settle_deferred=True: tell the lock's readiness relay that this engine\n"
 	  "serves and write the log lines the wake held. Once per wake; later calls do nothing." },
@@ -883,7 +929,7 @@ PyTypeObject gfpy_EngineType = {
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
 		  "       model=None, rank=0, lock_reconnect_timeout=None, loss_grace=10,\n"
 		  "       startup_deadline=None, wake_priority=0, settle_deferred=False,\n"
-		  "       keep_handles=True, first_device=0)\n\n"
+		  "       keep_handles=True, first_device=0, kv_pool=False)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -905,7 +951,9 @@ PyTypeObject gfpy_EngineType = {
 		  "sleep, so a wake maps without fd passing; False releases the handles at sleep, so a\n"
 		  "sleeping engine pins none of the GMS's memory (each wake receives every fd again).\n"
 		  "first_device: the device ordinal of gms[0]; gms[i] is on device first_device + i\n"
-		  "(a tensor-parallel rank N on GPU N passes N; the host backend has only device 0).",
+		  "(a tensor-parallel rank N on GPU N passes N; the host backend has only device 0).\n"
+		  "kv_pool: back the private memory with each GMS's KV pool (a GMS fenced by the lock):\n"
+		  "the wake maps the memory the previous holder used instead of creating it.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

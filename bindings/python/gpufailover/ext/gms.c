@@ -294,6 +294,120 @@ static PyObject *GMS_report_progress(GMSObject *self, PyObject *args, PyObject *
 	Py_RETURN_NONE;
 }
 
+/* (index, hash) pairs into blocks; -1 with a Python error set. */
+static int kv_blocks_arg(PyObject *o, struct gf_gms_kv_block **out, size_t *n)
+{
+	PyObject *seq = PySequence_Fast(o, "add must be a sequence of (index, hash) pairs");
+	if (!seq)
+		return -1;
+	size_t len = (size_t)PySequence_Fast_GET_SIZE(seq);
+	struct gf_gms_kv_block *b = len ? calloc(len, sizeof(*b)) : NULL;
+	if (len && !b) {
+		Py_DECREF(seq);
+		PyErr_NoMemory();
+		return -1;
+	}
+	for (size_t i = 0; i < len; i++) {
+		unsigned int index;
+		const char *hash;
+		Py_ssize_t hlen;
+		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "Iy#", &index, &hash, &hlen)) {
+			Py_DECREF(seq);
+			free(b);
+			return -1;
+		}
+		if (hlen < 1 || hlen > (Py_ssize_t)sizeof(b[i].hash)) {
+			Py_DECREF(seq);
+			free(b);
+			PyErr_Format(PyExc_ValueError, "block %u: a hash of %zd bytes (1..48)", index, hlen);
+			return -1;
+		}
+		b[i].index = index;
+		b[i].hash_len = (uint32_t)hlen;
+		memcpy(b[i].hash, hash, (size_t)hlen);
+	}
+	Py_DECREF(seq);
+	*out = b;
+	*n = len;
+	return 0;
+}
+
+static PyObject *GMS_kv_publish(GMSObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "epoch", "add", "remove", "clear", NULL };
+	uint64_t epoch;
+	PyObject *add_obj = NULL, *rm_obj = NULL;
+	int clear = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|OOp", kwlist, gfpy_u64_arg, &epoch, &add_obj, &rm_obj, &clear))
+		return NULL;
+	if (gms_idle(self, "kv_publish") < 0)
+		return NULL;
+	struct gf_gms_kv_block *add = NULL;
+	size_t nadd = 0, nrm = 0;
+	uint32_t *rm = NULL;
+	if (add_obj && add_obj != Py_None && kv_blocks_arg(add_obj, &add, &nadd) < 0)
+		return NULL;
+	if (rm_obj && rm_obj != Py_None) {
+		PyObject *seq = PySequence_Fast(rm_obj, "remove must be a sequence of block indexes");
+		if (!seq) {
+			free(add);
+			return NULL;
+		}
+		nrm = (size_t)PySequence_Fast_GET_SIZE(seq);
+		rm = nrm ? calloc(nrm, sizeof(*rm)) : NULL;
+		for (size_t i = 0; rm && i < nrm; i++) {
+			unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+			if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
+				if (!PyErr_Occurred())
+					PyErr_Format(PyExc_ValueError, "block index %lu is out of range", v);
+				free(rm);
+				rm = NULL;
+				nrm = 0;
+				break;
+			}
+			rm[i] = (uint32_t)v;
+		}
+		Py_DECREF(seq);
+		if (PyErr_Occurred() || (nrm && !rm)) {
+			free(add);
+			return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+		}
+	}
+	int rc;
+	BLOCKING(self, rc = gf_gms_kv_publish(self->gms, epoch, clear, add, nadd, rm, nrm));
+	free(add);
+	free(rm);
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	Py_RETURN_NONE;
+}
+
+static PyObject *GMS_kv_directory(GMSObject *self, PyObject *unused)
+{
+	if (gms_idle(self, "kv_directory") < 0)
+		return NULL;
+	struct gf_gms_kv_block *b = NULL;
+	size_t n = 0;
+	uint64_t epoch = 0;
+	int rc;
+	BLOCKING(self, rc = gf_gms_kv_directory(self->gms, &b, &n, &epoch));
+	if (rc < 0)
+		return gfpy_raise_gf(rc);
+	PyObject *list = PyList_New((Py_ssize_t)n);
+	for (size_t i = 0; list && i < n; i++) {
+		PyObject *t = Py_BuildValue("(Iy#)", b[i].index, (const char *)b[i].hash, (Py_ssize_t)b[i].hash_len);
+		if (!t) {
+			Py_CLEAR(list);
+			break;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+	}
+	free(b);
+	if (!list)
+		return NULL;
+	return Py_BuildValue("(KN)", (unsigned long long)epoch, list);
+}
+
 static PyObject *GMS_map_all(GMSObject *self, PyObject *unused)
 {
 	if (gms_idle(self, "map_all") < 0)
@@ -655,6 +769,16 @@ static PyMethodDef GMS_methods[] = {
 	  "report_progress(done, total=0)\n\nWriter: bytes written so far (of total, 0: unknown). Readers waiting\n"
 	  "by_progress keep waiting while the writer reports; at most one report per 100 ms\n"
 	  "goes to the GMS (later calls return at once)." },
+	{ "kv_publish", (PyCFunction)(void (*)(void))GMS_kv_publish, METH_VARARGS | METH_KEYWORDS,
+	  "kv_publish($self, epoch, add=(), remove=(), clear=False)\n--\n\n"
+	  "The KV pool's holder, fenced by the epoch of its map: empty the directory (clear),\n"
+	  "drop the blocks at remove (before writing them again), then record add, (index, hash)\n"
+	  "pairs of finished blocks (after writing them). Raises PermissionError when this\n"
+	  "connection's map is not the current one, ValueError for an index outside the pool." },
+	{ "kv_directory", (PyCFunction)GMS_kv_directory, METH_NOARGS,
+	  "kv_directory($self, /)\n--\n\n"
+	  "kv_directory() -> (epoch, [(index, hash), ...])\n\nThe KV pool's directory of finished\n"
+	  "blocks and its owner's epoch (0: never mapped)." },
 	{ "map_all", (PyCFunction)GMS_map_all, METH_NOARGS,
 	  "map_all($self, /)\n--\n\n"
 	  "Reader: fetch all allocations and metadata in one round trip, import and map read-only." },

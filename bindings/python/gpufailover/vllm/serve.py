@@ -56,6 +56,7 @@ from . import shm_files
 from .worker import CONFIG_ENV, HANG_RED_BEFORE_KILL_S
 
 WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
+KV_SCHEDULER = "gpufailover.vllm.kv_scheduler.Scheduler"
 PROG = "gf-vllm"
 # Exit statuses of the launcher (docs/vllm.md, "Faults and what clients see").
 EXIT_USAGE = 2  # argparse's: an option or URI that does not parse
@@ -157,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--private-param", action="append", default=[], metavar="REGEX",
                    help="parameters (by name) the model writes after loading: each engine keeps its own copy "
                         "(added to the built-in list of fp8 scales)")
+    p.add_argument("--kv-pool", action="store_true",
+                   help="keep the KV cache in the GMS's KV pool (a GMS fenced by --lock): the standby's wake maps "
+                        "the previous holder's cache and starts with its prefix cache (one rank only)")
     p.add_argument("--cpu-repack", action="store_true",
                    help="let vLLM's CPU path repack linear weights into private memory (not shared)")
     p.add_argument("--hang-timeout", type=parse_duration, default=30.0,
@@ -376,6 +380,12 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         args.model = args.model_tag
     validate_parsed_serve_args(args)
     args.worker_cls = WORKER_CLS
+    if a.kv_pool:
+        # The prefix cache's side of the pool (kv_pool.py) goes into vLLM's
+        # engine core process with the scheduler class it imports there.
+        if getattr(args, "scheduler_cls", None) not in (None, KV_SCHEDULER):
+            die(f"--kv-pool brings its own scheduler class; --scheduler-cls {args.scheduler_cls} cannot go with it", 2)
+        args.scheduler_cls = KV_SCHEDULER
 
     receiver = socket.socket(socket.AF_UNIX)
     receiver.bind(fd_socket)
@@ -507,7 +517,7 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
         "probe_port": a.probe_port, "probe_address": a.probe_address, "waking_timeout": a.waking_timeout,
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
         "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
-        "lock_reconnect_timeout": a.lock_reconnect_timeout,
+        "lock_reconnect_timeout": a.lock_reconnect_timeout, "kv_pool": a.kv_pool,
         "token": token, "fd_socket": fd_socket, "hang_timeout": a.hang_timeout})
     # Until Active (HandOver drains from there), SIGTERM ends the whole tree:
     # it serves nothing yet.

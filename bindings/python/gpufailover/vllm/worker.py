@@ -461,7 +461,10 @@ class GfWorkerMixin:
     def _kv_need(self) -> int:
         """The memory gate: the KV bytes vLLM will use. Explicit: those; CPU
         sizing: vLLM's own formula (its budget less what the worker holds),
-        taken now, before the load, so an upper bound of the cache."""
+        taken now, before the load, so an upper bound of the cache. With
+        the KV pool none: the wake maps memory that exists."""
+        if self._gf.get("kv_pool"):
+            return 0
         if self.cache_config.kv_cache_memory_bytes:
             return self._gf_kv_bytes
         with open("/proc/self/statm") as f:
@@ -522,7 +525,7 @@ class GfWorkerMixin:
                         memory_need=self._kv_need(),
                         probe_port=c.get("probe_port"), probe_address=c.get("probe_address"),
                         keep_handles=bool(c.get("keep_handles", True)), first_device=self._first_device(),
-                        lock_reconnect_timeout=c.get("lock_reconnect_timeout"))
+                        lock_reconnect_timeout=c.get("lock_reconnect_timeout"), kv_pool=self._kv_pool())
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
         server_pid = int(c["server_pid"])
         # /live and /ready while Active: the API server is there and its heartbeat comes through.
@@ -558,6 +561,15 @@ class GfWorkerMixin:
         self._gf_kv_range = eng.private_memory(0)
         return eng.gms(0)
 
+    def _kv_pool(self) -> bool:
+        """--kv-pool: the KV cache is the GMS's KV pool (kv_pool.py). One
+        rank only: every rank's cache would have to survive together."""
+        if not self._gf.get("kv_pool"):
+            return False
+        if int(self.parallel_config.world_size) != 1:
+            raise ValueError("--kv-pool needs one rank (tensor and pipeline parallel size 1)")
+        return True
+
     def _first_device(self) -> int:
         """The device of this rank's one GMS: on CUDA rank N works on device
         N (vLLM's local rank), and the engine numbers its devices from
@@ -585,6 +597,11 @@ class GfWorkerMixin:
         ptrs = sorted(set(self.kv_data_ptrs()))
         log("kv_range", rank=self.rank, addr=hex(kv_range[0]), bytes=kv_range[1], used=at.made or 0,
             tensors=len(ptrs))
+        if self._gf.get("kv_pool") and self._gf_engine is not None:
+            from . import kv_pool
+            blocks = max(1, int(getattr(kv_cache_config, "num_blocks", 1)))
+            self._gf_engine.set_kv_layout(max(1, kv_range[1] // blocks),
+                                          kv_pool.layout_hash(kv_cache_config, kv_range[1]))
 
     def compile_or_warm_up_model(self) -> Any:
         kv_range = self._gf_kv_range
@@ -670,12 +687,39 @@ class GfWorkerMixin:
                 eng.mark_dead(f"wake failed: {e}")
             log("wake_failed", error=type(e).__name__, msg=json.dumps(str(e)))
             raise
-        self._zero_kv()
+        adopted = self._adopt_kv_pool(eng) if self._gf.get("kv_pool") else None
+        if adopted is None or adopted["created"]:
+            self._zero_kv()  # the pool's content is the cache: zeroed only when new
         m = eng.metrics
         ptrs = self.kv_data_ptrs()
         log("awake", rank=0, epoch=eng.epoch, remap_ms=round(m.get("remap_us", 0) / 1000, 1),
             kv_ms=round(m.get("private_alloc_us", 0) / 1000, 1), kv_bytes=self._gf_kv_bytes,
             kv_addr=hex(ptrs[0]) if ptrs else 0)
+
+    def _adopt_kv_pool(self, eng: gf.Engine) -> "dict[str, Any]":
+        """The new holder's scheduler starts with the blocks of the pool's
+        directory as cached prefixes, when the GMS let it adopt them."""
+        info = eng.kv_pool_info(0)
+        gms = eng.gms(0)
+        epoch = eng.epoch
+        _, directory = gms.kv_directory() if info["start"] == "adopted" else (0, [])
+        self._gf_kv_adopted = directory
+        self._gf_kv_send = lambda add, remove, clear: gms.kv_publish(epoch, add=add, remove=remove, clear=clear)
+        log("kv_pool", rank=0, epoch=epoch, start=info["start"], previous_epoch=info["previous_epoch"],
+            cached=len(directory), created=int(info["created"]))
+        return info
+
+    def gf_kv_directory(self) -> "list[Any]":
+        """The engine core, right after the wake (kv_pool.install): the
+        directory this holder adopted, for its scheduler's prefix cache."""
+        return list(getattr(self, "_gf_kv_adopted", []))
+
+    def gf_kv_publish(self, add: "list[Any]", drop: "list[int]", clear: bool) -> None:
+        """The engine core (kv_pool.install): blocks into or out of the
+        pool's directory, fenced by this holder's epoch."""
+        send = getattr(self, "_gf_kv_send", None)
+        if send is not None:
+            send([(int(i), bytes(h)) for i, h in add], [int(i) for i in drop], bool(clear))
 
     def _zero_kv(self) -> None:
         if self._gf_device == "cuda" and self._gf_kv_range is not None:
