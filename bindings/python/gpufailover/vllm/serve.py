@@ -347,7 +347,7 @@ async def serve(app: Any, args: argparse.Namespace, http: DeferredHttp) -> Any:
         kwargs["log_config"] = log_config
     # serve_http makes its server from this module attribute; the one server
     # of this process starts without a socket.
-    launcher.NoSignalServer = http.server_class(launcher.NoSignalServer)
+    setattr(launcher, "NoSignalServer", http.server_class(launcher.NoSignalServer))
     return await launcher.serve_http(
         app, sock=None, enable_ssl_refresh=args.enable_ssl_refresh, host=args.host, port=args.port,
         log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
