@@ -227,7 +227,7 @@ def main():
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(b / "bindings/python"), env.get("PYTHONPATH")]))
         with tempfile.TemporaryDirectory() as d:
             path = pathlib.Path(d) / "vllm.json"
-            out = subprocess.run([vllm_python, HERE / "bench_vllm.py", "--json", path, "--runs", a.vllm_runs,
+            out = subprocess.run([vllm_python, HERE / "bench_vllm.py", "--json", path, "--runs", str(a.vllm_runs),
                                   "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd"],
                                  capture_output=True, text=True, timeout=600 + 600 * a.vllm_runs, env=env)
             if out.returncode != 0 or not path.exists():
@@ -247,8 +247,9 @@ def main():
             first = med["first_token"] * 1000
             row("vllm failover vs floor", f"{label} killed, {load}", first, None, "exit+warm TTFT", floor_us,
                 v["ratio_to_floor"][kind])
-            row("vllm failover vs cold start", f"{label} killed", first, None, "vLLM cold start",
-                v["cold_first_token_us"], round(first / v["cold_first_token_us"], 3))
+            # Inverted, as the goal is stated (>= 40x): the cold start against the failover.
+            row("vllm cold start vs failover", f"{label} killed", v["cold_first_token_us"], None, "failover",
+                first, v["cold_over_failover"][kind])
         row("vllm floor", "tree SIGKILL -> last process exited", v["floor_ms"]["tree_exit"] * 1000, None, "", None,
             None)
         row("vllm floor", "warm server first token", v["floor_ms"]["warm_first_token"] * 1000, None, "", None, None)
