@@ -416,15 +416,16 @@ def failover(site, victim, standby, refs, kill, meanwhile=None):
     standby's answers and that nothing of the victim is left. @kill makes
     the kill's system calls and nothing else: the clock is read just before
     them, with the GIL held throughout, so no request stamped after the kill
-    can have been sent before it. @meanwhile(), when given, runs once the
-    victim's launcher has exited and before the standby must be active."""
+    can have been sent before it. @meanwhile(), when given, runs right after
+    the kill, before the victim's launcher must have exited and the standby
+    must be active."""
     hammer = Hammer(site.port)
     wait_for(lambda: len(hammer.results) >= 1, 120, "a first answer before the kill")
     t_kill = time.monotonic()
     kill()
-    victim.wait(30)
     if meanwhile:
         meanwhile()
+    victim.wait(30)
     wait_state(standby, "active", 120)
     for p in PROMPTS:
         assert complete(site.port, p) == refs[p], f"{p!r}: another answer after the failover"
