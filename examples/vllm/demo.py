@@ -201,7 +201,7 @@ def main() -> int:
         failover_ms = (t_first - kill_mono) * 1000
         print("\nfailover timeline (ms after SIGKILL of vllm-a's API server):")
         for key, label in (("granted", "lock granted to vllm-b"), ("awake", "KV region backed, weights remapped"),
-                           ("active", "serving on the lock's listener")):
+                           ("serving", "serving on the lock's listener")):
             if key in rel:
                 print(f"  {rel[key]:9.1f}  {label}")
         print(f"  {failover_ms:9.1f}  first token of the same prompt")

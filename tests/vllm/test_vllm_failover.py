@@ -416,15 +416,16 @@ def failover(site, victim, standby, refs, kill, meanwhile=None):
     standby's answers and that nothing of the victim is left. @kill makes
     the kill's system calls and nothing else: the clock is read just before
     them, with the GIL held throughout, so no request stamped after the kill
-    can have been sent before it. @meanwhile(), when given, runs once the
-    victim's launcher has exited and before the standby must be active."""
+    can have been sent before it. @meanwhile(), when given, runs right after
+    the kill, before the victim's launcher must have exited and the standby
+    must be active."""
     hammer = Hammer(site.port)
     wait_for(lambda: len(hammer.results) >= 1, 120, "a first answer before the kill")
     t_kill = time.monotonic()
     kill()
-    victim.wait(30)
     if meanwhile:
         meanwhile()
+    victim.wait(30)
     wait_state(standby, "active", 120)
     for p in PROMPTS:
         assert complete(site.port, p) == refs[p], f"{p!r}: another answer after the failover"
@@ -752,10 +753,11 @@ def test_tensor_parallel_2(tp):
 
 
 def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
-    """The active engine's rank 1 outlives the rest of its engine: it and its
-    parent, vLLM's engine process, are stopped (SIGSTOP: a worker dies with
-    that parent, PR_SET_PDEATHSIG), then every other process of that server
-    is killed, rank 0 and the API server among them. The lock
+    """The active engine's rank 1 outlives the rest of its engine: it, its
+    parent (vLLM's engine process) and the API server are stopped (SIGSTOP: a
+    worker dies with that parent, and the engine process with the API server,
+    PR_SET_PDEATHSIG), then every other process of that server is killed,
+    rank 0 among them. The lock
     server waits on it (exit_wait, its pid listed) and the standby stays a
     standby for as long as it lives; once it is killed the standby is
     granted and answers with the same tokens, and no client connection is
@@ -769,9 +771,9 @@ def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
     rank0 = int(worker_event(a, "kv_range", 0)["pid"])
     with open(f"/proc/{rank1}/stat") as f:
         core = int(f.read().rsplit(")", 1)[1].split()[1])
-    lingering = (rank1, core)
+    lingering = (rank1, core, a.pid)
     others = [p for p in live_in_group(a.pid) if p not in lingering]
-    assert a.pid in others and rank0 in others and core in live_in_group(a.pid), (a.pid, rank0, core, others)
+    assert rank0 in others and core in live_in_group(a.pid), (a.pid, rank0, core, others)
 
     def kill():
         for pid in lingering:
@@ -788,7 +790,7 @@ def test_a_slowly_exiting_rank_holds_the_grant_back(tp):
             return s["exit_wait"] and s["exit_wait_processes"] == 1 and s["exit_wait_pids"] == [rank1]
         try:
             wait_for(lambda: not set(others) & set(live_in_group(a.pid)), 30,
-                     "every process of the active server but its rank 1 and engine process to exit")
+                     "every process of the active server but its rank 1, engine process and API server to exit")
             wait_for(waiting_on_rank1, 30, "the lock server to wait on the lingering rank 1")
             # The old holder is gone but one of its ranks lives: the standby
             # must not be granted. Watched over a while (the lock server

@@ -149,6 +149,8 @@ int gfpy_gms_ready(GMSObject *self);
 int gfpy_no_exports(GMSObject *self, const char *what);
 void gfpy_engine_forget_view(PyObject *engine, GMSObject *view);
 PyObject *gfpy_install_fault_reporter(PyObject *self, PyObject *arg);
+PyObject *gfpy_kill_group_on_exit(PyObject *self, PyObject *args);
+PyObject *gfpy_group_watches_off(PyObject *self, PyObject *unused);
 PyObject *gfpy_remove_fault_reporter(PyObject *self, PyObject *args);
 PyObject *gfpy_lock_status(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *gfpy_gms_status(PyObject *self, PyObject *args, PyObject *kw);

@@ -147,6 +147,14 @@ static PyMethodDef module_methods[] = {
 	  "route gf_torch_malloc to this GMS writer" },
 	{ "_torch_pool_end", py_torch_pool_end, METH_NOARGS, "_torch_pool_end($module, /)\n--\n\n"
 	  "end the torch pool" },
+	{ "_kill_group_on_exit", gfpy_kill_group_on_exit, METH_VARARGS,
+	  "_kill_group_on_exit($module, pid, line, /)\n--\n\n"
+	  "When process pid exits, write \"mono_us=N line\" to stderr and SIGKILL this process's group,\n"
+	  "from a thread that never takes the GIL. Lasts for the process's life. ProcessLookupError:\n"
+	  "pid is gone already; OSError: no pidfd (before Linux 5.3) or no thread." },
+	{ "_group_watches_off", gfpy_group_watches_off, METH_NOARGS,
+	  "_group_watches_off($module, /)\n--\n\n"
+	  "From now on no _kill_group_on_exit() watch kills the group: the process ends it itself." },
 	{ "install_fault_reporter", gfpy_install_fault_reporter, METH_O, "install_fault_reporter($module, gms, /)\n--\n\n"
 	  "On a SIGSEGV/SIGBUS inside gms's mappings, log the allocation and metadata\n"
 	  "key to stderr, then die with the usual signal. Call again after the first map to refresh." },

@@ -14,10 +14,10 @@ drives it with vLLM's own sleep and wake:
 
     start vLLM (the worker loads and commits the weights, or maps them; the
        KV cache's tensors lie over the engine's reserved, unbacked region)
-    -> sleep: Standby, the weights unmapped
+    -> sleep: Standby, the weights unmapped; uvicorn started with no socket
     -> wake_up: blocks until the lock is granted; memory gate, the KV region
        backed, remap; the lock's listening socket is passed here
-    -> uvicorn serves on that socket -> serve: Active.
+    -> that socket added to the running uvicorn -> serve: Active.
 
 A standby has no HTTP socket at all: clients connect to the lock's
 listener (gf-lockd --listener NAME=URI), whose backlog keeps them during a
@@ -40,11 +40,11 @@ Before vLLM starts, the lock and GMS URIs are checked (:func:`check_servers`).
 """
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import re
 import secrets
-import select
 import signal
 import socket
 import sys
@@ -53,7 +53,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import shm_files
-from .worker import CONFIG_ENV, HANG_RED_BEFORE_KILL_S
+from .worker import CONFIG_ENV, HANG_RED_BEFORE_KILL_S, PR_SET_PDEATHSIG
 
 WORKER_CLS = "gpufailover.vllm.worker.GfWorker"
 KV_SCHEDULER = "gpufailover.vllm.kv_scheduler.Scheduler"
@@ -83,14 +83,14 @@ def die(reason: str, status: int = 1) -> None:
 
 
 _switchover_asked = threading.Event()  # SIGUSR1 before HandOver took over the signal
-_ending = threading.Event()  # end_tree() kills the tree's other processes: their exits are no fault
 
 
 def end_tree(reason: str, status: int) -> None:
     """End the tree after a drain with exit status @status: every other
     process of the group first (SIGKILL: the lock passes once all of them
     are gone), then this one, so a supervisor sees @status, not SIGKILL."""
-    _ending.set()
+    from gpufailover import _gpufailover
+    _gpufailover._group_watches_off()  # the exits below are this process's doing, not a fault
     log("exit", status=status, reason=json.dumps(reason))
     me, group = os.getpid(), os.getpgid(0)
     end = time.monotonic() + 10.0
@@ -110,15 +110,39 @@ def end_tree(reason: str, status: int) -> None:
 def watch_engine_process(pid: int) -> None:
     """Kill the tree when a worker process (rank 0 holds the lock) exits (a SIGKILL of it or of vLLM's engine process, the loss policy, a
     crash): an API server without its engine must not keep the listening
-    socket and accept connections it cannot serve."""
-    fd = os.pidfd_open(pid)
+    socket and accept connections it cannot serve. A C thread watches (no
+    wait for the GIL, which the serving event loop holds); end_tree() turns
+    the watches off before it kills the tree's other processes itself."""
+    from gpufailover import _gpufailover
+    reason = json.dumps(f"the engine's worker process {pid} exited")
+    try:
+        _gpufailover._kill_group_on_exit(pid, f"prog=gf-vllm component=server pid={os.getpid()} event=exit "
+                                              f"status={EXIT_ENGINE_LOST} reason={reason}")
+    except ProcessLookupError:
+        die(f"the engine's worker process {pid} exited", EXIT_ENGINE_LOST)
 
-    def wait() -> None:
-        select.select([fd], [], [])
-        if not _ending.is_set():
-            die(f"the engine's worker process {pid} exited", EXIT_ENGINE_LOST)
 
-    threading.Thread(target=wait, name="gf-engine-watch", daemon=True).start()
+def children_die_with_this_process() -> None:
+    """vLLM's engine process (forked from here) gets SIGKILL the moment this
+    process's main thread dies (PR_SET_PDEATHSIG), and its worker with it (the
+    worker's own), so a SIGKILL of this process takes the tree down at once:
+    the watch of this process's pid (tie_to_server) fires only once it has
+    freed all its memory, and the engine and worker would start freeing
+    theirs only then. Only children forked by the main thread: the signal
+    follows the forking thread, and another thread may end first."""
+    launcher = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    forked_by_main = [False]
+
+    def before() -> None:
+        forked_by_main[0] = threading.current_thread() is threading.main_thread()
+
+    def in_child() -> None:
+        if forked_by_main[0] and libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0 \
+                and os.getppid() != launcher:
+            os.kill(os.getpid(), signal.SIGKILL)  # the launcher died before the prctl
+
+    os.register_at_fork(before=before, after_in_child=in_child)
 
 
 def parse_duration(text: str) -> float:
@@ -387,6 +411,7 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
             die(f"--kv-pool brings its own scheduler class; --scheduler-cls {args.scheduler_cls} cannot go with it", 2)
         args.scheduler_cls = KV_SCHEDULER
 
+    children_die_with_this_process()
     receiver = socket.socket(socket.AF_UNIX)
     receiver.bind(fd_socket)
     receiver.listen(1)
@@ -420,9 +445,20 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
         got = loop.run_in_executor(None, receive)
         # vLLM's own wake: the backend's resume blocks in rank 0 until the
         # lock is granted, then every rank wakes (rank 0 passes the lock's
-        # listening socket here).
+        # listening socket here). Asked first, so that this standby is in
+        # the lock's queue while uvicorn starts.
+        wake = asyncio.ensure_future(client.wake_up())
+        # uvicorn starts now, with no socket (the app's lifespan, its state):
+        # the wake then only adds the listening socket to the running server.
+        http = DeferredHttp(loop)
+        serving = asyncio.create_task(serve(app, args, http))
+        await http.wait(http.started, serving)
+        # vLLM's serve_http put in its SIGTERM handler (a shutdown of the
+        # engine client): until Active (HandOver), SIGTERM ends the tree.
+        loop.add_signal_handler(signal.SIGTERM, die, "SIGTERM", 0)
+        log("http_ready")
         try:
-            await client.wake_up()
+            await wake
         except Exception as e:
             die(f"wake failed: {e}", 1)
         sock = await got
@@ -432,16 +468,14 @@ async def run(a: argparse.Namespace, vllm_argv: "list[str]", fd_socket: str,
             sock = create_server_socket((args.host or "", args.port), reuse_port=False)
         addr = sock.getsockname()
         where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        woke = await client.collective_rpc("gf_info")
-        log("awake", epoch=woke[0]["epoch"], remap_ms=round(int(woke[0]["remap_us"]) / 1000, 2),
-            kv_ms=round(int(woke[0]["kv_us"]) / 1000, 2))
-        # vLLM's serve_http returns only when the server stops: serve in a
-        # task, and enter Active once /health answers on the socket.
-        serving = asyncio.create_task(serve(app, sock, args))
-        await wait_healthy(sock, serving)
+        # Serving once the socket is in the event loop: no request of our
+        # own queued behind the clients' in the listener's backlog.
+        http.listening.set_result(sock)
+        await http.wait(http.serving, serving)
+        log("serving", address=where)
         hand_over = HandOver(app.state.server, sock, a.drain_timeout)
         served = await client.collective_rpc("gf_serve")
-        log("active", epoch=woke[0]["epoch"], address=where,
+        log("active", epoch=served[0]["epoch"], address=where,
             **{k: v for k, v in served[0]["metrics"].items() if k.endswith("_us")})
         if a.hang_timeout > 0:
             hand_over.beat = asyncio.create_task(heartbeat(client, a.hang_timeout))
@@ -465,42 +499,72 @@ async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
     return app
 
 
-async def serve(app: Any, sock: socket.socket, args: argparse.Namespace) -> Any:
-    """The rest of vLLM's build_and_serve(): uvicorn on @sock (returns when it stops)."""
+class DeferredHttp:
+    """uvicorn started before the grant: ``started`` once the app's lifespan
+    has run (no socket yet); the listening socket set in ``listening`` is then
+    added to the running server; ``serving`` once the event loop accepts on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.started = asyncio.Event()
+        self.serving = asyncio.Event()
+        self.listening: "asyncio.Future[socket.socket]" = loop.create_future()
+
+    def server_class(self, base: type) -> type:
+        """vLLM's uvicorn server class, starting as above."""
+        http = self
+
+        class GfDeferredServer(base):  # type: ignore[misc, valid-type, unused-ignore]
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets=[])  # the lifespan only: no socket, no bind
+                if self.should_exit or not self.started:
+                    return
+                http.started.set()
+                sock = await http.listening
+                config = self.config
+
+                def protocol(_loop: Any = None) -> Any:  # uvicorn's own, as its startup() makes it
+                    return config.http_protocol_class(config=config, server_state=self.server_state,
+                                                      app_state=self.lifespan.state, _loop=_loop)
+
+                server = await asyncio.get_running_loop().create_server(protocol, sock=sock, ssl=config.ssl,
+                                                                        backlog=config.backlog)
+                self.servers.append(server)
+                http.serving.set()
+
+        return GfDeferredServer
+
+    @staticmethod
+    async def wait(event: asyncio.Event, serving: "asyncio.Task[Any]") -> None:
+        """Until @event, or the HTTP server ended first (its exception)."""
+        waiter = asyncio.ensure_future(event.wait())
+        await asyncio.wait({waiter, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not event.is_set():
+            waiter.cancel()
+            await serving
+            raise RuntimeError("the HTTP server stopped before it served")
+
+
+async def serve(app: Any, args: argparse.Namespace, http: DeferredHttp) -> Any:
+    """The rest of vLLM's build_and_serve(): uvicorn, started as @http says
+    (returns when it stops)."""
     import vllm.envs as envs  # type: ignore[import-not-found, unused-ignore]
-    from vllm.entrypoints.launchers.launcher import serve_http  # type: ignore[import-not-found, unused-ignore]
+    from vllm.entrypoints.launchers import launcher  # type: ignore[import-not-found, unused-ignore]
     from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config  # type: ignore[import-not-found, unused-ignore]
 
     kwargs: "dict[str, Any]" = {}
     log_config = get_uvicorn_log_config(args)
     if log_config is not None:
         kwargs["log_config"] = log_config
-    return await serve_http(
-        app, sock=sock, enable_ssl_refresh=args.enable_ssl_refresh, host=args.host, port=args.port,
+    # serve_http makes its server from this module attribute; the one server
+    # of this process starts without a socket.
+    setattr(launcher, "NoSignalServer", http.server_class(launcher.NoSignalServer))
+    return await launcher.serve_http(
+        app, sock=None, enable_ssl_refresh=args.enable_ssl_refresh, host=args.host, port=args.port,
         log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
         timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE, ssl_keyfile=args.ssl_keyfile,
         ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         ssl_ciphers=args.ssl_ciphers, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
         h11_max_header_count=args.h11_max_header_count, **kwargs)
-
-
-async def wait_healthy(sock: socket.socket, serving: "asyncio.Task[Any]") -> None:
-    addr = sock.getsockname()
-    while not serving.done():
-        try:
-            if isinstance(addr, tuple):
-                reader, writer = await asyncio.open_connection(addr[0], addr[1])
-            else:
-                reader, writer = await asyncio.open_unix_connection(addr)
-            writer.write(b"GET /health HTTP/1.0\r\nHost: gf\r\n\r\n")
-            status = await reader.readline()
-            writer.close()
-            if b" 200 " in status:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.01)
-    await serving  # it ended before serving: its exception
 
 
 def main(argv: "Optional[Sequence[str]]" = None) -> int:

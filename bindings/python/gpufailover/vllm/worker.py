@@ -53,16 +53,15 @@ import importlib
 import json
 import os
 import re
-import select
 import signal
 import socket
 import sys
-import threading
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, cast
 
 import gpufailover as gf
 import gpufailover.vllm as gfv
+from gpufailover import _gpufailover as _gf_ext
 # The library's TimeoutError: gpufailover's __all__ leaves it out (import * must not shadow the builtin).
 from gpufailover._gpufailover import TimeoutError as GfTimeoutError
 
@@ -93,23 +92,22 @@ def tie_to_server(server_pid: int) -> None:
     vLLM's engine process dies: vLLM 0.32 leaves its engine and worker
     processes running when the API server is killed. The worker dies with its
     parent, the engine process (PR_SET_PDEATHSIG), and kills the process group
-    when the API server exits (a pidfd: the server is its grandparent)."""
+    when the API server exits (a pidfd: the server is its grandparent). That
+    watch is a C thread: a Python thread would first wait for the GIL, which
+    vLLM's message-queue polling keeps busy, while the lock's holder (this
+    process) lives on."""
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    reason = json.dumps(f"the API server (pid {server_pid}) exited")
     try:
-        fd = os.pidfd_open(server_pid)
+        _gf_ext._kill_group_on_exit(server_pid, f"prog=gf-vllm component=worker pid={os.getpid()} event=dead "
+                                                f"reason={reason}")
     except ProcessLookupError:
-        fd = -1
-    if fd < 0 or os.getppid() != parent:
         kill_process_group("the API server exited while vLLM started")
-
-    def wait() -> None:
-        select.select([fd], [], [])
-        kill_process_group(f"the API server (pid {server_pid}) exited")
-
-    threading.Thread(target=wait, name="gf-server-watch", daemon=True).start()
+    if os.getppid() != parent:
+        kill_process_group("the API server exited while vLLM started")
 
 
 def kill_process_group(reason: str) -> None:
@@ -774,7 +772,8 @@ class GfWorkerMixin:
         if self.rank != 0:
             return {}
         log("active", epoch=eng.epoch)
-        return {"state": eng.state, "metrics": {k: v for k, v in eng.metrics.items() if isinstance(v, (int, float))}}
+        return {"state": eng.state, "epoch": eng.epoch,
+                "metrics": {k: v for k, v in eng.metrics.items() if isinstance(v, (int, float))}}
 
     # --- Active: the API server's heartbeat, a planned switchover ----------
     def gf_heartbeat(self) -> "dict[str, Any]":
