@@ -9,6 +9,7 @@
 
 #include <poll.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <sys/syscall.h>
 
 /* Set by _group_watches_off(): the process ends its group itself. */

@@ -56,6 +56,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, cast
 
