@@ -220,6 +220,9 @@ def test_timeouts_are_consistent(pod):
         init = duration_s(flag(c, "init-timeout"))
         s = c["startupProbe"]
         assert 0 < init < s["periodSeconds"] * s["failureThreshold"]
+        # A member's SIGTERM drains what it accepted (gf-vllm): before kubelet's SIGKILL.
+        if any(a.startswith("--drain-timeout") for a in c["args"]):
+            assert duration_s(flag(c, "drain-timeout")) < grace
     assert window > 0
 
 
