@@ -399,5 +399,5 @@ int main(void)
 		cmocka_unit_test(test_unix_silent_server_ends_the_holder),
 		cmocka_unit_test(test_tcp_outage_lease_rules),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
 class as vLLM's ``scheduler_cls``, so vLLM imports this module in its engine
 core process before it makes the scheduler's BlockPool, and the prefix
 cache's side of the KV pool (kv_pool.install) is in place there. Without
-vLLM (a stub checker importing every module) the class is an empty one."""
+vLLM (a stub checker importing every module) ``Scheduler`` is None."""
 import importlib
 from typing import Any
 
@@ -17,10 +17,16 @@ def _vllm_scheduler() -> Any:
         return None
 
 
-_BASE: Any = _vllm_scheduler()
-if _BASE is not None:
+def _scheduler() -> Any:
+    base = _vllm_scheduler()
+    if base is None:
+        return None
     kv_pool.install()
+    return type("Scheduler", (base,), {"__module__": __name__,
+                                       "__doc__": "vLLM's own scheduler; kv_pool.install() wrapped what it needs."})
 
 
-class Scheduler(_BASE if _BASE is not None else object):  # type: ignore[misc]
-    """vLLM's own scheduler; kv_pool.install() wrapped what it needs."""
+# vLLM's own scheduler class, or None without vLLM. Made with type(), not a
+# class statement: its base (and metaclass) exists only where vLLM is
+# installed, and the static type checkers see no other.
+Scheduler: Any = _scheduler()

@@ -50,7 +50,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from . import shm_files
 from .worker import CONFIG_ENV, HANG_RED_BEFORE_KILL_S, PR_SET_PDEATHSIG
@@ -499,6 +499,32 @@ async def build_http_app(client: Any, args: argparse.Namespace) -> Any:
     return app
 
 
+class _DeferredStartup:
+    """The startup() of DeferredHttp's server class, ahead of vLLM's uvicorn
+    server in its bases: the lifespan without a socket, then the listening
+    socket DeferredHttp is given."""
+    _gf_http: "DeferredHttp"
+
+    async def startup(self, sockets: Any = None) -> None:
+        me: Any = self
+        http = self._gf_http
+        await cast(Any, super()).startup(sockets=[])  # the lifespan only: no socket, no bind
+        if me.should_exit or not me.started:
+            return
+        http.started.set()
+        sock = await http.listening
+        config = me.config
+
+        def protocol(_loop: Any = None) -> Any:  # uvicorn's own, as its startup() makes it
+            return config.http_protocol_class(config=config, server_state=me.server_state,
+                                              app_state=me.lifespan.state, _loop=_loop)
+
+        server = await asyncio.get_running_loop().create_server(protocol, sock=sock, ssl=config.ssl,
+                                                                backlog=config.backlog)
+        me.servers.append(server)
+        http.serving.set()
+
+
 class DeferredHttp:
     """uvicorn started before the grant: ``started`` once the app's lifespan
     has run (no socket yet); the listening socket set in ``listening`` is then
@@ -510,28 +536,9 @@ class DeferredHttp:
         self.listening: "asyncio.Future[socket.socket]" = loop.create_future()
 
     def server_class(self, base: type) -> type:
-        """vLLM's uvicorn server class, starting as above."""
-        http = self
-
-        class GfDeferredServer(base):  # type: ignore[misc, valid-type, unused-ignore]
-            async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets=[])  # the lifespan only: no socket, no bind
-                if self.should_exit or not self.started:
-                    return
-                http.started.set()
-                sock = await http.listening
-                config = self.config
-
-                def protocol(_loop: Any = None) -> Any:  # uvicorn's own, as its startup() makes it
-                    return config.http_protocol_class(config=config, server_state=self.server_state,
-                                                      app_state=self.lifespan.state, _loop=_loop)
-
-                server = await asyncio.get_running_loop().create_server(protocol, sock=sock, ssl=config.ssl,
-                                                                        backlog=config.backlog)
-                self.servers.append(server)
-                http.serving.set()
-
-        return GfDeferredServer
+        """vLLM's uvicorn server class, starting as above (made here: its
+        base is vLLM's, imported only where vLLM runs)."""
+        return type("GfDeferredServer", (_DeferredStartup, base), {"_gf_http": self})
 
     @staticmethod
     async def wait(event: asyncio.Event, serving: "asyncio.Task[Any]") -> None:
