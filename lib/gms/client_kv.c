@@ -66,10 +66,12 @@ static int publish_one(gf_gms *gms, uint64_t epoch, bool clear, const struct gf_
 	for (size_t i = 0; i < nadd; i++) {
 		r->add[i].index = add[i].index;
 		r->add[i].hash.size = (pb_size_t)add[i].hash_len;
-		memcpy(r->add[i].hash.bytes, add[i].hash, add[i].hash_len);
+		if (add[i].hash_len)
+			memcpy(r->add[i].hash.bytes, add[i].hash, add[i].hash_len);
 	}
 	r->add_count = (pb_size_t)nadd;
-	memcpy(r->remove, remove, nremove * sizeof(*remove));
+	if (nremove)
+		memcpy(r->remove, remove, nremove * sizeof(*remove));
 	r->remove_count = (pb_size_t)nremove;
 	int rc = gms_client_request(gms, NULL, NULL, gf_now_us() + GMS_IO_TIMEOUT_US);
 	if (rc < 0)

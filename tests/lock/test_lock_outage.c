@@ -167,7 +167,11 @@ static bool connects(const char *path)
 {
 	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		close(c);
+		return false;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
 	bool ok = connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0;
 	close(c);
 	return ok;
