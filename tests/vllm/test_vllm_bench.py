@@ -37,7 +37,8 @@ def test_timeline_has_every_step_in_order(tmp_path):
     for run in v["runs"]:
         assert 0 < run["tree_gone_ms"] < run["steps_ms"]["first_token"] + 60000, run
     assert v["floor_ms"]["tree_exit"] > 0 and v["floor_ms"]["warm_first_token"] > 0
-    assert v["floor_ms"]["total"] == round(v["floor_ms"]["tree_exit"] + v["floor_ms"]["warm_first_token"], 2)
+    # each figure is rounded to 0.01 ms on its own, so the sum of the rounded parts may be 0.01 off the total
+    assert abs(v["floor_ms"]["total"] - (v["floor_ms"]["tree_exit"] + v["floor_ms"]["warm_first_token"])) <= 0.011
     assert v["cold_start_first_token_ms"] > 0
     for kind in ("api_server", "tree"):
         assert v["ratio_to_floor"][kind] > 0 and v["cold_over_failover"][kind] > 0
