@@ -120,13 +120,14 @@ def main():
                 e["waiter_rss_bytes"], None, "etcdctl lock", e["etcdctl_waiter_rss_bytes"],
                 round(e["waiter_rss_bytes"] / e["etcdctl_waiter_rss_bytes"], 2), unit="bytes")
 
+    def spread(d, key):
+        """A paired ratio as the case shows it: median [min-max] of the per-round ratios."""
+        return f"{d[key]:.2f}x [{d[key + '_min']:.2f}-{d[key + '_max']:.2f}]"
+
     def gms_rows():
         print("running GMS first map and wake vs raw fd receive+mmap(+populate) ...", file=sys.stderr)
         gms = json_lines([b / "tests/bench/bench-gms", "-r", a.rounds], 900)
         raw["gms"] = gms
-
-        def spread(d, key):
-            return f"{d[key]:.2f}x [{d[key + '_min']:.2f}-{d[key + '_max']:.2f}]"
 
         for g in gms:
             shape = f"N={g['allocations']}x{g['alloc_bytes'] >> 10}KiB M={g['metadata']}"

@@ -65,3 +65,17 @@ def test_no_vllm_build_is_a_skip(tmp_path):
     r, rep = run(tmp_path, tmp_path / "absent", "vllm")
     assert r.returncode == 0, r.stdout + r.stderr
     assert rep["failed"] == [] and rep["skipped"] and "setup-vllm-cpu.sh" in rep["skipped"][0]
+
+
+def test_paired_sections_write_their_rows(tmp_path):
+    """The sections whose rows show a paired ratio's spread (gms, snapshot) run
+    end to end at a small size: each writes its rows and none fails."""
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, REPORT, "--build", BUILD, "--out", out, "--rounds", "1",
+                        "--snapshot-mib", "16", "--snapshot-allocs", "4", "--only", "snapshot", "gms"],
+                       capture_output=True, text=True, timeout=600)
+    rep = json.loads(out.read_text())
+    assert r.returncode == 0 and rep["failed"] == [], r.stdout + r.stderr
+    names = {x["benchmark"] for x in rep["rows"]}
+    assert {"gms restore WARM", "gms snapshot COLD", "gms wake (kept handles)"} <= names, names
+    assert all("x [" in x["case"] for x in rep["rows"] if x["benchmark"].startswith("gms restore")), rep["rows"]
