@@ -7,6 +7,7 @@
  */
 #include "common.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -26,9 +27,22 @@ static void *group_watch_run(void *arg)
 	struct group_watch *w = arg;
 	struct pollfd p = { .fd = w->pidfd, .events = POLLIN };
 	/* Only a readable pidfd means the process exited: an error (EINTR,
-	 * ENOMEM) is waited out, never taken for an exit. */
-	while (poll(&p, 1, -1) <= 0)
-		;
+	 * ENOMEM) is waited out, never taken for an exit; one that is not a
+	 * signal waits 10 ms first, so a lasting one does not spin a core. */
+	for (;;) {
+		int r = poll(&p, 1, -1);
+		if (r > 0)
+			break;
+		if (r < 0 && errno != EINTR)
+			nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+	}
+	if (p.revents & POLLNVAL) {
+		/* The fd was closed under the watch: the exit can no longer be seen,
+		 * and a closed fd is no proof of one, so the group is left alone. */
+		static const char lost[] = "gpufailover: group watch lost its pidfd; the group is not killed by it\n";
+		(void)!write(STDERR_FILENO, lost, sizeof(lost) - 1);
+		return NULL;
+	}
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic_ns()'s clock: the log lines compare */
 	char out[512];
