@@ -227,20 +227,51 @@ def parse_args(argv: Sequence[str]) -> "tuple[argparse.Namespace, list[str]]":
     return ours, vllm_argv
 
 
-def check_servers(a: argparse.Namespace) -> None:
+# vLLM's options that spread one engine's ranks over several nodes or
+# engines: a node then runs fewer local ranks than tensor x pipeline.
+_NOT_ONE_NODE = ("--nnodes", "--node-rank", "--headless", "--data-parallel-size", "-dp",
+                 "--data-parallel-size-local", "--data-parallel-rank", "--data-parallel-start-rank")
+
+
+def local_ranks(vllm_argv: Sequence[str]) -> int:
+    """How many local ranks (one GMS each) vLLM's arguments ask of this
+    node: tensor x pipeline parallel size on one node; 1 when the ranks
+    may span nodes or data-parallel engines, or a size does not parse
+    (vLLM's own parser says what is wrong with it later)."""
+    sizes = {"tp": 1, "pp": 1}
+    names = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
+    args = list(vllm_argv)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in _NOT_ONE_NODE:
+            return 1
+        if name in names:
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            try:
+                sizes[names[name]] = int(value)
+            except ValueError:
+                return 1
+    n = sizes["tp"] * sizes["pp"]
+    return n if 1 <= n <= 1024 else 1
+
+
+def check_servers(a: argparse.Namespace, vllm_argv: Sequence[str] = ()) -> None:
     """Before vLLM starts (a minute or more): the lock and GMS URIs parse,
-    and each server answers a ping within --check-timeout. A URI that
-    does not parse exits EXIT_USAGE at once, a server that does not answer
+    and each server answers a ping within --check-timeout: the lock
+    server, then the GMS of every local rank (local_ranks() of the vLLM
+    arguments; one when --gms has no {rank}). A URI that does not parse
+    exits EXIT_USAGE at once, a server that does not answer
     EXIT_UNAVAILABLE; either way no engine starts and no standby shows
-    healthy probes. Only rank 0's GMS is asked (the vLLM arguments that say
-    how many ranks there are are not parsed yet)."""
+    healthy probes."""
     import gpufailover as gf
     # The library's TimeoutError: gpufailover's __all__ leaves it out (import * must not shadow the builtin).
     from gpufailover._gpufailover import TimeoutError as GfTimeoutError
-    gms = a.gms.replace("{rank}", "0")
+    ranks = local_ranks(vllm_argv) if "{rank}" in a.gms else 1
+    gms = [a.gms.replace("{rank}", str(r)) for r in range(ranks)]
     end = time.monotonic() + a.check_timeout
-    for what, option, uri, ping in (("lock server", "--lock", a.lock, gf.lock_ping),
-                                    ("GMS", "--gms", gms, gf.gms_ping)):
+    for what, option, uri, ping in [("lock server", "--lock", a.lock, gf.lock_ping)] + [
+            ("GMS", "--gms", u, gf.gms_ping) for u in gms]:
         while True:
             try:
                 ping(uri, max(0.2, min(2.0, end - time.monotonic())))
@@ -262,7 +293,7 @@ def check_servers(a: argparse.Namespace) -> None:
                 time.sleep(0.2)
             except gf.GpuFailoverError:
                 break  # it answered, with a refusal (a TCP lock without the secret): reachable
-    log("checked", lock=json.dumps(a.lock), gms=json.dumps(gms))
+    log("checked", lock=json.dumps(a.lock), gms=json.dumps(",".join(gms)))
 
 
 def open_shm_list() -> "Optional[shm_files.FileList]":
@@ -597,7 +628,7 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
     # until Active, where HandOver drains.
     signal.signal(signal.SIGUSR1, lambda *_: _switchover_asked.set())
     if a.check_timeout > 0:
-        check_servers(a)
+        check_servers(a, vllm_argv)
     shm_list = open_shm_list()
     record_shm_while_starting(shm_list)
     import uvloop  # type: ignore[import-not-found, unused-ignore]
