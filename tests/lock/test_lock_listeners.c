@@ -25,76 +25,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
-#include "testutil.h"
-
-struct srv {
-	gf_lockd *d;
-	pthread_t t;
-	char dir[256], uri[300], state[300], http[64], ux[300];
-	int port;
-};
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
-static void srv_run(struct srv *s, int64_t window_ms)
-{
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	assert_int_equal(gf_lockd_add_listener(s->d, "http", s->http), 0);
-	assert_int_equal(gf_lockd_add_listener(s->d, "ux", s->ux), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-static void srv_start(struct srv *s, int64_t window_ms)
-{
-	char *dir = tu_tmpdir();
-	snprintf(s->dir, sizeof(s->dir), "%s", dir);
-	free(dir);
-	snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
-	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
-	snprintf(s->ux, sizeof(s->ux), "unix://%s/serve.sock", s->dir);
-	s->port = free_port();
-	snprintf(s->http, sizeof(s->http), "tcp://127.0.0.1:%d", s->port);
-	srv_run(s, window_ms);
-}
-
-static void srv_halt(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-}
-
-static void srv_stop(struct srv *s)
-{
-	srv_halt(s);
-	char p[400];
-	snprintf(p, sizeof(p), "%s.lock", s->state);
-	unlink(p);
-	unlink(s->state);
-	snprintf(p, sizeof(p), "%s/serve.sock", s->dir);
-	unlink(p);
-	rmdir(s->dir);
-}
+#include "locktest.h"
 
 /* A client connection to the served port; a refused one fails the test. */
 static int dial(int port)
@@ -148,10 +79,10 @@ static void *acq_main(void *arg)
 static void test_grant_carries_listeners(void **state)
 {
 	(void)state;
-	struct srv sv;
-	srv_start(&sv, 1000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000, .http = true, .ux = true });
 	/* Nobody holds the lock yet: the connection waits in the backlog. */
-	int early = dial(sv.port);
+	int early = dial(sv.http_port);
 	gf_lock *a, *b;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "eng-a"), 0);
 	assert_int_equal(gf_lock_new(&b, sv.uri, "eng-b"), 0);
@@ -177,7 +108,7 @@ static void test_grant_carries_listeners(void **state)
 	assert_int_equal(pthread_create(&t, NULL, acq_main, &ab), 0);
 	int a_http = dup(listener_fd(a, "http"));
 	assert_int_equal(gf_lock_release(a), 0);
-	int gap = dial(sv.port);
+	int gap = dial(sv.http_port);
 	pthread_join(t, NULL);
 	assert_int_equal(ab.rc, 0);
 	assert_int_equal(serve_one(listener_fd(b, "http"), gap, 'b'), 'b');
@@ -190,7 +121,7 @@ static void test_grant_carries_listeners(void **state)
 	close(a_http);
 	gf_lock_free(a);
 	gf_lock_free(b);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 static void test_tcp_lock_refuses_listeners(void **state)
@@ -246,16 +177,16 @@ static void test_listener_config(void **state)
 static void test_restart_holder_hands_back(void **state)
 {
 	(void)state;
-	struct srv sv;
-	srv_start(&sv, 5000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 5000, .http = true, .ux = true });
 	gf_lock *a;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "eng-a"), 0);
 	assert_int_equal(gf_lock_acquire(a, 5000, NULL), 0);
 	int fd = listener_fd(a, "http");
-	srv_halt(&sv);
+	lt_halt(&sv);
 	/* The holder's copy keeps listening: no refusal while the server is down. */
-	assert_int_equal(serve_one(fd, dial(sv.port), 'x'), 'x');
-	srv_run(&sv, 5000);
+	assert_int_equal(serve_one(fd, dial(sv.http_port), 'x'), 'x');
+	lt_run(&sv, 5000);
 	/* gf_lockd_status_json() is not for another thread while the server runs:
 	 * the status goes over the wire. */
 	char *json;
@@ -282,25 +213,25 @@ static void test_restart_holder_hands_back(void **state)
 	gf_lock *b;
 	assert_int_equal(gf_lock_new(&b, sv.uri, "eng-b"), 0);
 	assert_int_equal(gf_lock_release(a), 0);
-	int gap = dial(sv.port);
+	int gap = dial(sv.http_port);
 	assert_int_equal(gf_lock_acquire(b, 5000, NULL), 0);
 	assert_int_equal(serve_one(listener_fd(b, "http"), gap, 'b'), 'b');
 	gf_lock_free(a);
 	gf_lock_free(b);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /* A holder that never reclaims: after the window the server binds once the port is free. */
 static void test_restart_without_reclaim_binds_after_window(void **state)
 {
 	(void)state;
-	struct srv sv;
-	srv_start(&sv, 200);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 200, .http = true, .ux = true });
 	gf_lock *a;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "eng-a"), 0);
 	assert_int_equal(gf_lock_acquire(a, 5000, NULL), 0);
-	srv_halt(&sv);
-	srv_run(&sv, 200);
+	lt_halt(&sv);
+	lt_run(&sv, 200);
 	usleep(400000); /* the window ends; a's copy still holds the port: still pending */
 	char *json;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, 5000, &json), 0);
@@ -317,11 +248,11 @@ static void test_restart_without_reclaim_binds_after_window(void **state)
 	assert_true(open);
 	gf_lock *b;
 	assert_int_equal(gf_lock_new(&b, sv.uri, "eng-b"), 0);
-	int early = dial(sv.port);
+	int early = dial(sv.http_port);
 	assert_int_equal(gf_lock_acquire(b, 5000, NULL), 0);
 	assert_int_equal(serve_one(listener_fd(b, "http"), early, 'b'), 'b');
 	gf_lock_free(b);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 int main(void)

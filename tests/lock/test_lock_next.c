@@ -22,49 +22,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
-#include "lockint.h"
-#include "testutil.h"
-
-struct srv {
-	gf_lockd *d;
-	pthread_t t;
-	char dir[256], uri[300], state[300];
-};
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static void srv_start(struct srv *s)
-{
-	char *dir = tu_tmpdir();
-	snprintf(s->dir, sizeof(s->dir), "%s", dir);
-	free(dir);
-	snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
-	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-static void srv_stop(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-	static const char *const made[] = { "lock.sock", "state.json", "state.json.tmp", "state.json.lock" };
-	for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
-		char p[400];
-		snprintf(p, sizeof(p), "%s/%s", s->dir, made[i]);
-		unlink(p);
-	}
-	rmdir(s->dir);
-}
+#include "locktest.h"
 
 struct next_rec {
 	atomic_int told;    /* calls with next 1 */
@@ -123,8 +81,8 @@ static void wait_queued(const char *uri, int n)
 static void test_next_only_with_a_hook(void **state)
 {
 	(void)state;
-	struct srv sv;
-	srv_start(&sv);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = LT_WINDOW_DEFAULT });
 	gf_lock *a, *b, *c;
 	struct gf_lock_grant ga;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
@@ -173,7 +131,7 @@ static void test_next_only_with_a_hook(void **state)
 	gf_lock_free(a);
 	gf_lock_free(b);
 	gf_lock_free(c);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 int main(void)

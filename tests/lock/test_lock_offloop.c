@@ -18,46 +18,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
-#include "testutil.h"
-
-struct srv {
-	gf_lockd *d;
-	pthread_t t;
-	char dir[256], uri[300], state[300];
-};
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static void srv_start(struct srv *s)
-{
-	char *dir = tu_tmpdir();
-	snprintf(s->dir, sizeof(s->dir), "%s", dir);
-	free(dir);
-	snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
-	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-static void srv_stop(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-	char p[400];
-	snprintf(p, sizeof(p), "%s.lock", s->state);
-	unlink(p);
-	unlink(s->state);
-	rmdir(s->dir);
-}
+#include "locktest.h"
 
 /* Wait (bounded, generously: the machine may be busy) for @fd to turn readable. */
 static void wait_readable(int fd)
@@ -103,8 +64,8 @@ static void test_query_then_revoke(void **state)
 {
 	(void)state;
 	int fds = tu_count_fds();
-	struct srv sv;
-	srv_start(&sv);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = LT_WINDOW_DEFAULT });
 	gf_lock *l;
 	assert_int_equal(gf_lock_new(&l, sv.uri, "holder-a"), 0);
 	struct gf_lock_grant g;
@@ -125,7 +86,7 @@ static void test_query_then_revoke(void **state)
 	assert_int_equal(h.epoch, 0);
 	assert_string_equal(h.id, "");
 	gf_lock_free(l);
-	srv_stop(&sv);
+	lt_stop(&sv);
 	settle_fds(fds);
 }
 

@@ -29,122 +29,7 @@
 
 #include "gpufailover/lock.h"
 #include "common.h"
-#include "testutil.h"
-
-struct srv {
-	gf_lockd *d;
-	pthread_t t;
-	char dir[256], uri[300], state[300], serve[300], lsn[320];
-	bool tcp;
-	int port;
-};
-
-static const char SECRET[] = "outage-test-secret-0123456789abcdef";
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
-static void srv_run(struct srv *s, int64_t window_ms)
-{
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	if (s->tcp) {
-		assert_int_equal(gf_lockd_set_secret(s->d, SECRET, sizeof(SECRET) - 1), 0);
-		assert_int_equal(gf_lockd_set_lease(s->d, 200, 1200), 0);
-	} else {
-		assert_int_equal(gf_lockd_add_listener(s->d, "ux", s->lsn), 0);
-	}
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-static void srv_start(struct srv *s, bool tcp, int64_t window_ms)
-{
-	char *dir = tu_tmpdir();
-	memset(s, 0, sizeof(*s));
-	snprintf(s->dir, sizeof(s->dir), "%s", dir);
-	free(dir);
-	s->tcp = tcp;
-	if (tcp) {
-		s->port = free_port();
-		snprintf(s->uri, sizeof(s->uri), "tcp://127.0.0.1:%d", s->port);
-	} else {
-		snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
-	}
-	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
-	snprintf(s->serve, sizeof(s->serve), "%s/serve.sock", s->dir);
-	snprintf(s->lsn, sizeof(s->lsn), "unix://%s", s->serve);
-	srv_run(s, window_ms);
-}
-
-/* Stop the server and keep its state file: a crash as the holder sees it. */
-static void srv_halt(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-	s->d = NULL;
-}
-
-static void srv_stop(struct srv *s)
-{
-	if (s->d)
-		srv_halt(s);
-	char p[400];
-	snprintf(p, sizeof(p), "%s.lock", s->state);
-	unlink(p);
-	unlink(s->state);
-	snprintf(p, sizeof(p), "%s.tmp", s->state);
-	unlink(p);
-	unlink(s->serve);
-	snprintf(p, sizeof(p), "%s/lock.sock", s->dir);
-	unlink(p);
-	rmdir(s->dir);
-}
-
-struct lost_rec {
-	atomic_int calls;
-	int err;
-	char detail[512];
-};
-
-static void on_lost(gf_lock *l, int err, const char *detail, void *ud)
-{
-	struct lost_rec *r = ud;
-	(void)l;
-	r->err = err;
-	snprintf(r->detail, sizeof(r->detail), "%s", detail);
-	atomic_fetch_add(&r->calls, 1);
-}
-
-static gf_lock *client(struct srv *sv, const char *id, int64_t reconnect_ms)
-{
-	gf_lock *l;
-	assert_int_equal(gf_lock_new(&l, sv->uri, id), 0);
-	assert_int_equal(gf_lock_set_reconnect_timeout(l, reconnect_ms), 0);
-	if (sv->tcp) {
-		assert_int_equal(gf_lock_set_secret(l, SECRET, sizeof(SECRET) - 1), 0);
-		assert_int_equal(gf_lock_set_lease(l, 200, 600), 0);
-	}
-	return l;
-}
+#include "locktest.h"
 
 struct waiter {
 	gf_lock *l;
@@ -177,10 +62,10 @@ static bool connects(const char *path)
 	return ok;
 }
 
-static bool status_has(struct srv *sv, const char *needle)
+static bool status_has(const struct lt_server *sv, const char *needle)
 {
 	char *json = NULL;
-	bool ok = gf_lock_status_json(sv->uri, sv->tcp ? SECRET : NULL, sv->tcp ? sizeof(SECRET) - 1 : 0,
+	bool ok = gf_lock_status_json(sv->uri, sv->cfg.tcp ? LT_SECRET : NULL, sv->cfg.tcp ? sizeof(LT_SECRET) - 1 : 0,
 				      TU_MS(1000), &json) == 0 &&
 		  strstr(json, needle);
 	free(json);
@@ -206,20 +91,19 @@ static void test_unix_outage_holds_on(void **st)
 {
 	(void)st;
 	const int64_t R = 300;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, false, TU_MS(5000));
-	gf_lock *a = client(&sv, "a", R);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	lt_start(&sv, &(struct lt_config){ .window_ms = TU_MS(5000), .ux = true });
+	gf_lock *a = lt_client(&sv, "a", R, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	assert_int_equal(gf_lock_unreachable_ms(a), 0);
-	struct waiter w = { .l = client(&sv, "b", R) };
+	struct waiter w = { .l = lt_client(&sv, "b", R, NULL) };
 	assert_int_equal(pthread_create(&w.t, NULL, waiter_main, &w), 0);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\""), 2000);
 
-	srv_halt(&sv);
+	lt_halt(&sv);
 	int64_t end = gf_now_us() + 3 * R * 1000;
 	int refused = 0;
 	while (gf_now_us() < end) {
@@ -234,7 +118,7 @@ static void test_unix_outage_holds_on(void **st)
 	assert_true(gf_lock_unreachable_ms(w.l) >= 3 * R);
 	assert_int_equal(refused, 0);
 
-	srv_run(&sv, TU_MS(5000));
+	lt_run(&sv, TU_MS(5000));
 	EVENTUALLY(status_has(&sv, "\"holder\":\"a\"") && gf_lock_unreachable_ms(a) == 0, 3000);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\"") && gf_lock_unreachable_ms(w.l) == 0, 3000);
 	assert_true(status_has(&sv, "\"listeners_pending\":0"));
@@ -251,7 +135,7 @@ static void test_unix_outage_holds_on(void **st)
 	assert_true(w.g.epoch > g.epoch);
 	gf_lock_free(w.l);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /*
@@ -262,24 +146,23 @@ static void test_unix_outage_holds_on(void **st)
 static void test_unix_outage_refused_reclaim_is_a_loss(void **st)
 {
 	(void)st;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, false, 0);
-	gf_lock *a = client(&sv, "a", 200);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	lt_start(&sv, &(struct lt_config){ .window_ms = 0, .ux = true });
+	gf_lock *a = lt_client(&sv, "a", 200, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
-	srv_halt(&sv);
+	lt_halt(&sv);
 	usleep(600 * 1000);
 	assert_true(gf_lock_is_held(a));
-	srv_run(&sv, 0);
+	lt_run(&sv, 0);
 	EVENTUALLY(atomic_load(&lr.calls) == 1, 3000);
 	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
 	assert_non_null(strstr(lr.detail, "reclaim refused"));
 	assert_false(gf_lock_is_held(a));
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /*
@@ -291,15 +174,14 @@ static void test_unix_outage_refused_reclaim_is_a_loss(void **st)
 static void test_unix_silent_server_ends_the_holder(void **st)
 {
 	(void)st;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, false, TU_MS(5000));
-	gf_lock *a = client(&sv, "a", 500);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	lt_start(&sv, &(struct lt_config){ .window_ms = TU_MS(5000), .ux = true });
+	gf_lock *a = lt_client(&sv, "a", 500, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
-	srv_halt(&sv);
+	lt_halt(&sv);
 	char path[400];
 	snprintf(path, sizeof(path), "%s/lock.sock", sv.dir);
 	unlink(path);
@@ -316,7 +198,7 @@ static void test_unix_silent_server_ends_the_holder(void **st)
 	close(silent);
 	unlink(path);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /*
@@ -330,21 +212,20 @@ static void test_unix_state_file_lost_quiet_period(void **st)
 {
 	(void)st;
 	const int64_t quiet = TU_MS(1500);
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, false, quiet);
-	gf_lock *a = client(&sv, "a", 200);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	lt_start(&sv, &(struct lt_config){ .window_ms = quiet, .ux = true });
+	gf_lock *a = lt_client(&sv, "a", 200, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
-	struct waiter w = { .l = client(&sv, "b", 200) };
+	struct waiter w = { .l = lt_client(&sv, "b", 200, NULL) };
 	assert_int_equal(pthread_create(&w.t, NULL, waiter_main, &w), 0);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\""), 2000);
-	srv_halt(&sv);
+	lt_halt(&sv);
 	assert_int_equal(unlink(sv.state), 0);
 	int64_t t0 = gf_now_us();
-	srv_run(&sv, quiet);
+	lt_run(&sv, quiet);
 	EVENTUALLY(atomic_load(&lr.calls) == 1, 3000);
 	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
 	assert_true(status_has(&sv, "\"reconnect_window\":true"));
@@ -355,7 +236,7 @@ static void test_unix_state_file_lost_quiet_period(void **st)
 	assert_true(w.g.epoch > g.epoch);
 	gf_lock_free(w.l);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /*
@@ -366,21 +247,20 @@ static void test_unix_state_file_lost_quiet_period(void **st)
 static void test_tcp_outage_lease_rules(void **st)
 {
 	(void)st;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, true, TU_MS(5000));
-	gf_lock *a = client(&sv, "a", 60000);
-	gf_lock_set_lost_fn(a, on_lost, &lr);
+	lt_start(&sv, &(struct lt_config){ .window_ms = TU_MS(5000), .tcp = true });
+	gf_lock *a = lt_client(&sv, "a", 60000, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	int64_t fence = gf_lock_fence_ms(a);
 	assert_true(fence > 0 && fence <= 600);
-	struct waiter w = { .l = client(&sv, "b", 500) };
+	struct waiter w = { .l = lt_client(&sv, "b", 500, NULL) };
 	assert_int_equal(pthread_create(&w.t, NULL, waiter_main, &w), 0);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\""), 2000);
 	int64_t t0 = gf_now_us();
-	srv_halt(&sv);
+	lt_halt(&sv);
 	EVENTUALLY(atomic_load(&lr.calls) == 1, 5000);
 	/* Far from the 60 s reconnect time: the lease, not the reconnect time, decided. */
 	assert_true(gf_now_us() - t0 < 30 * 1000 * 1000);
@@ -391,7 +271,7 @@ static void test_tcp_outage_lease_rules(void **st)
 	assert_int_equal(w.rc, GF_ERR_UNREACHABLE);
 	gf_lock_free(w.l);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 int main(void)

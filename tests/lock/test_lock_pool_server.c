@@ -17,9 +17,7 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
-#include "lockint.h"
-#include "testutil.h"
-#include "wire.h"
+#include "locktest.h"
 
 #define G0 "GPU-0a1b2c3d-0000-4000-8000-00000000000a"
 #define G1 "GPU-0a1b2c3d-0000-4000-8000-00000000000b"
@@ -29,12 +27,6 @@ struct srv {
 	pthread_t t;
 	char dir[256], uri[300];
 };
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
 
 static void srv_start(struct srv *s, uint32_t budget)
 {
@@ -51,7 +43,7 @@ static void srv_start(struct srv *s, uint32_t budget)
 	assert_int_equal(gf_lockd_start(s->d), 0);
 	assert_int_equal(gf_lockd_set_max_standby_per_gpu(s->d, 5), GF_ERR_STATE);
 	assert_int_equal(gf_lockd_set_min_standby_age(s->d, 10), GF_ERR_STATE);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
+	assert_int_equal(pthread_create(&s->t, NULL, lt_main, s->d), 0);
 }
 
 /* The loop stops; the state stays for in-process queries until free. */
@@ -67,24 +59,8 @@ static void srv_free(struct srv *s)
 	rmdir(s->dir);
 }
 
-struct raw {
-	int fd;
-	struct gf_frame_reader rd;
-	gf_Msg m;
-};
-
-static void raw_open(struct raw *r, const char *uri)
-{
-	struct gf_uri u;
-	assert_int_equal(gf_uri_parse(uri, &u), 0);
-	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &r->fd), 0);
-	gf_frame_reader_init(&r->rd, 0);
-	assert_int_equal(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_LOCK, "t", NULL, 0,
-					     gf_deadline_from_ms(TU_MS(2000)), NULL), 0);
-}
-
 /* Acquire as @id declaring @gpu (NULL: nothing), @pinned and @model. */
-static void raw_acquire(struct raw *r, const char *id, const char *gpu, bool pinned, const char *model)
+static void raw_acquire(struct lt_raw *r, const char *id, const char *gpu, bool pinned, const char *model)
 {
 	memset(&r->m, 0, sizeof(r->m));
 	r->m.which_body = gf_Msg_lock_acquire_tag;
@@ -98,27 +74,12 @@ static void raw_acquire(struct raw *r, const char *id, const char *gpu, bool pin
 	a->pinned = pinned;
 	a->wake_bytes = 1 << 20;
 	snprintf(a->model, sizeof(a->model), "%s", model ? model : "");
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
+	lt_raw_send(r);
 }
 
-static int raw_next(struct raw *r, int ms)
+static void expect_error(struct lt_raw *r, int code)
 {
-	int rc = gf_msg_recv(&r->rd, r->fd, &r->m, NULL, NULL, gf_deadline_from_ms(ms));
-	if (rc == GF_ERR_TIMEOUT)
-		return 0;
-	assert_int_equal(rc, 0);
-	return (int)r->m.which_body;
-}
-
-static void raw_close(struct raw *r)
-{
-	gf_close(r->fd);
-	gf_frame_reader_clear(&r->rd);
-}
-
-static void expect_error(struct raw *r, int code)
-{
-	assert_int_equal(raw_next(r, 5000), gf_Msg_error_tag);
+	assert_int_equal(lt_raw_next(r, 5000), gf_Msg_error_tag);
 	assert_int_equal(r->m.body.error.code, code);
 }
 
@@ -127,8 +88,8 @@ static void test_declarations_refused(void **s)
 	(void)s;
 	struct srv sv;
 	srv_start(&sv, 1);
-	struct raw r;
-	raw_open(&r, sv.uri);
+	struct lt_raw r;
+	lt_raw_open(&r, sv.uri, "t");
 	/* The server checks what a client did not. */
 	raw_acquire(&r, "e", "GPU-nope", false, NULL);
 	expect_error(&r, GF_ERR_INVALID_ARG);
@@ -141,12 +102,12 @@ static void test_declarations_refused(void **s)
 	r.m.body.lock_acquire.gpus_count = 2;
 	strcpy(r.m.body.lock_acquire.gpus[0], G0);
 	strcpy(r.m.body.lock_acquire.gpus[1], "GPU-0A1B2C3D-0000-4000-8000-00000000000A"); /* the same GPU */
-	assert_int_equal(gf_msg_send(r.fd, &r.m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
+	lt_raw_send(&r);
 	expect_error(&r, GF_ERR_INVALID_ARG);
 	/* Refused acquires leave nothing behind: this one is granted. */
 	raw_acquire(&r, "e", G0, false, NULL);
-	assert_int_equal(raw_next(&r, TU_MS(5000)), gf_Msg_lock_granted_tag);
-	raw_close(&r);
+	assert_int_equal(lt_raw_next(&r, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&r);
 	/* The client refuses before connecting. */
 	gf_lock *l;
 	assert_int_equal(gf_lock_new(&l, sv.uri, "c"), 0);
@@ -168,30 +129,30 @@ static void test_evictions_status_ready_metrics(void **s)
 	(void)s;
 	struct srv sv;
 	srv_start(&sv, 1);
-	struct raw x, h, x2, y, p;
+	struct lt_raw x, h, x2, y, p;
 	/* x was Active once, then h holds. */
-	raw_open(&x, sv.uri);
+	lt_raw_open(&x, sv.uri, "t");
 	raw_acquire(&x, "x", G0, false, NULL);
-	assert_int_equal(raw_next(&x, TU_MS(5000)), gf_Msg_lock_granted_tag);
-	raw_close(&x);
-	raw_open(&h, sv.uri);
+	assert_int_equal(lt_raw_next(&x, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&x);
+	lt_raw_open(&h, sv.uri, "t");
 	raw_acquire(&h, "h", G0, false, "llama");
-	assert_int_equal(raw_next(&h, TU_MS(5000)), gf_Msg_lock_granted_tag);
-	raw_open(&x2, sv.uri);
+	assert_int_equal(lt_raw_next(&h, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	lt_raw_open(&x2, sv.uri, "t");
 	raw_acquire(&x2, "x", G0, false, NULL);
-	assert_int_equal(raw_next(&x2, 200), 0);
+	assert_int_equal(lt_raw_next(&x2, 200), 0);
 	/* y, never Active, registers on a full GPU: y itself is the least recent. */
-	raw_open(&y, sv.uri);
+	lt_raw_open(&y, sv.uri, "t");
 	raw_acquire(&y, "y", G0, false, NULL);
 	expect_error(&y, GF_ERR_EVICTED);
 	assert_non_null(strstr(y.m.body.error.detail, "evicted from the standby pool"));
-	raw_close(&y);
+	lt_raw_close(&y);
 	/* A pinned newcomer: x is evicted, the pinned one stays over x. */
-	raw_open(&p, sv.uri);
+	lt_raw_open(&p, sv.uri, "t");
 	raw_acquire(&p, "p", G0, true, NULL);
 	expect_error(&x2, GF_ERR_EVICTED);
-	raw_close(&x2);
-	assert_int_equal(raw_next(&p, 200), 0);
+	lt_raw_close(&x2);
+	assert_int_equal(lt_raw_next(&p, 200), 0);
 	/* Through the client: z is evicted, its acquire says so. */
 	gf_lock *z;
 	assert_int_equal(gf_lock_new(&z, sv.uri, "z"), 0);
@@ -202,10 +163,10 @@ static void test_evictions_status_ready_metrics(void **s)
 	assert_non_null(strstr(gf_error_detail(), "standby"));
 	gf_lock_free(z);
 	/* Another GPU has its own budget. */
-	struct raw o;
-	raw_open(&o, sv.uri);
+	struct lt_raw o;
+	lt_raw_open(&o, sv.uri, "t");
 	raw_acquire(&o, "o", G1, false, NULL);
-	assert_int_equal(raw_next(&o, 200), 0);
+	assert_int_equal(lt_raw_next(&o, 200), 0);
 
 	char *json;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
@@ -237,9 +198,9 @@ static void test_evictions_status_ready_metrics(void **s)
 	assert_int_equal(gf_lockd_ready_json(sv.d, q0, 1, "llama", &json), 1);
 	free(json);
 	assert_int_equal(gf_lockd_ready_json(sv.d, qbad, 1, NULL, &json), GF_ERR_INVALID_ARG);
-	raw_close(&h);
-	raw_close(&p);
-	raw_close(&o);
+	lt_raw_close(&h);
+	lt_raw_close(&p);
+	lt_raw_close(&o);
 	srv_free(&sv);
 }
 

@@ -24,10 +24,8 @@
 #include <unistd.h>
 
 #include "gpufailover/lock.h"
-#include "lockint.h"
+#include "locktest.h"
 #include "statefile.h"
-#include "testutil.h"
-#include "wire.h"
 
 static const char *GOOD =
 	"{\"version\":1,\"holder\":\"engine-a\",\"epoch\":42,"
@@ -192,87 +190,7 @@ static void test_state_format_roundtrip(void **s)
 
 /* ---- the server core, in-process ---- */
 
-struct srv {
-	gf_lockd *d;
-	pthread_t t;
-	char dir[256], uri[300], state[300];
-};
-
-static void *srv_main(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static void srv_start(struct srv *s, const char *state_text, int64_t window_ms)
-{
-	char *dir = tu_tmpdir();
-	snprintf(s->dir, sizeof(s->dir), "%s", dir);
-	free(dir);
-	snprintf(s->uri, sizeof(s->uri), "unix://%s/lock.sock", s->dir);
-	snprintf(s->state, sizeof(s->state), "%s/state.json", s->dir);
-	if (state_text) {
-		FILE *f = fopen(s->state, "w");
-		fputs(state_text, f);
-		fclose(f);
-	}
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-/* Stop and free the server but keep its state file (a crash-like restart). */
-static void srv_halt(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-}
-
-static void srv_restart(struct srv *s, int64_t window_ms)
-{
-	assert_int_equal(gf_lockd_new(&s->d), 0);
-	assert_int_equal(gf_lockd_add_listen(s->d, s->uri), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, 0), 0);
-	assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
-	assert_int_equal(gf_lockd_start(s->d), 0);
-	assert_int_equal(pthread_create(&s->t, NULL, srv_main, s->d), 0);
-}
-
-static void srv_stop(struct srv *s)
-{
-	gf_lockd_stop(s->d);
-	pthread_join(s->t, NULL);
-	gf_lockd_free(s->d);
-	char p[400];
-	snprintf(p, sizeof(p), "%s.lock", s->state);
-	unlink(p);
-	unlink(s->state);
-	rmdir(s->dir);
-}
-
-struct raw {
-	int fd;
-	struct gf_frame_reader rd;
-	gf_Msg m;
-};
-
-static void raw_open(struct raw *r, const char *uri, const char *id)
-{
-	struct gf_uri u;
-	assert_int_equal(gf_uri_parse(uri, &u), 0);
-	assert_int_equal(gf_uri_connect(&u, gf_deadline_from_ms(TU_MS(2000)), &r->fd), 0);
-	gf_frame_reader_init(&r->rd, 0);
-	assert_int_equal(gf_handshake_client(r->fd, &r->rd, gf_Component_COMPONENT_LOCK, id, NULL, 0,
-					     gf_deadline_from_ms(TU_MS(2000)), NULL), 0);
-}
-
-static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const uint8_t *token, uint64_t epoch)
+static void raw_acquire(struct lt_raw *r, const char *id, int64_t timeout_ms, const uint8_t *token, uint64_t epoch)
 {
 	memset(&r->m, 0, sizeof(r->m));
 	r->m.which_body = gf_Msg_lock_acquire_tag;
@@ -283,55 +201,39 @@ static void raw_acquire(struct raw *r, const char *id, int64_t timeout_ms, const
 		r->m.body.lock_acquire.session_token.size = 32;
 		r->m.body.lock_acquire.epoch = epoch;
 	}
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
+	lt_raw_send(r);
 }
 
 /* An acquire that asks to be told LockNext (@next), as the library's client does. */
-static void raw_acquire_next(struct raw *r, const char *id, bool next)
+static void raw_acquire_next(struct lt_raw *r, const char *id, bool next)
 {
 	memset(&r->m, 0, sizeof(r->m));
 	r->m.which_body = gf_Msg_lock_acquire_tag;
 	snprintf(r->m.body.lock_acquire.engine_id, sizeof(r->m.body.lock_acquire.engine_id), "%s", id);
 	r->m.body.lock_acquire.timeout_ms = -1;
 	r->m.body.lock_acquire.takes_next = next;
-	assert_int_equal(gf_msg_send(r->fd, &r->m, NULL, 0, gf_deadline_from_ms(TU_MS(1000))), 0);
-}
-
-/* Next message within @ms: its tag, or 0 on timeout. */
-static int raw_next(struct raw *r, int ms)
-{
-	int rc = gf_msg_recv(&r->rd, r->fd, &r->m, NULL, NULL, gf_deadline_from_ms(ms));
-	if (rc == GF_ERR_TIMEOUT)
-		return 0;
-	assert_int_equal(rc, 0);
-	return (int)r->m.which_body;
-}
-
-static void raw_close(struct raw *r)
-{
-	gf_close(r->fd);
-	gf_frame_reader_clear(&r->rd);
+	lt_raw_send(r);
 }
 
 static void test_fifo_and_epochs(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
 	int64_t before = gf_wall_us();
-	struct raw a, b, c;
-	raw_open(&a, sv.uri, "a");
+	struct lt_raw a, b, c;
+	lt_raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	uint64_t e = a.m.body.lock_granted.epoch;
 	/* No state file: the epoch floor comes from the wall clock. */
 	assert_true(e > (uint64_t)(before - 5000000));
-	raw_open(&b, sv.uri, "b");
+	lt_raw_open(&b, sv.uri, "b");
 	raw_acquire(&b, "b", -1, NULL, 0);
-	raw_open(&c, sv.uri, "c");
+	lt_raw_open(&c, sv.uri, "c");
 	raw_acquire(&c, "c", -1, NULL, 0);
-	assert_int_equal(raw_next(&b, 100), 0);
-	assert_int_equal(raw_next(&c, 100), 0);
+	assert_int_equal(lt_raw_next(&b, 100), 0);
+	assert_int_equal(lt_raw_next(&c, 100), 0);
 	char *json;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"holder\":\"a\""));
@@ -340,25 +242,25 @@ static void test_fifo_and_epochs(void **s)
 	free(json);
 	/* A second acquire on a waiting connection is a state error. */
 	raw_acquire(&b, "b", -1, NULL, 0);
-	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_error_tag);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(b.m.body.error.code, GF_ERR_STATE);
-	raw_close(&a);
-	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&a);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
 	/* Ids that would break log lines are refused. */
-	struct raw bad;
-	raw_open(&bad, sv.uri, "bad");
+	struct lt_raw bad;
+	lt_raw_open(&bad, sv.uri, "bad");
 	raw_acquire(&bad, "a b", -1, NULL, 0);
-	assert_int_equal(raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
+	assert_int_equal(lt_raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(bad.m.body.error.code, GF_ERR_INVALID_ARG);
 	raw_acquire(&bad, "x\"y", -1, NULL, 0);
-	assert_int_equal(raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
-	raw_close(&bad);
-	assert_int_equal(raw_next(&c, 100), 0);
-	raw_close(&b);
-	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&bad, TU_MS(2000)), gf_Msg_error_tag);
+	lt_raw_close(&bad);
+	assert_int_equal(lt_raw_next(&c, 100), 0);
+	lt_raw_close(&b);
+	assert_int_equal(lt_raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(c.m.body.lock_granted.epoch, e + 2);
-	raw_close(&c);
+	lt_raw_close(&c);
 	/* Released with nobody waiting: the state file says free, epoch kept. */
 	struct gf_lock_state st = { .has_holder = true };
 	for (int i = 0; i < 200 && st.has_holder; i++) {
@@ -367,7 +269,7 @@ static void test_fifo_and_epochs(void **s)
 	}
 	assert_false(st.has_holder);
 	assert_int_equal(st.epoch, e + 2);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /* A waiter that takes LockNext hears it before its grant, with the grant's
@@ -376,17 +278,17 @@ static void test_fifo_and_epochs(void **s)
 static void test_next_before_grant(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
-	struct raw a, b, c, d;
-	raw_open(&a, sv.uri, "a");
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	struct lt_raw a, b, c, d;
+	lt_raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	uint64_t e = a.m.body.lock_granted.epoch;
-	raw_open(&b, sv.uri, "b");
-	raw_open(&c, sv.uri, "c");
-	raw_open(&d, sv.uri, "d");
-	struct raw *w[] = { &b, &c, &d };
+	lt_raw_open(&b, sv.uri, "b");
+	lt_raw_open(&c, sv.uri, "c");
+	lt_raw_open(&d, sv.uri, "d");
+	struct lt_raw *w[] = { &b, &c, &d };
 	const char *ids[] = { "b", "c", "d" };
 	for (int i = 0; i < 3; i++) {
 		raw_acquire_next(w[i], ids[i], i < 2); /* d does not ask */
@@ -404,22 +306,22 @@ static void test_next_before_grant(void **s)
 		assert_non_null(strstr(json, want));
 		free(json);
 	}
-	assert_int_equal(raw_next(&b, 100), 0);
-	raw_close(&a);
-	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
+	assert_int_equal(lt_raw_next(&b, 100), 0);
+	lt_raw_close(&a);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(b.m.body.lock_next.epoch, e + 1);
-	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(b.m.body.lock_granted.epoch, e + 1);
-	assert_int_equal(raw_next(&c, 100), 0); /* not next yet: told nothing */
-	raw_close(&b);
-	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_next_tag);
+	assert_int_equal(lt_raw_next(&c, 100), 0); /* not next yet: told nothing */
+	lt_raw_close(&b);
+	assert_int_equal(lt_raw_next(&c, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(c.m.body.lock_next.epoch, e + 2);
-	assert_int_equal(raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
-	raw_close(&c);
-	assert_int_equal(raw_next(&d, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&c);
+	assert_int_equal(lt_raw_next(&d, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(d.m.body.lock_granted.epoch, e + 3);
-	raw_close(&d);
-	srv_stop(&sv);
+	lt_raw_close(&d);
+	lt_stop(&sv);
 }
 
 /* Removes every entry of @dir, then @dir. */
@@ -444,13 +346,13 @@ static void remove_dir(const char *dir)
 static void test_grants_held_shown(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
-	struct raw a, b;
-	raw_open(&a, sv.uri, "a");
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	struct lt_raw a, b;
+	lt_raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
-	raw_open(&b, sv.uri, "b");
+	assert_int_equal(lt_raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	lt_raw_open(&b, sv.uri, "b");
 	raw_acquire_next(&b, "b", true);
 	char *json, *text;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
@@ -458,9 +360,9 @@ static void test_grants_held_shown(void **s)
 	assert_non_null(strstr(json, "\"state_write_failures\":0"));
 	free(json);
 	remove_dir(sv.dir);
-	raw_close(&a);
-	assert_int_equal(raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
-	assert_int_equal(raw_next(&b, 300), 0); /* no grant: the write failed */
+	lt_raw_close(&a);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
+	assert_int_equal(lt_raw_next(&b, 300), 0); /* no grant: the write failed */
 	/* Its socket's name is gone with the directory: asked in-process, on
 	 * this thread once the loop has stopped (the state stays until freed). */
 	gf_lockd_stop(sv.d);
@@ -475,15 +377,15 @@ static void test_grants_held_shown(void **s)
 	assert_null(strstr(text, "\ngf_lock_state_write_failures_total 0\n"));
 	assert_non_null(strstr(text, "# TYPE gf_lock_state_write_failures_total counter\n"));
 	free(text);
-	raw_close(&b);
+	lt_raw_close(&b);
 	gf_lockd_free(sv.d);
 }
 
 static void test_waiter_timeout_and_client(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
 	gf_lock *a, *b;
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
@@ -503,7 +405,7 @@ static void test_waiter_timeout_and_client(void **s)
 	gf_lock_stop_watch(b);
 	gf_lock_free(a);
 	gf_lock_free(b);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 struct intr_arg {
@@ -522,8 +424,8 @@ static void *acq_thread(void *p)
 static void test_interrupt(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
 	gf_lock *a, *b;
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
@@ -543,109 +445,84 @@ static void test_interrupt(void **s)
 	free(json);
 	gf_lock_free(a);
 	gf_lock_free(b);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 static void test_reconnect_window_reclaim(void **s)
 {
 	(void)s;
-	struct srv sv;
+	struct lt_server sv;
 	uint8_t tok[32], bad[32];
 	/* GOOD's token bytes are 00 11 22 ... ff 00 11 ... */
 	for (int i = 0; i < 32; i++) {
 		tok[i] = (uint8_t)((i % 16) * 0x11);
 		bad[i] = (uint8_t)~tok[i];
 	}
-	srv_start(&sv, GOOD, 10000);
-	struct raw w, x;
-	raw_open(&w, sv.uri, "w");
+	lt_start(&sv, &(struct lt_config){ .state_text = GOOD, .window_ms = 10000 });
+	struct lt_raw w, x;
+	lt_raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	/* The same engine id without the token is an ordinary waiter. */
-	raw_open(&x, sv.uri, "engine-a");
+	lt_raw_open(&x, sv.uri, "engine-a");
 	raw_acquire(&x, "engine-a", -1, bad, 42);
-	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
+	assert_int_equal(lt_raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
 	assert_int_equal(x.m.body.error.code, GF_ERR_LOCK_LOST);
 	raw_acquire(&x, "engine-a", -1, tok, 41); /* right token, wrong epoch */
-	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
+	assert_int_equal(lt_raw_next(&x, TU_MS(2000)), gf_Msg_error_tag);
 	raw_acquire(&x, "engine-a", -1, tok, 42);
-	assert_int_equal(raw_next(&x, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&x, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(x.m.body.lock_granted.epoch, 42);
 	assert_true(x.m.body.lock_granted.reclaimed);
-	assert_int_equal(raw_next(&w, 200), 0);
-	raw_close(&x);
-	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&w, 200), 0);
+	lt_raw_close(&x);
+	assert_int_equal(lt_raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, 43);
-	raw_close(&w);
-	srv_stop(&sv);
+	lt_raw_close(&w);
+	lt_stop(&sv);
 }
 
 static void test_holder_takeover_stale_connection(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
-	struct raw a, a2, w;
-	raw_open(&a, sv.uri, "a");
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	struct lt_raw a, a2, w;
+	lt_raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	gf_LockGranted g = a.m.body.lock_granted;
-	raw_open(&w, sv.uri, "w");
+	lt_raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	/* The holder comes back on a new connection while the old one is
 	 * still open (half-open TCP): the token moves the grant, same epoch. */
-	raw_open(&a2, sv.uri, "a");
+	lt_raw_open(&a2, sv.uri, "a");
 	raw_acquire(&a2, "a", -1, g.session_token.bytes, g.epoch);
-	assert_int_equal(raw_next(&a2, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&a2, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(a2.m.body.lock_granted.epoch, g.epoch);
 	assert_true(a2.m.body.lock_granted.reclaimed);
 	assert_int_equal(gf_msg_recv(&a.rd, a.fd, &a.m, NULL, NULL, gf_deadline_from_ms(TU_MS(2000))), GF_ERR_CLOSED);
-	assert_int_equal(raw_next(&w, 200), 0); /* the waiter was not granted */
-	raw_close(&a2);
-	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&w, 200), 0); /* the waiter was not granted */
+	lt_raw_close(&a2);
+	assert_int_equal(lt_raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_int_equal(w.m.body.lock_granted.epoch, g.epoch + 1);
-	raw_close(&a);
-	raw_close(&w);
-	srv_stop(&sv);
-}
-
-struct lost_rec {
-	atomic_int calls;
-	int err;
-	char detail[512];
-};
-
-static void on_lost(gf_lock *l, int err, const char *detail, void *ud)
-{
-	struct lost_rec *r = ud;
-	(void)l;
-	r->err = err;
-	snprintf(r->detail, sizeof(r->detail), "%s", detail);
-	atomic_fetch_add(&r->calls, 1);
-}
-
-/* Client "a" of @sv with its loss hook recording into @lr. */
-static gf_lock *client_with_hook(struct srv *sv, struct lost_rec *lr, int64_t reconnect_ms)
-{
-	gf_lock *a;
-	assert_int_equal(gf_lock_new(&a, sv->uri, "a"), 0);
-	assert_int_equal(gf_lock_set_reconnect_timeout(a, reconnect_ms), 0);
-	gf_lock_set_lost_fn(a, on_lost, lr);
-	return a;
+	lt_raw_close(&a);
+	lt_raw_close(&w);
+	lt_stop(&sv);
 }
 
 static void test_watcher_reclaims_then_reports_loss(void **s)
 {
 	(void)s;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, NULL, 1000);
-	gf_lock *a = client_with_hook(&sv, &lr, 1500);
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	gf_lock *a = lt_client(&sv, "a", 1500, &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	/* Server restart: the watcher reconnects with its token, keeps the epoch. */
-	srv_halt(&sv);
-	srv_restart(&sv, 1000);
+	lt_halt(&sv);
+	lt_run(&sv, 1000);
 	int64_t end = gf_now_us() + 3000000;
 	char *json = NULL;
 	while (gf_now_us() < end) {
@@ -664,8 +541,8 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	/* A server back without a window refuses the reclaim: LOCK_LOST
 	 * through the hook, once. (A unix server merely gone keeps the holder
 	 * holding on: test_lock_outage.c.) */
-	srv_halt(&sv);
-	srv_restart(&sv, 0);
+	lt_halt(&sv);
+	lt_run(&sv, 0);
 	end = gf_now_us() + 5000000;
 	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
 		usleep(10000);
@@ -675,7 +552,7 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	assert_false(gf_lock_is_held(a));
 	assert_int_equal(gf_lock_process(a), GF_ERR_LOCK_LOST);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 /*
@@ -686,11 +563,11 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 static void test_prepared_watcher(void **s)
 {
 	(void)s;
-	struct srv sv;
-	struct lost_rec lr = { 0 };
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
-	srv_start(&sv, NULL, 1000);
-	gf_lock *a = client_with_hook(&sv, &lr, 200);
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	gf_lock *a = lt_client(&sv, "a", 200, &lr);
 	assert_int_equal(gf_lock_prepare_watch(a), 0);
 	assert_int_equal(gf_lock_prepare_watch(a), 0); /* idempotent */
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
@@ -701,8 +578,8 @@ static void test_prepared_watcher(void **s)
 	gf_lock_stop_watch(a);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	assert_int_equal(tu_count_threads(), threads);
-	srv_halt(&sv);
-	srv_restart(&sv, 0); /* back without a window: the reclaim is refused */
+	lt_halt(&sv);
+	lt_run(&sv, 0); /* back without a window: the reclaim is refused */
 	int64_t end = gf_now_us() + 5000000;
 	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
 		usleep(10000);
@@ -710,41 +587,41 @@ static void test_prepared_watcher(void **s)
 	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
 	gf_lock_stop_watch(a);
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, GOOD, 300);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .state_text = GOOD, .window_ms = 300 });
 	int64_t t0 = gf_now_us();
-	struct raw w;
-	raw_open(&w, sv.uri, "w");
+	struct lt_raw w;
+	lt_raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	char *json;
 	assert_int_equal(gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json), 0);
 	assert_non_null(strstr(json, "\"reconnect_window\":true"));
 	assert_non_null(strstr(json, "\"previous_holder\":\"engine-a\""));
 	free(json);
-	assert_int_equal(raw_next(&w, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&w, TU_MS(5000)), gf_Msg_lock_granted_tag);
 	assert_true(gf_now_us() - t0 >= 290000);
 	assert_int_equal(w.m.body.lock_granted.epoch, 43);
-	raw_close(&w);
-	srv_stop(&sv);
+	lt_raw_close(&w);
+	lt_stop(&sv);
 }
 
 static void test_corrupt_state_floor(void **s)
 {
 	(void)s;
-	struct srv sv;
+	struct lt_server sv;
 	int64_t before = gf_wall_us();
-	srv_start(&sv, "{\"holder\":\"a\",\"epo", 10000);
-	struct raw w;
-	raw_open(&w, sv.uri, "w");
+	lt_start(&sv, &(struct lt_config){ .state_text = "{\"holder\":\"a\",\"epo", .window_ms = 10000 });
+	struct lt_raw w;
+	lt_raw_open(&w, sv.uri, "w");
 	raw_acquire(&w, "w", -1, NULL, 0);
 	/* No window (nothing trustworthy on record), an epoch above the clock. */
-	assert_int_equal(raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	assert_int_equal(lt_raw_next(&w, TU_MS(2000)), gf_Msg_lock_granted_tag);
 	assert_true(w.m.body.lock_granted.epoch > (uint64_t)before);
 	/* The grant was persisted before it was sent. */
 	struct gf_lock_state st;
@@ -752,8 +629,8 @@ static void test_corrupt_state_floor(void **s)
 	assert_true(st.has_holder);
 	assert_int_equal(st.epoch, w.m.body.lock_granted.epoch);
 	assert_memory_equal(st.token, w.m.body.lock_granted.session_token.bytes, 32);
-	raw_close(&w);
-	srv_stop(&sv);
+	lt_raw_close(&w);
+	lt_stop(&sv);
 }
 
 static void test_config_validation(void **s)
@@ -808,19 +685,19 @@ static void test_durations_do_not_overflow(void **s)
 	assert_int_equal(gf_gmsd_set_handshake_timeout(g, 0), GF_ERR_INVALID_ARG);
 	gf_gmsd_free(g);
 
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
-	struct raw a, b;
-	raw_open(&a, sv.uri, "a");
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	struct lt_raw a, b;
+	lt_raw_open(&a, sv.uri, "a");
 	raw_acquire(&a, "a", -1, NULL, 0);
-	assert_int_equal(raw_next(&a, TU_MS(5000)), gf_Msg_lock_granted_tag);
-	raw_open(&b, sv.uri, "b");
+	assert_int_equal(lt_raw_next(&a, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	lt_raw_open(&b, sv.uri, "b");
 	raw_acquire(&b, "b", huge, NULL, 0);
-	assert_int_equal(raw_next(&b, 300), 0); /* still waiting: no TIMEOUT */
-	raw_close(&a);
-	assert_int_equal(raw_next(&b, TU_MS(5000)), gf_Msg_lock_granted_tag);
-	raw_close(&b);
-	srv_stop(&sv);
+	assert_int_equal(lt_raw_next(&b, 300), 0); /* still waiting: no TIMEOUT */
+	lt_raw_close(&a);
+	assert_int_equal(lt_raw_next(&b, TU_MS(5000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&b);
+	lt_stop(&sv);
 }
 
 /* The two servers' loop contracts are the same: a timeout getter, and
@@ -863,8 +740,8 @@ static void test_servers_symmetric(void **s)
 static void test_fork_child_does_not_hold(void **s)
 {
 	(void)s;
-	struct srv sv;
-	srv_start(&sv, NULL, 1000);
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
 	gf_lock *a;
 	struct gf_lock_grant g;
 	assert_int_equal(gf_lock_new(&a, sv.uri, "a"), 0);
@@ -882,7 +759,7 @@ static void test_fork_child_does_not_hold(void **s)
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	assert_true(gf_lock_is_held(a));
 	gf_lock_free(a);
-	srv_stop(&sv);
+	lt_stop(&sv);
 }
 
 int main(void)
