@@ -21,12 +21,10 @@
 
 #include <cmocka.h>
 
-#include "../common/testutil.h"
-#include "gpufailover.h"
+#include "memtest.h"
 #include "mem_int.h"
 #include "wire.h"
 
-static int kind = GF_MEM_HOST;
 /* Set in forked children: they report by exit status, never through cmocka. */
 static bool in_child;
 
@@ -37,16 +35,6 @@ static pid_t fork_child(void)
 	if (pid == 0)
 		in_child = true;
 	return pid;
-}
-
-static gf_mem *open_mem(void)
-{
-	gf_mem *m = NULL;
-	int rc = gf_mem_open(&m, kind, 0);
-	if (rc < 0)
-		fail_msg("gf_mem_open(%s): %s: %s", gf_mem_kind_name(kind), gf_error_name(rc), gf_error_detail());
-	assert_int_equal(gf_mem_kind(m), kind);
-	return m;
 }
 
 static size_t gran(gf_mem *m)
@@ -109,15 +97,15 @@ static int wait_child(pid_t pid)
 static void test_identity(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	char uuid[64], prefix[16];
 	int n = 0, idx = -1;
 	size_t mn = 0, rec = 0;
 	uint64_t fr = 0, tot = 0;
 
 	assert_int_equal(gf_mem_device(m), 0);
-	assert_string_equal(gf_mem_kind_name(kind), kind == GF_MEM_HOST ? "host" : "cuda");
-	assert_int_equal(gf_mem_device_count(kind, &n), 0);
+	assert_string_equal(gf_mem_kind_name(mt_kind), mt_kind == GF_MEM_HOST ? "host" : "cuda");
+	assert_int_equal(gf_mem_device_count(mt_kind, &n), 0);
 	assert_true(n >= 1);
 	assert_int_equal(gf_mem_granularity(m, &mn, &rec), 0);
 	assert_true(mn >= 4096 && (mn & (mn - 1)) == 0);
@@ -127,27 +115,27 @@ static void test_identity(void **state)
 	assert_int_equal(gf_mem_synchronize(m), 0);
 
 	assert_int_equal(gf_mem_device_uuid(m, uuid, sizeof(uuid)), 0);
-	const char *pre = kind == GF_MEM_HOST ? "HOST-" : "GPU-";
+	const char *pre = mt_kind == GF_MEM_HOST ? "HOST-" : "GPU-";
 	assert_memory_equal(uuid, pre, strlen(pre));
 	assert_int_equal(strlen(uuid), strlen(pre) + 36);
 	assert_int_equal(gf_mem_device_uuid(m, uuid, 20), GF_ERR_INVALID_ARG);
 
-	assert_int_equal(gf_mem_uuid_to_index(kind, uuid, &idx), 0);
+	assert_int_equal(gf_mem_uuid_to_index(mt_kind, uuid, &idx), 0);
 	assert_int_equal(idx, 0);
 	idx = -1;
-	assert_int_equal(gf_mem_uuid_to_index(kind, uuid + strlen(pre), &idx), 0);
+	assert_int_equal(gf_mem_uuid_to_index(mt_kind, uuid + strlen(pre), &idx), 0);
 	assert_int_equal(idx, 0);
 	snprintf(prefix, sizeof(prefix), "%.*s", (int)strlen(pre) + 8, uuid);
 	if (n == 1) {
 		idx = -1;
-		assert_int_equal(gf_mem_uuid_to_index(kind, prefix, &idx), 0);
+		assert_int_equal(gf_mem_uuid_to_index(mt_kind, prefix, &idx), 0);
 		assert_int_equal(idx, 0);
 	}
-	assert_int_equal(gf_mem_uuid_to_index(kind, "GPU-zzzz", &idx), GF_ERR_NOT_FOUND);
-	assert_int_equal(gf_mem_uuid_to_index(kind, "", &idx), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_mem_uuid_to_index(mt_kind, "GPU-zzzz", &idx), GF_ERR_NOT_FOUND);
+	assert_int_equal(gf_mem_uuid_to_index(mt_kind, "", &idx), GF_ERR_INVALID_ARG);
 
 	gf_mem *bad = NULL;
-	assert_int_equal(gf_mem_open(&bad, kind, 4096), GF_ERR_NOT_FOUND);
+	assert_int_equal(gf_mem_open(&bad, mt_kind, 4096), GF_ERR_NOT_FOUND);
 	assert_null(bad);
 	assert_int_equal(gf_mem_open(&bad, 42, 0), GF_ERR_INVALID_ARG);
 	gf_mem_free(m);
@@ -160,7 +148,7 @@ static void test_states_single_process(void **state)
 {
 	(void)state;
 	int fds_before = tu_count_fds();
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a = NULL, *imp = NULL;
 	gf_mem_va *rw = NULL, *ro = NULL;
@@ -264,7 +252,7 @@ static void test_two_processes(void **state)
 	(void)state;
 	int sv[2];
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a = NULL;
 	gf_mem_va *va = NULL;
@@ -285,7 +273,7 @@ static void test_two_processes(void **state)
 		gf_mem_alloc *ca = NULL;
 		gf_mem_va *cro = NULL, *crw = NULL;
 		int cfd = recv_fd(sv[1], "alloc");
-		if (cfd < 0 || gf_mem_open(&cm, kind, 0) < 0 || gf_mem_import(&ca, cm, cfd, 2 * g) < 0)
+		if (cfd < 0 || gf_mem_open(&cm, mt_kind, 0) < 0 || gf_mem_import(&ca, cm, cfd, 2 * g) < 0)
 			_exit(10);
 		close(cfd);
 		if (gf_mem_reserve(&cro, cm, 2 * g, 0) < 0 || gf_mem_map(cro, 0, ca, GF_MEM_READ) < 0)
@@ -334,7 +322,7 @@ static void test_two_processes(void **state)
 static void test_readonly_faults(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a = NULL;
 	gf_mem_va *va = NULL;
@@ -399,7 +387,7 @@ static long present_pages(const void *addr, size_t len)
 static void test_set_accessible(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a = NULL, *b = NULL;
 	gf_mem_va *va = NULL;
@@ -411,7 +399,7 @@ static void test_set_accessible(void **state)
 	volatile uint8_t *p = ptr(va, 0), *q = ptr(va, g);
 	memset((void *)p, 7, g);
 	assert_int_equal(gf_mem_set_accessible(NULL, 0), GF_ERR_INVALID_ARG);
-	if (kind == GF_MEM_CUDA) {
+	if (mt_kind == GF_MEM_CUDA) {
 		assert_int_equal(gf_mem_set_accessible(va, 0), GF_ERR_NOT_SUPPORTED);
 		assert_int_equal(p[0], 7); /* untouched */
 	} else {
@@ -463,9 +451,9 @@ static void test_caps(void **state)
 {
 	(void)state;
 	assert_int_equal(gf_mem_caps(NULL), 0);
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	unsigned caps = gf_mem_caps(m);
-	if (kind == GF_MEM_CUDA) {
+	if (mt_kind == GF_MEM_CUDA) {
 		assert_int_equal(caps, 0);
 		gf_mem_free(m);
 		return;
@@ -509,7 +497,7 @@ static void test_caps(void **state)
 static void test_set_accessible_parks_large_mappings(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m), big = 4u << 20;
 	gf_mem_alloc *a = NULL, *b = NULL, *c = NULL;
 	gf_mem_va *va = NULL;
@@ -578,7 +566,7 @@ static void test_set_accessible_parks_large_mappings(void **state)
 static void test_set_accessible_unparks_runs(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m), big = 2u << 20;
 	/* offsets: 0 1 2 (run), small, 4 5 (run), gap, 7 (alone), 8 9 (run) in units of big */
 	static const int at[] = { 0, 1, 2, 4, 5, 7, 8, 9 };
@@ -631,7 +619,7 @@ static void test_set_accessible_unparks_runs(void **state)
 static void test_has_free(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	uint64_t free_b = 0, total_b = 0, got = 7;
 	assert_int_equal(gf_mem_has_free(NULL, 1, NULL), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_mem_info(m, &free_b, &total_b), 0);
@@ -639,7 +627,7 @@ static void test_has_free(void **state)
 	assert_int_equal(gf_mem_has_free(m, 4096, NULL), 1);
 	assert_int_equal(gf_mem_has_free(m, UINT64_MAX, &got), 0);
 	assert_true(got > 4096 && got <= total_b);
-	if (kind == GF_MEM_HOST) {
+	if (mt_kind == GF_MEM_HOST) {
 		/* The test knob (a machine short of memory) wins over the cheap look. */
 		setenv("GF_MEM_HOST_AVAILABLE", "1000", 1);
 		assert_int_equal(gf_mem_has_free(m, 4096, &got), 0);
@@ -695,7 +683,7 @@ static void test_refcount_decision7(void **state)
 	(void)state;
 	int sv[2];
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t size = 8 * gran(m);
 	uint64_t free0, free1, free2, free3, tot;
 	gf_mem_alloc *a = NULL;
@@ -708,7 +696,7 @@ static void test_refcount_decision7(void **state)
 	assert_int_equal(gf_mem_map(va, 0, a, GF_MEM_READWRITE), 0);
 	memset(ptr(va, 0), 0x77, size);
 	assert_int_equal(gf_mem_info(m, &free1, &tot), 0);
-	if (kind == GF_MEM_CUDA)
+	if (mt_kind == GF_MEM_CUDA)
 		assert_int_equal(free0 - free1, size);
 	assert_int_equal(gf_mem_export(a, &fd), 0);
 
@@ -725,7 +713,7 @@ static void test_refcount_decision7(void **state)
 		gf_mem_alloc *ca = NULL;
 		gf_mem_va *cva = NULL;
 		int cfd = recv_fd(sv[1], "alloc");
-		if (cfd < 0 || gf_mem_open(&cm, kind, 0) < 0 || gf_mem_import(&ca, cm, cfd, size) < 0)
+		if (cfd < 0 || gf_mem_open(&cm, mt_kind, 0) < 0 || gf_mem_import(&ca, cm, cfd, size) < 0)
 			_exit(10);
 		close(cfd);
 		if (gf_mem_reserve(&cva, cm, size, 0) < 0 || gf_mem_map(cva, 0, ca, GF_MEM_READ) < 0)
@@ -754,14 +742,14 @@ static void test_refcount_decision7(void **state)
 	assert_int_equal(count_memfds(), memfds0);
 	assert_int_equal(count_proc_lines("/proc/self/maps", "memfd:"), maps0);
 	assert_int_equal(gf_mem_info(m, &free2, &tot), 0);
-	if (kind == GF_MEM_CUDA)
+	if (mt_kind == GF_MEM_CUDA)
 		assert_int_equal(free2, free1); /* not freed: the importer holds it */
 	send_fd(sv[0], "creator-released", -1);
 	recv_fd(sv[0], "still-there");
 	send_fd(sv[0], "release", -1);
 	recv_fd(sv[0], "released");
 	assert_int_equal(gf_mem_info(m, &free3, &tot), 0);
-	if (kind == GF_MEM_CUDA)
+	if (mt_kind == GF_MEM_CUDA)
 		assert_int_equal(free3, free0); /* freed with the last handle */
 	send_fd(sv[0], "exit", -1);
 	int st = wait_child(pid);
@@ -776,7 +764,7 @@ static void test_refcount_decision7(void **state)
 static void test_map_many(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a[4] = { 0 };
 	gf_mem_va *va = NULL;
@@ -824,7 +812,7 @@ static void test_map_many(void **state)
 static void test_map_many_undo_host(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *a[3] = { 0 }, *rdonly = NULL;
 	gf_mem_va *va = NULL;
@@ -868,7 +856,7 @@ static void test_import_bad_fd(void **state)
 {
 	(void)state;
 	int fds_before = tu_count_fds();
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t g = gran(m);
 	gf_mem_alloc *imp = NULL, *a = NULL;
 	int p[2], fd;
@@ -895,7 +883,7 @@ static void test_import_bad_fd(void **state)
 		assert_int_equal(gf_mem_import(&imp, m, shm, g), GF_ERR_INVALID_ARG);
 		close(shm);
 	}
-	if (kind == GF_MEM_HOST) {
+	if (mt_kind == GF_MEM_HOST) {
 		/* the driver cannot tell an import's size; the host backend can */
 		assert_int_equal(gf_mem_create(&a, m, g), 0);
 		assert_int_equal(gf_mem_export(a, &fd), 0);
@@ -912,18 +900,8 @@ static void test_import_bad_fd(void **state)
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
-		kind = GF_MEM_CUDA;
-	else if (argc > 1 && strcmp(argv[1], "host") != 0) {
-		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+	if (mt_init(argc, argv))
 		return 2;
-	}
-	/* The fake driver keeps its cross-process accounting here. */
-	char *state_dir = NULL;
-	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
-		state_dir = tu_tmpdir();
-		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
-	}
 	struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_identity),
 		cmocka_unit_test(test_states_single_process),
@@ -939,14 +917,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_set_accessible_parks_large_mappings),
 		cmocka_unit_test(test_set_accessible_unparks_runs),
 	};
-	size_t n = GF_ARRAY_SIZE(tests) - (kind == GF_MEM_HOST ? 0 : 3);
-	int rc = tu_run_tests(tests, n, NULL, NULL);
-	if (state_dir) {
-		char cmd[512];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", state_dir);
-		free(state_dir);
-	}
-	return rc;
+	size_t n = GF_ARRAY_SIZE(tests) - (mt_kind == GF_MEM_HOST ? 0 : 3);
+	return tu_run_tests(tests, n, NULL, NULL);
 }

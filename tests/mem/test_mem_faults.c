@@ -17,8 +17,7 @@
 
 #include <cuda.h>
 
-#include "../common/testutil.h"
-#include "gpufailover.h"
+#include "memtest.h"
 
 #define GRAN (2u * 1024 * 1024)
 
@@ -258,11 +257,8 @@ static void test_context_left_as_found(void **state)
 
 int main(void)
 {
-	char *state_dir = NULL;
-	if (!getenv("FAKECUDA_STATE_DIR")) {
-		state_dir = tu_tmpdir();
-		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
-	}
+	if (mt_fakecuda_state_dir() < 0)
+		return 2;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_oom_on_create, clear_knobs),
 		cmocka_unit_test_teardown(test_driver_error_is_named, clear_knobs),
@@ -273,13 +269,5 @@ int main(void)
 		cmocka_unit_test_teardown(test_auto_picks_cuda, clear_knobs),
 		cmocka_unit_test_teardown(test_context_left_as_found, clear_knobs),
 	};
-	int rc = tu_run_group_tests(tests, NULL, NULL);
-	if (state_dir) {
-		char cmd[512];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", state_dir);
-		free(state_dir);
-	}
-	return rc;
+	return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -16,25 +16,14 @@
 
 #include <cmocka.h>
 
-#include "../common/testutil.h"
-#include "gpufailover.h"
+#include "memtest.h"
 
-static int kind = GF_MEM_HOST;
-
-static gf_mem *open_mem(void)
-{
-	gf_mem *m = NULL;
-	int rc = gf_mem_open(&m, kind, 0);
-	if (rc < 0)
-		fail_msg("gf_mem_open(%s): %s: %s", gf_mem_kind_name(kind), gf_error_name(rc), gf_error_detail());
-	return m;
-}
 
 static void test_region_read_write(void **state)
 {
 	(void)state;
 	int fds = tu_count_fds();
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t minimum, recommended;
 	assert_int_equal(gf_mem_granularity(m, &minimum, &recommended), 0);
 	gf_mem_region *r = NULL;
@@ -56,7 +45,7 @@ static void test_region_read_write(void **state)
 static void test_region_bad_args(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	gf_mem_region *r = (gf_mem_region *)&r;
 	assert_int_equal(gf_mem_region_new(NULL, m, 4096), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_mem_region_new(&r, NULL, 4096), GF_ERR_INVALID_ARG);
@@ -78,7 +67,7 @@ static uint64_t used_bytes(gf_mem *m)
  * call made survives, and the error is the failing step's. */
 static void expect_unwound(const char *knob, const char *value, int want_rc)
 {
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	uint64_t used = used_bytes(m);
 	int fds = tu_count_fds();
 	gf_mem_region *r = NULL;
@@ -104,8 +93,8 @@ static void test_region_reserve_back_release(void **state)
 {
 	(void)state;
 	int fds = tu_count_fds();
-	gf_mem *m = open_mem();
-	uint64_t used = kind == GF_MEM_CUDA ? used_bytes(m) : 0;
+	gf_mem *m = mt_open();
+	uint64_t used = mt_kind == GF_MEM_CUDA ? used_bytes(m) : 0;
 	size_t minimum;
 	assert_int_equal(gf_mem_granularity(m, &minimum, NULL), 0);
 	gf_mem_region *r = NULL;
@@ -120,14 +109,14 @@ static void test_region_reserve_back_release(void **state)
 		assert_int_equal(gf_mem_region_back(r), GF_ERR_STATE);
 		assert_int_equal(gf_mem_region_backed(r), 1);
 		assert_true(gf_mem_region_addr(r) == addr);
-		if (kind == GF_MEM_CUDA)
+		if (mt_kind == GF_MEM_CUDA)
 			assert_true(used_bytes(m) >= used + 2 * minimum);
 		uint8_t *p = (uint8_t *)(uintptr_t)addr;
 		memset(p, 0x3c, gf_mem_region_size(r));
 		assert_int_equal(p[gf_mem_region_size(r) - 1], 0x3c);
 		assert_int_equal(gf_mem_region_release(r), 0);
 		assert_int_equal(gf_mem_region_backed(r), 0);
-		if (kind == GF_MEM_CUDA) /* the host's figure is the whole machine's */
+		if (mt_kind == GF_MEM_CUDA) /* the host's figure is the whole machine's */
 			assert_int_equal(used_bytes(m), used);
 	}
 	gf_mem_region_free(r);
@@ -146,7 +135,7 @@ static void test_region_reserve_back_release(void **state)
 static void test_region_back_oom_keeps_reservation(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	uint64_t used = used_bytes(m);
 	gf_mem_region *r = NULL;
 	assert_int_equal(gf_mem_region_reserve(&r, m, 4u << 20), 0);
@@ -220,15 +209,15 @@ static int region_memfds(long long *blocks)
 static void test_region_backing_made_ahead(void **state)
 {
 	(void)state;
-	gf_mem *m = open_mem();
-	uint64_t used = kind == GF_MEM_CUDA ? used_bytes(m) : 0;
+	gf_mem *m = mt_open();
+	uint64_t used = mt_kind == GF_MEM_CUDA ? used_bytes(m) : 0;
 	size_t minimum;
 	assert_int_equal(gf_mem_granularity(m, &minimum, NULL), 0);
 	long long blocks;
 	int before = region_memfds(&blocks);
 	gf_mem_region *r = NULL;
 	assert_int_equal(gf_mem_region_reserve(&r, m, 4 * minimum), 0);
-	if (kind == GF_MEM_CUDA) {
+	if (mt_kind == GF_MEM_CUDA) {
 		assert_int_equal(used_bytes(m), used);
 	} else {
 		assert_int_equal(region_memfds(&blocks), before + 1);
@@ -237,13 +226,13 @@ static void test_region_backing_made_ahead(void **state)
 	uint8_t *p = (uint8_t *)(uintptr_t)gf_mem_region_addr(r);
 	for (int round = 0; round < 3; round++) {
 		assert_int_equal(gf_mem_region_back(r), 0);
-		if (kind != GF_MEM_CUDA) /* the spare was mapped: none made meanwhile */
+		if (mt_kind != GF_MEM_CUDA) /* the spare was mapped: none made meanwhile */
 			assert_int_equal(region_memfds(&blocks), before + 1);
 		for (size_t i = 0; i < gf_mem_region_size(r); i += 4096)
 			assert_int_equal(p[i], 0);
 		memset(p, 0x5a, gf_mem_region_size(r));
 		assert_int_equal(gf_mem_region_release(r), 0);
-		if (kind == GF_MEM_CUDA) {
+		if (mt_kind == GF_MEM_CUDA) {
 			assert_int_equal(used_bytes(m), used);
 		} else {
 			assert_int_equal(region_memfds(&blocks), before + 1);
@@ -257,17 +246,8 @@ static void test_region_backing_made_ahead(void **state)
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
-		kind = GF_MEM_CUDA;
-	else if (argc > 1 && strcmp(argv[1], "host") != 0) {
-		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+	if (mt_init(argc, argv))
 		return 2;
-	}
-	char *state_dir = NULL;
-	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
-		state_dir = tu_tmpdir();
-		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_read_write), cmocka_unit_test(test_region_bad_args),
 		cmocka_unit_test(test_region_reserve_back_release), cmocka_unit_test(test_region_backing_made_ahead),
@@ -276,14 +256,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_region_back_oom_keeps_reservation),
 	};
 	/* The host backend has no fault knobs: it runs the first four only. */
-	size_t n = kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 4;
-	int rc = tu_run_tests(tests, n, NULL, NULL);
-	if (state_dir) {
-		char cmd[512];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", state_dir);
-		free(state_dir);
-	}
-	return rc;
+	size_t n = mt_kind == GF_MEM_CUDA ? sizeof(tests) / sizeof(tests[0]) : 4;
+	return tu_run_tests(tests, n, NULL, NULL);
 }

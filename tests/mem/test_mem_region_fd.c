@@ -18,25 +18,14 @@
 
 #include <cmocka.h>
 
-#include "../common/testutil.h"
-#include "gpufailover.h"
+#include "memtest.h"
 
-static int kind = GF_MEM_HOST;
-
-static gf_mem *open_mem(void)
-{
-	gf_mem *m = NULL;
-	int rc = gf_mem_open(&m, kind, 0);
-	if (rc < 0)
-		fail_msg("gf_mem_open(%s): %s: %s", gf_mem_kind_name(kind), gf_error_name(rc), gf_error_detail());
-	return m;
-}
 
 static void test_back_fd_maps_the_memory(void **state)
 {
 	(void)state;
 	int fds = tu_count_fds();
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t gran, rec;
 	assert_int_equal(gf_mem_granularity(m, &gran, &rec), 0);
 	size_t size = 2 * gran;
@@ -81,14 +70,14 @@ static void test_back_fd_refuses_bad_fds(void **state)
 {
 	(void)state;
 	int fds = tu_count_fds();
-	gf_mem *m = open_mem();
+	gf_mem *m = mt_open();
 	size_t gran, rec;
 	assert_int_equal(gf_mem_granularity(m, &gran, &rec), 0);
 	gf_mem_region *r;
 	assert_int_equal(gf_mem_region_reserve(&r, m, 2 * gran), 0);
 	assert_int_equal(gf_mem_region_back_fd(NULL, 0), GF_ERR_INVALID_ARG);
 	assert_int_equal(gf_mem_region_back_fd(r, -1), GF_ERR_INVALID_ARG);
-	if (kind == GF_MEM_HOST) {
+	if (mt_kind == GF_MEM_HOST) {
 		/* Memory of another size than the region: refused, nothing mapped. */
 		gf_mem_alloc *small;
 		int fd;
@@ -106,28 +95,11 @@ static void test_back_fd_refuses_bad_fds(void **state)
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
-		kind = GF_MEM_CUDA;
-	else if (argc > 1 && strcmp(argv[1], "host") != 0) {
-		fprintf(stderr, "usage: %s host|cuda\n", argv[0]);
+	if (mt_init(argc, argv))
 		return 2;
-	}
-	char *state_dir = NULL;
-	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
-		state_dir = tu_tmpdir();
-		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_back_fd_maps_the_memory),
 		cmocka_unit_test(test_back_fd_refuses_bad_fds),
 	};
-	int rc = tu_run_group_tests(tests, NULL, NULL);
-	if (state_dir) {
-		char cmd[512];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", state_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", state_dir);
-		free(state_dir);
-	}
-	return rc;
+	return tu_run_group_tests(tests, NULL, NULL);
 }

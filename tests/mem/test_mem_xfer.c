@@ -19,11 +19,8 @@
 #include <cmocka.h>
 
 #include "common.h"
-#include "gpufailover.h"
-#include "testutil.h"
+#include "memtest.h"
 #include "xfer.h"
-
-static int kind = GF_MEM_HOST;
 
 struct stream {
 	uint8_t *bytes; /* expected (read) or to give (write) */
@@ -59,7 +56,7 @@ static void test_lengths(void **state)
 	gf_mem_va *va;
 	size_t g, rec;
 	const size_t chunk = 4096 * 3;
-	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
+	assert_int_equal(gf_mem_open(&m, mt_kind, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, &rec), 0);
 	g = (8 * chunk + g - 1) / g * g; /* room for every length below and a guard byte */
 	assert_int_equal(gf_mem_create(&a, m, g), 0);
@@ -71,7 +68,7 @@ static void test_lengths(void **state)
 		want[i] = (uint8_t)(i * 131 + 7);
 	gf_mem_xfer *x;
 	assert_int_equal(gf_mem_xfer_new(m, chunk, &x), 0);
-	assert_int_equal(gf_mem_xfer_staged(x), kind == GF_MEM_CUDA);
+	assert_int_equal(gf_mem_xfer_staged(x), mt_kind == GF_MEM_CUDA);
 	size_t lens[] = { 0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 2 * chunk + 5, 5 * chunk + 17 };
 	for (size_t i = 0; i < GF_ARRAY_SIZE(lens); i++) {
 		size_t n = lens[i];
@@ -121,7 +118,7 @@ static void test_fill_from_file(void **state)
 	gf_mem_alloc *a;
 	gf_mem_va *va;
 	size_t g, rec;
-	assert_int_equal(gf_mem_open(&m, kind, 0), 0);
+	assert_int_equal(gf_mem_open(&m, mt_kind, 0), 0);
 	assert_int_equal(gf_mem_granularity(m, &g, &rec), 0);
 	size_t size = (3u << 20) / g * g + g; /* several pipe loads */
 	assert_int_equal(gf_mem_create(&a, m, size), 0);
@@ -136,7 +133,7 @@ static void test_fill_from_file(void **state)
 	assert_int_equal(write(src, want, size + 100), (ssize_t)(size + 100));
 	uint64_t off = 100;
 	int rc = gf_mem_xfer_fill_from_file(x, a, 0, src, &off, size);
-	if (kind == GF_MEM_CUDA) {
+	if (mt_kind == GF_MEM_CUDA) {
 		assert_false(gf_mem_xfer_files(x));
 		assert_int_equal(rc, GF_ERR_NOT_SUPPORTED);
 	} else {
@@ -170,18 +167,8 @@ static void test_fill_from_file(void **state)
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], "cuda") == 0)
-		kind = GF_MEM_CUDA;
-	char *state_dir = NULL;
-	if (kind == GF_MEM_CUDA && !getenv("FAKECUDA_STATE_DIR")) {
-		state_dir = tu_tmpdir();
-		setenv("FAKECUDA_STATE_DIR", state_dir, 1);
-	}
+	if (mt_init(argc, argv))
+		return 2;
 	const struct CMUnitTest tests[] = { cmocka_unit_test(test_lengths), cmocka_unit_test(test_fill_from_file) };
-	int rc = tu_run_group_tests(tests, NULL, NULL);
-	if (state_dir) {
-		rmdir(state_dir);
-		free(state_dir);
-	}
-	return rc;
+	return tu_run_group_tests(tests, NULL, NULL);
 }
