@@ -17,27 +17,15 @@
 
 #include <cmocka.h>
 
-#include "gmstest.h"
+#include "gmsfixture.h"
 #include "testutil.h"
 
-static char *dir;
-static struct gt_server srv;
-static gf_mem *mem;
 static gf_gms *gms;
 static uint64_t a0, a1;
 
-#define OK(expr)                                                                                  \
-	do {                                                                                          \
-		int rc_ = (expr);                                                                         \
-		if (rc_ < 0)                                                                              \
-			fail_msg("%s: %s: %s", #expr, gf_error_name(rc_), gf_error_detail());                 \
-	} while (0)
-
 static int setup(void **state)
 {
-	(void)state;
-	dir = tu_tmpdir();
-	if (!dir || gf_mem_open(&mem, GF_MEM_HOST, 0) < 0 || gt_start(&srv, dir, "gms", 0) < 0)
+	if (gt_setup(state) < 0)
 		return -1;
 	/* Two allocations, three keys; after commit the writer maps them read-only. */
 	if (gf_gms_connect(&gms, srv.uri, mem, GF_GMS_RW, 5000, NULL) < 0 || gf_gms_allocate(gms, 1 << 20, "w0", &a0) < 0 ||
@@ -50,14 +38,9 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	(void)state;
 	gf_gms_fault_reporter_remove(NULL);
 	gf_gms_free(gms);
-	gt_stop(&srv);
-	gf_mem_free(mem);
-	gt_rmtree(dir);
-	free(dir);
-	return 0;
+	return gt_teardown(state);
 }
 
 static uint64_t key_addr(const char *key)

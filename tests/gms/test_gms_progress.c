@@ -24,7 +24,7 @@
 
 #include "common.h"
 #include "gms_internal.h"
-#include "gmstest.h"
+#include "gmsfixture.h"
 #include "testutil.h"
 
 #define KiB 1024u
@@ -34,38 +34,6 @@
 
 /* Waiting by progress, without a cancel fd. */
 static const struct gf_gms_connect_opts BY_PROGRESS = { .by_progress = 1 };
-
-static char *dir;
-static struct gt_server srv;
-static gf_mem *mem;
-
-static int setup(void **state)
-{
-	(void)state;
-	dir = tu_tmpdir();
-	if (!dir || gf_mem_open(&mem, GF_MEM_HOST, 0) < 0)
-		return -1;
-	return gt_start(&srv, dir, "gms", 0) < 0 ? -1 : 0;
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	gt_stop(&srv);
-	gf_mem_free(mem);
-	mem = NULL;
-	gt_rmtree(dir);
-	free(dir);
-	dir = NULL;
-	return 0;
-}
-
-#define OK(expr)                                                                                  \
-	do {                                                                                          \
-		int rc_ = (expr);                                                                         \
-		if (rc_ < 0)                                                                              \
-			fail_msg("%s: %s: %s", #expr, gf_error_name(rc_), gf_error_detail());                 \
-	} while (0)
 
 /* A reader connecting on a thread of its own. */
 struct reader {
@@ -283,11 +251,11 @@ static void test_cancel_fd_withdraws_the_wait(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_slow_writer_keeps_reader_waiting, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_no_writer_times_out, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_stalled_writer_times_out, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_report_progress_rules, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_fd_withdraws_the_wait, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_slow_writer_keeps_reader_waiting, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_no_writer_times_out, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_stalled_writer_times_out, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_report_progress_rules, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_fd_withdraws_the_wait, gt_setup, gt_teardown),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }

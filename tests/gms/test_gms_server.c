@@ -24,43 +24,11 @@
 
 #include "gms_internal.h"
 #include "metablob.h"
-#include "gmstest.h"
+#include "gmsfixture.h"
 #include "testutil.h"
 #include "wire.h"
 
 #define MiB (1024u * 1024u)
-
-static char *dir;
-static struct gt_server srv;
-static gf_mem *mem;
-
-static int setup(void **state)
-{
-	(void)state;
-	dir = tu_tmpdir();
-	if (!dir || gf_mem_open(&mem, GF_MEM_HOST, 0) < 0)
-		return -1;
-	return gt_start(&srv, dir, "gms", 0) < 0 ? -1 : 0;
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	gt_stop(&srv);
-	gf_mem_free(mem);
-	mem = NULL;
-	gt_rmtree(dir);
-	free(dir);
-	dir = NULL;
-	return 0;
-}
-
-#define OK(expr)                                                                                  \
-	do {                                                                                          \
-		int rc_ = (expr);                                                                         \
-		if (rc_ < 0)                                                                              \
-			fail_msg("%s: %s: %s", #expr, gf_error_name(rc_), gf_error_detail());                 \
-	} while (0)
 
 /* Load @n allocations of @size bytes filled with (seed + index), @m metadata entries, commit. */
 static gf_gms *load(const char *uri, int mode, size_t n, uint64_t size, size_t m, uint8_t seed)
@@ -1137,21 +1105,21 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_load_commit_read, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_timeouts, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_writer_priority, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_abort_promotes_waiter, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_stalled_reader, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_oom_retry, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_unmap_remap, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_remap_all_or_nothing, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_sleep_keeps_handles, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_wake_starts_no_thread, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_lost, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_allowed_uids, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_metadata_blob, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_commit_read, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_timeouts, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_writer_priority, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_abort_promotes_waiter, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_bad_input, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_stalled_reader, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_oom_retry, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_unmap_remap, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_remap_all_or_nothing, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_sleep_keeps_handles, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_wake_starts_no_thread, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_lost, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_allowed_uids, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_committed_memory_is_sealed, gt_setup, gt_teardown),
+		cmocka_unit_test_setup_teardown(test_metadata_blob, gt_setup, gt_teardown),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);
 }
