@@ -1032,7 +1032,7 @@ static void test_allowed_uids(void **state)
 	chmod(dir, 0755);
 	chmod(srv.uri + strlen("unix://"), 0777);
 	assert_int_equal(ping_as(srv.uri, nobody), 1);
-	struct gt_server s2;
+	struct gt_server s2 = { 0 }; /* no process: gt_stop() kills none */
 	gf_gmsd *d;
 	OK(gf_gmsd_new(&d));
 	snprintf(s2.uri, sizeof(s2.uri), "unix://%s/allow.sock", dir);
