@@ -13,92 +13,28 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
-#include "gmstest.h"
+#include "gmslock.h"
 #include "testutil.h"
-
-struct world {
-	char *dir;
-	char lock_uri[300];
-	gf_lockd *lockd;
-	pthread_t lock_th;
-	int mute_fd; /* a lock "server" that accepts connections and never answers */
-	struct gt_server gms;
-	gf_mem *mem;
-};
-
-static void *run_lockd(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
-
-static void start_gms(struct world *w)
-{
-	snprintf(w->gms.uri, sizeof(w->gms.uri), "unix://%s/gms.sock", w->dir);
-	assert_int_equal(gf_gmsd_new(&w->gms.d), 0);
-	assert_int_equal(gf_gmsd_add_listen(w->gms.d, w->gms.uri), 0);
-	assert_int_equal(gf_gmsd_set_backend(w->gms.d, GF_MEM_HOST), 0);
-	assert_int_equal(gf_gmsd_set_lock(w->gms.d, w->lock_uri, NULL, 0), 0);
-	assert_int_equal(gf_gmsd_start(w->gms.d), 0);
-	assert_int_equal(gf_gmsd_set_lock(w->gms.d, w->lock_uri, NULL, 0), GF_ERR_STATE);
-	assert_int_equal(pthread_create(&w->gms.th, NULL, gt_run, &w->gms), 0);
-	assert_int_equal(gf_mem_open(&w->mem, GF_MEM_HOST, 0), 0);
-}
 
 static int setup(void **state)
 {
-	struct world *w = calloc(1, sizeof(*w));
-	w->dir = tu_tmpdir();
-	w->mute_fd = -1;
-	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s/lock.sock", w->dir);
-	assert_int_equal(gf_lockd_new(&w->lockd), 0);
-	assert_int_equal(gf_lockd_add_listen(w->lockd, w->lock_uri), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(w->lockd, 0), 0);
-	assert_int_equal(gf_lockd_start(w->lockd), 0);
-	assert_int_equal(pthread_create(&w->lock_th, NULL, run_lockd, w->lockd), 0);
-	start_gms(w);
-	*state = w;
+	*state = gl_start();
 	return 0;
 }
 
-/* The lock server listens and never answers: its backlog takes the connection, the handshake hangs. */
 static int setup_mute(void **state)
 {
-	struct world *w = calloc(1, sizeof(*w));
-	w->dir = tu_tmpdir();
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s/mute.sock", w->dir);
-	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s", a.sun_path);
-	w->mute_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	assert_true(w->mute_fd >= 0);
-	assert_int_equal(bind(w->mute_fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(listen(w->mute_fd, 8), 0);
-	start_gms(w);
-	*state = w;
+	*state = gl_start_mute();
 	return 0;
 }
 
 static int teardown(void **state)
 {
-	struct world *w = *state;
-	gt_stop(&w->gms);
-	if (w->lockd) {
-		gf_lockd_stop(w->lockd);
-		pthread_join(w->lock_th, NULL);
-		gf_lockd_free(w->lockd);
-	}
-	if (w->mute_fd >= 0)
-		close(w->mute_fd);
-	gf_mem_free(w->mem);
-	gt_rmtree(w->dir);
-	free(w->dir);
-	free(w);
+	gl_free(*state);
 	return 0;
 }
 
@@ -300,10 +236,7 @@ static void test_lock_server_gone(void **state)
 {
 	struct world *w = *state;
 	assert_int_equal(load(w, NULL, 0x11), 0);
-	gf_lockd_stop(w->lockd);
-	pthread_join(w->lock_th, NULL);
-	gf_lockd_free(w->lockd);
-	w->lockd = NULL;
+	lt_halt(&w->lock); /* the GMS goes on without it */
 	/* Unknown grant: refused, and the weights stay. */
 	struct gf_lock_grant g = { .epoch = 7 };
 	struct gf_lock_proof p = proof_of(&g);

@@ -19,47 +19,17 @@
 
 #include <cmocka.h>
 
-#include "gmstest.h"
+#include "gmslock.h"
 #include "testutil.h"
 
 #define POOL (2u << 20)
 #define BLOCK 4096u
 
-struct world {
-	char *dir;
-	char lock_uri[300];
-	gf_lockd *lockd;
-	pthread_t lock_th;
-	struct gt_server gms;
-	gf_mem *mem;
-};
-
 static const uint8_t L1[16] = { 1 }, L2[16] = { 2 };
-
-static void *run_lockd(void *arg)
-{
-	gf_lockd_run(arg);
-	return NULL;
-}
 
 static int setup(void **state)
 {
-	struct world *w = calloc(1, sizeof(*w));
-	w->dir = tu_tmpdir();
-	snprintf(w->lock_uri, sizeof(w->lock_uri), "unix://%s/lock.sock", w->dir);
-	assert_int_equal(gf_lockd_new(&w->lockd), 0);
-	assert_int_equal(gf_lockd_add_listen(w->lockd, w->lock_uri), 0);
-	assert_int_equal(gf_lockd_set_exit_wait_timeout(w->lockd, 0), 0);
-	assert_int_equal(gf_lockd_start(w->lockd), 0);
-	assert_int_equal(pthread_create(&w->lock_th, NULL, run_lockd, w->lockd), 0);
-	snprintf(w->gms.uri, sizeof(w->gms.uri), "unix://%s/gms.sock", w->dir);
-	assert_int_equal(gf_gmsd_new(&w->gms.d), 0);
-	assert_int_equal(gf_gmsd_add_listen(w->gms.d, w->gms.uri), 0);
-	assert_int_equal(gf_gmsd_set_backend(w->gms.d, GF_MEM_HOST), 0);
-	assert_int_equal(gf_gmsd_set_lock(w->gms.d, w->lock_uri, NULL, 0), 0);
-	assert_int_equal(gf_gmsd_start(w->gms.d), 0);
-	assert_int_equal(pthread_create(&w->gms.th, NULL, gt_run, &w->gms), 0);
-	assert_int_equal(gf_mem_open(&w->mem, GF_MEM_HOST, 0), 0);
+	struct world *w = gl_start();
 	/* Weights committed, so KV clients connect as readers, as engines do. */
 	gf_gms *g;
 	uint64_t id;
@@ -73,15 +43,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	struct world *w = *state;
-	gt_stop(&w->gms);
-	gf_lockd_stop(w->lockd);
-	pthread_join(w->lock_th, NULL);
-	gf_lockd_free(w->lockd);
-	gf_mem_free(w->mem);
-	gt_rmtree(w->dir);
-	free(w->dir);
-	free(w);
+	gl_free(*state);
 	return 0;
 }
 

@@ -31,9 +31,10 @@ static const char LT_SECRET[] = "lock-test-secret-0123456789abcdef";
 #define LT_WINDOW_DEFAULT INT64_MIN
 
 /* What lt_start() makes; all zero is a unix:// server without a window,
- * with no state file written beforehand and no listeners. */
+ * with a state file (none written beforehand) and no listeners. */
 struct lt_config {
 	const char *state_text; /* written to the state file before the start (NULL: no file) */
+	bool stateless;         /* no state file at all: grants are not persisted */
 	int64_t window_ms;      /* the reconnect window (LT_WINDOW_DEFAULT: the server's own) */
 	bool tcp;               /* tcp://127.0.0.1 on a free port, LT_SECRET, lease 200/1200 ms */
 	bool ux;                /* carries the listener "ux": unix://<dir>/serve.sock */
@@ -84,7 +85,8 @@ static inline void lt_run(struct lt_server *s, int64_t window_ms)
 		assert_int_equal(gf_lockd_add_listener(s->d, "http", s->http), 0);
 	if (s->cfg.ux)
 		assert_int_equal(gf_lockd_add_listener(s->d, "ux", s->ux), 0);
-	assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
+	if (!s->cfg.stateless)
+		assert_int_equal(gf_lockd_set_state_file(s->d, s->state), 0);
 	assert_int_equal(gf_lockd_set_exit_wait_timeout(s->d, s->cfg.exit_wait_ms), 0);
 	if (window_ms != LT_WINDOW_DEFAULT)
 		assert_int_equal(gf_lockd_set_reconnect_window(s->d, window_ms), 0);
