@@ -90,7 +90,7 @@ static bool status_has(const struct lt_server *sv, const char *needle)
 static void test_unix_outage_holds_on(void **st)
 {
 	(void)st;
-	const int64_t R = 300;
+	const int64_t R = TU_MS(300);
 	struct lt_server sv;
 	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
@@ -150,11 +150,11 @@ static void test_unix_outage_refused_reclaim_is_a_loss(void **st)
 	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
 	lt_start(&sv, &(struct lt_config){ .window_ms = 0, .ux = true });
-	gf_lock *a = lt_client(&sv, "a", 200, &lr);
+	gf_lock *a = lt_client(&sv, "a", TU_MS(200), &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	lt_halt(&sv);
-	usleep(600 * 1000);
+	usleep((useconds_t)TU_MS(600) * 1000); /* three reconnect times */
 	assert_true(gf_lock_is_held(a));
 	lt_run(&sv, 0);
 	EVENTUALLY(atomic_load(&lr.calls) == 1, 3000);
@@ -178,7 +178,7 @@ static void test_unix_silent_server_ends_the_holder(void **st)
 	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
 	lt_start(&sv, &(struct lt_config){ .window_ms = TU_MS(5000), .ux = true });
-	gf_lock *a = lt_client(&sv, "a", 500, &lr);
+	gf_lock *a = lt_client(&sv, "a", TU_MS(500), &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	lt_halt(&sv);
@@ -216,10 +216,10 @@ static void test_unix_state_file_lost_quiet_period(void **st)
 	struct lt_lost lr = { 0 };
 	struct gf_lock_grant g;
 	lt_start(&sv, &(struct lt_config){ .window_ms = quiet, .ux = true });
-	gf_lock *a = lt_client(&sv, "a", 200, &lr);
+	gf_lock *a = lt_client(&sv, "a", TU_MS(200), &lr);
 	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
 	assert_int_equal(gf_lock_start_watch(a), 0);
-	struct waiter w = { .l = lt_client(&sv, "b", 200, NULL) };
+	struct waiter w = { .l = lt_client(&sv, "b", TU_MS(200), NULL) };
 	assert_int_equal(pthread_create(&w.t, NULL, waiter_main, &w), 0);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\""), 2000);
 	lt_halt(&sv);
@@ -256,7 +256,7 @@ static void test_tcp_outage_lease_rules(void **st)
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	int64_t fence = gf_lock_fence_ms(a);
 	assert_true(fence > 0 && fence <= 600);
-	struct waiter w = { .l = lt_client(&sv, "b", 500, NULL) };
+	struct waiter w = { .l = lt_client(&sv, "b", TU_MS(500), NULL) };
 	assert_int_equal(pthread_create(&w.t, NULL, waiter_main, &w), 0);
 	EVENTUALLY(status_has(&sv, "\"id\":\"b\""), 2000);
 	int64_t t0 = gf_now_us();
