@@ -172,6 +172,10 @@ static void relay_main(int lfd, int qfd)
 				char g = 'g';
 				if (relay_store(dirfd, &tmpfd, ++epoch, holder.pid) < 0 || write(holder.fd, &g, 1) != 1)
 					_exit(1);
+				/* As gf-lockd does: the woken waiter most likely shares this
+				 * CPU (a unix socket's wake-up is a sync one), so it runs
+				 * before the next temp file is made, not after. */
+				sched_yield();
 				relay_watch(ep, holder.fd, EPOLLIN | EPOLLRDHUP, RT_HOLDER);
 				tmpfd = relay_prepare(dirfd); /* the next store's temp file, off the path */
 			}
