@@ -16,6 +16,16 @@
  *     stretch of a shared machine moves all sides; ratios are the median of
  *     the per-round ratios of medians, with their min and max. State files
  *     on /dev/shm (tmpfs).
+ *     The killed holder's own exit is part of every hand-off, and it lasts
+ *     longer the more pages the process has mapped (the exit unmaps them,
+ *     and each fault of code maps up to 16 pages). A process that ran the
+ *     lock client maps a few hundred pages of code more than one that only
+ *     connected a socket or called flock(), and its death was seen 13-25 us
+ *     later on the 2-vCPU test VM (a bare fork: 167 us from SIGKILL to its
+ *     pidfd; after gf_lock_acquire(): 243 us), which no server can make up.
+ *     So every contender, whatever its mode, first makes the same client
+ *     request (a status request to gf-lockd): the holders die alike, and
+ *     the modes differ in what their servers and waiters do.
  *  2. memory per idle waiter: server RSS and kernel slab growth with many
  *     connected waiters.
  * usage: bench-lock [TRIALS [WAITERS [ROUNDS]]]  (500 trials per mode over 7
@@ -162,6 +172,10 @@ static void relay_main(int lfd, int qfd)
 				char g = 'g';
 				if (relay_store(dirfd, &tmpfd, ++epoch, holder.pid) < 0 || write(holder.fd, &g, 1) != 1)
 					_exit(1);
+				/* As gf-lockd does: the woken waiter most likely shares this
+				 * CPU (a unix socket's wake-up is a sync one), so it runs
+				 * before the next temp file is made, not after. */
+				sched_yield();
 				relay_watch(ep, holder.fd, EPOLLIN | EPOLLRDHUP, RT_HOLDER);
 				tmpfd = relay_prepare(dirfd); /* the next store's temp file, off the path */
 			}
@@ -196,14 +210,21 @@ static pid_t start_relay(void)
 	return pid;
 }
 
-/* A contender child: acquires (gf_lock, flock or the relay), reports the
- * monotonic time of the grant through @wfd, then waits to be killed. */
+/* A contender child: uses the lock client once (every mode alike, see the
+ * top), acquires (gf_lock, flock or the relay), reports the monotonic time
+ * of the grant through @wfd, then waits to be killed. */
 static pid_t contender(enum mode mode, int wfd, int id)
 {
 	pid_t pid = fork();
 	if (pid != 0)
 		return pid;
 	int64_t t;
+	char *status;
+	if (gf_lock_status_json(uri, NULL, 0, 5000, &status) < 0) {
+		fprintf(stderr, "bench: status: %s\n", gf_error_detail());
+		_exit(1);
+	}
+	free(status);
 	if (mode == M_FLOCK) {
 		int fd = open(flock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (fd < 0 || flock(fd, LOCK_EX) < 0)
