@@ -6,7 +6,8 @@ behaviour as documented"; docs/design.md, decision 31):
 
 - the holder reports the lock lost without its server once T_fence has
   passed since it last heard it, or its reconnect time if that is shorter,
-  and its whole tree ends (the loss policy);
+  and its whole tree ends (the loss policy): run once with a holder's
+  reconnect time shorter than T_fence and once with a longer one;
 - the standby, a waiter that cannot reach the server, gives up after its
   reconnect time: its wake fails and its tree ends too.
 
@@ -32,7 +33,7 @@ from test_vllm_outage import Clients  # noqa: E402
 
 import gpufailover as gf  # noqa: E402
 
-RECONNECT_S = 2.0  # the members' --lock-reconnect-timeout
+RECONNECT_S = 2.0  # the standby's --lock-reconnect-timeout (and the holder's in the first run)
 # gf-lockd's lease: heartbeat 1 s, T_detect 6 s, so T_fence (told at the grant) 3 s.
 T_FENCE_S = 3.0
 SECRET = b"vllm-tcp-outage-secret-0123456789"
@@ -63,7 +64,7 @@ class TcpSite(base.Site):
         except gf.GpuFailoverError:
             return None
 
-    def tcp_server(self, name, role, model, port):
+    def tcp_server(self, name, role, model, port, reconnect_s):
         """One member, as base.Site.server() makes it but without --listener:
         it binds 127.0.0.1:@port once granted."""
         probe = free_port()
@@ -72,7 +73,7 @@ class TcpSite(base.Site):
             "--max-model-len", "256", "--kv-cache-memory-bytes", KV_BYTES, "--disable-log-stats",
             "--host", "127.0.0.1", "--port", port,
             "--lock", self.lock_uri, "--lock-secret-file", self.secret_file,
-            "--lock-reconnect-timeout", f"{RECONNECT_S:g}s", "--gms", self.gms_uri(0), "--id", name,
+            "--lock-reconnect-timeout", f"{reconnect_s:g}s", "--gms", self.gms_uri(0), "--id", name,
             "--role", role, "--probe-port", probe, "--probe-address", "127.0.0.1", "--backend", BACKEND])
         p.probe, p.started, p.port = probe, time.monotonic(), port
         self.servers.append(p)
@@ -84,15 +85,17 @@ def model(tmp_path_factory):
     return base.make_model(tmp_path_factory, "--tie")
 
 
-def test_tcp_lock_server_gone_lease_rules(model):
+@pytest.mark.parametrize("holder_reconnect_s", [RECONNECT_S, 5.0], ids=["reconnect-below-T_fence",
+                                                                         "reconnect-above-T_fence"])
+def test_tcp_lock_server_gone_lease_rules(model, holder_reconnect_s):
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="gf-vllm-tcp-", dir=shm) as d:
         site = TcpSite(d)
         try:
             site.start_daemons()
-            a = site.tcp_server("vllm-a", "loader", model, free_port())
+            a = site.tcp_server("vllm-a", "loader", model, free_port(), holder_reconnect_s)
             wait_state(a, "active")
-            b = site.tcp_server("vllm-b", "follower", model, free_port())
+            b = site.tcp_server("vllm-b", "follower", model, free_port(), RECONNECT_S)
             wait_state(b, "standby")
             wait_for(lambda: (site.status() or {}).get("waiters"), scaled(30.0), "vllm-b in line")
             st = site.status()
@@ -113,18 +116,24 @@ def test_tcp_lock_server_gone_lease_rules(model):
             site.lockd.wait(10)
             t_kill = time.monotonic()
             before = clients.counts()
-            # The holder: lock lost, its tree ended by the loss policy.
-            a.wait(scaled(60.0))
-            t_a = time.monotonic()
-            # The standby: gives up after its reconnect time, its wake fails.
-            b.wait(scaled(60.0))
-            t_b = time.monotonic()
+            # The holder: lock lost, its tree ended by the loss policy. The
+            # standby: gives up after its reconnect time, its wake fails.
+            ended = {}
+            end = time.monotonic() + scaled(60.0)
+            while len(ended) < 2 and time.monotonic() < end:
+                for p in (a, b):
+                    if p.name not in ended and p.poll() is not None:
+                        ended[p.name] = time.monotonic()
+                time.sleep(0.05)
+            assert len(ended) == 2, (ended, tail(a), tail(b))
+            t_a, t_b = ended["vllm-a"], ended["vllm-b"]
             wait_for(lambda: not live_in_group(a.pid), scaled(30.0), "every process of vllm-a to exit")
             wait_for(lambda: not live_in_group(b.pid), scaled(30.0), "every process of vllm-b to exit")
             counts = clients.finish().counts()
             log_a, log_b = a.log.read_text(errors="replace"), b.log.read_text(errors="replace")
             lost = re.search(r'reconnecting" id=vllm-a epoch=\d+ reason="[^"]*" reconnect_ms=(\d+)', log_a)
-            print(f"\ngf-lockd (tcp://) killed under the pair, reconnect time {RECONNECT_S:g} s, T_fence "
+            print(f"\ngf-lockd (tcp://) killed under the pair, reconnect time of the holder {holder_reconnect_s:g} s, "
+                  f"of the standby {RECONNECT_S:g} s, T_fence "
                   f"{T_FENCE_S:g} s: holder's reconnect budget {lost and lost.group(1)} ms, vllm-a gone "
                   f"{t_a - t_kill:.1f} s, vllm-b gone {t_b - t_kill:.1f} s after the kill; clients before the "
                   f"kill {before}, in all {counts} (failed: {clients.failed[:3]})")
@@ -133,7 +142,7 @@ def test_tcp_lock_server_gone_lease_rules(model):
             # last heard the server), then reported the loss; the loss policy
             # ended its tree.
             assert lost, tail(a)
-            assert int(lost.group(1)) <= min(RECONNECT_S, T_FENCE_S) * 1000, lost.group(0)
+            assert int(lost.group(1)) <= min(holder_reconnect_s, T_FENCE_S) * 1000, lost.group(0)
             assert re.search(r"GF_ERR_LOCK_LOST|lock lost|LOCK_LOST", log_a, re.I), tail(a)
             assert re.search(r"event=dead reason=", log_a), tail(a)
             # The standby was never granted; it gave up once it could not
