@@ -108,6 +108,8 @@ static void usage(FILE *to)
 		"A small inference engine in C that fails over through libgpufailover.\n"
 		"\n"
 		"  --lock URI             lock server (unix:///path or tcp://host:port)\n"
+		"  --lock-secret-file PATH  the shared secret a tcp:// lock server requires (as\n"
+		"                         gf-lockd --secret-file: trailing newline ignored)\n"
 		"  --gms URI              GMS of the next device (repeatable; device 0 first)\n"
 		"  --role loader|follower loader connects RW_OR_RO and loads the weights (default),\n"
 		"                         follower connects RO and imports the loader's weights\n"
@@ -790,6 +792,9 @@ static void engine_release_signals(struct app *a)
 /* The command line beyond what struct app keeps. */
 struct opts {
 	const char *lock_uri, *write_path, *probe_addr;
+	const char *lock_secret_file;
+	char *lock_secret; /* read from lock_secret_file; wiped once the engine holds its copy */
+	size_t lock_secret_len;
 	const char *gms[16];
 	int ngms, role, probe_port, nranks, wake_priority;
 	int64_t waking_ms, remap_ms, init_ms, reconnect_ms, startup_ms;
@@ -801,6 +806,34 @@ struct opts {
 	int pinned;
 	const char *model;
 };
+
+/* A secret file as gf-lockd --secret-file reads it: at most 4096 bytes, the
+ * trailing newline (and CR) dropped. -1 with errno (EINVAL: empty). */
+static int read_secret(const char *path, char **out, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	char *buf = malloc(4096);
+	ssize_t n = buf ? read(fd, buf, 4096) : -1;
+	int err = errno;
+	close(fd);
+	if (n <= 0) {
+		free(buf);
+		errno = n == 0 ? EINVAL : buf ? err : ENOMEM;
+		return -1;
+	}
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n == 0) {
+		free(buf);
+		errno = EINVAL;
+		return -1;
+	}
+	*out = buf;
+	*len = (size_t)n;
+	return 0;
+}
 
 /* parse_args() result that means "exit 0 now" (--help, --version). */
 #define EXIT_DONE (-1)
@@ -822,6 +855,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		{ "kv-bytes", required_argument, NULL, 'k' },  { "write-weights", required_argument, NULL, 'o' },
 		{ "listener", required_argument, NULL, 'S' },   { "ranks", required_argument, NULL, 'N' },
 		{ "wake-priority", required_argument, NULL, 'F' },
+		{ "lock-secret-file", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -851,6 +885,9 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 			break;
 		case 'i':
 			a->id = optarg;
+			break;
+		case 's':
+			o->lock_secret_file = optarg;
 			break;
 		case 'w':
 			a->weights_path = optarg;
@@ -985,6 +1022,11 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		fprintf(stderr, PROG ": --weights is for the loader; a follower imports the loader's weights\n");
 		return 2;
 	}
+	if (o->lock_secret_file && read_secret(o->lock_secret_file, &o->lock_secret, &o->lock_secret_len) < 0) {
+		fprintf(stderr, PROG ": --lock-secret-file %s: %s\n", o->lock_secret_file,
+			errno == EINVAL ? "empty secret" : strerror(errno));
+		return 2;
+	}
 	return 0;
 }
 
@@ -1062,6 +1104,8 @@ static int start_signal_thread(struct sigctx *sc)
 static int configure(gf_engine *e, const struct opts *o, struct app *a)
 {
 	int rc = gf_engine_set_lock(e, o->lock_uri, a->id);
+	if (!rc && o->lock_secret)
+		rc = gf_engine_set_lock_secret(e, o->lock_secret, o->lock_secret_len);
 	/* With ranks, this process is rank 0: device 0 only. */
 	for (int i = 0; !rc && i < (o->nranks > 1 ? 1 : o->ngms); i++)
 		rc = gf_engine_add_gms(e, o->gms[i]);
@@ -1208,7 +1252,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, PROG ": %s\n", ranks_error());
 		return 1;
 	}
-	if (configure(a.engine, &o, &a)) {
+	rc = configure(a.engine, &o, &a);
+	/* The engine keeps its own copy. */
+	if (o.lock_secret) {
+		explicit_bzero(o.lock_secret, o.lock_secret_len);
+		free(o.lock_secret);
+		o.lock_secret = NULL;
+	}
+	if (rc) {
 		fprintf(stderr, PROG ": %s\n", gf_error_detail());
 		engine_release_signals(&a);
 		gf_engine_free(a.engine);

@@ -147,6 +147,19 @@ GF_EXPORT void gf_engine_free(gf_engine *engine);
 /* ---- configuration (only in Init, before gf_engine_init_weights()) ---- */
 /** Lock server URI and this engine's id (both copied; the id follows gf_lock_new()'s rule, GF_ERR_INVALID_ARG otherwise). Required before acquire. */
 GF_EXPORT int gf_engine_set_lock(gf_engine *engine, const char *uri, const char *engine_id);
+/**
+ * Shared secret for the lock server (gf_lock_set_secret()): a tcp:// lock
+ * server requires one (docs/lock.md, Access), for etcd it is the user's
+ * password; a unix:// server does not ask for it. Only in Init before
+ * gf_engine_init_weights(), like every setting; the lock client gets it when
+ * it is made (the first gf_engine_acquire()). @p secret is copied (@p len
+ * bytes, any content); the copy is wiped when it is replaced and by
+ * gf_engine_free(). A wrong or missing secret fails gf_engine_acquire() with
+ * GF_ERR_PERMISSION. Errors: GF_ERR_INVALID_ARG (NULL engine or secret,
+ * @p len 0), GF_ERR_STATE (after init_weights; a rank engine, which holds no
+ * lock), GF_ERR_NOMEM.
+ */
+GF_EXPORT int gf_engine_set_lock_secret(gf_engine *engine, const void *secret, size_t len);
 /** The highest rank gf_engine_set_rank() takes. */
 #define GF_ENGINE_MAX_RANK 4096
 

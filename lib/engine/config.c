@@ -54,6 +54,35 @@ GF_EXPORT int gf_engine_set_lock(gf_engine *e, const char *uri, const char *engi
 	return 0;
 }
 
+void gf_engine_wipe_lock_secret(gf_engine *e)
+{
+	if (e->lock_secret)
+		explicit_bzero(e->lock_secret, e->lock_secret_len);
+	free(e->lock_secret);
+	e->lock_secret = NULL;
+	e->lock_secret_len = 0;
+}
+
+GF_EXPORT int gf_engine_set_lock_secret(gf_engine *e, const void *secret, size_t len)
+{
+	int rc = gf_engine_config_check(e, "gf_engine_set_lock_secret");
+	if (rc)
+		return rc;
+	if (!secret || len == 0)
+		return gf_err(GF_ERR_INVALID_ARG, "gf_engine_set_lock_secret: empty secret");
+	if (e->rank)
+		return gf_err(GF_ERR_STATE,
+			      "gf_engine_set_lock_secret: this engine is rank %d, which holds no lock of its own", e->rank);
+	uint8_t *b = malloc(len);
+	if (!b)
+		return gf_err(GF_ERR_NOMEM, "engine: out of memory");
+	memcpy(b, secret, len);
+	gf_engine_wipe_lock_secret(e);
+	e->lock_secret = b;
+	e->lock_secret_len = len;
+	return 0;
+}
+
 GF_EXPORT int gf_engine_set_rank(gf_engine *e, const char *engine_id, int rank)
 {
 	int rc = gf_engine_config_check(e, "gf_engine_set_rank");

@@ -138,6 +138,7 @@ GF_EXPORT void gf_engine_free(gf_engine *e)
 	if (lock)
 		gf_lock_free(lock);
 	free(e->lock_uri);
+	gf_engine_wipe_lock_secret(e);
 	free(e->id);
 	free(e->model);
 	gf_close(e->lsn_dummy);
@@ -448,6 +449,13 @@ GF_EXPORT int gf_engine_acquire(gf_engine *e, int64_t timeout_ms)
 		rc = gf_lock_new(&lock, e->lock_uri, e->id);
 		if (rc)
 			return rc;
+		if (e->lock_secret) {
+			rc = gf_lock_set_secret(lock, e->lock_secret, e->lock_secret_len);
+			if (rc) {
+				gf_lock_free(lock);
+				return rc;
+			}
+		}
 		if (e->lock_reconnect_ms >= 0) {
 			rc = gf_lock_set_reconnect_timeout(lock, e->lock_reconnect_ms);
 			if (rc) {

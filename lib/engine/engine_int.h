@@ -76,6 +76,8 @@ struct gf_engine {
 	void *_Atomic step_down_ud;
 
 	char *lock_uri;
+	uint8_t *lock_secret; /* wiped before it is freed */
+	size_t lock_secret_len;
 	char *id;
 	int rank; /* >= 1: a rank engine (gf_engine_set_rank()), woken by gf_engine_wake_as_rank(); 0: holds the lock */
 	/* Further processes of this engine registered with the lock
@@ -233,5 +235,7 @@ void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats 
 /* 0 while @e may still be configured (Init, before init_weights); else the
  * error for @what (GF_ERR_INVALID_ARG for NULL, GF_ERR_STATE). config.c. */
 int gf_engine_config_check(gf_engine *e, const char *what);
+/* Wipe and free the lock secret (gf_engine_set_lock_secret()). */
+void gf_engine_wipe_lock_secret(gf_engine *e);
 
 #endif

@@ -12,6 +12,7 @@ import sys
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -543,3 +544,38 @@ def test_ranks_bad_usage(world):
         p = world.start("bad", [ENGINE, "--lock", world.lock_uri, "--gms", world.gms_uri, *extra])
         assert p.wait_exit() == 2
         assert "--ranks" in p.text()
+
+
+def test_lock_secret_file_over_tcp(world):
+    """--lock-secret-file: the engine is granted by a tcp:// gf-lockd that
+    requires the secret; a wrong one fails the acquire with
+    GF_ERR_PERMISSION; a missing or empty file stops it at start (exit 2)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"tcp://127.0.0.1:{port}"
+    secret = os.path.join(world.dir, "lock.secret")
+    with open(secret, "w") as f:
+        f.write("c-engine-tcp-secret-0123456789\n")
+    wrong = os.path.join(world.dir, "wrong.secret")
+    with open(wrong, "w") as f:
+        f.write("not-the-secret\n")
+    empty = os.path.join(world.dir, "empty.secret")
+    with open(empty, "w") as f:
+        f.write("\n")
+    lockd = world.start("lockd-tcp", [LOCKD, "--listen", uri, "--state-file", f"{world.dir}/tcp.state",
+                                      "--secret-file", secret])
+    lockd.wait_log(r'msg="?ready')
+    world.gmsd()
+    a = world.engine("engine-a", "--lock", uri, "--lock-secret-file", secret)
+    serving_port(a)
+    assert state(a) == "active"
+    b = world.engine("engine-b", "--lock", uri, "--lock-secret-file", wrong, "--role", "follower")
+    assert b.wait_exit() == 1
+    assert re.search(r"event=failed state=standby err=GF_ERR_PERMISSION", b.text()), b.text()
+    for name, path, what in (("missing", os.path.join(world.dir, "none"), "No such file"),
+                             ("empty", empty, "empty secret")):
+        p = world.start(name, [ENGINE, "--lock", uri, "--gms", world.gms_uri, "--lock-secret-file", path])
+        assert p.wait_exit() == 2
+        assert f"--lock-secret-file {path}: {what}" in p.text(), p.text()
+    assert state(a) == "active"

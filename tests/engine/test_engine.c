@@ -2344,6 +2344,101 @@ static void test_add_holder_pid(void **state)
 	gf_engine_free(t);
 }
 
+/* A free TCP port on the loopback (closed again: the server binds it next). */
+static int free_tcp_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* A follower of the fixture's GMS in Standby on the lock @uri, with
+ * @secret (NULL: none). */
+static gf_engine *tcp_follower(struct fixture *f, const char *uri, const char *id, const char *secret)
+{
+	gf_engine *e = new_engine(f);
+	assert_int_equal(gf_engine_set_lock(e, uri, id), 0);
+	if (secret)
+		assert_int_equal(gf_engine_set_lock_secret(e, secret, strlen(secret)), 0);
+	assert_int_equal(gf_engine_set_role(e, GF_ENGINE_FOLLOWER), 0);
+	assert_int_equal(gf_engine_init_weights(e, NULL, NULL), 0);
+	assert_int_equal(gf_engine_sleep(e), 0);
+	return e;
+}
+
+/* A tcp:// lock server requires its shared secret: an engine given it
+ * (gf_engine_set_lock_secret(), the last one set counts) is granted; one
+ * with a wrong or no secret gets GF_ERR_PERMISSION from its acquire and
+ * stays in Standby. */
+static void test_lock_secret_over_tcp(void **state)
+{
+	struct fixture *f = *state;
+	static const char secret[] = "engine-test-secret-0123456789";
+	char uri[64], lock_state[400];
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%d", free_tcp_port());
+	snprintf(lock_state, sizeof(lock_state), "%s/tcp-lock.state", f->dir);
+	gf_lockd *d;
+	pthread_t th;
+	assert_int_equal(gf_lockd_new(&d), 0);
+	assert_int_equal(gf_lockd_add_listen(d, uri), 0);
+	assert_int_equal(gf_lockd_set_secret(d, secret, sizeof(secret) - 1), 0);
+	assert_int_equal(gf_lockd_set_state_file(d, lock_state), 0);
+	assert_int_equal(gf_lockd_set_exit_wait_timeout(d, 0), 0);
+	assert_int_equal(gf_lockd_set_reconnect_window(d, 0), 0);
+	assert_int_equal(gf_lockd_start(d), 0);
+	assert_int_equal(pthread_create(&th, NULL, lockd_main, d), 0);
+
+	gf_engine *e = f->e;
+	assert_int_equal(gf_engine_set_lock_secret(NULL, secret, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_lock_secret(e, NULL, 1), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_lock_secret(e, secret, 0), GF_ERR_INVALID_ARG);
+	assert_int_equal(gf_engine_set_lock(e, uri, "eng-a"), 0);
+	assert_int_equal(gf_engine_set_lock_secret(e, "wrong", 5), 0);
+	assert_int_equal(gf_engine_set_lock_secret(e, secret, sizeof(secret) - 1), 0);
+	to_standby(e);
+	assert_int_equal(gf_engine_set_lock_secret(e, secret, sizeof(secret) - 1), GF_ERR_STATE);
+	assert_int_equal(gf_engine_acquire(e, TU_MS(5000)), 0);
+	assert_int_equal(gf_engine_state(e), GF_ENGINE_WAKING);
+	assert_true(gf_engine_epoch(e) > 0);
+
+	gf_engine *wrong = tcp_follower(f, uri, "eng-w", "not-the-secret");
+	assert_int_equal(gf_engine_acquire(wrong, TU_MS(5000)), GF_ERR_PERMISSION);
+	assert_int_equal(gf_engine_state(wrong), GF_ENGINE_STANDBY);
+	gf_engine *none = tcp_follower(f, uri, "eng-n", NULL);
+	assert_int_equal(gf_engine_acquire(none, TU_MS(5000)), GF_ERR_PERMISSION);
+	assert_non_null(strstr(gf_error_detail(), "secret"));
+	assert_int_equal(gf_engine_state(none), GF_ENGINE_STANDBY);
+	/* The holder is the one the server has on record. */
+	char *js;
+	assert_int_equal(gf_lock_status_json(uri, secret, sizeof(secret) - 1, TU_MS(5000), &js), 0);
+	assert_non_null(strstr(js, "\"eng-a\""));
+	free(js);
+	gf_engine_free(none);
+	gf_engine_free(wrong);
+
+	/* A rank engine holds no lock, so it takes no secret. */
+	gf_engine *r;
+	assert_int_equal(gf_engine_new(&r), 0);
+	assert_int_equal(gf_engine_set_rank(r, "eng-a", 1), 0);
+	assert_int_equal(gf_engine_set_lock_secret(r, secret, sizeof(secret) - 1), GF_ERR_STATE);
+	gf_engine_free(r);
+
+	gf_engine_free(e);
+	f->e = NULL;
+	gf_lockd_stop(d);
+	pthread_join(th, NULL);
+	gf_lockd_free(d);
+	char p[420];
+	snprintf(p, sizeof(p), "%s.lock", lock_state);
+	unlink(p);
+	unlink(lock_state);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
@@ -2407,6 +2502,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_rank_memory_gate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_first_device, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_add_holder_pid, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lock_secret_over_tcp, setup, teardown),
 		/* Host only. */
 		cmocka_unit_test_setup_teardown(test_memory_gate_bad_knob, setup, teardown),
 		/* The driver's fault knobs: cuda only, last (five). */

@@ -51,7 +51,7 @@ ENGINE_PYTHON = {
     "gpus": "gpus", "asleep_bytes": "asleep_bytes", "pinned": "pinned", "model": "model",
     "probe_address": "probe_address", "health_fn": "health", "loss_fn": "on_loss", "loss_grace": "loss_grace",
     "step_down_fn": "on_step_down", "rank": "rank", "first_device": "first_device", "kv_pool": "kv_pool",
-    "kv_layout": "set_kv_layout",
+    "kv_layout": "set_kv_layout", "lock_secret": "lock_secret",
 }
 
 

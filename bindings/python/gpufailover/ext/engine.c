@@ -223,13 +223,32 @@ static int add_gms_uris(gf_engine *e, PyObject *seq, int *py_error)
 	return rc;
 }
 
+/* lock_secret=: None (no secret; @out stays empty) or a non-empty bytes-like object. */
+static int lock_secret_arg(PyObject *obj, Py_buffer *out)
+{
+	if (obj == Py_None)
+		return 0;
+	if (PyUnicode_Check(obj) || !PyObject_CheckBuffer(obj)) {
+		PyErr_Format(PyExc_TypeError, "lock_secret must be bytes or None, not %.100s", Py_TYPE(obj)->tp_name);
+		return -1;
+	}
+	if (PyObject_GetBuffer(obj, out, PyBUF_SIMPLE) < 0)
+		return -1;
+	if (out->len == 0) {
+		PyBuffer_Release(out);
+		PyErr_SetString(PyExc_ValueError, "lock_secret is empty");
+		return -1;
+	}
+	return 0;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lock", "engine_id", "gms", "role", "backend", "waking_timeout", "remap_timeout",
 				  "init_timeout", "private_bytes", "probe_port", "probe_address", "gpus", "memory_need",
 				  "asleep_bytes", "pinned", "model", "rank", "lock_reconnect_timeout", "loss_grace",
 				  "startup_deadline", "wake_priority", "settle_deferred", "keep_handles",
-				  "first_device", "kv_pool", NULL };
+				  "first_device", "kv_pool", "lock_secret", NULL };
 	const char *lock_uri, *id, *probe_addr = NULL; /* NULL: all interfaces, as kubelet probes need */
 	PyObject *gms_list, *roleobj = NULL, *bobj = NULL, *wobj = NULL, *robj = NULL, *iobj = NULL, *pobj = Py_None;
 	uint64_t priv = 0, need = 0, asleep = 0;
@@ -243,12 +262,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int64_t waking = -2, remap = -2, init_ms = -1, reconnect_ms = -1, grace_ms = -1, startup_ms = 0;
 	PyObject *reconnect_obj = Py_None, *grace_obj = NULL, *startup_obj = Py_None;
 	int wake_priority = 0, settle_deferred = 0, first_device = 0, kv_pool = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&iO&", kwlist, &lock_uri, &id, &gms_list,
+	PyObject *secret_obj = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "zsO|$OOOOOO&OzOOO&O&ziOOOiO&O&iO&O", kwlist, &lock_uri, &id, &gms_list,
 					 &roleobj, &bobj, &wobj, &robj, &iobj, gfpy_u64_arg, &priv, &pobj, &probe_addr,
 					 &gpus_obj, &need_obj, gfpy_u64_arg, &asleep, gfpy_bool_arg, &pinned, &model, &rank,
 					 &reconnect_obj, &grace_obj, &startup_obj, &wake_priority, gfpy_bool_arg,
 					 &settle_deferred, gfpy_bool_arg, &keep_handles, &first_device, gfpy_bool_arg,
-					 &kv_pool))
+					 &kv_pool, &secret_obj))
 		return -1;
 	/* None: the lock client's own reconnect time; no startup deadline */
 	if (gfpy_timeout_arg(reconnect_obj, &reconnect_ms, 1) < 0 ||
@@ -268,15 +288,22 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	if (probe_port_arg(pobj, &probe_port) < 0)
 		return -1;
-	if (gpus_obj != Py_None && gfpy_strv_arg(gpus_obj, "gpus", 8, &gpus, &ngpus) < 0)
+	Py_buffer secret = { 0 };
+	if (lock_secret_arg(secret_obj, &secret) < 0)
 		return -1;
+	if (gpus_obj != Py_None && gfpy_strv_arg(gpus_obj, "gpus", 8, &gpus, &ngpus) < 0) {
+		PyBuffer_Release(&secret);
+		return -1;
+	}
 	PyObject *seq = PySequence_Fast(gms_list, "gms must be a list of GMS URIs");
 	if (!seq) {
+		PyBuffer_Release(&secret);
 		gfpy_strv_free(gpus);
 		return -1;
 	}
 	if (PySequence_Fast_GET_SIZE(seq) < 1) {
 		Py_DECREF(seq);
+		PyBuffer_Release(&secret);
 		gfpy_strv_free(gpus);
 		PyErr_SetString(PyExc_ValueError, "gms must name at least one GMS URI");
 		return -1;
@@ -285,6 +312,9 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int rc = gf_engine_new(&e);
 	if (rc == 0)
 		rc = lock_uri ? gf_engine_set_lock(e, lock_uri, id) : gf_engine_set_rank(e, id, rank);
+	if (rc == 0 && secret.buf)
+		rc = gf_engine_set_lock_secret(e, secret.buf, (size_t)secret.len);
+	PyBuffer_Release(&secret);
 	int py_error = 0;
 	if (rc == 0)
 		rc = add_gms_uris(e, seq, &py_error);
@@ -929,7 +959,7 @@ PyTypeObject gfpy_EngineType = {
 		  "       probe_address=None, gpus=None, memory_need=None, asleep_bytes=0, pinned=False,\n"
 		  "       model=None, rank=0, lock_reconnect_timeout=None, loss_grace=10,\n"
 		  "       startup_deadline=None, wake_priority=0, settle_deferred=False,\n"
-		  "       keep_handles=True, first_device=0, kv_pool=False)\n\n"
+		  "       keep_handles=True, first_device=0, kv_pool=False, lock_secret=None)\n\n"
 		  "The engine state machine Init -> Standby -> Waking -> Active -> Dead.\n"
 		  "init_timeout: seconds Init waits for each GMS (a follower: for the loader's commit);\n"
 		  "None waits forever; omitted: a follower 1800 s, a loader forever.\n"
@@ -953,7 +983,10 @@ PyTypeObject gfpy_EngineType = {
 		  "first_device: the device ordinal of gms[0]; gms[i] is on device first_device + i\n"
 		  "(a tensor-parallel rank N on GPU N passes N; the host backend has only device 0).\n"
 		  "kv_pool: back the private memory with each GMS's KV pool (a GMS fenced by the lock):\n"
-		  "the wake maps the memory the previous holder used instead of creating it.",
+		  "the wake maps the memory the previous holder used instead of creating it.\n"
+		  "lock_secret: the shared secret (bytes) a tcp:// lock server requires (for etcd the\n"
+		  "user's password); copied, and the copy wiped when the engine is freed. A wrong or\n"
+		  "missing one makes acquire() raise PermissionError.",
 	.tp_new = PyType_GenericNew,
 	.tp_init = (initproc)Engine_init,
 	.tp_dealloc = (destructor)Engine_dealloc,

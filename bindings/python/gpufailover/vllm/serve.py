@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
         description="vLLM's OpenAI API server as a member of a gpufailover primary/standby pair. Every argument "
                     "that is not one of these (and all after --) goes to vLLM's server.")
     p.add_argument("--lock", required=True, help="lock server URI")
+    p.add_argument("--lock-secret-file", metavar="PATH", default=None,
+                   help="the shared secret a tcp:// lock server requires, read as gf-lockd --secret-file reads it "
+                        "(trailing newline dropped); read once here and handed to the worker's engine")
     p.add_argument("--gms", required=True, help="GMS URI; {rank} is replaced by the worker's local rank")
     p.add_argument("--id", required=True, help="engine id (unique per member)")
     p.add_argument("--role", choices=["loader", "follower"], default="loader",
@@ -200,6 +203,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_lock_secret(path: str) -> bytes:
+    """--lock-secret-file as gf-lockd reads its --secret-file: the first 4096
+    bytes, trailing newlines (and CRs) dropped. A file that cannot be read
+    or holds nothing ends the launcher with EXIT_USAGE, naming the option."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read(4096).rstrip(b"\r\n")
+    except OSError as e:
+        print(f"{PROG}: --lock-secret-file {path}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    if not secret:
+        print(f"{PROG}: --lock-secret-file {path}: empty secret", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    return secret
+
+
 def parse_args(argv: Sequence[str]) -> "tuple[argparse.Namespace, list[str]]":
     """``serve`` and the gf-vllm options; the rest in order, for vLLM."""
     argv = list(argv)
@@ -224,6 +243,7 @@ def parse_args(argv: Sequence[str]) -> "tuple[argparse.Namespace, list[str]]":
     vllm_argv += tail
     if not vllm_argv:
         _parser().error("give the model and vLLM's server arguments")
+    ours.lock_secret = read_lock_secret(ours.lock_secret_file) if ours.lock_secret_file else None
     return ours, vllm_argv
 
 
@@ -262,20 +282,39 @@ def check_servers(a: argparse.Namespace, vllm_argv: Sequence[str] = ()) -> None:
     server, then the GMS of every local rank (local_ranks() of the vLLM
     arguments; one when --gms has no {rank}). A URI that does not parse
     exits EXIT_USAGE at once, a server that does not answer
-    EXIT_UNAVAILABLE; either way no engine starts and no standby shows
-    healthy probes."""
+    EXIT_UNAVAILABLE, a lock server that refuses this member (a tcp://
+    one without --lock-secret-file or with another secret, a unix:// one
+    not allowing this uid) EXIT_USAGE; either way no engine starts and no
+    standby shows healthy probes."""
     import gpufailover as gf
     # The library's TimeoutError: gpufailover's __all__ leaves it out (import * must not shadow the builtin).
     from gpufailover._gpufailover import TimeoutError as GfTimeoutError
     ranks = local_ranks(vllm_argv) if "{rank}" in a.gms else 1
     gms = [a.gms.replace("{rank}", str(r)) for r in range(ranks)]
     end = time.monotonic() + a.check_timeout
-    for what, option, uri, ping in [("lock server", "--lock", a.lock, gf.lock_ping)] + [
+    lock_secret = a.lock_secret
+
+    def lock_ping(uri: str, timeout: float) -> None:
+        if lock_secret:
+            gf.lock_ping(uri, timeout, secret=lock_secret)
+        else:
+            gf.lock_ping(uri, timeout)  # secret=None is refused (a bytes-like object is required)
+
+    for what, option, uri, ping in [("lock server", "--lock", a.lock, lock_ping)] + [
             ("GMS", "--gms", u, gf.gms_ping) for u in gms]:
         while True:
             try:
                 ping(uri, max(0.2, min(2.0, end - time.monotonic())))
                 break
+            except gf.PermissionError as e:
+                log("check_failed", what=json.dumps(what), uri=json.dumps(uri), error=json.dumps(str(e)))
+                if what == "GMS":
+                    break  # it answered: the GMS's own access rules are the engine's to meet
+                hint = (f"check --lock-secret-file {a.lock_secret_file}" if lock_secret
+                        else "a tcp:// lock server needs --lock-secret-file")
+                print(f"{PROG}: --lock {uri}: the lock server refuses this member: {e} ({hint})",
+                      file=sys.stderr)
+                sys.exit(EXIT_USAGE)
             except ValueError as e:
                 log("check_failed", what=json.dumps(what), uri=json.dumps(uri), error=json.dumps(str(e)))
                 print(f"{PROG}: {option} {uri!r} is not a usable URI: {e}", file=sys.stderr)
@@ -292,7 +331,7 @@ def check_servers(a: argparse.Namespace, vllm_argv: Sequence[str] = ()) -> None:
                     sys.exit(EXIT_UNAVAILABLE)
                 time.sleep(0.2)
             except gf.GpuFailoverError:
-                break  # it answered, with a refusal (a TCP lock without the secret): reachable
+                break  # it answered, with another refusal: reachable
     log("checked", lock=json.dumps(a.lock), gms=json.dumps(",".join(gms)))
 
 
@@ -620,6 +659,8 @@ def main(argv: "Optional[Sequence[str]]" = None) -> int:
         "remap_timeout": a.remap_timeout, "init_timeout": a.init_timeout, "cpu_repack": a.cpu_repack,
         "keep_handles": a.keep_handles, "private_params": a.private_param, "server_pid": os.getpid(),
         "lock_reconnect_timeout": a.lock_reconnect_timeout, "kv_pool": a.kv_pool,
+        # Hex: JSON has no bytes. The tree's environment, never a command line.
+        "lock_secret": a.lock_secret.hex() if a.lock_secret else None,
         "token": token, "fd_socket": fd_socket, "hang_timeout": a.hang_timeout})
     # Until Active (HandOver drains from there), SIGTERM ends the whole tree:
     # it serves nothing yet.

@@ -524,7 +524,8 @@ class GfWorkerMixin:
                         memory_need=self._kv_need(),
                         probe_port=c.get("probe_port"), probe_address=c.get("probe_address"),
                         keep_handles=bool(c.get("keep_handles", True)), first_device=self._first_device(),
-                        lock_reconnect_timeout=c.get("lock_reconnect_timeout"), kv_pool=self._kv_pool())
+                        lock_reconnect_timeout=c.get("lock_reconnect_timeout"), kv_pool=self._kv_pool(),
+                        lock_secret=bytes.fromhex(c["lock_secret"]) if c.get("lock_secret") else None)
         eng.on_loss = lambda code, detail: kill_process_group(f"{gf.strerror(code)}: {detail}")
         server_pid = int(c["server_pid"])
         # /live and /ready while Active: the API server is there and its heartbeat comes through.
