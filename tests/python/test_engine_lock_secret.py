@@ -77,3 +77,19 @@ def test_bad_lock_secret(value, exc, match):
 def test_rank_engine_takes_no_secret():
     with pytest.raises(gf.StateError, match="holds no lock"):
         gf.Engine(None, "e", ["unix:///nonexistent/g"], backend="host", rank=1, lock_secret=SECRET)
+
+
+def test_admin_calls_take_secret_none(cluster):
+    """secret=None is "no secret", as the stubs say, on every call that takes
+    one (a unix lock server needs none); a str is a TypeError, not encoded."""
+    cluster.lockd()
+    uri = cluster.lock_uri
+    gf.lock_ping(uri, 2.0, secret=None)
+    assert gf.lock_status(uri, 2.0, secret=None)["holder"] is None
+    gf.LockClient(uri, "py-none", secret=None).close()
+    with pytest.raises(gf.GpuFailoverError):
+        gf.lock_evict(uri, "nobody", 2.0, secret=None)
+    for call in (lambda: gf.lock_ping(uri, 2.0, secret="text"), lambda: gf.lock_status(uri, 2.0, secret=1),
+                 lambda: gf.LockClient(uri, "py-str", secret="text")):
+        with pytest.raises(TypeError, match="secret must be bytes or None"):
+            call()

@@ -100,7 +100,7 @@ PyObject *gfpy_lock_status(PyObject *self, PyObject *args, PyObject *kw)
 	const char *uri;
 	PyObject *tobj = NULL;
 	Py_buffer secret = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$y*", kwlist, &uri, &tobj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$O&", kwlist, &uri, &tobj, gfpy_secret_arg, &secret))
 		return NULL;
 	struct lock_req *r = lock_req_new(uri, &secret, tobj, 5000);
 	PyBuffer_Release(&secret);
@@ -134,8 +134,8 @@ static PyObject *epoch_request(PyObject *args, PyObject *kw, const char *what, i
 	uint64_t epoch = 0;
 	PyObject *tobj = NULL;
 	Py_buffer secret = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, epoch_required ? "sO&|O$y*" : "s|O&O$y*", kwlist, &uri,
-					 gfpy_u64_arg, &epoch, &tobj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, epoch_required ? "sO&|O$O&" : "s|O&O$O&", kwlist, &uri,
+					 gfpy_u64_arg, &epoch, &tobj, gfpy_secret_arg, &secret))
 		return NULL;
 	if (epoch_required && epoch == 0) {
 		PyBuffer_Release(&secret);
@@ -167,7 +167,7 @@ PyObject *gfpy_ready_for(PyObject *self, PyObject *args, PyObject *kw)
 	Py_buffer secret = { 0 };
 	char **gpus = NULL;
 	size_t ngpus = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OzO$y*", kwlist, &uri, &gobj, &model, &tobj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OzO$O&", kwlist, &uri, &gobj, &model, &tobj, gfpy_secret_arg, &secret))
 		return NULL;
 	/* 8: the lock's limit, so a longer list fails here with the same message as the library's */
 	if (gobj && gobj != Py_None && gfpy_strv_arg(gobj, "gpus", 8, &gpus, &ngpus) < 0) {
@@ -294,7 +294,7 @@ PyObject *gfpy_lock_ping(PyObject *self, PyObject *args, PyObject *kw)
 	const char *uri;
 	PyObject *tobj = NULL;
 	Py_buffer secret = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$y*:lock_ping", kwlist, &uri, &tobj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$O&:lock_ping", kwlist, &uri, &tobj, gfpy_secret_arg, &secret))
 		return NULL;
 	struct lock_req *r = lock_req_new(uri, &secret, tobj, 5000);
 	PyBuffer_Release(&secret);
@@ -307,7 +307,7 @@ PyObject *gfpy_lock_evict(PyObject *self, PyObject *args, PyObject *kw)
 	const char *uri, *id;
 	PyObject *tobj = NULL;
 	Py_buffer secret = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$y*:lock_evict", kwlist, &uri, &id, &tobj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$O&:lock_evict", kwlist, &uri, &id, &tobj, gfpy_secret_arg, &secret))
 		return NULL;
 	struct lock_req *r = lock_req_new(uri, &secret, tobj, 5000);
 	PyBuffer_Release(&secret);

@@ -47,6 +47,22 @@ int gfpy_u64_arg(PyObject *obj, void *out)
 	return 1;
 }
 
+int gfpy_secret_arg(PyObject *obj, void *out)
+{
+	Py_buffer *b = out;
+	if (!obj) { /* PyArg's cleanup after a later argument failed */
+		PyBuffer_Release(b);
+		return 1;
+	}
+	if (obj == Py_None)
+		return Py_CLEANUP_SUPPORTED; /* no secret: @out stays empty */
+	if (PyUnicode_Check(obj) || !PyObject_CheckBuffer(obj)) {
+		PyErr_Format(PyExc_TypeError, "secret must be bytes or None, not %.100s", Py_TYPE(obj)->tp_name);
+		return 0;
+	}
+	return PyObject_GetBuffer(obj, b, PyBUF_SIMPLE) < 0 ? 0 : Py_CLEANUP_SUPPORTED;
+}
+
 PyObject *gfpy_json_loads(const char *text)
 {
 	PyObject *json = PyImport_ImportModule("json");

@@ -97,6 +97,10 @@ int gfpy_timeout_arg(PyObject *obj, int64_t *ms, int allow_none);
 /* PyArg "O&" converter to uint64_t: OverflowError outside 0 .. 2**64-1
  * (never wrapped, as the "K" format would), TypeError for non-integers. */
 int gfpy_u64_arg(PyObject *obj, void *out);
+/* PyArg "O&" converter of secret=: None leaves the Py_buffer at @out empty (no
+ * secret), a bytes-like object fills it (release it with PyBuffer_Release); a
+ * str or another type is a TypeError. */
+int gfpy_secret_arg(PyObject *obj, void *out);
 PyObject *gfpy_json_loads(const char *text);
 void gfpy_run_hook(PyObject *const *slot, int err, const char *detail);
 PyObject *gfpy_hook_get(PyObject *slot);

@@ -40,7 +40,7 @@ static int Lock_init(LockObject *self, PyObject *args, PyObject *kw)
 	const char *uri, *id;
 	PyObject *robj = NULL;
 	Py_buffer secret = { 0 };
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$y*", kwlist, &uri, &id, &robj, &secret))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|O$O&", kwlist, &uri, &id, &robj, gfpy_secret_arg, &secret))
 		return -1;
 	if (self->lock) {
 		PyBuffer_Release(&secret);
