@@ -295,10 +295,7 @@ def check_servers(a: argparse.Namespace, vllm_argv: Sequence[str] = ()) -> None:
     lock_secret = a.lock_secret
 
     def lock_ping(uri: str, timeout: float) -> None:
-        if lock_secret:
-            gf.lock_ping(uri, timeout, secret=lock_secret)
-        else:
-            gf.lock_ping(uri, timeout)  # secret=None is refused (a bytes-like object is required)
+        gf.lock_ping(uri, timeout, secret=lock_secret)
 
     for what, option, uri, ping in [("lock server", "--lock", a.lock, lock_ping)] + [
             ("GMS", "--gms", u, gf.gms_ping) for u in gms]:
