@@ -424,8 +424,13 @@ static int64_t mono_ms(void)
  */
 static char *infer_answer(struct app *a, uint64_t seed, size_t *len_out)
 {
-	if (!a->id_json && !(a->id_json = json_dumps(json_string(a->id), JSON_ENCODE_ANY | JSON_COMPACT)))
-		return NULL;
+	if (!a->id_json) {
+		json_t *id = json_string(a->id);
+		a->id_json = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+		json_decref(id);
+		if (!a->id_json)
+			return NULL;
+	}
 	float *out;
 	size_t len;
 	if (model_infer(&a->live, seed, &out, &len))
