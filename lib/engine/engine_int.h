@@ -124,6 +124,7 @@ struct gf_engine {
 	bool woken;
 	_Atomic(gf_lock *) lock;
 	bool lock_watching;
+	atomic_bool lock_watch_due; /* the watcher's start put off at the grant (engine.c) */
 	atomic_bool interrupted;
 	/* gf_engine_interrupt() during Init: an eventfd that ends init_weights'
 	 * wait in a GMS (the lock has no part in Init); init_done hands
@@ -233,5 +234,8 @@ void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats 
 /* 0 while @e may still be configured (Init, before init_weights); else the
  * error for @what (GF_ERR_INVALID_ARG for NULL, GF_ERR_STATE). config.c. */
 int gf_engine_config_check(gf_engine *e, const char *what);
+
+/* The lock client's put-off watcher start (lib/lock/lockint.h). */
+int gf_lock_start_watch_by(gf_lock *l, int64_t delay_ms);
 
 #endif

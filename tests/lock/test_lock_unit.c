@@ -713,6 +713,60 @@ static void test_prepared_watcher(void **s)
 	srv_stop(&sv);
 }
 
+/* Refused reclaim after a restart: how long until the hook heard of it (-1: not within @ms). */
+static int64_t loss_after_restart(struct srv *sv, struct lost_rec *lr, int64_t ms)
+{
+	srv_halt(sv);
+	srv_restart(sv, 0); /* back without a window: the reclaim is refused */
+	int64_t t0 = gf_now_us(), end = t0 + ms * 1000;
+	while (atomic_load(&lr->calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	return atomic_load(&lr->calls) ? gf_now_us() - t0 : -1;
+}
+
+/*
+ * A start put off (gf_lock_start_watch_by(), the engine's at the grant):
+ * nothing is watched before it is due, a gf_lock_start_watch() starts it
+ * at once, and one left alone starts when its time comes.
+ */
+static void test_watch_put_off(void **s)
+{
+	(void)s;
+	struct srv sv;
+	struct lost_rec lr = { 0 };
+	struct gf_lock_grant g;
+	srv_start(&sv, NULL, 1000);
+	gf_lock *a = client_with_hook(&sv, &lr, 200);
+	assert_int_equal(gf_lock_prepare_watch(a), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 600000), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 600000), GF_ERR_STATE); /* one watch at a time */
+	/* Unwatched: the refused reclaim is nobody's news yet. */
+	assert_int_equal(loss_after_restart(&sv, &lr, TU_MS(1000)), -1);
+	assert_true(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_start_watch(a), 0); /* now instead of then */
+	int64_t end = gf_now_us() + TU_MS(5000) * 1000;
+	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	assert_int_equal(atomic_load(&lr.calls), 1);
+	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
+	gf_lock_stop_watch(a);
+	gf_lock_free(a);
+	srv_stop(&sv);
+
+	/* Left alone, the start comes when it is due. */
+	struct lost_rec lr2 = { 0 };
+	srv_start(&sv, NULL, 1000);
+	a = client_with_hook(&sv, &lr2, 200);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 300), 0); /* also without a prepared thread */
+	assert_true(loss_after_restart(&sv, &lr2, TU_MS(5000)) >= 0);
+	assert_int_equal(lr2.err, GF_ERR_LOCK_LOST);
+	gf_lock_stop_watch(a);
+	gf_lock_free(a);
+	srv_stop(&sv);
+}
+
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
@@ -902,6 +956,7 @@ int main(void)
 		cmocka_unit_test(test_holder_takeover_stale_connection),
 		cmocka_unit_test(test_watcher_reclaims_then_reports_loss),
 		cmocka_unit_test(test_prepared_watcher),
+		cmocka_unit_test(test_watch_put_off),
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
