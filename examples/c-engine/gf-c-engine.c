@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -57,6 +58,7 @@
 struct app {
 	gf_engine *engine;
 	const char *id;
+	char *id_json; /* the id as a JSON string, made at the first answer (the warm-up's) */
 	const char *weights_path;
 	int port;
 	const char *listener; /* serve from the lock's listener of this name, not --port */
@@ -414,30 +416,61 @@ static int64_t mono_ms(void)
 	return mono_us() / 1000;
 }
 
-/* The answer to /infer?seed=@seed; NULL when out of memory. */
-static json_t *infer_answer(struct app *a, uint64_t seed)
+/*
+ * The answer to /infer?seed=@seed as JSON text (malloc'd, its length in
+ * *@len_out); NULL when out of memory or the model's output is not a
+ * number. Written with snprintf rather than built as a jansson object: a
+ * failover's first answer waits on it, and the object's allocations and
+ * its dump cost more than the formatting. The engine id, which may need
+ * escaping, is encoded once.
+ */
+static char *infer_answer(struct app *a, uint64_t seed, size_t *len_out)
 {
+	if (!a->id_json) {
+		json_t *id = json_string(a->id);
+		a->id_json = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+		json_decref(id);
+		if (!a->id_json)
+			return NULL;
+	}
 	float *out;
 	size_t len;
 	if (model_infer(&a->live, seed, &out, &len))
 		return NULL;
-	char hex[17];
-	snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)XXH64(out, len * sizeof(float), 0));
-	json_t *result = json_array();
-	for (size_t i = 0; i < len && i < 8; i++)
-		json_array_append_new(result, json_real(out[i]));
-	free(out);
-	json_t *answer = json_pack("{s:o,s:s,s:I,s:s,s:I,s:I}", "result", result, "checksum", hex, "epoch",
-				   (json_int_t)gf_engine_epoch(a->engine), "engine", a->id, "seed", (json_int_t)seed,
-				   "dim", (json_int_t)len);
-	if (answer && a->ranks) {
-		/* Each other rank's weights, as it read them at its wake. */
-		json_t *sums = json_array();
-		for (int i = 1; i < ranks_count(a->ranks); i++)
-			json_array_append_new(sums, json_string(ranks_checksum(a->ranks, i)));
-		json_object_set_new(answer, "ranks", sums);
+	int nranks = a->ranks ? ranks_count(a->ranks) : 0;
+	size_t cap = 512 + strlen(a->id_json) + (size_t)(nranks > 0 ? nranks : 0) * 24;
+	char *text = malloc(cap);
+	size_t n = 0;
+	bool ok = text != NULL;
+#define PUT(...)                                                                      \
+	do {                                                                          \
+		int w_ = ok ? snprintf(text + n, cap - n, __VA_ARGS__) : -1;          \
+		ok = w_ >= 0 && (size_t)w_ < cap - n;                                 \
+		n += ok ? (size_t)w_ : 0;                                             \
+	} while (0)
+	PUT("{\"result\":[");
+	for (size_t i = 0; i < len && i < 8; i++) {
+		ok = ok && isfinite(out[i]);
+		PUT("%s%.17g", i ? "," : "", (double)out[i]);
 	}
-	return answer;
+	PUT("],\"checksum\":\"%016llx\",\"epoch\":%" PRIu64 ",\"engine\":%s,\"seed\":%" PRIu64 ",\"dim\":%zu",
+	    (unsigned long long)XXH64(out, len * sizeof(float), 0), gf_engine_epoch(a->engine), a->id_json, seed, len);
+	free(out);
+	if (nranks > 0) {
+		/* Each other rank's weights, as it read them at its wake (hex digests). */
+		PUT(",\"ranks\":[");
+		for (int i = 1; i < nranks; i++)
+			PUT("%s\"%s\"", i > 1 ? "," : "", ranks_checksum(a->ranks, i));
+		PUT("]");
+	}
+	PUT("}");
+#undef PUT
+	if (!ok) {
+		free(text);
+		return NULL;
+	}
+	*len_out = n;
+	return text;
 }
 
 /*
@@ -448,20 +481,16 @@ static json_t *infer_answer(struct app *a, uint64_t seed)
 static void warm_up(struct app *a)
 {
 	int64_t t0 = mono_us();
-	json_t *answer = infer_answer(a, 0);
-	char *text = answer ? json_dumps(answer, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-	free(text);
-	json_decref(answer);
+	size_t len;
+	free(infer_answer(a, 0, &len));
 	logf_(GF_LOG_DEBUG, "event=warmed_up us=%lld", (long long)(mono_us() - t0));
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *body)
+/* Queue @text (malloc'd JSON, taken) as the answer. */
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char *text, size_t len)
 {
-	char *text = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-	json_decref(body);
 	if (!text)
 		return MHD_NO;
-	size_t len = strlen(text);
 	struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
 	if (!r) {
 		free(text);
@@ -473,6 +502,13 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
 	enum MHD_Result ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *body)
+{
+	char *text = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(body);
+	return send_text(c, status, text, text ? strlen(text) : 0);
 }
 
 static enum MHD_Result handle_http(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -507,10 +543,11 @@ static enum MHD_Result handle_http(void *cls, struct MHD_Connection *c, const ch
 					 json_pack("{s:s}", "error", "seed must be a non-negative integer"));
 		seed = v;
 	}
-	json_t *answer = infer_answer(a, seed);
+	size_t len;
+	char *answer = infer_answer(a, seed, &len);
 	if (!answer)
 		return send_json(c, MHD_HTTP_INTERNAL_SERVER_ERROR, json_pack("{s:s}", "error", "out of memory"));
-	return send_json(c, MHD_HTTP_OK, answer);
+	return send_text(c, MHD_HTTP_OK, answer, len);
 }
 
 /* Waits up to @ms for a stop request; 1 when stopping. */
@@ -1309,6 +1346,7 @@ int main(int argc, char **argv)
 	model_clear(&a.src);
 	gf_safetensors_free(a.file);
 	free(a.gen_buf);
+	free(a.id_json);
 	logf_(GF_LOG_INFO, "event=exit status=%d", status);
 	return status;
 }

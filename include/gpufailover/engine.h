@@ -392,7 +392,9 @@ GF_EXPORT int gf_engine_sleep(gf_engine *engine);
 /**
  * Block until the lock is granted (@p timeout_ms < 0: forever), wait at the
  * memory gate (gf_engine_set_memory_need()) and enter Waking; installs the
- * loss hook on the lock client and starts its watcher.
+ * loss hook on the lock client. Its watcher starts at the engine's settling
+ * (after the first answers, or at Active), or 5 ms after the grant if that
+ * comes first.
  * Errors: GF_ERR_STATE (not Standby), GF_ERR_INVALID_ARG (no lock URI),
  * GF_ERR_INTERRUPTED (gf_engine_interrupt(); stays Standby), the lock
  * client's errors (stays Standby), GF_ERR_OUT_OF_MEMORY (the gate did not

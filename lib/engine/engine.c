@@ -392,6 +392,18 @@ GF_EXPORT void gf_engine_interrupt(gf_engine *e)
 static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int64_t t0);
 
 /*
+ * The lock's watcher thread is not woken at the grant: waking it there put
+ * a thread wake-up, and on a busy machine the CPU it takes, between the
+ * grant and the first answer. It starts when the engine settles (after
+ * the first answers with settling deferred, at Active otherwise) or this
+ * long after the grant, whichever comes first: a long wake is watched as
+ * before (a loss seen, heartbeats of a TCP or etcd lease kept), a short one
+ * is not slowed. Until then gf_engine_may_accept() looks for the lock
+ * server's hang-up itself before each accept.
+ */
+#define LOCK_WATCH_DELAY_MS 5
+
+/*
  * The lock server says this engine is next (gf_lock_set_next_fn()), on the
  * thread waiting in gf_engine_acquire(): the GMS wake requests go out now,
  * with the coming grant's proof, so each GMS answers while the lock server
@@ -640,12 +652,14 @@ static int acquire_boosted(gf_engine *e, gf_lock *lock, int64_t timeout_ms, int6
 	rc = transition(e, GF_ENGINE_STANDBY, GF_ENGINE_WAKING);
 	if (rc)
 		return rc; /* lost meanwhile (Dead) */
-	rc = gf_lock_start_watch(lock);
+	/* Not woken now: at the first answers (settle()) or LOCK_WATCH_DELAY_MS from now. */
+	rc = gf_lock_start_watch_by(lock, LOCK_WATCH_DELAY_MS);
 	if (rc) {
 		gf_engine_die(e, "lock_watch", "cannot watch the lock connection");
 		return rc;
 	}
 	e->lock_watching = true;
+	atomic_store(&e->lock_watch_due, true);
 	return 0;
 }
 
@@ -828,6 +842,9 @@ static int serve_step(gf_engine *e, gf_engine_step_fn serve, void *userdata);
 static void settle(gf_engine *e)
 {
 	gf_lock *lock = atomic_load(&e->lock);
+	/* The lock's watcher, put off at the grant, if its time has not come yet. */
+	if (lock && atomic_exchange(&e->lock_watch_due, false) && gf_lock_start_watch(lock) < 0)
+		gf_log(GF_LOG_DEBUG, "engine", "event=lock_watch_started_already id=%s", e->id ? e->id : "");
 	/* gf-lockd's readiness relay counts this holder ready from now on (not a dead one). */
 	if (lock && gf_engine_state(e) == GF_ENGINE_ACTIVE && gf_lock_serving(lock) < 0)
 		gf_log(GF_LOG_DEBUG, "engine", "event=serving_not_reported id=%s detail=\"%s\"", e->id ? e->id : "",

@@ -126,6 +126,7 @@ struct gf_engine {
 	bool woken;
 	_Atomic(gf_lock *) lock;
 	bool lock_watching;
+	atomic_bool lock_watch_due; /* the watcher's start put off at the grant (engine.c) */
 	atomic_bool interrupted;
 	/* gf_engine_interrupt() during Init: an eventfd that ends init_weights'
 	 * wait in a GMS (the lock has no part in Init); init_done hands
@@ -237,5 +238,8 @@ void gf_engine_http_stats(struct gf_engine_http *h, struct gf_engine_http_stats 
 int gf_engine_config_check(gf_engine *e, const char *what);
 /* Wipe and free the lock secret (gf_engine_set_lock_secret()). */
 void gf_engine_wipe_lock_secret(gf_engine *e);
+
+/* The lock client's put-off watcher start (lib/lock/lockint.h). */
+int gf_lock_start_watch_by(gf_lock *l, int64_t delay_ms);
 
 #endif

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,25 @@ static void wake_failed(gf_gms *g)
 }
 
 /*
+ * How long a wake waits for the GMS's answer awake before it sleeps in
+ * the read. The answer is usually due within tens of microseconds (asked
+ * for when the lock server said this engine was next); a thread asleep
+ * when it comes takes as long again to run, longer on a busy machine.
+ * Awake, the thread yields its CPU each time round, which is what lets the
+ * GMS answer on a machine with no CPU free.
+ */
+#define WAKE_ANSWER_SPIN_US 200
+
+/* Until @fd is readable (or hung up) or WAKE_ANSWER_SPIN_US passed: the read that follows may still wait. */
+static void await_answer_awake(int fd)
+{
+	int64_t until = gf_now_us() + WAKE_ANSWER_SPIN_US;
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	while (poll(&p, 1, 0) == 0 && gf_now_us() < until)
+		sched_yield();
+}
+
+/*
  * Read the wake's grant on the kept session (WAKING). 0 with the grant in
  * @g->grant, 1 when the session is gone (connect afresh), < 0 when the
  * server refused (e.g. the timeout passed).
@@ -83,6 +103,7 @@ static int read_wake(gf_gms *g)
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
+	await_answer_awake(g->fd);
 	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
 	if (rc < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=connect",

@@ -98,16 +98,20 @@ struct gf_lock {
 	/*
 	 * The watcher: one thread, started by gf_lock_prepare_watch() (the
 	 * engine does it before waiting, so a wake creates no thread) or by the
-	 * first gf_lock_start_watch(), and parked between holds. wmu guards
-	 * the w_* flags; watch_stop_fd ends a watch loop.
+	 * first gf_lock_start_watch(), and parked between holds: in a poll of
+	 * watch_wake_fd (a start, or the end) and watch_timer_fd (a start put
+	 * off by gf_lock_start_watch_by(), due). wmu guards the w_* flags;
+	 * watch_stop_fd ends a watch loop; wcond tells of a loop's end.
 	 */
 	pthread_mutex_t wmu;
 	pthread_cond_t wcond;
 	pthread_t watcher;
 	bool w_started, w_quit;
 	bool watching; /* armed: the loop runs (or is about to) */
+	bool w_due;    /* a start put off: the loop runs when watch_timer_fd fires, or at the next start */
 	bool w_active; /* the thread is inside the loop */
 	int watch_stop_fd;
+	int watch_wake_fd, watch_timer_fd;
 	struct gf_lock *lnext, *lprev;
 };
 

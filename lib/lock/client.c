@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -61,7 +62,7 @@ static void fork_child(void)
 	 * child lives on. Threads do not survive fork, so neither does a watcher. */
 	for (struct gf_lock *l = all_locks; l; l = l->lnext) {
 		l->be->forked(l);
-		l->watching = l->w_active = l->w_started = false;
+		l->watching = l->w_active = l->w_started = l->w_due = false;
 		pthread_mutex_init(&l->mu, NULL);
 		pthread_mutex_init(&l->wmu, NULL);
 		pthread_cond_init(&l->wcond, NULL);
@@ -93,10 +94,14 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	}
 	l->intr_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	l->watch_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (l->intr_fd < 0 || l->watch_stop_fd < 0) {
+	l->watch_wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	l->watch_timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+	if (l->intr_fd < 0 || l->watch_stop_fd < 0 || l->watch_wake_fd < 0 || l->watch_timer_fd < 0) {
 		rc = gf_err_errno(GF_ERR_IO, errno, "lock: eventfd");
 		gf_close(l->intr_fd);
 		gf_close(l->watch_stop_fd);
+		gf_close(l->watch_wake_fd);
+		gf_close(l->watch_timer_fd);
 		l->be->free(l);
 		free(l);
 		return rc;
@@ -118,6 +123,24 @@ int gf_lock_new(gf_lock **out, const char *uri, const char *engine_id)
 	return 0;
 }
 
+/* The parked watcher looks at its flags again. */
+static void wake_watcher(gf_lock *l)
+{
+	uint64_t one = 1;
+	ssize_t r = write(l->watch_wake_fd, &one, sizeof(one));
+	(void)r; /* a full counter wakes it as well */
+}
+
+/* A start put off (gf_lock_start_watch_by()) no longer due. Called with wmu held. */
+static void cancel_due(gf_lock *l)
+{
+	if (!l->w_due)
+		return;
+	l->w_due = false;
+	struct itimerspec off = { 0 };
+	timerfd_settime(l->watch_timer_fd, 0, &off, NULL);
+}
+
 void gf_lock_free(gf_lock *l)
 {
 	if (!l)
@@ -126,7 +149,7 @@ void gf_lock_free(gf_lock *l)
 	pthread_mutex_lock(&l->wmu);
 	bool started = l->w_started;
 	l->w_quit = true;
-	pthread_cond_broadcast(&l->wcond);
+	wake_watcher(l);
 	pthread_mutex_unlock(&l->wmu);
 	if (started)
 		pthread_join(l->watcher, NULL);
@@ -141,6 +164,8 @@ void gf_lock_free(gf_lock *l)
 	l->be->free(l);
 	gf_close(l->intr_fd);
 	gf_close(l->watch_stop_fd);
+	gf_close(l->watch_wake_fd);
+	gf_close(l->watch_timer_fd);
 	pthread_cond_destroy(&l->wcond);
 	pthread_mutex_destroy(&l->wmu);
 	pthread_mutex_destroy(&l->mu);
@@ -430,13 +455,34 @@ static void watch_loop(gf_lock *l)
 	}
 }
 
+/* Parked until a start (now, or due by the timer) or the end. Called and returns with wmu held. */
+static void park(gf_lock *l)
+{
+	while (!l->watching && !l->w_quit) {
+		pthread_mutex_unlock(&l->wmu);
+		struct pollfd p[2] = { { .fd = l->watch_wake_fd, .events = POLLIN },
+				       { .fd = l->watch_timer_fd, .events = POLLIN } };
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			usleep(1000); /* ENOMEM: try again, without spinning */
+		uint64_t v;
+		ssize_t r = read(l->watch_wake_fd, &v, sizeof(v));
+		bool fired = read(l->watch_timer_fd, &v, sizeof(v)) == (ssize_t)sizeof(v);
+		(void)r;
+		pthread_mutex_lock(&l->wmu);
+		/* A firing of a start cancelled meanwhile finds w_due false. */
+		if (fired && l->w_due) {
+			l->w_due = false;
+			l->watching = true;
+		}
+	}
+}
+
 static void *watch_main(void *arg)
 {
 	gf_lock *l = arg;
 	pthread_mutex_lock(&l->wmu);
 	for (;;) {
-		while (!l->watching && !l->w_quit)
-			pthread_cond_wait(&l->wcond, &l->wmu);
+		park(l);
 		if (l->w_quit)
 			break;
 		l->w_active = true;
@@ -483,12 +529,45 @@ int gf_lock_start_watch(gf_lock *l)
 	int rc = 0;
 	if (l->watching || l->w_active) {
 		rc = gf_err(GF_ERR_STATE, "lock %s: watcher already running", l->id);
+	} else if (l->w_due) {
+		cancel_due(l); /* put off by gf_lock_start_watch_by(): now instead */
+		l->watching = true;
+		wake_watcher(l);
 	} else if ((rc = start_watcher_locked(l)) == 0) {
 		uint64_t v;
 		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
 			; /* a stop meant for an earlier hold */
 		l->watching = true;
-		pthread_cond_broadcast(&l->wcond);
+		wake_watcher(l);
+	}
+	pthread_mutex_unlock(&l->wmu);
+	return rc;
+}
+
+int gf_lock_start_watch_by(gf_lock *l, int64_t delay_ms)
+{
+	if (!l)
+		return gf_err(GF_ERR_INVALID_ARG, "lock: NULL lock");
+	if (delay_ms <= 0)
+		return gf_lock_start_watch(l);
+	if (!gf_lock_is_held(l))
+		return gf_err(GF_ERR_STATE, "lock %s: not held", l->id);
+	pthread_mutex_lock(&l->wmu);
+	int rc = 0;
+	if (l->watching || l->w_active || l->w_due) {
+		rc = gf_err(GF_ERR_STATE, "lock %s: watcher already running", l->id);
+	} else if ((rc = start_watcher_locked(l)) == 0) {
+		uint64_t v;
+		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
+			; /* a stop meant for an earlier hold */
+		struct itimerspec at = { .it_value = { .tv_sec = delay_ms / 1000, .tv_nsec = delay_ms % 1000 * 1000000 } };
+		if (timerfd_settime(l->watch_timer_fd, 0, &at, NULL) < 0) {
+			/* No timer: the watch starts now, as gf_lock_start_watch() would. */
+			l->watching = true;
+			wake_watcher(l);
+		} else {
+			l->w_due = true;
+		}
 	}
 	pthread_mutex_unlock(&l->wmu);
 	return rc;
@@ -499,6 +578,7 @@ void gf_lock_stop_watch(gf_lock *l)
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->wmu);
+	cancel_due(l);
 	if (l->watching || l->w_active) {
 		l->watching = false;
 		uint64_t one = 1;

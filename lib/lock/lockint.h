@@ -29,4 +29,13 @@ const char *gf_lock_serving_name(const gf_LockStatus *s);
 int gf_lock_ready_from_status(const gf_LockStatus *s, const char *const *gpus, size_t ngpus, const char *model,
 			      char **json);
 
+struct gf_lock;
+/*
+ * gf_lock_start_watch() in @delay_ms, unless a gf_lock_start_watch() comes
+ * first: the watcher thread is not woken now (client.c). For a holder whose
+ * next steps are on a failover's path, with a lock that can go unwatched
+ * that long. Errors as gf_lock_start_watch()'s.
+ */
+int gf_lock_start_watch_by(struct gf_lock *l, int64_t delay_ms);
+
 #endif

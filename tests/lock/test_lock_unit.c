@@ -590,6 +590,60 @@ static void test_prepared_watcher(void **s)
 	lt_stop(&sv);
 }
 
+/* Refused reclaim after a restart: how long until the hook heard of it (-1: not within @ms). */
+static int64_t loss_after_restart(struct lt_server *sv, struct lt_lost *lr, int64_t ms)
+{
+	lt_halt(sv);
+	lt_run(sv, 0); /* back without a window: the reclaim is refused */
+	int64_t t0 = gf_now_us(), end = t0 + ms * 1000;
+	while (atomic_load(&lr->calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	return atomic_load(&lr->calls) ? gf_now_us() - t0 : -1;
+}
+
+/*
+ * A start put off (gf_lock_start_watch_by(), the engine's at the grant):
+ * nothing is watched before it is due, a gf_lock_start_watch() starts it
+ * at once, and one left alone starts when its time comes.
+ */
+static void test_watch_put_off(void **s)
+{
+	(void)s;
+	struct lt_server sv;
+	struct lt_lost lr = { 0 };
+	struct gf_lock_grant g;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	gf_lock *a = lt_client(&sv, "a", TU_MS(200), &lr);
+	assert_int_equal(gf_lock_prepare_watch(a), 0);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 600000), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 600000), GF_ERR_STATE); /* one watch at a time */
+	/* Unwatched: the refused reclaim is nobody's news yet. */
+	assert_int_equal(loss_after_restart(&sv, &lr, TU_MS(1000)), -1);
+	assert_true(gf_lock_is_held(a));
+	assert_int_equal(gf_lock_start_watch(a), 0); /* now instead of then */
+	int64_t end = gf_now_us() + TU_MS(5000) * 1000;
+	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	assert_int_equal(atomic_load(&lr.calls), 1);
+	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
+	gf_lock_stop_watch(a);
+	gf_lock_free(a);
+	lt_stop(&sv);
+
+	/* Left alone, the start comes when it is due. */
+	struct lt_lost lr2 = { 0 };
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	a = lt_client(&sv, "a", TU_MS(200), &lr2);
+	assert_int_equal(gf_lock_acquire(a, TU_MS(2000), &g), 0);
+	assert_int_equal(gf_lock_start_watch_by(a, 300), 0); /* also without a prepared thread */
+	assert_true(loss_after_restart(&sv, &lr2, TU_MS(5000)) >= 0);
+	assert_int_equal(lr2.err, GF_ERR_LOCK_LOST);
+	gf_lock_stop_watch(a);
+	gf_lock_free(a);
+	lt_stop(&sv);
+}
+
 static void test_reconnect_window_expires(void **s)
 {
 	(void)s;
@@ -780,6 +834,7 @@ int main(void)
 		cmocka_unit_test(test_holder_takeover_stale_connection),
 		cmocka_unit_test(test_watcher_reclaims_then_reports_loss),
 		cmocka_unit_test(test_prepared_watcher),
+		cmocka_unit_test(test_watch_put_off),
 		cmocka_unit_test(test_reconnect_window_expires),
 		cmocka_unit_test(test_corrupt_state_floor),
 		cmocka_unit_test(test_config_validation),
