@@ -4,11 +4,11 @@
  * tests/fakecuda, whose asynchronous copies only land when waited for):
  * round trip byte for byte (also verified on the restoring thread, as a host
  * restore does while its hasher thread is behind), replacement, every
- * refusal (flipped byte,
- * truncation, other version, other granularity or backend, edited manifest),
- * nothing left allocated after a refused restore, a writer killed midway,
- * stale temporaries, disk full and read-only file systems (small tmpfs
- * mounts, skipped when mounting is not permitted).
+ * refusal (flipped byte, truncation, other version, other granularity or
+ * backend, edited manifest), nothing left allocated after a refused
+ * restore, a writer killed midway, stale temporaries, disk full and
+ * read-only file systems (small tmpfs mounts, skipped when mounting is not
+ * permitted).
  */
 #include <errno.h>
 #include <limits.h>
