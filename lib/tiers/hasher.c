@@ -157,7 +157,7 @@ static void *hasher_main(void *arg)
 	return NULL;
 }
 
-int tiers_hasher_new_ex(struct tiers_hasher **out, bool threaded)
+int tiers_hasher_new(struct tiers_hasher **out)
 {
 	struct tiers_hasher *h = calloc(1, sizeof(*h));
 	if (h)
@@ -168,26 +168,11 @@ int tiers_hasher_new_ex(struct tiers_hasher **out, bool threaded)
 	}
 	pthread_mutex_init(&h->lock, NULL);
 	pthread_cond_init(&h->cond, NULL);
-	h->threaded = threaded && pthread_create(&h->thread, NULL, hasher_main, h) == 0;
-	if (threaded && !h->threaded)
+	h->threaded = pthread_create(&h->thread, NULL, hasher_main, h) == 0;
+	if (!h->threaded)
 		gf_log(GF_LOG_DEBUG, "gms", "msg=\"hashing inline: no helper thread\"");
 	*out = h;
 	return 0;
-}
-
-int tiers_hasher_new(struct tiers_hasher **out)
-{
-	return tiers_hasher_new_ex(out, true);
-}
-
-unsigned tiers_hasher_pending(struct tiers_hasher *h)
-{
-	if (!h->threaded)
-		return 0;
-	pthread_mutex_lock(&h->lock);
-	unsigned n = h->pending;
-	pthread_mutex_unlock(&h->lock);
-	return n;
 }
 
 void tiers_hasher_wait(struct tiers_hasher *h)

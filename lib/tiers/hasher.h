@@ -19,12 +19,6 @@ struct tiers_hasher;
 
 /* 0 or GF_ERR_NOMEM. */
 int tiers_hasher_new(struct tiers_hasher **out);
-/*
- * As tiers_hasher_new(); with @threaded false no thread is started and every
- * chunk is hashed on the caller's thread before the call returns (a file
- * chunk read back in pieces that stay in this core's cache).
- */
-int tiers_hasher_new_ex(struct tiers_hasher **out, bool threaded);
 /* Waits for the last chunk and stops the thread. NULL is a no-op. */
 void tiers_hasher_free(struct tiers_hasher *h);
 /* Start a new stream (waits for the previous one's last chunk). */
@@ -63,8 +57,6 @@ void tiers_hasher_queue(struct tiers_hasher *h, const void *buf, size_t n, bool 
 void tiers_hasher_queue_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out);
 /* Waits, then the errno of the first failed read of a file chunk since the hasher was made, 0 if none. */
 int tiers_hasher_read_error(struct tiers_hasher *h);
-/* Chunks submitted and not yet hashed, the one being hashed included (0 for an inline hasher). */
-unsigned tiers_hasher_pending(struct tiers_hasher *h);
 /* Wait until every submitted chunk is hashed. */
 void tiers_hasher_wait(struct tiers_hasher *h);
 /* tiers_hasher_wait(), then the digest of the stream so far. */

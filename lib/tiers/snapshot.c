@@ -632,32 +632,18 @@ static int check_compatible(const char *dir, gf_mem *m, const struct tiers_manif
  * Where allocations are files (host memfds), the data file is copied into
  * them file to file: no page of the new memory is zero-filled or faulted
  * in by the copy. What landed is then read back from the allocation and
- * hashed in pieces that stay in a core's cache: no mapping of the new
- * memory is made, so no page table is filled for the hash and none torn
- * down after it (at 1 GiB in 256 x 4 MiB the WARM restore went from 0.88x
- * to 0.95-0.98x a bare splice, docs/tiers.md). The helper thread does it,
- * up to TIERS_HASHER_QUEUE chunks behind the copy. An allocation that
- * starts while the helper is tiers_restore_behind chunks behind (a busy
- * machine gives it no core for a while) is verified on this thread
- * instead, each RESTORE_PIECE read back right after it landed, while it is
- * still in this core's cache (about 0.7x the CPU of reading back a whole
- * 4 MiB chunk after the copy, measured here): this thread then spends its
- * time on the verification it would otherwise wait for. Either way every
- * byte is read back from the new memory and hashed, one stream per
- * allocation.
+ * hashed on the helper thread, up to TIERS_HASHER_QUEUE chunks behind the
+ * copy, in pieces that stay in its cache: no mapping of the new memory is
+ * made, so no page table is filled for the hash and none torn down after it
+ * (at 1 GiB in 256 x 4 MiB the WARM restore went from 0.88x to 0.95-0.98x
+ * a bare splice, docs/tiers.md).
  */
-unsigned tiers_restore_behind = 2;
-#define RESTORE_PIECE ((size_t)256 << 10)
-
 struct fill {
 	gf_mem_xfer *x;
 	int fd;
 	uint64_t file_off;
 	gf_mem_alloc *const *allocs;
-	struct tiers_hasher *h;  /* on the helper thread */
-	struct tiers_hasher *hi; /* on this thread */
-	bool here;               /* the current allocation is verified on this thread */
-	size_t nhere;            /* allocations verified on this thread */
+	struct tiers_hasher *h;
 	uint64_t *got;
 };
 
@@ -665,33 +651,19 @@ static int fill_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t
 {
 	(void)p;
 	struct fill *f = ud;
+	int rc = gf_mem_xfer_fill_from_file(f->x, f->allocs[i], off, f->fd, &f->file_off, n);
 	int afd;
 	bool owned;
-	int rc = gf_mem_export_borrowed(f->allocs[i], &afd, &owned);
+	if (rc == 0)
+		rc = gf_mem_export_borrowed(f->allocs[i], &afd, &owned);
 	if (rc == 0 && owned) {
 		/* Not so on host; the hasher could not know when to close it. */
 		close(afd);
 		rc = gf_err(GF_ERR_NOT_SUPPORTED, "snapshot restore: the allocation lends no fd of its own");
 	}
-	if (rc < 0)
-		return rc;
-	/* One allocation is one stream: its chunks all go to the same hasher. */
-	if (off == 0) {
-		f->here = tiers_hasher_pending(f->h) >= tiers_restore_behind;
-		f->nhere += f->here;
-	}
-	size_t step = f->here ? RESTORE_PIECE : n;
-	/* Pieces: the whole chunk asked of the disk at once, as one fill would. */
-	if (f->here)
-		(void)posix_fadvise(f->fd, (off_t)f->file_off, (off_t)(2 * (uint64_t)n), POSIX_FADV_WILLNEED);
-	/* The allocation's own fd: open until the allocations are freed, after the hashers. */
-	for (size_t done = 0; rc == 0 && done < n; done += step) {
-		size_t k = n - done < step ? n - done : step;
-		rc = gf_mem_xfer_fill_from_file(f->x, f->allocs[i], off + done, f->fd, &f->file_off, k);
-		if (rc == 0)
-			tiers_hasher_queue_file(f->here ? f->hi : f->h, afd, off + done, k,
-						last && done + k == n ? &f->got[i] : NULL);
-	}
+	/* The allocation's own fd: open until the allocations are freed, after the hasher. */
+	if (rc == 0)
+		tiers_hasher_queue_file(f->h, afd, off, n, last ? &f->got[i] : NULL);
 	return rc;
 }
 
@@ -702,12 +674,8 @@ static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct t
 			 .got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(uint64_t))};
 	if (!f.got)
 		return gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
-	int rc = tiers_hasher_new_ex(&f.hi, false);
-	if (rc == 0)
-		rc = each_chunk(mf, 0, fill_chunk, &f);
+	int rc = each_chunk(mf, 0, fill_chunk, &f);
 	int rerr = tiers_hasher_read_error(h);
-	if (f.hi && !rerr)
-		rerr = tiers_hasher_read_error(f.hi);
 	if (rc < 0)
 		rc = gf_err(rc, "snapshot: %s/" TIERS_SNAP_DATA ": %s", dir, gf_error_detail());
 	else if (rerr)
@@ -715,9 +683,6 @@ static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct t
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
 		if (f.got[i] != mf->allocs[i].xxh3)
 			rc = checksum_mismatch(dir, &mf->allocs[i], f.got[i]);
-	gf_log(GF_LOG_DEBUG, "gms", "snapshot=%s allocations=%zu verified_here=%zu msg=\"restore read back\"", dir,
-	       mf->nallocs, f.nhere);
-	tiers_hasher_free(f.hi);
 	free(f.got);
 	return rc;
 }

@@ -149,8 +149,8 @@ int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out);
  * another backend or granularity, create one allocation per entry, fill it
  * from data.bin (file to file on host, then read back and hashed; through
  * pinned staging buffers on cuda, hashing what was read), and compare every
- * checksum. On success *@mf_out and *@allocs_out
- * (an array of mf->nallocs fresh, unmapped allocations) are the caller's:
+ * checksum. On success *@mf_out and *@allocs_out (an array of mf->nallocs
+ * fresh, unmapped allocations) are the caller's:
  * free them with tiers_snapshot_restored_free() or adopt them. On failure
  * nothing stays allocated. Mismatching device UUIDs are allowed (a node
  * move) and logged. Blocks. Errors: as tiers_snapshot_open(),
@@ -159,13 +159,6 @@ int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out);
  */
 int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
 			   struct tiers_snap_stats *stats);
-/*
- * Chunks the hasher thread may be behind when a host restore starts an
- * allocation before the restoring thread verifies that allocation itself
- * (snapshot.c; default 2). Tests set 0 to verify every allocation on the
- * restoring thread, UINT_MAX for none; not changed while a restore runs.
- */
-extern unsigned tiers_restore_behind;
 /* Free what a successful tiers_snapshot_restore() returned (either may be NULL). */
 void tiers_snapshot_restored_free(struct tiers_manifest *mf, gf_mem_alloc **allocs);
 

@@ -15,10 +15,8 @@
  *   copy+hash  the copy, then XXH3 of every allocation (the library's
  *              hasher, waited for): "copy, then xxhsum".
  *   restore    tiers_snapshot_restore(): fresh allocations (memfds) filled
- *              from data.bin by splice, each read back and hashed (on its
- *              helper thread, or on its own for an allocation that starts
- *              while the helper is behind: how many, per round, is in the
- *              JSON as restore_verified_here_rounds).
+ *              from data.bin by splice, read back and hashed on its helper
+ *              thread.
  *   splice     the same file spliced into as many fresh memfds, no checksum.
  *   splice+hash  the splice, then XXH3 of each memfd through a fresh mapping.
  *
@@ -253,18 +251,6 @@ static int64_t plain_read(const char *path, const struct shape *sh, struct tiers
 	return us;
 }
 
-/* How many allocations each restore verified on its own thread (its debug line). */
-static long verified_here[99];
-static int restore_round;
-
-static void log_fn(int level, const char *component, const char *msg, void *ud)
-{
-	(void)level, (void)component, (void)ud;
-	const char *at = strstr(msg, "verified_here=");
-	if (at && restore_round >= 0 && restore_round < 99)
-		verified_here[restore_round] = atol(at + strlen("verified_here="));
-}
-
 struct ratio3 {
 	double med, min, max;
 };
@@ -309,8 +295,6 @@ int main(int argc, char **argv)
 
 	gf_mem *m;
 	size_t g, rec;
-	gf_set_log_fn(log_fn, NULL);
-	gf_set_log_level(GF_LOG_DEBUG);
 	int rc = gf_mem_open(&m, GF_MEM_HOST, 0);
 	if (rc < 0 || (rc = gf_mem_granularity(m, &g, &rec)) < 0)
 		die("open host backend", rc);
@@ -385,7 +369,6 @@ int main(int argc, char **argv)
 					struct tiers_snap_stats st;
 					struct tiers_manifest *back;
 					gf_mem_alloc **got;
-					restore_round = r;
 					int64_t c0 = cpu_us();
 					if ((rc = tiers_snapshot_restore(snap, m, &back, &got, &st)) < 0)
 						die("restore", rc);
@@ -405,12 +388,9 @@ int main(int argc, char **argv)
 		struct ratio3 rcpu = paired(csr, cpr, rounds);
 		struct ratio3 wc = paired(sw, pw, rounds), wh = paired(sw, hw, rounds), rc_ = paired(sr, pr, rounds),
 			      rh = paired(sr, hr, rounds);
-		char per[7][99 * 12];
-		int64_t here[99];
-		for (int r = 0; r < rounds; r++)
-			here[r] = verified_here[r];
-		const int64_t *all[7] = {sw, pw, hw, sr, pr, hr, here};
-		for (int k = 0; k < 7; k++)
+		char per[6][99 * 12];
+		const int64_t *all[6] = {sw, pw, hw, sr, pr, hr};
+		for (int k = 0; k < 6; k++)
 			series(per[k], sizeof(per[k]), all[k], rounds);
 		int64_t msw = median(sw, rounds), mpw = median(pw, rounds), mhw = median(hw, rounds),
 			msr = median(sr, rounds), mpr = median(pr, rounds), mhr = median(hr, rounds);
@@ -429,12 +409,12 @@ int main(int argc, char **argv)
 		       "\"restore_vs_splice_hash\": %.3f, \"restore_vs_splice_hash_min\": %.3f, \"restore_vs_splice_hash_max\": %.3f, "
 		       "\"snapshot_rounds_us\": [%s], \"copy_write_rounds_us\": [%s], \"copy_hash_write_rounds_us\": [%s], "
 		       "\"restore_rounds_us\": [%s], \"splice_read_rounds_us\": [%s], \"splice_hash_read_rounds_us\": [%s], "
-		       "\"restore_verified_here_rounds\": [%s], \"restore_cpu_us\": %lld, \"splice_read_cpu_us\": %lld, "
+		       "\"restore_cpu_us\": %lld, \"splice_read_cpu_us\": %lld, "
 		       "\"splice_hash_read_cpu_us\": %lld, \"restore_vs_splice_cpu\": %.3f, \"restore_vs_splice_cpu_min\": %.3f, "
 		       "\"restore_vs_splice_cpu_max\": %.3f}\n",
 		       dirs[d], bytes, nallocs, rounds, (long long)msw, (long long)mpw, (long long)mhw, (long long)msr,
 		       (long long)mpr, (long long)mhr, wc.med, wc.min, wc.max, wh.med, wh.min, wh.max, rc_.med, rc_.min,
-		       rc_.max, rh.med, rh.min, rh.max, per[0], per[1], per[2], per[3], per[4], per[5], per[6], (long long)median(csr, rounds),
+		       rc_.max, rh.med, rh.min, rh.max, per[0], per[1], per[2], per[3], per[4], per[5], (long long)median(csr, rounds),
 		       (long long)median(cpr, rounds), (long long)median(chr_, rounds), rcpu.med, rcpu.min, rcpu.max);
 		fflush(stdout);
 		char cmd[2200];

@@ -4,13 +4,12 @@
  * library's one-shot XXH3-64 of the same bytes: chunked streams, streams
  * ended by a chunk's digest_out (and the next one starting fresh), chunks
  * of a fresh mapping faulted in by the helper, chunks of a file read back
- * by the helper or, without one, by the caller (and a failed read reported,
- * not hashed over), and the AVX2 build of XXH3 where this CPU has AVX2.
+ * by the helper (and a failed read reported, not hashed over), and the AVX2
+ * build of XXH3 where this CPU has AVX2.
  */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -115,18 +114,18 @@ static void test_queue_deep(void **state)
 	free(p);
 }
 
-/* File chunks: read in pieces (256 KiB) by the helper (@threaded) or the
- * caller, mixed with memory chunks in one stream, at lengths that end
- * inside and on a piece. */
-static void file_chunks(bool threaded)
+/* File chunks: read in pieces (256 KiB) by the helper, mixed with memory
+ * chunks in one stream, at lengths that end inside and on a piece. */
+static void test_file_chunks(void **state)
 {
+	(void)state;
 	size_t piece = (size_t)256 << 10, total = 3 * piece + 12345;
 	uint8_t *src = random_bytes(total);
 	int fd = memfd_create("hasher-file-test", MFD_CLOEXEC);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, src, total), (ssize_t)total);
 	struct tiers_hasher *h;
-	assert_int_equal(tiers_hasher_new_ex(&h, threaded), 0);
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	uint64_t d[4] = { 0, 0, 0, 0 };
 	tiers_hasher_queue_file(h, fd, 0, piece, &d[0]);              /* exactly one piece */
 	tiers_hasher_queue_file(h, fd, piece, 2 * piece + 12345, &d[1]); /* two and a bit */
@@ -134,7 +133,6 @@ static void file_chunks(bool threaded)
 	tiers_hasher_queue(h, src + 107, 1000, false, &d[2]);
 	tiers_hasher_queue_file(h, fd, 5, 0, &d[3]);                   /* empty */
 	assert_int_equal(tiers_hasher_read_error(h), 0);
-	assert_int_equal(tiers_hasher_pending(h), 0);
 	assert_true(d[0] == XXH3_64bits(src, piece));
 	assert_true(d[1] == XXH3_64bits(src + piece, 2 * piece + 12345));
 	assert_true(d[2] == XXH3_64bits(src + 7, 1100));
@@ -143,29 +141,16 @@ static void file_chunks(bool threaded)
 
 	/* A chunk past the end of the file, or of a closed fd, is a read
 	 * error the caller sees, whatever the digest. */
-	assert_int_equal(tiers_hasher_new_ex(&h, threaded), 0);
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	tiers_hasher_queue_file(h, fd, total - 10, 20, &d[0]);
 	assert_int_equal(tiers_hasher_read_error(h), EIO);
 	tiers_hasher_free(h);
 	close(fd);
-	assert_int_equal(tiers_hasher_new_ex(&h, threaded), 0);
+	assert_int_equal(tiers_hasher_new(&h), 0);
 	tiers_hasher_queue_file(h, fd, 0, 10, &d[0]);
 	assert_int_equal(tiers_hasher_read_error(h), EBADF);
 	tiers_hasher_free(h);
 	free(src);
-}
-
-static void test_file_chunks(void **state)
-{
-	(void)state;
-	file_chunks(true);
-}
-
-/* The restore's own thread verifies an allocation this way while the helper is behind. */
-static void test_file_chunks_inline(void **state)
-{
-	(void)state;
-	file_chunks(false);
 }
 
 static void test_avx2_build_equals_library(void **state)
@@ -198,7 +183,6 @@ int main(void)
 		cmocka_unit_test(test_digest_out_and_fault_in),
 		cmocka_unit_test(test_queue_deep),
 		cmocka_unit_test(test_file_chunks),
-		cmocka_unit_test(test_file_chunks_inline),
 		cmocka_unit_test(test_avx2_build_equals_library),
 	};
 	return tu_run_group_tests(tests, NULL, NULL);

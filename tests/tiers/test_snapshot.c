@@ -2,16 +2,13 @@
 /*
  * Snapshot directories on one backend (argv[1] "host" or "cuda"; cuda runs on
  * tests/fakecuda, whose asynchronous copies only land when waited for):
- * round trip byte for byte (also verified on the restoring thread, as a host
- * restore does while its hasher thread is behind), replacement, every
- * refusal (flipped byte, truncation, other version, other granularity or
- * backend, edited manifest), nothing left allocated after a refused
- * restore, a writer killed midway, stale temporaries, disk full and
- * read-only file systems (small tmpfs mounts, skipped when mounting is not
- * permitted).
+ * round trip byte for byte, replacement, every refusal (flipped byte,
+ * truncation, other version, other granularity or backend, edited manifest),
+ * nothing left allocated after a refused restore, a writer killed midway,
+ * stale temporaries, disk full and read-only file systems (small tmpfs
+ * mounts, skipped when mounting is not permitted).
  */
 #include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -452,60 +449,6 @@ static void test_refusals(void **state)
 	restore_matches(good, 4);
 	free_layout(l);
 }
-/* The allocation count from a restore's debug line, -1 before one. */
-static long verified_here = -1;
-
-static void count_here(int level, const char *component, const char *msg, void *ud)
-{
-	(void)level, (void)component, (void)ud;
-	const char *at = strstr(msg, "verified_here=");
-	if (at)
-		verified_here = atol(at + strlen("verified_here="));
-}
-
-/*
- * Each allocation verified on the restoring thread, as a host restore does
- * while its hasher thread is behind: the same bytes come back, every
- * allocation is counted there (the big one spans three chunks, read back
- * in pieces), and a flipped byte is found the same way; with the
- * threshold never reached, none is.
- */
-static void test_verified_on_the_restoring_thread(void **state)
-{
-	(void)state;
-	if (kind != GF_MEM_HOST)
-		skip(); /* cuda restores through staging buffers, hashing what was read */
-	struct layout *l = make_layout(6);
-	const char *dir = path_in("here");
-	write_ok(l, dir);
-	gf_set_log_fn(count_here, NULL);
-	gf_set_log_level(GF_LOG_DEBUG);
-	tiers_restore_behind = 0;
-	restore_matches(dir, 6);
-	assert_int_equal(verified_here, (long)l->n);
-
-	const char *flip = path_in("here-flipped");
-	copy_snapshot(dir, flip);
-	char p[600];
-	size_t n;
-	snprintf(p, sizeof(p), "%s/%s", flip, TIERS_SNAP_DATA);
-	char *s = slurp(p, &n);
-	s[n / 2] ^= 0x10;
-	spit(p, s, n);
-	free(s);
-	verified_here = -1;
-	refused(flip, GF_ERR_PROTOCOL, "checksum mismatch in allocation 3");
-	assert_int_equal(verified_here, (long)l->n);
-
-	tiers_restore_behind = UINT_MAX;
-	restore_matches(dir, 6);
-	assert_int_equal(verified_here, 0);
-	tiers_restore_behind = 2;
-	gf_set_log_fn(NULL, NULL);
-	gf_set_log_level(GF_LOG_INFO);
-	free_layout(l);
-}
-
 
 /* A writer SIGKILLed at any point leaves the previous snapshot whole; the next writer removes its temporary. */
 static void test_killed_writer(void **state)
@@ -791,7 +734,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_write_from_populated),
 		cmocka_unit_test(test_replace),
 		cmocka_unit_test(test_refusals),
-		cmocka_unit_test(test_verified_on_the_restoring_thread),
 		cmocka_unit_test(test_killed_writer),
 		cmocka_unit_test(test_stale_temps),
 		cmocka_unit_test(test_disk_full_and_readonly),
