@@ -159,7 +159,8 @@ def main():
                     # CPU time of every thread over the same spans: what the verification costs,
                     # moved less by the machine's other load than the wall clock.
                     ("restore CPU", "restore_cpu_us", "splice_read_cpu_us", "splice CPU", "restore_vs_splice_cpu")):
-                row(f"gms {op} {tier}", f"{size}, throughput {spread(t, key)}", t[lib], None, base_name, t[base],
+                what = "CPU time" if op.endswith("CPU") else "throughput"
+                row(f"gms {op} {tier}", f"{size}, {what} {spread(t, key)}", t[lib], None, base_name, t[base],
                     round(1 / t[key], 2) if t[key] else None)
 
     def demo_rows():
