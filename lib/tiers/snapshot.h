@@ -147,9 +147,10 @@ int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out);
 /*
  * Restore the snapshot at @dir on @m: check it (tiers_snapshot_open()), refuse
  * another backend or granularity, create one allocation per entry, fill it
- * from data.bin (through pinned staging buffers on cuda) while hashing what
- * was read, and compare every checksum. On success *@mf_out and *@allocs_out
- * (an array of mf->nallocs fresh, unmapped allocations) are the caller's:
+ * from data.bin (file to file on host, then read back and hashed; through
+ * pinned staging buffers on cuda, hashing what was read), and compare every
+ * checksum. On success *@mf_out and *@allocs_out (an array of mf->nallocs
+ * fresh, unmapped allocations) are the caller's:
  * free them with tiers_snapshot_restored_free() or adopt them. On failure
  * nothing stays allocated. Mismatching device UUIDs are allowed (a node
  * move) and logged. Blocks. Errors: as tiers_snapshot_open(),

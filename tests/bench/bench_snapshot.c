@@ -15,7 +15,8 @@
  *   copy+hash  the copy, then XXH3 of every allocation (the library's
  *              hasher, waited for): "copy, then xxhsum".
  *   restore    tiers_snapshot_restore(): fresh allocations (memfds) filled
- *              from data.bin by splice and hashed through a fresh mapping.
+ *              from data.bin by splice, read back and hashed on its helper
+ *              thread.
  *   splice     the same file spliced into as many fresh memfds, no checksum.
  *   splice+hash  the splice, then XXH3 of each memfd through a fresh mapping.
  *
@@ -25,6 +26,10 @@
  * run in an order that rotates every round. Ratios are throughput ratios
  * (baseline time / library time): the median of the per-round ratios with
  * their min and max, so a slow round moves both sides of its pair.
+ * The read sides' CPU time (every thread, user + system, over the span
+ * timed) is in the JSON too (restore_vs_splice_cpu: splice CPU / restore
+ * CPU): what the verification costs, moved less by other load on the
+ * machine than the wall clock is.
  *
  * usage: bench-snapshot [TOTAL_MIB [NALLOCS [ROUNDS [DIR...]]]]
  *   defaults: 1024 MiB in 256 allocations, 7 rounds, WARM=/dev/shm and
@@ -38,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -56,6 +62,16 @@ static int64_t median(int64_t *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(*v), cmp_i64);
 	return v[n / 2];
+}
+
+/* CPU time of every thread of this process so far (user + system), in µs:
+ * what a side costs whatever else runs on the machine. */
+static int64_t cpu_us(void)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru) < 0)
+		return 0;
+	return (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
 }
 
 static double gbps(uint64_t bytes, int64_t us)
@@ -184,11 +200,13 @@ static void drop_cache(const char *path)
 /* Baseline read: @path spliced into @sh->n fresh memfds of @sh->each bytes
  * (the restore's allocations on this backend) through a 1 MiB pipe, as the
  * restore does; with @h, then each memfd hashed through a fresh mapping.
- * Freeing the memfds is not timed (nor is it on the restore's side). */
-static int64_t plain_read(const char *path, const struct shape *sh, struct tiers_hasher *h)
+ * Freeing the memfds is not timed (nor is it on the restore's side), and
+ * its CPU time over the same span goes to *@cpu. */
+static int64_t plain_read(const char *path, const struct shape *sh, struct tiers_hasher *h, int64_t *cpu)
 {
 	int *mfd = calloc(sh->n, sizeof(int));
 	int pp[2];
+	int64_t c0 = cpu_us();
 	int64_t t0 = gf_now_us();
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || pipe2(pp, O_CLOEXEC) < 0)
@@ -224,6 +242,7 @@ static int64_t plain_read(const char *path, const struct shape *sh, struct tiers
 		}
 	}
 	int64_t us = gf_now_us() - t0;
+	*cpu = cpu_us() - c0;
 	close(fd);
 	close(pp[0]);
 	close(pp[1]);
@@ -324,7 +343,7 @@ int main(int argc, char **argv)
 		snprintf(snap, sizeof(snap), "%s/gf-bench-snapshot-%ld", dirs[d], (long)getpid());
 		snprintf(plain, sizeof(plain), "%s/gf-bench-plain-%ld", dirs[d], (long)getpid());
 		snprintf(data, sizeof(data), "%s/%s", snap, TIERS_SNAP_DATA);
-		int64_t sw[99], pw[99], hw[99], sr[99], pr[99], hr[99];
+		int64_t sw[99], pw[99], hw[99], sr[99], pr[99], hr[99], csr[99], cpr[99], chr_[99];
 		for (int r = 0; r < rounds; r++) {
 			/* The three sides in an order that rotates every round, so none
 			 * always runs first after the pause or on the warmer cache; each
@@ -350,13 +369,15 @@ int main(int argc, char **argv)
 					struct tiers_snap_stats st;
 					struct tiers_manifest *back;
 					gf_mem_alloc **got;
+					int64_t c0 = cpu_us();
 					if ((rc = tiers_snapshot_restore(snap, m, &back, &got, &st)) < 0)
 						die("restore", rc);
+					csr[r] = cpu_us() - c0;
 					sr[r] = st.elapsed_us;
 					tiers_snapshot_restored_free(back, got);
 				} else {
 					int64_t *t = side == 1 ? pr : hr;
-					t[r] = plain_read(data, &sh, side == 1 ? NULL : h);
+					t[r] = plain_read(data, &sh, side == 1 ? NULL : h, side == 1 ? &cpr[r] : &chr_[r]);
 				}
 			}
 			if (pw[r] < 0 || hw[r] < 0 || pr[r] < 0 || hr[r] < 0) {
@@ -364,6 +385,7 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		}
+		struct ratio3 rcpu = paired(csr, cpr, rounds);
 		struct ratio3 wc = paired(sw, pw, rounds), wh = paired(sw, hw, rounds), rc_ = paired(sr, pr, rounds),
 			      rh = paired(sr, hr, rounds);
 		char per[6][99 * 12];
@@ -386,10 +408,14 @@ int main(int argc, char **argv)
 		       "\"restore_vs_splice\": %.3f, \"restore_vs_splice_min\": %.3f, \"restore_vs_splice_max\": %.3f, "
 		       "\"restore_vs_splice_hash\": %.3f, \"restore_vs_splice_hash_min\": %.3f, \"restore_vs_splice_hash_max\": %.3f, "
 		       "\"snapshot_rounds_us\": [%s], \"copy_write_rounds_us\": [%s], \"copy_hash_write_rounds_us\": [%s], "
-		       "\"restore_rounds_us\": [%s], \"splice_read_rounds_us\": [%s], \"splice_hash_read_rounds_us\": [%s]}\n",
+		       "\"restore_rounds_us\": [%s], \"splice_read_rounds_us\": [%s], \"splice_hash_read_rounds_us\": [%s], "
+		       "\"restore_cpu_us\": %lld, \"splice_read_cpu_us\": %lld, "
+		       "\"splice_hash_read_cpu_us\": %lld, \"restore_vs_splice_cpu\": %.3f, \"restore_vs_splice_cpu_min\": %.3f, "
+		       "\"restore_vs_splice_cpu_max\": %.3f}\n",
 		       dirs[d], bytes, nallocs, rounds, (long long)msw, (long long)mpw, (long long)mhw, (long long)msr,
 		       (long long)mpr, (long long)mhr, wc.med, wc.min, wc.max, wh.med, wh.min, wh.max, rc_.med, rc_.min,
-		       rc_.max, rh.med, rh.min, rh.max, per[0], per[1], per[2], per[3], per[4], per[5]);
+		       rc_.max, rh.med, rh.min, rh.max, per[0], per[1], per[2], per[3], per[4], per[5], (long long)median(csr, rounds),
+		       (long long)median(cpr, rounds), (long long)median(chr_, rounds), rcpu.med, rcpu.min, rcpu.max);
 		fflush(stdout);
 		char cmd[2200];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", snap, plain);
