@@ -42,6 +42,7 @@
 #include "gpufailover.h"
 #include "model.h"
 #include "ranks.h"
+#include "secret_file.h"
 #include "gpufailover/safetensors.h"
 
 #define PROG "gf-c-engine"
@@ -844,33 +845,6 @@ struct opts {
 	const char *model;
 };
 
-/* A secret file as gf-lockd --secret-file reads it: at most 4096 bytes, the
- * trailing newline (and CR) dropped. -1 with errno (EINVAL: empty). */
-static int read_secret(const char *path, char **out, size_t *len)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	char *buf = malloc(4096);
-	ssize_t n = buf ? read(fd, buf, 4096) : -1;
-	int err = errno;
-	close(fd);
-	if (n <= 0) {
-		free(buf);
-		errno = n == 0 ? EINVAL : buf ? err : ENOMEM;
-		return -1;
-	}
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-		n--;
-	if (n == 0) {
-		free(buf);
-		errno = EINVAL;
-		return -1;
-	}
-	*out = buf;
-	*len = (size_t)n;
-	return 0;
-}
 
 /* parse_args() result that means "exit 0 now" (--help, --version). */
 #define EXIT_DONE (-1)
@@ -1059,7 +1033,7 @@ static int parse_args(int argc, char **argv, struct app *a, struct opts *o)
 		fprintf(stderr, PROG ": --weights is for the loader; a follower imports the loader's weights\n");
 		return 2;
 	}
-	if (o->lock_secret_file && read_secret(o->lock_secret_file, &o->lock_secret, &o->lock_secret_len) < 0) {
+	if (o->lock_secret_file && secret_file_read(o->lock_secret_file, &o->lock_secret, &o->lock_secret_len) < 0) {
 		fprintf(stderr, PROG ": --lock-secret-file %s: %s\n", o->lock_secret_file,
 			errno == EINVAL ? "empty secret" : strerror(errno));
 		return 2;

@@ -14,6 +14,7 @@
 
 #include "gf-config.h"
 #include "gpufailover.h"
+#include "secret_file.h"
 #include "sidecar_http.h"
 #if GF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -253,23 +254,19 @@ static int block_stop_signals(void)
 /* Fence by the lock server; the secret is wiped once the server holds its own copy. Exit code; frees @d on failure. */
 static int configure_lock(gf_gmsd *d, const struct gmsd_opts *o)
 {
-	char secret[4097];
+	char *secret = NULL;
 	size_t slen = 0;
-	if (o->lock_secret_file) {
-		FILE *f = fopen(o->lock_secret_file, "re");
-		slen = f ? fread(secret, 1, sizeof(secret) - 1, f) : 0;
-		if (f)
-			fclose(f);
-		while (slen && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
-			slen--;
-		if (!slen) {
-			fprintf(stderr, "gf-gmsd: --lock-secret-file %s: empty or unreadable\n", o->lock_secret_file);
-			gf_gmsd_free(d);
-			return 2;
-		}
+	if (o->lock_secret_file && secret_file_read(o->lock_secret_file, &secret, &slen) < 0) {
+		fprintf(stderr, "gf-gmsd: --lock-secret-file %s: %s\n", o->lock_secret_file,
+			errno == EINVAL ? "empty secret" : strerror(errno));
+		gf_gmsd_free(d);
+		return 2;
 	}
-	int rc = gf_gmsd_set_lock(d, o->lock_uri, slen ? secret : NULL, slen);
-	memset(secret, 0, sizeof(secret));
+	int rc = gf_gmsd_set_lock(d, o->lock_uri, secret, slen);
+	if (secret) {
+		memset(secret, 0, slen);
+		free(secret);
+	}
 	if (rc < 0) {
 		gf_gmsd_free(d);
 		return fail(rc, "--lock");

@@ -13,6 +13,7 @@
 
 #include "gf-config.h"
 #include "gpufailover.h"
+#include "secret_file.h"
 #include "sidecar_http.h"
 #if GF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -92,30 +93,6 @@ static void add_listener(gf_lockd *d, const char *arg)
 	}
 }
 
-static int read_secret(const char *path, char **out, size_t *len)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	char *buf = malloc(4097);
-	ssize_t n = buf ? read(fd, buf, 4096) : -1;
-	close(fd);
-	if (n <= 0) {
-		free(buf);
-		errno = n == 0 ? EINVAL : errno;
-		return -1;
-	}
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-		n--;
-	if (n == 0) {
-		free(buf);
-		errno = EINVAL;
-		return -1;
-	}
-	*out = buf;
-	*len = (size_t)n;
-	return 0;
-}
 
 /* Parse a duration flag; on failure the detail is left for die_cfg(). */
 static int duration(const char *text, int64_t *out)
@@ -165,7 +142,7 @@ static int set_secret(gf_lockd *d, const char *path)
 {
 	char *s;
 	size_t len;
-	if (read_secret(path, &s, &len) < 0) {
+	if (secret_file_read(path, &s, &len) < 0) {
 		fprintf(stderr, "gf-lockd: --secret-file %s: %s\n", path, errno == EINVAL ? "empty secret" : strerror(errno));
 		return 2;
 	}

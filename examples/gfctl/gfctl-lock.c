@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gfctl.h"
+#include "secret_file.h"
 #include "gpufailover.h"
 
 struct lock_opts {
@@ -49,21 +50,11 @@ static int load_secret(struct lock_opts *o)
 {
 	if (!o->secret_file)
 		return 0;
-	int fd = open(o->secret_file, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		fprintf(stderr, "gfctl lock: --secret-file %s: %s\n", o->secret_file, strerror(errno));
+	if (secret_file_read(o->secret_file, &o->secret, &o->secret_len) < 0) {
+		fprintf(stderr, "gfctl lock: --secret-file %s: %s\n", o->secret_file,
+			errno == EINVAL ? "empty secret" : strerror(errno));
 		return -1;
 	}
-	o->secret = malloc(4097);
-	ssize_t n = o->secret ? read(fd, o->secret, 4096) : -1;
-	close(fd);
-	while (n > 0 && (o->secret[n - 1] == '\n' || o->secret[n - 1] == '\r'))
-		n--;
-	if (n <= 0) {
-		fprintf(stderr, "gfctl lock: --secret-file %s: empty or unreadable\n", o->secret_file);
-		return -1;
-	}
-	o->secret_len = (size_t)n;
 	return 0;
 }
 
