@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -186,6 +189,21 @@ static inline void tu_env_reserve(void)
 static inline void tu_env_set(const char *name, const char *value)
 {
 	setenv(name, value ? value : "", 1);
+}
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed:
+ * the caller's server binds it next, or it stands for a dead port); -1 if
+ * none could be had. */
+static inline int tu_free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	if (fd < 0)
+		return -1;
+	int ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+	close(fd);
+	return ok ? ntohs(sa.sin_port) : -1;
 }
 
 #ifdef cmocka_unit_test

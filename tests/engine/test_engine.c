@@ -2347,14 +2347,9 @@ static void test_add_holder_pid(void **state)
 /* A free TCP port on the loopback (closed again: the server binds it next). */
 static int free_tcp_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
+	int port = tu_free_port();
+	assert_true(port > 0);
+	return port;
 }
 
 /* A follower of the fixture's GMS in Standby on the lock @uri, with

@@ -23,13 +23,9 @@
 /* A loopback port nobody listens on (bound, then closed). */
 static int dead_port(void)
 {
-	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t l = sizeof(a);
-	assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
-	close(s);
-	return ntohs(a.sin_port);
+	int port = tu_free_port();
+	assert_true(port > 0);
+	return port;
 }
 
 static void *interrupt_later(void *arg)

@@ -54,14 +54,9 @@ struct lt_server {
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 static inline int lt_free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
+	int port = tu_free_port();
+	assert_true(port > 0);
+	return port;
 }
 
 static inline void *lt_main(void *arg)
