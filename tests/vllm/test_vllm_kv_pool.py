@@ -10,7 +10,7 @@ the cache's size), the same prompts give the same tokens, and a prompt that
 shares a long prefix with one served before the kill is answered from vLLM's
 prefix cache (vLLM's own prefix-cache counters) in less time than a prompt
 of the same length on a cold cache, measured side by side, alternating.
-On a GPU (tests/gpu/run_vllm_kv_pool_gpu.sh) the mapping checks are the
+On a GPU (tests/gpu/run_vllm_gpu.sh test_vllm_kv_pool.py) the mapping checks are the
 device's free memory instead: the wake creates none of the cache's size."""
 import json
 import os
