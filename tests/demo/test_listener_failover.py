@@ -33,6 +33,7 @@ SEEDS = 4
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from probe import engine_state as state  # noqa: E402
 
 
 def wait_for(pred, timeout, what):
@@ -43,17 +44,6 @@ def wait_for(pred, timeout, what):
             return v
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def state(probe_port):
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", probe_port, timeout=1)
-        c.request("GET", "/state")
-        body = c.getresponse().read()
-        c.close()
-        return json.loads(body).get("state", "").lower()
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
 
 
 class Client(threading.Thread):

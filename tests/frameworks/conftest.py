@@ -29,18 +29,12 @@ def load_torch_engine():
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from probe import engine_state  # noqa: E402,F401  (the tests import it from here)
 
 
 def get(port, path, timeout=2.0):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def engine_state(probe_port):
-    try:
-        return get(probe_port, "/state", 0.5)["state"].lower()
-    except OSError:
-        return None
 
 
 def start_engine(cluster, kind, name, role, *extra):

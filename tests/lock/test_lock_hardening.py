@@ -25,6 +25,7 @@ C_ENGINE = os.environ.get("GF_C_ENGINE", "build/examples/c-engine/gf-c-engine")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
 from other_uid import for_other_uid  # noqa: E402
+from probe import engine_state  # noqa: E402
 
 
 def get(port, path, timeout=5.0):
@@ -35,13 +36,6 @@ def get(port, path, timeout=5.0):
         return r.status, r.read()
     finally:
         c.close()
-
-
-def engine_state(probe):
-    try:
-        return json.loads(get(probe, "/state", 1)[1]).get("state", "").lower()
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
 
 
 @pytest.fixture

@@ -12,18 +12,12 @@ from conftest import C_ENGINE, PY_ENGINE, gf, wait_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ports import free_port  # noqa: E402  (below the ephemeral range: see there)
+from probe import engine_state as state  # noqa: E402
 
 
 def get(port, path, timeout=1.0):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def state(probe_port):
-    try:
-        return get(probe_port, "/state", 0.5)["state"].lower()
-    except OSError:
-        return None
 
 
 def start_engine(cluster, kind, name, role, *extra):
