@@ -81,6 +81,35 @@ def wait_for(pred, timeout=10.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def load_one_tensor(device, gms):
+    """An engine's load callback: one 1 MiB allocation under the name "w", committed."""
+    gms.put_meta("w", gms.allocate(1 << 20, "w"), 0, b"x")
+    gms.commit()
+
+
+def held_lock(cluster):
+    """A lock server, and a client holding its lock (the caller releases it)."""
+    cluster.lockd()
+    holder = gf.LockClient(cluster.lock_uri, "holder")
+    holder.acquire(timeout=5)
+    return holder
+
+
+def waiter_queued(cluster, name):
+    return any(w["id"] == name for w in gf.lock_status(cluster.lock_uri)["waiters"])
+
+
+def sleeping_engine(cluster, name):
+    """A lock held by another client, a GMS, and an engine of @name that loaded
+    one tensor and sleeps, ready to queue: (holder, engine)."""
+    holder = held_lock(cluster)
+    cluster.gmsd()
+    eng = gf.Engine(cluster.lock_uri, name, [cluster.gms_uri()], backend="host")
+    eng.init_weights(load=load_one_tensor)
+    eng.sleep()
+    return holder, eng
+
+
 class Cluster:
     """A lock server and GMS servers in one temp dir."""
 

@@ -8,16 +8,11 @@ import ctypes
 import pytest
 
 from conftest import gf
+from conftest import load_one_tensor as load
 
 SIZE = 4 << 20
 BLOCK = 64 << 10
 LAYOUT = bytes(range(16))
-
-
-def load(device, gms):
-    aid = gms.allocate(1 << 20, "w")
-    gms.put_meta("w", aid, 0, b"x")
-    gms.commit()
 
 
 def engine(cluster, name, role, layout=LAYOUT, kv_pool=True):

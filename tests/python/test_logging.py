@@ -9,7 +9,7 @@ import re
 import subprocess
 import time
 
-from conftest import GMSD, LOCKD, gf, wait_for
+from conftest import GMSD, LOCKD, gf, load_one_tensor, wait_for
 
 
 class Collect(logging.Handler):
@@ -23,12 +23,7 @@ class Collect(logging.Handler):
 
 def run_engine(cluster):
     eng = gf.Engine(cluster.lock_uri, "logged", [cluster.gms_uri()], backend="host")
-
-    def load(device, gms):
-        gms.put_meta("w", gms.allocate(1 << 20, "w"), 0, b"x")
-        gms.commit()
-
-    eng.init_weights(load=load)
+    eng.init_weights(load=load_one_tensor)
     eng.sleep()
     eng.acquire(timeout=10)
     eng.wake_up()

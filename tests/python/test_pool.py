@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from conftest import Deadline, gf, wait_for
+from conftest import Deadline, gf, load_one_tensor, wait_for
 
 GPU_A = "GPU-12345678-1234-1234-1234-123456789abc"
 GPU_B = "GPU-abcdef01-2345-6789-abcd-ef0123456789"
@@ -59,13 +59,7 @@ def test_engine_declares_its_pool_entry(cluster):
     cluster.gmsd()
     eng = gf.Engine(cluster.lock_uri, "engine-pool", [cluster.gms_uri()], backend="host", gpus=[GPU_A, GPU_B],
                     memory_need=0, asleep_bytes=123, pinned=True, model="llama-8b")
-
-    def load(device, gms):
-        aid = gms.allocate(1 << 20, "w")
-        gms.put_meta("w", aid, 0, b"x")
-        gms.commit()
-
-    eng.init_weights(load=load)
+    eng.init_weights(load=load_one_tensor)
     eng.sleep()
     epoch = eng.acquire(timeout=10)
     info = gf.lock_status(cluster.lock_uri)["holder_info"]

@@ -8,19 +8,7 @@ import time
 
 import pytest
 
-from conftest import Deadline, gf, wait_for
-
-
-
-def held_lock(cluster):
-    cluster.lockd()
-    holder = gf.LockClient(cluster.lock_uri, "holder")
-    holder.acquire(timeout=5)
-    return holder
-
-
-def waiter_queued(cluster, name):
-    return any(w["id"] == name for w in gf.lock_status(cluster.lock_uri)["waiters"])
+from conftest import Deadline, gf, held_lock, sleeping_engine, wait_for, waiter_queued
 
 
 def test_raising_handler_ends_lock_acquire(cluster, alarm):
@@ -90,17 +78,7 @@ def test_returning_handler_keeps_the_remaining_timeout(cluster, alarm):
 
 
 def test_raising_handler_ends_engine_acquire(cluster, alarm):
-    holder = held_lock(cluster)
-    cluster.gmsd()
-    eng = gf.Engine(cluster.lock_uri, "engine-alarmed", [cluster.gms_uri()], backend="host")
-
-    def load(device, gms):
-        aid = gms.allocate(1 << 20, "w")
-        gms.put_meta("w", aid, 0, b"x")
-        gms.commit()
-
-    eng.init_weights(load=load)
-    eng.sleep()
+    holder, eng = sleeping_engine(cluster, "engine-alarmed")
 
     def raise_deadline(signum, frame):
         raise Deadline()
@@ -202,17 +180,7 @@ def test_handler_that_closes_the_waiting_client(cluster, alarm, then_raise):
 
 
 def test_handler_that_closes_the_waiting_engine(cluster, alarm):
-    holder = held_lock(cluster)
-    cluster.gmsd()
-    eng = gf.Engine(cluster.lock_uri, "engine-closed-by-handler", [cluster.gms_uri()], backend="host")
-
-    def load(device, gms):
-        aid = gms.allocate(1 << 20, "w")
-        gms.put_meta("w", aid, 0, b"x")
-        gms.commit()
-
-    eng.init_weights(load=load)
-    eng.sleep()
+    holder, eng = sleeping_engine(cluster, "engine-closed-by-handler")
     signal.signal(signal.SIGALRM, lambda s, f: eng.close())
     signal.setitimer(signal.ITIMER_REAL, 0.3)
     with pytest.raises(gf.InterruptedError, match="closed by a signal handler"):

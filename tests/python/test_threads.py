@@ -8,18 +8,8 @@ import time
 
 import pytest
 
-from conftest import gf, wait_for
-
-
-def held_lock(cluster):
-    cluster.lockd()
-    holder = gf.LockClient(cluster.lock_uri, "holder")
-    holder.acquire(timeout=5)
-    return holder
-
-
-def queued(cluster, name):
-    return any(w["id"] == name for w in gf.lock_status(cluster.lock_uri)["waiters"])
+from conftest import gf, held_lock, sleeping_engine, wait_for
+from conftest import waiter_queued as queued
 
 
 def in_thread(fn):
@@ -104,17 +94,7 @@ def test_close_during_gms_remap_raises_then_works(cluster):
 
 
 def test_close_interrupts_a_blocked_engine_acquire(cluster):
-    holder = held_lock(cluster)
-    cluster.gmsd()
-    eng = gf.Engine(cluster.lock_uri, "engine-closed-under", [cluster.gms_uri()], backend="host")
-
-    def load(device, gms):
-        aid = gms.allocate(1 << 20, "w")
-        gms.put_meta("w", aid, 0, b"x")
-        gms.commit()
-
-    eng.init_weights(load=load)
-    eng.sleep()
+    holder, eng = sleeping_engine(cluster, "engine-closed-under")
     t, out = in_thread(lambda: eng.acquire(timeout=120))
     wait_for(lambda: queued(cluster, "engine-closed-under"), what="the engine to queue")
     eng.close()
