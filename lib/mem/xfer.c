@@ -1,7 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Chunked, double-buffered transfers between mappings and host code (xfer.h). */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -18,8 +16,6 @@ struct gf_mem_xfer {
 	void *event[2];
 	bool pending[2]; /* a copy from or into buf[i] may still be running */
 	void *stream;
-	int pipe[2];    /* fill_from_file: splice's pipe; -1 until first used */
-	uint8_t *bounce; /* fill_from_file: the read/write fallback's buffer */
 };
 
 int gf_mem_xfer_staged(const gf_mem_xfer *x)
@@ -46,9 +42,6 @@ void gf_mem_xfer_free(gf_mem_xfer *x)
 {
 	if (!x)
 		return;
-	gf_close(x->pipe[0]);
-	gf_close(x->pipe[1]);
-	free(x->bounce);
 	if (x->staged) {
 		const struct gf_mem_backend *be = x->m->be;
 		/* Buffers may be freed only when no copy uses them any more. */
@@ -74,7 +67,6 @@ int gf_mem_xfer_new(gf_mem *m, size_t chunk, gf_mem_xfer **out)
 		return gf_err(GF_ERR_NOMEM, "xfer: out of memory");
 	const struct gf_mem_backend *be = m->be;
 	x->m = m;
-	x->pipe[0] = x->pipe[1] = -1;
 	x->chunk = chunk ? chunk : GF_MEM_XFER_CHUNK;
 	x->staged = be->copy_dtoh != NULL;
 	if (x->staged) {
@@ -190,98 +182,7 @@ int gf_mem_xfer_write(gf_mem_xfer *x, uint64_t dst, size_t n, gf_mem_xfer_source
 	return rc < 0 ? rc : rd;
 }
 
-/* The read/write fallback of fill_from_file: through one chunk-sized buffer. */
-static int fill_by_copy(gf_mem_xfer *x, int dst, uint64_t dst_off, int src, uint64_t *src_off, size_t n)
-{
-	if (!x->bounce && !(x->bounce = malloc(x->chunk)))
-		return gf_err(GF_ERR_NOMEM, "xfer: out of memory for a %zu-byte buffer", x->chunk);
-	while (n) {
-		size_t want = n < x->chunk ? n : x->chunk;
-		ssize_t r = pread(src, x->bounce, want, (off_t)*src_off);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return gf_err_errno(GF_ERR_IO, errno, "xfer: read at byte %llu", (unsigned long long)*src_off);
-		if (r == 0)
-			return gf_err(GF_ERR_PROTOCOL, "xfer: the file ends at byte %llu (truncated while reading)",
-				      (unsigned long long)*src_off);
-		for (size_t done = 0; done < (size_t)r;) {
-			ssize_t w = pwrite(dst, x->bounce + done, (size_t)r - done, (off_t)(dst_off + done));
-			if (w < 0 && errno == EINTR)
-				continue;
-			if (w <= 0)
-				return gf_err_errno(w < 0 && errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO,
-						    w < 0 ? errno : ENOSPC, "xfer: write into the allocation");
-			done += (size_t)w;
-		}
-		*src_off += (uint64_t)r;
-		dst_off += (uint64_t)r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
-
-/* Drain what the pipe holds into @dst at *@dst_off. */
-static int drain_pipe(gf_mem_xfer *x, int dst, loff_t *dst_off, size_t held)
-{
-	while (held) {
-		ssize_t w = splice(x->pipe[0], NULL, dst, dst_off, held, SPLICE_F_MOVE);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return gf_err_errno(w < 0 && errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO,
-					    w < 0 ? errno : ENOSPC, "xfer: splice into the allocation");
-		held -= (size_t)w;
-	}
-	return 0;
-}
-
 bool gf_mem_xfer_files(const gf_mem_xfer *x)
 {
 	return x && (x->m->be->caps & GF_MEM_CAP_FILES) && x->m->be->export_borrow;
-}
-
-int gf_mem_xfer_fill_from_file(gf_mem_xfer *x, gf_mem_alloc *a, uint64_t a_off, int src_fd, uint64_t *src_off,
-			       size_t n)
-{
-	if (!x || !a || src_fd < 0 || !src_off)
-		return gf_err(GF_ERR_INVALID_ARG, "xfer fill: NULL argument");
-	int dst;
-	bool owned;
-	if (!gf_mem_xfer_files(x))
-		return gf_err(GF_ERR_NOT_SUPPORTED, "xfer fill: %s allocations are not files", x->m->be->name);
-	int rc = gf_mem_export_borrowed(a, &dst, &owned);
-	if (rc < 0)
-		return rc;
-	if (x->pipe[0] < 0 && pipe2(x->pipe, O_CLOEXEC) == 0)
-		fcntl(x->pipe[1], F_SETPIPE_SZ, 1 << 20); /* fewer round trips; the default 64 KiB works too */
-	loff_t in = (loff_t)*src_off, out = (loff_t)a_off;
-	/* From a disk: ask for this range and the next one in large reads now.
-	 * splice alone reads a pipe's worth at a time within the readahead
-	 * window, slower on a cold cache than one big read() (and the disk
-	 * would idle while the caller hashes). A hint: failure changes nothing. */
-	(void)posix_fadvise(src_fd, in, (off_t)(2 * (uint64_t)n), POSIX_FADV_WILLNEED);
-	while (n && x->pipe[0] >= 0) {
-		ssize_t r = splice(src_fd, &in, x->pipe[1], NULL, n, SPLICE_F_MOVE);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0 && (errno == EINVAL || errno == ENOSYS) && (uint64_t)in == *src_off)
-			break; /* this file system does not splice: copy instead */
-		if (r < 0)
-			return gf_err_errno(GF_ERR_IO, errno, "xfer: splice at byte %llu", (unsigned long long)in);
-		if (r == 0)
-			return gf_err(GF_ERR_PROTOCOL, "xfer: the file ends at byte %llu (truncated while reading)",
-				      (unsigned long long)in);
-		rc = drain_pipe(x, dst, &out, (size_t)r);
-		if (rc < 0) {
-			/* Bytes may be left in the pipe: never let a later fill read them. */
-			gf_close(x->pipe[0]);
-			gf_close(x->pipe[1]);
-			x->pipe[0] = x->pipe[1] = -1;
-			return rc;
-		}
-		*src_off = (uint64_t)in;
-		n -= (size_t)r;
-	}
-	return n ? fill_by_copy(x, dst, (uint64_t)out, src_fd, src_off, n) : 0;
 }

@@ -47,19 +47,9 @@ int gf_mem_xfer_read(gf_mem_xfer *x, uint64_t src, size_t n, gf_mem_xfer_sink si
 /* Fill @n bytes at address @dst (inside a read-write mapping) from @source, in order. Blocks until the last copy landed. */
 int gf_mem_xfer_write(gf_mem_xfer *x, uint64_t dst, size_t n, gf_mem_xfer_source source, void *ud);
 
-/*
- * Copy @n bytes of file @src_fd, from *@src_off (advanced by what was
- * copied), into allocation @a at byte @a_off, file to file inside the
- * kernel (splice through a pipe, else read/write through a buffer): no
- * mapping, no page faults, and on host no zero-filling of the pages. Only
- * where the allocation's own fd is a file of its bytes (host);
- * GF_ERR_NOT_SUPPORTED elsewhere, and the caller copies through a mapping.
- * Errors: GF_ERR_PROTOCOL when @src_fd ends early, GF_ERR_IO, GF_ERR_NOMEM.
- */
-/* Whether gf_mem_xfer_fill_from_file() works on @x's backend. */
+/* Whether @x's backend lends each allocation's own fd as a file of its bytes
+ * (host memfds), so a copy can write into it with pwrite instead of through a mapping. */
 bool gf_mem_xfer_files(const gf_mem_xfer *x);
-int gf_mem_xfer_fill_from_file(gf_mem_xfer *x, gf_mem_alloc *a, uint64_t a_off, int src_fd, uint64_t *src_off,
-			       size_t n);
 
 /*
  * Fault in the page tables of [@addr, @addr + @n) of a host mapping in one

@@ -69,17 +69,14 @@ static const struct xxh3_ops *pick_ops(void)
 }
 
 struct chunk {
-	const void *buf; /* NULL: read @n bytes of @fd from @off instead */
+	const void *buf; /* NULL: read @n bytes of @fd from @off into @dst first */
 	size_t n;
 	bool fault_in;
 	uint64_t *digest_out; /* the chunk ends a stream: its digest goes here */
 	int fd;
 	uint64_t off;
+	void *dst;
 };
-
-/* Reads of a file chunk: small enough that the bytes read stay in the
- * core's cache until they are hashed. */
-#define READ_PIECE ((size_t)256 << 10)
 
 struct tiers_hasher {
 	const struct xxh3_ops *ops;
@@ -92,39 +89,36 @@ struct tiers_hasher {
 	struct chunk q[TIERS_HASHER_QUEUE];
 	unsigned head, pending;
 	bool quit;
-	void *piece;    /* READ_PIECE bytes for file chunks, made at the first */
 	int read_error; /* the first failed read of a file chunk (errno), 0: none */
+	uint64_t queued, done; /* chunks handed over / hashed since the hasher was made */
 };
 
-/* A file chunk: read in pieces into the hasher's buffer, each hashed while
- * it is in the cache. A failed or short read is kept for the caller. */
-static void hash_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n)
+/* A file chunk read whole into @dst, which the caller then writes out: the
+ * bytes hashed are the bytes it writes. Hashed in one pass right after the
+ * read, while they are in this core's cache. */
+static int read_into(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint8_t *dst)
 {
-	if (!h->piece && !(h->piece = malloc(READ_PIECE))) {
-		h->read_error = h->read_error ? h->read_error : ENOMEM;
-		return;
-	}
-	while (n) {
-		size_t want = n < READ_PIECE ? n : READ_PIECE;
-		ssize_t r = pread(fd, h->piece, want, (off_t)off);
+	for (size_t got = 0; got < n;) {
+		ssize_t r = pread(fd, dst + got, n - got, (off_t)(off + got));
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r <= 0) {
-			if (!h->read_error)
-				h->read_error = r < 0 ? errno : EIO;
-			return;
-		}
-		h->ops->update(h->st, h->piece, (size_t)r);
-		off += (uint64_t)r;
-		n -= (size_t)r;
+		if (r <= 0)
+			return r < 0 ? errno : ENODATA;
+		got += (size_t)r;
 	}
+	h->ops->update(h->st, dst, n);
+	return 0;
 }
 
-/* One chunk, on whichever thread runs it. */
-static void hash_chunk(struct tiers_hasher *h, const struct chunk *c)
+/* One chunk, on whichever thread runs it: 0, or the errno of a failed read.
+ * Only that thread writes h->read_error (under the lock when threaded). */
+static int hash_chunk(struct tiers_hasher *h, const struct chunk *c)
 {
+	int err = 0;
 	if (!c->buf) {
-		hash_file(h, c->fd, c->off, c->n);
+		/* After a failed read the stream's digest is meaningless: read no more. */
+		if (!h->read_error)
+			err = read_into(h, c->fd, c->off, c->n, c->dst);
 	} else {
 		if (c->fault_in)
 			gf_mem_populate((uint64_t)(uintptr_t)c->buf, c->n, false);
@@ -134,6 +128,7 @@ static void hash_chunk(struct tiers_hasher *h, const struct chunk *c)
 		*c->digest_out = h->ops->digest(h->st);
 		h->ops->reset(h->st);
 	}
+	return err;
 }
 
 static void *hasher_main(void *arg)
@@ -147,10 +142,13 @@ static void *hasher_main(void *arg)
 			break;
 		struct chunk c = h->q[h->head];
 		pthread_mutex_unlock(&h->lock);
-		hash_chunk(h, &c);
+		int err = hash_chunk(h, &c);
 		pthread_mutex_lock(&h->lock);
+		if (err && !h->read_error)
+			h->read_error = err;
 		h->head = (h->head + 1) % TIERS_HASHER_QUEUE;
 		h->pending--;
+		h->done++;
 		pthread_cond_broadcast(&h->cond);
 	}
 	pthread_mutex_unlock(&h->lock);
@@ -200,7 +198,6 @@ void tiers_hasher_free(struct tiers_hasher *h)
 	pthread_cond_destroy(&h->cond);
 	pthread_mutex_destroy(&h->lock);
 	h->ops->destroy(h->st);
-	free(h->piece);
 	free(h);
 }
 
@@ -214,10 +211,15 @@ void tiers_hasher_reset(struct tiers_hasher *h)
 static void enqueue(struct tiers_hasher *h, unsigned ahead, struct chunk c)
 {
 	if (!h->threaded) {
-		hash_chunk(h, &c);
+		int err = hash_chunk(h, &c);
+		if (err && !h->read_error)
+			h->read_error = err;
+		h->queued++;
+		h->done++;
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
+	h->queued++;
 	while (h->pending >= ahead)
 		pthread_cond_wait(&h->cond, &h->lock);
 	h->q[(h->head + h->pending) % TIERS_HASHER_QUEUE] = c;
@@ -236,9 +238,23 @@ void tiers_hasher_queue(struct tiers_hasher *h, const void *buf, size_t n, bool 
 	enqueue(h, TIERS_HASHER_QUEUE, (struct chunk){ buf, n, fault_in && n, digest_out, -1, 0 });
 }
 
-void tiers_hasher_queue_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out)
+uint64_t tiers_hasher_queue_read(struct tiers_hasher *h, int fd, uint64_t off, size_t n, void *dst, uint64_t *digest_out)
 {
-	enqueue(h, TIERS_HASHER_QUEUE, (struct chunk){ NULL, n, false, digest_out, fd, off });
+	struct chunk c = { NULL, n, false, digest_out, fd, off, dst };
+	enqueue(h, TIERS_HASHER_QUEUE, c);
+	return h->queued - 1;
+}
+
+int tiers_hasher_wait_for(struct tiers_hasher *h, uint64_t ticket)
+{
+	if (!h->threaded)
+		return h->read_error;
+	pthread_mutex_lock(&h->lock);
+	while (h->done <= ticket)
+		pthread_cond_wait(&h->cond, &h->lock);
+	int err = h->read_error;
+	pthread_mutex_unlock(&h->lock);
+	return err;
 }
 
 int tiers_hasher_read_error(struct tiers_hasher *h)

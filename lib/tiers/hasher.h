@@ -49,12 +49,19 @@ void tiers_hasher_submit_ex(struct tiers_hasher *h, const void *buf, size_t n, b
 void tiers_hasher_queue(struct tiers_hasher *h, const void *buf, size_t n, bool fault_in, uint64_t *digest_out);
 /*
  * As tiers_hasher_queue(), for @n bytes of the file @fd from @off: the helper
- * reads them (pread, in pieces that stay in its cache) and hashes what it
- * read, so the caller needs no mapping of them. @fd must stay open until
- * the next wait. A read that fails or ends early is remembered (see
- * tiers_hasher_read_error()); the digest is then meaningless.
+ * reads them whole into @dst (the caller's, at least @n bytes) and hashes
+ * them there, while they are in its cache, so the caller can then use
+ * exactly the bytes that were hashed. Returns the chunk's ticket: @dst must
+ * not be touched until tiers_hasher_wait_for() of it returned (0: the bytes
+ * are there), and @fd must stay open until then. The first read that fails
+ * (its errno) or ends early (ENODATA) is remembered, see
+ * tiers_hasher_read_error(); file chunks after it are not read and the
+ * digest is meaningless.
  */
-void tiers_hasher_queue_file(struct tiers_hasher *h, int fd, uint64_t off, size_t n, uint64_t *digest_out);
+uint64_t tiers_hasher_queue_read(struct tiers_hasher *h, int fd, uint64_t off, size_t n, void *dst, uint64_t *digest_out);
+/* Wait until the chunk with @ticket (and those before it) is hashed; then the
+ * errno of the first failed read so far, as tiers_hasher_read_error(), 0 if none. */
+int tiers_hasher_wait_for(struct tiers_hasher *h, uint64_t ticket);
 /* Waits, then the errno of the first failed read of a file chunk since the hasher was made, 0 if none. */
 int tiers_hasher_read_error(struct tiers_hasher *h);
 /* Wait until every submitted chunk is hashed. */

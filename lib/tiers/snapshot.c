@@ -629,61 +629,116 @@ static int check_compatible(const char *dir, gf_mem *m, const struct tiers_manif
 }
 
 /*
- * Where allocations are files (host memfds), the data file is copied into
- * them file to file: no page of the new memory is zero-filled or faulted
- * in by the copy. What landed is then read back from the allocation and
- * hashed on the helper thread, up to TIERS_HASHER_QUEUE chunks behind the
- * copy, in pieces that stay in its cache: no mapping of the new memory is
- * made, so no page table is filled for the hash and none torn down after it
- * (at 1 GiB in 256 x 4 MiB the WARM restore went from 0.88x to 0.95-0.98x
- * a bare splice, docs/tiers.md).
+ * Where allocations are files (host memfds), the helper thread reads the
+ * data file in pieces into a small ring of buffers and hashes each piece
+ * there, and this thread writes exactly that buffer into the allocation
+ * (pwrite) once the helper is done with it. The bytes written are the bytes
+ * hashed, so nothing is read back from the new memory: reading it back cost
+ * more CPU than the copy into it (each page written and read again is also
+ * moved to the kernel's active list). Each thread does one copy, so the two
+ * cores share the work. No mapping of the new memory is made: no page is
+ * zero-filled, faulted in or torn down. Pieces of 1 MiB measured best;
+ * 64 KiB to 4 MiB were tried (docs/tiers.md).
  */
-struct fill {
-	gf_mem_xfer *x;
-	int fd;
-	uint64_t file_off;
-	gf_mem_alloc *const *allocs;
-	struct tiers_hasher *h;
-	uint64_t *got;
+#define RESTORE_PIECE ((size_t)1 << 20)
+#define RESTORE_RING 4
+
+/* The pieces of every allocation, in data file order. */
+struct cursor {
+	const struct tiers_manifest *mf;
+	size_t i;
+	uint64_t off;
 };
 
-static int fill_chunk(void *ud, size_t i, const uint8_t *p, uint64_t off, size_t n, bool last)
+struct piece {
+	size_t i;    /* allocation */
+	uint64_t off; /* in the allocation */
+	size_t n;
+	bool last; /* the allocation's last piece */
+};
+
+static bool next_piece(struct cursor *c, struct piece *p)
 {
-	(void)p;
-	struct fill *f = ud;
-	int rc = gf_mem_xfer_fill_from_file(f->x, f->allocs[i], off, f->fd, &f->file_off, n);
+	while (c->i < c->mf->nallocs && c->off >= c->mf->allocs[c->i].size)
+		c->i++, c->off = 0;
+	if (c->i >= c->mf->nallocs)
+		return false;
+	uint64_t left = c->mf->allocs[c->i].size - c->off;
+	*p = (struct piece){ .i = c->i, .off = c->off, .n = left < RESTORE_PIECE ? (size_t)left : RESTORE_PIECE,
+			     .last = left <= RESTORE_PIECE };
+	c->off += p->n;
+	return true;
+}
+
+/* @n bytes of @buf into allocation @a (index @i) at @off. */
+static int write_piece(gf_mem_alloc *a, size_t i, const uint8_t *buf, size_t n, uint64_t off)
+{
 	int afd;
 	bool owned;
-	if (rc == 0)
-		rc = gf_mem_export_borrowed(f->allocs[i], &afd, &owned);
-	if (rc == 0 && owned) {
-		/* Not so on host; the hasher could not know when to close it. */
-		close(afd);
-		rc = gf_err(GF_ERR_NOT_SUPPORTED, "snapshot restore: the allocation lends no fd of its own");
+	int rc = gf_mem_export_borrowed(a, &afd, &owned);
+	if (rc < 0)
+		return rc;
+	for (size_t done = 0; rc == 0 && done < n;) {
+		ssize_t w = pwrite(afd, buf + done, n - done, (off_t)(off + done));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			rc = gf_err_errno(w < 0 && errno == ENOMEM ? GF_ERR_OUT_OF_MEMORY : GF_ERR_IO, w < 0 ? errno : ENOSPC,
+					  "snapshot restore: write into allocation %zu", i + 1);
+		else
+			done += (size_t)w;
 	}
-	/* The allocation's own fd: open until the allocations are freed, after the hasher. */
-	if (rc == 0)
-		tiers_hasher_queue_file(f->h, afd, off, n, last ? &f->got[i] : NULL);
+	if (owned)
+		close(afd);
 	return rc;
 }
 
-static int restore_files(const char *dir, gf_mem_xfer *x, int fd, const struct tiers_manifest *mf,
+static int restore_files(const char *dir, const char *path, int fd, const struct tiers_manifest *mf,
 			 gf_mem_alloc *const *allocs, struct tiers_hasher *h)
 {
-	struct fill f = {.x = x, .fd = fd, .allocs = allocs, .h = h,
-			 .got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(uint64_t))};
-	if (!f.got)
-		return gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
-	int rc = each_chunk(mf, 0, fill_chunk, &f);
-	int rerr = tiers_hasher_read_error(h);
-	if (rc < 0)
-		rc = gf_err(rc, "snapshot: %s/" TIERS_SNAP_DATA ": %s", dir, gf_error_detail());
-	else if (rerr)
-		rc = gf_err_errno(GF_ERR_IO, rerr, "snapshot restore: reading back the restored memory to verify it");
+	uint64_t *got = calloc(mf->nallocs ? mf->nallocs : 1, sizeof(uint64_t));
+	uint8_t *ring = malloc(RESTORE_RING * RESTORE_PIECE);
+	int rc = got && ring ? 0 : gf_err(GF_ERR_NOMEM, "snapshot restore: out of memory");
+	struct cursor rd = { .mf = mf };
+	struct piece p, slot[RESTORE_RING];
+	uint64_t ticket[RESTORE_RING], file_off = 0, next_hint = 0;
+	size_t issued = 0, written = 0;
+	bool more = true;
+	while (rc == 0) {
+		/* Keep the helper RESTORE_RING - 1 pieces ahead of the writes. */
+		if (more && issued - written < RESTORE_RING && (more = next_piece(&rd, &p))) {
+			if (file_off >= next_hint) {
+				/* From a disk: the next range in large reads now (a hint). */
+				(void)posix_fadvise(fd, (off_t)file_off, (off_t)(2 * GF_MEM_XFER_CHUNK), POSIX_FADV_WILLNEED);
+				next_hint = file_off + GF_MEM_XFER_CHUNK;
+			}
+			size_t k = issued % RESTORE_RING;
+			slot[k] = p;
+			ticket[k] = tiers_hasher_queue_read(h, fd, file_off, p.n, ring + k * RESTORE_PIECE,
+							    p.last ? &got[p.i] : NULL);
+			file_off += p.n;
+			issued++;
+			continue;
+		}
+		if (written == issued)
+			break;
+		size_t k = written % RESTORE_RING;
+		int e = tiers_hasher_wait_for(h, ticket[k]);
+		if (e == ENODATA)
+			rc = gf_err(GF_ERR_PROTOCOL, "snapshot: %s ends early (truncated while reading)", path);
+		else if (e)
+			rc = file_err(e, "snapshot: read %s", path);
+		else
+			rc = write_piece(allocs[slot[k].i], slot[k].i, ring + k * RESTORE_PIECE, slot[k].n, slot[k].off);
+		written++;
+	}
+	/* The helper may still be reading into the ring after a failure. */
+	tiers_hasher_wait(h);
 	for (size_t i = 0; rc == 0 && i < mf->nallocs; i++)
-		if (f.got[i] != mf->allocs[i].xxh3)
-			rc = checksum_mismatch(dir, &mf->allocs[i], f.got[i]);
-	free(f.got);
+		if (got[i] != mf->allocs[i].xxh3)
+			rc = checksum_mismatch(dir, &mf->allocs[i], got[i]);
+	free(ring);
+	free(got);
 	return rc;
 }
 
@@ -722,7 +777,7 @@ int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **m
 	snprintf(path, sizeof(path), "%s/" TIERS_SNAP_DATA, dir);
 	struct hash_io io = { .fd = fd, .path = path, .h = h };
 	if (rc == 0 && gf_mem_xfer_files(x))
-		rc = restore_files(dir, x, fd, mf, allocs, h);
+		rc = restore_files(dir, path, fd, mf, allocs, h);
 	for (size_t i = 0; rc == 0 && !gf_mem_xfer_files(x) && i < mf->nallocs; i++) {
 		tiers_hasher_reset(h);
 		rc = gf_mem_xfer_write(x, gf_mem_va_addr(va) + mf->allocs[i].offset, mf->allocs[i].size, source_read, &io);

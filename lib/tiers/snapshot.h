@@ -147,15 +147,17 @@ int tiers_snapshot_verify(const char *dir, struct tiers_manifest **out);
 /*
  * Restore the snapshot at @dir on @m: check it (tiers_snapshot_open()), refuse
  * another backend or granularity, create one allocation per entry, fill it
- * from data.bin (file to file on host, then read back and hashed; through
- * pinned staging buffers on cuda, hashing what was read), and compare every
- * checksum. On success *@mf_out and *@allocs_out (an array of mf->nallocs
+ * from data.bin (on host through buffers the helper thread reads and hashes,
+ * each then written into its memfd; through pinned staging buffers on cuda,
+ * hashing what was read), and compare every checksum: what is verified is
+ * the bytes read from data.bin, which are the bytes written. On success *@mf_out and *@allocs_out (an array of mf->nallocs
  * fresh, unmapped allocations) are the caller's:
  * free them with tiers_snapshot_restored_free() or adopt them. On failure
  * nothing stays allocated. Mismatching device UUIDs are allowed (a node
  * move) and logged. Blocks. Errors: as tiers_snapshot_open(),
  * GF_ERR_INVALID_ARG (other backend or granularity), GF_ERR_PROTOCOL
- * ("checksum mismatch in allocation N"), GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER.
+ * ("checksum mismatch in allocation N", or data.bin ending early),
+ * GF_ERR_IO (a failed read or write), GF_ERR_OUT_OF_MEMORY, GF_ERR_DRIVER.
  */
 int tiers_snapshot_restore(const char *dir, gf_mem *m, struct tiers_manifest **mf_out, gf_mem_alloc ***allocs_out,
 			   struct tiers_snap_stats *stats);

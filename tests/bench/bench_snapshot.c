@@ -15,8 +15,8 @@
  *   copy+hash  the copy, then XXH3 of every allocation (the library's
  *              hasher, waited for): "copy, then xxhsum".
  *   restore    tiers_snapshot_restore(): fresh allocations (memfds) filled
- *              from data.bin by splice, read back and hashed on its helper
- *              thread.
+ *              from data.bin: its helper thread reads each 1 MiB piece and
+ *              hashes it, the calling thread pwrites that same buffer.
  *   splice     the same file spliced into as many fresh memfds, no checksum.
  *   splice+hash  the splice, then XXH3 of each memfd through a fresh mapping.
  *

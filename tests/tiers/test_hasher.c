@@ -3,8 +3,9 @@
  * The snapshot hasher (lib/tiers/hasher.c): every way of feeding it gives the
  * library's one-shot XXH3-64 of the same bytes: chunked streams, streams
  * ended by a chunk's digest_out (and the next one starting fresh), chunks
- * of a fresh mapping faulted in by the helper, chunks of a file read back
- * by the helper (and a failed read reported, not hashed over), and the AVX2
+ * of a fresh mapping faulted in by the helper, chunks of a file the helper
+ * reads into the caller's buffers (and a failed read reported, not hashed
+ * over), and the AVX2
  * build of XXH3 where this CPU has AVX2.
  */
 #include <errno.h>
@@ -114,42 +115,62 @@ static void test_queue_deep(void **state)
 	free(p);
 }
 
-/* File chunks: read in pieces (256 KiB) by the helper, mixed with memory
- * chunks in one stream, at lengths that end inside and on a piece. */
+/* File chunks: read by the helper into the caller's buffers and hashed
+ * there, mixed with memory chunks in one stream; each ticket's buffer then
+ * holds exactly the bytes hashed. */
 static void test_file_chunks(void **state)
 {
 	(void)state;
-	size_t piece = (size_t)256 << 10, total = 3 * piece + 12345;
+	size_t big = (size_t)1 << 20, total = 3 * big + 12345;
 	uint8_t *src = random_bytes(total);
 	int fd = memfd_create("hasher-file-test", MFD_CLOEXEC);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, src, total), (ssize_t)total);
+	uint8_t *buf = malloc(4 * big);
+	assert_non_null(buf);
+	memset(buf, 0xa5, 4 * big);
 	struct tiers_hasher *h;
 	assert_int_equal(tiers_hasher_new(&h), 0);
 	uint64_t d[4] = { 0, 0, 0, 0 };
-	tiers_hasher_queue_file(h, fd, 0, piece, &d[0]);              /* exactly one piece */
-	tiers_hasher_queue_file(h, fd, piece, 2 * piece + 12345, &d[1]); /* two and a bit */
-	tiers_hasher_queue_file(h, fd, 7, 100, NULL);                  /* a file chunk, then memory, one stream */
+	uint64_t t0 = tiers_hasher_queue_read(h, fd, 0, big, buf, &d[0]);                      /* one stream */
+	uint64_t t1 = tiers_hasher_queue_read(h, fd, big, big, buf + big, NULL);               /* the next, in two */
+	uint64_t t2 = tiers_hasher_queue_read(h, fd, 2 * big, big + 12345, buf + 2 * big, &d[1]);
+	uint64_t t3 = tiers_hasher_queue_read(h, fd, 7, 100, buf + 3 * big + 20000, NULL);     /* a file chunk, then memory */
 	tiers_hasher_queue(h, src + 107, 1000, false, &d[2]);
-	tiers_hasher_queue_file(h, fd, 5, 0, &d[3]);                   /* empty */
+	uint64_t t4 = tiers_hasher_queue_read(h, fd, 5, 0, buf, &d[3]);                        /* empty */
+	assert_true(t0 < t1 && t1 < t2 && t2 < t3 && t3 < t4);
+	assert_int_equal(tiers_hasher_wait_for(h, t2), 0);
+	assert_memory_equal(buf, src, 3 * big + 12345);
+	assert_int_equal(tiers_hasher_wait_for(h, t4), 0);
+	assert_memory_equal(buf + 3 * big + 20000, src + 7, 100);
 	assert_int_equal(tiers_hasher_read_error(h), 0);
-	assert_true(d[0] == XXH3_64bits(src, piece));
-	assert_true(d[1] == XXH3_64bits(src + piece, 2 * piece + 12345));
+	assert_true(d[0] == XXH3_64bits(src, big));
+	assert_true(d[1] == XXH3_64bits(src + big, 2 * big + 12345));
 	assert_true(d[2] == XXH3_64bits(src + 7, 1100));
 	assert_true(d[3] == XXH3_64bits(NULL, 0));
 	tiers_hasher_free(h);
 
-	/* A chunk past the end of the file, or of a closed fd, is a read
-	 * error the caller sees, whatever the digest. */
+	/* A chunk past the end of the file (ENODATA), or of a closed fd, is a
+	 * read error the caller sees at that chunk's ticket, whatever the
+	 * digest; the chunks after it are not read. */
 	assert_int_equal(tiers_hasher_new(&h), 0);
-	tiers_hasher_queue_file(h, fd, total - 10, 20, &d[0]);
-	assert_int_equal(tiers_hasher_read_error(h), EIO);
+	uint64_t ok = tiers_hasher_queue_read(h, fd, 0, 10, buf, NULL);
+	assert_int_equal(tiers_hasher_wait_for(h, ok), 0);
+	memset(buf, 0xa5, 20);
+	uint64_t t = tiers_hasher_queue_read(h, fd, total - 10, 20, buf + 100, &d[0]);
+	uint64_t after = tiers_hasher_queue_read(h, fd, 0, 20, buf, &d[1]);
+	assert_int_equal(tiers_hasher_wait_for(h, t), ENODATA);
+	assert_int_equal(tiers_hasher_wait_for(h, after), ENODATA);
+	assert_int_equal(buf[0], 0xa5); /* not read after the failure */
+	assert_int_equal(tiers_hasher_read_error(h), ENODATA);
 	tiers_hasher_free(h);
 	close(fd);
 	assert_int_equal(tiers_hasher_new(&h), 0);
-	tiers_hasher_queue_file(h, fd, 0, 10, &d[0]);
+	t = tiers_hasher_queue_read(h, fd, 0, 10, buf, &d[0]);
+	assert_int_equal(tiers_hasher_wait_for(h, t), EBADF);
 	assert_int_equal(tiers_hasher_read_error(h), EBADF);
 	tiers_hasher_free(h);
+	free(buf);
 	free(src);
 }
 

@@ -4,6 +4,7 @@
  * tests/fakecuda, whose asynchronous copies only land when waited for):
  * round trip byte for byte, replacement, every refusal (flipped byte,
  * truncation, other version, other granularity or backend, edited manifest),
+ * failed, early-ending and short reads and writes of the restore's copy,
  * nothing left allocated after a refused restore, a writer killed midway,
  * stale temporaries, disk full and read-only file systems (small tmpfs
  * mounts, skipped when mounting is not permitted).
@@ -19,8 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +38,70 @@
 
 static int kind = GF_MEM_HOST;
 static char *tmp;
+
+/*
+ * Faults in a restore's file I/O. The library is linked into this program
+ * statically, so these definitions take its calls: the reads of the data
+ * file (pread64: the host restore's helper thread, or the staged copy) and
+ * the writes into the new allocations (pwrite64, host). Armed only around
+ * one restore: after io_fault_after calls that pass, each call fails with
+ * EIO (IO_FAIL), ends the file early (IO_EOF, reads) or moves fewer bytes
+ * than asked (IO_SHORT); io_fault_hits counts the calls faulted.
+ */
+enum io_fault { IO_NONE, IO_FAIL, IO_EOF, IO_SHORT };
+static _Atomic int io_fault_read, io_fault_write, io_fault_after, io_fault_hits;
+
+static bool io_fault_now(int mode)
+{
+	if (mode == IO_NONE || atomic_fetch_sub(&io_fault_after, 1) > 0)
+		return false;
+	atomic_fetch_add(&io_fault_hits, 1);
+	return true;
+}
+
+ssize_t pread64(int fd, void *buf, size_t n, off64_t off)
+{
+	int mode = atomic_load(&io_fault_read);
+	if (io_fault_now(mode)) {
+		if (mode == IO_FAIL) {
+			errno = EIO;
+			return -1;
+		}
+		if (mode == IO_EOF)
+			return 0;
+		n = n > 5000 ? 5000 : n;
+	}
+	return syscall(SYS_pread64, fd, buf, n, off);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off)
+{
+	int mode = atomic_load(&io_fault_write);
+	if (io_fault_now(mode)) {
+		if (mode == IO_FAIL) {
+			errno = EIO;
+			return -1;
+		}
+		n = n > 4097 ? 4097 : n;
+	}
+	return syscall(SYS_pwrite64, fd, buf, n, off);
+}
+
+static void io_fault_arm(int read_mode, int write_mode, int after)
+{
+	atomic_store(&io_fault_after, after);
+	atomic_store(&io_fault_hits, 0);
+	atomic_store(&io_fault_read, read_mode);
+	atomic_store(&io_fault_write, write_mode);
+}
+
+/* Disarms; how many calls were faulted. */
+static int io_fault_disarm(void)
+{
+	atomic_store(&io_fault_read, IO_NONE);
+	atomic_store(&io_fault_write, IO_NONE);
+	return atomic_load(&io_fault_hits);
+}
 
 /* A committed-looking layout: allocations filled with a pattern, sorted metadata, its hash. */
 struct layout {
@@ -179,8 +246,9 @@ static void restore_matches(const char *dir, uint64_t seed)
 	}
 	for (size_t i = 0; i < mf->nallocs; i++) {
 		assert_string_equal(mf->allocs[i].tag, want->mf->allocs[i].tag);
-		/* Left mapped nowhere; on host never mapped at all: filled file to
-		 * file and read back for the hash, no page table made for either. */
+		/* Left mapped nowhere; on host never mapped at all: the data file
+		 * is read into a buffer, hashed there and written into the memfd
+		 * from it, no page table made for any of that. */
 		assert_int_equal(gf_mem_alloc_state(allocs[i]),
 				 gf_mem_kind(want->m) == GF_MEM_HOST ? GF_MEM_ALLOC_CREATED : GF_MEM_ALLOC_UNMAPPED);
 		if (!holds(want->m, allocs[i], seed, i))
@@ -448,6 +516,41 @@ static void test_refusals(void **state)
 	assert_non_null(strstr(pr.error, "truncated"));
 	restore_matches(good, 4);
 	free_layout(l);
+}
+
+/*
+ * A restore whose reads of the data file or writes into the new allocations
+ * fail, or end early, is refused with what happened and leaves nothing
+ * allocated: on host nothing is read back from the memory to catch a bad
+ * write later, so each write's result is the check. Reads and writes that
+ * come back short are resumed and the restore is whole.
+ */
+static void test_io_faults(void **state)
+{
+	(void)state;
+	struct layout *l = make_layout(13);
+	const char *dir = path_in("io-faults");
+	write_ok(l, dir);
+	free_layout(l);
+
+	io_fault_arm(IO_FAIL, IO_NONE, 1);
+	refused(dir, GF_ERR_IO, "Input/output error");
+	assert_true(io_fault_disarm() > 0);
+	io_fault_arm(IO_EOF, IO_NONE, 1);
+	refused(dir, GF_ERR_PROTOCOL, "truncated while reading");
+	assert_true(io_fault_disarm() > 0);
+	io_fault_arm(IO_SHORT, IO_NONE, 0);
+	restore_matches(dir, 13);
+	assert_true(io_fault_disarm() > 0);
+	if (kind == GF_MEM_HOST) {
+		io_fault_arm(IO_NONE, IO_FAIL, 3);
+		refused(dir, GF_ERR_IO, "write into allocation");
+		assert_true(io_fault_disarm() > 0);
+		io_fault_arm(IO_NONE, IO_SHORT, 0);
+		restore_matches(dir, 13);
+		assert_true(io_fault_disarm() > 0);
+	}
+	restore_matches(dir, 13);
 }
 
 /* A writer SIGKILLed at any point leaves the previous snapshot whole; the next writer removes its temporary. */
@@ -734,6 +837,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_write_from_populated),
 		cmocka_unit_test(test_replace),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_io_faults),
 		cmocka_unit_test(test_killed_writer),
 		cmocka_unit_test(test_stale_temps),
 		cmocka_unit_test(test_disk_full_and_readonly),
