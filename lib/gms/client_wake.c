@@ -103,7 +103,8 @@ static int read_wake(gf_gms *g)
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
-	await_answer_awake(g->fd);
+	if (!gf_frame_reader_buffered(&g->rd))
+		await_answer_awake(g->fd);
 	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
 	if (rc < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=connect",
