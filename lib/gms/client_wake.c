@@ -103,6 +103,7 @@ static int read_wake(gf_gms *g)
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
+	gf_frame_reader_init(&g->parked_rd, 0); /* its buffers are g->rd's now */
 	/* Usually there already (asked for before the grant): read, and wait
 	 * only when it is not. */
 	int rc = gf_msg_try_recv(&g->rd, g->fd, g->msg, NULL, NULL);
