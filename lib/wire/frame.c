@@ -168,7 +168,7 @@ static int check_fds(struct gf_frame_reader *r)
  * bytes into r->ahead. The fds of a read that went past @buf belong to the
  * frame holding its last byte: a unix socket ends a read with the message
  * that carried fds, and a frame's fds are sent with its own bytes. They
- * wait in r->ahead_fds until that byte is taken (take_ahead()).
+ * wait in r->ahead_fds until that byte is taken (take_some()).
  */
 static int read_some(struct gf_frame_reader *r, int fd, void *buf, size_t len, size_t *got)
 {

@@ -892,8 +892,10 @@ int gf_srv_process(struct gf_srv *s, int timeout_ms)
 	s->backlog = false;
 	s->round++;
 	int n = epoll_wait(s->epfd, evs, GF_ARRAY_SIZE(evs), backlog ? 0 : timeout_ms);
-	if (n < 0 && errno != EINTR)
+	if (n < 0 && errno != EINTR) {
+		s->backlog = backlog;
 		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_wait", NAME(s));
+	}
 	for (int i = 0; i < n; i++) {
 		int *kind = evs[i].data.ptr;
 		switch (*kind) {
