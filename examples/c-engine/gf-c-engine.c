@@ -564,16 +564,18 @@ static int wait_stop(struct app *a, int ms)
 /*
  * With --listener the HTTP server (started at init, without a socket of its
  * own) is handed the connections this loop accepts from the lock's
- * listener, a bounded batch per round: nothing of it is set up at wake.
- * False when it stopped because the grant may no longer be current.
+ * listener, at most @max per round: nothing of it is set up at wake.
+ * Returns how many it accepted, or -1 when it stopped because the grant may
+ * no longer be current.
  */
-static bool accept_pending(struct app *a)
+static int accept_pending(struct app *a, int max)
 {
-	for (int n = 0; n < 64; n++) {
+	int got = 0;
+	for (int n = 0; n < max; n++) {
 		/* Before each accept: a holder revoked while stopped and then
 		 * resumed sees the server's hang-up before the loss path ran. */
 		if (!gf_engine_may_accept(a->engine))
-			return false;
+			return -1;
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);
 		int c = accept4(a->lfd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -582,12 +584,13 @@ static bool accept_pending(struct app *a)
 				continue;
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				logf_(GF_LOG_WARN, "event=accept_failed errno=%d msg=\"%s\"", errno, strerror(errno));
-			return true;
+			return got;
 		}
 		/* MHD closes the socket itself when it cannot take it. */
 		MHD_add_connection(a->http, c, (const struct sockaddr *)&ss, len);
+		got++;
 	}
-	return true;
+	return got;
 }
 
 /*
@@ -623,7 +626,7 @@ static int serve_http(struct app *a, int ms, bool until_stop)
 			return 1;
 		hold = false;
 		if (p[2].revents & POLLIN)
-			hold = !accept_pending(a);
+			hold = accept_pending(a, 64) < 0;
 	}
 }
 
@@ -1175,9 +1178,13 @@ static int run(struct app *a)
 	if (rc == 0) {
 		/* The connections that waited through the failover first: their
 		 * answers are what the failover is measured by; the readiness
-		 * report and the log lines after them (settling deferred). */
-		if (a->listener && accept_pending(a))
+		 * report and the log lines after them (settling deferred). The
+		 * oldest is answered before the rest of the backlog is taken. */
+		if (a->listener && accept_pending(a, 1) > 0) {
 			MHD_run(a->http);
+			if (accept_pending(a, 64) > 0)
+				MHD_run(a->http);
+		}
 		gf_engine_settle(e);
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof(ss);

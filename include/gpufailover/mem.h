@@ -243,7 +243,9 @@ GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va);
  * moved back: one call per mapping whatever its size; smaller ones are
  * protected in place, one mprotect per contiguous span. A fenced mapping
  * still holds its allocation, like any mapping; gf_mem_unmap_all() and
- * gf_mem_va_free() let go of parked ones too. Errors: GF_ERR_INVALID_ARG
+ * gf_mem_va_free() let go of parked ones too. What the opening leaves of the
+ * parking range (address space, no memory) goes at the next fence,
+ * gf_mem_unmap_all() or gf_mem_va_free(). Errors: GF_ERR_INVALID_ARG
  * (NULL), GF_ERR_NOT_SUPPORTED (the backend cannot: cuda; unmap instead),
  * GF_ERR_IO, GF_ERR_OUT_OF_MEMORY.
  */

@@ -246,6 +246,8 @@ static int wait_cancelable(gf_gms *g, int cancel_fd, int64_t deadline)
 	if (rc < 0)
 		return io_failed(g, rc);
 	for (;;) {
+		if (gf_frame_reader_buffered(&g->rd))
+			return 0;
 		struct pollfd p[2] = { { .fd = g->fd, .events = POLLIN }, { .fd = cancel_fd, .events = POLLIN } };
 		int64_t left = deadline == INT64_MAX ? -1 : (deadline - gf_now_us() + 999) / 1000;
 		int n = poll(p, 2, left < 0 ? -1 : left > INT32_MAX ? INT32_MAX : (int)left);
@@ -284,6 +286,10 @@ int gms_client_do_connect(gf_gms *g, int mode, int64_t timeout_ms, bool by_progr
 	int rc = gf_gms_open_session(g->uri_text, &g->uri, open_deadline, &g->fd, &g->rd, GF_MSG_MAX_FDS);
 	if (rc < 0)
 		return rc;
+	/* Each request's answer is read whole before the next request: a
+	 * frame's header and body come in one read (the wake's answer too, on
+	 * the session kept through the sleep). */
+	gf_frame_reader_set_read_ahead(&g->rd);
 	gms_client_fill_connect(g, mode, timeout_ms, false, false, by_progress);
 	rc = cancel_fd >= 0 ? wait_cancelable(g, cancel_fd, reply_deadline) : 0;
 	if (rc == 0)

@@ -103,8 +103,14 @@ static int read_wake(gf_gms *g)
 	g->fd = g->parked_fd;
 	g->rd = g->parked_rd;
 	g->parked_fd = -1;
-	await_answer_awake(g->fd);
-	int rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
+	gf_frame_reader_init(&g->parked_rd, 0); /* its buffers are g->rd's now */
+	/* Usually there already (asked for before the grant): read, and wait
+	 * only when it is not. */
+	int rc = gf_msg_try_recv(&g->rd, g->fd, g->msg, NULL, NULL);
+	if (rc == GF_ERR_AGAIN) {
+		await_answer_awake(g->fd);
+		rc = gf_msg_recv(&g->rd, g->fd, g->msg, NULL, NULL, g->wake_reply_deadline);
+	}
 	if (rc < 0) {
 		gf_log(GF_LOG_DEBUG, "gms", "event=kept_session_gone phase=wake gms=%s detail=\"%s\" next=connect",
 		       g->uri_text,

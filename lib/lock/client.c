@@ -485,6 +485,14 @@ static void *watch_main(void *arg)
 		park(l);
 		if (l->w_quit)
 			break;
+		/* A stop meant for an earlier watch (written while it was
+		 * starting, or after it ended on its own) must not end this
+		 * one. Drained here, under wmu, rather than by the starter:
+		 * a failover's wake does not pay for it, and a stop for this
+		 * watch can only come after wmu is released. */
+		uint64_t v;
+		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
+			;
 		l->w_active = true;
 		pthread_mutex_unlock(&l->wmu);
 		watch_loop(l);
@@ -534,9 +542,6 @@ int gf_lock_start_watch(gf_lock *l)
 		l->watching = true;
 		wake_watcher(l);
 	} else if ((rc = start_watcher_locked(l)) == 0) {
-		uint64_t v;
-		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
-			; /* a stop meant for an earlier hold */
 		l->watching = true;
 		wake_watcher(l);
 	}
@@ -557,9 +562,6 @@ int gf_lock_start_watch_by(gf_lock *l, int64_t delay_ms)
 	if (l->watching || l->w_active || l->w_due) {
 		rc = gf_err(GF_ERR_STATE, "lock %s: watcher already running", l->id);
 	} else if ((rc = start_watcher_locked(l)) == 0) {
-		uint64_t v;
-		while (read(l->watch_stop_fd, &v, sizeof(v)) > 0)
-			; /* a stop meant for an earlier hold */
 		struct itimerspec at = { .it_value = { .tv_sec = delay_ms / 1000, .tv_nsec = delay_ms % 1000 * 1000000 } };
 		if (timerfd_settime(l->watch_timer_fd, 0, &at, NULL) < 0) {
 			/* No timer: the watch starts now, as gf_lock_start_watch() would. */

@@ -142,6 +142,10 @@ static int connect_once(gf_lock *l, int64_t deadline)
 	struct gf_frame_reader rd;
 	gf_frame_reader_init(&rd, GF_LIMIT_LISTENERS);
 	gf_frame_reader_set_max_body(&rd, GF_LOCK_MAX_FRAME);
+	/* Every reader of this connection reads until nothing is left before
+	 * it polls (or asks for no timeout): a grant that came with the
+	 * "you are next" before it is taken with it, in one read. */
+	gf_frame_reader_set_read_ahead(&rd);
 	rc = gf_handshake_client(fd, &rd, gf_Component_COMPONENT_LOCK, l->id, s->secret, s->secret_len, deadline,
 				 NULL);
 	if (rc < 0) {
@@ -379,6 +383,8 @@ static enum acq_step acq_wait(gf_lock *l, struct acquiring *a)
 		if (s->last_heard + l->fence_ms * 1000 < wake)
 			wake = s->last_heard + l->fence_ms * 1000;
 	}
+	if (gf_frame_reader_buffered(&s->rd))
+		return ACQ_READ;
 	bool spin = a->spin_until && gf_now_us() < a->spin_until;
 	int n = poll(a->p, 2, spin ? 0 : gf_poll_timeout_ms(wake));
 	if (n == 0 && spin) {
@@ -802,6 +808,8 @@ static int sock_get_timeout_ms(gf_lock *l)
 	struct sock *s = l->priv;
 	int64_t t = INT64_MAX;
 	int st = atomic_load(&s->state);
+	if (st == C_HELD && gf_frame_reader_buffered(&s->rd))
+		return 0; /* messages read with the grant, not announced by the fd */
 	if (st == C_HELD && is_tcp(l)) {
 		t = s->next_hb;
 		if (s->last_heard + s->eff_fence_ms * 1000 < t)

@@ -28,6 +28,7 @@ struct va_map {
 	gf_mem_alloc *alloc;
 	int access;
 	bool parked; /* fenced by moving it to the parking range (see gf_mem_set_accessible) */
+	bool left_park; /* moved back out of the parking range: its place there is a hole, not ours */
 };
 
 struct gf_mem_va {
@@ -36,7 +37,10 @@ struct gf_mem_va {
 	size_t size;
 	struct va_map *maps; /* sorted by offset, never overlapping */
 	size_t nmaps, cap;
-	uint64_t park; /* while mappings are parked: a range of @size holding them at their offsets, else 0 */
+	/* While mappings are parked: a range of @size holding them at their
+	 * offsets; after the opening, what is left of it until it is given
+	 * back (drop_park()); else 0. */
+	uint64_t park;
 };
 
 static size_t round_up(size_t v, size_t to)
@@ -760,18 +764,35 @@ GF_EXPORT int gf_mem_map(gf_mem_va *va, size_t offset, gf_mem_alloc *a, int acce
 	return gf_mem_map_many(va, &one, 1, access);
 }
 
-/* Drops the parking range and the parked mappings in it (their own
- * addresses hold placeholders already). */
+static void free_park_piece(gf_mem_va *va, size_t from, size_t to)
+{
+	if (to > from && va->m->be->free_va(va->m, va->park + from, to - from) < 0)
+		gf_log(GF_LOG_WARN, "mem", "backend=%s msg=\"freeing the parking range failed: %s\"", va->m->be->name,
+		       gf_error_detail());
+}
+
+/*
+ * Gives the parking range back with the parked mappings in it (their own
+ * addresses hold placeholders already), but not the places of mappings
+ * moved back out of it: those were unmapped by the move, and the address
+ * space may be somebody else's since.
+ */
 static void drop_park(gf_mem_va *va)
 {
 	if (!va->park)
 		return;
-	if (va->m->be->free_va(va->m, va->park, va->size) < 0)
-		gf_log(GF_LOG_WARN, "mem", "backend=%s msg=\"freeing the parking range failed: %s\"", va->m->be->name,
-		       gf_error_detail());
+	size_t from = 0;
+	for (size_t i = 0; i < va->nmaps; i++) {
+		struct va_map *mp = &va->maps[i];
+		if (mp->left_park) {
+			free_park_piece(va, from, mp->offset);
+			from = mp->offset + mp->size;
+		}
+		mp->parked = false;
+		mp->left_park = false;
+	}
+	free_park_piece(va, from, va->size);
 	va->park = 0;
-	for (size_t i = 0; i < va->nmaps; i++)
-		va->maps[i].parked = false;
 }
 
 GF_EXPORT int gf_mem_unmap_all(gf_mem_va *va)
@@ -858,14 +879,18 @@ static bool unpark_span(gf_mem_va *va, size_t s, size_t e)
 		       va->m->be->name, e - s, gf_error_detail());
 		return false;
 	}
-	for (size_t i = s; i < e; i++)
+	for (size_t i = s; i < e; i++) {
 		va->maps[i].parked = false;
+		va->maps[i].left_park = true;
+	}
 	return true;
 }
 
 /*
- * Moves every parked mapping back to its own address; frees the parking
- * range once all are back. Each run of adjacent parked mappings goes back
+ * Moves every parked mapping back to its own address. What is left of the
+ * parking range (address space, no memory) is given back by the next fence,
+ * gf_mem_unmap_all() or gf_mem_va_free(), not here: a system call less on
+ * a wake. Each run of adjacent parked mappings goes back
  * in one move where the backend can (the wake of 1 GiB in 256 mappings:
  * one mremap instead of 256). A mapping that cannot be moved stays parked
  * and the error is returned: the caller's failure path unmaps everything,
@@ -896,11 +921,8 @@ static int unpark(gf_mem_va *va)
 				continue;
 			}
 			mp->parked = false;
+			mp->left_park = true;
 		}
-	}
-	if (rc == 0 && va->park) {
-		va->m->be->free_va(va->m, va->park, va->size);
-		va->park = 0;
 	}
 	return rc;
 }
@@ -921,6 +943,11 @@ GF_EXPORT int gf_mem_set_accessible(gf_mem_va *va, int on)
 		return rc < 0 ? rc : r2;
 	}
 	int rc = 0;
+	bool parked = false;
+	for (size_t i = 0; i < va->nmaps; i++)
+		parked |= va->maps[i].parked;
+	if (!parked)
+		drop_park(va); /* what the last opening left of it, holes included */
 	for (size_t i = 0; i < va->nmaps && rc == 0; i++) {
 		struct va_map *mp = &va->maps[i];
 		if (mp->parked || !parkable(va, mp))

@@ -60,20 +60,51 @@ static void drop_message(struct gf_frame_reader *r)
 	r->msg_len = 0;
 }
 
+void gf_frame_reader_set_read_ahead(struct gf_frame_reader *r)
+{
+	if (r->ahead)
+		return;
+	r->ahead = malloc(GF_FRAME_READ_AHEAD);
+	r->ahead_fds = malloc(GF_FDS_PER_FRAME * sizeof(int));
+	if (!r->ahead || !r->ahead_fds) {
+		free(r->ahead);
+		free(r->ahead_fds);
+		r->ahead = NULL;
+		r->ahead_fds = NULL;
+	}
+}
+
+bool gf_frame_reader_buffered(const struct gf_frame_reader *r)
+{
+	return r->ahead_off < r->ahead_len;
+}
+
+static void drop_ahead(struct gf_frame_reader *r)
+{
+	gf_close_fds(r->ahead_fds, r->ahead_nfds);
+	r->ahead_nfds = 0;
+	r->ahead_off = r->ahead_len = 0;
+}
+
 void gf_frame_reader_clear(struct gf_frame_reader *r)
 {
 	drop_message(r);
+	drop_ahead(r);
 	free(r->fds);
 	free(r->body);
+	free(r->ahead);
+	free(r->ahead_fds);
 	r->fds = NULL;
 	r->body = NULL;
+	r->ahead = NULL;
+	r->ahead_fds = NULL;
 	r->fds_cap = r->body_cap = 0;
 	reset_frame(r);
 }
 
 bool gf_frame_reader_partial(const struct gf_frame_reader *r)
 {
-	return r->hdr_got > 0 || r->in_message;
+	return r->hdr_got > 0 || r->in_message || gf_frame_reader_buffered(r);
 }
 
 void gf_frame_reader_take_fds(struct gf_frame_reader *r, int **fds, size_t *nfds)
@@ -94,6 +125,7 @@ void gf_frame_reader_take_fds(struct gf_frame_reader *r, int **fds, size_t *nfds
 static int fail(struct gf_frame_reader *r, int err, const char *what)
 {
 	drop_message(r);
+	drop_ahead(r);
 	reset_frame(r);
 	return gf_err(err, "frame: %s", what);
 }
@@ -119,15 +151,34 @@ static int stash_fds(struct gf_frame_reader *r, const int *fds, size_t n)
 	return 0;
 }
 
-/* One recvmsg of at most @len bytes into @buf, collecting any fds. */
+/* The fds the frame in progress has so far: within what it and the message may carry. */
+static int check_fds(struct gf_frame_reader *r)
+{
+	if (r->nfds > r->max_fds)
+		return fail(r, GF_ERR_PROTOCOL, r->max_fds ? "more fds than this message may carry"
+							 : "unexpected fds on a connection that takes none");
+	if (r->hdr_done && r->frame_fds_got > r->frame_nfds)
+		return fail(r, GF_ERR_PROTOCOL, "more fds arrived than the frame announced");
+	return 0;
+}
+
+/*
+ * One recvmsg of at most @len bytes into @buf, collecting any fds; with
+ * read-ahead (and nothing kept from before) up to GF_FRAME_READ_AHEAD more
+ * bytes into r->ahead. The fds of a read that went past @buf belong to the
+ * frame holding its last byte: a unix socket ends a read with the message
+ * that carried fds, and a frame's fds are sent with its own bytes. They
+ * wait in r->ahead_fds until that byte is taken (take_some()).
+ */
 static int read_some(struct gf_frame_reader *r, int fd, void *buf, size_t len, size_t *got)
 {
 	union {
 		struct cmsghdr align;
 		char buf[CMSG_SPACE(sizeof(int) * GF_FDS_PER_FRAME)];
 	} ctl;
-	struct iovec iov = { .iov_base = buf, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+	struct iovec iov[2] = { { .iov_base = buf, .iov_len = len },
+				{ .iov_base = r->ahead, .iov_len = GF_FRAME_READ_AHEAD } };
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = r->ahead ? 2 : 1, .msg_control = ctl.buf,
 			     .msg_controllen = sizeof(ctl.buf) };
 	ssize_t n;
 
@@ -142,27 +193,35 @@ static int read_some(struct gf_frame_reader *r, int fd, void *buf, size_t len, s
 		return gf_err_errno(GF_ERR_IO, errno, "frame: recvmsg");
 	}
 	/* Collect fds first so that every error path below closes them. */
+	bool ahead = (size_t)n > len;
 	int rc = 0;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
 			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 			int tmp[GF_FDS_PER_FRAME];
 			memcpy(tmp, CMSG_DATA(c), k * sizeof(int));
-			if (rc == 0)
-				rc = stash_fds(r, tmp, k);
-			else
+			if (rc < 0) {
 				gf_close_fds(tmp, k);
+			} else if (ahead) {
+				/* The control buffer holds GF_FDS_PER_FRAME at most, as does ahead_fds. */
+				memcpy(r->ahead_fds + r->ahead_nfds, tmp, k * sizeof(int));
+				r->ahead_nfds += k;
+			} else {
+				rc = stash_fds(r, tmp, k);
+			}
 		}
+	}
+	if (ahead) {
+		r->ahead_off = 0;
+		r->ahead_len = (size_t)n - len;
+		n = (ssize_t)len;
 	}
 	if (rc < 0)
 		return fail(r, rc, "out of memory for received fds");
 	if (mh.msg_flags & MSG_CTRUNC)
 		return fail(r, GF_ERR_PROTOCOL, "ancillary data truncated (MSG_CTRUNC): too many fds");
-	if (r->nfds > r->max_fds)
-		return fail(r, GF_ERR_PROTOCOL, r->max_fds ? "more fds than this message may carry"
-							 : "unexpected fds on a connection that takes none");
-	if (r->hdr_done && r->frame_fds_got > r->frame_nfds)
-		return fail(r, GF_ERR_PROTOCOL, "more fds arrived than the frame announced");
+	if ((rc = check_fds(r)) < 0)
+		return rc;
 	if (n == 0) {
 		if (r->hdr_got == 0 && !r->in_message && r->nfds == 0)
 			return gf_err(GF_ERR_CLOSED, "connection closed by peer");
@@ -170,6 +229,33 @@ static int read_some(struct gf_frame_reader *r, int fd, void *buf, size_t len, s
 	}
 	*got = (size_t)n;
 	return 0;
+}
+
+/*
+ * Up to @len bytes for @buf from what read-ahead kept, else from @fd. The
+ * kept fds go to the frame in progress with the last kept byte.
+ */
+static int take_some(struct gf_frame_reader *r, int fd, void *buf, size_t len, size_t *got)
+{
+	if (!gf_frame_reader_buffered(r))
+		return read_some(r, fd, buf, len, got);
+	size_t k = r->ahead_len - r->ahead_off;
+	if (k > len)
+		k = len;
+	memcpy(buf, r->ahead + r->ahead_off, k);
+	r->ahead_off += k;
+	*got = k;
+	if (r->ahead_off < r->ahead_len)
+		return 0;
+	r->ahead_off = r->ahead_len = 0;
+	if (r->ahead_nfds == 0)
+		return 0;
+	size_t nfds = r->ahead_nfds;
+	r->ahead_nfds = 0;
+	int rc = stash_fds(r, r->ahead_fds, nfds);
+	if (rc < 0)
+		return fail(r, rc, "out of memory for received fds");
+	return check_fds(r);
 }
 
 static int parse_header(struct gf_frame_reader *r)
@@ -226,7 +312,7 @@ int gf_frame_reader_feed(struct gf_frame_reader *r, int fd)
 				gf_close_fds(r->fds, r->nfds);
 				r->nfds = 0;
 			}
-			rc = read_some(r, fd, r->hdr + r->hdr_got, GF_FRAME_HEADER_SIZE - r->hdr_got, &got);
+			rc = take_some(r, fd, r->hdr + r->hdr_got, GF_FRAME_HEADER_SIZE - r->hdr_got, &got);
 			if (rc < 0)
 				return rc;
 			r->hdr_got += got;
@@ -238,7 +324,7 @@ int gf_frame_reader_feed(struct gf_frame_reader *r, int fd)
 		}
 		bool cont = r->flags & GF_FRAME_F_CONT;
 		if (!cont && r->body_got < r->body_len) {
-			rc = read_some(r, fd, r->body + r->body_got, r->body_len - r->body_got, &got);
+			rc = take_some(r, fd, r->body + r->body_got, r->body_len - r->body_got, &got);
 			if (rc < 0)
 				return rc;
 			r->body_got += got;

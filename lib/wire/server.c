@@ -57,6 +57,7 @@ struct gf_srv_peer_priv {
 	struct tcp_auth *tcp;    /* TCP peers only: an idle unix waiter does not pay for it */
 	int64_t handshake_deadline;
 	int64_t frame_started;   /* a frame is half read since then (0: none) */
+	uint64_t backlog_round;  /* the round whose budget ran out with messages read ahead (epoll does not see them); 0: none */
 	struct gf_frame_reader rd;
 	struct gf_srv_peer_priv *prev, *next; /* open peers */
 	struct gf_srv_peer_priv *lnext;       /* closing, then dead list */
@@ -72,6 +73,8 @@ struct gf_srv {
 	int epfd, stopfd;
 	atomic_bool stopped;
 	bool started;
+	uint64_t round;          /* gf_srv_process() calls */
+	bool backlog;            /* some peer has a backlog: the next round does not wait */
 	struct listener listeners[GF_SRV_MAX_LISTEN];
 	int nlisteners;
 	bool any_tcp;
@@ -322,6 +325,8 @@ static int64_t next_deadline(const struct gf_srv *s)
 
 int gf_srv_get_timeout_ms(const struct gf_srv *s)
 {
+	if (s->backlog)
+		return 0;
 	int64_t t = next_deadline(s);
 	if (t == INT64_MAX)
 		return -1;
@@ -653,6 +658,9 @@ static bool accept_one(struct gf_srv *s, struct listener *l)
 	snprintf(p->pub.id, sizeof(p->pub.id), "?");
 	gf_frame_reader_init(&p->rd, s->cfg.max_fds);
 	gf_frame_reader_set_max_body(&p->rd, s->cfg.max_body);
+	/* A request's header and body in one read (the loop reads until
+	 * nothing is left, or keeps a backlog of what it read ahead). */
+	gf_frame_reader_set_read_ahead(&p->rd);
 	if (p->pub.tcp) {
 		int one = 1, idle = 1, intvl = 1, cnt = 3;
 		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
@@ -805,6 +813,7 @@ static void handshake(struct gf_srv *s, struct gf_srv_peer_priv *p, gf_Msg *m)
 static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 {
 	struct gf_srv_peer *pub = &p->pub;
+	p->backlog_round = 0;
 	for (int n = 0; n < GF_SRV_MSGS_PER_ROUND && pub->fd >= 0; n++) {
 		gf_Msg *m = s->in;
 		int *fds = NULL;
@@ -837,7 +846,12 @@ static void peer_readable(struct gf_srv *s, struct gf_srv_peer_priv *p)
 		}
 		s->h.on_message(s->ctx, pub, m, fds, nfds);
 	}
-	/* The budget is spent: epoll reports the rest next round, after the others. */
+	/* The budget is spent: epoll reports the rest next round, after the
+	 * others, and the next round looks at what was read ahead. */
+	if (pub->fd >= 0 && gf_frame_reader_buffered(&p->rd)) {
+		p->backlog_round = s->round;
+		s->backlog = true;
+	}
 }
 
 /* ---- the loop ---- */
@@ -874,9 +888,14 @@ int gf_srv_process(struct gf_srv *s, int timeout_ms)
 	if (!s->started)
 		return gf_err(GF_ERR_STATE, "%s: not started", NAME(s));
 	struct epoll_event evs[64];
-	int n = epoll_wait(s->epfd, evs, GF_ARRAY_SIZE(evs), timeout_ms);
-	if (n < 0 && errno != EINTR)
+	bool backlog = s->backlog;
+	s->backlog = false;
+	s->round++;
+	int n = epoll_wait(s->epfd, evs, GF_ARRAY_SIZE(evs), backlog ? 0 : timeout_ms);
+	if (n < 0 && errno != EINTR) {
+		s->backlog = backlog;
 		return gf_err_errno(GF_ERR_IO, errno, "%s: epoll_wait", NAME(s));
+	}
 	for (int i = 0; i < n; i++) {
 		int *kind = evs[i].data.ptr;
 		switch (*kind) {
@@ -908,6 +927,21 @@ int gf_srv_process(struct gf_srv *s, int timeout_ms)
 		}
 		}
 		settle(s);
+	}
+	/* The backlogs of the rounds before, of peers epoll did not bring up in
+	 * this one. From the head again after each: a peer's messages may close
+	 * others (unlinked, their next gone). */
+	for (struct gf_srv_peer_priv *p = backlog ? s->peers : NULL; p;) {
+		if (!p->backlog_round || p->backlog_round == s->round) {
+			p = p->next;
+			continue;
+		}
+		if (p->pub.fd >= 0)
+			peer_readable(s, p);
+		else
+			p->backlog_round = 0;
+		settle(s);
+		p = s->peers;
 	}
 	int64_t now = gf_now_us();
 	core_timers(s, now);

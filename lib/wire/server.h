@@ -25,7 +25,8 @@
  * tearing it down is not on the hand-off path), and then both go.
  *
  * Bounds that protect the loop from one peer: at most GF_SRV_MSGS_PER_ROUND
- * messages are read from one peer per round; a reply waits at most
+ * messages are read from one peer per round (its readers read ahead: what
+ * is left of a read goes in the next round, whose timeout is then 0); a reply waits at most
  * GF_SRV_SEND_DEADLINE_US for a peer's full socket buffer, then the peer is
  * dropped; a frame begun must be complete within the handshake timeout; at
  * the fd limit the listeners are paused (GF_SRV_ACCEPT_PAUSE_US) instead of

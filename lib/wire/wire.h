@@ -55,11 +55,29 @@ struct gf_frame_reader {
 	size_t nfds, fds_cap;
 	size_t max_body;       /* defaults to GF_FRAME_MAX_BODY */
 	size_t max_fds;        /* 0: no fds accepted at all */
+	uint8_t *ahead;        /* read-ahead: bytes received past the piece being read */
+	size_t ahead_off, ahead_len;
+	int *ahead_fds;        /* fds received with them, for the frame holding their last byte */
+	size_t ahead_nfds;
 };
+
+/* Bytes one read may take past the frame piece it was asked for, with read-ahead on. */
+#define GF_FRAME_READ_AHEAD 1024
 
 void gf_frame_reader_init(struct gf_frame_reader *r, size_t max_fds);
 /* Refuse frames whose body is larger than @max (clamped to GF_FRAME_MAX_BODY) before allocating. */
 void gf_frame_reader_set_max_body(struct gf_frame_reader *r, size_t max);
+/*
+ * Let each read take up to GF_FRAME_READ_AHEAD bytes past the frame piece it
+ * is for (a header and its body in one recvmsg, or a message and the next
+ * one), kept for the following calls. Only for a reader whose caller calls
+ * gf_frame_reader_feed() again after each message before it polls the fd,
+ * or checks gf_frame_reader_buffered(): bytes kept here do not make the fd
+ * readable. Without memory for the buffer the reader goes on without it.
+ */
+void gf_frame_reader_set_read_ahead(struct gf_frame_reader *r);
+/* True when bytes already received wait in the reader: the next feed needs no readable fd. */
+bool gf_frame_reader_buffered(const struct gf_frame_reader *r);
 /* Closes fds still held and frees buffers. */
 void gf_frame_reader_clear(struct gf_frame_reader *r);
 

@@ -2,6 +2,7 @@
 /* libFuzzer target: arbitrary bytes arriving on a connection go through the
  * frame reader and the message decoder; whatever decodes must re-encode and
  * decode to the same message. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,13 +16,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* The socket buffer must hold the whole input: inputs beyond it are cut. */
 #define FUZZ_MAX_INPUT (150 * 1024)
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* Once as a plain reader, once with read-ahead (gf_frame_reader_set_read_ahead()). */
+static void one_input(const uint8_t *data, size_t size, bool ahead)
 {
 	int sv[2];
-	if (size > FUZZ_MAX_INPUT)
-		size = FUZZ_MAX_INPUT;
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-		return 0;
+		return;
 	int buf = 4 * FUZZ_MAX_INPUT;
 	setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
 	setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
@@ -37,6 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct gf_frame_reader r;
 	gf_Msg *m = gf_msg_new(), *again = gf_msg_new();
 	gf_frame_reader_init(&r, 0);
+	if (ahead)
+		gf_frame_reader_set_read_ahead(&r);
 	for (;;) {
 		int rc = gf_frame_reader_feed(&r, sv[1]);
 		if (rc != 1)
@@ -59,5 +61,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	gf_msg_free(again);
 	close(sv[0]);
 	close(sv[1]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size > FUZZ_MAX_INPUT)
+		size = FUZZ_MAX_INPUT;
+	one_input(data, size, false);
+	one_input(data, size, true);
 	return 0;
 }

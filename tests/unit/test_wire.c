@@ -248,7 +248,7 @@ static void test_garbage(void **state)
 	gf_msg_free(m);
 }
 
-static void check_fd_passing(size_t nfds)
+static void check_fd_passing(size_t nfds, bool ahead)
 {
 	int sv[2];
 	pair(sv);
@@ -266,6 +266,8 @@ static void check_fd_passing(size_t nfds)
 	}
 	struct gf_frame_reader r;
 	gf_frame_reader_init(&r, GF_MSG_MAX_FDS);
+	if (ahead)
+		gf_frame_reader_set_read_ahead(&r);
 	assert_int_equal(gf_frame_recv(&r, sv[1], in_ms(5000)), 1);
 	assert_int_equal(r.nfds, nfds);
 	for (size_t i = 0; i < nfds; i++) {
@@ -286,11 +288,111 @@ static void check_fd_passing(size_t nfds)
 	close(sv[1]);
 }
 
-static void test_fds_1(void **state) { check_fd_passing(1); }
-static void test_fds_64(void **state) { check_fd_passing(64); }
-static void test_fds_253(void **state) { check_fd_passing(253); }
-static void test_fds_300(void **state) { check_fd_passing(300); }
-static void test_fds_1000(void **state) { check_fd_passing(1000); }
+static void test_fds_1(void **state) { check_fd_passing(1, false); }
+static void test_fds_64(void **state) { check_fd_passing(64, false); }
+static void test_fds_253(void **state) { check_fd_passing(253, false); }
+static void test_fds_300(void **state) { check_fd_passing(300, false); }
+static void test_fds_1000(void **state) { check_fd_passing(1000, false); }
+static void test_fds_ahead_1(void **state) { check_fd_passing(1, true); }
+static void test_fds_ahead_300(void **state) { check_fd_passing(300, true); }
+static void test_fds_ahead_1000(void **state) { check_fd_passing(1000, true); }
+
+static int memfd_of_size(off_t size)
+{
+	int fd = memfd_create("t", MFD_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, size), 0);
+	return fd;
+}
+
+/* Read-ahead: messages sent before the reader looks are read together, and
+ * each message gets exactly the fds sent with it. */
+static void test_read_ahead(void **state)
+{
+	int sv[2];
+	pair(sv);
+	int fa = memfd_of_size(1), fb[2] = { memfd_of_size(2), memfd_of_size(3) };
+	int before = tu_count_fds();
+	assert_int_equal(gf_frame_send(sv[0], "a", 1, NULL, 0, in_ms(1000)), 0);
+	assert_int_equal(gf_frame_send(sv[0], "bb", 2, &fa, 1, in_ms(1000)), 0);
+	assert_int_equal(gf_frame_send(sv[0], "ccc", 3, NULL, 0, in_ms(1000)), 0);
+	assert_int_equal(gf_frame_send(sv[0], "dddd", 4, fb, 2, in_ms(1000)), 0);
+	struct gf_frame_reader r;
+	gf_frame_reader_init(&r, 4);
+	gf_frame_reader_set_read_ahead(&r);
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_int_equal(r.msg_len, 1);
+	assert_int_equal(r.nfds, 0);
+	/* The next message came with the first read. */
+	assert_true(gf_frame_reader_buffered(&r));
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_int_equal(r.msg_len, 2);
+	assert_memory_equal(r.body, "bb", 2);
+	assert_int_equal(r.nfds, 1);
+	struct stat st;
+	assert_int_equal(fstat(r.fds[0], &st), 0);
+	assert_int_equal(st.st_size, 1);
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_int_equal(r.msg_len, 3);
+	assert_int_equal(r.nfds, 0);
+	/* The untaken fd was closed; the next message's two came with this read. */
+	assert_true(gf_frame_reader_buffered(&r));
+	assert_int_equal(tu_count_fds(), before + 2);
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_int_equal(r.msg_len, 4);
+	assert_memory_equal(r.body, "dddd", 4);
+	assert_int_equal(r.nfds, 2);
+	assert_int_equal(fstat(r.fds[1], &st), 0);
+	assert_int_equal(st.st_size, 3);
+	assert_false(gf_frame_reader_buffered(&r));
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), GF_ERR_AGAIN);
+	/* Bytes and fds kept when the reader is cleared are closed with it. */
+	assert_int_equal(gf_frame_send(sv[0], "e", 1, NULL, 0, in_ms(1000)), 0);
+	assert_int_equal(gf_frame_send(sv[0], "ff", 2, &fa, 1, in_ms(1000)), 0);
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_true(gf_frame_reader_buffered(&r));
+	gf_frame_reader_clear(&r);
+	assert_int_equal(tu_count_fds(), before);
+	close(fa);
+	gf_close_fds(fb, 2);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* Read-ahead on a frame that announces no fds while fds came with it: refused, and closed. */
+static void test_read_ahead_unannounced_fds(void **state)
+{
+	int sv[2];
+	pair(sv);
+	int fd = memfd_of_size(1);
+	int before = tu_count_fds();
+	uint8_t frame[2 * GF_FRAME_HEADER_SIZE + 2] = { 'G', 'F', GF_FRAME_WIRE_VERSION, 0, 0, 0, 0, 0, 1, 0, 0, 0, 'a',
+							 'G', 'F', GF_FRAME_WIRE_VERSION, 0, 0, 0, 0, 0, 1, 0, 0, 0, 'b' };
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	memset(&ctl, 0, sizeof(ctl));
+	struct iovec iov = { frame, sizeof(frame) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	assert_int_equal(sendmsg(sv[0], &mh, 0), (ssize_t)sizeof(frame));
+	struct gf_frame_reader r;
+	gf_frame_reader_init(&r, 4);
+	gf_frame_reader_set_read_ahead(&r);
+	/* The first frame is whole before the fd is given to the frame that holds the read's last byte. */
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), 1);
+	assert_int_equal(gf_frame_reader_feed(&r, sv[1]), GF_ERR_PROTOCOL);
+	assert_int_equal(tu_count_fds(), before);
+	gf_frame_reader_clear(&r);
+	close(fd);
+	close(sv[0]);
+	close(sv[1]);
+}
 
 static void test_unexpected_fds_closed(void **state)
 {
@@ -606,6 +708,11 @@ int main(void)
 		cmocka_unit_test(test_fds_253),
 		cmocka_unit_test(test_fds_300),
 		cmocka_unit_test(test_fds_1000),
+		cmocka_unit_test(test_fds_ahead_1),
+		cmocka_unit_test(test_fds_ahead_300),
+		cmocka_unit_test(test_fds_ahead_1000),
+		cmocka_unit_test(test_read_ahead),
+		cmocka_unit_test(test_read_ahead_unannounced_fds),
 		cmocka_unit_test(test_unexpected_fds_closed),
 		cmocka_unit_test(test_announced_fds_missing),
 		cmocka_unit_test(test_recv_timeout),
