@@ -555,6 +555,17 @@ static void test_watcher_reclaims_then_reports_loss(void **s)
 	lt_stop(&sv);
 }
 
+/* Refused reclaim after a restart: how long until the hook heard of it (-1: not within @ms). */
+static int64_t loss_after_restart(struct lt_server *sv, struct lt_lost *lr, int64_t ms)
+{
+	lt_halt(sv);
+	lt_run(sv, 0); /* back without a window: the reclaim is refused */
+	int64_t t0 = gf_now_us(), end = t0 + ms * 1000;
+	while (atomic_load(&lr->calls) == 0 && gf_now_us() < end)
+		usleep(10000);
+	return atomic_load(&lr->calls) ? gf_now_us() - t0 : -1;
+}
+
 /*
  * A prepared watcher: the thread exists before the wait, so starting the
  * watch after the grant creates none; it can be stopped and started again
@@ -578,27 +589,12 @@ static void test_prepared_watcher(void **s)
 	gf_lock_stop_watch(a);
 	assert_int_equal(gf_lock_start_watch(a), 0);
 	assert_int_equal(tu_count_threads(), threads);
-	lt_halt(&sv);
-	lt_run(&sv, 0); /* back without a window: the reclaim is refused */
-	int64_t end = gf_now_us() + 5000000;
-	while (atomic_load(&lr.calls) == 0 && gf_now_us() < end)
-		usleep(10000);
+	assert_true(loss_after_restart(&sv, &lr, TU_MS(5000)) >= 0);
 	assert_int_equal(atomic_load(&lr.calls), 1);
 	assert_int_equal(lr.err, GF_ERR_LOCK_LOST);
 	gf_lock_stop_watch(a);
 	gf_lock_free(a);
 	lt_stop(&sv);
-}
-
-/* Refused reclaim after a restart: how long until the hook heard of it (-1: not within @ms). */
-static int64_t loss_after_restart(struct lt_server *sv, struct lt_lost *lr, int64_t ms)
-{
-	lt_halt(sv);
-	lt_run(sv, 0); /* back without a window: the reclaim is refused */
-	int64_t t0 = gf_now_us(), end = t0 + ms * 1000;
-	while (atomic_load(&lr->calls) == 0 && gf_now_us() < end)
-		usleep(10000);
-	return atomic_load(&lr->calls) ? gf_now_us() - t0 : -1;
 }
 
 /*
