@@ -407,6 +407,8 @@ static int64_t next_deadline(void *ctx)
 		t = min64(t, d->store_retry_at);
 	if (d->lsn_retry_at)
 		t = min64(t, d->lsn_retry_at);
+	if (d->prep_at)
+		t = min64(t, d->prep_at);
 	for (struct gf_srv_peer *p = gf_srv_next_peer(d->srv, NULL); p; p = gf_srv_next_peer(d->srv, p)) {
 		const struct conn *c = p->data;
 		if (c->role == R_WAITER)
@@ -435,6 +437,8 @@ static bool pidfd_exited(int pidfd)
  * handoffs; a holder that is really still alive costs this once.
  */
 #define EXIT_SPIN_US 200
+/* How long after a grant the next grant's token, proof and temp file wait. */
+#define PREP_DELAY_US 5000
 static bool pidfd_exited_soon(int pidfd)
 {
 	int64_t until = gf_now_us() + EXIT_SPIN_US;
@@ -475,6 +479,20 @@ static void flush_release_log(gf_lockd *d)
 	r->pending = false;
 	gf_log(GF_LOG_INFO, "lock", "msg=\"released\" id=%s epoch=%llu pid=%u reason=\"%s\" seen_mono_us=%lld", r->id,
 	       (unsigned long long)r->epoch, r->pid, r->why, (long long)r->seen_us);
+}
+
+/* The release's line, then the grant's: same order and content as when
+ * they were written at the grant, only after the new holder ran. */
+static void flush_grant_log(gf_lockd *d)
+{
+	flush_release_log(d);
+	struct grant_log *g = &d->grant_log;
+	if (!g->pending)
+		return;
+	g->pending = false;
+	const char *what = g->reclaimed ? "reclaimed" : "granted";
+	gf_log(GF_LOG_INFO, "lock", "event=%s msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s send_mono_us=%lld", what,
+	       what, g->id, (unsigned long long)g->epoch, g->pid, g->tcp ? "tcp" : "unix", (long long)g->send_at);
 }
 
 void lockd_end_exit_wait(gf_lockd *d, const char *why)
@@ -760,11 +778,17 @@ static int grant(gf_lockd *d, struct conn *c, bool reclaimed)
 	 * which may run before this thread does again. */
 	int64_t send_at = gf_now_us();
 	int sent = gf_srv_send(d->srv, c->peer, m, lfds, nl);
-	flush_release_log(d);
-	const char *what = reclaimed ? "reclaimed" : "granted";
-	gf_log(GF_LOG_INFO, "lock", "event=%s msg=\"%s\" id=%s epoch=%llu pid=%u transport=%s send_mono_us=%lld", what,
-	       what, c->peer->id, (unsigned long long)d->epoch, p->pid, p->tcp ? "tcp" : "unix",
-	       (long long)send_at);
+	if (gf_log_enabled(GF_LOG_INFO)) {
+		flush_grant_log(d); /* an earlier grant's line not yet written */
+		struct grant_log *gl = &d->grant_log;
+		gl->pending = true;
+		gl->reclaimed = reclaimed;
+		gl->tcp = p->tcp;
+		snprintf(gl->id, sizeof(gl->id), "%s", c->peer->id);
+		gl->epoch = d->epoch;
+		gl->pid = p->pid;
+		gl->send_at = send_at;
+	}
 	if (sent == 0 && p->pidfd >= 0)
 		c->pid_watched = gf_srv_watch_add(d->srv, p->pidfd, &c->pid_watch) == 0;
 	return 0;
@@ -809,12 +833,22 @@ static void settle(void *ctx)
 	 * wakeup is a sync one): let it run now rather than after the
 	 * bookkeeping below and the old holder's teardown, none of which is
 	 * urgent. The failover's protocol time waits on it. */
-	if (granted)
+	if (granted) {
 		sched_yield();
-	flush_release_log(d);
+		d->prep_at = gf_now_us() + PREP_DELAY_US;
+	}
+	flush_grant_log(d);
 	if (d->release_unsaved && !d->holder && store(d) == 0)
 		d->release_unsaved = false;
-	/* Ready for the next grant: its token, and its state file's temp file. */
+	/* Ready for the next grant: its token, its proof and its state file's
+	 * temp file. Not right after a grant: that work (an HMAC and a file
+	 * created, about 80 us on a cold CPU) would take a CPU from the new
+	 * holder and its memory service while they wake. It waits PREP_DELAY_US,
+	 * or until a waiter queues (acquire); a grant that comes before it is
+	 * done draws and computes them itself. */
+	if (d->prep_at && gf_now_us() < d->prep_at)
+		return;
+	d->prep_at = 0;
 	if (!d->next_token_ready && gf_random_bytes(d->next_token, sizeof(d->next_token)) == 0)
 		d->next_token_ready = true;
 	uint64_t next_epoch;
@@ -916,6 +950,9 @@ static void handle_acquire(gf_lockd *d, struct conn *c, const gf_LockAcquire *a,
 		d->whead = c;
 	d->wtail = c;
 	d->nwaiters++;
+	/* A waiter that may be granted next: the next grant's token, proof
+	 * and temp file are made now (in this event's settle), not later. */
+	d->prep_at = 0;
 	gf_log(GF_LOG_DEBUG, "lock", "msg=\"waiting\" id=%s pid=%u waiters=%zu", c->peer->id, c->peer->pid, d->nwaiters);
 	lockd_pool_registered(d, c);
 }

@@ -89,6 +89,7 @@ struct gf_lockd {
 	 * holder's exit and the next grant. */
 	uint8_t next_token[GF_LOCK_TOKEN_LEN];
 	bool next_token_ready;
+	int64_t prep_at; /* the next grant's token, proof and temp file are made then (0: at once) */
 	/* The next grant's fence proof, made with its token while idle (0: none yet). */
 	struct gf_lock_proof next_proof;
 	int64_t reconnect_window_ms, exit_wait_ms, heartbeat_ms, detect_ms;
@@ -133,6 +134,17 @@ struct gf_lockd {
 		char why[200];
 		int64_t seen_us; /* when the release was seen: the line itself is written later */
 	} release_log;
+	/* The grant's line, held like the release's until the new holder had
+	 * the CPU (settle writes both, the release's first). */
+	struct grant_log {
+		bool pending;
+		bool reclaimed;
+		bool tcp;
+		char id[GF_LOCK_ID_MAX];
+		uint64_t epoch;
+		uint32_t pid;
+		int64_t send_at; /* when the grant was handed to the socket */
+	} grant_log;
 
 	gf_Msg *msg; /* scratch reply: gf_Msg is large */
 

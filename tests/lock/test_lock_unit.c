@@ -324,6 +324,57 @@ static void test_next_before_grant(void **s)
 	lt_stop(&sv);
 }
 
+/* The next grant's token, proof and temp file are made a while after a
+ * grant (or when a waiter queues), not at once: a grant that comes first,
+ * here to a waiter that queued before the last grant, still carries a fence
+ * proof that is the MAC of its own epoch and token, and its state is on
+ * disk before it is sent. */
+static void test_grant_before_prepared(void **s)
+{
+	(void)s;
+	struct lt_server sv;
+	lt_start(&sv, &(struct lt_config){ .window_ms = 1000 });
+	struct lt_raw a, b, c;
+	lt_raw_open(&a, sv.uri, "a");
+	raw_acquire(&a, "a", -1, NULL, 0);
+	assert_int_equal(lt_raw_next(&a, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	lt_raw_open(&b, sv.uri, "b");
+	raw_acquire_next(&b, "b", true);
+	lt_raw_open(&c, sv.uri, "c");
+	raw_acquire_next(&c, "c", true);
+	char *json = NULL;
+	for (int k = 0; k < 2000 && !(json && strstr(json, "\"waiter_count\":2")); k++) {
+		free(json);
+		if (gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json) < 0)
+			json = NULL;
+		usleep(1000);
+	}
+	assert_non_null(json);
+	free(json);
+	lt_raw_close(&a);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
+	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	lt_raw_close(&b); /* at once: c queued before b's grant, nothing was made since */
+	assert_int_equal(lt_raw_next(&c, TU_MS(2000)), gf_Msg_lock_next_tag);
+	assert_int_equal(lt_raw_next(&c, TU_MS(2000)), gf_Msg_lock_granted_tag);
+	const gf_LockGranted *g = &c.m.body.lock_granted;
+	assert_int_equal(g->session_token.size, 32);
+	assert_int_equal(g->fence_proof.size, GF_LOCK_PROOF_LEN);
+	struct gf_lock_grant grant = { .epoch = g->epoch };
+	memcpy(grant.session_token, g->session_token.bytes, 32);
+	struct gf_lock_proof want;
+	assert_int_equal(gf_lock_grant_proof(&grant, &want), 0);
+	assert_memory_equal(g->fence_proof.bytes, want.token, GF_LOCK_PROOF_LEN);
+	struct gf_lock_state st;
+	assert_int_equal(gf_lock_state_load(sv.state, &st), 0);
+	assert_true(st.has_holder);
+	assert_string_equal(st.holder, "c");
+	assert_true(st.epoch == g->epoch);
+	assert_memory_equal(st.token, g->session_token.bytes, 32);
+	lt_raw_close(&c);
+	lt_stop(&sv);
+}
+
 /* Removes every entry of @dir, then @dir. */
 static void remove_dir(const char *dir)
 {
@@ -823,6 +874,7 @@ int main(void)
 		cmocka_unit_test(test_state_store_load),
 		cmocka_unit_test(test_state_format_roundtrip),
 		cmocka_unit_test(test_fifo_and_epochs), cmocka_unit_test(test_next_before_grant),
+		cmocka_unit_test(test_grant_before_prepared),
 		cmocka_unit_test(test_grants_held_shown),
 		cmocka_unit_test(test_waiter_timeout_and_client),
 		cmocka_unit_test(test_interrupt),
