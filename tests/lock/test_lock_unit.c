@@ -215,6 +215,24 @@ static void raw_acquire_next(struct lt_raw *r, const char *id, bool next)
 	lt_raw_send(r);
 }
 
+/* Waits until the server's status shows @n waiters. */
+static void wait_waiters(struct lt_server *sv, int n)
+{
+	char want[32], *json = NULL;
+	snprintf(want, sizeof(want), "\"waiter_count\":%d", n);
+	int64_t end = gf_now_us() + TU_MS(2000) * 1000;
+	while (!(json && strstr(json, want)) && gf_now_us() < end) {
+		free(json);
+		json = NULL;
+		if (gf_lock_status_json(sv->uri, NULL, 0, TU_MS(2000), &json) < 0)
+			json = NULL;
+		usleep(1000);
+	}
+	assert_non_null(json);
+	assert_non_null(strstr(json, want));
+	free(json);
+}
+
 static void test_fifo_and_epochs(void **s)
 {
 	(void)s;
@@ -293,18 +311,7 @@ static void test_next_before_grant(void **s)
 	for (int i = 0; i < 3; i++) {
 		raw_acquire_next(w[i], ids[i], i < 2); /* d does not ask */
 		/* Queued before the next one asks: the FIFO order is the test's. */
-		char want[32], *json = NULL;
-		snprintf(want, sizeof(want), "\"waiter_count\":%d", i + 1);
-		for (int k = 0; k < 2000 && !(json && strstr(json, want)); k++) {
-			free(json);
-			json = NULL;
-			if (gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json) < 0)
-				json = NULL;
-			usleep(1000);
-		}
-		assert_non_null(json);
-		assert_non_null(strstr(json, want));
-		free(json);
+		wait_waiters(&sv, i + 1);
 	}
 	assert_int_equal(lt_raw_next(&b, 100), 0);
 	lt_raw_close(&a);
@@ -342,15 +349,7 @@ static void test_grant_before_prepared(void **s)
 	raw_acquire_next(&b, "b", true);
 	lt_raw_open(&c, sv.uri, "c");
 	raw_acquire_next(&c, "c", true);
-	char *json = NULL;
-	for (int k = 0; k < 2000 && !(json && strstr(json, "\"waiter_count\":2")); k++) {
-		free(json);
-		if (gf_lock_status_json(sv.uri, NULL, 0, TU_MS(2000), &json) < 0)
-			json = NULL;
-		usleep(1000);
-	}
-	assert_non_null(json);
-	free(json);
+	wait_waiters(&sv, 2);
 	lt_raw_close(&a);
 	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_next_tag);
 	assert_int_equal(lt_raw_next(&b, TU_MS(2000)), gf_Msg_lock_granted_tag);
