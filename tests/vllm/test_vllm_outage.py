@@ -167,7 +167,8 @@ def warm_site(model):
 def test_lock_server_outage_is_not_an_outage(warm_site):
     site, a, b, refs = warm_site["site"], warm_site["a"], warm_site["b"], warm_site["refs"]
     get = holder_and_waiters()
-    assert get(site.lock_uri) == ("vllm-a", ["vllm-b"])
+    # vllm-b reports standby before its acquire has queued it at the lock.
+    wait_for(lambda: get(site.lock_uri) == ("vllm-a", ["vllm-b"]), scaled(30.0), "vllm-b queued behind vllm-a")
     epoch = gf.lock_status(site.lock_uri)["epoch"]
     clients = Clients(site.port, refs[PROMPTS[0]])
     wait_for(lambda: clients.counts()["answered"] >= 1, 120, "a first answer")
